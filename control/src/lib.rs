@@ -1,0 +1,1 @@
+//! kxdp-control (being written)

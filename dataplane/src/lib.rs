@@ -1,0 +1,4 @@
+//! kxdp's fast path.
+
+pub mod conntrack;
+pub mod snapshot;

@@ -1,0 +1,129 @@
+//! What the pipeline decided for each packet: one action, one named reason, and the addresses
+//! before and after. Every drop has exactly one reason; the reasons are counted in one place
+//! (`Counters`).
+
+use kxdp_packet::{Addr, Family};
+
+/// What happens to the packet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+#[repr(u8)]
+pub enum Action {
+    /// Sent on by the dataplane, rewritten or not.
+    #[default]
+    Forward = 0,
+    Drop = 1,
+    /// The dataplane answered in the packet's place (TCP RST or ICMP/ICMPv6 port unreachable).
+    Reject = 2,
+    /// Handed to the node's own stack unchanged.
+    Pass = 3,
+}
+
+impl Action {
+    pub const COUNT: usize = 4;
+    pub const ALL: [Action; 4] = [Action::Forward, Action::Drop, Action::Reject, Action::Pass];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Forward => "forward",
+            Action::Drop => "drop",
+            Action::Reject => "reject",
+            Action::Pass => "pass",
+        }
+    }
+}
+
+macro_rules! reasons {
+    ($( $(#[$doc:meta])* $variant:ident = $code:literal => $action:ident, )*) => {
+        /// Why. Stable kebab-case codes: they appear in verdict files, metrics and the CLI.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+        #[repr(u8)]
+        pub enum Reason {
+            #[default]
+            $( $(#[$doc])* $variant, )*
+        }
+
+        impl Reason {
+            pub const ALL: &'static [Reason] = &[$(Reason::$variant),*];
+            pub const COUNT: usize = Reason::ALL.len();
+
+            pub fn as_str(self) -> &'static str {
+                match self { $(Reason::$variant => $code,)* }
+            }
+
+            /// The action a packet with this reason gets.
+            pub fn action(self) -> Action {
+                match self { $(Reason::$variant => Action::$action,)* }
+            }
+
+            pub fn from_str(s: &str) -> Option<Reason> {
+                match s { $($code => Some(Reason::$variant),)* _ => None }
+            }
+        }
+    };
+}
+
+reasons! {
+    /// A new connection to a Service, destination-NATed to the chosen endpoint.
+    ServiceDnat = "service-dnat" => Forward,
+    /// A packet of a tracked connection in its original direction, translated as the connection is.
+    Established = "ct-established" => Forward,
+    /// A reply of a tracked connection, translated back.
+    ReplyUnnat = "reply-unnat" => Forward,
+    /// Not addressed to a Service and not the node's own: forwarded unchanged.
+    Direct = "direct" => Forward,
+    /// Addressed to this node (not a NodePort): the node's stack handles it.
+    ToNode = "to-node" => Pass,
+    /// Not IPv4/IPv6 (ARP, LLDP, ...): the node's stack handles it.
+    NotIp = "not-ip" => Pass,
+    /// Could not be parsed: truncated, inconsistent lengths, bad header fields.
+    Malformed = "malformed" => Drop,
+    /// The Service has no usable endpoint at all.
+    NoEndpoints = "no-endpoints" => Reject,
+    /// The Service has endpoints, but none on this node under a Local traffic policy.
+    NoLocalEndpoints = "no-local-endpoints" => Drop,
+    /// A ClusterIP on a port or protocol its Service does not define.
+    ServicePortUnknown = "service-port-unknown" => Reject,
+    /// An address inside a service CIDR that no Service owns.
+    ServiceIpUnallocated = "service-ip-unallocated" => Drop,
+    /// A LoadBalancer IP reached from outside loadBalancerSourceRanges.
+    SourceRange = "source-range" => Drop,
+    /// The conntrack table is full even after dropping unassured entries.
+    ConntrackFull = "conntrack-full" => Drop,
+    /// No source port could be found for masquerading (every candidate collides).
+    SnatExhausted = "snat-exhausted" => Drop,
+    /// Masquerade needed but this node has no address of the packet's family.
+    NoNodeAddress = "no-node-address" => Drop,
+}
+
+/// The outcome for one packet. Plain data, written by the pipeline into a caller-provided slice.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Verdict {
+    pub action: Action,
+    pub reason: Reason,
+    /// False for packets that were not parsed as IP (not-ip, malformed): the address fields are unset.
+    pub has_addrs: bool,
+    pub family: Family,
+    pub proto: u8,
+    /// As the packet came in.
+    pub orig_src: Addr,
+    pub orig_sport: u16,
+    pub orig_dst: Addr,
+    pub orig_dport: u16,
+    /// As the packet leaves (for `Reject`: the generated reply's addresses).
+    pub src: Addr,
+    pub sport: u16,
+    pub dst: Addr,
+    pub dport: u16,
+    /// The connection is masqueraded (source NAT to a node address).
+    pub masq: bool,
+    /// Stable id of the Service port involved (`ServicePortInfo::id`); 0 when none.
+    pub service_id: u32,
+}
+
+impl Verdict {
+    #[inline]
+    pub fn set(&mut self, reason: Reason) {
+        self.reason = reason;
+        self.action = reason.action();
+    }
+}

@@ -25,7 +25,9 @@ impl Addr {
     /// IPv4 octets as `::ffff:a.b.c.d`.
     #[inline]
     pub const fn from_v4(o: [u8; 4]) -> Addr {
-        Addr([0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, o[0], o[1], o[2], o[3]])
+        Addr([
+            0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, o[0], o[1], o[2], o[3],
+        ])
     }
 
     /// IPv6 octets as they are.

@@ -1,0 +1,310 @@
+//! The one-pass parse used on the fast path: link header, IP header (options / extension chain),
+//! and the first transport header, into the `Copy` [`PacketMeta`] the dataplane keys its tables
+//! with. Straight-line code, no allocation, every read preceded by a length check.
+
+use crate::addr::{Addr, Family};
+use crate::ethernet::{self, ethertype};
+use crate::field::{get16, get32};
+use crate::{icmpv4, icmpv6, ipv4, ipv6, sctp, tcp, LinkType, ParseError};
+
+/// IP protocol numbers the dataplane handles.
+pub mod proto {
+    /// ICMP (IPv4).
+    pub const ICMP: u8 = 1;
+    /// TCP.
+    pub const TCP: u8 = 6;
+    /// UDP.
+    pub const UDP: u8 = 17;
+    /// ICMPv6.
+    pub const ICMPV6: u8 = 58;
+    /// SCTP.
+    pub const SCTP: u8 = 132;
+}
+
+/// Fragmentation state of an IP packet (IPv4 flags/offset or the IPv6 fragment header).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Frag {
+    /// IPv4 identification (widened) or IPv6 fragment identification.
+    pub id: u32,
+    /// Fragment offset in bytes.
+    pub offset: u16,
+    /// More-fragments flag.
+    pub more: bool,
+    /// True when this packet is a fragment (MF set or offset non-zero); an IPv6 "atomic fragment"
+    /// (fragment header with offset 0 and no MF) is a whole packet and reports false.
+    pub is_fragment: bool,
+}
+
+/// Everything the fast path needs to know about an IP packet, found in one pass.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct PacketMeta {
+    /// Offset of the IP header in the frame (after Ethernet + VLAN tags).
+    pub l3_off: u16,
+    /// Offset of the transport header (after IPv4 options / IPv6 extension chain); 0 when absent.
+    pub l4_off: u16,
+    /// Bytes from `l4_off` to the end of the IP payload (IP length, not frame length).
+    pub l4_len: u16,
+    /// Total IP packet length (IPv4 total length / IPv6 40 + payload length).
+    pub ip_len: u16,
+    /// Address family.
+    pub family: Family,
+    /// Transport protocol after the extension-header chain.
+    pub proto: u8,
+    /// Source address.
+    pub src: Addr,
+    /// Destination address.
+    pub dst: Addr,
+    /// TCP/UDP/SCTP source port; ICMP/ICMPv6 echo identifier; else 0.
+    pub sport: u16,
+    /// TCP/UDP/SCTP destination port; ICMP/ICMPv6 echo identifier; else 0.
+    pub dport: u16,
+    /// TCP flags byte (FIN=0x01 SYN=0x02 RST=0x04 PSH=0x08 ACK=0x10).
+    pub tcp_flags: u8,
+    /// ICMP/ICMPv6 type.
+    pub icmp_type: u8,
+    /// ICMP/ICMPv6 code.
+    pub icmp_code: u8,
+    /// IPv4 TTL / IPv6 hop limit.
+    pub ttl: u8,
+    /// Fragmentation.
+    pub frag: Frag,
+    /// SCTP verification tag.
+    pub sctp_vtag: u32,
+    /// SCTP first chunk type.
+    pub sctp_chunk: u8,
+}
+
+impl PacketMeta {
+    /// True when the packet carries the L4 header (not a non-first fragment).
+    #[inline]
+    pub fn is_first_fragment_or_whole(&self) -> bool {
+        self.frag.offset == 0
+    }
+
+    /// True when there is a parsed transport header.
+    #[inline]
+    pub fn has_l4(&self) -> bool {
+        self.l4_off != 0
+    }
+
+    #[inline]
+    fn is_icmp(&self) -> bool {
+        self.has_l4()
+            && ((self.family == Family::V4 && self.proto == proto::ICMP)
+                || (self.family == Family::V6 && self.proto == proto::ICMPV6))
+    }
+
+    /// ICMP echo request / ICMPv6 echo request.
+    #[inline]
+    pub fn is_icmp_echo_request(&self) -> bool {
+        self.is_icmp()
+            && match self.family {
+                Family::V4 => self.icmp_type == icmpv4::types::ECHO_REQUEST,
+                Family::V6 => self.icmp_type == icmpv6::types::ECHO_REQUEST,
+            }
+    }
+
+    /// ICMP echo reply / ICMPv6 echo reply.
+    #[inline]
+    pub fn is_icmp_echo_reply(&self) -> bool {
+        self.is_icmp()
+            && match self.family {
+                Family::V4 => self.icmp_type == icmpv4::types::ECHO_REPLY,
+                Family::V6 => self.icmp_type == icmpv6::types::ECHO_REPLY,
+            }
+    }
+
+    /// ICMP error quoting a packet: destination unreachable, time exceeded, parameter problem,
+    /// and (IPv6) packet too big.
+    #[inline]
+    pub fn is_icmp_error(&self) -> bool {
+        self.is_icmp()
+            && match self.family {
+                Family::V4 => icmpv4::is_error(self.icmp_type),
+                Family::V6 => icmpv6::is_error(self.icmp_type),
+            }
+    }
+
+    /// Offset one past the end of the IP packet in the frame.
+    #[inline]
+    pub fn ip_end(&self) -> usize {
+        self.l3_off as usize + self.ip_len as usize
+    }
+}
+
+/// Result of [`parse`]: an IP packet, or a frame the dataplane does not handle (ARP, LLDP,
+/// a third VLAN tag ...) and passes to the kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Parsed {
+    /// An IPv4 / IPv6 packet.
+    Ip(PacketMeta),
+    /// Not IP.
+    NotIp,
+}
+
+impl Parsed {
+    /// The meta of an IP packet.
+    #[inline]
+    pub fn ip(self) -> Option<PacketMeta> {
+        match self {
+            Parsed::Ip(m) => Some(m),
+            Parsed::NotIp => None,
+        }
+    }
+}
+
+/// Parses a frame in one pass. See the crate docs (`docs/dev/packet-api.md`) for the rules.
+#[inline]
+pub fn parse(frame: &[u8], link: LinkType) -> Result<Parsed, ParseError> {
+    let (l3, v6) = match link {
+        LinkType::Ethernet => {
+            let (et, off) = ethernet::l3_offset(frame)?;
+            match et {
+                ethertype::IPV4 => (off, false),
+                ethertype::IPV6 => (off, true),
+                _ => return Ok(Parsed::NotIp),
+            }
+        }
+        LinkType::RawIp => match frame.first() {
+            None => return Err(ParseError::Truncated),
+            Some(b) if b >> 4 == 4 => (0, false),
+            Some(b) if b >> 4 == 6 => (0, true),
+            Some(_) => return Err(ParseError::BadVersion),
+        },
+    };
+    let ip = &frame[l3..];
+    let meta = if v6 {
+        parse_v6(ip, l3)?
+    } else {
+        parse_v4(ip, l3)?
+    };
+    Ok(Parsed::Ip(meta))
+}
+
+#[inline]
+fn parse_v4(ip: &[u8], l3: usize) -> Result<PacketMeta, ParseError> {
+    let (hl, tl) = ipv4::check(ip)?;
+    let fo = get16(ip, 6);
+    let offset = (fo & 0x1fff) << 3;
+    let more = fo & 0x2000 != 0;
+    let mut m = PacketMeta {
+        l3_off: l3 as u16,
+        ip_len: tl as u16,
+        family: Family::V4,
+        proto: ip[9],
+        src: Addr::from_v4([ip[12], ip[13], ip[14], ip[15]]),
+        dst: Addr::from_v4([ip[16], ip[17], ip[18], ip[19]]),
+        ttl: ip[8],
+        frag: Frag {
+            id: get16(ip, 4) as u32,
+            offset,
+            more,
+            is_fragment: more || offset != 0,
+        },
+        ..PacketMeta::default()
+    };
+    if offset != 0 {
+        return Ok(m);
+    }
+    parse_l4(&mut m, &ip[hl..tl], l3 + hl)?;
+    Ok(m)
+}
+
+#[inline]
+fn parse_v6(ip: &[u8], l3: usize) -> Result<PacketMeta, ParseError> {
+    let len = ipv6::check(ip)?;
+    let payload = &ip[ipv6::HEADER_LEN..len];
+    let end = ipv6::walk_chain(payload, ip[6])?;
+    let mut m = PacketMeta {
+        l3_off: l3 as u16,
+        ip_len: len as u16,
+        family: Family::V6,
+        proto: end.proto,
+        src: Addr(crate::field::arr(ip, 8)),
+        dst: Addr(crate::field::arr(ip, 24)),
+        ttl: ip[7],
+        ..PacketMeta::default()
+    };
+    if let Some(f) = end.frag {
+        m.frag = Frag {
+            id: f.id,
+            offset: f.offset,
+            more: f.more,
+            is_fragment: f.more || f.offset != 0,
+        };
+    }
+    if !end.has_l4 {
+        return Ok(m);
+    }
+    parse_l4(
+        &mut m,
+        &payload[end.offset..],
+        l3 + ipv6::HEADER_LEN + end.offset,
+    )?;
+    Ok(m)
+}
+
+#[inline]
+fn parse_l4(m: &mut PacketMeta, l4: &[u8], off: usize) -> Result<(), ParseError> {
+    m.l4_off = off as u16;
+    m.l4_len = l4.len() as u16;
+    match m.proto {
+        proto::TCP => {
+            tcp::check(l4)?;
+            m.sport = get16(l4, 0);
+            m.dport = get16(l4, 2);
+            m.tcp_flags = l4[13];
+        }
+        proto::UDP => {
+            if l4.len() < 8 {
+                return Err(ParseError::Truncated);
+            }
+            let ulen = get16(l4, 4) as usize;
+            // A first fragment's UDP length covers the reassembled datagram.
+            if ulen < 8 || (ulen > l4.len() && !m.frag.more) {
+                return Err(ParseError::BadLength);
+            }
+            m.sport = get16(l4, 0);
+            m.dport = get16(l4, 2);
+        }
+        proto::SCTP => {
+            if m.frag.more {
+                if l4.len() < sctp::HEADER_LEN + sctp::CHUNK_HEADER_LEN {
+                    return Err(ParseError::Truncated);
+                }
+            } else {
+                sctp::check_with_chunk(l4)?;
+            }
+            m.sport = get16(l4, 0);
+            m.dport = get16(l4, 2);
+            m.sctp_vtag = get32(l4, 4);
+            m.sctp_chunk = l4[12];
+        }
+        proto::ICMP | proto::ICMPV6 => {
+            let matches_family = (m.proto == proto::ICMP) == (m.family == Family::V4);
+            if matches_family {
+                if l4.len() < 8 {
+                    return Err(ParseError::Truncated);
+                }
+                m.icmp_type = l4[0];
+                m.icmp_code = l4[1];
+                let echo = match m.family {
+                    Family::V4 => matches!(
+                        l4[0],
+                        icmpv4::types::ECHO_REQUEST | icmpv4::types::ECHO_REPLY
+                    ),
+                    Family::V6 => matches!(
+                        l4[0],
+                        icmpv6::types::ECHO_REQUEST | icmpv6::types::ECHO_REPLY
+                    ),
+                };
+                if echo {
+                    m.sport = get16(l4, 4);
+                    m.dport = m.sport;
+                }
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}

@@ -1,0 +1,173 @@
+//! In-place NAT rewrite with RFC 1624 incremental checksum updates.
+//!
+//! Incremental updates touch only the changed words, so the cost does not depend on the payload
+//! size (SCTP excepted: CRC32c has to be recomputed over the SCTP packet). The old values are read
+//! from the frame itself, not from `meta`, so a stale meta cannot corrupt a checksum.
+
+use crate::addr::{Addr, Family};
+use crate::checksum::{update16, update_addr};
+use crate::field::{get16, set16};
+use crate::meta::{proto, PacketMeta};
+use crate::{icmpv4, icmpv6, ipv4, ipv6, sctp, tcp, udp, ParseError};
+
+/// Rewrites source/destination address and port (ICMP/ICMPv6 echo: the identifier, taken from
+/// `sport`) of the packet described by `meta`, updating the IPv4 header checksum and the L4
+/// checksum incrementally (pseudo-header included for TCP/UDP/ICMPv6). UDP over IPv4 with a zero
+/// checksum stays zero. SCTP: CRC32c recomputed. Non-first fragments: addresses only. The family
+/// must not change (no NAT46): for V4 only the last 4 bytes of the addresses are used. Updates
+/// `meta` to the new values. A `meta` that does not fit the frame leaves both untouched
+/// (see [`try_rewrite`] to learn about it).
+#[inline]
+pub fn rewrite(
+    frame: &mut [u8],
+    meta: &mut PacketMeta,
+    src: Addr,
+    sport: u16,
+    dst: Addr,
+    dport: u16,
+) {
+    let _ = try_rewrite(frame, meta, src, sport, dst, dport);
+}
+
+/// [`rewrite`], reporting `Err(Truncated)` (and changing nothing) when `meta` does not fit `frame`.
+#[inline]
+pub fn try_rewrite(
+    frame: &mut [u8],
+    meta: &mut PacketMeta,
+    src: Addr,
+    sport: u16,
+    dst: Addr,
+    dport: u16,
+) -> Result<(), ParseError> {
+    let l3 = meta.l3_off as usize;
+    let ip_end = meta.ip_end();
+    let fam = meta.family;
+    let min_l3 = match fam {
+        Family::V4 => ipv4::MIN_HEADER_LEN,
+        Family::V6 => ipv6::HEADER_LEN,
+    };
+    if ip_end > frame.len() || (meta.ip_len as usize) < min_l3 {
+        return Err(ParseError::Truncated);
+    }
+    let l4 = meta.l4_off as usize;
+    let do_l4 = l4 != 0 && meta.frag.offset == 0;
+    if do_l4 {
+        let min_l4 = match meta.proto {
+            proto::TCP => tcp::MIN_HEADER_LEN,
+            proto::UDP => udp::HEADER_LEN,
+            proto::SCTP => sctp::HEADER_LEN,
+            proto::ICMP | proto::ICMPV6 => icmpv4::HEADER_LEN,
+            _ => 0,
+        };
+        if l4 < l3 + min_l3 || l4 + min_l4 > ip_end {
+            return Err(ParseError::Truncated);
+        }
+    }
+
+    // Old addresses as they are in the frame.
+    let (src_at, dst_at, alen) = match fam {
+        Family::V4 => (l3 + 12, l3 + 16, 4),
+        Family::V6 => (l3 + 8, l3 + 24, 16),
+    };
+    let mut old_src = Addr::UNSPECIFIED;
+    let mut old_dst = Addr::UNSPECIFIED;
+    old_src.0[16 - alen..].copy_from_slice(&frame[src_at..src_at + alen]);
+    old_dst.0[16 - alen..].copy_from_slice(&frame[dst_at..dst_at + alen]);
+    if fam == Family::V4 {
+        old_src = Addr::from_v4(old_src.v4_octets());
+        old_dst = Addr::from_v4(old_dst.v4_octets());
+    }
+    let src_changed = old_src.0[16 - alen..] != src.0[16 - alen..];
+    let dst_changed = old_dst.0[16 - alen..] != dst.0[16 - alen..];
+    frame[src_at..src_at + alen].copy_from_slice(&src.0[16 - alen..]);
+    frame[dst_at..dst_at + alen].copy_from_slice(&dst.0[16 - alen..]);
+
+    // Adjusts a checksum for the address change (IPv4 header and pseudo-headers alike).
+    let addr_delta = |mut c: u16| {
+        if src_changed {
+            c = update_addr(c, &old_src, &src, fam);
+        }
+        if dst_changed {
+            c = update_addr(c, &old_dst, &dst, fam);
+        }
+        c
+    };
+
+    if fam == Family::V4 {
+        let c = addr_delta(get16(frame, l3 + 10));
+        set16(frame, l3 + 10, c);
+    }
+    meta.src = src;
+    meta.dst = dst;
+    if !do_l4 {
+        return Ok(());
+    }
+
+    match meta.proto {
+        proto::TCP => {
+            let c = ports_delta(addr_delta(get16(frame, l4 + 16)), frame, l4, sport, dport);
+            set16(frame, l4 + 16, c);
+            set_ports(frame, l4, sport, dport, meta);
+        }
+        proto::UDP => {
+            let c = get16(frame, l4 + 6);
+            if !(fam == Family::V4 && c == 0) {
+                let c = ports_delta(addr_delta(c), frame, l4, sport, dport);
+                // A computed zero is sent as all ones (RFC 768); zero would mean "no checksum".
+                set16(frame, l4 + 6, if c == 0 { 0xffff } else { c });
+            }
+            set_ports(frame, l4, sport, dport, meta);
+        }
+        proto::SCTP => {
+            set_ports(frame, l4, sport, dport, meta);
+            // A first fragment's CRC covers bytes we do not have: leave it to the receiver.
+            if !meta.frag.more {
+                let mut p = sctp::Packet::new_unchecked(&mut frame[l4..ip_end]);
+                p.fill_checksum();
+            }
+        }
+        proto::ICMP if fam == Family::V4 => {
+            let t = frame[l4];
+            if t == icmpv4::types::ECHO_REQUEST || t == icmpv4::types::ECHO_REPLY {
+                let c = update16(get16(frame, l4 + 2), get16(frame, l4 + 4), sport);
+                set16(frame, l4 + 2, c);
+                set16(frame, l4 + 4, sport);
+                meta.sport = sport;
+                meta.dport = sport;
+            }
+        }
+        proto::ICMPV6 if fam == Family::V6 => {
+            let mut c = addr_delta(get16(frame, l4 + 2));
+            let t = frame[l4];
+            if t == icmpv6::types::ECHO_REQUEST || t == icmpv6::types::ECHO_REPLY {
+                c = update16(c, get16(frame, l4 + 4), sport);
+                set16(frame, l4 + 4, sport);
+                meta.sport = sport;
+                meta.dport = sport;
+            }
+            set16(frame, l4 + 2, c);
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+#[inline(always)]
+fn ports_delta(mut c: u16, frame: &[u8], l4: usize, sport: u16, dport: u16) -> u16 {
+    let (os, od) = (get16(frame, l4), get16(frame, l4 + 2));
+    if os != sport {
+        c = update16(c, os, sport);
+    }
+    if od != dport {
+        c = update16(c, od, dport);
+    }
+    c
+}
+
+#[inline(always)]
+fn set_ports(frame: &mut [u8], l4: usize, sport: u16, dport: u16, meta: &mut PacketMeta) {
+    set16(frame, l4, sport);
+    set16(frame, l4 + 2, dport);
+    meta.sport = sport;
+    meta.dport = dport;
+}

@@ -1,4 +1,6 @@
 //! kxdp's fast path.
 
 pub mod conntrack;
+pub mod pipeline;
 pub mod snapshot;
+pub mod verdict;

@@ -173,7 +173,11 @@ impl PrefixSet {
             }
             std::net::IpAddr::V6(a) => {
                 let len = len.min(128) as u32;
-                let mask = if len == 0 { 0 } else { u128::MAX << (128 - len) };
+                let mask = if len == 0 {
+                    0
+                } else {
+                    u128::MAX << (128 - len)
+                };
                 let net = u128::from(a) & mask;
                 if !self.v6.contains(&(net, mask)) {
                     self.v6.push((net, mask));
@@ -302,11 +306,16 @@ impl Snapshot {
                 return Err(format!("frontend {key:?} points at missing entry {i}"));
             };
             if fe.service_port as usize >= self.service_ports.len() {
-                return Err(format!("frontend {key:?} names missing service port {}", fe.service_port));
+                return Err(format!(
+                    "frontend {key:?} names missing service port {}",
+                    fe.service_port
+                ));
             }
             for r in &fe.routes {
                 if r.endpoints.as_range().end > self.endpoints.len() {
-                    return Err(format!("frontend {key:?} has an endpoint range out of bounds"));
+                    return Err(format!(
+                        "frontend {key:?} has an endpoint range out of bounds"
+                    ));
                 }
             }
         }

@@ -83,6 +83,8 @@ reasons! {
     NoLocalEndpoints = "no-local-endpoints" => Drop,
     /// A ClusterIP on a port or protocol its Service does not define.
     ServicePortUnknown = "service-port-unknown" => Reject,
+    /// A non-first fragment to a Service address: no ports to decide by and no fragment state.
+    FragmentNoState = "fragment-no-state" => Drop,
     /// An address inside a service CIDR that no Service owns.
     ServiceIpUnallocated = "service-ip-unallocated" => Drop,
     /// A LoadBalancer IP reached from outside loadBalancerSourceRanges.

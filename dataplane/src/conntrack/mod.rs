@@ -1,3 +1,329 @@
-//! The shared connection-tracking table (being written).
+//! Connection tracking shared by all workers: both directions of every NATed connection, protocol
+//! state with kube-proxy/kernel-style timeouts, bounded size with early drop, incremental expiry.
+//! Session-affinity records live in the same table (as IPVS keeps its persistence templates in its
+//! connection table), keyed by client address and Service port, invisible to connection listings.
+
 mod config;
+mod grace;
+mod table;
+pub mod tcp;
+mod tuple;
+
 pub use config::CtConfig;
+pub use table::{
+    EntryView, Found, InsertError, Retired, DIR_ORIG, DIR_REPLY, FLAG_ASSURED, FLAG_MASQ,
+    FLAG_SEEN_REPLY,
+};
+pub use tuple::{has_ports, hash_packed, Packed, Tuple};
+
+use kxdp_packet::{Addr, Family};
+use table::{Table, FLAG_SINGLE_KEY, PROTO_STATE_MASK, PROTO_STATE_SHIFT};
+use tcp::TcpState;
+
+/// Pseudo-protocol of affinity records: never a real IP protocol number kxdp tracks.
+const AFFINITY_PROTO: u8 = 255;
+
+/// Timeouts in milliseconds, resolved once from `CtConfig`.
+#[derive(Clone, Copy, Debug)]
+struct Timeouts {
+    tcp: [u64; tcp::STATE_COUNT],
+    udp: u64,
+    udp_stream: u64,
+    icmp: u64,
+    sctp_established: u64,
+    sctp_short: u64,
+}
+
+pub struct Conntrack {
+    table: Table,
+    config: CtConfig,
+    timeouts: Timeouts,
+}
+
+/// The protocol state a new entry starts in, and how a packet moves it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Update {
+    /// The entry's state word after the packet.
+    pub state: u32,
+}
+
+impl Conntrack {
+    /// `workers`: how many threads call `enter`/`leave`/`maintain` (each with its own index).
+    pub fn new(config: CtConfig, workers: usize) -> Conntrack {
+        Self::with_seed(config, workers, 0x6b78_6470_2d63_7421)
+    }
+
+    pub fn with_seed(config: CtConfig, workers: usize, seed: u64) -> Conntrack {
+        let ms = |d: std::time::Duration| d.as_millis() as u64;
+        let mut tcp_t = [0u64; tcp::STATE_COUNT];
+        for s in TcpState::ALL {
+            tcp_t[s as usize] = ms(match s {
+                TcpState::None | TcpState::SynSent => config.tcp_syn_sent,
+                TcpState::SynRecv => config.tcp_syn_recv,
+                TcpState::Established => config.tcp_established,
+                TcpState::FinWait => config.tcp_fin_wait,
+                TcpState::CloseWait => config.tcp_close_wait,
+                TcpState::LastAck => config.tcp_last_ack,
+                TcpState::TimeWait => config.tcp_time_wait,
+                TcpState::Close => config.tcp_close,
+            });
+        }
+        let timeouts = Timeouts {
+            tcp: tcp_t,
+            udp: ms(config.udp),
+            udp_stream: ms(config.udp_stream),
+            icmp: ms(config.icmp),
+            sctp_established: ms(config.sctp_established),
+            sctp_short: ms(config.sctp_short),
+        };
+        Conntrack {
+            table: Table::new(config.max_entries, workers, seed),
+            config,
+            timeouts,
+        }
+    }
+
+    pub fn config(&self) -> &CtConfig {
+        &self.config
+    }
+
+    /// Entries allocated at start: the configured maximum plus room for entries in their grace
+    /// period.
+    pub fn capacity(&self) -> usize {
+        self.table.capacity()
+    }
+
+    /// Live entries (connections and affinity records).
+    pub fn len(&self) -> u32 {
+        self.table.live()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn early_drops(&self) -> u64 {
+        self.table.early_drops()
+    }
+
+    #[inline]
+    pub fn hash(&self, key: &Packed) -> u64 {
+        self.table.hash(key)
+    }
+
+    #[inline]
+    pub fn prefetch(&self, hash: u64) {
+        self.table.prefetch(hash)
+    }
+
+    /// Finds the connection a packet with tuple `key` (packed, with its hash) belongs to. An entry
+    /// past its expiry is gone, whether or not the expiry scan has reached it yet.
+    #[inline]
+    pub fn lookup(&self, key: &Packed, hash: u64, now_ms: u64) -> Option<Found> {
+        let found = self.table.lookup(key, hash)?;
+        if found.expires_ms < now_ms {
+            self.table.kill(found.idx);
+            return None;
+        }
+        Some(found)
+    }
+
+    /// Whether some live connection already uses `reply` as its reply tuple.
+    #[inline]
+    pub fn reply_taken(&self, reply: &Tuple) -> bool {
+        self.table.contains(&reply.pack())
+    }
+
+    /// Tracks a new connection whose first packet (direction original) has TCP flags `tcp_flags`.
+    pub fn create(
+        &self,
+        orig: &Tuple,
+        reply: &Tuple,
+        tcp_flags: u8,
+        masq: bool,
+        service_id: u32,
+        now_ms: u64,
+        early_drop_hint: u64,
+    ) -> Result<u32, InsertError> {
+        let proto_state = match orig.proto {
+            6 => tcp::next(TcpState::None, 0, DIR_ORIG, tcp_flags).0 as u32,
+            _ => 0,
+        };
+        let mut state = proto_state << PROTO_STATE_SHIFT;
+        if masq {
+            state |= FLAG_MASQ;
+        }
+        let expires = now_ms + self.timeout_ms(orig.proto, state);
+        self.table
+            .insert(orig, reply, state, service_id, expires, early_drop_hint)
+    }
+
+    /// Moves a tracked connection's state for one packet in direction `found.dir`, refreshes its
+    /// expiry and counts it. Returns the new state word, or None when the entry vanished.
+    #[inline]
+    pub fn on_packet(&self, found: &Found, tcp_flags: u8, bytes: u64, now_ms: u64) -> Option<u32> {
+        let proto = found.other.proto;
+        let dir = found.dir;
+        let state = self.table.update_state(found.idx, |cur| {
+            let mut s = cur;
+            if dir == DIR_REPLY && s & FLAG_SEEN_REPLY == 0 {
+                s |= FLAG_SEEN_REPLY;
+                if proto != 6 {
+                    // UDP, SCTP and ICMP are assured once answered; TCP once established.
+                    s |= FLAG_ASSURED;
+                }
+            }
+            if proto == 6 {
+                let (next, dirflags) = tcp::next(
+                    TcpState::from_u8(((s & PROTO_STATE_MASK) >> PROTO_STATE_SHIFT) as u8),
+                    (s >> table::DIR_FLAGS_SHIFT) as u8,
+                    dir,
+                    tcp_flags,
+                );
+                s = (s & !PROTO_STATE_MASK & !(0xff << table::DIR_FLAGS_SHIFT))
+                    | (next as u32) << PROTO_STATE_SHIFT
+                    | (dirflags as u32) << table::DIR_FLAGS_SHIFT;
+                if next == TcpState::Established {
+                    s |= FLAG_ASSURED;
+                }
+            }
+            s
+        })?;
+        self.table
+            .set_expires(found.idx, now_ms + self.timeout_ms(proto, state));
+        self.table.count(found.idx, dir, bytes);
+        Some(state)
+    }
+
+    /// Removes a connection now (its next packet starts a new one).
+    pub fn kill(&self, idx: u32) -> bool {
+        self.table.kill(idx)
+    }
+
+    fn timeout_ms(&self, proto: u8, state: u32) -> u64 {
+        let t = &self.timeouts;
+        match proto {
+            6 => t.tcp[tcp_state_of(state) as usize],
+            17 if state & FLAG_SEEN_REPLY != 0 => t.udp_stream,
+            17 => t.udp,
+            132 if state & FLAG_SEEN_REPLY != 0 => t.sctp_established,
+            132 => t.sctp_short,
+            _ => t.icmp,
+        }
+    }
+
+    // ---- session affinity ------------------------------------------------------------------
+
+    fn affinity_key(service_id: u32, client: &Addr, family: Family) -> Tuple {
+        let mut svc = [0u8; 16];
+        svc[12..].copy_from_slice(&service_id.to_be_bytes());
+        Tuple {
+            src: *client,
+            dst: Addr(svc),
+            sport: 0,
+            dport: 0,
+            proto: AFFINITY_PROTO,
+            family,
+        }
+    }
+
+    /// The endpoint `client` was last sent to for this Service port, if the record is fresh.
+    #[inline]
+    pub fn affinity_get(
+        &self,
+        service_id: u32,
+        client: &Addr,
+        family: Family,
+        now_ms: u64,
+    ) -> Option<(Addr, u16, u32)> {
+        let key = Self::affinity_key(service_id, client, family).pack();
+        let found = self.lookup(&key, self.hash(&key), now_ms)?;
+        Some((found.other.src, found.other.sport, found.idx))
+    }
+
+    /// Refreshes an existing record's timeout.
+    #[inline]
+    pub fn affinity_touch(&self, idx: u32, timeout_s: u32, now_ms: u64) {
+        self.table
+            .set_expires(idx, now_ms + timeout_s as u64 * 1000);
+    }
+
+    /// Records that `client` goes to `endpoint` for this Service port for `timeout_s` seconds.
+    #[allow(clippy::too_many_arguments)]
+    pub fn affinity_set(
+        &self,
+        service_id: u32,
+        client: &Addr,
+        family: Family,
+        endpoint: (Addr, u16),
+        timeout_s: u32,
+        now_ms: u64,
+        hint: u64,
+    ) -> Result<u32, InsertError> {
+        let key = Self::affinity_key(service_id, client, family);
+        let value = Tuple {
+            src: endpoint.0,
+            dst: *client,
+            sport: endpoint.1,
+            dport: 0,
+            proto: AFFINITY_PROTO,
+            family,
+        };
+        self.table.insert(
+            &key,
+            &value,
+            FLAG_SINGLE_KEY | FLAG_ASSURED,
+            service_id,
+            now_ms + timeout_s as u64 * 1000,
+            hint,
+        )
+    }
+
+    // ---- worker life cycle -------------------------------------------------------------------
+
+    /// A worker starts a batch (see `grace`).
+    #[inline]
+    pub fn enter(&self, worker: usize) {
+        self.table.grace.enter(worker)
+    }
+
+    #[inline]
+    pub fn leave(&self, worker: usize) {
+        self.table.grace.leave(worker)
+    }
+
+    /// Incremental expiry, between batches. Returns how many entries expired.
+    pub fn maintain(&self, now_ms: u64, budget: usize, retired: &mut Retired) -> usize {
+        self.table.maintain(now_ms, budget, retired)
+    }
+
+    /// A `Retired` list sized for this table's maintenance.
+    pub fn retired_list(&self) -> Retired {
+        Retired::with_capacity(4096)
+    }
+
+    // ---- listings ------------------------------------------------------------------------------
+
+    /// Every live connection (affinity records excluded), streamed.
+    pub fn connections(&self) -> impl Iterator<Item = EntryView> + '_ {
+        self.table.iter().filter(|v| v.orig.proto != AFFINITY_PROTO)
+    }
+
+    /// Seconds left before `view` expires at `now_ms`.
+    pub fn timeout_left_s(view: &EntryView, now_ms: u64) -> u64 {
+        view.expires_ms.saturating_sub(now_ms) / 1000
+    }
+
+    /// The kernel's name of the entry's protocol state (TCP), for listings.
+    pub fn state_name(view: &EntryView) -> Option<&'static str> {
+        (view.orig.proto == 6).then(|| tcp_state_of(view.state).name())
+    }
+}
+
+#[inline]
+pub fn tcp_state_of(state: u32) -> TcpState {
+    TcpState::from_u8(((state & PROTO_STATE_MASK) >> PROTO_STATE_SHIFT) as u8)
+}
+
+#[cfg(test)]
+mod tests;

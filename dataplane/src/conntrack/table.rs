@@ -1,0 +1,672 @@
+//! The shared connection table: fixed capacity, preallocated, lock-free.
+//!
+//! Why not a crate: the table must hold a bounded number of entries allocated once at start (no
+//! allocation per new connection), index each entry under two keys (original and reply tuple),
+//! let several workers look up and update entries concurrently without locks, and be scanned
+//! incrementally for expiry. Concurrent maps on crates.io (dashmap: locks; papaya, scc: allocate
+//! per insert) give none of the first three together.
+//!
+//! Layout:
+//! - `entries`: the slab of connections. An entry's tuples are written once, while its sequence
+//!   number is odd, and read under that sequence number (a seqlock), so a reader never acts on a
+//!   half-written or recycled entry. State, expiry and counters are atomics updated in place.
+//! - `slots`: an open-addressing index (linear probing) from tuple hash to (entry, direction).
+//!   Removal leaves a tombstone stamped with the epoch; tombstones and entries are recycled only
+//!   after a grace period (see `grace`), which is what makes probing without locks sound.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use super::grace::Grace;
+use super::tuple::{hash_packed, Packed, Tuple};
+
+/// Entry life cycle (low bits of `Entry::state`).
+pub(crate) const LIFE_MASK: u32 = 0b11;
+pub(crate) const LIFE_FREE: u32 = 0;
+pub(crate) const LIFE_LIVE: u32 = 1;
+/// Invisible to lookups; its index slots are about to be, or have been, removed.
+pub(crate) const LIFE_DYING: u32 = 2;
+/// Index slots removed; waiting for the grace period before reuse.
+pub(crate) const LIFE_RETIRED: u32 = 3;
+
+/// Flags above the life bits.
+pub const FLAG_ASSURED: u32 = 1 << 2;
+pub const FLAG_SEEN_REPLY: u32 = 1 << 3;
+pub const FLAG_MASQ: u32 = 1 << 4;
+/// Only the original tuple is indexed (affinity records).
+pub const FLAG_SINGLE_KEY: u32 = 1 << 5;
+/// Protocol state (e.g. TCP state) lives in bits 8..16.
+pub const PROTO_STATE_SHIFT: u32 = 8;
+pub const PROTO_STATE_MASK: u32 = 0xff << PROTO_STATE_SHIFT;
+/// Per-direction protocol flags (TCP FIN seen from orig/reply) in bits 16..24.
+pub const DIR_FLAGS_SHIFT: u32 = 16;
+
+pub const DIR_ORIG: u8 = 0;
+pub const DIR_REPLY: u8 = 1;
+
+#[repr(C, align(64))]
+struct Entry {
+    /// Seqlock over the tuples: odd while they are written.
+    seq: AtomicU32,
+    /// Life cycle, flags, protocol state.
+    state: AtomicU32,
+    expires_ms: AtomicU64,
+    tuples: [[AtomicU64; 5]; 2],
+    service_id: AtomicU32,
+    next_free: AtomicU32,
+}
+
+/// Per-direction counters, kept apart from the entry's first cache line. Updated with a plain
+/// load + store rather than an atomic add: a direction of a flow is handled by one worker at a
+/// time (RSS and replay steering keep it so), so this never loses counts in practice and costs no
+/// locked instruction per packet.
+#[derive(Default)]
+struct Counters {
+    packets: [AtomicU64; 2],
+    bytes: [AtomicU64; 2],
+}
+
+const SLOT_EMPTY: u64 = 0;
+const TOMB_BIT: u64 = 1;
+
+#[inline]
+fn slot_live(tag: u32, idx: u32, dir: u8) -> u64 {
+    // low bit 0 and never zero: ((idx << 1 | dir) + 1) << 1
+    (tag as u64) << 32 | ((((idx as u64) << 1 | dir as u64) + 1) << 1)
+}
+
+#[inline]
+fn slot_decode(s: u64) -> (u32, u32, u8) {
+    let payload = ((s & 0xffff_ffff) >> 1) - 1;
+    ((s >> 32) as u32, (payload >> 1) as u32, (payload & 1) as u8)
+}
+
+#[inline]
+fn slot_tomb(epoch: u64) -> u64 {
+    epoch << 1 | TOMB_BIT
+}
+
+/// What a lookup found: a copy of the entry taken under its sequence number.
+#[derive(Clone, Copy, Debug)]
+pub struct Found {
+    pub idx: u32,
+    /// Which of the entry's tuples matched (`DIR_ORIG` or `DIR_REPLY`).
+    pub dir: u8,
+    /// The entry's other tuple: where a packet in this direction is translated to (reversed).
+    pub other: Tuple,
+    pub state: u32,
+    pub service_id: u32,
+    pub expires_ms: u64,
+}
+
+/// A consistent copy of an entry, for listings.
+#[derive(Clone, Copy, Debug)]
+pub struct EntryView {
+    pub idx: u32,
+    pub orig: Tuple,
+    pub reply: Tuple,
+    pub state: u32,
+    pub service_id: u32,
+    pub expires_ms: u64,
+    pub packets: [u64; 2],
+    pub bytes: [u64; 2],
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InsertError {
+    /// No free entry even after early drop.
+    Full,
+    /// A live entry already holds one of the tuples (a colliding SNAT choice).
+    Exists,
+}
+
+pub struct Table {
+    entries: Box<[Entry]>,
+    counters: Box<[Counters]>,
+    slots: Box<[AtomicU64]>,
+    slot_mask: usize,
+    seed: u64,
+    /// Entries that may be live at once (the configured maximum).
+    max_live: u32,
+    live: AtomicU32,
+    /// Never-used entries are handed out from here before the free list is consulted.
+    next_unused: AtomicU32,
+    /// Treiber stack of free entries: (ABA tag << 32) | (idx + 1); low half 0 = empty.
+    free_head: AtomicU64,
+    pub(crate) grace: Grace,
+    scan_cursor: AtomicU64,
+    slot_cursor: AtomicU64,
+    /// Unassured entries dropped to make room (rare: an atomic is fine).
+    early_drops: AtomicU64,
+}
+
+/// Longest probe sequence before a lookup gives up: a table kept at most half full by live keys
+/// stays far below it; it bounds the work of a pathological chain.
+const MAX_PROBE: usize = 4096;
+
+impl Table {
+    /// `max_live` live entries; a little slack on top holds entries waiting out their grace period.
+    pub fn new(max_live: u32, participants: usize, seed: u64) -> Table {
+        let max_live = max_live.clamp(16, 1 << 29);
+        let capacity = max_live as usize + (max_live as usize / 8).max(1024);
+        // Two keys per entry, at most a quarter of the slots live.
+        let nslots = (capacity * 2 * 2).next_power_of_two();
+        Table {
+            entries: (0..capacity).map(|_| Entry::new()).collect(),
+            counters: (0..capacity).map(|_| Counters::default()).collect(),
+            slots: (0..nslots).map(|_| AtomicU64::new(SLOT_EMPTY)).collect(),
+            slot_mask: nslots - 1,
+            seed: seed | 1,
+            max_live,
+            live: AtomicU32::new(0),
+            next_unused: AtomicU32::new(0),
+            free_head: AtomicU64::new(0),
+            grace: Grace::new(participants),
+            scan_cursor: AtomicU64::new(0),
+            slot_cursor: AtomicU64::new(0),
+            early_drops: AtomicU64::new(0),
+        }
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn early_drops(&self) -> u64 {
+        self.early_drops.load(Ordering::Relaxed)
+    }
+
+    pub fn live(&self) -> u32 {
+        self.live.load(Ordering::Relaxed)
+    }
+
+    #[inline]
+    pub fn hash(&self, p: &Packed) -> u64 {
+        hash_packed(p, self.seed)
+    }
+
+    /// Hints the CPU to fetch the index slot a lookup of `hash` starts at.
+    #[inline]
+    pub fn prefetch(&self, hash: u64) {
+        // A plain load the CPU issues out of order works as a prefetch without `unsafe`
+        // intrinsics: the result is not waited for until the lookup pass needs it.
+        std::hint::black_box(self.slots[hash as usize & self.slot_mask].load(Ordering::Relaxed));
+    }
+
+    /// Finds the live entry holding `key` in either direction.
+    #[inline]
+    pub fn lookup(&self, key: &Packed, hash: u64) -> Option<Found> {
+        let tag = (hash >> 32) as u32;
+        let mut i = hash as usize & self.slot_mask;
+        for _ in 0..MAX_PROBE {
+            let s = self.slots[i].load(Ordering::Acquire);
+            if s == SLOT_EMPTY {
+                return None;
+            }
+            if s & TOMB_BIT == 0 {
+                let (stag, idx, dir) = slot_decode(s);
+                if stag == tag {
+                    if let Some(found) = self.read_if_match(idx, dir, key) {
+                        return Some(found);
+                    }
+                }
+            }
+            i = (i + 1) & self.slot_mask;
+        }
+        None
+    }
+
+    #[inline]
+    fn read_if_match(&self, idx: u32, dir: u8, key: &Packed) -> Option<Found> {
+        let e = self.entries.get(idx as usize)?;
+        let seq1 = e.seq.load(Ordering::Acquire);
+        if seq1 & 1 == 1 {
+            return None;
+        }
+        let mine = &e.tuples[dir as usize];
+        for (w, k) in mine.iter().zip(key) {
+            if w.load(Ordering::Relaxed) != *k {
+                return None;
+            }
+        }
+        let theirs = &e.tuples[1 - dir as usize];
+        let other: Packed = std::array::from_fn(|j| theirs[j].load(Ordering::Relaxed));
+        let service_id = e.service_id.load(Ordering::Relaxed);
+        std::sync::atomic::fence(Ordering::Acquire);
+        if e.seq.load(Ordering::Relaxed) != seq1 {
+            return None;
+        }
+        let state = e.state.load(Ordering::Acquire);
+        if state & LIFE_MASK != LIFE_LIVE {
+            return None;
+        }
+        Some(Found {
+            idx,
+            dir,
+            other: Tuple::unpack(&other),
+            state,
+            service_id,
+            expires_ms: e.expires_ms.load(Ordering::Relaxed),
+        })
+    }
+
+    /// Whether a live entry holds `key` (used to keep SNAT choices unique).
+    #[inline]
+    pub fn contains(&self, key: &Packed) -> bool {
+        self.lookup(key, self.hash(key)).is_some()
+    }
+
+    /// Inserts a connection; returns its entry index. `reply` is not indexed when `flags` carries
+    /// `FLAG_SINGLE_KEY`. `early_drop` picks where to look for an unassured victim when full.
+    pub fn insert(
+        &self,
+        orig: &Tuple,
+        reply: &Tuple,
+        flags_and_state: u32,
+        service_id: u32,
+        expires_ms: u64,
+        early_drop_hint: u64,
+    ) -> Result<u32, InsertError> {
+        let po = orig.pack();
+        let pr = reply.pack();
+        let ho = self.hash(&po);
+        let single = flags_and_state & FLAG_SINGLE_KEY != 0;
+        let hr = if single { 0 } else { self.hash(&pr) };
+        if !single && self.lookup(&pr, hr).is_some() {
+            return Err(InsertError::Exists);
+        }
+        if self.live.fetch_add(1, Ordering::AcqRel) >= self.max_live {
+            self.live.fetch_sub(1, Ordering::AcqRel);
+            if !self.early_drop(early_drop_hint) {
+                return Err(InsertError::Full);
+            }
+            if self.live.fetch_add(1, Ordering::AcqRel) >= self.max_live {
+                self.live.fetch_sub(1, Ordering::AcqRel);
+                return Err(InsertError::Full);
+            }
+        }
+        let Some(idx) = self.alloc() else {
+            self.live.fetch_sub(1, Ordering::AcqRel);
+            return Err(InsertError::Full);
+        };
+        let e = &self.entries[idx as usize];
+        let seq = e.seq.load(Ordering::Relaxed);
+        e.seq.store(seq | 1, Ordering::Relaxed);
+        std::sync::atomic::fence(Ordering::Release);
+        for (w, v) in e.tuples[0].iter().zip(po) {
+            w.store(v, Ordering::Relaxed);
+        }
+        for (w, v) in e.tuples[1].iter().zip(pr) {
+            w.store(v, Ordering::Relaxed);
+        }
+        e.service_id.store(service_id, Ordering::Relaxed);
+        e.expires_ms.store(expires_ms, Ordering::Relaxed);
+        let c = &self.counters[idx as usize];
+        for d in 0..2 {
+            c.packets[d].store(0, Ordering::Relaxed);
+            c.bytes[d].store(0, Ordering::Relaxed);
+        }
+        e.state.store(
+            (flags_and_state & !LIFE_MASK) | LIFE_LIVE,
+            Ordering::Relaxed,
+        );
+        e.seq.store((seq | 1) + 1, Ordering::Release);
+
+        if !single {
+            self.index(hr, idx, DIR_REPLY);
+        }
+        self.index(ho, idx, DIR_ORIG);
+        Ok(idx)
+    }
+
+    fn index(&self, hash: u64, idx: u32, dir: u8) {
+        let tag = (hash >> 32) as u32;
+        let want = slot_live(tag, idx, dir);
+        let mut i = hash as usize & self.slot_mask;
+        loop {
+            let s = self.slots[i].load(Ordering::Acquire);
+            if (s == SLOT_EMPTY || s & TOMB_BIT != 0)
+                && self.slots[i]
+                    .compare_exchange(s, want, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+            {
+                return;
+            }
+            if s == SLOT_EMPTY || s & TOMB_BIT != 0 {
+                continue; // lost the race for this slot; look at it again
+            }
+            i = (i + 1) & self.slot_mask;
+        }
+    }
+
+    fn alloc(&self) -> Option<u32> {
+        // Free list first, so that entries are reused while warm.
+        let mut head = self.free_head.load(Ordering::Acquire);
+        loop {
+            let top = head & 0xffff_ffff;
+            if top == 0 {
+                break;
+            }
+            let idx = (top - 1) as u32;
+            let next = self.entries[idx as usize].next_free.load(Ordering::Acquire) as u64;
+            let new = (head >> 32).wrapping_add(1) << 32 | next;
+            match self.free_head.compare_exchange_weak(
+                head,
+                new,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return Some(idx),
+                Err(h) => head = h,
+            }
+        }
+        let idx = self.next_unused.fetch_add(1, Ordering::AcqRel);
+        if (idx as usize) < self.entries.len() {
+            Some(idx)
+        } else {
+            self.next_unused.fetch_sub(1, Ordering::AcqRel);
+            None
+        }
+    }
+
+    fn free(&self, idx: u32) {
+        let e = &self.entries[idx as usize];
+        e.state.store(LIFE_FREE, Ordering::Release);
+        let mut head = self.free_head.load(Ordering::Acquire);
+        loop {
+            e.next_free
+                .store((head & 0xffff_ffff) as u32, Ordering::Release);
+            let new = (head >> 32).wrapping_add(1) << 32 | (idx as u64 + 1);
+            match self.free_head.compare_exchange_weak(
+                head,
+                new,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return,
+                Err(h) => head = h,
+            }
+        }
+    }
+
+    /// Makes a live entry invisible (one caller wins); the expiry scan then retires it.
+    pub fn kill(&self, idx: u32) -> bool {
+        let e = &self.entries[idx as usize];
+        let mut cur = e.state.load(Ordering::Acquire);
+        loop {
+            if cur & LIFE_MASK != LIFE_LIVE {
+                return false;
+            }
+            let new = (cur & !LIFE_MASK) | LIFE_DYING;
+            match e
+                .state
+                .compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => {
+                    self.live.fetch_sub(1, Ordering::AcqRel);
+                    return true;
+                }
+                Err(c) => cur = c,
+            }
+        }
+    }
+
+    /// Early drop (as the kernel's): kill one unassured entry near `hint`.
+    fn early_drop(&self, hint: u64) -> bool {
+        let n = self.entries.len();
+        let start = hint as usize % n;
+        for k in 0..64 {
+            let idx = (start + k) % n;
+            let s = self.entries[idx].state.load(Ordering::Acquire);
+            if s & LIFE_MASK == LIFE_LIVE && s & FLAG_ASSURED == 0 && self.kill(idx as u32) {
+                self.early_drops.fetch_add(1, Ordering::Relaxed);
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Updates state bits of a live entry with `f` (compare-and-swap loop); returns the new state,
+    /// or None when the entry is no longer live.
+    #[inline]
+    pub fn update_state(&self, idx: u32, f: impl Fn(u32) -> u32) -> Option<u32> {
+        let e = &self.entries[idx as usize];
+        let mut cur = e.state.load(Ordering::Acquire);
+        loop {
+            if cur & LIFE_MASK != LIFE_LIVE {
+                return None;
+            }
+            let new = (f(cur) & !LIFE_MASK) | LIFE_LIVE;
+            if new == cur {
+                return Some(cur);
+            }
+            match e
+                .state
+                .compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return Some(new),
+                Err(c) => cur = c,
+            }
+        }
+    }
+
+    #[inline]
+    pub fn set_expires(&self, idx: u32, expires_ms: u64) {
+        let e = &self.entries[idx as usize];
+        // Skip the store when unchanged at millisecond resolution: saves dirtying the line.
+        if e.expires_ms.load(Ordering::Relaxed) != expires_ms {
+            e.expires_ms.store(expires_ms, Ordering::Relaxed);
+        }
+    }
+
+    #[inline]
+    pub fn count(&self, idx: u32, dir: u8, bytes: u64) {
+        let c = &self.counters[idx as usize];
+        let d = dir as usize & 1;
+        c.packets[d].store(c.packets[d].load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+        c.bytes[d].store(
+            c.bytes[d].load(Ordering::Relaxed) + bytes,
+            Ordering::Relaxed,
+        );
+    }
+
+    /// One step of incremental maintenance, run by a worker between batches: scans `budget`
+    /// entries for expired or killed ones and retires them, recycles what has waited out its grace
+    /// period, and clears old tombstones. Returns how many entries expired.
+    pub fn maintain(&self, now_ms: u64, budget: usize, retired: &mut Retired) -> usize {
+        let epoch = self.grace.try_advance();
+        // Recycle what is safe.
+        let mut k = 0;
+        while k < retired.items.len() {
+            let (idx, at) = retired.items[k];
+            if self.grace.is_safe(at) {
+                retired.items.swap_remove(k);
+                let e = &self.entries[idx as usize];
+                // Bump the sequence so a reader holding the old index sees a change.
+                let seq = e.seq.load(Ordering::Relaxed);
+                e.seq.store(seq.wrapping_add(2) & !1, Ordering::Release);
+                self.free(idx);
+            } else {
+                k += 1;
+            }
+        }
+        // Scan entries.
+        let n = self.entries.len() as u64;
+        let used = (self.next_unused.load(Ordering::Relaxed) as u64)
+            .min(n)
+            .max(1);
+        let start = self.scan_cursor.fetch_add(budget as u64, Ordering::Relaxed);
+        let mut expired = 0;
+        for j in 0..budget as u64 {
+            if retired.items.len() == retired.items.capacity() {
+                break; // never grow: the rest waits for the next round
+            }
+            let idx = ((start + j) % used) as u32;
+            let e = &self.entries[idx as usize];
+            let s = e.state.load(Ordering::Acquire);
+            let life = s & LIFE_MASK;
+            let dying = life == LIFE_DYING
+                || (life == LIFE_LIVE && e.expires_ms.load(Ordering::Relaxed) < now_ms && {
+                    let killed = self.kill(idx);
+                    if killed {
+                        expired += 1;
+                    }
+                    killed
+                });
+            if dying && self.claim_retire(idx) {
+                self.unindex(idx, epoch);
+                retired.items.push((idx, epoch));
+            }
+        }
+        // Clear tombstones that are past their grace period and end a probe chain.
+        let nslots = self.slots.len() as u64;
+        let start = self
+            .slot_cursor
+            .fetch_add(budget as u64 * 4, Ordering::Relaxed);
+        for j in 0..budget as u64 * 4 {
+            let i = ((start + j) % nslots) as usize;
+            self.clear_tombs_before(i);
+        }
+        expired
+    }
+
+    fn claim_retire(&self, idx: u32) -> bool {
+        let e = &self.entries[idx as usize];
+        let cur = e.state.load(Ordering::Acquire);
+        cur & LIFE_MASK == LIFE_DYING
+            && e.state
+                .compare_exchange(
+                    cur,
+                    (cur & !LIFE_MASK) | LIFE_RETIRED,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                )
+                .is_ok()
+    }
+
+    /// Replaces the entry's index slots by tombstones stamped with `epoch`.
+    fn unindex(&self, idx: u32, epoch: u64) {
+        let e = &self.entries[idx as usize];
+        let single = e.state.load(Ordering::Acquire) & FLAG_SINGLE_KEY != 0;
+        for dir in [DIR_ORIG, DIR_REPLY] {
+            if single && dir == DIR_REPLY {
+                continue;
+            }
+            let key: Packed =
+                std::array::from_fn(|j| e.tuples[dir as usize][j].load(Ordering::Relaxed));
+            let hash = self.hash(&key);
+            let want = slot_live((hash >> 32) as u32, idx, dir);
+            let mut i = hash as usize & self.slot_mask;
+            for _ in 0..self.slots.len() {
+                let s = self.slots[i].load(Ordering::Acquire);
+                if s == SLOT_EMPTY {
+                    break;
+                }
+                if s == want {
+                    let _ = self.slots[i].compare_exchange(
+                        s,
+                        slot_tomb(epoch),
+                        Ordering::AcqRel,
+                        Ordering::Acquire,
+                    );
+                    break;
+                }
+                i = (i + 1) & self.slot_mask;
+            }
+        }
+    }
+
+    /// If slot `i` is empty, turns the run of old tombstones right before it into empty slots.
+    fn clear_tombs_before(&self, i: usize) {
+        if self.slots[i].load(Ordering::Acquire) != SLOT_EMPTY {
+            return;
+        }
+        let mut j = i;
+        for _ in 0..64 {
+            j = j.wrapping_sub(1) & self.slot_mask;
+            let s = self.slots[j].load(Ordering::Acquire);
+            if s & TOMB_BIT == 0 || !self.grace.is_safe(s >> 1) {
+                return;
+            }
+            if self.slots[j]
+                .compare_exchange(s, SLOT_EMPTY, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+            {
+                return;
+            }
+        }
+    }
+
+    /// A consistent copy of entry `idx` if it is live.
+    pub fn view(&self, idx: u32) -> Option<EntryView> {
+        let e = self.entries.get(idx as usize)?;
+        loop {
+            let seq1 = e.seq.load(Ordering::Acquire);
+            if seq1 & 1 == 1 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let orig: Packed = std::array::from_fn(|j| e.tuples[0][j].load(Ordering::Relaxed));
+            let reply: Packed = std::array::from_fn(|j| e.tuples[1][j].load(Ordering::Relaxed));
+            let service_id = e.service_id.load(Ordering::Relaxed);
+            std::sync::atomic::fence(Ordering::Acquire);
+            if e.seq.load(Ordering::Relaxed) != seq1 {
+                continue;
+            }
+            let state = e.state.load(Ordering::Acquire);
+            if state & LIFE_MASK != LIFE_LIVE {
+                return None;
+            }
+            let c = &self.counters[idx as usize];
+            return Some(EntryView {
+                idx,
+                orig: Tuple::unpack(&orig),
+                reply: Tuple::unpack(&reply),
+                state,
+                service_id,
+                expires_ms: e.expires_ms.load(Ordering::Relaxed),
+                packets: [0, 1].map(|d| c.packets[d].load(Ordering::Relaxed)),
+                bytes: [0, 1].map(|d| c.bytes[d].load(Ordering::Relaxed)),
+            });
+        }
+    }
+
+    /// Every live entry, one at a time, without stopping anyone (streams; holds nothing).
+    pub fn iter(&self) -> impl Iterator<Item = EntryView> + '_ {
+        let used = (self.next_unused.load(Ordering::Relaxed) as usize).min(self.entries.len());
+        (0..used as u32).filter_map(move |i| self.view(i))
+    }
+}
+
+impl Entry {
+    fn new() -> Entry {
+        Entry {
+            seq: AtomicU32::new(0),
+            state: AtomicU32::new(LIFE_FREE),
+            expires_ms: AtomicU64::new(0),
+            tuples: std::array::from_fn(|_| std::array::from_fn(|_| AtomicU64::new(0))),
+            service_id: AtomicU32::new(0),
+            next_free: AtomicU32::new(0),
+        }
+    }
+}
+
+/// A worker's entries waiting out their grace period. Preallocated: maintenance never grows it.
+pub struct Retired {
+    items: Vec<(u32, u64)>,
+}
+
+impl Retired {
+    pub fn with_capacity(n: usize) -> Retired {
+        Retired {
+            items: Vec::with_capacity(n),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+}

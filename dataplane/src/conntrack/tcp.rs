@@ -1,0 +1,151 @@
+//! The TCP state machine, after the kernel's nf_conntrack_proto_tcp (without sequence-window
+//! tracking): enough to apply the right timeout and to know when a connection is over.
+
+pub const STATE_COUNT: usize = 9;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum TcpState {
+    None = 0,
+    SynSent = 1,
+    SynRecv = 2,
+    Established = 3,
+    FinWait = 4,
+    CloseWait = 5,
+    LastAck = 6,
+    TimeWait = 7,
+    Close = 8,
+}
+
+pub const FIN: u8 = 0x01;
+pub const SYN: u8 = 0x02;
+pub const RST: u8 = 0x04;
+pub const ACK: u8 = 0x10;
+
+/// Direction flags kept beside the state: a FIN was seen from the original / reply side.
+const FIN_ORIG: u8 = 1;
+const FIN_REPLY: u8 = 2;
+
+impl TcpState {
+    pub const ALL: [TcpState; STATE_COUNT] = [
+        TcpState::None,
+        TcpState::SynSent,
+        TcpState::SynRecv,
+        TcpState::Established,
+        TcpState::FinWait,
+        TcpState::CloseWait,
+        TcpState::LastAck,
+        TcpState::TimeWait,
+        TcpState::Close,
+    ];
+
+    pub fn from_u8(v: u8) -> TcpState {
+        *TcpState::ALL.get(v as usize).unwrap_or(&TcpState::None)
+    }
+
+    /// conntrack-tools' names.
+    pub fn name(self) -> &'static str {
+        match self {
+            TcpState::None => "NONE",
+            TcpState::SynSent => "SYN_SENT",
+            TcpState::SynRecv => "SYN_RECV",
+            TcpState::Established => "ESTABLISHED",
+            TcpState::FinWait => "FIN_WAIT",
+            TcpState::CloseWait => "CLOSE_WAIT",
+            TcpState::LastAck => "LAST_ACK",
+            TcpState::TimeWait => "TIME_WAIT",
+            TcpState::Close => "CLOSE",
+        }
+    }
+
+    /// States in which an original-direction SYN starts a new connection on the same tuple.
+    pub fn allows_reopen(self) -> bool {
+        matches!(self, TcpState::TimeWait | TcpState::Close)
+    }
+}
+
+/// The state after a packet with `flags` travelling in `dir` (0 original, 1 reply), and the updated
+/// FIN-seen flags.
+pub fn next(state: TcpState, fins: u8, dir: u8, flags: u8) -> (TcpState, u8) {
+    use TcpState::*;
+    if flags & RST != 0 {
+        return (Close, fins);
+    }
+    let syn = flags & SYN != 0;
+    let ack = flags & ACK != 0;
+    let fin = flags & FIN != 0;
+    let orig = dir == 0;
+    let mut fins = fins;
+    if fin {
+        fins |= if orig { FIN_ORIG } else { FIN_REPLY };
+    }
+    let both_fins = fins == FIN_ORIG | FIN_REPLY;
+    let next = match state {
+        None | SynSent if orig && syn && !ack => SynSent,
+        None => SynSent,
+        SynSent if !orig && syn && ack => SynRecv,
+        SynSent => SynSent,
+        SynRecv if orig && ack && !syn => {
+            if fin {
+                FinWait
+            } else {
+                Established
+            }
+        }
+        SynRecv => SynRecv,
+        Established | FinWait | CloseWait | LastAck if both_fins => {
+            if fin {
+                LastAck
+            } else if ack && state == LastAck {
+                TimeWait
+            } else {
+                LastAck
+            }
+        }
+        Established if fin => {
+            if orig {
+                FinWait
+            } else {
+                CloseWait
+            }
+        }
+        s @ (Established | FinWait | CloseWait) => s,
+        LastAck => LastAck,
+        TimeWait => TimeWait,
+        Close => Close,
+    };
+    (next, fins)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(steps: &[(u8, u8)]) -> TcpState {
+        let (mut s, mut f) = (TcpState::None, 0);
+        for &(dir, flags) in steps {
+            (s, f) = next(s, f, dir, flags);
+        }
+        s
+    }
+
+    #[test]
+    fn handshake_and_close() {
+        assert_eq!(run(&[(0, SYN)]), TcpState::SynSent);
+        assert_eq!(run(&[(0, SYN), (1, SYN | ACK)]), TcpState::SynRecv);
+        let est = [(0, SYN), (1, SYN | ACK), (0, ACK)];
+        assert_eq!(run(&est), TcpState::Established);
+        let mut v = est.to_vec();
+        v.push((0, FIN | ACK));
+        assert_eq!(run(&v), TcpState::FinWait);
+        v.push((1, FIN | ACK));
+        assert_eq!(run(&v), TcpState::LastAck);
+        v.push((0, ACK));
+        assert_eq!(run(&v), TcpState::TimeWait);
+        let mut w = est.to_vec();
+        w.push((1, FIN | ACK));
+        assert_eq!(run(&w), TcpState::CloseWait);
+        w.push((0, RST));
+        assert_eq!(run(&w), TcpState::Close);
+    }
+}

@@ -1,0 +1,224 @@
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::*;
+
+fn tup(a: u8, sport: u16, b: u8, dport: u16, proto: u8) -> Tuple {
+    Tuple {
+        src: Addr::from_v4([10, 0, 0, a]),
+        dst: Addr::from_v4([10, 1, 0, b]),
+        sport,
+        dport,
+        proto,
+        family: Family::V4,
+    }
+}
+
+fn small(max: u32) -> Conntrack {
+    Conntrack::new(
+        CtConfig {
+            max_entries: max,
+            ..CtConfig::default()
+        },
+        2,
+    )
+}
+
+fn find(ct: &Conntrack, t: &Tuple, now: u64) -> Option<Found> {
+    let p = t.pack();
+    ct.lookup(&p, ct.hash(&p), now)
+}
+
+#[test]
+fn both_directions_find_the_entry() {
+    let ct = small(1000);
+    let orig = tup(1, 40000, 41, 80, 6);
+    let reply = tup(9, 8080, 1, 40000, 6);
+    ct.create(&orig, &reply, tcp::SYN, false, 7, 0, 0).unwrap();
+    let f = find(&ct, &orig, 1).unwrap();
+    assert_eq!(f.dir, DIR_ORIG);
+    assert_eq!(f.other, reply);
+    assert_eq!(f.service_id, 7);
+    let r = find(&ct, &reply, 1).unwrap();
+    assert_eq!(r.dir, DIR_REPLY);
+    assert_eq!(r.other, orig);
+    assert!(find(&ct, &orig.reversed(), 1).is_none());
+    assert!(ct.reply_taken(&reply));
+    assert_eq!(
+        ct.create(&tup(2, 1, 41, 80, 6), &reply, 0, false, 0, 0, 0),
+        Err(InsertError::Exists)
+    );
+}
+
+#[test]
+fn tcp_handshake_assures_and_sets_timeouts() {
+    let ct = small(1000);
+    let orig = tup(1, 40000, 41, 80, 6);
+    let reply = tup(9, 8080, 1, 40000, 6);
+    ct.create(&orig, &reply, tcp::SYN, false, 0, 0, 0).unwrap();
+    let r = find(&ct, &reply, 0).unwrap();
+    ct.on_packet(&r, tcp::SYN | tcp::ACK, 60, 10).unwrap();
+    let o = find(&ct, &orig, 0).unwrap();
+    let s = ct.on_packet(&o, tcp::ACK, 60, 20).unwrap();
+    assert_eq!(tcp_state_of(s), tcp::TcpState::Established);
+    assert!(s & FLAG_ASSURED != 0);
+    let v = ct.connections().next().unwrap();
+    assert_eq!(v.packets, [1, 1]);
+    assert_eq!(Conntrack::timeout_left_s(&v, 20), 24 * 3600);
+}
+
+#[test]
+fn udp_expires_unreplied_then_stream() {
+    let ct = small(1000);
+    let orig = tup(1, 5000, 41, 53, 17);
+    let reply = tup(9, 53, 1, 5000, 17);
+    ct.create(&orig, &reply, 0, false, 0, 0, 0).unwrap();
+    assert!(find(&ct, &orig, 29_000).is_some());
+    assert!(
+        find(&ct, &orig, 30_001).is_none(),
+        "unreplied UDP lives 30 s"
+    );
+    ct.create(&orig, &reply, 0, false, 0, 40_000, 0).unwrap();
+    let r = find(&ct, &reply, 40_000).unwrap();
+    let s = ct.on_packet(&r, 0, 10, 40_000).unwrap();
+    assert!(s & FLAG_ASSURED != 0);
+    assert!(
+        find(&ct, &orig, 40_000 + 119_000).is_some(),
+        "replied UDP lives 120 s"
+    );
+}
+
+#[test]
+fn expiry_recycles_entries_after_grace() {
+    let ct = small(16);
+    let mut retired = ct.retired_list();
+    for round in 0..20u64 {
+        let now = round * 100_000;
+        for i in 0..16u8 {
+            let o = tup(i, 1000 + round as u16, 41, 53, 17);
+            let r = tup(200, 53, i, 1000 + round as u16, 17);
+            ct.create(&o, &r, 0, false, 0, now, 0)
+                .expect("room after expiry");
+        }
+        // Everything expires 30 s later; maintenance retires and, after the grace period, frees.
+        for _ in 0..8 {
+            ct.maintain(now + 31_000, 4096, &mut retired);
+        }
+        assert_eq!(ct.len(), 0, "round {round}");
+    }
+}
+
+#[test]
+fn full_table_early_drops_unassured_then_refuses() {
+    let ct = small(16);
+    for i in 0..16u8 {
+        let o = tup(i, 1, 41, 80, 6);
+        let r = tup(200, 80, i, 1, 6);
+        ct.create(&o, &r, tcp::SYN, false, 0, 0, i as u64).unwrap();
+    }
+    // Unassured entries make room.
+    ct.create(
+        &tup(100, 1, 41, 80, 6),
+        &tup(200, 80, 100, 1, 6),
+        tcp::SYN,
+        false,
+        0,
+        0,
+        3,
+    )
+    .unwrap();
+    assert_eq!(ct.early_drops(), 1);
+    assert_eq!(ct.len(), 16);
+    // Assure everything: now nothing can be dropped early.
+    let views: Vec<_> = ct.connections().collect();
+    for v in views {
+        let r = find(&ct, &v.reply, 0).unwrap();
+        ct.on_packet(&r, tcp::SYN | tcp::ACK, 0, 0);
+        let o = find(&ct, &v.orig, 0).unwrap();
+        ct.on_packet(&o, tcp::ACK, 0, 0);
+    }
+    let err = ct.create(
+        &tup(101, 1, 41, 80, 6),
+        &tup(200, 80, 101, 1, 6),
+        tcp::SYN,
+        false,
+        0,
+        0,
+        5,
+    );
+    assert_eq!(err, Err(InsertError::Full));
+}
+
+#[test]
+fn affinity_records_are_separate_and_expire() {
+    let ct = small(100);
+    let client = Addr::from_v4([10, 0, 0, 1]);
+    ct.affinity_set(
+        5,
+        &client,
+        Family::V4,
+        (Addr::from_v4([10, 9, 9, 9]), 8080),
+        10,
+        0,
+        0,
+    )
+    .unwrap();
+    let (ep, port, _) = ct.affinity_get(5, &client, Family::V4, 9_000).unwrap();
+    assert_eq!((ep, port), (Addr::from_v4([10, 9, 9, 9]), 8080));
+    assert!(ct.affinity_get(6, &client, Family::V4, 9_000).is_none());
+    assert!(ct.affinity_get(5, &client, Family::V4, 10_001).is_none());
+    assert_eq!(ct.connections().count(), 0);
+}
+
+#[test]
+fn concurrent_workers_insert_lookup_expire() {
+    let ct = Arc::new(Conntrack::new(
+        CtConfig {
+            max_entries: 4096,
+            udp: Duration::from_millis(50),
+            ..CtConfig::default()
+        },
+        4,
+    ));
+    let threads: Vec<_> = (0..4u8)
+        .map(|w| {
+            let ct = ct.clone();
+            std::thread::spawn(move || {
+                let mut retired = ct.retired_list();
+                let mut found = 0u64;
+                for round in 0..200u64 {
+                    let now = round * 100;
+                    ct.enter(w as usize);
+                    for i in 0..64u16 {
+                        let o = Tuple {
+                            sport: i,
+                            ..tup(w, 0, 41, 53, 17)
+                        };
+                        let r = Tuple {
+                            dport: i,
+                            sport: (round as u16) << 4 | w as u16,
+                            ..tup(200, 53, w, 0, 17)
+                        };
+                        let p = o.pack();
+                        match ct.lookup(&p, ct.hash(&p), now) {
+                            Some(f) => {
+                                assert_eq!(f.other.src, r.src);
+                                found += 1;
+                            }
+                            None => {
+                                let _ = ct.create(&o, &r, 0, false, 0, now, i as u64);
+                            }
+                        }
+                    }
+                    ct.leave(w as usize);
+                    ct.maintain(now, 256, &mut retired);
+                }
+                found
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert!(ct.len() <= 4096);
+}

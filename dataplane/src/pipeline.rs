@@ -1,0 +1,541 @@
+//! The per-packet pipeline: one function that `kxdp replay` and the AF_XDP workers both call.
+//!
+//! A batch of frames is processed in place, in three passes so that memory latency overlaps:
+//! parse every frame and prefetch its conntrack slot; look every packet up in conntrack; then
+//! decide and rewrite. The decision is a short sequence of table lookups:
+//!
+//! ```text
+//! parse ─► conntrack hit? ─► translate as the connection is            (ct-established / reply-unnat)
+//!            └─ miss ─► frontend (dst, port, proto)?
+//!                        ├─ yes ─► source range ─► route by source class ─► endpoint (affinity | random)
+//!                        │         ─► masquerade? ─► SNAT port ─► conntrack insert ─► rewrite (service-dnat)
+//!                        └─ no ─► ClusterIP? reject · service CIDR? drop · node address? pass · else forward
+//! ```
+//!
+//! Every outcome is one `Reason`, counted in `Counters`. No allocation, lock or syscall per packet.
+
+use kxdp_packet::{
+    build_port_unreachable, build_tcp_rst, parse, rewrite, Addr, LinkType, PacketMeta, Parsed,
+};
+
+use crate::conntrack::{
+    tcp, tcp_state_of, Conntrack, Found, InsertError, Packed, Tuple, DIR_ORIG, FLAG_MASQ,
+};
+use crate::snapshot::{EmptyAction, FrontendKey, Snapshot};
+use crate::verdict::{Action, Reason, Verdict};
+
+/// Frames handled per pass; larger batches are processed in chunks of this size.
+pub const MAX_BATCH: usize = 256;
+
+/// Conntrack entries a worker examines for expiry after each batch.
+const EXPIRY_BUDGET: usize = 64;
+
+/// A batch of frames the pipeline processes in place. Each frame is a buffer (its full capacity,
+/// so that a reply may be longer than the packet it answers) and the length of the frame in it.
+pub trait Frames {
+    fn count(&self) -> usize;
+    fn frame_mut(&mut self, i: usize) -> (&mut [u8], &mut usize);
+    fn frame(&self, i: usize) -> &[u8];
+}
+
+/// Per-worker counters: every packet counted once, by reason (the action follows from it).
+#[derive(Clone, Debug)]
+pub struct Counters {
+    pub packets: u64,
+    pub bytes: u64,
+    pub batches: u64,
+    pub reasons: [u64; Reason::COUNT],
+    pub ct_created: u64,
+    pub ct_expired: u64,
+}
+
+impl Default for Counters {
+    fn default() -> Self {
+        Counters {
+            packets: 0,
+            bytes: 0,
+            batches: 0,
+            reasons: [0; Reason::COUNT],
+            ct_created: 0,
+            ct_expired: 0,
+        }
+    }
+}
+
+impl Counters {
+    pub fn actions(&self) -> [u64; Action::COUNT] {
+        let mut a = [0u64; Action::COUNT];
+        for r in Reason::ALL {
+            a[r.action() as usize] += self.reasons[*r as usize];
+        }
+        a
+    }
+
+    pub fn add(&mut self, other: &Counters) {
+        self.packets += other.packets;
+        self.bytes += other.bytes;
+        self.batches += other.batches;
+        for (a, b) in self.reasons.iter_mut().zip(other.reasons.iter()) {
+            *a += b;
+        }
+        self.ct_created += other.ct_created;
+        self.ct_expired += other.ct_expired;
+    }
+}
+
+/// Per-packet scratch of one pass.
+#[derive(Clone, Copy, Default)]
+struct Slot {
+    meta: PacketMeta,
+    /// 0: not IP, 1: malformed, 2: IP
+    kind: u8,
+    key: Packed,
+    hash: u64,
+    found: Option<Found>,
+}
+
+const KIND_NOT_IP: u8 = 0;
+const KIND_MALFORMED: u8 = 1;
+const KIND_IP: u8 = 2;
+
+/// One worker's pipeline: its RNG, scratch and counters. The tables are passed in per batch.
+pub struct Pipeline {
+    worker: usize,
+    link: LinkType,
+    rng: u64,
+    scratch: Box<[Slot; MAX_BATCH]>,
+    retired: crate::conntrack::Retired,
+    pub counters: Counters,
+}
+
+impl Pipeline {
+    /// `worker` is this pipeline's index among the threads sharing `ct` (below the count given to
+    /// `Conntrack::new`); `seed` seeds endpoint choice.
+    pub fn new(worker: usize, link: LinkType, seed: u64, ct: &Conntrack) -> Pipeline {
+        Pipeline {
+            worker,
+            link,
+            rng: seed ^ 0x9e37_79b9_7f4a_7c15u64.wrapping_mul(worker as u64 + 1),
+            scratch: Box::new([Slot::default(); MAX_BATCH]),
+            retired: ct.retired_list(),
+            counters: Counters::default(),
+        }
+    }
+
+    pub fn link(&self) -> LinkType {
+        self.link
+    }
+
+    /// Processes `frames` in place and writes one verdict per frame into `verdicts` (which must be
+    /// at least as long). `now_ms` is the time of the batch (monotonic milliseconds).
+    pub fn process<F: Frames>(
+        &mut self,
+        frames: &mut F,
+        verdicts: &mut [Verdict],
+        snap: &Snapshot,
+        ct: &Conntrack,
+        now_ms: u64,
+    ) {
+        let n = frames.count().min(verdicts.len());
+        let mut base = 0;
+        while base < n {
+            let m = (n - base).min(MAX_BATCH);
+            ct.enter(self.worker);
+            self.pass(frames, base, m, verdicts, snap, ct, now_ms);
+            ct.leave(self.worker);
+            base += m;
+        }
+        self.counters.batches += 1;
+        self.counters.ct_expired += ct.maintain(now_ms, EXPIRY_BUDGET, &mut self.retired) as u64;
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn pass<F: Frames>(
+        &mut self,
+        frames: &mut F,
+        base: usize,
+        m: usize,
+        verdicts: &mut [Verdict],
+        snap: &Snapshot,
+        ct: &Conntrack,
+        now_ms: u64,
+    ) {
+        // 1. Parse, hash, prefetch.
+        for i in 0..m {
+            let s = &mut self.scratch[i];
+            s.found = None;
+            match parse(frames.frame(base + i), self.link) {
+                Ok(Parsed::Ip(meta)) => {
+                    s.meta = meta;
+                    s.kind = KIND_IP;
+                    s.key = Tuple::from_meta(&meta).pack();
+                    s.hash = ct.hash(&s.key);
+                    ct.prefetch(s.hash);
+                }
+                Ok(Parsed::NotIp) => s.kind = KIND_NOT_IP,
+                Err(_) => s.kind = KIND_MALFORMED,
+            }
+        }
+        // 2. Conntrack.
+        for i in 0..m {
+            let s = &mut self.scratch[i];
+            if s.kind == KIND_IP {
+                s.found = ct.lookup(&s.key, s.hash, now_ms);
+            }
+        }
+        // 3. Decide and rewrite.
+        for i in 0..m {
+            let slot = self.scratch[i];
+            let v = &mut verdicts[base + i];
+            *v = Verdict::default();
+            let (buf, len) = frames.frame_mut(base + i);
+            self.counters.packets += 1;
+            self.counters.bytes += *len as u64;
+            match slot.kind {
+                KIND_NOT_IP => v.set(Reason::NotIp),
+                KIND_MALFORMED => v.set(Reason::Malformed),
+                _ => {
+                    let mut meta = slot.meta;
+                    fill_orig(v, &meta);
+                    match slot.found {
+                        Some(found) => {
+                            self.established(buf, len, &mut meta, &found, v, snap, ct, now_ms)
+                        }
+                        None => self.new_flow(buf, len, &mut meta, slot.hash, v, snap, ct, now_ms),
+                    }
+                }
+            }
+            self.counters.reasons[v.reason as usize] += 1;
+        }
+    }
+
+    /// A packet of a tracked connection: translated as the connection is.
+    #[allow(clippy::too_many_arguments)]
+    fn established(
+        &mut self,
+        buf: &mut [u8],
+        len: &mut usize,
+        meta: &mut PacketMeta,
+        found: &Found,
+        v: &mut Verdict,
+        snap: &Snapshot,
+        ct: &Conntrack,
+        now_ms: u64,
+    ) {
+        // A SYN on a connection that is over starts a new one on the same tuple.
+        if meta.proto == 6
+            && found.dir == DIR_ORIG
+            && meta.tcp_flags & (tcp::SYN | tcp::ACK) == tcp::SYN
+            && tcp_state_of(found.state).allows_reopen()
+        {
+            ct.kill(found.idx);
+            // Fall through to a new connection; the tuple is free again.
+            let hash = ct.hash(&Tuple::from_meta(meta).pack());
+            return self.new_flow(buf, len, meta, hash, v, snap, ct, now_ms);
+        }
+        let state = ct
+            .on_packet(found, meta.tcp_flags, meta.ip_len as u64, now_ms)
+            .unwrap_or(found.state);
+        // The packet leaves as the other direction's tuple, reversed.
+        let to = found.other.reversed();
+        if to.src != meta.src
+            || to.dst != meta.dst
+            || to.sport != meta.sport
+            || to.dport != meta.dport
+        {
+            rewrite(buf, meta, to.src, to.sport, to.dst, to.dport);
+        }
+        fill_out(v, meta);
+        v.masq = state & FLAG_MASQ != 0;
+        v.service_id = found.service_id;
+        v.set(if found.dir == DIR_ORIG {
+            Reason::Established
+        } else {
+            Reason::ReplyUnnat
+        });
+    }
+
+    /// A packet no connection knows.
+    #[allow(clippy::too_many_arguments)]
+    fn new_flow(
+        &mut self,
+        buf: &mut [u8],
+        len: &mut usize,
+        meta: &mut PacketMeta,
+        hash: u64,
+        v: &mut Verdict,
+        snap: &Snapshot,
+        ct: &Conntrack,
+        now_ms: u64,
+    ) {
+        let family = meta.family;
+        let has_l4 = meta.l4_off != 0;
+        let fe = if has_l4 {
+            snap.frontend(&FrontendKey {
+                addr: meta.dst,
+                port: meta.dport,
+                proto: meta.proto,
+            })
+        } else {
+            None
+        };
+        let Some(fe) = fe else {
+            return self.not_a_frontend(buf, len, meta, v, snap);
+        };
+        let svc = &snap.service_ports[fe.service_port as usize];
+        v.service_id = svc.id;
+        if let Some(ranges) = &fe.source_ranges {
+            if !ranges.contains(&meta.src, family) {
+                return v.set(Reason::SourceRange);
+            }
+        }
+        let class = snap.classify_source(&meta.src, family);
+        let route = fe.routes[class as usize];
+        if route.endpoints.is_empty() {
+            return match route.when_empty {
+                EmptyAction::Reject => self.reject(buf, len, meta, v, Reason::NoEndpoints),
+                EmptyAction::Drop => v.set(Reason::NoLocalEndpoints),
+            };
+        }
+        let eps = snap.endpoints_of(route.endpoints);
+
+        // Endpoint: the client's affinity record if it still names an eligible endpoint, else a
+        // uniformly random one.
+        let mut chosen = None;
+        if svc.affinity_timeout_s > 0 {
+            if let Some((addr, port, idx)) = ct.affinity_get(svc.id, &meta.src, family, now_ms) {
+                if let Some(ep) = eps.iter().find(|e| e.addr == addr && e.port == port) {
+                    ct.affinity_touch(idx, svc.affinity_timeout_s, now_ms);
+                    chosen = Some(*ep);
+                } else {
+                    ct.kill(idx);
+                }
+            }
+        }
+        let ep = match chosen {
+            Some(ep) => ep,
+            None => {
+                let ep = eps[self.pick(eps.len())];
+                if svc.affinity_timeout_s > 0 {
+                    // Without room for the record the connection still goes ahead, unpinned.
+                    let _ = ct.affinity_set(
+                        svc.id,
+                        &meta.src,
+                        family,
+                        (ep.addr, ep.port),
+                        svc.affinity_timeout_s,
+                        now_ms,
+                        hash,
+                    );
+                }
+                ep
+            }
+        };
+
+        // Masquerade: when the route says so, and always for a pod sent to itself (hairpin), or
+        // its reply would bypass us.
+        let masq = route.masquerade || ep.addr == meta.src;
+        let orig = Tuple::from_meta(meta);
+        let mut reply = Tuple {
+            src: ep.addr,
+            dst: meta.src,
+            sport: ep.port,
+            dport: meta.sport,
+            proto: meta.proto,
+            family,
+        };
+        if masq {
+            let Some(node) = snap.node.snat_addr(family) else {
+                return v.set(Reason::NoNodeAddress);
+            };
+            reply.dst = node;
+            match self.snat_port(ct, &mut reply) {
+                Some(()) => {}
+                None => return v.set(Reason::SnatExhausted),
+            }
+        }
+        match ct.create(&orig, &reply, meta.tcp_flags, masq, svc.id, now_ms, hash) {
+            Ok(_) => self.counters.ct_created += 1,
+            Err(InsertError::Full) => return v.set(Reason::ConntrackFull),
+            Err(InsertError::Exists) => return v.set(Reason::SnatExhausted),
+        }
+        rewrite(buf, meta, reply.dst, reply.dport, reply.src, reply.sport);
+        fill_out(v, meta);
+        v.masq = masq;
+        v.set(Reason::ServiceDnat);
+    }
+
+    /// Traffic that is not for a Service frontend.
+    fn not_a_frontend(
+        &mut self,
+        buf: &mut [u8],
+        len: &mut usize,
+        meta: &mut PacketMeta,
+        v: &mut Verdict,
+        snap: &Snapshot,
+    ) {
+        fill_out(v, meta);
+        if snap.cluster_ips.contains(&meta.dst) {
+            if meta.l4_off == 0 {
+                // A non-first fragment: no ports to judge by, and no fragment state yet.
+                return v.set(Reason::FragmentNoState);
+            }
+            return self.reject(buf, len, meta, v, Reason::ServicePortUnknown);
+        }
+        if snap.service_cidrs.contains(&meta.dst, meta.family) {
+            return v.set(Reason::ServiceIpUnallocated);
+        }
+        if snap.node.is_node_addr(&meta.dst) {
+            return v.set(Reason::ToNode);
+        }
+        v.set(Reason::Direct)
+    }
+
+    /// Answers in the packet's place: TCP RST for TCP, ICMP(v6) port unreachable otherwise. An
+    /// ICMP error is never answered with another (RFC 1122 3.2.2): it is dropped instead.
+    fn reject(
+        &mut self,
+        buf: &mut [u8],
+        len: &mut usize,
+        meta: &PacketMeta,
+        v: &mut Verdict,
+        reason: Reason,
+    ) {
+        v.set(reason);
+        if meta.is_icmp_error() {
+            v.action = Action::Drop;
+            return;
+        }
+        *len = if meta.proto == 6 {
+            build_tcp_rst(buf, *len, self.link, meta)
+        } else {
+            build_port_unreachable(buf, *len, self.link, meta)
+        };
+        v.src = meta.dst;
+        v.sport = if meta.proto == 6 { meta.dport } else { 0 };
+        v.dst = meta.src;
+        v.dport = if meta.proto == 6 { meta.sport } else { 0 };
+    }
+
+    /// Picks the source port for a masqueraded connection: the client's own port when free (as the
+    /// kernel does), else random ports until the reply tuple is unique.
+    fn snat_port(&mut self, ct: &Conntrack, reply: &mut Tuple) -> Option<()> {
+        if !ct.reply_taken(reply) {
+            return Some(());
+        }
+        for _ in 0..32 {
+            let p = 1024 + (self.next_u64() % (65536 - 1024)) as u16;
+            reply.dport = p;
+            if !ct.reply_taken(reply) {
+                return Some(());
+            }
+        }
+        None
+    }
+
+    #[inline]
+    fn next_u64(&mut self) -> u64 {
+        // wyrand
+        self.rng = self.rng.wrapping_add(0xa076_1d64_78bd_642f);
+        let t = (self.rng as u128).wrapping_mul((self.rng ^ 0xe703_7ed1_a0b4_28db) as u128);
+        (t >> 64) as u64 ^ t as u64
+    }
+
+    /// A uniform index below `n` (multiply-shift).
+    #[inline]
+    fn pick(&mut self, n: usize) -> usize {
+        ((self.next_u64() as u128 * n as u128) >> 64) as usize
+    }
+}
+
+#[inline]
+fn fill_orig(v: &mut Verdict, m: &PacketMeta) {
+    v.has_addrs = true;
+    v.family = m.family;
+    v.proto = m.proto;
+    v.orig_src = m.src;
+    v.orig_sport = m.sport;
+    v.orig_dst = m.dst;
+    v.orig_dport = m.dport;
+}
+
+#[inline]
+fn fill_out(v: &mut Verdict, m: &PacketMeta) {
+    v.src = m.src;
+    v.sport = m.sport;
+    v.dst = m.dst;
+    v.dport = m.dport;
+}
+
+/// Frames held in one contiguous buffer of fixed-size slots (replay, tests, benchmarks).
+pub struct SlotFrames {
+    buf: Vec<u8>,
+    lens: Vec<usize>,
+    slot: usize,
+    count: usize,
+}
+
+impl SlotFrames {
+    /// `slots` frames of `slot_size` bytes each.
+    pub fn new(slots: usize, slot_size: usize) -> SlotFrames {
+        SlotFrames {
+            buf: vec![0; slots * slot_size],
+            lens: vec![0; slots],
+            slot: slot_size,
+            count: 0,
+        }
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.lens.len()
+    }
+
+    pub fn slot_size(&self) -> usize {
+        self.slot
+    }
+
+    pub fn clear(&mut self) {
+        self.count = 0;
+    }
+
+    /// Copies a frame into the next slot (truncated to the slot size); false when full.
+    #[inline]
+    pub fn push(&mut self, data: &[u8]) -> bool {
+        if self.count == self.lens.len() {
+            return false;
+        }
+        let n = data.len().min(self.slot);
+        let off = self.count * self.slot;
+        self.buf[off..off + n].copy_from_slice(&data[..n]);
+        self.lens[self.count] = n;
+        self.count += 1;
+        true
+    }
+
+    pub fn get(&self, i: usize) -> &[u8] {
+        &self.buf[i * self.slot..i * self.slot + self.lens[i]]
+    }
+}
+
+impl Frames for SlotFrames {
+    #[inline]
+    fn count(&self) -> usize {
+        self.count
+    }
+
+    #[inline]
+    fn frame_mut(&mut self, i: usize) -> (&mut [u8], &mut usize) {
+        let off = i * self.slot;
+        (&mut self.buf[off..off + self.slot], &mut self.lens[i])
+    }
+
+    #[inline]
+    fn frame(&self, i: usize) -> &[u8] {
+        self.get(i)
+    }
+}
+
+/// The address a packet leaves with, for tests and listings.
+pub fn endpoint_string(addr: &Addr, port: u16, v: &Verdict) -> String {
+    Tuple::endpoint(addr, port, v.family, v.proto)
+}

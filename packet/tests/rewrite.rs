@@ -1,0 +1,243 @@
+//! NAT rewrite over every packet shape: checksums re-verified by etherparse and by
+//! `checksum::verify`, and the incremental result equal to a full recomputation.
+
+mod common;
+
+use common::*;
+use etherparse::{NetHeaders, PacketHeaders, TransportHeader};
+use kxdp_packet::{checksum, ipv4, ipv6, parse, proto, rewrite, Addr, Family, LinkType, Parsed};
+
+const NEW_V4_SRC: [u8; 4] = [192, 168, 77, 1];
+const NEW_V4_DST: [u8; 4] = [10, 244, 3, 17];
+const NEW_V6_SRC: [u8; 16] = [0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xab, 0xcd];
+const NEW_V6_DST: [u8; 16] = [0xfd, 0, 0, 0, 0, 0, 0, 0x0a, 0xf4, 0, 0, 0, 0, 0, 0x03, 0x11];
+
+fn ports(h: &PacketHeaders) -> Option<(u16, u16)> {
+    match &h.transport {
+        Some(TransportHeader::Tcp(t)) => Some((t.source_port, t.destination_port)),
+        Some(TransportHeader::Udp(u)) => Some((u.source_port, u.destination_port)),
+        _ => None,
+    }
+}
+
+fn ip_addrs(h: &PacketHeaders) -> (Vec<u8>, Vec<u8>) {
+    match &h.net {
+        Some(NetHeaders::Ipv4(ip, _)) => (ip.source.to_vec(), ip.destination.to_vec()),
+        Some(NetHeaders::Ipv6(ip, _)) => (ip.source.to_vec(), ip.destination.to_vec()),
+        _ => panic!("no ip"),
+    }
+}
+
+fn check_rewrite(s: &Spec, raw: bool) {
+    let link = if raw { LinkType::RawIp } else { LinkType::Ethernet };
+    let mut f = build_with(s, raw);
+    let orig = f.clone();
+    let mut m = meta(&f, link);
+    verify_all(&f, link);
+
+    // Meta fields against what was built.
+    let l3 = if raw { 0 } else { 14 + 4 * s.vlans as usize };
+    assert_eq!(m.l3_off as usize, l3, "{s:?}");
+    assert_eq!(m.family, if s.v6 { Family::V6 } else { Family::V4 });
+    assert_eq!(m.src, addr_of(s.v6, V4_SRC, V6_SRC));
+    assert_eq!(m.dst, addr_of(s.v6, V4_DST, V6_DST));
+    assert_eq!(m.ttl, 63);
+    assert_eq!(m.ip_len as usize, f.len() - l3);
+    let l3_len = match (s.v6, s.opts) {
+        (false, false) => 20,
+        (false, true) => 28,
+        (true, false) => 40,
+        (true, true) => 40 + 8 + 16 + 8,
+    };
+    assert_eq!(m.l4_off as usize, l3 + l3_len, "{s:?}");
+    assert_eq!(m.l4_len as usize, f.len() - l3 - l3_len);
+    let (sport, dport) = match s.l4 {
+        L4::Tcp => (40000, 80),
+        L4::Udp | L4::UdpNoCsum => (40001, 53),
+        L4::Sctp => (40002, 38412),
+        L4::IcmpEcho => (0x777, 0x777),
+    };
+    assert_eq!((m.sport, m.dport), (sport, dport), "{s:?}");
+    match s.l4 {
+        L4::Tcp => assert_eq!((m.proto, m.tcp_flags), (proto::TCP, 0x02)),
+        L4::Sctp => assert_eq!((m.proto, m.sctp_vtag, m.sctp_chunk), (proto::SCTP, 0xcafe_f00d, 0)),
+        L4::IcmpEcho => assert!(m.is_icmp_echo_request() && !m.is_icmp_echo_reply() && !m.is_icmp_error()),
+        _ => assert_eq!(m.proto, proto::UDP),
+    }
+
+    // DNAT + SNAT of everything.
+    let (nsrc, ndst) = (addr_of(s.v6, NEW_V4_SRC, NEW_V6_SRC), addr_of(s.v6, NEW_V4_DST, NEW_V6_DST));
+    let (nsport, ndport) = (50123, 8080);
+    rewrite(&mut f, &mut m, nsrc, nsport, ndst, ndport);
+    assert_eq!(f.len(), orig.len());
+    let h = verify_all(&f, link);
+    assert_eq!(m, meta(&f, link), "meta updated to match the frame ({s:?})");
+    let (a, b) = ip_addrs(&h);
+    let alen = if s.v6 { 16 } else { 4 };
+    assert_eq!((&a[..], &b[..]), (&nsrc.0[16 - alen..], &ndst.0[16 - alen..]));
+    match s.l4 {
+        L4::Tcp | L4::Udp | L4::UdpNoCsum => assert_eq!(ports(&h), Some((nsport, ndport))),
+        L4::Sctp => assert_eq!((m.sport, m.dport), (nsport, ndport)),
+        L4::IcmpEcho => assert_eq!((m.sport, m.dport), (nsport, nsport)),
+    }
+    assert_eq!(f, full_recompute(&f, &m), "incremental == full recomputation ({s:?})");
+    if s.l4 == L4::UdpNoCsum && !s.v6 {
+        let o = m.l4_off as usize + 6;
+        assert_eq!(&f[o..o + 2], &[0, 0], "IPv4 UDP zero checksum stays zero");
+    }
+    // Payload untouched.
+    let end = m.ip_end();
+    let pl = s.payload_len.min(16);
+    assert_eq!(&f[end - pl..end], &orig[end - pl..end]);
+
+    // And back (the reply path): the original frame is restored exactly.
+    let (osrc, odst) = (addr_of(s.v6, V4_SRC, V6_SRC), addr_of(s.v6, V4_DST, V6_DST));
+    let (osport, odport) = if s.l4 == L4::IcmpEcho { (0x777, 0x777) } else { (sport, dport) };
+    rewrite(&mut f, &mut m, osrc, osport, odst, odport);
+    verify_all(&f, link);
+    assert_eq!(f, orig, "round trip restores the frame ({s:?})");
+}
+
+#[test]
+fn rewrite_every_shape_ethernet() {
+    for s in all_specs() {
+        check_rewrite(&s, false);
+    }
+}
+
+#[test]
+fn rewrite_raw_ip() {
+    for s in all_specs().into_iter().filter(|s| s.vlans == 0) {
+        check_rewrite(&s, true);
+    }
+}
+
+#[test]
+fn rewrite_only_ports_or_only_addresses() {
+    for v6 in [false, true] {
+        for l4 in [L4::Tcp, L4::Udp] {
+            let s = Spec::new(v6, l4);
+            let mut f = build(&s);
+            let mut m = meta(&f, LinkType::Ethernet);
+            let (src, dst) = (m.src, m.dst);
+            rewrite(&mut f, &mut m, src, 1, dst, 2);
+            verify_all(&f, LinkType::Ethernet);
+            assert_eq!(f, full_recompute(&f, &m));
+            let nd = addr_of(v6, NEW_V4_DST, NEW_V6_DST);
+            rewrite(&mut f, &mut m, src, 1, nd, 2);
+            verify_all(&f, LinkType::Ethernet);
+            assert_eq!(f, full_recompute(&f, &m));
+        }
+    }
+}
+
+/// Makes the built packet a fragment at `offset` (bytes) with MF = `more`; fixes the IPv4 header
+/// checksum. IPv6: inserts a fragment header.
+fn fragment(s: &Spec, offset: u16, more: bool) -> Vec<u8> {
+    let f = build(s);
+    let m = meta(&f, LinkType::Ethernet);
+    let l3 = m.l3_off as usize;
+    if !s.v6 {
+        let mut f = f;
+        let mut p = ipv4::Packet::new_checked(&mut f[l3..]).unwrap();
+        p.set_frag(false, more, offset);
+        p.fill_checksum();
+        f
+    } else {
+        // Insert a fragment header right after the fixed header (no other ext headers in s).
+        let mut out = f[..l3 + 40].to_vec();
+        let nh = out[l3 + 6];
+        out[l3 + 6] = ipv6::ext::FRAGMENT;
+        let pl = u16::from_be_bytes([out[l3 + 4], out[l3 + 5]]) + 8;
+        out[l3 + 4..l3 + 6].copy_from_slice(&pl.to_be_bytes());
+        out.extend_from_slice(&[nh, 0]);
+        out.extend_from_slice(&(offset | more as u16).to_be_bytes());
+        out.extend_from_slice(&0x1234_5678u32.to_be_bytes());
+        out.extend_from_slice(&f[l3 + 40..]);
+        out
+    }
+}
+
+#[test]
+fn non_first_fragments_rewrite_addresses_only() {
+    for v6 in [false, true] {
+        for l4 in [L4::Tcp, L4::Udp, L4::Sctp] {
+            let s = Spec::new(v6, l4);
+            let mut f = fragment(&s, 1480, true);
+            let orig = f.clone();
+            let mut m = meta(&f, LinkType::Ethernet);
+            assert!(m.frag.is_fragment && m.frag.more && m.frag.offset == 1480);
+            assert!(!m.is_first_fragment_or_whole());
+            assert_eq!((m.l4_off, m.sport, m.dport), (0, 0, 0));
+            if v6 {
+                assert_eq!(m.frag.id, 0x1234_5678);
+            } else {
+                assert_eq!(m.frag.id, 0x4242);
+            }
+            let nd = addr_of(v6, NEW_V4_DST, NEW_V6_DST);
+            let src = m.src;
+            rewrite(&mut f, &mut m, src, 1111, nd, 2222);
+            checksum::verify(&f, &m).unwrap();
+            assert_eq!((m.sport, m.dport), (0, 0));
+            assert_eq!(m.dst, nd);
+            let l3 = m.l3_off as usize;
+            let ip_hl = if v6 { 48 } else { 20 };
+            // Everything after the IP header (the would-be L4 bytes) is untouched.
+            assert_eq!(&f[l3 + ip_hl..], &orig[l3 + ip_hl..]);
+            let again = meta(&f, LinkType::Ethernet);
+            assert_eq!(again.dst, nd);
+        }
+    }
+}
+
+#[test]
+fn first_fragment_rewrites_ports_incrementally() {
+    for v6 in [false, true] {
+        let s = Spec { payload_len: 64, ..Spec::new(v6, L4::Udp) };
+        let whole = build(&s);
+        let mut f = fragment(&s, 0, true);
+        let mut m = meta(&f, LinkType::Ethernet);
+        assert!(m.frag.is_fragment && m.is_first_fragment_or_whole());
+        assert_eq!((m.sport, m.dport), (40001, 53));
+        let nd = addr_of(v6, NEW_V4_DST, NEW_V6_DST);
+        let src = m.src;
+        rewrite(&mut f, &mut m, src, 3000, nd, 4000);
+        // The UDP checksum (over the whole datagram) must equal that of the rewritten whole packet.
+        let mut w = whole.clone();
+        let mut mw = meta(&w, LinkType::Ethernet);
+        let srcw = mw.src;
+        rewrite(&mut w, &mut mw, srcw, 3000, nd, 4000);
+        verify_all(&w, LinkType::Ethernet);
+        let (a, b) = (m.l4_off as usize, mw.l4_off as usize);
+        assert_eq!(&f[a..a + 8], &w[b..b + 8]);
+    }
+}
+
+#[test]
+fn icmp_echo_identifier() {
+    for v6 in [false, true] {
+        let s = Spec::new(v6, L4::IcmpEcho);
+        let mut f = build(&s);
+        let mut m = meta(&f, LinkType::Ethernet);
+        let src = m.src;
+        let dst = m.dst;
+        rewrite(&mut f, &mut m, src, 0x4321, dst, 0);
+        verify_all(&f, LinkType::Ethernet);
+        let l4 = m.l4_off as usize;
+        assert_eq!(&f[l4 + 4..l4 + 6], &[0x43, 0x21]);
+        assert_eq!((m.sport, m.dport), (0x4321, 0x4321));
+        assert_eq!(f, full_recompute(&f, &m));
+    }
+}
+
+#[test]
+fn stale_meta_does_not_corrupt() {
+    let s = Spec::new(false, L4::Tcp);
+    let mut f = build(&s);
+    let mut m = meta(&f, LinkType::Ethernet);
+    m.ip_len = 5000; // does not fit
+    let before = f.clone();
+    assert!(kxdp_packet::rewrite::try_rewrite(&mut f, &mut m, Addr::UNSPECIFIED, 1, Addr::UNSPECIFIED, 2).is_err());
+    assert_eq!(f, before);
+    assert!(matches!(parse(&f, LinkType::Ethernet), Ok(Parsed::Ip(_))));
+}

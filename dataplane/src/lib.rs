@@ -2,5 +2,6 @@
 
 pub mod conntrack;
 pub mod pipeline;
+pub mod replay;
 pub mod snapshot;
 pub mod verdict;

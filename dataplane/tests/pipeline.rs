@@ -1,0 +1,355 @@
+//! The pipeline against a hand-built snapshot: packets in, packets out (no Kubernetes types).
+
+use std::sync::Arc;
+
+use etherparse::PacketBuilder;
+use kxdp_dataplane::conntrack::{Conntrack, CtConfig};
+use kxdp_dataplane::pipeline::{Frames, Pipeline, SlotFrames};
+use kxdp_dataplane::snapshot::*;
+use kxdp_dataplane::verdict::{Action, Reason, Verdict};
+use kxdp_packet::{checksum, parse, Addr, Family, LinkType, Parsed};
+
+const NODE: [u8; 4] = [192, 168, 0, 2];
+const VIP: [u8; 4] = [172, 30, 0, 41];
+const POD: [u8; 4] = [10, 0, 1, 1];
+const EP1: [u8; 4] = [10, 0, 2, 1];
+const EP2: [u8; 4] = [10, 0, 3, 1];
+
+fn a(o: [u8; 4]) -> Addr {
+    Addr::from_v4(o)
+}
+
+fn snapshot(masq_external: bool, affinity: u32) -> Snapshot {
+    let mut s = Snapshot::empty();
+    s.node.addrs = vec![a(NODE)];
+    s.node.snat_v4 = Some(a(NODE));
+    s.cluster_cidrs.insert("10.0.0.0".parse().unwrap(), 8);
+    s.service_cidrs.insert("172.30.0.0".parse().unwrap(), 16);
+    s.endpoints = vec![
+        Endpoint {
+            addr: a(EP1),
+            port: 8080,
+            local: true,
+        },
+        Endpoint {
+            addr: a(EP2),
+            port: 8080,
+            local: false,
+        },
+        Endpoint {
+            addr: a(POD),
+            port: 8080,
+            local: true,
+        },
+    ];
+    s.service_ports = vec![
+        ServicePortInfo {
+            name: "ns1/svc1:http".into(),
+            id: 11,
+            proto: proto::TCP,
+            affinity_timeout_s: affinity,
+        },
+        ServicePortInfo {
+            name: "ns1/empty".into(),
+            id: 12,
+            proto: proto::UDP,
+            affinity_timeout_s: 0,
+        },
+        ServicePortInfo {
+            name: "ns1/self".into(),
+            id: 13,
+            proto: proto::TCP,
+            affinity_timeout_s: 0,
+        },
+    ];
+    let both = EndpointRange { start: 0, len: 2 };
+    let route = |masquerade| Route {
+        endpoints: both,
+        masquerade,
+        when_empty: EmptyAction::Reject,
+    };
+    s.frontend_table = vec![
+        Frontend {
+            service_port: 0,
+            kind: FrontendKind::ClusterIp,
+            routes: [route(false), route(true), route(true)],
+            source_ranges: None,
+        },
+        Frontend {
+            service_port: 1,
+            kind: FrontendKind::ClusterIp,
+            routes: [Route::default(); 3],
+            source_ranges: None,
+        },
+        Frontend {
+            service_port: 2,
+            kind: FrontendKind::ClusterIp,
+            routes: [Route {
+                endpoints: EndpointRange { start: 2, len: 1 },
+                masquerade: false,
+                when_empty: EmptyAction::Reject,
+            }; 3],
+            source_ranges: None,
+        },
+        Frontend {
+            service_port: 0,
+            kind: FrontendKind::NodePort,
+            routes: [route(masq_external); 3],
+            source_ranges: None,
+        },
+    ];
+    let key = |addr, port, proto| FrontendKey { addr, port, proto };
+    s.frontends.insert(key(a(VIP), 80, proto::TCP), 0);
+    s.frontends.insert(key(a(VIP), 53, proto::UDP), 1);
+    s.frontends
+        .insert(key(a([172, 30, 0, 42]), 80, proto::TCP), 2);
+    s.frontends.insert(key(a(NODE), 30080, proto::TCP), 3);
+    s.cluster_ips.insert(a(VIP));
+    s.cluster_ips.insert(a([172, 30, 0, 42]));
+    s.validate().unwrap();
+    s
+}
+
+fn tcp(src: [u8; 4], sport: u16, dst: [u8; 4], dport: u16, syn: bool, ack: bool) -> Vec<u8> {
+    let mut b = PacketBuilder::ethernet2([1; 6], [2; 6])
+        .ipv4(src, dst, 64)
+        .tcp(sport, dport, 1000, 65535);
+    if syn {
+        b = b.syn();
+    }
+    if ack {
+        b = b.ack(5000);
+    }
+    let payload = [7u8; 10];
+    let mut v = Vec::new();
+    b.write(&mut v, &payload).unwrap();
+    v
+}
+
+fn udp(src: [u8; 4], sport: u16, dst: [u8; 4], dport: u16) -> Vec<u8> {
+    let mut v = Vec::new();
+    PacketBuilder::ethernet2([1; 6], [2; 6])
+        .ipv4(src, dst, 64)
+        .udp(sport, dport)
+        .write(&mut v, &[1, 2, 3, 4])
+        .unwrap();
+    v
+}
+
+struct Harness {
+    snap: Arc<Snapshot>,
+    ct: Conntrack,
+    pipe: Pipeline,
+    now: u64,
+}
+
+impl Harness {
+    fn new(snap: Snapshot) -> Harness {
+        let ct = Conntrack::new(CtConfig::default(), 1);
+        let pipe = Pipeline::new(0, LinkType::Ethernet, 42, &ct);
+        Harness {
+            snap: Arc::new(snap),
+            ct,
+            pipe,
+            now: 1000,
+        }
+    }
+
+    fn run(&mut self, pkts: &[Vec<u8>]) -> Vec<(Verdict, Vec<u8>)> {
+        let mut frames = SlotFrames::new(pkts.len(), 2048);
+        for p in pkts {
+            assert!(frames.push(p));
+        }
+        let mut verdicts = vec![Verdict::default(); pkts.len()];
+        self.pipe
+            .process(&mut frames, &mut verdicts, &self.snap, &self.ct, self.now);
+        verdicts
+            .into_iter()
+            .enumerate()
+            .map(|(i, v)| (v, frames.frame(i).to_vec()))
+            .collect()
+    }
+
+    fn one(&mut self, p: Vec<u8>) -> (Verdict, Vec<u8>) {
+        self.run(&[p]).pop().unwrap()
+    }
+}
+
+fn meta(frame: &[u8]) -> kxdp_packet::PacketMeta {
+    match parse(frame, LinkType::Ethernet).unwrap() {
+        Parsed::Ip(m) => m,
+        Parsed::NotIp => panic!("not ip"),
+    }
+}
+
+fn valid(frame: &[u8]) {
+    let m = meta(frame);
+    checksum::verify(frame, &m).expect("checksums valid");
+}
+
+#[test]
+fn pod_to_clusterip_dnat_keeps_client_and_reply_is_unnatted() {
+    let mut h = Harness::new(snapshot(true, 0));
+    let (v, out) = h.one(tcp(POD, 40000, VIP, 80, true, false));
+    assert_eq!(v.reason, Reason::ServiceDnat);
+    assert_eq!(v.action, Action::Forward);
+    assert!(!v.masq);
+    assert_eq!(v.service_id, 11);
+    let m = meta(&out);
+    valid(&out);
+    assert_eq!(m.src, a(POD));
+    assert_eq!(m.sport, 40000);
+    assert!(m.dst == a(EP1) || m.dst == a(EP2));
+    assert_eq!(m.dport, 8080);
+    let backend = m.dst;
+
+    // The backend answers; the client sees the VIP.
+    let be = backend.v4_octets();
+    let (v, out) = h.one(tcp(be, 8080, POD, 40000, true, true));
+    assert_eq!(v.reason, Reason::ReplyUnnat);
+    let m = meta(&out);
+    valid(&out);
+    assert_eq!(
+        (m.src, m.sport, m.dst, m.dport),
+        (a(VIP), 80, a(POD), 40000)
+    );
+
+    // The rest of the flow sticks to the backend.
+    for _ in 0..20 {
+        let (v, out) = h.one(tcp(POD, 40000, VIP, 80, false, true));
+        assert_eq!(v.reason, Reason::Established);
+        assert_eq!(meta(&out).dst, backend);
+        valid(&out);
+    }
+}
+
+#[test]
+fn node_source_is_masqueraded_with_unique_ports() {
+    let mut h = Harness::new(snapshot(true, 0));
+    let mut seen = std::collections::HashSet::new();
+    // Two clients, same source port, many connections: SNAT tuples never collide.
+    for i in 0..200u16 {
+        for client in [[203, 0, 113, 1], [203, 0, 113, 2]] {
+            let (v, out) = h.one(tcp(client, 1000 + i, VIP, 80, true, false));
+            assert_eq!(v.reason, Reason::ServiceDnat);
+            assert!(v.masq);
+            let m = meta(&out);
+            valid(&out);
+            assert_eq!(m.src, a(NODE));
+            assert!(seen.insert((m.dst, m.sport)), "SNAT tuple reused");
+        }
+    }
+    // A reply to a masqueraded connection returns to the original client.
+    let (v, out) = h.one(tcp([203, 0, 113, 1], 5555, VIP, 80, true, false));
+    let m = meta(&out);
+    assert!(v.masq);
+    let (v, back) = h.one(tcp(m.dst.v4_octets(), 8080, NODE, m.sport, true, true));
+    assert_eq!(v.reason, Reason::ReplyUnnat);
+    let b = meta(&back);
+    assert_eq!(
+        (b.src, b.sport, b.dst, b.dport),
+        (a(VIP), 80, a([203, 0, 113, 1]), 5555)
+    );
+    valid(&back);
+}
+
+#[test]
+fn hairpin_is_masqueraded() {
+    let mut h = Harness::new(snapshot(false, 0));
+    let (v, out) = h.one(tcp(POD, 40000, [172, 30, 0, 42], 80, true, false));
+    assert_eq!(v.reason, Reason::ServiceDnat);
+    assert!(v.masq);
+    let m = meta(&out);
+    assert_eq!((m.src, m.dst), (a(NODE), a(POD)));
+}
+
+#[test]
+fn rejects_drops_and_passes() {
+    let mut h = Harness::new(snapshot(false, 0));
+    // No endpoints: UDP gets ICMP port unreachable.
+    let (v, out) = h.one(udp(POD, 5000, VIP, 53));
+    assert_eq!(v.reason, Reason::NoEndpoints);
+    assert_eq!(v.action, Action::Reject);
+    let m = meta(&out);
+    assert_eq!(
+        (m.src, m.dst, m.proto, m.icmp_type, m.icmp_code),
+        (a(VIP), a(POD), 1, 3, 3)
+    );
+    valid(&out);
+    // Undefined port on a ClusterIP: TCP RST.
+    let (v, out) = h.one(tcp(POD, 40000, VIP, 81, true, false));
+    assert_eq!(v.reason, Reason::ServicePortUnknown);
+    let m = meta(&out);
+    assert_eq!(
+        (m.src, m.sport, m.dst, m.dport),
+        (a(VIP), 81, a(POD), 40000)
+    );
+    assert!(m.tcp_flags & 0x04 != 0);
+    valid(&out);
+    // Unallocated service address: drop.
+    let (v, _) = h.one(tcp(POD, 40000, [172, 30, 9, 9], 80, true, false));
+    assert_eq!(v.reason, Reason::ServiceIpUnallocated);
+    // Node address without NodePort: pass; elsewhere: forward unchanged.
+    let (v, _) = h.one(tcp(POD, 40000, NODE, 22, true, false));
+    assert_eq!(v.reason, Reason::ToNode);
+    let p = tcp(POD, 40000, EP2, 22, true, false);
+    let (v, out) = h.one(p.clone());
+    assert_eq!(v.reason, Reason::Direct);
+    assert_eq!(out, p);
+    // Garbage.
+    let (v, _) = h.one(vec![1, 2, 3]);
+    assert_eq!(v.reason, Reason::Malformed);
+    assert!(!v.has_addrs);
+}
+
+#[test]
+fn session_affinity_pins_a_client() {
+    let mut h = Harness::new(snapshot(false, 10));
+    let mut backends = std::collections::HashSet::new();
+    for i in 0..50 {
+        let (v, out) = h.one(tcp(POD, 30000 + i, VIP, 80, true, false));
+        assert_eq!(v.reason, Reason::ServiceDnat);
+        backends.insert(meta(&out).dst);
+    }
+    assert_eq!(backends.len(), 1);
+    // Without affinity, both endpoints get traffic.
+    let mut h = Harness::new(snapshot(false, 0));
+    let mut backends = std::collections::HashSet::new();
+    for i in 0..50 {
+        let (_, out) = h.one(tcp(POD, 30000 + i, VIP, 80, true, false));
+        backends.insert(meta(&out).dst);
+    }
+    assert_eq!(backends.len(), 2);
+}
+
+#[test]
+fn time_wait_syn_reopens_and_full_table_refuses() {
+    let snap = snapshot(false, 0);
+    let ct = Conntrack::new(
+        CtConfig {
+            max_entries: 16,
+            ..CtConfig::default()
+        },
+        1,
+    );
+    let mut h = Harness {
+        pipe: Pipeline::new(0, LinkType::Ethernet, 1, &ct),
+        ct,
+        snap: Arc::new(snap),
+        now: 1000,
+    };
+    let mut full = 0;
+    for i in 0..40u16 {
+        // Handshakes complete so that entries are assured and cannot be dropped early.
+        let (v, out) = h.one(tcp(POD, 1000 + i, VIP, 80, true, false));
+        if v.reason == Reason::ConntrackFull {
+            full += 1;
+            continue;
+        }
+        let m = meta(&out);
+        h.one(tcp(m.dst.v4_octets(), 8080, POD, 1000 + i, true, true));
+        h.one(tcp(POD, 1000 + i, VIP, 80, false, true));
+    }
+    assert_eq!(full, 40 - 16);
+    assert_eq!(h.ct.len(), 16);
+}

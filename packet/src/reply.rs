@@ -126,7 +126,11 @@ pub fn build_tcp_rst(buf: &mut [u8], len: usize, link: LinkType, meta: &PacketMe
         return 0;
     };
     let l4 = meta.l4_off as usize;
-    if meta.proto != proto::TCP || l4 == 0 || meta.frag.is_fragment {
+    let min_l3 = match meta.family {
+        Family::V4 => ipv4::MIN_HEADER_LEN,
+        Family::V6 => ipv6::HEADER_LEN,
+    };
+    if meta.proto != proto::TCP || l4 < l3 + min_l3 || meta.frag.is_fragment {
         return 0;
     }
     let Ok(hl) = tcp::check(&buf[l4.min(ip_end)..ip_end]) else {
@@ -146,17 +150,12 @@ pub fn build_tcp_rst(buf: &mut [u8], len: usize, link: LinkType, meta: &PacketMe
         (0, seq.wrapping_add(seg_len), flags::RST | flags::ACK)
     };
     let (src, dst) = addrs(buf, l3, meta.family);
-    let iphl = emit_ip(
-        buf,
-        l3,
-        meta.family,
-        &dst,
-        &src,
-        proto::TCP,
-        tcp::MIN_HEADER_LEN,
-    );
-    let t = l3 + iphl;
+    let t = l3 + min_l3;
     let new_len = t + tcp::MIN_HEADER_LEN;
+    if new_len > buf.len() {
+        return 0;
+    }
+    emit_ip(buf, l3, meta.family, &dst, &src, proto::TCP, tcp::MIN_HEADER_LEN);
     let r = tcp::Repr {
         src_port: dport,
         dst_port: sport,

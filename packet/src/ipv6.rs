@@ -451,10 +451,8 @@ mod tests {
         let e = walk_chain(&p, ext::ESP).unwrap();
         assert!(!e.has_l4);
         // Too many headers.
-        let long = vec![ext::DEST_OPTS; 8 * 20];
-        let long: Vec<u8> = long
-            .chunks(8)
-            .flat_map(|_| [60u8, 0, 0, 0, 0, 0, 0, 0])
+        let long: Vec<u8> = (0..20)
+            .flat_map(|_| [ext::DEST_OPTS, 0, 0, 0, 0, 0, 0, 0])
             .collect();
         assert_eq!(
             walk_chain(&long, ext::DEST_OPTS),

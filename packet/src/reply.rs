@@ -155,7 +155,15 @@ pub fn build_tcp_rst(buf: &mut [u8], len: usize, link: LinkType, meta: &PacketMe
     if new_len > buf.len() {
         return 0;
     }
-    emit_ip(buf, l3, meta.family, &dst, &src, proto::TCP, tcp::MIN_HEADER_LEN);
+    emit_ip(
+        buf,
+        l3,
+        meta.family,
+        &dst,
+        &src,
+        proto::TCP,
+        tcp::MIN_HEADER_LEN,
+    );
     let r = tcp::Repr {
         src_port: dport,
         dst_port: sport,

@@ -6,8 +6,8 @@ mod common;
 
 use common::*;
 use kxdp_packet::{
-    build_port_unreachable, build_tcp_rst, checksum, parse, rewrite, Addr, Family, Frag, LinkType, PacketMeta,
-    Parsed,
+    build_port_unreachable, build_tcp_rst, checksum, parse, rewrite, Addr, Family, Frag, LinkType,
+    PacketMeta, Parsed,
 };
 
 struct Rng(u64);
@@ -38,16 +38,28 @@ impl Rng {
 
 /// Runs everything on one frame; returns true when it parsed as IP.
 fn exercise(frame: &[u8], link: LinkType, rng: &mut Rng) -> bool {
-    let Ok(Parsed::Ip(m)) = parse(frame, link) else { return false };
+    let Ok(Parsed::Ip(m)) = parse(frame, link) else {
+        return false;
+    };
     let valid_before = checksum::verify(frame, &m).is_ok();
 
     let mut f = frame.to_vec();
     let mut m2 = m;
     let (src, dst) = (rng.addr(m.family), rng.addr(m.family));
-    rewrite(&mut f, &mut m2, src, rng.next() as u16, dst, rng.next() as u16);
+    rewrite(
+        &mut f,
+        &mut m2,
+        src,
+        rng.next() as u16,
+        dst,
+        rng.next() as u16,
+    );
     if valid_before {
         checksum::verify(&f, &m2).expect("checksums stay valid across a rewrite");
-        let again = parse(&f, link).expect("rewritten frame parses").ip().unwrap();
+        let again = parse(&f, link)
+            .expect("rewritten frame parses")
+            .ip()
+            .unwrap();
         assert_eq!(again, m2);
     }
 
@@ -62,7 +74,10 @@ fn exercise(frame: &[u8], link: LinkType, rng: &mut Rng) -> bool {
         };
         assert!(n <= buf.len());
         if n != 0 {
-            let rm = parse(&buf[..n], link).expect("reply parses").ip().expect("reply is IP");
+            let rm = parse(&buf[..n], link)
+                .expect("reply parses")
+                .ip()
+                .expect("reply is IP");
             checksum::verify(&buf[..n], &rm).expect("reply checksums valid");
             assert_eq!((rm.src, rm.dst), (m.dst, m.src));
         }
@@ -71,7 +86,11 @@ fn exercise(frame: &[u8], link: LinkType, rng: &mut Rng) -> bool {
 }
 
 fn random_meta(rng: &mut Rng, len: usize) -> PacketMeta {
-    let fam = if rng.next() & 1 == 0 { Family::V4 } else { Family::V6 };
+    let fam = if rng.next() & 1 == 0 {
+        Family::V4
+    } else {
+        Family::V6
+    };
     let protos = [1u8, 6, 17, 58, 132, 0, 255];
     PacketMeta {
         l3_off: rng.below(len + 8) as u16,
@@ -88,7 +107,12 @@ fn random_meta(rng: &mut Rng, len: usize) -> PacketMeta {
         icmp_type: rng.next() as u8,
         icmp_code: 0,
         ttl: 1,
-        frag: Frag { id: 0, offset: if rng.next() & 3 == 0 { 8 } else { 0 }, more: rng.next() & 1 == 0, is_fragment: false },
+        frag: Frag {
+            id: 0,
+            offset: if rng.next() & 3 == 0 { 8 } else { 0 },
+            more: rng.next() & 1 == 0,
+            is_fragment: false,
+        },
         sctp_vtag: 0,
         sctp_chunk: 0,
     }
@@ -132,7 +156,10 @@ fn random_frames_never_panic() {
         let _ = build_tcp_rst(&mut buf, l, LinkType::Ethernet, &m);
         let _ = build_port_unreachable(&mut buf, l, LinkType::RawIp, &m);
     }
-    assert!(ip > 1000, "too few random frames reached the IP paths: {ip}");
+    assert!(
+        ip > 1000,
+        "too few random frames reached the IP paths: {ip}"
+    );
 }
 
 #[test]
@@ -152,7 +179,11 @@ fn mutated_valid_frames_never_panic() {
         // Mostly small header mutations, sometimes truncation / extension.
         let flips = 1 + rng.below(4);
         for _ in 0..flips {
-            let pos = if rng.next() & 3 != 0 { rng.below(f.len().min(100)) } else { rng.below(f.len()) };
+            let pos = if rng.next() & 3 != 0 {
+                rng.below(f.len().min(100))
+            } else {
+                rng.below(f.len())
+            };
             f[pos] = match rng.below(4) {
                 0 => rng.next() as u8,
                 1 => f[pos] ^ (1 << rng.below(8)),
@@ -169,7 +200,10 @@ fn mutated_valid_frames_never_panic() {
             parsed += 1;
         }
     }
-    assert!(parsed > 50_000, "mutations should often keep a parseable frame: {parsed}");
+    assert!(
+        parsed > 50_000,
+        "mutations should often keep a parseable frame: {parsed}"
+    );
 }
 
 #[test]
@@ -181,7 +215,14 @@ fn valid_frames_stay_valid_under_random_rewrites() {
             let mut f = f0.clone();
             let mut m = meta(&f, LinkType::Ethernet);
             let (src, dst) = (rng.addr(m.family), rng.addr(m.family));
-            rewrite(&mut f, &mut m, src, rng.next() as u16, dst, rng.next() as u16);
+            rewrite(
+                &mut f,
+                &mut m,
+                src,
+                rng.next() as u16,
+                dst,
+                rng.next() as u16,
+            );
             verify_all(&f, LinkType::Ethernet);
             assert_eq!(f, full_recompute(&f, &m), "{s:?}");
         }

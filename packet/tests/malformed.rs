@@ -16,7 +16,11 @@ fn truncated_at_every_byte_boundary() {
             if raw && s.vlans != 0 {
                 continue;
             }
-            let link = if raw { LinkType::RawIp } else { LinkType::Ethernet };
+            let link = if raw {
+                LinkType::RawIp
+            } else {
+                LinkType::Ethernet
+            };
             let f = build_with(&s, raw);
             let l3 = if raw { 0 } else { 14 + 4 * s.vlans as usize };
             let min_ip = if s.v6 { 40 } else { 20 };
@@ -60,7 +64,10 @@ fn bad_version() {
     let mut f = build(&Spec::new(true, L4::Udp));
     f[14] = 0x45;
     assert_eq!(err(&f), ParseError::BadVersion);
-    assert_eq!(parse(&[0x10; 40], LinkType::RawIp), Err(ParseError::BadVersion));
+    assert_eq!(
+        parse(&[0x10; 40], LinkType::RawIp),
+        Err(ParseError::BadVersion)
+    );
     assert_eq!(parse(&[], LinkType::RawIp), Err(ParseError::Truncated));
 }
 
@@ -151,7 +158,10 @@ fn sctp_chunk_length() {
 
 #[test]
 fn bad_ipv6_extension_chain() {
-    let f0 = build(&Spec { opts: true, ..Spec::new(true, L4::Udp) });
+    let f0 = build(&Spec {
+        opts: true,
+        ..Spec::new(true, L4::Udp)
+    });
     let l3 = 14;
     // Chain (etherparse order): fixed -> hop-by-hop (8) @l3+40 -> dest opts (8) @l3+48
     // -> routing (16) @l3+56 -> UDP @l3+72.
@@ -191,5 +201,8 @@ fn not_ip() {
         f[12 + 4 * i..14 + 4 * i].copy_from_slice(&0x8100u16.to_be_bytes());
     }
     assert_eq!(parse(&f, LinkType::Ethernet), Ok(Parsed::NotIp));
-    assert_eq!(parse(&f[..13], LinkType::Ethernet), Err(ParseError::Truncated));
+    assert_eq!(
+        parse(&f[..13], LinkType::Ethernet),
+        Err(ParseError::Truncated)
+    );
 }

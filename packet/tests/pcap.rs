@@ -10,7 +10,9 @@ use common::*;
 use kxdp_packet::pcap::{self, CapturedPacket, PcapErrorKind, Writer};
 use kxdp_packet::LinkType;
 use pcap_file::pcapng::blocks::enhanced_packet::EnhancedPacketBlock;
-use pcap_file::pcapng::blocks::interface_description::{InterfaceDescriptionBlock, InterfaceDescriptionOption};
+use pcap_file::pcapng::blocks::interface_description::{
+    InterfaceDescriptionBlock, InterfaceDescriptionOption,
+};
 use pcap_file::pcapng::PcapNgWriter;
 use pcap_file::DataLink;
 
@@ -21,10 +23,14 @@ fn tmp(name: &str) -> PathBuf {
 }
 
 fn frames(raw: bool) -> Vec<Vec<u8>> {
-    [Spec::new(false, L4::Tcp), Spec::new(true, L4::Udp), Spec::new(false, L4::Sctp)]
-        .iter()
-        .map(|s| build_with(s, raw))
-        .collect()
+    [
+        Spec::new(false, L4::Tcp),
+        Spec::new(true, L4::Udp),
+        Spec::new(false, L4::Sctp),
+    ]
+    .iter()
+    .map(|s| build_with(s, raw))
+    .collect()
 }
 
 #[test]
@@ -37,13 +43,23 @@ fn write_then_read_both_link_types() {
             w.write(*t, f).unwrap();
         }
         let bytes = w.finish().unwrap();
-        assert_eq!(&bytes[..4], &[0x4d, 0x3c, 0xb2, 0xa1], "nanosecond magic, little endian");
+        assert_eq!(
+            &bytes[..4],
+            &[0x4d, 0x3c, 0xb2, 0xa1],
+            "nanosecond magic, little endian"
+        );
         let path = tmp(&format!("rt-{link:?}.pcap"));
         std::fs::write(&path, &bytes).unwrap();
         let c = pcap::read_file(&path).unwrap();
         assert_eq!(c.link, link);
-        let want: Vec<CapturedPacket> =
-            ts.iter().zip(&fs).map(|(t, f)| CapturedPacket { ts_ns: *t, data: f.clone() }).collect();
+        let want: Vec<CapturedPacket> = ts
+            .iter()
+            .zip(&fs)
+            .map(|(t, f)| CapturedPacket {
+                ts_ns: *t,
+                data: f.clone(),
+            })
+            .collect();
         assert_eq!(c.packets, want);
         for p in &c.packets {
             verify_all(&p.data, link);
@@ -53,8 +69,20 @@ fn write_then_read_both_link_types() {
 
 /// A classic pcap by hand: `big` endian or little, nanosecond or microsecond magic.
 fn hand_pcap(big: bool, nanos: bool, linktype: u32, pkts: &[(u32, u32, &[u8])]) -> Vec<u8> {
-    let w32 = |v: u32| if big { v.to_be_bytes() } else { v.to_le_bytes() };
-    let w16 = |v: u16| if big { v.to_be_bytes() } else { v.to_le_bytes() };
+    let w32 = |v: u32| {
+        if big {
+            v.to_be_bytes()
+        } else {
+            v.to_le_bytes()
+        }
+    };
+    let w16 = |v: u16| {
+        if big {
+            v.to_be_bytes()
+        } else {
+            v.to_le_bytes()
+        }
+    };
     let mut b = Vec::new();
     b.extend_from_slice(&w32(if nanos { 0xa1b2_3c4d } else { 0xa1b2_c3d4 }));
     b.extend_from_slice(&w16(2));
@@ -82,13 +110,22 @@ fn both_byte_orders_and_resolutions() {
             let c = pcap::read(&b).unwrap();
             assert_eq!(c.link, LinkType::Ethernet);
             let unit = if nanos { 1 } else { 1000 };
-            assert_eq!(c.packets[0].ts_ns, 10_000_000_000 + 20 * unit, "big={big} nanos={nanos}");
+            assert_eq!(
+                c.packets[0].ts_ns,
+                10_000_000_000 + 20 * unit,
+                "big={big} nanos={nanos}"
+            );
             assert_eq!(c.packets[1].ts_ns, 11_000_000_000 + 999 * unit);
             assert_eq!(c.packets[1].data, f);
         }
     }
     for code in [101, 228, 229] {
-        assert_eq!(pcap::read(&hand_pcap(false, false, code, &[])).unwrap().link, LinkType::RawIp);
+        assert_eq!(
+            pcap::read(&hand_pcap(false, false, code, &[]))
+                .unwrap()
+                .link,
+            LinkType::RawIp
+        );
     }
 }
 
@@ -99,7 +136,10 @@ fn unknown_link_type_names_the_file() {
     let e = pcap::read_file(&path).unwrap_err();
     assert_eq!(e.kind, PcapErrorKind::UnknownLinkType(113));
     let msg = e.to_string();
-    assert!(msg.contains(&path.display().to_string()) && msg.contains("link type 113"), "{msg}");
+    assert!(
+        msg.contains(&path.display().to_string()) && msg.contains("link type 113"),
+        "{msg}"
+    );
 }
 
 #[test]
@@ -111,17 +151,31 @@ fn truncated_file_names_file_and_packet() {
     for cut in [5, f.len() + 4] {
         std::fs::write(&path, &b[..b.len() - cut]).unwrap();
         let e = pcap::read_file(&path).unwrap_err();
-        assert_eq!((e.kind.clone(), e.packet), (PcapErrorKind::Truncated, Some(2)), "cut {cut}");
+        assert_eq!(
+            (e.kind.clone(), e.packet),
+            (PcapErrorKind::Truncated, Some(2)),
+            "cut {cut}"
+        );
         let msg = e.to_string();
-        assert!(msg.contains(&path.display().to_string()) && msg.ends_with("truncated file at packet 2"), "{msg}");
+        assert!(
+            msg.contains(&path.display().to_string())
+                && msg.ends_with("truncated file at packet 2"),
+            "{msg}"
+        );
     }
     // Inside the file header.
     let e = pcap::read(&b[..10]).unwrap_err();
     assert_eq!((e.kind.clone(), e.packet), (PcapErrorKind::Truncated, None));
     assert!(e.to_string().starts_with("<memory>: "));
     // Not a capture at all.
-    assert_eq!(pcap::read(b"hello world, not a pcap").unwrap_err().kind, PcapErrorKind::NotPcap);
-    assert!(pcap::read_file(&tmp("does-not-exist.pcap")).unwrap_err().to_string().contains("does-not-exist"));
+    assert_eq!(
+        pcap::read(b"hello world, not a pcap").unwrap_err().kind,
+        PcapErrorKind::NotPcap
+    );
+    assert!(pcap::read_file(&tmp("does-not-exist.pcap"))
+        .unwrap_err()
+        .to_string()
+        .contains("does-not-exist"));
 }
 
 /// A pcapng by hand: SHB, one IDB (default microsecond resolution), EPBs, little endian.
@@ -162,11 +216,20 @@ fn hand_pcapng(linktype: u16, pkts: &[(u64, &[u8])]) -> Vec<u8> {
 #[test]
 fn pcapng_by_hand() {
     let fs = frames(false);
-    let b = hand_pcapng(1, &[(1_700_000_000_000_001, &fs[0]), (1_700_000_000_000_002, &fs[1])]);
+    let b = hand_pcapng(
+        1,
+        &[
+            (1_700_000_000_000_001, &fs[0]),
+            (1_700_000_000_000_002, &fs[1]),
+        ],
+    );
     let c = pcap::read(&b).unwrap();
     assert_eq!(c.link, LinkType::Ethernet);
     assert_eq!(c.packets.len(), 2);
-    assert_eq!(c.packets[0].ts_ns, 1_700_000_000_000_001_000, "default if_tsresol is microseconds");
+    assert_eq!(
+        c.packets[0].ts_ns, 1_700_000_000_000_001_000,
+        "default if_tsresol is microseconds"
+    );
     assert_eq!(c.packets[1].data, fs[1]);
     // Truncated inside the second EPB.
     let e = pcap::read(&b[..b.len() - 7]).unwrap_err();

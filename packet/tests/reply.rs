@@ -10,7 +10,13 @@ fn tcp_frame(v6: bool, opts: bool, vlans: u8, flags: &str, payload_len: usize) -
     use etherparse::{Ipv4Header, PacketBuilder};
     let _ = (PacketBuilder::ethernet2, Ipv4Header::default);
     // Build through the common builder, then set flags / ack in place and refill the checksum.
-    let s = Spec { v6, vlans, opts, l4: L4::Tcp, payload_len };
+    let s = Spec {
+        v6,
+        vlans,
+        opts,
+        l4: L4::Tcp,
+        payload_len,
+    };
     let mut f = build(&s);
     let m = meta(&f, LinkType::Ethernet);
     let l4 = m.l4_off as usize;
@@ -56,7 +62,11 @@ fn swapped_macs(orig: &[u8], reply: &[u8], vlans: u8) {
     assert_eq!(&reply[0..6], &orig[6..12]);
     assert_eq!(&reply[6..12], &orig[0..6]);
     let tags = 12 + 4 * vlans as usize + 2;
-    assert_eq!(&reply[12..tags], &orig[12..tags], "VLAN tags and EtherType kept");
+    assert_eq!(
+        &reply[12..tags],
+        &orig[12..tags],
+        "VLAN tags and EtherType kept"
+    );
 }
 
 fn rst(orig: &[u8]) -> (Vec<u8>, usize) {
@@ -80,10 +90,15 @@ fn rst_for_syn_without_ack() {
                 let (ho, hr) = (headers(&orig), headers(r));
                 swapped_ips(&ho, &hr);
                 swapped_macs(&orig, r, vlans);
-                let (Some(TransportHeader::Tcp(o)), Some(TransportHeader::Tcp(t))) = (&ho.transport, &hr.transport) else {
+                let (Some(TransportHeader::Tcp(o)), Some(TransportHeader::Tcp(t))) =
+                    (&ho.transport, &hr.transport)
+                else {
                     panic!("tcp")
                 };
-                assert_eq!((t.source_port, t.destination_port), (o.destination_port, o.source_port));
+                assert_eq!(
+                    (t.source_port, t.destination_port),
+                    (o.destination_port, o.source_port)
+                );
                 assert!(t.rst && t.ack && !t.syn && !t.fin);
                 assert_eq!(t.sequence_number, 0);
                 assert_eq!(t.acknowledgment_number, o.sequence_number.wrapping_add(1));
@@ -100,7 +115,9 @@ fn rst_for_fin_with_payload_without_ack() {
     let (buf, n) = rst(&orig);
     let hr = headers(&buf[..n]);
     let ho = headers(&orig);
-    let (Some(TransportHeader::Tcp(o)), Some(TransportHeader::Tcp(t))) = (&ho.transport, &hr.transport) else {
+    let (Some(TransportHeader::Tcp(o)), Some(TransportHeader::Tcp(t))) =
+        (&ho.transport, &hr.transport)
+    else {
         panic!("tcp")
     };
     assert_eq!(t.acknowledgment_number, o.sequence_number.wrapping_add(101));
@@ -116,7 +133,9 @@ fn rst_for_segment_with_ack() {
         let r = &buf[..n];
         verify_all(r, LinkType::Ethernet);
         let hr = headers(r);
-        let Some(TransportHeader::Tcp(t)) = &hr.transport else { panic!("tcp") };
+        let Some(TransportHeader::Tcp(t)) = &hr.transport else {
+            panic!("tcp")
+        };
         assert_eq!(t.sequence_number, 0xaabb_ccdd, "seq = the segment's ack");
         assert!(t.rst && !t.ack);
         assert_eq!(t.acknowledgment_number, 0);
@@ -146,7 +165,13 @@ fn port_unreachable_quotes_the_packet() {
     for v6 in [false, true] {
         for opts in [false, true] {
             for vlans in 0..3 {
-                let s = Spec { v6, vlans, opts, l4: L4::Udp, payload_len: 30 };
+                let s = Spec {
+                    v6,
+                    vlans,
+                    opts,
+                    l4: L4::Udp,
+                    payload_len: 30,
+                };
                 let orig = build(&s);
                 let l3 = 14 + 4 * vlans as usize;
                 let (buf, n) = unreach(&orig, 2048);
@@ -163,14 +188,18 @@ fn port_unreachable_quotes_the_packet() {
                         assert!(!v6);
                         assert!(matches!(
                             i.icmp_type,
-                            Icmpv4Type::DestinationUnreachable(etherparse::icmpv4::DestUnreachableHeader::Port)
+                            Icmpv4Type::DestinationUnreachable(
+                                etherparse::icmpv4::DestUnreachableHeader::Port
+                            )
                         ));
                     }
                     Some(TransportHeader::Icmpv6(i)) => {
                         assert!(v6);
                         assert!(matches!(
                             i.icmp_type,
-                            Icmpv6Type::DestinationUnreachable(etherparse::icmpv6::DestUnreachableCode::Port)
+                            Icmpv6Type::DestinationUnreachable(
+                                etherparse::icmpv6::DestUnreachableCode::Port
+                            )
                         ));
                     }
                     other => panic!("not icmp: {other:?}"),
@@ -179,7 +208,10 @@ fn port_unreachable_quotes_the_packet() {
                 assert!(rm.is_icmp_error());
                 // Never answer an ICMP error.
                 let mut again = r.to_vec();
-                assert_eq!(build_port_unreachable(&mut again, n, LinkType::Ethernet, &rm), 0);
+                assert_eq!(
+                    build_port_unreachable(&mut again, n, LinkType::Ethernet, &rm),
+                    0
+                );
             }
         }
     }
@@ -189,7 +221,10 @@ fn port_unreachable_quotes_the_packet() {
 fn port_unreachable_size_limits() {
     // Large packets: 576 bytes of IPv4 reply, 1280 of IPv6.
     for (v6, limit) in [(false, 576), (true, 1280)] {
-        let s = Spec { payload_len: 1400, ..Spec::new(v6, L4::Udp) };
+        let s = Spec {
+            payload_len: 1400,
+            ..Spec::new(v6, L4::Udp)
+        };
         let orig = build(&s);
         let (buf, n) = unreach(&orig, 2048);
         assert_eq!(n, 14 + limit);
@@ -199,7 +234,10 @@ fn port_unreachable_size_limits() {
         assert_eq!(&r[14 + hdr..], &orig[14..14 + limit - hdr]);
     }
     // Limited by the buffer capacity.
-    let s = Spec { payload_len: 200, ..Spec::new(false, L4::Tcp) };
+    let s = Spec {
+        payload_len: 200,
+        ..Spec::new(false, L4::Tcp)
+    };
     let orig = build(&s);
     let cap = orig.len() + 6;
     let (buf, n) = unreach(&orig, cap);

@@ -9,8 +9,12 @@ use kxdp_packet::{checksum, ipv4, ipv6, parse, proto, rewrite, Addr, Family, Lin
 
 const NEW_V4_SRC: [u8; 4] = [192, 168, 77, 1];
 const NEW_V4_DST: [u8; 4] = [10, 244, 3, 17];
-const NEW_V6_SRC: [u8; 16] = [0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xab, 0xcd];
-const NEW_V6_DST: [u8; 16] = [0xfd, 0, 0, 0, 0, 0, 0, 0x0a, 0xf4, 0, 0, 0, 0, 0, 0x03, 0x11];
+const NEW_V6_SRC: [u8; 16] = [
+    0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xab, 0xcd,
+];
+const NEW_V6_DST: [u8; 16] = [
+    0xfd, 0, 0, 0, 0, 0, 0, 0x0a, 0xf4, 0, 0, 0, 0, 0, 0x03, 0x11,
+];
 
 fn ports(h: &PacketHeaders) -> Option<(u16, u16)> {
     match &h.transport {
@@ -29,7 +33,11 @@ fn ip_addrs(h: &PacketHeaders) -> (Vec<u8>, Vec<u8>) {
 }
 
 fn check_rewrite(s: &Spec, raw: bool) {
-    let link = if raw { LinkType::RawIp } else { LinkType::Ethernet };
+    let link = if raw {
+        LinkType::RawIp
+    } else {
+        LinkType::Ethernet
+    };
     let mut f = build_with(s, raw);
     let orig = f.clone();
     let mut m = meta(&f, link);
@@ -60,13 +68,21 @@ fn check_rewrite(s: &Spec, raw: bool) {
     assert_eq!((m.sport, m.dport), (sport, dport), "{s:?}");
     match s.l4 {
         L4::Tcp => assert_eq!((m.proto, m.tcp_flags), (proto::TCP, 0x02)),
-        L4::Sctp => assert_eq!((m.proto, m.sctp_vtag, m.sctp_chunk), (proto::SCTP, 0xcafe_f00d, 0)),
-        L4::IcmpEcho => assert!(m.is_icmp_echo_request() && !m.is_icmp_echo_reply() && !m.is_icmp_error()),
+        L4::Sctp => assert_eq!(
+            (m.proto, m.sctp_vtag, m.sctp_chunk),
+            (proto::SCTP, 0xcafe_f00d, 0)
+        ),
+        L4::IcmpEcho => {
+            assert!(m.is_icmp_echo_request() && !m.is_icmp_echo_reply() && !m.is_icmp_error())
+        }
         _ => assert_eq!(m.proto, proto::UDP),
     }
 
     // DNAT + SNAT of everything.
-    let (nsrc, ndst) = (addr_of(s.v6, NEW_V4_SRC, NEW_V6_SRC), addr_of(s.v6, NEW_V4_DST, NEW_V6_DST));
+    let (nsrc, ndst) = (
+        addr_of(s.v6, NEW_V4_SRC, NEW_V6_SRC),
+        addr_of(s.v6, NEW_V4_DST, NEW_V6_DST),
+    );
     let (nsport, ndport) = (50123, 8080);
     rewrite(&mut f, &mut m, nsrc, nsport, ndst, ndport);
     assert_eq!(f.len(), orig.len());
@@ -74,13 +90,20 @@ fn check_rewrite(s: &Spec, raw: bool) {
     assert_eq!(m, meta(&f, link), "meta updated to match the frame ({s:?})");
     let (a, b) = ip_addrs(&h);
     let alen = if s.v6 { 16 } else { 4 };
-    assert_eq!((&a[..], &b[..]), (&nsrc.0[16 - alen..], &ndst.0[16 - alen..]));
+    assert_eq!(
+        (&a[..], &b[..]),
+        (&nsrc.0[16 - alen..], &ndst.0[16 - alen..])
+    );
     match s.l4 {
         L4::Tcp | L4::Udp | L4::UdpNoCsum => assert_eq!(ports(&h), Some((nsport, ndport))),
         L4::Sctp => assert_eq!((m.sport, m.dport), (nsport, ndport)),
         L4::IcmpEcho => assert_eq!((m.sport, m.dport), (nsport, nsport)),
     }
-    assert_eq!(f, full_recompute(&f, &m), "incremental == full recomputation ({s:?})");
+    assert_eq!(
+        f,
+        full_recompute(&f, &m),
+        "incremental == full recomputation ({s:?})"
+    );
     if s.l4 == L4::UdpNoCsum && !s.v6 {
         let o = m.l4_off as usize + 6;
         assert_eq!(&f[o..o + 2], &[0, 0], "IPv4 UDP zero checksum stays zero");
@@ -92,7 +115,11 @@ fn check_rewrite(s: &Spec, raw: bool) {
 
     // And back (the reply path): the original frame is restored exactly.
     let (osrc, odst) = (addr_of(s.v6, V4_SRC, V6_SRC), addr_of(s.v6, V4_DST, V6_DST));
-    let (osport, odport) = if s.l4 == L4::IcmpEcho { (0x777, 0x777) } else { (sport, dport) };
+    let (osport, odport) = if s.l4 == L4::IcmpEcho {
+        (0x777, 0x777)
+    } else {
+        (sport, dport)
+    };
     rewrite(&mut f, &mut m, osrc, osport, odst, odport);
     verify_all(&f, link);
     assert_eq!(f, orig, "round trip restores the frame ({s:?})");
@@ -193,7 +220,10 @@ fn non_first_fragments_rewrite_addresses_only() {
 #[test]
 fn first_fragment_rewrites_ports_incrementally() {
     for v6 in [false, true] {
-        let s = Spec { payload_len: 64, ..Spec::new(v6, L4::Udp) };
+        let s = Spec {
+            payload_len: 64,
+            ..Spec::new(v6, L4::Udp)
+        };
         let whole = build(&s);
         let mut f = fragment(&s, 0, true);
         let mut m = meta(&f, LinkType::Ethernet);
@@ -237,7 +267,15 @@ fn stale_meta_does_not_corrupt() {
     let mut m = meta(&f, LinkType::Ethernet);
     m.ip_len = 5000; // does not fit
     let before = f.clone();
-    assert!(kxdp_packet::rewrite::try_rewrite(&mut f, &mut m, Addr::UNSPECIFIED, 1, Addr::UNSPECIFIED, 2).is_err());
+    assert!(kxdp_packet::rewrite::try_rewrite(
+        &mut f,
+        &mut m,
+        Addr::UNSPECIFIED,
+        1,
+        Addr::UNSPECIFIED,
+        2
+    )
+    .is_err());
     assert_eq!(f, before);
     assert!(matches!(parse(&f, LinkType::Ethernet), Ok(Parsed::Ip(_))));
 }

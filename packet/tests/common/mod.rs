@@ -3,10 +3,13 @@
 #![allow(dead_code)]
 
 use etherparse::{
-    IpHeaders, IpNumber, Ipv4Extensions, Ipv4Header, Ipv6Extensions, Ipv6FlowLabel, Ipv6Header, Ipv6RawExtHeader,
-    Ipv6RoutingExtensions, NetHeaders, PacketBuilder, PacketBuilderStep, PacketHeaders, TransportHeader, VlanId,
+    IpHeaders, IpNumber, Ipv4Extensions, Ipv4Header, Ipv6Extensions, Ipv6FlowLabel, Ipv6Header,
+    Ipv6RawExtHeader, Ipv6RoutingExtensions, NetHeaders, PacketBuilder, PacketBuilderStep,
+    PacketHeaders, TransportHeader, VlanId,
 };
-use kxdp_packet::{checksum, ipv4, parse, sctp, tcp, udp, Addr, Family, LinkType, PacketMeta, Parsed};
+use kxdp_packet::{
+    checksum, ipv4, parse, sctp, tcp, udp, Addr, Family, LinkType, PacketMeta, Parsed,
+};
 
 pub const SRC_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x01];
 pub const DST_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x02];
@@ -40,7 +43,13 @@ pub struct Spec {
 
 impl Spec {
     pub fn new(v6: bool, l4: L4) -> Spec {
-        Spec { v6, vlans: 0, opts: false, l4, payload_len: 11 }
+        Spec {
+            v6,
+            vlans: 0,
+            opts: false,
+            l4,
+            payload_len: 11,
+        }
     }
 }
 
@@ -51,7 +60,13 @@ pub fn all_specs() -> Vec<Spec> {
         for vlans in 0..3 {
             for opts in [false, true] {
                 for l4 in ALL_L4 {
-                    v.push(Spec { v6, vlans, opts, l4, payload_len: 11 + vlans as usize * 100 });
+                    v.push(Spec {
+                        v6,
+                        vlans,
+                        opts,
+                        l4,
+                        payload_len: 11 + vlans as usize * 100,
+                    });
                 }
             }
         }
@@ -76,12 +91,18 @@ fn ip_headers(s: &Spec) -> IpHeaders {
         };
         let mut e = Ipv6Extensions::default();
         if s.opts {
-            e.hop_by_hop_options = Some(Ipv6RawExtHeader::new_raw(IpNumber(0), &[1, 4, 0, 0, 0, 0]).unwrap());
+            e.hop_by_hop_options =
+                Some(Ipv6RawExtHeader::new_raw(IpNumber(0), &[1, 4, 0, 0, 0, 0]).unwrap());
             e.routing = Some(Ipv6RoutingExtensions {
-                routing: Ipv6RawExtHeader::new_raw(IpNumber(0), &[4, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8]).unwrap(),
+                routing: Ipv6RawExtHeader::new_raw(
+                    IpNumber(0),
+                    &[4, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8],
+                )
+                .unwrap(),
                 final_destination_options: None,
             });
-            e.destination_options = Some(Ipv6RawExtHeader::new_raw(IpNumber(0), &[1, 4, 0, 0, 0, 0]).unwrap());
+            e.destination_options =
+                Some(Ipv6RawExtHeader::new_raw(IpNumber(0), &[1, 4, 0, 0, 0, 0]).unwrap());
         }
         IpHeaders::Ipv6(h, e)
     } else {
@@ -104,7 +125,9 @@ fn ip_step(s: &Spec, raw: bool) -> PacketBuilderStep<IpHeaders> {
     match s.vlans {
         0 => eth.ip(ip),
         1 => eth.single_vlan(VlanId::try_new(100).unwrap()).ip(ip),
-        _ => eth.double_vlan(VlanId::try_new(200).unwrap(), VlanId::try_new(300).unwrap()).ip(ip),
+        _ => eth
+            .double_vlan(VlanId::try_new(200).unwrap(), VlanId::try_new(300).unwrap())
+            .ip(ip),
     }
 }
 
@@ -119,7 +142,13 @@ pub fn sctp_bytes(sport: u16, dport: u16, data_len: usize) -> Vec<u8> {
     for (i, x) in b[28..28 + data_len].iter_mut().enumerate() {
         *x = i as u8;
     }
-    sctp::Repr { src_port: sport, dst_port: dport, verification_tag: 0xcafe_f00d }.emit(&mut b).unwrap();
+    sctp::Repr {
+        src_port: sport,
+        dst_port: dport,
+        verification_tag: 0xcafe_f00d,
+    }
+    .emit(&mut b)
+    .unwrap();
     b
 }
 
@@ -128,19 +157,40 @@ pub fn build_with(s: &Spec, raw: bool) -> Vec<u8> {
     let pl = payload(s.payload_len);
     let mut v = Vec::new();
     match s.l4 {
-        L4::Tcp => step.tcp(40000, 80, 0x1000_0000, 64000).syn().write(&mut v, &pl).unwrap(),
+        L4::Tcp => step
+            .tcp(40000, 80, 0x1000_0000, 64000)
+            .syn()
+            .write(&mut v, &pl)
+            .unwrap(),
         L4::Udp | L4::UdpNoCsum => step.udp(40001, 53).write(&mut v, &pl).unwrap(),
-        L4::Sctp => step.write(&mut v, IpNumber(132), &sctp_bytes(40002, 38412, s.payload_len)).unwrap(),
+        L4::Sctp => step
+            .write(
+                &mut v,
+                IpNumber(132),
+                &sctp_bytes(40002, 38412, s.payload_len),
+            )
+            .unwrap(),
         L4::IcmpEcho => {
             if s.v6 {
-                step.icmpv6_echo_request(0x777, 1).write(&mut v, &pl).unwrap()
+                step.icmpv6_echo_request(0x777, 1)
+                    .write(&mut v, &pl)
+                    .unwrap()
             } else {
-                step.icmpv4_echo_request(0x777, 1).write(&mut v, &pl).unwrap()
+                step.icmpv4_echo_request(0x777, 1)
+                    .write(&mut v, &pl)
+                    .unwrap()
             }
         }
     }
     if s.l4 == L4::UdpNoCsum && !s.v6 {
-        let m = meta(&v, if raw { LinkType::RawIp } else { LinkType::Ethernet });
+        let m = meta(
+            &v,
+            if raw {
+                LinkType::RawIp
+            } else {
+                LinkType::Ethernet
+            },
+        );
         let o = m.l4_off as usize + 6;
         v[o] = 0;
         v[o + 1] = 0;
@@ -165,7 +215,11 @@ pub fn ref_crc32c(data: &[u8]) -> u32 {
     for &b in data {
         crc ^= b as u32;
         for _ in 0..8 {
-            crc = if crc & 1 != 0 { (crc >> 1) ^ 0x82f6_3b78 } else { crc >> 1 };
+            crc = if crc & 1 != 0 {
+                (crc >> 1) ^ 0x82f6_3b78
+            } else {
+                crc >> 1
+            };
         }
     }
     !crc
@@ -183,16 +237,21 @@ pub fn verify_all(frame: &[u8], link: LinkType) -> PacketHeaders<'_> {
     let pl = h.payload.slice();
     match (&h.net, &h.transport) {
         (Some(NetHeaders::Ipv4(ip, _)), t) => {
-            assert_eq!(ip.header_checksum, ip.calc_header_checksum(), "ipv4 header checksum");
+            assert_eq!(
+                ip.header_checksum,
+                ip.calc_header_checksum(),
+                "ipv4 header checksum"
+            );
             match t {
-                Some(TransportHeader::Tcp(t)) => assert_eq!(t.checksum, t.calc_checksum_ipv4(ip, pl).unwrap(), "tcp"),
-                Some(TransportHeader::Udp(u)) => {
-                    if u.checksum != 0 {
-                        assert_eq!(u.checksum, u.calc_checksum_ipv4(ip, pl).unwrap(), "udp");
-                    }
+                Some(TransportHeader::Tcp(t)) => {
+                    assert_eq!(t.checksum, t.calc_checksum_ipv4(ip, pl).unwrap(), "tcp")
+                }
+                Some(TransportHeader::Udp(u)) if u.checksum != 0 => {
+                    assert_eq!(u.checksum, u.calc_checksum_ipv4(ip, pl).unwrap(), "udp");
                 }
                 Some(TransportHeader::Icmpv4(i)) => {
-                    let want = etherparse::Icmpv4Header::with_checksum(i.icmp_type.clone(), pl).checksum;
+                    let want =
+                        etherparse::Icmpv4Header::with_checksum(i.icmp_type.clone(), pl).checksum;
                     assert_eq!(i.checksum, want, "icmpv4");
                 }
                 None if ip.protocol == IpNumber(132) && !m.frag.is_fragment => check_sctp(pl),
@@ -200,12 +259,21 @@ pub fn verify_all(frame: &[u8], link: LinkType) -> PacketHeaders<'_> {
             }
         }
         (Some(NetHeaders::Ipv6(ip, _)), t) => match t {
-            Some(TransportHeader::Tcp(t)) => assert_eq!(t.checksum, t.calc_checksum_ipv6(ip, pl).unwrap(), "tcp"),
-            Some(TransportHeader::Udp(u)) => assert_eq!(u.checksum, u.calc_checksum_ipv6(ip, pl).unwrap(), "udp"),
+            Some(TransportHeader::Tcp(t)) => {
+                assert_eq!(t.checksum, t.calc_checksum_ipv6(ip, pl).unwrap(), "tcp")
+            }
+            Some(TransportHeader::Udp(u)) => {
+                assert_eq!(u.checksum, u.calc_checksum_ipv6(ip, pl).unwrap(), "udp")
+            }
             Some(TransportHeader::Icmpv6(i)) => {
-                let want = etherparse::Icmpv6Header::with_checksum(i.icmp_type.clone(), ip.source, ip.destination, pl)
-                    .unwrap()
-                    .checksum;
+                let want = etherparse::Icmpv6Header::with_checksum(
+                    i.icmp_type,
+                    ip.source,
+                    ip.destination,
+                    pl,
+                )
+                .unwrap()
+                .checksum;
                 assert_eq!(i.checksum, want, "icmpv6");
             }
             None if m.proto == 132 && !m.frag.is_fragment => check_sctp(pl),
@@ -229,14 +297,18 @@ pub fn full_recompute(frame: &[u8], m: &PacketMeta) -> Vec<u8> {
     let l3 = m.l3_off as usize;
     let end = m.ip_end();
     if m.family == Family::V4 {
-        ipv4::Packet::new_checked(&mut f[l3..end]).unwrap().fill_checksum();
+        ipv4::Packet::new_checked(&mut f[l3..end])
+            .unwrap()
+            .fill_checksum();
     }
     if m.l4_off == 0 || m.frag.is_fragment {
         return f;
     }
     let l4 = &mut f[m.l4_off as usize..end];
     match m.proto {
-        6 => tcp::Segment::new_checked(l4).unwrap().fill_checksum(&m.src, &m.dst, m.family),
+        6 => tcp::Segment::new_checked(l4)
+            .unwrap()
+            .fill_checksum(&m.src, &m.dst, m.family),
         17 => {
             let mut d = udp::Datagram::new_checked(l4).unwrap();
             if !(m.family == Family::V4 && d.checksum() == 0) {
@@ -244,8 +316,12 @@ pub fn full_recompute(frame: &[u8], m: &PacketMeta) -> Vec<u8> {
             }
         }
         132 => sctp::Packet::new_checked(l4).unwrap().fill_checksum(),
-        1 => kxdp_packet::icmpv4::Message::new_checked(l4).unwrap().fill_checksum(),
-        58 => kxdp_packet::icmpv6::Message::new_checked(l4).unwrap().fill_checksum(&m.src, &m.dst),
+        1 => kxdp_packet::icmpv4::Message::new_checked(l4)
+            .unwrap()
+            .fill_checksum(),
+        58 => kxdp_packet::icmpv6::Message::new_checked(l4)
+            .unwrap()
+            .fill_checksum(&m.src, &m.dst),
         _ => {}
     }
     f

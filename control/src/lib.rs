@@ -1,1 +1,17 @@
-//! kxdp-control (being written)
+//! kxdp-control: the control plane. Sources fill a `ClusterState` (`model`); `translate` turns it,
+//! with the config, into the dataplane's `Snapshot` as a pure function; `cli` is the `kxdp`
+//! binary's entry point.
+
+pub mod cli;
+pub mod config;
+pub mod endpoints;
+pub mod model;
+pub mod output;
+pub mod sources;
+pub mod translate;
+
+pub use config::{Config, ConfigError, DataplaneConfiguration};
+pub use model::{ClusterState, Object, ObjectKey};
+pub use sources::files::{load_state, StateError};
+pub use translate::{translate, Problem, Translation};
+pub mod pcapgen;

@@ -1,0 +1,333 @@
+//! The `kxdp` command line. Thin: parsing, loading, calling the crates, exit codes. Formatting
+//! lives in `output`.
+//!
+//! Exit codes: 0 success; 1 runtime failure; 2 bad input (unreadable or invalid config, state,
+//! pcap, flags), with a message on stderr naming the file, the document and the field.
+
+use std::fs::File;
+use std::io::{BufWriter, IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use clap::{Args, Parser, Subcommand};
+use kxdp_dataplane::replay::{replay, ReplayOptions};
+
+use crate::config::Config;
+use crate::output::{verdict_line, Summary};
+use crate::sources::files::load_state;
+use crate::translate::translate;
+
+pub const EXIT_OK: i32 = 0;
+pub const EXIT_FAILURE: i32 = 1;
+pub const EXIT_BAD_INPUT: i32 = 2;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "kxdp",
+    version,
+    about = "A userspace Kubernetes dataplane (AF_XDP) replacing kube-proxy"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Print the version.
+    Version,
+    /// Replay a pcap through the pipeline, from memory, as fast as it goes.
+    Replay(ReplayArgs),
+}
+
+#[derive(Args, Debug)]
+struct ReplayArgs {
+    /// DataplaneConfiguration file.
+    #[arg(long, value_name = "FILE")]
+    config: PathBuf,
+    /// Kubernetes manifests: a file or a directory.
+    #[arg(long, value_name = "PATH")]
+    state: PathBuf,
+    /// Input capture (pcap or pcapng).
+    #[arg(long, value_name = "IN")]
+    pcap: PathBuf,
+    /// Write the packets as they leave (pcap, input link type).
+    #[arg(long, value_name = "OUT.pcap")]
+    out: Option<PathBuf>,
+    /// Write one JSON verdict per input packet.
+    #[arg(long, value_name = "OUT.jsonl")]
+    verdicts: Option<PathBuf>,
+    /// Worker threads (default: the config's workers.count).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
+    workers: Option<u32>,
+    /// Passes over the capture (time keeps advancing across passes).
+    #[arg(long, value_name = "K", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    repeat: u32,
+    /// Seed of the endpoint choice (replays are deterministic for a seed).
+    #[arg(long, value_name = "S", default_value_t = 0)]
+    seed: u64,
+    /// Print the summary as one JSON object on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+/// The binary's entry point; returns the process exit code.
+pub fn main() -> i32 {
+    run(std::env::args_os())
+}
+
+/// `main` with explicit arguments (tests).
+pub fn run<I, T>(args: I) -> i32
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let cli = match Cli::try_parse_from(args) {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() {
+                EXIT_BAD_INPUT
+            } else {
+                EXIT_OK
+            };
+        }
+    };
+    init_tracing();
+    match cli.command {
+        Command::Version => {
+            println!("kxdp {}", env!("CARGO_PKG_VERSION"));
+            EXIT_OK
+        }
+        Command::Replay(args) => match cmd_replay(&args) {
+            Ok(()) => EXIT_OK,
+            Err(e) => {
+                eprintln!("kxdp: {}", e.message);
+                e.code
+            }
+        },
+    }
+}
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    // A second init (tests calling `run` twice) is harmless.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+struct CliError {
+    code: i32,
+    message: String,
+}
+
+fn bad_input(message: impl ToString) -> CliError {
+    CliError {
+        code: EXIT_BAD_INPUT,
+        message: message.to_string(),
+    }
+}
+
+fn failure(message: impl ToString) -> CliError {
+    CliError {
+        code: EXIT_FAILURE,
+        message: message.to_string(),
+    }
+}
+
+fn cmd_replay(args: &ReplayArgs) -> Result<(), CliError> {
+    let config = Config::load(&args.config).map_err(bad_input)?;
+    let state = load_state(&args.state).map_err(bad_input)?;
+    let translation = translate(&config, &state);
+    for p in &translation.problems {
+        eprintln!("warning: {p}");
+    }
+    let mut snapshot = translation.snapshot;
+    snapshot.generation = 1;
+    snapshot
+        .validate()
+        .map_err(|e| failure(format!("internal error: inconsistent tables: {e}")))?;
+    let capture = kxdp_packet::pcap::read_file(&args.pcap).map_err(bad_input)?;
+
+    let workers = args.workers.map_or(config.workers.count, |w| w as usize);
+    let total = capture.packets.len() as u64 * args.repeat as u64;
+    let bar = progress_bar(total);
+    let progress = bar.clone().map(|b| {
+        Arc::new(move |done: u64, _total: u64| b.set_position(done))
+            as Arc<dyn Fn(u64, u64) + Send + Sync>
+    });
+    let opts = ReplayOptions {
+        workers,
+        repeat: args.repeat,
+        seed: args.seed,
+        record: args.verdicts.is_some() || args.out.is_some(),
+        progress,
+    };
+    let snapshot = Arc::new(snapshot);
+    let result = replay(snapshot.clone(), config.ct_config(), &capture, &opts);
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+
+    if let Some(path) = &args.verdicts {
+        write_file(path, |w| {
+            for (i, v) in result.verdicts.iter().enumerate() {
+                writeln!(w, "{}", verdict_line(i as u64, v, &snapshot))?;
+            }
+            Ok(())
+        })?;
+    }
+    if let Some(path) = &args.out {
+        write_file(path, |w| {
+            let mut pw = kxdp_packet::pcap::Writer::new(w, capture.link)?;
+            for (i, frame) in result.output.iter().enumerate() {
+                if let Some(frame) = frame {
+                    pw.write(capture.packets[i].ts_ns, frame)?;
+                }
+            }
+            pw.finish()?;
+            Ok(())
+        })?;
+    }
+
+    let summary = Summary::new(
+        result.packets,
+        args.repeat,
+        workers,
+        result.seconds,
+        &result.actions,
+        &result.reasons,
+    );
+    let text = if args.json {
+        summary.to_json() + "\n"
+    } else {
+        summary.to_text()
+    };
+    let mut out = std::io::stdout().lock();
+    out.write_all(text.as_bytes())
+        .and_then(|_| out.flush())
+        .map_err(|e| failure(format!("stdout: {e}")))?;
+    Ok(())
+}
+
+/// Creates `path` and hands a buffered writer to `f`; any I/O error is a runtime failure naming
+/// the file.
+fn write_file(
+    path: &Path,
+    f: impl FnOnce(&mut BufWriter<File>) -> std::io::Result<()>,
+) -> Result<(), CliError> {
+    let err = |e: std::io::Error| failure(format!("{}: {e}", path.display()));
+    let mut w = BufWriter::new(File::create(path).map_err(err)?);
+    f(&mut w).map_err(err)?;
+    w.flush().map_err(err)
+}
+
+/// A progress bar on stderr, only when stderr is a terminal (scripts and CI see nothing).
+fn progress_bar(total: u64) -> Option<indicatif::ProgressBar> {
+    if !std::io::stderr().is_terminal() || total == 0 {
+        return None;
+    }
+    let bar = indicatif::ProgressBar::new(total);
+    if let Ok(style) =
+        indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} packets {per_sec} eta {eta}")
+    {
+        bar.set_style(style);
+    }
+    Some(bar)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags() {
+        assert_eq!(run(["kxdp", "version"]), EXIT_OK);
+        assert_eq!(run(["kxdp", "--help"]), EXIT_OK);
+        assert_eq!(run(["kxdp", "nope"]), EXIT_BAD_INPUT);
+        assert_eq!(run(["kxdp", "replay", "--config", "c"]), EXIT_BAD_INPUT);
+        assert_eq!(
+            run([
+                "kxdp",
+                "replay",
+                "--config",
+                "c",
+                "--state",
+                "s",
+                "--pcap",
+                "p",
+                "--workers",
+                "0"
+            ]),
+            EXIT_BAD_INPUT
+        );
+        assert_eq!(
+            run([
+                "kxdp", "replay", "--config", "c", "--state", "s", "--pcap", "p", "--repeat", "0"
+            ]),
+            EXIT_BAD_INPUT
+        );
+    }
+
+    #[test]
+    fn missing_files_are_bad_input() {
+        assert_eq!(
+            run([
+                "kxdp",
+                "replay",
+                "--config",
+                "/nonexistent/c.yaml",
+                "--state",
+                "/nonexistent",
+                "--pcap",
+                "/nonexistent.pcap"
+            ]),
+            EXIT_BAD_INPUT
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = dir.path().join("c.yaml");
+        std::fs::write(
+            &cfg,
+            "apiVersion: kxdp.dev/v1alpha1\nkind: DataplaneConfiguration\nnodeName: n\n",
+        )
+        .unwrap();
+        let state = dir.path().join("s.yaml");
+        std::fs::write(&state, "apiVersion: v1\nkind: Node\nmetadata: {name: n}\n").unwrap();
+        let c = cfg.to_str().unwrap();
+        let s = state.to_str().unwrap();
+        assert_eq!(
+            run([
+                "kxdp",
+                "replay",
+                "--config",
+                c,
+                "--state",
+                s,
+                "--pcap",
+                "/nonexistent.pcap"
+            ]),
+            EXIT_BAD_INPUT
+        );
+        std::fs::write(
+            &state,
+            "apiVersion: v1\nkind: Service\nmetadata: {name: x}\nspec: {ports: 1}\n",
+        )
+        .unwrap();
+        assert_eq!(
+            run([
+                "kxdp",
+                "replay",
+                "--config",
+                c,
+                "--state",
+                s,
+                "--pcap",
+                "/nonexistent.pcap"
+            ]),
+            EXIT_BAD_INPUT
+        );
+    }
+}

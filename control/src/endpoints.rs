@@ -1,0 +1,915 @@
+//! Endpoints of a Service as kube-proxy sees them: EndpointSlices merged per Service port
+//! (`pkg/proxy/endpointslicecache.go`) and the choice of usable endpoints per traffic policy and
+//! topology (`pkg/proxy/topology.go`, `CategorizeEndpoints`).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+
+/// The zone label of the Node (`topology.kubernetes.io/zone`).
+pub const LABEL_TOPOLOGY_ZONE: &str = "topology.kubernetes.io/zone";
+
+/// One endpoint of one Service port, after merging slices.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EndpointInfo {
+    pub ip: IpAddr,
+    pub port: u16,
+    /// `nodeName` equals this node.
+    pub local: bool,
+    /// `conditions.ready`; nil = true.
+    pub ready: bool,
+    /// `conditions.serving`; nil = true (the API's rule and kube-proxy's).
+    pub serving: bool,
+    /// `conditions.terminating`; nil = false.
+    pub terminating: bool,
+    /// `hints.forZones[].name`.
+    pub zone_hints: BTreeSet<String>,
+    /// `hints.forNodes[].name` (kept only with the PreferSameTrafficDistribution gate, as in
+    /// kube-proxy).
+    pub node_hints: BTreeSet<String>,
+}
+
+impl EndpointInfo {
+    /// kube-proxy's `Endpoint.String()`: `ip:port`, `[ip]:port` for IPv6. Dedup and sort key.
+    pub fn key(&self) -> String {
+        std::net::SocketAddr::new(self.ip, self.port).to_string()
+    }
+}
+
+/// A Service port's endpoints are found by (address family, port name, protocol): the name of
+/// the EndpointSlice port must equal the Service port's name (both "" when unnamed).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PortKey {
+    pub v6: bool,
+    pub name: String,
+    /// `TCP`, `UDP` or `SCTP`.
+    pub protocol: String,
+}
+
+/// Merges the EndpointSlices of one Service, as kube-proxy's EndpointSliceCache does:
+///
+/// - slices are read in name order (kube-proxy: map order; the result differs only for duplicates
+///   with conflicting conditions, which kube-proxy also resolves arbitrarily);
+/// - `addressType` IPv4/IPv6 only (FQDN and others are ignored); the first address of each
+///   endpoint is used and must be of that family;
+/// - slice ports are matched by name and protocol; an omitted name is `""` and an omitted protocol
+///   `TCP` (the API server's defaults); a port without number (or 0) is ignored;
+/// - the same `ip:port` seen twice is kept once: a later copy replaces an earlier one unless the
+///   later one is terminating (kube-proxy prefers the running pod when an IP is reused);
+/// - each list is sorted by `ip:port` string, as kube-proxy sorts it.
+///
+/// Problems (malformed endpoints) are appended to `problems` as messages.
+pub fn merge_slices<'a>(
+    slices: impl IntoIterator<Item = &'a EndpointSlice>,
+    node_name: &str,
+    prefer_same_node_gate: bool,
+    problems: &mut Vec<String>,
+) -> BTreeMap<PortKey, Vec<EndpointInfo>> {
+    let mut sets: BTreeMap<PortKey, BTreeMap<String, EndpointInfo>> = BTreeMap::new();
+    for slice in slices {
+        let slice_name = slice.metadata.name.as_deref().unwrap_or("");
+        let v6 = match slice.address_type.as_str() {
+            "IPv4" => false,
+            "IPv6" => true,
+            other => {
+                tracing::debug!(
+                    slice = slice_name,
+                    address_type = other,
+                    "ignoring EndpointSlice of an address type kxdp does not proxy"
+                );
+                continue;
+            }
+        };
+        // Parse endpoints once per slice.
+        let mut eps: Vec<(IpAddr, &k8s_openapi::api::discovery::v1::Endpoint)> = Vec::new();
+        for (i, ep) in slice.endpoints.iter().enumerate() {
+            let Some(first) = ep.addresses.first() else {
+                problems.push(format!(
+                    "EndpointSlice {slice_name}: endpoints[{i}]: no address"
+                ));
+                continue;
+            };
+            match first.trim().parse::<IpAddr>() {
+                Ok(ip) if ip.is_ipv6() == v6 => eps.push((ip, ep)),
+                Ok(_) => problems.push(format!(
+                    "EndpointSlice {slice_name}: endpoints[{i}].addresses[0]: {first} is not of addressType {}",
+                    slice.address_type
+                )),
+                Err(_) => problems.push(format!(
+                    "EndpointSlice {slice_name}: endpoints[{i}].addresses[0]: invalid IP address `{first}`"
+                )),
+            }
+        }
+        for (pi, port) in slice.ports.iter().flatten().enumerate() {
+            let number = match port.port {
+                Some(p) if (1..=65535).contains(&p) => p as u16,
+                _ => {
+                    problems.push(format!("EndpointSlice {slice_name}: ports[{pi}].port: missing or invalid, port ignored"));
+                    continue;
+                }
+            };
+            let key = PortKey {
+                v6,
+                name: port.name.clone().unwrap_or_default(),
+                protocol: port.protocol.clone().unwrap_or_else(|| "TCP".into()),
+            };
+            let set = sets.entry(key).or_default();
+            for &(ip, ep) in &eps {
+                let info = endpoint_info(ip, number, ep, node_name, prefer_same_node_gate);
+                let k = info.key();
+                if !set.contains_key(&k) || !info.terminating {
+                    set.insert(k, info);
+                }
+            }
+        }
+    }
+    // BTreeMap<String, _> iterates in key order: kube-proxy's byEndpoint sort.
+    sets.into_iter()
+        .filter(|(_, set)| !set.is_empty())
+        .map(|(k, set)| (k, set.into_values().collect()))
+        .collect()
+}
+
+fn endpoint_info(
+    ip: IpAddr,
+    port: u16,
+    ep: &k8s_openapi::api::discovery::v1::Endpoint,
+    node_name: &str,
+    prefer_same_node_gate: bool,
+) -> EndpointInfo {
+    let cond = ep.conditions.clone().unwrap_or_default();
+    let hints = ep.hints.as_ref();
+    EndpointInfo {
+        ip,
+        port,
+        local: !node_name.is_empty() && ep.node_name.as_deref() == Some(node_name),
+        ready: cond.ready.unwrap_or(true),
+        serving: cond.serving.unwrap_or(true),
+        terminating: cond.terminating.unwrap_or(false),
+        zone_hints: hints
+            .and_then(|h| h.for_zones.as_ref())
+            .map(|z| z.iter().map(|z| z.name.clone()).collect())
+            .unwrap_or_default(),
+        node_hints: if prefer_same_node_gate {
+            hints
+                .and_then(|h| h.for_nodes.as_ref())
+                .map(|n| n.iter().map(|n| n.name.clone()).collect())
+                .unwrap_or_default()
+        } else {
+            BTreeSet::new()
+        },
+    }
+}
+
+/// The traffic-policy facts of a Service port that decide which endpoint lists it needs
+/// (kube-proxy's `ServicePort` methods).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PolicyInfo {
+    /// `internalTrafficPolicy: Local`.
+    pub internal_local: bool,
+    /// `externalTrafficPolicy: Local` on a NodePort or LoadBalancer Service (the field means
+    /// nothing on other types).
+    pub external_local: bool,
+    /// Reachable other than by ClusterIP: a NodePort, an externalIP or a LoadBalancer VIP.
+    pub externally_accessible: bool,
+}
+
+impl PolicyInfo {
+    /// Cluster endpoints are needed for internalTrafficPolicy Cluster and for any externally
+    /// reachable port (even with eTP Local: pod and node traffic short-circuit to them).
+    pub fn uses_cluster_endpoints(&self) -> bool {
+        !self.internal_local || self.externally_accessible
+    }
+
+    pub fn uses_local_endpoints(&self) -> bool {
+        self.internal_local || (self.external_local && self.externally_accessible)
+    }
+}
+
+/// This node, as topology sees it.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Topology<'a> {
+    pub node_name: &'a str,
+    /// The Node's `topology.kubernetes.io/zone` label ("" when absent).
+    pub zone: &'a str,
+    /// The PreferSameTrafficDistribution gate: node hints count.
+    pub prefer_same_node: bool,
+}
+
+/// Which hints decide the cluster endpoints.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TopologyMode {
+    /// No topology: every ready endpoint.
+    #[default]
+    None,
+    PreferSameZone,
+    PreferSameNode,
+}
+
+/// The result of `categorize`: indexes into the endpoint list given to it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Categorized {
+    /// Endpoints for Cluster traffic policy (empty when the port never uses them).
+    pub cluster: Vec<usize>,
+    /// Endpoints for Local traffic policy (empty when the port never uses them).
+    pub local: Vec<usize>,
+    /// The Service has a usable endpoint somewhere in the cluster.
+    pub has_any: bool,
+    pub topology: TopologyMode,
+}
+
+/// kube-proxy's `CategorizeEndpoints`, line for line:
+///
+/// - cluster endpoints (when the port uses them): ready endpoints allowed by topology; if none,
+///   the endpoints that are serving and terminating. Topology applies only when every ready
+///   endpoint carries hints (see `topology_mode`).
+/// - local endpoints (when the port uses them): local ready endpoints; if there are none, local
+///   serving-and-terminating endpoints.
+/// - `has_any`: a ready or serving-and-terminating endpoint exists anywhere.
+///
+/// Hints are trusted as the EndpointSlice controller wrote them: kube-proxy no longer checks the
+/// Service's `trafficDistribution` or `service.kubernetes.io/topology-mode` itself — the
+/// controller only writes zone hints for PreferClose/PreferSameZone/`topology-mode: Auto` and
+/// node hints for PreferSameNode.
+pub fn categorize(
+    endpoints: &[EndpointInfo],
+    policy: PolicyInfo,
+    topo: &Topology<'_>,
+) -> Categorized {
+    let mut out = Categorized::default();
+    if endpoints.is_empty() {
+        return out;
+    }
+    let filter = |pred: &dyn Fn(&EndpointInfo) -> bool| -> Vec<usize> {
+        endpoints
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| pred(e))
+            .map(|(i, _)| i)
+            .collect()
+    };
+
+    if policy.uses_cluster_endpoints() {
+        out.topology = topology_mode(endpoints, topo);
+        let mode = out.topology;
+        out.cluster = filter(&|e| e.ready && available_for_topology(e, mode, topo));
+        if out.cluster.is_empty() {
+            out.cluster = filter(&|e| e.serving && e.terminating);
+        }
+        if !out.cluster.is_empty() {
+            out.has_any = true;
+        }
+    }
+
+    if !policy.uses_local_endpoints() {
+        return out;
+    }
+
+    let (mut local_ready, mut local_st) = (false, false);
+    for e in endpoints {
+        if e.ready {
+            out.has_any = true;
+            local_ready |= e.local;
+        } else if e.serving && e.terminating {
+            out.has_any = true;
+            local_st |= e.local;
+        }
+    }
+    if local_ready {
+        out.local = filter(&|e| e.local && e.ready);
+    } else if local_st {
+        out.local = filter(&|e| e.local && e.serving && e.terminating);
+    }
+    out
+}
+
+/// kube-proxy's `topologyModeFromHints`: PreferSameNode when the gate is on, every ready endpoint
+/// has node hints and one is hinted for this node; else PreferSameZone when every ready endpoint
+/// has zone hints and one is hinted for this node's zone; else none (all ready endpoints).
+pub fn topology_mode(endpoints: &[EndpointInfo], topo: &Topology<'_>) -> TopologyMode {
+    let mut has_ready = false;
+    let (mut all_node_hints, mut for_node) = (true, false);
+    let (mut all_zone_hints, mut for_zone) = (true, false);
+    for e in endpoints.iter().filter(|e| e.ready) {
+        has_ready = true;
+        if e.node_hints.is_empty() {
+            all_node_hints = false;
+        } else if e.node_hints.contains(topo.node_name) {
+            for_node = true;
+        }
+        if e.zone_hints.is_empty() {
+            all_zone_hints = false;
+        } else if e.zone_hints.contains(topo.zone) {
+            for_zone = true;
+        }
+    }
+    if !has_ready {
+        return TopologyMode::None;
+    }
+    if topo.prefer_same_node && all_node_hints && for_node {
+        return TopologyMode::PreferSameNode;
+    }
+    if all_zone_hints && for_zone {
+        return TopologyMode::PreferSameZone;
+    }
+    TopologyMode::None
+}
+
+fn available_for_topology(e: &EndpointInfo, mode: TopologyMode, topo: &Topology<'_>) -> bool {
+    match mode {
+        TopologyMode::None => true,
+        TopologyMode::PreferSameNode => e.node_hints.contains(topo.node_name),
+        TopologyMode::PreferSameZone => e.zone_hints.contains(topo.zone),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A compact endpoint spec for tables: flags string of
+    /// `R` ready, `S` serving, `T` terminating, `L` local; `z:` zone hints, `n:` node hints.
+    fn ep(i: u8, flags: &str, zones: &[&str], nodes: &[&str]) -> EndpointInfo {
+        EndpointInfo {
+            ip: IpAddr::from([10, 0, 0, i]),
+            port: 80,
+            local: flags.contains('L'),
+            ready: flags.contains('R'),
+            serving: flags.contains('S'),
+            terminating: flags.contains('T'),
+            zone_hints: zones.iter().map(|s| s.to_string()).collect(),
+            node_hints: nodes.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    const CLUSTER: PolicyInfo = PolicyInfo {
+        internal_local: false,
+        external_local: false,
+        externally_accessible: false,
+    };
+    const ITP_LOCAL: PolicyInfo = PolicyInfo {
+        internal_local: true,
+        external_local: false,
+        externally_accessible: false,
+    };
+    const ETP_LOCAL: PolicyInfo = PolicyInfo {
+        internal_local: false,
+        external_local: true,
+        externally_accessible: true,
+    };
+    const BOTH_LOCAL: PolicyInfo = PolicyInfo {
+        internal_local: true,
+        external_local: true,
+        externally_accessible: true,
+    };
+    const ETP_LOCAL_NOT_EXTERNAL: PolicyInfo = PolicyInfo {
+        internal_local: false,
+        external_local: true,
+        externally_accessible: false,
+    };
+
+    struct Case {
+        name: &'static str,
+        eps: Vec<EndpointInfo>,
+        policy: PolicyInfo,
+        zone: &'static str,
+        gate: bool,
+        cluster: &'static [usize],
+        local: &'static [usize],
+        has_any: bool,
+        mode: TopologyMode,
+    }
+
+    #[test]
+    fn categorize_table() {
+        use TopologyMode::*;
+        let cases = vec![
+            Case {
+                name: "empty",
+                eps: vec![],
+                policy: CLUSTER,
+                zone: "",
+                gate: true,
+                cluster: &[],
+                local: &[],
+                has_any: false,
+                mode: None,
+            },
+            Case {
+                name: "all ready, cluster policy",
+                eps: vec![ep(1, "RS", &[], &[]), ep(2, "RSL", &[], &[])],
+                policy: CLUSTER,
+                zone: "",
+                gate: true,
+                cluster: &[0, 1],
+                local: &[],
+                has_any: true,
+                mode: None,
+            },
+            Case {
+                name: "not ready not serving excluded",
+                eps: vec![ep(1, "", &[], &[]), ep(2, "RS", &[], &[])],
+                policy: CLUSTER,
+                zone: "",
+                gate: true,
+                cluster: &[1],
+                local: &[],
+                has_any: true,
+                mode: None,
+            },
+            Case {
+                name: "no ready: fall back to serving+terminating",
+                eps: vec![
+                    ep(1, "ST", &[], &[]),
+                    ep(2, "S", &[], &[]),
+                    ep(3, "T", &[], &[]),
+                ],
+                policy: CLUSTER,
+                zone: "",
+                gate: true,
+                cluster: &[0],
+                local: &[],
+                has_any: true,
+                mode: None,
+            },
+            Case {
+                name: "ready wins over serving+terminating",
+                eps: vec![ep(1, "ST", &[], &[]), ep(2, "RS", &[], &[])],
+                policy: CLUSTER,
+                zone: "",
+                gate: true,
+                cluster: &[1],
+                local: &[],
+                has_any: true,
+                mode: None,
+            },
+            Case {
+                name: "only unusable endpoints",
+                eps: vec![ep(1, "S", &[], &[]), ep(2, "T", &[], &[])],
+                policy: CLUSTER,
+                zone: "",
+                gate: true,
+                cluster: &[],
+                local: &[],
+                has_any: false,
+                mode: None,
+            },
+            Case {
+                name: "zone hints for my zone",
+                eps: vec![
+                    ep(1, "RS", &["a"], &[]),
+                    ep(2, "RS", &["b"], &[]),
+                    ep(3, "RS", &["a"], &[]),
+                ],
+                policy: CLUSTER,
+                zone: "a",
+                gate: true,
+                cluster: &[0, 2],
+                local: &[],
+                has_any: true,
+                mode: PreferSameZone,
+            },
+            Case {
+                name: "zone hints, none for my zone: all",
+                eps: vec![ep(1, "RS", &["b"], &[]), ep(2, "RS", &["c"], &[])],
+                policy: CLUSTER,
+                zone: "a",
+                gate: true,
+                cluster: &[0, 1],
+                local: &[],
+                has_any: true,
+                mode: None,
+            },
+            Case {
+                name: "one ready endpoint without hints: hints ignored",
+                eps: vec![ep(1, "RS", &["a"], &[]), ep(2, "RS", &[], &[])],
+                policy: CLUSTER,
+                zone: "a",
+                gate: true,
+                cluster: &[0, 1],
+                local: &[],
+                has_any: true,
+                mode: None,
+            },
+            Case {
+                name: "unready endpoint without hints does not matter",
+                eps: vec![
+                    ep(1, "RS", &["a"], &[]),
+                    ep(2, "ST", &[], &[]),
+                    ep(3, "RS", &["b"], &[]),
+                ],
+                policy: CLUSTER,
+                zone: "a",
+                gate: true,
+                cluster: &[0],
+                local: &[],
+                has_any: true,
+                mode: PreferSameZone,
+            },
+            Case {
+                name: "node without zone label ignores zone hints",
+                eps: vec![ep(1, "RS", &["a"], &[]), ep(2, "RS", &["b"], &[])],
+                policy: CLUSTER,
+                zone: "",
+                gate: true,
+                cluster: &[0, 1],
+                local: &[],
+                has_any: true,
+                mode: None,
+            },
+            Case {
+                name: "node hints for this node",
+                eps: vec![
+                    ep(1, "RS", &["a"], &["node-a"]),
+                    ep(2, "RS", &["a"], &["node-b"]),
+                ],
+                policy: CLUSTER,
+                zone: "a",
+                gate: true,
+                cluster: &[0],
+                local: &[],
+                has_any: true,
+                mode: PreferSameNode,
+            },
+            Case {
+                name: "node hints with the gate off: zone hints",
+                eps: vec![
+                    ep(1, "RS", &["a"], &["node-a"]),
+                    ep(2, "RS", &["a"], &["node-b"]),
+                ],
+                policy: CLUSTER,
+                zone: "a",
+                gate: false,
+                cluster: &[0, 1],
+                local: &[],
+                has_any: true,
+                mode: PreferSameZone,
+            },
+            Case {
+                name: "node hints, none for this node: fall back to zone",
+                eps: vec![
+                    ep(1, "RS", &["a"], &["node-c"]),
+                    ep(2, "RS", &["b"], &["node-b"]),
+                ],
+                policy: CLUSTER,
+                zone: "a",
+                gate: true,
+                cluster: &[0],
+                local: &[],
+                has_any: true,
+                mode: PreferSameZone,
+            },
+            Case {
+                name: "node hints incomplete: zone",
+                eps: vec![ep(1, "RS", &["a"], &["node-a"]), ep(2, "RS", &["b"], &[])],
+                policy: CLUSTER,
+                zone: "a",
+                gate: true,
+                cluster: &[0],
+                local: &[],
+                has_any: true,
+                mode: PreferSameZone,
+            },
+            Case {
+                name: "node hints, no zone hints, none for this node: all",
+                eps: vec![ep(1, "RS", &[], &["node-b"]), ep(2, "RS", &[], &["node-c"])],
+                policy: CLUSTER,
+                zone: "a",
+                gate: true,
+                cluster: &[0, 1],
+                local: &[],
+                has_any: true,
+                mode: None,
+            },
+            Case {
+                name: "topology filters, terminating not used while a ready hinted one exists",
+                eps: vec![
+                    ep(1, "RS", &["b"], &[]),
+                    ep(2, "STL", &["a"], &[]),
+                    ep(3, "RS", &["a"], &[]),
+                ],
+                policy: CLUSTER,
+                zone: "a",
+                gate: true,
+                cluster: &[2],
+                local: &[],
+                has_any: true,
+                mode: PreferSameZone,
+            },
+            Case {
+                name: "iTP Local: local ready only, no cluster list",
+                eps: vec![
+                    ep(1, "RS", &[], &[]),
+                    ep(2, "RSL", &[], &[]),
+                    ep(3, "RSL", &[], &[]),
+                ],
+                policy: ITP_LOCAL,
+                zone: "",
+                gate: true,
+                cluster: &[],
+                local: &[1, 2],
+                has_any: true,
+                mode: None,
+            },
+            Case {
+                name: "iTP Local: no local endpoints but some remote",
+                eps: vec![ep(1, "RS", &[], &[])],
+                policy: ITP_LOCAL,
+                zone: "",
+                gate: true,
+                cluster: &[],
+                local: &[],
+                has_any: true,
+                mode: None,
+            },
+            Case {
+                name: "iTP Local: local serving+terminating fallback",
+                eps: vec![
+                    ep(1, "RS", &[], &[]),
+                    ep(2, "STL", &[], &[]),
+                    ep(3, "SL", &[], &[]),
+                ],
+                policy: ITP_LOCAL,
+                zone: "",
+                gate: true,
+                cluster: &[],
+                local: &[1],
+                has_any: true,
+                mode: None,
+            },
+            Case {
+                name: "iTP Local: local ready preferred over local terminating",
+                eps: vec![ep(1, "RSL", &[], &[]), ep(2, "STL", &[], &[])],
+                policy: ITP_LOCAL,
+                zone: "",
+                gate: true,
+                cluster: &[],
+                local: &[0],
+                has_any: true,
+                mode: None,
+            },
+            Case {
+                name: "iTP Local: remote serving+terminating counts for has_any",
+                eps: vec![ep(1, "ST", &[], &[])],
+                policy: ITP_LOCAL,
+                zone: "",
+                gate: true,
+                cluster: &[],
+                local: &[],
+                has_any: true,
+                mode: None,
+            },
+            Case {
+                name: "iTP Local: nothing usable",
+                eps: vec![ep(1, "SL", &[], &[]), ep(2, "L", &[], &[])],
+                policy: ITP_LOCAL,
+                zone: "",
+                gate: true,
+                cluster: &[],
+                local: &[],
+                has_any: false,
+                mode: None,
+            },
+            Case {
+                name: "iTP Local ignores hints",
+                eps: vec![ep(1, "RSL", &["b"], &[]), ep(2, "RS", &["a"], &[])],
+                policy: ITP_LOCAL,
+                zone: "a",
+                gate: true,
+                cluster: &[],
+                local: &[0],
+                has_any: true,
+                mode: None,
+            },
+            Case {
+                name: "eTP Local: both lists",
+                eps: vec![ep(1, "RS", &[], &[]), ep(2, "RSL", &[], &[])],
+                policy: ETP_LOCAL,
+                zone: "",
+                gate: true,
+                cluster: &[0, 1],
+                local: &[1],
+                has_any: true,
+                mode: None,
+            },
+            Case {
+                name: "eTP Local: cluster list uses topology, local list does not",
+                eps: vec![ep(1, "RS", &["a"], &[]), ep(2, "RSL", &["b"], &[])],
+                policy: ETP_LOCAL,
+                zone: "a",
+                gate: true,
+                cluster: &[0],
+                local: &[1],
+                has_any: true,
+                mode: PreferSameZone,
+            },
+            Case {
+                name: "eTP Local: cluster ready, local only terminating",
+                eps: vec![ep(1, "RS", &[], &[]), ep(2, "STL", &[], &[])],
+                policy: ETP_LOCAL,
+                zone: "",
+                gate: true,
+                cluster: &[0],
+                local: &[1],
+                has_any: true,
+                mode: None,
+            },
+            Case {
+                name: "eTP Local without external access: cluster only",
+                eps: vec![ep(1, "RS", &[], &[]), ep(2, "RSL", &[], &[])],
+                policy: ETP_LOCAL_NOT_EXTERNAL,
+                zone: "",
+                gate: true,
+                cluster: &[0, 1],
+                local: &[],
+                has_any: true,
+                mode: None,
+            },
+            Case {
+                name: "iTP and eTP Local with external access: both lists",
+                eps: vec![ep(1, "RS", &[], &[]), ep(2, "RSL", &[], &[])],
+                policy: BOTH_LOCAL,
+                zone: "",
+                gate: true,
+                cluster: &[0, 1],
+                local: &[1],
+                has_any: true,
+                mode: None,
+            },
+            Case {
+                name: "no local endpoints at all, eTP Local",
+                eps: vec![ep(1, "RS", &[], &[])],
+                policy: ETP_LOCAL,
+                zone: "",
+                gate: true,
+                cluster: &[0],
+                local: &[],
+                has_any: true,
+                mode: None,
+            },
+        ];
+        for c in cases {
+            let topo = Topology {
+                node_name: "node-a",
+                zone: c.zone,
+                prefer_same_node: c.gate,
+            };
+            let got = categorize(&c.eps, c.policy, &topo);
+            assert_eq!(got.cluster, c.cluster, "{}: cluster", c.name);
+            assert_eq!(got.local, c.local, "{}: local", c.name);
+            assert_eq!(got.has_any, c.has_any, "{}: has_any", c.name);
+            if c.policy.uses_cluster_endpoints() {
+                assert_eq!(got.topology, c.mode, "{}: mode", c.name);
+            }
+        }
+    }
+
+    fn slices(yaml: &str) -> Vec<EndpointSlice> {
+        yaml_serde::Deserializer::from_str(yaml)
+            .map(|d| serde::Deserialize::deserialize(d).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn merge_dedup_named_ports_families() {
+        let s = slices(
+            r#"
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-a, namespace: n, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}, {name: metrics, port: 9090}]
+endpoints:
+- {addresses: [10.0.0.2], nodeName: node-a}
+- {addresses: [10.0.0.1], conditions: {ready: false, serving: true, terminating: true}}
+- {addresses: [10.0.0.9], conditions: {ready: true}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-b, namespace: n, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+# Another slice may name the same port with another number: each slice resolves its own.
+ports: [{name: http, port: 8081, protocol: TCP}]
+endpoints:
+- {addresses: [10.0.0.3], hints: {forZones: [{name: z1}], forNodes: [{name: node-a}]}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-c, namespace: n, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints:
+# duplicate of web-a's 10.0.0.1:8080, now ready: replaces the terminating copy
+- {addresses: [10.0.0.1]}
+# duplicate of 10.0.0.2:8080 but terminating: the earlier copy is kept
+- {addresses: [10.0.0.2], conditions: {terminating: true}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-v6, namespace: n, labels: {kubernetes.io/service-name: web}}
+addressType: IPv6
+ports: [{name: http, port: 8080}]
+endpoints:
+- {addresses: ["fd00::1"]}
+- {addresses: [10.0.0.7]}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-fqdn, namespace: n, labels: {kubernetes.io/service-name: web}}
+addressType: FQDN
+ports: [{name: http, port: 80}]
+endpoints:
+- {addresses: [example.com]}
+"#,
+        );
+        let mut problems = Vec::new();
+        let m = merge_slices(&s, "node-a", true, &mut problems);
+        let http4 = &m[&PortKey {
+            v6: false,
+            name: "http".into(),
+            protocol: "TCP".into(),
+        }];
+        let keys: Vec<_> = http4.iter().map(EndpointInfo::key).collect();
+        assert_eq!(
+            keys,
+            vec![
+                "10.0.0.1:8080",
+                "10.0.0.2:8080",
+                "10.0.0.3:8081",
+                "10.0.0.9:8080"
+            ]
+        );
+        assert!(
+            http4[0].ready && !http4[0].terminating,
+            "replaced by the ready copy"
+        );
+        assert!(
+            http4[1].local && !http4[1].terminating,
+            "kept the running copy"
+        );
+        assert_eq!(http4[2].zone_hints.iter().collect::<Vec<_>>(), vec!["z1"]);
+        assert_eq!(
+            http4[2].node_hints.iter().collect::<Vec<_>>(),
+            vec!["node-a"]
+        );
+        let metrics = &m[&PortKey {
+            v6: false,
+            name: "metrics".into(),
+            protocol: "TCP".into(),
+        }];
+        assert_eq!(metrics.len(), 3);
+        assert!(metrics.iter().all(|e| e.port == 9090));
+        let http6 = &m[&PortKey {
+            v6: true,
+            name: "http".into(),
+            protocol: "TCP".into(),
+        }];
+        assert_eq!(
+            http6.iter().map(EndpointInfo::key).collect::<Vec<_>>(),
+            vec!["[fd00::1]:8080"]
+        );
+        assert_eq!(m.len(), 3, "FQDN slice ignored");
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(problems[0].contains("web-v6") && problems[0].contains("10.0.0.7"));
+
+        // Without the gate, node hints are dropped at merge time.
+        let m = merge_slices(&s, "node-a", false, &mut Vec::new());
+        let http4 = &m[&PortKey {
+            v6: false,
+            name: "http".into(),
+            protocol: "TCP".into(),
+        }];
+        assert!(http4[2].node_hints.is_empty());
+    }
+
+    #[test]
+    fn merge_conditions_defaults_and_unnamed_ports() {
+        let s = slices(
+            r#"
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: s, namespace: n}
+addressType: IPv4
+ports: [{port: 53, protocol: UDP}, {name: bad}, {name: zero, port: 0}]
+endpoints:
+- {addresses: [10.0.0.1], conditions: {}}
+- {addresses: [10.0.0.2], conditions: {ready: false}}
+- {addresses: []}
+- {addresses: [not-an-ip]}
+"#,
+        );
+        let mut problems = Vec::new();
+        let m = merge_slices(&s, "", true, &mut problems);
+        let dns = &m[&PortKey {
+            v6: false,
+            name: "".into(),
+            protocol: "UDP".into(),
+        }];
+        assert_eq!(dns.len(), 2);
+        assert!(dns[0].ready && dns[0].serving && !dns[0].terminating && !dns[0].local);
+        assert!(!dns[1].ready && dns[1].serving && !dns[1].terminating);
+        assert_eq!(m.len(), 1);
+        assert_eq!(problems.len(), 4, "{problems:?}");
+    }
+}

@@ -1,0 +1,523 @@
+//! `--state PATH`: Kubernetes manifests from a file or a directory tree.
+//!
+//! - A directory is read recursively in path order; only `*.yaml`, `*.yml` and `*.json` files are
+//!   read, and entries whose name starts with `.` are skipped (a ConfigMap mounted as a volume
+//!   carries `..data`-style links that would otherwise duplicate every file).
+//! - A file is multi-document YAML (`---`), or JSON (`.json`: one or more concatenated values).
+//! - `kind: List` (and typed lists such as `ServiceList`) contribute their `items`.
+//! - Namespaced objects without `metadata.namespace` land in `default`, as `kubectl apply` puts them.
+//! - An object whose key was already seen replaces the earlier one (later files win).
+//! - Kinds other than those kxdp reads are skipped (logged at debug), as are empty documents.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::model::{ClusterState, Object};
+
+/// A state source that could not be read: names the file, the document and the field.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateError {
+    pub file: PathBuf,
+    /// 0-based index of the document in the file (None for file-level errors).
+    pub document: Option<usize>,
+    /// `Kind namespace/name` when known.
+    pub object: Option<String>,
+    /// Field path inside the document (`spec.ports[0].port`); empty when not about one field.
+    pub field: String,
+    pub message: String,
+}
+
+impl fmt::Display for StateError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.file.display())?;
+        if let Some(d) = self.document {
+            write!(f, ": document {d}")?;
+        }
+        if let Some(o) = &self.object {
+            write!(f, " ({o})")?;
+        }
+        if !self.field.is_empty() && self.field != "." {
+            write!(f, ": {}", self.field)?;
+        }
+        write!(f, ": {}", self.message)
+    }
+}
+
+impl std::error::Error for StateError {}
+
+/// Loads every object under `path` into a new `ClusterState`.
+pub fn load_state(path: &Path) -> Result<ClusterState, StateError> {
+    let mut state = ClusterState::new();
+    for file in collect_files(path)? {
+        load_file(&file, &mut state)?;
+    }
+    Ok(state)
+}
+
+/// The files `load_state` reads, in order.
+pub fn collect_files(path: &Path) -> Result<Vec<PathBuf>, StateError> {
+    let meta =
+        std::fs::metadata(path).map_err(|e| file_error(path, format!("cannot read: {e}")))?;
+    if !meta.is_dir() {
+        return Ok(vec![path.to_path_buf()]);
+    }
+    let mut out = Vec::new();
+    walk(path, &mut out)?;
+    out.sort();
+    Ok(out)
+}
+
+fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), StateError> {
+    let rd = std::fs::read_dir(dir)
+        .map_err(|e| file_error(dir, format!("cannot read directory: {e}")))?;
+    for entry in rd {
+        let entry = entry.map_err(|e| file_error(dir, format!("cannot read directory: {e}")))?;
+        let p = entry.path();
+        if entry.file_name().to_string_lossy().starts_with('.') {
+            continue;
+        }
+        let meta =
+            std::fs::metadata(&p).map_err(|e| file_error(&p, format!("cannot read: {e}")))?;
+        if meta.is_dir() {
+            walk(&p, out)?;
+        } else if matches!(
+            p.extension().and_then(|e| e.to_str()),
+            Some("yaml" | "yml" | "json")
+        ) {
+            out.push(p);
+        }
+    }
+    Ok(())
+}
+
+fn file_error(file: &Path, message: String) -> StateError {
+    StateError {
+        file: file.to_path_buf(),
+        document: None,
+        object: None,
+        field: String::new(),
+        message,
+    }
+}
+
+/// Reads one file into `state`.
+pub fn load_file(file: &Path, state: &mut ClusterState) -> Result<(), StateError> {
+    let text =
+        std::fs::read_to_string(file).map_err(|e| file_error(file, format!("cannot read: {e}")))?;
+    let is_json = file.extension().and_then(|e| e.to_str()) == Some("json");
+    load_str(&text, is_json, file, state)
+}
+
+/// Parses manifests text (`file` names it in errors) into `state`.
+pub fn load_str(
+    text: &str,
+    is_json: bool,
+    file: &Path,
+    state: &mut ClusterState,
+) -> Result<(), StateError> {
+    for (index, doc) in documents(text, is_json, file)?.into_iter().enumerate() {
+        let mut objects = Vec::new();
+        decode_document(doc, "", &mut objects).map_err(|(object, field, message)| StateError {
+            file: file.to_path_buf(),
+            document: Some(index),
+            object,
+            field,
+            message,
+        })?;
+        for obj in objects {
+            let key = obj.key();
+            if state.apply(obj) {
+                tracing::debug!(file = %file.display(), document = index, %key, "object replaces an earlier one with the same key");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Splits text into documents (as JSON values: manifests are JSON-compatible).
+fn documents(text: &str, is_json: bool, file: &Path) -> Result<Vec<Value>, StateError> {
+    let mut docs = Vec::new();
+    if is_json {
+        for (i, v) in serde_json::Deserializer::from_str(text)
+            .into_iter::<Value>()
+            .enumerate()
+        {
+            let v = v.map_err(|e| StateError {
+                file: file.to_path_buf(),
+                document: Some(i),
+                object: None,
+                field: String::new(),
+                message: format!("invalid JSON: {e}"),
+            })?;
+            docs.push(v);
+        }
+    } else {
+        for (i, de) in yaml_serde::Deserializer::from_str(text).enumerate() {
+            // Once the parser fails it keeps yielding the same error: stop at the first.
+            let v = Value::deserialize(de).map_err(|e| StateError {
+                file: file.to_path_buf(),
+                document: Some(i),
+                object: None,
+                field: String::new(),
+                message: format!("invalid YAML: {e}"),
+            })?;
+            docs.push(v);
+        }
+    }
+    Ok(docs)
+}
+
+type DocError = (Option<String>, String, String);
+
+/// Decodes one document (or list item, `prefix` being its path) into objects.
+fn decode_document(doc: Value, prefix: &str, out: &mut Vec<Object>) -> Result<(), DocError> {
+    let map = match &doc {
+        Value::Null => return Ok(()),
+        Value::Object(m) => m,
+        other => {
+            return Err((
+                None,
+                prefix.trim_end_matches('.').to_string(),
+                format!("expected an object, found {}", json_type(other)),
+            ))
+        }
+    };
+    let str_field = |name: &str| -> Result<String, DocError> {
+        match map.get(name) {
+            Some(Value::String(s)) if !s.is_empty() => Ok(s.clone()),
+            Some(Value::String(_)) | None => {
+                Err((None, format!("{prefix}{name}"), "missing".into()))
+            }
+            Some(other) => Err((
+                None,
+                format!("{prefix}{name}"),
+                format!("expected a string, found {}", json_type(other)),
+            )),
+        }
+    };
+    let api_version = str_field("apiVersion")?;
+    let kind = str_field("kind")?;
+    let label = object_label(&kind, map);
+
+    if kind == "List" || (kind.ends_with("List") && map.contains_key("items")) {
+        let items = match map.get("items") {
+            None | Some(Value::Null) => return Ok(()),
+            Some(Value::Array(a)) => a.clone(),
+            Some(other) => {
+                return Err((
+                    Some(label),
+                    format!("{prefix}items"),
+                    format!("expected a list, found {}", json_type(other)),
+                ))
+            }
+        };
+        for (i, item) in items.into_iter().enumerate() {
+            decode_document(item, &format!("{prefix}items[{i}]."), out)?;
+        }
+        return Ok(());
+    }
+
+    let decode = DecodeCtx {
+        prefix,
+        label: &label,
+    };
+    let obj = match (api_version.as_str(), kind.as_str()) {
+        ("v1", "Node") => Object::Node(decode.typed(doc)?),
+        ("v1", "Namespace") => Object::Namespace(decode.typed(doc)?),
+        ("v1", "Pod") => Object::Pod(decode.typed(doc)?),
+        ("v1", "Service") => Object::Service(decode.typed(doc)?),
+        ("discovery.k8s.io/v1", "EndpointSlice") => Object::EndpointSlice(decode.typed(doc)?),
+        ("networking.k8s.io/v1", "NetworkPolicy") => Object::NetworkPolicy(decode.typed(doc)?),
+        ("networking.k8s.io/v1", "ServiceCIDR") => Object::ServiceCidr(decode.typed(doc)?),
+        _ => {
+            tracing::debug!(api_version, kind, object = %label, "ignoring object of a kind kxdp does not use");
+            return Ok(());
+        }
+    };
+    let obj = with_defaults(obj, &decode)?;
+    out.push(obj);
+    Ok(())
+}
+
+struct DecodeCtx<'a> {
+    prefix: &'a str,
+    label: &'a str,
+}
+
+impl DecodeCtx<'_> {
+    fn typed<T: DeserializeOwned>(&self, doc: Value) -> Result<Box<T>, DocError> {
+        serde_path_to_error::deserialize::<_, T>(doc)
+            .map(Box::new)
+            .map_err(|e| {
+                let path = e.path().to_string();
+                let field = if path == "." {
+                    self.prefix.trim_end_matches('.').to_string()
+                } else {
+                    format!("{}{path}", self.prefix)
+                };
+                (
+                    Some(self.label.to_string()),
+                    field,
+                    e.into_inner().to_string(),
+                )
+            })
+    }
+
+    fn err(&self, field: &str, message: impl Into<String>) -> DocError {
+        (
+            Some(self.label.to_string()),
+            format!("{}{field}", self.prefix),
+            message.into(),
+        )
+    }
+}
+
+/// Names and namespaces, as the API server guarantees them.
+fn with_defaults(mut obj: Object, ctx: &DecodeCtx<'_>) -> Result<Object, DocError> {
+    let (meta, namespaced) = match &mut obj {
+        Object::Node(o) => (&mut o.metadata, false),
+        Object::Namespace(o) => (&mut o.metadata, false),
+        Object::ServiceCidr(o) => (&mut o.metadata, false),
+        Object::Pod(o) => (&mut o.metadata, true),
+        Object::Service(o) => (&mut o.metadata, true),
+        Object::EndpointSlice(o) => (&mut o.metadata, true),
+        Object::NetworkPolicy(o) => (&mut o.metadata, true),
+    };
+    if meta.name.as_deref().unwrap_or("").is_empty() {
+        return Err(ctx.err("metadata.name", "missing"));
+    }
+    if namespaced {
+        if meta.namespace.as_deref().unwrap_or("").is_empty() {
+            meta.namespace = Some("default".into());
+        }
+    } else {
+        meta.namespace = None;
+    }
+    Ok(obj)
+}
+
+fn object_label(kind: &str, map: &serde_json::Map<String, Value>) -> String {
+    let meta = map.get("metadata");
+    let get = |k: &str| meta.and_then(|m| m.get(k)).and_then(Value::as_str);
+    match (get("namespace"), get("name")) {
+        (Some(ns), Some(n)) => format!("{kind} {ns}/{n}"),
+        (None, Some(n)) => format!("{kind} {n}"),
+        _ => kind.to_string(),
+    }
+}
+
+fn json_type(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "a list",
+        Value::Object(_) => "an object",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::ObjectKey;
+
+    fn parse(text: &str) -> Result<ClusterState, StateError> {
+        let mut st = ClusterState::new();
+        load_str(text, false, Path::new("state.yaml"), &mut st)?;
+        Ok(st)
+    }
+
+    const SVC: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: shop}
+spec:
+  clusterIP: 172.30.0.10
+  ports: [{name: http, port: 80, targetPort: 8080}]
+"#;
+
+    #[test]
+    fn multi_document_yaml() {
+        let text = format!(
+            "{SVC}---\napiVersion: v1\nkind: Node\nmetadata: {{name: node-a}}\n---\n# only a comment\n---\napiVersion: v1\nkind: Namespace\nmetadata: {{name: shop}}\n"
+        );
+        let st = parse(&text).unwrap();
+        assert_eq!(st.services.len(), 1);
+        let svc = &st.services[&ObjectKey::new("shop", "web")];
+        assert_eq!(
+            svc.spec.as_ref().unwrap().cluster_ip.as_deref(),
+            Some("172.30.0.10")
+        );
+        assert!(st.nodes.contains_key("node-a"));
+        assert!(st.namespaces.contains_key("shop"));
+        assert_eq!(st.len(), 3);
+    }
+
+    #[test]
+    fn list_items() {
+        let st = parse(
+            r#"
+apiVersion: v1
+kind: List
+items:
+- apiVersion: v1
+  kind: Service
+  metadata: {name: a}
+  spec: {clusterIP: 172.30.0.1}
+- apiVersion: discovery.k8s.io/v1
+  kind: EndpointSlice
+  metadata: {name: a-1, labels: {kubernetes.io/service-name: a}}
+  addressType: IPv4
+  endpoints: [{addresses: [10.0.0.1]}]
+"#,
+        )
+        .unwrap();
+        // No namespace: `default`, like kubectl.
+        assert!(st.services.contains_key(&ObjectKey::new("default", "a")));
+        assert_eq!(st.slices_of(&ObjectKey::new("default", "a")).count(), 1);
+    }
+
+    #[test]
+    fn json_documents() {
+        let mut st = ClusterState::new();
+        let text = r#"{"apiVersion":"v1","kind":"Node","metadata":{"name":"n1"}}
+{"apiVersion":"v1","kind":"ServiceList","items":[{"apiVersion":"v1","kind":"Service","metadata":{"name":"s","namespace":"x"},"spec":{"clusterIP":"172.30.0.2"}}]}"#;
+        load_str(text, true, Path::new("s.json"), &mut st).unwrap();
+        assert!(st.nodes.contains_key("n1"));
+        assert!(st.services.contains_key(&ObjectKey::new("x", "s")));
+    }
+
+    #[test]
+    fn all_kinds_and_ignored_kinds() {
+        let st = parse(
+            r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: p, namespace: a}
+spec: {containers: [{name: c}]}
+status: {podIP: 10.0.0.5}
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: deny, namespace: a}
+spec: {podSelector: {}}
+---
+apiVersion: networking.k8s.io/v1
+kind: ServiceCIDR
+metadata: {name: extra}
+spec: {cidrs: [172.31.0.0/16]}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: d}
+spec: {whatever: [1, 2]}
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: cm}
+data: {a: b}
+---
+apiVersion: discovery.k8s.io/v1beta1
+kind: EndpointSlice
+metadata: {name: old}
+"#,
+        )
+        .unwrap();
+        assert_eq!(st.pods.len(), 1);
+        assert_eq!(st.network_policies.len(), 1);
+        assert_eq!(st.service_cidrs.len(), 1);
+        assert_eq!(st.len(), 3);
+    }
+
+    #[test]
+    fn invalid_object_names_file_document_and_field() {
+        let text = format!("{SVC}---\napiVersion: v1\nkind: Service\nmetadata: {{name: bad, namespace: shop}}\nspec:\n  ports:\n  - port: eighty\n");
+        let e = parse(&text).unwrap_err();
+        assert_eq!(e.document, Some(1));
+        assert_eq!(e.field, "spec.ports[0].port");
+        let s = e.to_string();
+        assert!(
+            s.starts_with(
+                "state.yaml: document 1 (Service shop/bad): spec.ports[0].port: invalid type"
+            ),
+            "{s}"
+        );
+    }
+
+    #[test]
+    fn invalid_list_item_path() {
+        let e = parse(
+            "apiVersion: v1\nkind: List\nitems:\n- apiVersion: v1\n  kind: Node\n  metadata: {name: n}\n- apiVersion: v1\n  kind: Service\n  metadata: {name: s}\n  spec: {clusterIPs: 5}\n",
+        )
+        .unwrap_err();
+        assert_eq!(e.document, Some(0));
+        assert_eq!(e.field, "items[1].spec.clusterIPs");
+    }
+
+    #[test]
+    fn missing_kind_and_name() {
+        let e = parse("apiVersion: v1\nmetadata: {name: x}\n").unwrap_err();
+        assert_eq!(e.field, "kind");
+        let e = parse("apiVersion: v1\nkind: Service\nmetadata: {namespace: x}\n").unwrap_err();
+        assert_eq!(e.field, "metadata.name");
+        let e = parse("- a\n- b\n").unwrap_err();
+        assert!(e.message.contains("expected an object"), "{e}");
+    }
+
+    #[test]
+    fn wrong_api_version_of_known_kind_is_ignored() {
+        let st = parse("apiVersion: v2\nkind: Service\nmetadata: {name: x}\n").unwrap();
+        assert!(st.is_empty());
+    }
+
+    #[test]
+    fn yaml_syntax_error() {
+        let e = parse(&format!("{SVC}---\nkind: [unclosed\n")).unwrap_err();
+        assert_eq!(e.document, Some(1));
+        assert!(e.message.starts_with("invalid YAML"), "{e}");
+    }
+
+    #[test]
+    fn directory_recursive_sorted() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path();
+        std::fs::create_dir_all(p.join("b/sub")).unwrap();
+        std::fs::create_dir_all(p.join(".hidden")).unwrap();
+        let svc = |ip: &str| {
+            format!("apiVersion: v1\nkind: Service\nmetadata: {{name: s, namespace: n}}\nspec: {{clusterIP: {ip}}}\n")
+        };
+        std::fs::write(p.join("a.yaml"), svc("172.30.0.1")).unwrap();
+        std::fs::write(p.join("b/sub/z.yml"), svc("172.30.0.3")).unwrap();
+        std::fs::write(p.join("b/c.json"), r#"{"apiVersion":"v1","kind":"Service","metadata":{"name":"s","namespace":"n"},"spec":{"clusterIP":"172.30.0.2"}}"#).unwrap();
+        std::fs::write(p.join(".hidden/x.yaml"), svc("172.30.0.9")).unwrap();
+        std::fs::write(p.join("README.md"), "not yaml: [").unwrap();
+        let files = collect_files(p).unwrap();
+        let rel: Vec<_> = files
+            .iter()
+            .map(|f| f.strip_prefix(p).unwrap().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(rel, vec!["a.yaml", "b/c.json", "b/sub/z.yml"]);
+        // Later files replace earlier objects with the same key.
+        let st = load_state(p).unwrap();
+        let svc = &st.services[&ObjectKey::new("n", "s")];
+        assert_eq!(
+            svc.spec.as_ref().unwrap().cluster_ip.as_deref(),
+            Some("172.30.0.3")
+        );
+    }
+
+    #[test]
+    fn single_file_and_missing_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("state.txt");
+        std::fs::write(&f, SVC).unwrap();
+        assert_eq!(load_state(&f).unwrap().services.len(), 1);
+        let e = load_state(&dir.path().join("nope")).unwrap_err();
+        assert!(e.to_string().contains("nope: cannot read"), "{e}");
+    }
+}

@@ -1,0 +1,4 @@
+//! Where cluster state comes from. Each source fills a `ClusterState` (kube-rs `runtime` style:
+//! sources feed a store, reconciliation reads it).
+
+pub mod files;

@@ -213,6 +213,10 @@ fn parse_v4(ip: &[u8], l3: usize) -> Result<PacketMeta, ParseError> {
 #[inline]
 fn parse_v6(ip: &[u8], l3: usize) -> Result<PacketMeta, ParseError> {
     let len = ipv6::check(ip)?;
+    // `ip_len` is a u16: 40 + payload length must fit (no jumbo payloads on our MTUs).
+    if len > u16::MAX as usize {
+        return Err(ParseError::BadTotalLength);
+    }
     let payload = &ip[ipv6::HEADER_LEN..len];
     let end = ipv6::walk_chain(payload, ip[6])?;
     let mut m = PacketMeta {

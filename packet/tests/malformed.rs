@@ -102,6 +102,19 @@ fn bad_total_length() {
 }
 
 #[test]
+fn ipv6_length_must_fit_ip_len() {
+    // 40 + 65535 does not fit PacketMeta::ip_len.
+    let mut f = vec![0u8; 14 + 40 + 65535];
+    f[12..14].copy_from_slice(&0x86ddu16.to_be_bytes());
+    f[14] = 0x60;
+    f[18..20].copy_from_slice(&65535u16.to_be_bytes());
+    f[20] = 59;
+    assert_eq!(err(&f), ParseError::BadTotalLength);
+    f[18..20].copy_from_slice(&65495u16.to_be_bytes());
+    assert_eq!(meta(&f, LinkType::Ethernet).ip_len, 65535);
+}
+
+#[test]
 fn tcp_data_offset() {
     for v6 in [false, true] {
         let f0 = build(&Spec::new(v6, L4::Tcp));

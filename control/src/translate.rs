@@ -1758,4 +1758,32 @@ status:
         );
         assert_ne!(service_port_id("a", "b", "c", "TCP"), 0);
     }
+
+    #[test]
+    fn examples_translate_cleanly() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+        let config = Config::load(&root.join("config.yaml")).unwrap();
+        let state = crate::sources::files::load_state(&root.join("cluster")).unwrap();
+        let t = translate(&config, &state);
+        assert!(t.problems.is_empty(), "{:?}", t.problems);
+        let s = &t.snapshot;
+        s.validate().unwrap();
+        // web: 2 ready endpoints (the terminating one is not used while ready ones exist).
+        assert_eq!(
+            routes(s, fe(s, "172.30.0.10", 80, TCP))[0],
+            "- 10.0.1.10:8080(L),10.0.2.10:8080"
+        );
+        assert_eq!(
+            routes(s, fe(s, "192.168.0.2", 30080, TCP))[2],
+            "- 10.0.1.20:8080(L)"
+        );
+        assert!(has_fe(s, "fd00:30::30", 9000, TCP) && has_fe(s, "172.30.0.30", 53, UDP));
+        assert!(fe(s, "192.0.2.10", 443, TCP).source_ranges.is_some());
+        assert_eq!(
+            svc_port(s, fe(s, "172.30.0.50", 80, TCP)).affinity_timeout_s,
+            1800
+        );
+        assert_eq!(routes(s, fe(s, "172.30.0.60", 3000, TCP))[0], "reject");
+        assert_eq!(s.cluster_ips.len(), 7);
+    }
 }

@@ -794,10 +794,13 @@ pub fn udp6_with_ext(src: &str, dst: &str, payload: &[u8]) -> Vec<u8> {
         source: si.octets(),
         destination: di.octets(),
     };
-    let mut e = Ipv6Extensions::default();
     // PadN option filling the 8-byte header.
-    e.destination_options =
-        Some(Ipv6RawExtHeader::new_raw(IpNumber(0), &[1, 4, 0, 0, 0, 0]).unwrap());
+    let e = Ipv6Extensions {
+        destination_options: Some(
+            Ipv6RawExtHeader::new_raw(IpNumber(0), &[1, 4, 0, 0, 0, 0]).unwrap(),
+        ),
+        ..Default::default()
+    };
     let mut v = Vec::new();
     PacketBuilder::ethernet2(CLIENT_MAC, NODE_MAC)
         .ip(IpHeaders::Ipv6(h, e))
@@ -966,7 +969,7 @@ pub fn decode(frame: &[u8], link: LinkType) -> Decoded {
                 }
                 Some(TransportHeader::Icmpv6(i)) => {
                     let want = etherparse::Icmpv6Header::with_checksum(
-                        i.icmp_type.clone(),
+                        i.icmp_type,
                         iph.source,
                         iph.destination,
                         &pl,

@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# Replay throughput of kxdp's pipeline (`kxdp replay`, the code the AF_XDP workers run) on
+# synthetic captures from `kxdp pcap gen`, with a baseline measured in the same run.
+#
+# Why a same-run baseline: the benchmark machines are shared and noisy, so absolute Mpps move from
+# run to run; the ratio of a case to the baseline, measured minutes apart on the same machine,
+# moves much less. The baseline replays the 10k-flow established capture against a cluster with
+# no Services, so every packet takes the cheapest full path (copy into the frame slot, parse,
+# conntrack miss on an empty table, frontend miss, `direct`): what is left above it is the cost of
+# NAT and connection tracking.
+#
+# Cases (IPv4, 1k Services × 10 endpoints, 64-byte frames):
+#   est-10k   established flows, 10k flows,  PACKETS packets per pass,    REPEAT passes
+#   est-1m    established flows, 1M flows,   PACKETS_1M packets per pass, REPEAT_1M passes
+#   new-1m    new connections: NEW_PACKETS SYNs of distinct flows, one pass (a second pass
+#             would find them all in conntrack); the table grows from 0 to NEW_PACKETS flows
+#   mixed-10k 10k established flows, then 1 packet in 10 a new connection, one pass
+#   baseline  the est-10k capture, no Services (see above)
+# Established captures start with every flow's SYN; the "steady" columns exclude that first-pass
+# cost by difference: (time of REPEAT passes - time of 1 pass) / ((REPEAT - 1) × packets).
+#
+# Usage: benches/replay.sh [--quick]      (any working directory)
+# Environment: WORKERS ("1 2"), RUNS (3; the median is reported), OUT (target/replay-bench),
+# PACKETS (2000000), PACKETS_1M (4000000), NEW_PACKETS (1000000), REPEAT (5), REPEAT_1M (3).
+# --quick: small captures, one run (checks the script, measures nothing worth keeping).
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+
+WORKERS=${WORKERS:-"1 2"}
+RUNS=${RUNS:-3}
+OUT=${OUT:-$ROOT/target/replay-bench}
+PACKETS=${PACKETS:-2000000}
+PACKETS_1M=${PACKETS_1M:-4000000}
+FLOWS_1M=${FLOWS_1M:-1000000}
+NEW_PACKETS=${NEW_PACKETS:-1000000}
+REPEAT=${REPEAT:-5}
+REPEAT_1M=${REPEAT_1M:-3}
+SERVICES=1000
+ENDPOINTS=10
+if [[ ${1:-} == --quick ]]; then
+    RUNS=1 PACKETS=200000 PACKETS_1M=400000 FLOWS_1M=100000 NEW_PACKETS=100000 REPEAT=3 REPEAT_1M=2
+    OUT=$OUT-quick
+fi
+
+command -v jq >/dev/null || { echo "replay.sh: needs jq" >&2; exit 1; }
+
+echo "building release ..." >&2
+cargo build --release --quiet --bin kxdp
+KXDP=$ROOT/target/release/kxdp
+if ! "$KXDP" pcap gen --help >/dev/null 2>&1; then
+    echo "replay.sh: this kxdp has no 'pcap gen' subcommand yet" >&2
+    exit 1
+fi
+mkdir -p "$OUT"
+
+# gen NAME MODE FLOWS PACKETS: a capture in $OUT/NAME, regenerated only when the arguments change.
+gen() {
+    local dir=$OUT/$1
+    local args="--services $SERVICES --endpoints $ENDPOINTS --flows $3 --packets $4 --mode $2 --seed 1"
+    if [[ -f $dir/capture.pcap && "$(cat "$dir/args" 2>/dev/null)" == "$args" ]]; then
+        return
+    fi
+    echo "generating $1 ($args) ..." >&2
+    rm -rf "$dir"
+    # shellcheck disable=SC2086 # word splitting of $args is intended
+    "$KXDP" pcap gen --out-dir "$dir" $args >/dev/null
+    echo "$args" >"$dir/args"
+}
+
+# median of the numbers on stdin
+median() {
+    sort -g | awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+}
+
+# replay NAME CONFIG STATE REPEAT WORKERS: median seconds over $RUNS runs; prints "SECONDS PACKETS".
+# The first run's summary is kept in $OUT/NAME.w$WORKERS.r$REPEAT.json (reasons, for checking that
+# the traffic did what the case says).
+replay() {
+    local name=$1 config=$2 state=$3 repeat=$4 workers=$5 secs=() packets=0 i
+    for ((i = 0; i < RUNS; i++)); do
+        local json
+        json=$("$KXDP" replay --config "$config" --state "$state" --pcap "$OUT/${name%%+*}/capture.pcap" \
+            --workers "$workers" --repeat "$repeat" --json)
+        [[ $i == 0 ]] && echo "$json" >"$OUT/$name.w$workers.r$repeat.json"
+        secs+=("$(jq -r .seconds <<<"$json")")
+        packets=$(jq -r .packets <<<"$json")
+    done
+    echo "$(printf '%s\n' "${secs[@]}" | median) $packets"
+}
+
+gen est-10k established 10000 "$PACKETS"
+gen est-1m established "$FLOWS_1M" "$PACKETS_1M"
+gen new-1m new 1 "$NEW_PACKETS"
+gen mixed-10k mixed 10000 "$PACKETS"
+
+# The baseline cluster: the same node, no Services, and service CIDRs the capture does not touch.
+mkdir -p "$OUT/baseline"
+sed 's|^serviceCIDRs:.*|serviceCIDRs: [192.0.2.0/24]|' "$OUT/est-10k/config.yaml" >"$OUT/baseline/config.yaml"
+awk 'NR > 1 && /^---/ { exit } { print }' "$OUT/est-10k/state.yaml" >"$OUT/baseline/state.yaml"
+
+# row NAME WORKERS SECONDS PACKETS BASE_NS [STEADY_NS]
+row() {
+    awk -v name="$1" -v w="$2" -v s="$3" -v p="$4" -v base="$5" -v steady="${6:-}" 'BEGIN {
+        ns = s * 1e9 / p * w            # per worker: each worker spends this long on a packet
+        line = sprintf("| %-9s | %7d | %10.2f | %13.2f | %8.1f | %6.2f |", name, w, p / s / 1e6, p / s / 1e6 / w, ns, ns / base)
+        if (steady != "") line = line sprintf(" %12.2f | %10.1f | %6.2f |", 1e3 / steady, steady, steady / base)
+        else line = line "              |            |        |"
+        print line
+    }'
+}
+
+echo
+echo "kxdp replay, $(date -u +%Y-%m-%dT%H:%MZ), $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+echo "machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), Linux $(uname -r)"
+echo "median of $RUNS runs; per-worker figures = total / workers; ratio = ns per packet / baseline's"
+echo
+echo "| case      | workers | Mpps total | Mpps / worker | ns / pkt | ratio  | steady Mpps/w | steady ns  | ratio  |"
+echo "| --------- | ------- | ---------- | ------------- | -------- | ------ | ------------- | ---------- | ------ |"
+for w in $WORKERS; do
+    read -r bs bp < <(replay est-10k+baseline "$OUT/baseline/config.yaml" "$OUT/baseline/state.yaml" "$REPEAT" "$w")
+    base_ns=$(awk -v s="$bs" -v p="$bp" -v w="$w" 'BEGIN { print s * 1e9 / p * w }')
+    row baseline "$w" "$bs" "$bp" "$base_ns"
+    for spec in "est-10k $REPEAT" "est-1m $REPEAT_1M"; do
+        read -r name repeat <<<"$spec"
+        read -r s1 p1 < <(replay "$name" "$OUT/$name/config.yaml" "$OUT/$name/state.yaml" 1 "$w")
+        read -r sk pk < <(replay "$name" "$OUT/$name/config.yaml" "$OUT/$name/state.yaml" "$repeat" "$w")
+        steady=$(awk -v s1="$s1" -v p1="$p1" -v sk="$sk" -v pk="$pk" -v w="$w" \
+            'BEGIN { d = (sk - s1) * 1e9 / (pk - p1) * w; print (d > 0 ? d : "nan") }')
+        row "$name" "$w" "$sk" "$pk" "$base_ns" "$steady"
+    done
+    for name in new-1m mixed-10k; do
+        read -r s p < <(replay "$name" "$OUT/$name/config.yaml" "$OUT/$name/state.yaml" 1 "$w")
+        row "$name" "$w" "$s" "$p" "$base_ns"
+    done
+done
+echo
+echo "verdict reasons of the first run of each case: $OUT/*.json" >&2

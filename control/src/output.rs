@@ -69,6 +69,7 @@ struct Reply {
 /// - Packets that were not parsed as IP (`has_addrs` false) carry no proto and no addresses.
 /// - `service` names the Service port (`ns/name:port`) when `service_id` is set and the snapshot
 ///   knows the id.
+/// - `drop` and `pass` lines: `src`/`dst` equal `orig_src`/`orig_dst` (nothing is rewritten).
 /// - A `reject` line: `src`/`dst` are the offending packet's (it does not leave, and is not
 ///   rewritten), `reply` the generated answer's; a TCP RST keeps ports, an ICMP/ICMPv6 port
 ///   unreachable (the answer to every other protocol) has none.
@@ -104,9 +105,13 @@ pub fn verdict_line(index: u64, v: &Verdict, snapshot: &Snapshot) -> String {
             });
             line.src = Some(orig_src.clone());
             line.dst = Some(orig_dst.clone());
-        } else {
+        } else if v.action == Action::Forward {
             line.src = Some(format_addr(v.src, v.family, v.sport, ports));
             line.dst = Some(format_addr(v.dst, v.family, v.dport, ports));
+        } else {
+            // Dropped and passed packets are never rewritten.
+            line.src = Some(orig_src.clone());
+            line.dst = Some(orig_dst.clone());
         }
         line.orig_src = Some(orig_src);
         line.orig_dst = Some(orig_dst);
@@ -351,6 +356,19 @@ mod tests {
         let l = verdict_line(2, &v, &snapshot());
         assert!(
             l.ends_with(r#""reply":{"src":"172.30.0.41","dst":"10.0.1.1"}}"#),
+            "{l}"
+        );
+    }
+
+    #[test]
+    fn drops_show_the_packet_as_it_came() {
+        let mut v = tcp_verdict();
+        v.set(Reason::ConntrackFull);
+        v.src = Addr::UNSPECIFIED;
+        v.dst = Addr::UNSPECIFIED;
+        let l = verdict_line(4, &v, &snapshot());
+        assert!(
+            l.contains(r#""src":"10.0.1.1:40000","dst":"172.30.0.41:80""#),
             "{l}"
         );
     }

@@ -65,6 +65,7 @@ pub fn translate(config: &Config, state: &ClusterState) -> Translation {
         ranges: HashMap::new(),
         ids: HashMap::new(),
         node_ips: Vec::new(),
+        node_ports: Vec::new(),
     };
     let zone = t.node_info(state);
     t.prefix_sets(state);
@@ -76,6 +77,11 @@ pub fn translate(config: &Config, state: &ClusterState) -> Translation {
     };
     for (key, svc) in &state.services {
         t.service(key, svc, state, &topo);
+    }
+    // NodePorts last: kube-proxy looks an (address, port) up among ClusterIPs, externalIPs and
+    // LoadBalancer IPs first and tries its NodePort map only when that misses.
+    for (obj, key, sp, routes) in std::mem::take(&mut t.node_ports) {
+        t.frontend(&obj, key, sp, FrontendKind::NodePort, routes, None);
     }
     Translation {
         snapshot: t.snap,
@@ -93,6 +99,8 @@ struct Translator<'a> {
     ids: HashMap<u32, Arc<str>>,
     /// This node's addresses (as `NodeInfo::addrs`, in order).
     node_ips: Vec<IpAddr>,
+    /// NodePort frontends, added after every other frontend.
+    node_ports: Vec<(String, FrontendKey, u32, [Route; 3])>,
 }
 
 /// Per-family facts of one Service.
@@ -456,18 +464,12 @@ impl Translator<'_> {
                 );
                 if let Some(np) = node_port {
                     for a in self.node_port_addrs(f.v6) {
-                        self.frontend(
-                            &obj,
-                            FrontendKey {
-                                addr: Addr::from_ip(a),
-                                port: np,
-                                proto: proto_num,
-                            },
-                            sp_index,
-                            FrontendKind::NodePort,
-                            external,
-                            None,
-                        );
+                        let key = FrontendKey {
+                            addr: Addr::from_ip(a),
+                            port: np,
+                            proto: proto_num,
+                        };
+                        self.node_ports.push((obj.clone(), key, sp_index, external));
                     }
                 }
                 for &ip in &f.external_ips {
@@ -1785,5 +1787,21 @@ status:
         );
         assert_eq!(routes(s, fe(s, "172.30.0.60", 3000, TCP))[0], "reject");
         assert_eq!(s.cluster_ips.len(), 7);
+    }
+
+    #[test]
+    fn ip_frontends_win_over_node_ports() {
+        let yaml = [
+            service("a", "  type: NodePort\n  clusterIP: 172.30.0.40\n  ports: [{port: 80, nodePort: 30000}]"),
+            service("b", "  clusterIP: 172.30.0.41\n  externalIPs: [192.168.0.2]\n  ports: [{port: 30000}]"),
+        ]
+        .concat();
+        let t = tr(&cfg(""), &yaml);
+        let s = &t.snapshot;
+        let f = fe(s, "192.168.0.2", 30000, TCP);
+        assert_eq!(f.kind, FrontendKind::ExternalIp);
+        assert_eq!(&*svc_port(s, f).name, "ns/b");
+        assert_eq!(t.problems.len(), 1);
+        assert_eq!(t.problems[0].object, "Service ns/a");
     }
 }

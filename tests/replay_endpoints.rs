@@ -337,10 +337,11 @@ fn no_endpoints_tcp_syn_rejected_with_rst() {
     let input = tcp("10.1.0.50:40000", "172.30.2.1:80", flags::SYN, 1000, 0, b"");
     let r = env.replay(&[input]);
     let v = r.expect(0, "reject", "no-endpoints");
-    assert!(
-        v.get("reply").is_some(),
+    assert_eq!(
+        v["reply"]["src"], "172.30.2.1:80",
         "a reject line carries the reply: {v}"
     );
+    assert_eq!(v["reply"]["dst"], "10.1.0.50:40000", "{v}");
     let o = r.out(0);
     assert_eq!(o.src_sock(), sa("172.30.2.1:80"));
     assert_eq!(o.dst_sock(), sa("10.1.0.50:40000"));
@@ -389,7 +390,8 @@ fn no_endpoints_udp_rejected_with_icmp_port_unreachable() {
     let input = udp("10.1.0.50:40002", "172.30.2.2:53", b"dns query bytes");
     let r = env.replay(std::slice::from_ref(&input));
     let v = r.expect(0, "reject", "no-endpoints");
-    assert!(v.get("reply").is_some(), "{v}");
+    assert_eq!(v["reply"]["src"], "172.30.2.2", "{v}");
+    assert_eq!(v["reply"]["dst"], "10.1.0.50", "{v}");
     let o = r.out(0);
     assert_eq!(o.proto, 1);
     assert_eq!(
@@ -509,4 +511,34 @@ fn load_balancer_source_ranges() {
     // Not applied to the same Service's ClusterIP and NodePort.
     r.expect(3, "forward", "service-dnat");
     r.expect(4, "forward", "service-dnat");
+}
+
+#[test]
+fn port_unreachable_quotes_are_size_limited() {
+    let mut env = Env::new();
+    empty_services(&mut env);
+    let big = vec![0x5a; 1400];
+    let in4 = udp("10.1.0.50:40004", "172.30.2.2:53", &big);
+    let in6 = udp("[fd00:10:1::50]:40005", "[fd00:172:30::201]:53", &big);
+    let r = env.replay(&[in4.clone(), in6.clone()]);
+    r.expect(0, "reject", "no-endpoints");
+    r.expect(1, "reject", "no-endpoints");
+    // IPv4: the whole ICMP error fits in 576 bytes of IP (RFC 1812 4.3.2.3).
+    let o4 = r.out(0);
+    assert_eq!(o4.icmp, Some((3, 3)));
+    let ip4_len = 20 + 8 + o4.payload.len();
+    assert!(ip4_len <= 576, "ICMP error of {ip4_len} bytes");
+    assert!(o4.payload.len() >= 28);
+    assert_eq!(&o4.payload[..], &ip_part(&in4)[..o4.payload.len()]);
+    // IPv6: at most the minimum MTU, 1280 bytes (RFC 4443 2.4 (c)).
+    let o6 = r.out(1);
+    assert_eq!(o6.icmp, Some((1, 4)));
+    let ip6_len = 40 + 8 + o6.payload.len();
+    assert!(ip6_len <= 1280, "ICMPv6 error of {ip6_len} bytes");
+    assert!(
+        o6.payload.len() >= 1000,
+        "quotes as much as fits: {}",
+        o6.payload.len()
+    );
+    assert_eq!(&o6.payload[..], &ip_part(&in6)[..o6.payload.len()]);
 }

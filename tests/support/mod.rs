@@ -237,7 +237,7 @@ pub fn service_cidr(name: &str, cidrs: &[&str]) -> Value {
         "kind": "ServiceCIDR",
         "metadata": {"name": name},
         "spec": {"cidrs": cidrs},
-        "status": {"conditions": [{"type": "Ready", "status": "True", "reason": "", "message": ""}]}
+        "status": {"conditions": [{"type": "Ready", "status": "True", "reason": "", "message": "", "lastTransitionTime": "2024-01-01T00:00:00Z"}]}
     })
 }
 

@@ -104,6 +104,8 @@ pub struct Pipeline {
     link: LinkType,
     rng: u64,
     scratch: Box<[Slot; MAX_BATCH]>,
+    /// A 1024-bit filter of the tuple hashes of connections created during the current pass.
+    created: [u64; 16],
     retired: crate::conntrack::Retired,
     pub counters: Counters,
 }
@@ -117,6 +119,7 @@ impl Pipeline {
             link,
             rng: seed ^ 0x9e37_79b9_7f4a_7c15u64.wrapping_mul(worker as u64 + 1),
             scratch: Box::new([Slot::default(); MAX_BATCH]),
+            created: [0; 16],
             retired: ct.retired_list(),
             counters: Counters::default(),
         }
@@ -183,9 +186,15 @@ impl Pipeline {
                 s.found = ct.lookup(&s.key, s.hash, now_ms);
             }
         }
-        // 3. Decide and rewrite.
+        // 3. Decide and rewrite. A packet may belong to a connection an earlier packet of this
+        // pass created (a SYN and its SYN-ACK, a burst of one new UDP flow): the lookup is redone
+        // for packets whose hash the `created` filter has seen.
+        self.created = [0; 16];
         for i in 0..m {
-            let slot = self.scratch[i];
+            let mut slot = self.scratch[i];
+            if slot.kind == KIND_IP && self.maybe_created(slot.hash) {
+                slot.found = ct.lookup(&slot.key, slot.hash, now_ms);
+            }
             let v = &mut verdicts[base + i];
             *v = Verdict::default();
             let (buf, len) = frames.frame_mut(base + i);
@@ -233,9 +242,11 @@ impl Pipeline {
             let hash = ct.hash(&Tuple::from_meta(meta).pack());
             return self.new_flow(buf, len, meta, hash, v, snap, ct, now_ms);
         }
-        let state = ct
-            .on_packet(found, meta.tcp_flags, meta.ip_len as u64, now_ms)
-            .unwrap_or(found.state);
+        let Some(state) = ct.on_packet(found, meta.tcp_flags, meta.ip_len as u64, now_ms) else {
+            // The connection ended between lookup and now (expired, flushed): this is a new one.
+            let hash = ct.hash(&Tuple::from_meta(meta).pack());
+            return self.new_flow(buf, len, meta, hash, v, snap, ct, now_ms);
+        };
         // The packet leaves as the other direction's tuple, reversed.
         let to = found.other.reversed();
         if to.src != meta.src
@@ -355,7 +366,11 @@ impl Pipeline {
             }
         }
         match ct.create(&orig, &reply, meta.tcp_flags, masq, svc.id, now_ms, hash) {
-            Ok(_) => self.counters.ct_created += 1,
+            Ok(_) => {
+                self.counters.ct_created += 1;
+                self.note_created(hash);
+                self.note_created(ct.hash(&reply.pack()));
+            }
             Err(InsertError::Full) => return v.set(Reason::ConntrackFull),
             Err(InsertError::Exists) => return v.set(Reason::SnatExhausted),
         }
@@ -431,6 +446,18 @@ impl Pipeline {
             }
         }
         None
+    }
+
+    #[inline]
+    fn note_created(&mut self, hash: u64) {
+        let bit = (hash >> 54) as usize; // 10 bits: 0..1024
+        self.created[bit >> 6] |= 1 << (bit & 63);
+    }
+
+    #[inline]
+    fn maybe_created(&self, hash: u64) -> bool {
+        let bit = (hash >> 54) as usize;
+        self.created[bit >> 6] & (1 << (bit & 63)) != 0
     }
 
     #[inline]

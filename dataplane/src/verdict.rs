@@ -55,7 +55,7 @@ macro_rules! reasons {
                 match self { $(Reason::$variant => Action::$action,)* }
             }
 
-            pub fn from_str(s: &str) -> Option<Reason> {
+            pub fn from_code(s: &str) -> Option<Reason> {
                 match s { $($code => Some(Reason::$variant),)* _ => None }
             }
         }

@@ -7,7 +7,7 @@ use kxdp_dataplane::conntrack::{Conntrack, CtConfig};
 use kxdp_dataplane::pipeline::{Frames, Pipeline, SlotFrames};
 use kxdp_dataplane::snapshot::*;
 use kxdp_dataplane::verdict::{Action, Reason, Verdict};
-use kxdp_packet::{checksum, parse, Addr, Family, LinkType, Parsed};
+use kxdp_packet::{checksum, parse, Addr, LinkType, Parsed};
 
 const NODE: [u8; 4] = [192, 168, 0, 2];
 const VIP: [u8; 4] = [172, 30, 0, 41];
@@ -323,7 +323,7 @@ fn session_affinity_pins_a_client() {
 }
 
 #[test]
-fn time_wait_syn_reopens_and_full_table_refuses() {
+fn full_table_refuses_when_every_entry_is_assured() {
     let snap = snapshot(false, 0);
     let ct = Conntrack::new(
         CtConfig {
@@ -352,4 +352,81 @@ fn time_wait_syn_reopens_and_full_table_refuses() {
     }
     assert_eq!(full, 40 - 16);
     assert_eq!(h.ct.len(), 16);
+}
+
+#[test]
+fn packets_of_a_connection_created_earlier_in_the_same_batch() {
+    let mut h = Harness::new(snapshot(false, 0));
+    // A burst of one new flow in one batch: every packet goes where the first went.
+    let mut pkts = vec![tcp(POD, 40000, VIP, 80, true, false)];
+    for _ in 0..10 {
+        pkts.push(tcp(POD, 40000, VIP, 80, false, true));
+    }
+    let out = h.run(&pkts);
+    assert_eq!(out[0].0.reason, Reason::ServiceDnat);
+    let backend = meta(&out[0].1).dst;
+    for (v, f) in &out[1..] {
+        assert_eq!(v.reason, Reason::Established);
+        assert_eq!(meta(f).dst, backend);
+    }
+    // SYN, SYN-ACK and ACK back to back in one batch (one endpoint, so the reply is known).
+    let mut s = snapshot(false, 0);
+    s.frontend_table[0].routes = [Route {
+        endpoints: EndpointRange { start: 0, len: 1 },
+        masquerade: false,
+        when_empty: EmptyAction::Reject,
+    }; 3];
+    let mut h = Harness::new(s);
+    let out = h.run(&[
+        tcp(POD, 40002, VIP, 80, true, false),
+        tcp(EP1, 8080, POD, 40002, true, true),
+        tcp(POD, 40002, VIP, 80, false, true),
+    ]);
+    let reasons: Vec<_> = out.iter().map(|(v, _)| v.reason).collect();
+    assert_eq!(
+        reasons,
+        [Reason::ServiceDnat, Reason::ReplyUnnat, Reason::Established]
+    );
+    let m = meta(&out[1].1);
+    assert_eq!((m.src, m.sport), (a(VIP), 80));
+}
+
+#[test]
+fn syn_after_time_wait_starts_a_new_connection() {
+    let mut h = Harness::new(snapshot(false, 0));
+    let c = |syn, ack| tcp(POD, 40000, VIP, 80, syn, ack);
+    let (_, f) = h.one(c(true, false));
+    let be = meta(&f).dst.v4_octets();
+    let r = |flags_fin: bool| {
+        let mut v = Vec::new();
+        let b = PacketBuilder::ethernet2([1; 6], [2; 6])
+            .ipv4(be, POD, 64)
+            .tcp(8080, 40000, 1, 100)
+            .ack(1001);
+        let b = if flags_fin { b.fin() } else { b.syn() };
+        b.write(&mut v, &[]).unwrap();
+        v
+    };
+    h.one(r(false)); // SYN-ACK
+    h.one(c(false, true)); // ACK: established
+    let mut fin = Vec::new();
+    PacketBuilder::ethernet2([1; 6], [2; 6])
+        .ipv4(POD, VIP, 64)
+        .tcp(40000, 80, 1001, 100)
+        .fin()
+        .ack(1)
+        .write(&mut fin, &[])
+        .unwrap();
+    h.one(fin);
+    h.one(r(true)); // FIN from the server
+    h.one(c(false, true)); // last ACK: TIME_WAIT
+    let v = h.ct.connections().next().unwrap();
+    assert_eq!(Conntrack::state_name(&v), Some("TIME_WAIT"));
+    let (v, _) = h.one(c(true, false));
+    assert_eq!(
+        v.reason,
+        Reason::ServiceDnat,
+        "a SYN in TIME_WAIT opens a new connection"
+    );
+    assert_eq!(h.ct.connections().count(), 1);
 }

@@ -135,6 +135,7 @@ impl Conntrack {
     }
 
     /// Tracks a new connection whose first packet (direction original) has TCP flags `tcp_flags`.
+    #[allow(clippy::too_many_arguments)]
     pub fn create(
         &self,
         orig: &Tuple,

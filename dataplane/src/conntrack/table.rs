@@ -412,9 +412,10 @@ impl Table {
 
     /// Early drop (as the kernel's): kill one unassured entry near `hint`.
     fn early_drop(&self, hint: u64) -> bool {
-        let n = self.entries.len();
+        // Only entries handed out so far can be live.
+        let n = (self.next_unused.load(Ordering::Relaxed) as usize).clamp(1, self.entries.len());
         let start = hint as usize % n;
-        for k in 0..64 {
+        for k in 0..64.min(n) {
             let idx = (start + k) % n;
             let s = self.entries[idx].state.load(Ordering::Acquire);
             if s & LIFE_MASK == LIFE_LIVE && s & FLAG_ASSURED == 0 && self.kill(idx as u32) {

@@ -811,15 +811,9 @@ fn example_replay_matches_golden() {
     check_replay_against_golden(GOLDEN_ARGS);
 }
 
-/// Exactly the README's main command (workers from the config: 2), seed 0.
-///
-/// Ignored until `kxdp replay` keeps capture order across workers: each worker runs its share as
-/// fast as it can, so a NAT reply steered to the other worker (its tuple hashes differently) can
-/// be decided before the request that created the connection (`direct` instead of `reply-unnat`),
-/// and connections of one client on two workers can miss each other's affinity record. Run with
-/// `cargo test --test example_capture -- --ignored`.
+/// Exactly the README's main command (workers from the config: 2), seed 0: the verdicts do not
+/// depend on the worker count (replay steers each client's connections to one worker).
 #[test]
-#[ignore = "kxdp replay with 2 workers races on NAT replies and affinity (see the doc comment)"]
 fn readme_command_as_is() {
     check_replay_against_golden(&[]);
 }

@@ -201,15 +201,22 @@ fn cmd_replay(args: &ReplayArgs) -> Result<(), CliError> {
         &result.actions,
         &result.reasons,
     );
-    let text = if args.json {
-        summary.to_json() + "\n"
+    // The JSON summary is data (stdout); the human one is commentary (stderr), so that
+    // `--verdicts -` on stdout stays pure JSON lines.
+    if args.json {
+        let mut out = std::io::stdout().lock();
+        match out
+            .write_all((summary.to_json() + "\n").as_bytes())
+            .and_then(|_| out.flush())
+        {
+            Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+                return Err(failure(format!("stdout: {e}")))
+            }
+            _ => {}
+        }
     } else {
-        summary.to_text()
-    };
-    let mut out = std::io::stdout().lock();
-    out.write_all(text.as_bytes())
-        .and_then(|_| out.flush())
-        .map_err(|e| failure(format!("stdout: {e}")))?;
+        eprint!("{}", summary.to_text());
+    }
     Ok(())
 }
 
@@ -217,9 +224,19 @@ fn cmd_replay(args: &ReplayArgs) -> Result<(), CliError> {
 /// the file.
 fn write_file(
     path: &Path,
-    f: impl FnOnce(&mut BufWriter<File>) -> std::io::Result<()>,
+    f: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
 ) -> Result<(), CliError> {
     let err = |e: std::io::Error| failure(format!("{}: {e}", path.display()));
+    // `-` and /dev/stdout are this process's stdout, written from where it stands (opening the
+    // path anew would truncate a redirected file under earlier output). A reader that went away
+    // (`| head`) is not an error.
+    if path == Path::new("-") || path == Path::new("/dev/stdout") {
+        let mut w = BufWriter::new(std::io::stdout().lock());
+        return match f(&mut w).and_then(|_| w.flush()) {
+            Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(err(e)),
+            _ => Ok(()),
+        };
+    }
     let mut w = BufWriter::new(File::create(path).map_err(err)?);
     f(&mut w).map_err(err)?;
     w.flush().map_err(err)

@@ -19,13 +19,16 @@ use kxdp_packet::{
 };
 
 use crate::conntrack::{
-    tcp, tcp_state_of, Conntrack, Found, InsertError, Packed, Tuple, DIR_ORIG, FLAG_MASQ,
+    has_ports, tcp, tcp_state_of, Conntrack, Found, InsertError, Packed, Tuple, DIR_ORIG, FLAG_MASQ,
 };
 use crate::snapshot::{EmptyAction, FrontendKey, Snapshot};
 use crate::verdict::{Action, Reason, Verdict};
 
 /// Frames handled per pass; larger batches are processed in chunks of this size.
 pub const MAX_BATCH: usize = 256;
+
+/// Source ports tried for a unique reply tuple before a connection is refused (`snat-exhausted`).
+const SNAT_ATTEMPTS: u32 = 32;
 
 /// Conntrack entries a worker examines for expiry after each batch.
 const EXPIRY_BUDGET: usize = 64;
@@ -45,6 +48,9 @@ pub struct Counters {
     pub bytes: u64,
     pub batches: u64,
     pub reasons: [u64; Reason::COUNT],
+    /// By the action taken, which differs from the reason's usual action when a reject cannot be
+    /// answered (an ICMP error, a multicast destination): then the packet is dropped.
+    pub actions: [u64; Action::COUNT],
     pub ct_created: u64,
     pub ct_expired: u64,
 }
@@ -56,6 +62,7 @@ impl Default for Counters {
             bytes: 0,
             batches: 0,
             reasons: [0; Reason::COUNT],
+            actions: [0; Action::COUNT],
             ct_created: 0,
             ct_expired: 0,
         }
@@ -63,19 +70,14 @@ impl Default for Counters {
 }
 
 impl Counters {
-    pub fn actions(&self) -> [u64; Action::COUNT] {
-        let mut a = [0u64; Action::COUNT];
-        for r in Reason::ALL {
-            a[r.action() as usize] += self.reasons[*r as usize];
-        }
-        a
-    }
-
     pub fn add(&mut self, other: &Counters) {
         self.packets += other.packets;
         self.bytes += other.bytes;
         self.batches += other.batches;
         for (a, b) in self.reasons.iter_mut().zip(other.reasons.iter()) {
+            *a += b;
+        }
+        for (a, b) in self.actions.iter_mut().zip(other.actions.iter()) {
             *a += b;
         }
         self.ct_created += other.ct_created;
@@ -182,7 +184,9 @@ impl Pipeline {
         // 2. Conntrack.
         for i in 0..m {
             let s = &mut self.scratch[i];
-            if s.kind == KIND_IP {
+            // Protocol 255 (IANA reserved) is the affinity records' pseudo-protocol: never a
+            // connection.
+            if s.kind == KIND_IP && s.meta.proto != crate::conntrack::AFFINITY_PROTO {
                 s.found = ct.lookup(&s.key, s.hash, now_ms);
             }
         }
@@ -192,7 +196,10 @@ impl Pipeline {
         self.created = [0; 16];
         for i in 0..m {
             let mut slot = self.scratch[i];
-            if slot.kind == KIND_IP && self.maybe_created(slot.hash) {
+            if slot.kind == KIND_IP
+                && slot.meta.proto != crate::conntrack::AFFINITY_PROTO
+                && self.maybe_created(slot.hash)
+            {
                 slot.found = ct.lookup(&slot.key, slot.hash, now_ms);
             }
             let v = &mut verdicts[base + i];
@@ -215,6 +222,7 @@ impl Pipeline {
                 }
             }
             self.counters.reasons[v.reason as usize] += 1;
+            self.counters.actions[v.action as usize] += 1;
         }
     }
 
@@ -360,20 +368,32 @@ impl Pipeline {
                 return v.set(Reason::NoNodeAddress);
             };
             reply.dst = node;
-            match self.snat_port(ct, &mut reply) {
-                Some(()) => {}
-                None => return v.set(Reason::SnatExhausted),
+        }
+        // The reply tuple must be unique. Without masquerade it clashes only when the client
+        // reaches one backend through two frontends from the same port; then, as the kernel's NAT
+        // does, the source port is remapped (the address is kept).
+        let mut attempts = 0;
+        loop {
+            if attempts > 0 || ct.reply_taken(&reply) {
+                if attempts == SNAT_ATTEMPTS || !has_ports(reply.proto) {
+                    return v.set(Reason::SnatExhausted);
+                }
+                reply.dport = 1024 + (self.next_u64() % (65536 - 1024)) as u16;
+                attempts += 1;
+                if ct.reply_taken(&reply) {
+                    continue;
+                }
+            }
+            match ct.create(&orig, &reply, meta.tcp_flags, masq, svc.id, now_ms, hash) {
+                Ok(_) => break,
+                Err(InsertError::Full) => return v.set(Reason::ConntrackFull),
+                // Another worker took the same tuple since the check: pick again.
+                Err(InsertError::Exists) => attempts += 1,
             }
         }
-        match ct.create(&orig, &reply, meta.tcp_flags, masq, svc.id, now_ms, hash) {
-            Ok(_) => {
-                self.counters.ct_created += 1;
-                self.note_created(hash);
-                self.note_created(ct.hash(&reply.pack()));
-            }
-            Err(InsertError::Full) => return v.set(Reason::ConntrackFull),
-            Err(InsertError::Exists) => return v.set(Reason::SnatExhausted),
-        }
+        self.counters.ct_created += 1;
+        self.note_created(hash);
+        self.note_created(ct.hash(&reply.pack()));
         rewrite(buf, meta, reply.dst, reply.dport, reply.src, reply.sport);
         fill_out(v, meta);
         v.masq = masq;
@@ -421,31 +441,22 @@ impl Pipeline {
             v.action = Action::Drop;
             return;
         }
-        *len = if meta.proto == 6 {
+        let reply_len = if meta.proto == 6 {
             build_tcp_rst(buf, *len, self.link, meta)
         } else {
             build_port_unreachable(buf, *len, self.link, meta)
         };
+        if reply_len == 0 {
+            // Nothing may answer this packet (a RST, a fragment, a multicast destination): the
+            // reason stands, the packet is dropped.
+            v.action = Action::Drop;
+            return;
+        }
+        *len = reply_len;
         v.src = meta.dst;
         v.sport = if meta.proto == 6 { meta.dport } else { 0 };
         v.dst = meta.src;
         v.dport = if meta.proto == 6 { meta.sport } else { 0 };
-    }
-
-    /// Picks the source port for a masqueraded connection: the client's own port when free (as the
-    /// kernel does), else random ports until the reply tuple is unique.
-    fn snat_port(&mut self, ct: &Conntrack, reply: &mut Tuple) -> Option<()> {
-        if !ct.reply_taken(reply) {
-            return Some(());
-        }
-        for _ in 0..32 {
-            let p = 1024 + (self.next_u64() % (65536 - 1024)) as u16;
-            reply.dport = p;
-            if !ct.reply_taken(reply) {
-                return Some(());
-            }
-        }
-        None
     }
 
     #[inline]

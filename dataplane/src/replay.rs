@@ -1,9 +1,11 @@
 //! Replay: a capture, preloaded in memory, pushed through the same pipeline the AF_XDP workers
 //! run, as fast as it goes.
 //!
-//! Each worker thread owns the packets a symmetric flow hash gives it (both directions of an
-//! un-NATed flow land on the same worker, as RSS with a symmetric key does on a NIC) and copies
-//! them batch by batch into its own frame slots, as the kernel copies received frames into UMEM.
+//! Each worker thread owns the packets of the clients a hash gives it: both directions of every
+//! connection (a sequential dry run before the clock starts learns which connection a NATed reply
+//! belongs to) and all connections of one client, in capture order, so verdicts do not depend on
+//! thread timing. A worker copies its packets batch by batch into its own frame slots, as the
+//! kernel copies received frames into UMEM.
 //! Conntrack is shared, exactly as in `kxdp run`. Time is the capture's: a batch runs at the
 //! timestamp of its first packet, so timeouts in a capture behave as they would have live; a batch
 //! never spans more than `MAX_BATCH_SPAN_MS` of capture time.
@@ -13,12 +15,12 @@ use std::sync::{Arc, Barrier};
 use std::time::Instant;
 
 use kxdp_packet::pcap::Capture;
-use kxdp_packet::{parse, Parsed};
+use kxdp_packet::Addr;
 
 use crate::conntrack::{Conntrack, CtConfig};
 use crate::pipeline::{Counters, Pipeline, SlotFrames};
 use crate::snapshot::Snapshot;
-use crate::verdict::{Action, Verdict};
+use crate::verdict::{Action, Reason, Verdict};
 
 /// Frames per batch: what one AF_XDP RX burst typically delivers.
 pub const BATCH: usize = 64;
@@ -104,18 +106,14 @@ pub fn replay(
     let repeat = opts.repeat.max(1);
     let n = capture.packets.len();
     let total = n as u64 * repeat as u64;
-    let ct = Conntrack::new(ct_config, workers);
+    let ct = Conntrack::new(ct_config.clone(), workers);
 
     // Steering, done before the clock starts.
-    let mut shares: Vec<Vec<u32>> = vec![Vec::new(); workers];
-    for (i, p) in capture.packets.iter().enumerate() {
-        let w = if workers == 1 {
-            0
-        } else {
-            (flow_hash(&p.data, capture.link) % workers as u64) as usize
-        };
-        shares[w].push(i as u32);
-    }
+    let shares = if workers == 1 {
+        vec![(0..n as u32).collect()]
+    } else {
+        steer_by_client(&snapshot, &ct_config, capture, opts.seed, workers)
+    };
     let max_len = capture
         .packets
         .iter()
@@ -124,9 +122,6 @@ pub fn replay(
         .unwrap_or(0);
     // Room for a reply longer than the packet it answers (ICMP quotes the packet).
     let slot_size = (max_len + 256).max(2048).next_power_of_two();
-    let first_ts = capture.packets.first().map(|p| p.ts_ns).unwrap_or(0);
-    let last_ts = capture.packets.iter().map(|p| p.ts_ns).max().unwrap_or(0);
-    let pass_span_ms = last_ts.saturating_sub(first_ts) / 1_000_000 + 1;
 
     let done = AtomicU64::new(0);
     let finished = AtomicUsize::new(0);
@@ -143,48 +138,30 @@ pub fn replay(
                     (&ct, &snapshot, &barrier, &done, &finished);
                 scope.spawn(move || {
                     let mut pipeline = Pipeline::new(w, capture.link, opts.seed, ct);
-                    let mut frames = SlotFrames::new(BATCH, slot_size);
-                    let mut verdicts = [Verdict::default(); BATCH];
-                    let mut batch_idx = [0u32; BATCH];
                     let mut recorded =
                         Vec::with_capacity(if opts.record { share.len() } else { 0 });
+                    let clock = Clock::new(capture);
                     barrier.wait();
-                    let mut now_floor = 0u64;
-                    for pass in 0..repeat {
-                        let pass_offset = pass as u64 * pass_span_ms;
-                        let mut k = 0;
-                        while k < share.len() {
-                            frames.clear();
-                            let start_ts = capture.packets[share[k] as usize].ts_ns;
-                            let mut m = 0;
-                            while k < share.len() && m < BATCH {
-                                let p = &capture.packets[share[k] as usize];
-                                if p.ts_ns.saturating_sub(start_ts) / 1_000_000 > MAX_BATCH_SPAN_MS
-                                {
-                                    break;
-                                }
-                                frames.push(&p.data);
-                                batch_idx[m] = share[k];
-                                m += 1;
-                                k += 1;
-                            }
-                            let now = (CLOCK_START_MS
-                                + start_ts.saturating_sub(first_ts) / 1_000_000
-                                + pass_offset)
-                                .max(now_floor);
-                            now_floor = now;
-                            pipeline.process(&mut frames, &mut verdicts[..m], snapshot, ct, now);
+                    drive(
+                        &mut pipeline,
+                        ct,
+                        snapshot,
+                        capture,
+                        share,
+                        &clock,
+                        repeat,
+                        slot_size,
+                        |pass, idx, verdicts, frames| {
                             if opts.record && pass == 0 {
-                                for j in 0..m {
-                                    let v = verdicts[j];
+                                for (j, v) in verdicts.iter().enumerate() {
                                     let out = matches!(v.action, Action::Forward | Action::Reject)
                                         .then(|| frames.get(j).to_vec());
-                                    recorded.push((batch_idx[j], v, out));
+                                    recorded.push((idx[j], *v, out));
                                 }
                             }
-                            done.fetch_add(m as u64, Ordering::Relaxed);
-                        }
-                    }
+                            done.fetch_add(idx.len() as u64, Ordering::Relaxed);
+                        },
+                    );
                     finished.fetch_add(1, Ordering::Release);
                     WorkerOut {
                         counters: pipeline.counters,
@@ -227,7 +204,7 @@ pub fn replay(
     ReplayResult {
         packets: counters.packets,
         seconds,
-        actions: counters.actions(),
+        actions: counters.actions,
         reasons: counters.reasons.to_vec(),
         verdicts,
         output,
@@ -236,20 +213,132 @@ pub fn replay(
     }
 }
 
-/// A hash equal for both directions of a flow (addresses and ports sorted), for steering.
-fn flow_hash(frame: &[u8], link: kxdp_packet::LinkType) -> u64 {
-    let Ok(Parsed::Ip(m)) = parse(frame, link) else {
-        return 0;
-    };
-    let a = (m.src.as_u128(), m.sport);
-    let b = (m.dst.as_u128(), m.dport);
-    let (lo, hi) = if a <= b { (a, b) } else { (b, a) };
-    let packed = [
-        (lo.0 >> 64) as u64 ^ hi.0 as u64,
-        lo.0 as u64 ^ (hi.0 >> 64) as u64,
-        (lo.1 as u64) << 16 | hi.1 as u64,
-        m.proto as u64,
-        0,
-    ];
-    crate::conntrack::hash_packed(&packed, 0x5eed)
+/// The capture's clock: a batch runs at its first packet's timestamp (milliseconds, from
+/// `CLOCK_START_MS`), later passes continue after the capture's span.
+struct Clock {
+    first_ts: u64,
+    pass_span_ms: u64,
+}
+
+impl Clock {
+    fn new(capture: &Capture) -> Clock {
+        let first_ts = capture.packets.iter().map(|p| p.ts_ns).min().unwrap_or(0);
+        let last_ts = capture.packets.iter().map(|p| p.ts_ns).max().unwrap_or(0);
+        Clock {
+            first_ts,
+            pass_span_ms: (last_ts - first_ts) / 1_000_000 + 1,
+        }
+    }
+
+    fn at(&self, ts_ns: u64, pass: u32) -> u64 {
+        CLOCK_START_MS
+            + ts_ns.saturating_sub(self.first_ts) / 1_000_000
+            + pass as u64 * self.pass_span_ms
+    }
+}
+
+/// Runs `share` (packet indexes, in capture order) through `pipeline` `repeat` times, batch by
+/// batch, handing every batch's (pass, indexes, verdicts, frames) to `on_batch`.
+#[allow(clippy::too_many_arguments)]
+fn drive(
+    pipeline: &mut Pipeline,
+    ct: &Conntrack,
+    snapshot: &Snapshot,
+    capture: &Capture,
+    share: &[u32],
+    clock: &Clock,
+    repeat: u32,
+    slot_size: usize,
+    mut on_batch: impl FnMut(u32, &[u32], &[Verdict], &SlotFrames),
+) {
+    let mut frames = SlotFrames::new(BATCH, slot_size);
+    let mut verdicts = [Verdict::default(); BATCH];
+    let mut batch_idx = [0u32; BATCH];
+    let mut now_floor = 0u64;
+    for pass in 0..repeat {
+        let mut k = 0;
+        while k < share.len() {
+            frames.clear();
+            let start_ts = capture.packets[share[k] as usize].ts_ns;
+            let mut m = 0;
+            while k < share.len() && m < BATCH {
+                let p = &capture.packets[share[k] as usize];
+                if p.ts_ns.saturating_sub(start_ts) / 1_000_000 > MAX_BATCH_SPAN_MS {
+                    break;
+                }
+                frames.push(&p.data);
+                batch_idx[m] = share[k];
+                m += 1;
+                k += 1;
+            }
+            // Capture timestamps may go backwards; the pipeline's clock never does.
+            let now = clock.at(start_ts, pass).max(now_floor);
+            now_floor = now;
+            pipeline.process(&mut frames, &mut verdicts[..m], snapshot, ct, now);
+            on_batch(pass, &batch_idx[..m], &verdicts[..m], &frames);
+        }
+    }
+}
+
+/// Splits the capture among `workers` by the client of the connection each packet belongs to, so
+/// that both directions of a connection — also when NAT changed the reply's addresses — and all
+/// connections of one client (session affinity) are handled by one worker, in capture order. A
+/// sequential dry run, before the clock starts, learns which connection a reply belongs to.
+fn steer_by_client(
+    snapshot: &Snapshot,
+    ct_config: &CtConfig,
+    capture: &Capture,
+    seed: u64,
+    workers: usize,
+) -> Vec<Vec<u32>> {
+    let ct = Conntrack::new(ct_config.clone(), 1);
+    let mut pipeline = Pipeline::new(0, capture.link, seed, &ct);
+    let all: Vec<u32> = (0..capture.packets.len() as u32).collect();
+    let slot_size = slot_size_for(capture);
+    let mut shares: Vec<Vec<u32>> = vec![Vec::new(); workers];
+    let clock = Clock::new(capture);
+    drive(
+        &mut pipeline,
+        &ct,
+        snapshot,
+        capture,
+        &all,
+        &clock,
+        1,
+        slot_size,
+        |_, idx, verdicts, _| {
+            for (i, v) in idx.iter().zip(verdicts) {
+                let client = if !v.has_addrs {
+                    Addr::UNSPECIFIED
+                } else if v.reason == Reason::ReplyUnnat {
+                    v.dst
+                } else {
+                    v.orig_src
+                };
+                let h = crate::conntrack::hash_packed(
+                    &[
+                        client.as_u128() as u64,
+                        (client.as_u128() >> 64) as u64,
+                        0,
+                        0,
+                        0,
+                    ],
+                    0x5eed,
+                );
+                shares[(h % workers as u64) as usize].push(*i);
+            }
+        },
+    );
+    shares
+}
+
+/// Room for a reply longer than the packet it answers (ICMP quotes the packet).
+fn slot_size_for(capture: &Capture) -> usize {
+    let max_len = capture
+        .packets
+        .iter()
+        .map(|p| p.data.len())
+        .max()
+        .unwrap_or(0);
+    (max_len + 256).max(2048).next_power_of_two()
 }

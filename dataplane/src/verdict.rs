@@ -83,7 +83,7 @@ reasons! {
     NoLocalEndpoints = "no-local-endpoints" => Drop,
     /// A ClusterIP on a port or protocol its Service does not define.
     ServicePortUnknown = "service-port-unknown" => Reject,
-    /// A non-first fragment to a Service address: no ports to decide by and no fragment state.
+    /// A non-first fragment to a ClusterIP: no ports to decide by and no fragment state.
     FragmentNoState = "fragment-no-state" => Drop,
     /// An address inside a service CIDR that no Service owns.
     ServiceIpUnallocated = "service-ip-unallocated" => Drop,
@@ -91,7 +91,7 @@ reasons! {
     SourceRange = "source-range" => Drop,
     /// The conntrack table is full even after dropping unassured entries.
     ConntrackFull = "conntrack-full" => Drop,
-    /// No source port could be found for masquerading (every candidate collides).
+    /// No source port gives the connection a unique reply tuple (every candidate collides).
     SnatExhausted = "snat-exhausted" => Drop,
     /// Masquerade needed but this node has no address of the packet's family.
     NoNodeAddress = "no-node-address" => Drop,

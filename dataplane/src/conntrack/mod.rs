@@ -21,7 +21,10 @@ use table::{Table, FLAG_SINGLE_KEY, PROTO_STATE_MASK, PROTO_STATE_SHIFT};
 use tcp::TcpState;
 
 /// Pseudo-protocol of affinity records: never a real IP protocol number kxdp tracks.
-const AFFINITY_PROTO: u8 = 255;
+pub const AFFINITY_PROTO: u8 = 255;
+
+/// How long a replied UDP flow must have lived before it counts as a stream (the kernel's 2 s).
+const UDP_STREAM_AGE_MS: u64 = 2_000;
 
 /// Timeouts in milliseconds, resolved once from `CtConfig`.
 #[derive(Clone, Copy, Debug)]
@@ -155,8 +158,15 @@ impl Conntrack {
             state |= FLAG_MASQ;
         }
         let expires = now_ms + self.timeout_ms(orig.proto, state);
-        self.table
-            .insert(orig, reply, state, service_id, expires, early_drop_hint)
+        self.table.insert(
+            orig,
+            reply,
+            state,
+            service_id,
+            now_ms,
+            expires,
+            early_drop_hint,
+        )
     }
 
     /// Moves a tracked connection's state for one packet in direction `found.dir`, refreshes its
@@ -165,13 +175,21 @@ impl Conntrack {
     pub fn on_packet(&self, found: &Found, tcp_flags: u8, bytes: u64, now_ms: u64) -> Option<u32> {
         let proto = found.other.proto;
         let dir = found.dir;
+        // UDP becomes a stream (assured, long timeout) once answered and still active two
+        // seconds after it began, as in the kernel: a single DNS exchange stays short-lived.
+        let udp_stream_age =
+            proto == 17 && now_ms >= self.table.created_ms(found.idx) + UDP_STREAM_AGE_MS;
         let state = self.table.update_state(found.idx, |cur| {
             let mut s = cur;
-            if dir == DIR_REPLY && s & FLAG_SEEN_REPLY == 0 {
+            if dir == DIR_REPLY {
                 s |= FLAG_SEEN_REPLY;
-                if proto != 6 {
-                    // UDP, SCTP and ICMP are assured once answered; TCP once established.
-                    s |= FLAG_ASSURED;
+            }
+            if s & FLAG_SEEN_REPLY != 0 {
+                match proto {
+                    17 if udp_stream_age => s |= FLAG_ASSURED,
+                    // SCTP and ICMP are assured once answered; TCP once established.
+                    132 | 1 | 58 => s |= FLAG_ASSURED,
+                    _ => {}
                 }
             }
             if proto == 6 {
@@ -205,7 +223,7 @@ impl Conntrack {
         let t = &self.timeouts;
         match proto {
             6 => t.tcp[tcp_state_of(state) as usize],
-            17 if state & FLAG_SEEN_REPLY != 0 => t.udp_stream,
+            17 if state & FLAG_ASSURED != 0 => t.udp_stream,
             17 => t.udp,
             132 if state & FLAG_SEEN_REPLY != 0 => t.sctp_established,
             132 => t.sctp_short,
@@ -275,6 +293,7 @@ impl Conntrack {
             &value,
             FLAG_SINGLE_KEY | FLAG_ASSURED,
             service_id,
+            now_ms,
             now_ms + timeout_s as u64 * 1000,
             hint,
         )

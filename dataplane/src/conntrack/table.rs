@@ -50,6 +50,7 @@ struct Entry {
     /// Life cycle, flags, protocol state.
     state: AtomicU32,
     expires_ms: AtomicU64,
+    created_ms: AtomicU64,
     tuples: [[AtomicU64; 5]; 2],
     service_id: AtomicU32,
     next_free: AtomicU32,
@@ -257,12 +258,14 @@ impl Table {
 
     /// Inserts a connection; returns its entry index. `reply` is not indexed when `flags` carries
     /// `FLAG_SINGLE_KEY`. `early_drop` picks where to look for an unassured victim when full.
+    #[allow(clippy::too_many_arguments)]
     pub fn insert(
         &self,
         orig: &Tuple,
         reply: &Tuple,
         flags_and_state: u32,
         service_id: u32,
+        now_ms: u64,
         expires_ms: u64,
         early_drop_hint: u64,
     ) -> Result<u32, InsertError> {
@@ -300,6 +303,7 @@ impl Table {
         }
         e.service_id.store(service_id, Ordering::Relaxed);
         e.expires_ms.store(expires_ms, Ordering::Relaxed);
+        e.created_ms.store(now_ms, Ordering::Relaxed);
         let c = &self.counters[idx as usize];
         for d in 0..2 {
             c.packets[d].store(0, Ordering::Relaxed);
@@ -448,6 +452,14 @@ impl Table {
                 Err(c) => cur = c,
             }
         }
+    }
+
+    /// When the entry was created.
+    #[inline]
+    pub fn created_ms(&self, idx: u32) -> u64 {
+        self.entries[idx as usize]
+            .created_ms
+            .load(Ordering::Relaxed)
     }
 
     #[inline]
@@ -644,6 +656,7 @@ impl Entry {
             seq: AtomicU32::new(0),
             state: AtomicU32::new(LIFE_FREE),
             expires_ms: AtomicU64::new(0),
+            created_ms: AtomicU64::new(0),
             tuples: std::array::from_fn(|_| std::array::from_fn(|_| AtomicU64::new(0))),
             service_id: AtomicU32::new(0),
             next_free: AtomicU32::new(0),

@@ -79,12 +79,24 @@ fn udp_expires_unreplied_then_stream() {
         "unreplied UDP lives 30 s"
     );
     ct.create(&orig, &reply, 0, false, 0, 40_000, 0).unwrap();
+    // An answer within 2 s: still short-lived (a DNS exchange).
     let r = find(&ct, &reply, 40_000).unwrap();
-    let s = ct.on_packet(&r, 0, 10, 40_000).unwrap();
+    let s = ct.on_packet(&r, 0, 10, 40_500).unwrap();
+    assert!(s & FLAG_ASSURED == 0);
+    assert!(
+        find(&ct, &orig, 40_500 + 31_000).is_none(),
+        "a quick exchange lives 30 s"
+    );
+    ct.create(&orig, &reply, 0, false, 0, 100_000, 0).unwrap();
+    let r = find(&ct, &reply, 100_000).unwrap();
+    ct.on_packet(&r, 0, 10, 100_500).unwrap();
+    // Still active 2 s after it began: a stream.
+    let o = find(&ct, &orig, 103_000).unwrap();
+    let s = ct.on_packet(&o, 0, 10, 103_000).unwrap();
     assert!(s & FLAG_ASSURED != 0);
     assert!(
-        find(&ct, &orig, 40_000 + 119_000).is_some(),
-        "replied UDP lives 120 s"
+        find(&ct, &orig, 103_000 + 119_000).is_some(),
+        "a UDP stream lives 120 s"
     );
 }
 

@@ -430,3 +430,35 @@ fn syn_after_time_wait_starts_a_new_connection() {
     );
     assert_eq!(h.ct.connections().count(), 1);
 }
+
+#[test]
+fn established_flow_keeps_its_backend_when_the_service_changes() {
+    let mut h = Harness::new(snapshot(false, 0));
+    let (_, out) = h.one(tcp(POD, 40000, VIP, 80, true, false));
+    let backend = meta(&out).dst;
+    // The Service now lists only the other endpoint; a new snapshot is published.
+    let mut s = snapshot(false, 0);
+    let other = if backend == a(EP1) { 1 } else { 0 };
+    s.frontend_table[0].routes = [Route {
+        endpoints: EndpointRange {
+            start: other,
+            len: 1,
+        },
+        masquerade: false,
+        when_empty: EmptyAction::Reject,
+    }; 3];
+    h.snap = Arc::new(s);
+    for _ in 0..5 {
+        let (v, out) = h.one(tcp(POD, 40000, VIP, 80, false, true));
+        assert_eq!(v.reason, Reason::Established);
+        assert_eq!(
+            meta(&out).dst,
+            backend,
+            "the tracked connection keeps its backend"
+        );
+    }
+    // A new connection goes to the remaining endpoint.
+    let (v, out) = h.one(tcp(POD, 40001, VIP, 80, true, false));
+    assert_eq!(v.reason, Reason::ServiceDnat);
+    assert_ne!(meta(&out).dst, backend);
+}

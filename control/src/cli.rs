@@ -38,6 +38,49 @@ enum Command {
     Version,
     /// Replay a pcap through the pipeline, from memory, as fast as it goes.
     Replay(ReplayArgs),
+    /// Captures and clusters for benchmarks and tests.
+    Pcap {
+        #[command(subcommand)]
+        command: PcapCommand,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum PcapCommand {
+    /// Generate a synthetic cluster (config.yaml, state.yaml) and a capture (capture.pcap) of
+    /// TCP traffic to its ClusterIPs.
+    Gen(GenArgs),
+}
+
+#[derive(Args, Debug)]
+struct GenArgs {
+    /// Directory to write config.yaml, state.yaml and capture.pcap into (created if missing).
+    #[arg(long, value_name = "DIR")]
+    out_dir: PathBuf,
+    /// ClusterIP Services (one TCP port each).
+    #[arg(long, value_name = "N", default_value_t = 1000)]
+    services: u32,
+    /// Ready endpoints per Service.
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    endpoints: u32,
+    /// Long-lived flows (established and mixed modes).
+    #[arg(long, value_name = "N", default_value_t = 10_000)]
+    flows: u32,
+    /// Packets in the capture.
+    #[arg(long, value_name = "N", default_value_t = 1_000_000)]
+    packets: u64,
+    /// established: SYNs then data over the flows; new: every packet a new connection; mixed: 90/10.
+    #[arg(long, value_name = "MODE", default_value = "established")]
+    mode: crate::pcapgen::GenMode,
+    /// IPv6 instead of IPv4.
+    #[arg(long)]
+    ipv6: bool,
+    /// Largest frame in bytes.
+    #[arg(long, value_name = "BYTES", default_value_t = 64)]
+    payload: usize,
+    /// Seed of the generator.
+    #[arg(long, value_name = "S", default_value_t = 1)]
+    seed: u64,
 }
 
 #[derive(Args, Debug)]
@@ -99,14 +142,51 @@ where
             println!("kxdp {}", env!("CARGO_PKG_VERSION"));
             EXIT_OK
         }
-        Command::Replay(args) => match cmd_replay(&args) {
-            Ok(()) => EXIT_OK,
-            Err(e) => {
-                eprintln!("kxdp: {}", e.message);
-                e.code
-            }
-        },
+        Command::Replay(args) => finish(cmd_replay(&args)),
+        Command::Pcap {
+            command: PcapCommand::Gen(args),
+        } => finish(cmd_pcap_gen(&args)),
     }
+}
+
+fn finish(r: Result<(), CliError>) -> i32 {
+    match r {
+        Ok(()) => EXIT_OK,
+        Err(e) => {
+            eprintln!("kxdp: {}", e.message);
+            e.code
+        }
+    }
+}
+
+fn cmd_pcap_gen(args: &GenArgs) -> Result<(), CliError> {
+    if args.services == 0 || args.endpoints == 0 {
+        return Err(bad_input("--services and --endpoints must be at least 1"));
+    }
+    let spec = crate::pcapgen::GenSpec {
+        services: args.services,
+        endpoints_per_service: args.endpoints,
+        flows: args.flows.max(1),
+        packets: args.packets,
+        mode: args.mode,
+        ipv6: args.ipv6,
+        payload: args.payload,
+        seed: args.seed,
+    };
+    let summary = crate::pcapgen::generate(&spec, &args.out_dir)
+        .map_err(|e| failure(format!("{}: {e}", args.out_dir.display())))?;
+    eprintln!(
+        "wrote {} ({} services, {} endpoints), {} ({} packets: {} SYN, {} data; {} flows)",
+        summary.state.display(),
+        summary.services,
+        summary.endpoints,
+        summary.pcap.display(),
+        summary.packets,
+        summary.syn_packets,
+        summary.data_packets,
+        summary.flows
+    );
+    Ok(())
 }
 
 fn init_tracing() {

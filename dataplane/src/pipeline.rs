@@ -15,7 +15,7 @@
 //! Every outcome is one `Reason`, counted in `Counters`. No allocation, lock or syscall per packet.
 
 use kxdp_packet::{
-    build_port_unreachable, build_tcp_rst, parse, rewrite, Addr, LinkType, PacketMeta, Parsed,
+    build_port_unreachable, build_tcp_rst, parse_into, rewrite, Addr, LinkType, PacketMeta,
 };
 
 use crate::conntrack::{
@@ -30,8 +30,9 @@ pub const MAX_BATCH: usize = 256;
 /// Source ports tried for a unique reply tuple before a connection is refused (`snat-exhausted`).
 const SNAT_ATTEMPTS: u32 = 32;
 
-/// Conntrack entries a worker examines for expiry after each batch.
-const EXPIRY_BUDGET: usize = 64;
+/// Most conntrack entries a worker examines for expiry after one batch (the scan is paced by
+/// time; this bounds one step).
+const EXPIRY_BUDGET: usize = 256;
 
 /// A batch of frames the pipeline processes in place. Each frame is a buffer (its full capacity,
 /// so that a reply may be longer than the packet it answers) and the length of the frame in it.
@@ -165,19 +166,18 @@ impl Pipeline {
         ct: &Conntrack,
         now_ms: u64,
     ) {
-        // 1. Parse, hash, prefetch.
+        // 1. Parse and hash. (A software prefetch of the conntrack slot here was measured and
+        // made things slower: without an `unsafe` prefetch intrinsic it has to be a real load.)
         for i in 0..m {
             let s = &mut self.scratch[i];
             s.found = None;
-            match parse(frames.frame(base + i), self.link) {
-                Ok(Parsed::Ip(meta)) => {
-                    s.meta = meta;
+            match parse_into(frames.frame(base + i), self.link, &mut s.meta) {
+                Ok(true) => {
                     s.kind = KIND_IP;
-                    s.key = Tuple::from_meta(&meta).pack();
+                    s.key = Tuple::from_meta(&s.meta).pack();
                     s.hash = ct.hash(&s.key);
-                    ct.prefetch(s.hash);
                 }
-                Ok(Parsed::NotIp) => s.kind = KIND_NOT_IP,
+                Ok(false) => s.kind = KIND_NOT_IP,
                 Err(_) => s.kind = KIND_MALFORMED,
             }
         }
@@ -195,29 +195,30 @@ impl Pipeline {
         // for packets whose hash the `created` filter has seen.
         self.created = [0; 16];
         for i in 0..m {
-            let mut slot = self.scratch[i];
-            if slot.kind == KIND_IP
-                && slot.meta.proto != crate::conntrack::AFFINITY_PROTO
-                && self.maybe_created(slot.hash)
+            let (kind, hash) = (self.scratch[i].kind, self.scratch[i].hash);
+            if kind == KIND_IP
+                && self.scratch[i].meta.proto != crate::conntrack::AFFINITY_PROTO
+                && self.maybe_created(hash)
             {
-                slot.found = ct.lookup(&slot.key, slot.hash, now_ms);
+                let s = &mut self.scratch[i];
+                s.found = ct.lookup(&s.key, hash, now_ms);
             }
             let v = &mut verdicts[base + i];
             *v = Verdict::default();
             let (buf, len) = frames.frame_mut(base + i);
             self.counters.packets += 1;
             self.counters.bytes += *len as u64;
-            match slot.kind {
+            match kind {
                 KIND_NOT_IP => v.set(Reason::NotIp),
                 KIND_MALFORMED => v.set(Reason::Malformed),
                 _ => {
-                    let mut meta = slot.meta;
+                    let mut meta = self.scratch[i].meta;
                     fill_orig(v, &meta);
-                    match slot.found {
+                    match self.scratch[i].found {
                         Some(found) => {
                             self.established(buf, len, &mut meta, &found, v, snap, ct, now_ms)
                         }
-                        None => self.new_flow(buf, len, &mut meta, slot.hash, v, snap, ct, now_ms),
+                        None => self.new_flow(buf, len, &mut meta, hash, v, snap, ct, now_ms),
                     }
                 }
             }

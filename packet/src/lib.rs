@@ -30,7 +30,7 @@ pub mod udp;
 mod field;
 
 pub use addr::{Addr, Family};
-pub use meta::{parse, proto, Frag, PacketMeta, Parsed};
+pub use meta::{parse, parse_into, proto, Frag, PacketMeta, Parsed};
 pub use reply::{build_port_unreachable, build_tcp_rst};
 pub use rewrite::rewrite;
 

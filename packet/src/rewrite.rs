@@ -65,22 +65,30 @@ pub fn try_rewrite(
     }
 
     // Old addresses as they are in the frame.
-    let (src_at, dst_at, alen) = match fam {
-        Family::V4 => (l3 + 12, l3 + 16, 4),
-        Family::V6 => (l3 + 8, l3 + 24, 16),
+    // Fixed-size copies per family: a variable length would become a `memmove` call.
+    let (old_src, old_dst, src_changed, dst_changed) = match fam {
+        Family::V4 => {
+            let (s_at, d_at) = (l3 + 12, l3 + 16);
+            let os: [u8; 4] = frame[s_at..s_at + 4].try_into().unwrap_or_default();
+            let od: [u8; 4] = frame[d_at..d_at + 4].try_into().unwrap_or_default();
+            frame[s_at..s_at + 4].copy_from_slice(&src.v4_octets());
+            frame[d_at..d_at + 4].copy_from_slice(&dst.v4_octets());
+            (
+                Addr::from_v4(os),
+                Addr::from_v4(od),
+                os != src.v4_octets(),
+                od != dst.v4_octets(),
+            )
+        }
+        Family::V6 => {
+            let (s_at, d_at) = (l3 + 8, l3 + 24);
+            let os: [u8; 16] = frame[s_at..s_at + 16].try_into().unwrap_or_default();
+            let od: [u8; 16] = frame[d_at..d_at + 16].try_into().unwrap_or_default();
+            frame[s_at..s_at + 16].copy_from_slice(&src.0);
+            frame[d_at..d_at + 16].copy_from_slice(&dst.0);
+            (Addr(os), Addr(od), Addr(os) != src, Addr(od) != dst)
+        }
     };
-    let mut old_src = Addr::UNSPECIFIED;
-    let mut old_dst = Addr::UNSPECIFIED;
-    old_src.0[16 - alen..].copy_from_slice(&frame[src_at..src_at + alen]);
-    old_dst.0[16 - alen..].copy_from_slice(&frame[dst_at..dst_at + alen]);
-    if fam == Family::V4 {
-        old_src = Addr::from_v4(old_src.v4_octets());
-        old_dst = Addr::from_v4(old_dst.v4_octets());
-    }
-    let src_changed = old_src.0[16 - alen..] != src.0[16 - alen..];
-    let dst_changed = old_dst.0[16 - alen..] != dst.0[16 - alen..];
-    frame[src_at..src_at + alen].copy_from_slice(&src.0[16 - alen..]);
-    frame[dst_at..dst_at + alen].copy_from_slice(&dst.0[16 - alen..]);
 
     // Adjusts a checksum for the address change (IPv4 header and pseudo-headers alike).
     let addr_delta = |mut c: u16| {

@@ -31,6 +31,10 @@ impl Grace {
         }
     }
 
+    pub fn participants(&self) -> usize {
+        self.announced.len()
+    }
+
     #[inline]
     pub fn epoch(&self) -> u64 {
         self.global.load(Ordering::Acquire)

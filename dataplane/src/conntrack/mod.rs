@@ -114,11 +114,6 @@ impl Conntrack {
         self.table.hash(key)
     }
 
-    #[inline]
-    pub fn prefetch(&self, hash: u64) {
-        self.table.prefetch(hash)
-    }
-
     /// Finds the connection a packet with tuple `key` (packed, with its hash) belongs to. An entry
     /// past its expiry is gone, whether or not the expiry scan has reached it yet.
     #[inline]

@@ -140,6 +140,9 @@ pub struct Table {
     early_drops: AtomicU64,
 }
 
+/// Every used entry and index slot is looked at once per this period (all workers together).
+const SWEEP_PERIOD_MS: u64 = 1_000;
+
 /// Longest probe sequence before a lookup gives up: a table kept at most half full by live keys
 /// stays far below it; it bounds the work of a pathological chain.
 const MAX_PROBE: usize = 4096;
@@ -183,14 +186,6 @@ impl Table {
     #[inline]
     pub fn hash(&self, p: &Packed) -> u64 {
         hash_packed(p, self.seed)
-    }
-
-    /// Hints the CPU to fetch the index slot a lookup of `hash` starts at.
-    #[inline]
-    pub fn prefetch(&self, hash: u64) {
-        // A plain load the CPU issues out of order works as a prefetch without `unsafe`
-        // intrinsics: the result is not waited for until the lookup pass needs it.
-        std::hint::black_box(self.slots[hash as usize & self.slot_mask].load(Ordering::Relaxed));
     }
 
     /// Finds the live entry holding `key` in either direction.
@@ -486,7 +481,31 @@ impl Table {
     /// entries for expired or killed ones and retires them, recycles what has waited out its grace
     /// period, and clears old tombstones. Returns how many entries expired.
     pub fn maintain(&self, now_ms: u64, budget: usize, retired: &mut Retired) -> usize {
-        let epoch = self.grace.try_advance();
+        // Pace the scans by time: each worker covers its share of the used entries (and of the
+        // index) once per `SWEEP_PERIOD_MS`, so an idle clock costs nothing and a busy one no
+        // more than needed. Lookups check expiry themselves; the scan only reclaims room.
+        let elapsed = now_ms.saturating_sub(retired.last_ms);
+        retired.last_ms = now_ms;
+        let n = self.entries.len() as u64;
+        let used = (self.next_unused.load(Ordering::Relaxed) as u64)
+            .min(n)
+            .max(1);
+        let share = self.grace.participants() as u64 * SWEEP_PERIOD_MS;
+        retired.entry_credit =
+            (retired.entry_credit + elapsed.saturating_mul(used) / share).min(used);
+        retired.slot_credit = (retired.slot_credit
+            + elapsed.saturating_mul(self.slots.len() as u64) / share)
+            .min(self.slots.len() as u64);
+        let budget = (retired.entry_credit as usize).min(budget);
+        retired.entry_credit -= budget as u64;
+        let slot_budget = (retired.slot_credit as usize).min(budget * 8 + 64);
+        retired.slot_credit -= slot_budget as u64;
+
+        let epoch = if retired.items.is_empty() && budget == 0 {
+            self.grace.epoch()
+        } else {
+            self.grace.try_advance()
+        };
         // Recycle what is safe.
         let mut k = 0;
         while k < retired.items.len() {
@@ -503,10 +522,6 @@ impl Table {
             }
         }
         // Scan entries.
-        let n = self.entries.len() as u64;
-        let used = (self.next_unused.load(Ordering::Relaxed) as u64)
-            .min(n)
-            .max(1);
         let start = self.scan_cursor.fetch_add(budget as u64, Ordering::Relaxed);
         let mut expired = 0;
         for j in 0..budget as u64 {
@@ -534,8 +549,8 @@ impl Table {
         let nslots = self.slots.len() as u64;
         let start = self
             .slot_cursor
-            .fetch_add(budget as u64 * 4, Ordering::Relaxed);
-        for j in 0..budget as u64 * 4 {
+            .fetch_add(slot_budget as u64, Ordering::Relaxed);
+        for j in 0..slot_budget as u64 {
             let i = ((start + j) % nslots) as usize;
             self.clear_tombs_before(i);
         }
@@ -667,12 +682,19 @@ impl Entry {
 /// A worker's entries waiting out their grace period. Preallocated: maintenance never grows it.
 pub struct Retired {
     items: Vec<(u32, u64)>,
+    /// The clock at the previous maintenance step, and the scan work it has earned since.
+    last_ms: u64,
+    entry_credit: u64,
+    slot_credit: u64,
 }
 
 impl Retired {
     pub fn with_capacity(n: usize) -> Retired {
         Retired {
             items: Vec::with_capacity(n),
+            last_ms: 0,
+            entry_credit: 0,
+            slot_credit: 0,
         }
     }
 

@@ -173,7 +173,7 @@ impl Conntrack {
         // UDP becomes a stream (assured, long timeout) once answered and still active two
         // seconds after it began, as in the kernel: a single DNS exchange stays short-lived.
         let udp_stream_age =
-            proto == 17 && now_ms >= self.table.created_ms(found.idx) + UDP_STREAM_AGE_MS;
+            proto == 17 && self.table.age_ms(found.idx, now_ms) >= UDP_STREAM_AGE_MS;
         let state = self.table.update_state(found.idx, |cur| {
             let mut s = cur;
             if dir == DIR_REPLY {

@@ -43,6 +43,8 @@ pub const DIR_FLAGS_SHIFT: u32 = 16;
 pub const DIR_ORIG: u8 = 0;
 pub const DIR_REPLY: u8 = 1;
 
+/// One connection: exactly two cache lines, counters included (a separate counter array cost a
+/// third memory access per packet and false sharing between workers).
 #[repr(C, align(64))]
 struct Entry {
     /// Seqlock over the tuples: odd while they are written.
@@ -50,21 +52,22 @@ struct Entry {
     /// Life cycle, flags, protocol state.
     state: AtomicU32,
     expires_ms: AtomicU64,
-    created_ms: AtomicU64,
     tuples: [[AtomicU64; 5]; 2],
+    /// Bytes per direction.
+    bytes: [AtomicU64; 2],
+    /// While live: when the entry was created (milliseconds, wrapping: only ages of seconds are
+    /// asked). While free: the next free entry + 1 (0 ends the list).
+    created_or_next: AtomicU32,
     service_id: AtomicU32,
-    next_free: AtomicU32,
+    /// Packets per direction (wrapping at 2^32).
+    packets: [AtomicU32; 2],
 }
 
-/// Per-direction counters, kept apart from the entry's first cache line. Updated with a plain
-/// load + store rather than an atomic add: a direction of a flow is handled by one worker at a
-/// time (RSS and replay steering keep it so), so this never loses counts in practice and costs no
-/// locked instruction per packet.
-#[derive(Default)]
-struct Counters {
-    packets: [AtomicU64; 2],
-    bytes: [AtomicU64; 2],
-}
+// Counters are updated with a plain load + store rather than an atomic add: a direction of a flow
+// is handled by one worker at a time (RSS and replay steering keep it so), so this never loses
+// counts in practice and costs no locked instruction per packet.
+
+const _: () = assert!(std::mem::size_of::<Entry>() == 128);
 
 const SLOT_EMPTY: u64 = 0;
 const TOMB_BIT: u64 = 1;
@@ -122,7 +125,6 @@ pub enum InsertError {
 
 pub struct Table {
     entries: Box<[Entry]>,
-    counters: Box<[Counters]>,
     slots: Box<[AtomicU64]>,
     slot_mask: usize,
     seed: u64,
@@ -156,7 +158,6 @@ impl Table {
         let nslots = (capacity * 2 * 2).next_power_of_two();
         Table {
             entries: (0..capacity).map(|_| Entry::new()).collect(),
-            counters: (0..capacity).map(|_| Counters::default()).collect(),
             slots: (0..nslots).map(|_| AtomicU64::new(SLOT_EMPTY)).collect(),
             slot_mask: nslots - 1,
             seed: seed | 1,
@@ -298,11 +299,10 @@ impl Table {
         }
         e.service_id.store(service_id, Ordering::Relaxed);
         e.expires_ms.store(expires_ms, Ordering::Relaxed);
-        e.created_ms.store(now_ms, Ordering::Relaxed);
-        let c = &self.counters[idx as usize];
+        e.created_or_next.store(now_ms as u32, Ordering::Relaxed);
         for d in 0..2 {
-            c.packets[d].store(0, Ordering::Relaxed);
-            c.bytes[d].store(0, Ordering::Relaxed);
+            e.packets[d].store(0, Ordering::Relaxed);
+            e.bytes[d].store(0, Ordering::Relaxed);
         }
         e.state.store(
             (flags_and_state & !LIFE_MASK) | LIFE_LIVE,
@@ -346,7 +346,9 @@ impl Table {
                 break;
             }
             let idx = (top - 1) as u32;
-            let next = self.entries[idx as usize].next_free.load(Ordering::Acquire) as u64;
+            let next = self.entries[idx as usize]
+                .created_or_next
+                .load(Ordering::Acquire) as u64;
             let new = (head >> 32).wrapping_add(1) << 32 | next;
             match self.free_head.compare_exchange_weak(
                 head,
@@ -372,7 +374,7 @@ impl Table {
         e.state.store(LIFE_FREE, Ordering::Release);
         let mut head = self.free_head.load(Ordering::Acquire);
         loop {
-            e.next_free
+            e.created_or_next
                 .store((head & 0xffff_ffff) as u32, Ordering::Release);
             let new = (head >> 32).wrapping_add(1) << 32 | (idx as u64 + 1);
             match self.free_head.compare_exchange_weak(
@@ -451,10 +453,12 @@ impl Table {
 
     /// When the entry was created.
     #[inline]
-    pub fn created_ms(&self, idx: u32) -> u64 {
-        self.entries[idx as usize]
-            .created_ms
-            .load(Ordering::Relaxed)
+    /// Milliseconds since the entry was created (exact for ages below 49 days).
+    pub fn age_ms(&self, idx: u32, now_ms: u64) -> u64 {
+        let created = self.entries[idx as usize]
+            .created_or_next
+            .load(Ordering::Relaxed);
+        (now_ms as u32).wrapping_sub(created) as u64
     }
 
     #[inline]
@@ -468,11 +472,14 @@ impl Table {
 
     #[inline]
     pub fn count(&self, idx: u32, dir: u8, bytes: u64) {
-        let c = &self.counters[idx as usize];
+        let e = &self.entries[idx as usize];
         let d = dir as usize & 1;
-        c.packets[d].store(c.packets[d].load(Ordering::Relaxed) + 1, Ordering::Relaxed);
-        c.bytes[d].store(
-            c.bytes[d].load(Ordering::Relaxed) + bytes,
+        e.packets[d].store(
+            e.packets[d].load(Ordering::Relaxed).wrapping_add(1),
+            Ordering::Relaxed,
+        );
+        e.bytes[d].store(
+            e.bytes[d].load(Ordering::Relaxed) + bytes,
             Ordering::Relaxed,
         );
     }
@@ -524,11 +531,12 @@ impl Table {
         // Scan entries.
         let start = self.scan_cursor.fetch_add(budget as u64, Ordering::Relaxed);
         let mut expired = 0;
-        for j in 0..budget as u64 {
+        let mut idx = (start % used) as u32;
+        for _ in 0..budget {
             if retired.items.len() == retired.items.capacity() {
                 break; // never grow: the rest waits for the next round
             }
-            let idx = ((start + j) % used) as u32;
+            idx = if idx as u64 + 1 >= used { 0 } else { idx + 1 };
             let e = &self.entries[idx as usize];
             let s = e.state.load(Ordering::Acquire);
             let life = s & LIFE_MASK;
@@ -546,13 +554,12 @@ impl Table {
             }
         }
         // Clear tombstones that are past their grace period and end a probe chain.
-        let nslots = self.slots.len() as u64;
         let start = self
             .slot_cursor
             .fetch_add(slot_budget as u64, Ordering::Relaxed);
         for j in 0..slot_budget as u64 {
-            let i = ((start + j) % nslots) as usize;
-            self.clear_tombs_before(i);
+            // The index length is a power of two.
+            self.clear_tombs_before((start + j) as usize & self.slot_mask);
         }
         expired
     }
@@ -644,7 +651,6 @@ impl Table {
             if state & LIFE_MASK != LIFE_LIVE {
                 return None;
             }
-            let c = &self.counters[idx as usize];
             return Some(EntryView {
                 idx,
                 orig: Tuple::unpack(&orig),
@@ -652,8 +658,8 @@ impl Table {
                 state,
                 service_id,
                 expires_ms: e.expires_ms.load(Ordering::Relaxed),
-                packets: [0, 1].map(|d| c.packets[d].load(Ordering::Relaxed)),
-                bytes: [0, 1].map(|d| c.bytes[d].load(Ordering::Relaxed)),
+                packets: [0, 1].map(|d| e.packets[d].load(Ordering::Relaxed) as u64),
+                bytes: [0, 1].map(|d| e.bytes[d].load(Ordering::Relaxed)),
             });
         }
     }
@@ -671,10 +677,11 @@ impl Entry {
             seq: AtomicU32::new(0),
             state: AtomicU32::new(LIFE_FREE),
             expires_ms: AtomicU64::new(0),
-            created_ms: AtomicU64::new(0),
             tuples: std::array::from_fn(|_| std::array::from_fn(|_| AtomicU64::new(0))),
+            bytes: [AtomicU64::new(0), AtomicU64::new(0)],
+            created_or_next: AtomicU32::new(0),
             service_id: AtomicU32::new(0),
-            next_free: AtomicU32::new(0),
+            packets: [AtomicU32::new(0), AtomicU32::new(0)],
         }
     }
 }

@@ -2,6 +2,7 @@
 
 pub mod conntrack;
 pub mod pipeline;
+pub mod policy;
 pub mod replay;
 pub mod snapshot;
 pub mod verdict;

@@ -262,6 +262,8 @@ pub struct Snapshot {
     pub frontend_table: Vec<Frontend>,
     pub endpoints: Vec<Endpoint>,
     pub service_ports: Vec<ServicePortInfo>,
+    /// NetworkPolicy: the compiled rules of this node's pods (empty: nothing is isolated).
+    pub policy: Arc<crate::policy::PolicyTables>,
 }
 
 impl Snapshot {

@@ -95,6 +95,10 @@ reasons! {
     SnatExhausted = "snat-exhausted" => Drop,
     /// Masquerade needed but this node has no address of the packet's family.
     NoNodeAddress = "no-node-address" => Drop,
+    /// A new connection into a local pod that its ingress NetworkPolicies do not allow.
+    PolicyDeniedIngress = "policy-denied-ingress" => Drop,
+    /// A new connection out of a local pod that its egress NetworkPolicies do not allow.
+    PolicyDeniedEgress = "policy-denied-egress" => Drop,
 }
 
 /// The outcome for one packet. Plain data, written by the pipeline into a caller-provided slice.

@@ -1,0 +1,841 @@
+//! NetworkPolicy as the dataplane sees it: per local pod and direction, one compiled lookup
+//! structure, and the judgement of a new connection. No Kubernetes types: `control` resolves
+//! selectors, named ports and policy types (`control/src/policy/`) and hands over address
+//! ranges with port sets.
+//!
+//! A connection is judged once, on its first packet, on the pod addresses after Service DNAT:
+//!
+//! - egress, when the source is a local pod isolated for egress: the destination must be allowed
+//!   by one of its egress rules (or be this node);
+//! - ingress, when the destination is a local pod isolated for ingress: the source must be
+//!   allowed by one of its ingress rules (or be this node; hostNetwork pods are the node).
+//!
+//! A pod is never denied its own traffic. Both checks apply when both ends are local.
+//!
+//! The rules of one pod and direction (the union of every policy that selects it) are compiled
+//! into [`DirRules`]: the address space (IPv4 as IPv4-mapped IPv6, so both families share one
+//! `u128` line) cut into disjoint segments, each naming the port set allowed from/to addresses in
+//! it. Pod peers are /32 (/128) segments, ipBlocks with their excepts cut out are wider ones,
+//! "any peer" is the whole line. A lookup is one binary search and a scan of a short port list,
+//! whatever the number of policies.
+
+use std::fmt;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use ahash::RandomState;
+use hashbrown::HashMap;
+use kxdp_packet::Addr;
+
+/// `PortEntry::proto` of an entry that matches every protocol and port (a rule without `ports`).
+pub const ANY_PROTO: u8 = 0;
+
+/// Segment value: no rule allows this address.
+const NONE: u32 = u32::MAX;
+
+/// One allowed (protocol, port range), and the rule that allows it (index into
+/// [`PolicyTables::rules`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PortEntry {
+    /// IP protocol number, or [`ANY_PROTO`].
+    pub proto: u8,
+    pub lo: u16,
+    pub hi: u16,
+    pub rule: u32,
+}
+
+impl PortEntry {
+    /// Every protocol and port (a rule that lists no ports).
+    pub fn any(rule: u32) -> PortEntry {
+        PortEntry {
+            proto: ANY_PROTO,
+            lo: 0,
+            hi: u16::MAX,
+            rule,
+        }
+    }
+
+    pub fn range(proto: u8, lo: u16, hi: u16, rule: u32) -> PortEntry {
+        PortEntry {
+            proto,
+            lo,
+            hi,
+            rule,
+        }
+    }
+
+    #[inline]
+    pub fn matches(&self, proto: u8, port: u16) -> bool {
+        (self.proto == ANY_PROTO || self.proto == proto) && self.lo <= port && port <= self.hi
+    }
+}
+
+/// The compiled rules of one local pod in one direction: disjoint address segments with the port
+/// set allowed for each. Immutable; shared (`Arc`) by every pod whose inputs are the same.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DirRules {
+    /// Segment starts, ascending; `starts[0] == 0`. Segment `i` is `starts[i]..starts[i + 1]`.
+    starts: Box<[u128]>,
+    /// Per segment: index into `sets`, or `NONE`.
+    seg: Box<[u32]>,
+    /// Distinct port sets, each sorted.
+    sets: Box<[Box<[PortEntry]>]>,
+}
+
+impl DirRules {
+    /// Isolated with no rule: nothing is allowed.
+    pub fn deny_all() -> DirRules {
+        DirRules {
+            starts: Box::new([0]),
+            seg: Box::new([NONE]),
+            sets: Box::new([]),
+        }
+    }
+
+    /// The port set for an address (empty when nothing is allowed).
+    #[inline]
+    pub fn ports_for(&self, addr: &Addr) -> &[PortEntry] {
+        let a = addr.as_u128();
+        // starts[0] == 0, so the partition point is at least 1.
+        let i = self.starts.partition_point(|&s| s <= a) - 1;
+        match self.seg[i] {
+            NONE => &[],
+            s => &self.sets[s as usize],
+        }
+    }
+
+    /// The rule allowing `proto`/`port` to or from `addr`, if any.
+    #[inline]
+    pub fn lookup(&self, addr: &Addr, proto: u8, port: u16) -> Option<u32> {
+        self.ports_for(addr)
+            .iter()
+            .find(|e| e.matches(proto, port))
+            .map(|e| e.rule)
+    }
+
+    /// Number of segments (for statistics and tests).
+    pub fn segments(&self) -> usize {
+        self.starts.len()
+    }
+
+    /// Whether no address is allowed anything.
+    pub fn is_deny_all(&self) -> bool {
+        self.seg.iter().all(|&s| s == NONE)
+    }
+}
+
+/// Builds a [`DirRules`] from overlapping contributions: each an inclusive address range (on the
+/// `u128` line) and the port entries it allows. Overlaps are unions.
+#[derive(Clone, Debug, Default)]
+pub struct DirRulesBuilder {
+    ranges: Vec<(u128, u128, u32)>,
+    lists: Vec<Vec<PortEntry>>,
+}
+
+impl DirRulesBuilder {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Allows `entries` for every address in each of `ranges` (inclusive bounds).
+    pub fn add(&mut self, ranges: &[(u128, u128)], entries: &[PortEntry]) {
+        if ranges.is_empty() || entries.is_empty() {
+            return;
+        }
+        let id = self.lists.len() as u32;
+        self.lists.push(entries.to_vec());
+        for &(lo, hi) in ranges {
+            if lo <= hi {
+                self.ranges.push((lo, hi, id));
+            }
+        }
+    }
+
+    /// Allows `entries` for one address.
+    pub fn add_addr(&mut self, addr: &Addr, entries: &[PortEntry]) {
+        let a = addr.as_u128();
+        self.add(&[(a, a)], entries);
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ranges.is_empty()
+    }
+
+    /// A sweep over the range boundaries: each elementary segment gets the union of the lists
+    /// active over it; equal neighbours merge.
+    pub fn build(self) -> DirRules {
+        // Events: (point, +1 start / -1 end, list). An end at u128::MAX + 1 never happens.
+        let mut events: Vec<(u128, bool, u32)> = Vec::with_capacity(self.ranges.len() * 2);
+        for &(lo, hi, id) in &self.ranges {
+            events.push((lo, true, id));
+            if let Some(end) = hi.checked_add(1) {
+                events.push((end, false, id));
+            }
+        }
+        events.sort_unstable();
+        let mut starts: Vec<u128> = vec![0];
+        let mut seg: Vec<u32> = vec![NONE];
+        let mut sets: Vec<Box<[PortEntry]>> = Vec::new();
+        let mut interned: std::collections::HashMap<Vec<PortEntry>, u32> =
+            std::collections::HashMap::new();
+        // Active lists with multiplicity (a list may cover overlapping ranges).
+        let mut active: Vec<(u32, u32)> = Vec::new();
+        let mut i = 0;
+        while i < events.len() {
+            let p = events[i].0;
+            while i < events.len() && events[i].0 == p {
+                let (_, start, id) = events[i];
+                match active.iter().position(|&(a, _)| a == id) {
+                    Some(k) if start => active[k].1 += 1,
+                    Some(k) => {
+                        active[k].1 -= 1;
+                        if active[k].1 == 0 {
+                            active.swap_remove(k);
+                        }
+                    }
+                    None if start => active.push((id, 1)),
+                    None => {}
+                }
+                i += 1;
+            }
+            let value = if active.is_empty() {
+                NONE
+            } else {
+                let mut set: Vec<PortEntry> = active
+                    .iter()
+                    .flat_map(|&(id, _)| self.lists[id as usize].iter().copied())
+                    .collect();
+                normalize(&mut set);
+                match interned.get(&set) {
+                    Some(&s) => s,
+                    None => {
+                        let s = sets.len() as u32;
+                        sets.push(set.clone().into_boxed_slice());
+                        interned.insert(set, s);
+                        s
+                    }
+                }
+            };
+            if *seg.last().unwrap() == value {
+                continue;
+            }
+            if *starts.last().unwrap() == p {
+                *seg.last_mut().unwrap() = value;
+                // The previous segment may now equal this one.
+                let n = seg.len();
+                if n >= 2 && seg[n - 2] == value {
+                    seg.pop();
+                    starts.pop();
+                }
+            } else {
+                starts.push(p);
+                seg.push(value);
+            }
+        }
+        DirRules {
+            starts: starts.into_boxed_slice(),
+            seg: seg.into_boxed_slice(),
+            sets: sets.into_boxed_slice(),
+        }
+    }
+}
+
+/// Sorts a port set and keeps one entry per (protocol, range): the lowest rule index. An entry
+/// covered by an any-protocol entry is dropped too.
+fn normalize(set: &mut Vec<PortEntry>) {
+    set.sort_unstable();
+    set.dedup_by(|b, a| a.proto == b.proto && a.lo == b.lo && a.hi == b.hi);
+    if let Some(any) = set.first().copied().filter(|e| e.proto == ANY_PROTO) {
+        set.retain(|e| e.proto == ANY_PROTO || !(any.lo <= e.lo && e.hi <= any.hi));
+    }
+}
+
+/// The `u128` range of a prefix (IPv4 as IPv4-mapped IPv6). Host bits are ignored.
+pub fn prefix_range(addr: IpAddr, len: u8) -> (u128, u128) {
+    let (base, bits) = match addr {
+        IpAddr::V4(_) => (Addr::from_ip(addr).as_u128(), 32u32),
+        IpAddr::V6(_) => (Addr::from_ip(addr).as_u128(), 128u32),
+    };
+    let len = (len as u32).min(bits);
+    let host = bits - len;
+    let hostmask: u128 = if host == 128 {
+        u128::MAX
+    } else {
+        (1u128 << host) - 1
+    };
+    (base & !hostmask, base | hostmask)
+}
+
+/// The IPv4-mapped range `::ffff:0:0/96`: never part of an IPv6 block (an IPv6 `::/0` must not
+/// allow IPv4 traffic).
+const V4_MAPPED: (u128, u128) = (0xffff_0000_0000, 0xffff_ffff_ffff);
+
+/// An ipBlock as ranges: `cidr` minus every `except` (excepts of the other family are ignored),
+/// IPv6 blocks minus the IPv4-mapped range.
+pub fn block_ranges(cidr: (IpAddr, u8), except: &[(IpAddr, u8)]) -> Vec<(u128, u128)> {
+    let mut out = vec![prefix_range(cidr.0, cidr.1)];
+    let mut holes: Vec<(u128, u128)> = except
+        .iter()
+        .filter(|e| e.0.is_ipv4() == cidr.0.is_ipv4())
+        .map(|e| prefix_range(e.0, e.1))
+        .collect();
+    if cidr.0.is_ipv6() {
+        holes.push(V4_MAPPED);
+    }
+    for (hlo, hhi) in holes {
+        let mut next = Vec::with_capacity(out.len() + 1);
+        for (lo, hi) in out {
+            if hhi < lo || hlo > hi {
+                next.push((lo, hi));
+                continue;
+            }
+            if hlo > lo {
+                next.push((lo, hlo - 1));
+            }
+            if hhi < hi {
+                next.push((hhi + 1, hi));
+            }
+        }
+        out = next;
+    }
+    out
+}
+
+/// Which way a rule faces.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Direction {
+    Ingress,
+    Egress,
+}
+
+impl Direction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Direction::Ingress => "ingress",
+            Direction::Egress => "egress",
+        }
+    }
+}
+
+/// Where a rule comes from: `namespace/policy`, direction, index in the policy's list.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct RuleInfo {
+    pub policy: Arc<str>,
+    pub direction: Direction,
+    pub index: u32,
+}
+
+impl fmt::Display for RuleInfo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} {}[{}]",
+            self.policy,
+            self.direction.as_str(),
+            self.index
+        )
+    }
+}
+
+/// A pod on this node, as policy sees it.
+#[derive(Debug, Default)]
+pub struct LocalPod {
+    /// `namespace/name`.
+    pub name: Arc<str>,
+    /// `None`: not isolated for ingress (everything in is allowed).
+    pub ingress: Option<Arc<DirRules>>,
+    /// `None`: not isolated for egress.
+    pub egress: Option<Arc<DirRules>>,
+    /// The policies that select this pod for ingress / egress (`namespace/name`), for listings.
+    pub ingress_policies: Arc<[Arc<str>]>,
+    pub egress_policies: Arc<[Arc<str>]>,
+    /// New connections denied, counted by the workers (relaxed; only on the drop path).
+    pub denied_ingress: AtomicU64,
+    pub denied_egress: AtomicU64,
+}
+
+/// The outcome of judging a new connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Decision {
+    Allow,
+    /// Denied by the egress isolation of local pod `n` (index into [`PolicyTables::pods`]).
+    DenyEgress(u32),
+    /// Denied by the ingress isolation of local pod `n`.
+    DenyIngress(u32),
+}
+
+/// How one side (egress at the source, ingress at the destination) judged a connection; what
+/// `kxdp policy trace` prints.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Side {
+    /// That end is not a pod on this node: not judged here.
+    NotLocal,
+    /// A local pod no policy isolates in this direction.
+    NotIsolated,
+    /// The peer is this node (or a hostNetwork pod on it): always allowed.
+    Node,
+    /// A pod talking to itself: always allowed.
+    SelfTraffic,
+    /// Allowed by this rule (index into [`PolicyTables::rules`]).
+    Allowed(u32),
+    /// Isolated and no rule allows it.
+    Denied,
+}
+
+/// Every local pod's compiled policy, and what the judgement needs about this node.
+#[derive(Debug, Default)]
+pub struct PolicyTables {
+    local: HashMap<Addr, u32, RandomState>,
+    pods: Vec<LocalPod>,
+    /// This node's addresses, hostNetwork pods' included: always allowed to and from local pods.
+    node_addrs: Vec<Addr>,
+    /// Every rule a `PortEntry` may name.
+    pub rules: Vec<RuleInfo>,
+    /// Some local pod is isolated in some direction (else the judgement is skipped).
+    any_isolated: bool,
+}
+
+impl PolicyTables {
+    /// Tables from local pods (each with its addresses), this node's addresses and the rule
+    /// names. Later addresses of a pod that another pod already claimed are ignored.
+    pub fn new(
+        pods: Vec<(LocalPod, Vec<Addr>)>,
+        node_addrs: Vec<Addr>,
+        rules: Vec<RuleInfo>,
+    ) -> PolicyTables {
+        let mut t = PolicyTables {
+            node_addrs,
+            rules,
+            ..Default::default()
+        };
+        for (pod, addrs) in pods {
+            let i = t.pods.len() as u32;
+            t.any_isolated |= pod.ingress.is_some() || pod.egress.is_some();
+            for a in addrs {
+                t.local.entry(a).or_insert(i);
+            }
+            t.pods.push(pod);
+        }
+        t
+    }
+
+    pub fn pods(&self) -> &[LocalPod] {
+        &self.pods
+    }
+
+    /// The local pod with this address.
+    #[inline]
+    pub fn local_pod(&self, addr: &Addr) -> Option<u32> {
+        if self.local.is_empty() {
+            return None;
+        }
+        self.local.get(addr).copied()
+    }
+
+    #[inline]
+    pub fn is_local_pod(&self, addr: &Addr) -> bool {
+        self.local_pod(addr).is_some()
+    }
+
+    /// Whether any local pod is isolated (judging can be skipped otherwise).
+    #[inline]
+    pub fn any_isolated(&self) -> bool {
+        self.any_isolated
+    }
+
+    #[inline]
+    pub fn is_node(&self, addr: &Addr) -> bool {
+        self.node_addrs.iter().any(|a| a == addr)
+    }
+
+    pub fn node_addrs(&self) -> &[Addr] {
+        &self.node_addrs
+    }
+
+    /// Judges a new connection from `src` to `dst` (the pod address after DNAT) on `proto` /
+    /// `dport` (the target port). Egress is judged first.
+    #[inline]
+    pub fn judge(&self, src: &Addr, dst: &Addr, proto: u8, dport: u16) -> Decision {
+        if !self.any_isolated || src == dst {
+            return Decision::Allow;
+        }
+        if let Some(i) = self.local_pod(src) {
+            if let Some(r) = &self.pods[i as usize].egress {
+                if r.lookup(dst, proto, dport).is_none() && !self.is_node(dst) {
+                    return Decision::DenyEgress(i);
+                }
+            }
+        }
+        if let Some(i) = self.local_pod(dst) {
+            if let Some(r) = &self.pods[i as usize].ingress {
+                if r.lookup(src, proto, dport).is_none() && !self.is_node(src) {
+                    return Decision::DenyIngress(i);
+                }
+            }
+        }
+        Decision::Allow
+    }
+
+    /// Both sides of the judgement, for traces: (egress at the source, ingress at the
+    /// destination). `judge` allows exactly when neither side is `Denied`.
+    pub fn explain(&self, src: &Addr, dst: &Addr, proto: u8, dport: u16) -> (Side, Side) {
+        let side = |pod: &Addr, peer: &Addr, dir: Direction| -> Side {
+            let Some(i) = self.local_pod(pod) else {
+                return Side::NotLocal;
+            };
+            let p = &self.pods[i as usize];
+            let rules = match dir {
+                Direction::Ingress => &p.ingress,
+                Direction::Egress => &p.egress,
+            };
+            let Some(r) = rules else {
+                return Side::NotIsolated;
+            };
+            if src == dst {
+                return Side::SelfTraffic;
+            }
+            if let Some(rule) = r.lookup(peer, proto, dport) {
+                return Side::Allowed(rule);
+            }
+            if self.is_node(peer) {
+                return Side::Node;
+            }
+            Side::Denied
+        };
+        (
+            side(src, dst, Direction::Egress),
+            side(dst, src, Direction::Ingress),
+        )
+    }
+
+    /// Counts a denial against its pod.
+    #[inline]
+    pub fn count(&self, d: Decision) {
+        match d {
+            Decision::Allow => {}
+            Decision::DenyEgress(i) => {
+                self.pods[i as usize]
+                    .denied_egress
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+            Decision::DenyIngress(i) => {
+                self.pods[i as usize]
+                    .denied_ingress
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Denials so far per local pod with any: (`namespace/name`, ingress, egress).
+    pub fn denials(&self) -> Vec<(Arc<str>, u64, u64)> {
+        self.pods
+            .iter()
+            .map(|p| {
+                (
+                    p.name.clone(),
+                    p.denied_ingress.load(Ordering::Relaxed),
+                    p.denied_egress.load(Ordering::Relaxed),
+                )
+            })
+            .filter(|(_, i, e)| i + e > 0)
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TCP: u8 = 6;
+    const UDP: u8 = 17;
+    const SCTP: u8 = 132;
+    const ICMP: u8 = 1;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    fn a(s: &str) -> Addr {
+        Addr::from_ip(ip(s))
+    }
+
+    fn cidr(s: &str) -> (IpAddr, u8) {
+        let (a, l) = s.split_once('/').unwrap();
+        (ip(a), l.parse().unwrap())
+    }
+
+    fn block(c: &str, except: &[&str]) -> Vec<(u128, u128)> {
+        let ex: Vec<_> = except.iter().map(|e| cidr(e)).collect();
+        block_ranges(cidr(c), &ex)
+    }
+
+    #[test]
+    fn prefix_ranges_both_families() {
+        let (lo, hi) = prefix_range(ip("10.1.2.3"), 16);
+        assert_eq!(lo, a("10.1.0.0").as_u128());
+        assert_eq!(hi, a("10.1.255.255").as_u128());
+        let (lo, hi) = prefix_range(ip("0.0.0.0"), 0);
+        assert_eq!(
+            (lo, hi),
+            (a("0.0.0.0").as_u128(), a("255.255.255.255").as_u128())
+        );
+        let (lo, hi) = prefix_range(ip("::"), 0);
+        assert_eq!((lo, hi), (0, u128::MAX));
+        let (lo, hi) = prefix_range(ip("fd00::1"), 128);
+        assert_eq!(lo, hi);
+    }
+
+    #[test]
+    fn excepts_cut_holes_and_v6_never_covers_v4() {
+        let r = block("172.17.0.0/16", &["172.17.1.0/24", "fd00::/8"]);
+        assert_eq!(
+            r,
+            vec![
+                (a("172.17.0.0").as_u128(), a("172.17.0.255").as_u128()),
+                (a("172.17.2.0").as_u128(), a("172.17.255.255").as_u128())
+            ]
+        );
+        let r = block("::/0", &[]);
+        assert_eq!(r.len(), 2);
+        assert!(r.iter().all(|&(lo, hi)| {
+            let v4 = a("10.0.0.1").as_u128();
+            !(lo <= v4 && v4 <= hi)
+        }));
+        // An except equal to the block leaves nothing.
+        assert!(block("10.0.0.0/8", &["10.0.0.0/8"]).is_empty());
+        // An except wider than the block too.
+        assert!(block("10.1.0.0/16", &["10.0.0.0/8"]).is_empty());
+    }
+
+    /// Rule 0: TCP 80 from 10.0.0.0/8 except 10.9.0.0/16; rule 1: anything from 10.9.0.5;
+    /// rule 2: UDP 53 from everywhere (IPv4 and IPv6); rule 3: SCTP 80 from fd00::/16 except
+    /// fd00:1::/32.
+    fn sample() -> DirRules {
+        let mut b = DirRulesBuilder::new();
+        b.add(
+            &block("10.0.0.0/8", &["10.9.0.0/16"]),
+            &[PortEntry::range(TCP, 80, 80, 0)],
+        );
+        b.add_addr(&a("10.9.0.5"), &[PortEntry::any(1)]);
+        b.add(
+            &block("0.0.0.0/0", &[]),
+            &[PortEntry::range(UDP, 53, 53, 2)],
+        );
+        b.add(&block("::/0", &[]), &[PortEntry::range(UDP, 53, 53, 2)]);
+        b.add(
+            &block("fd00::/16", &["fd00:1::/32"]),
+            &[PortEntry::range(SCTP, 80, 80, 3)],
+        );
+        b.build()
+    }
+
+    #[test]
+    fn dir_rules_truth_table() {
+        let r = sample();
+        // (peer, proto, port, expected rule)
+        let cases: &[(&str, u8, u16, Option<u32>)] = &[
+            ("10.1.2.3", TCP, 80, Some(0)),
+            ("10.1.2.3", TCP, 81, None),
+            ("10.1.2.3", UDP, 80, None),
+            ("10.1.2.3", SCTP, 80, None),
+            ("10.1.2.3", UDP, 53, Some(2)),
+            ("10.9.0.4", TCP, 80, None),
+            ("10.9.0.5", TCP, 80, Some(1)),
+            ("10.9.0.5", TCP, 9999, Some(1)),
+            ("10.9.0.5", ICMP, 0, Some(1)),
+            ("10.9.0.6", TCP, 80, None),
+            ("10.255.255.255", TCP, 80, Some(0)),
+            ("11.0.0.0", TCP, 80, None),
+            ("9.255.255.255", TCP, 80, None),
+            ("203.0.113.7", UDP, 53, Some(2)),
+            ("2001:db8::1", UDP, 53, Some(2)),
+            ("fd00::1", SCTP, 80, Some(3)),
+            ("fd00::1", TCP, 80, None),
+            ("fd00:1::1", SCTP, 80, None),
+            ("fd00:2::1", SCTP, 80, Some(3)),
+            ("fd01::1", SCTP, 80, None),
+        ];
+        for &(peer, proto, port, want) in cases {
+            assert_eq!(
+                r.lookup(&a(peer), proto, port),
+                want,
+                "{peer} {proto}/{port}"
+            );
+        }
+        assert!(DirRules::deny_all().is_deny_all());
+        assert_eq!(DirRules::deny_all().lookup(&a("10.0.0.1"), TCP, 80), None);
+        assert!(DirRulesBuilder::new().build().is_deny_all());
+    }
+
+    #[test]
+    fn adjacent_equal_segments_merge() {
+        let mut b = DirRulesBuilder::new();
+        let e = [PortEntry::range(TCP, 80, 80, 0)];
+        for i in 1..=100u32 {
+            b.add_addr(&Addr::from_v4((0x0a00_0000 + i).to_be_bytes()), &e);
+        }
+        let r = b.build();
+        // none | 10.0.0.1..=10.0.0.100 | none
+        assert_eq!(r.segments(), 3);
+        // Overlapping contributions of the same list and a range ending at the top.
+        let mut b = DirRulesBuilder::new();
+        b.add(&[(5, 10), (8, 20), (30, u128::MAX)], &e);
+        let r = b.build();
+        assert_eq!(r.segments(), 4);
+        let at = |x: u128| r.lookup(&Addr(x.to_be_bytes()), TCP, 80);
+        assert_eq!(
+            [at(4), at(5), at(20), at(21), at(30), at(u128::MAX)],
+            [None, Some(0), Some(0), None, Some(0), Some(0)]
+        );
+    }
+
+    #[test]
+    fn port_sets_keep_lowest_rule_and_ranges() {
+        let mut b = DirRulesBuilder::new();
+        let all = block("0.0.0.0/0", &[]);
+        b.add(&all, &[PortEntry::range(TCP, 8000, 9000, 5)]);
+        b.add(&all, &[PortEntry::range(TCP, 8000, 9000, 2)]);
+        b.add(&all, &[PortEntry::range(TCP, 443, 443, 7)]);
+        let r = b.build();
+        let p = a("1.2.3.4");
+        assert_eq!(r.lookup(&p, TCP, 8000), Some(2));
+        assert_eq!(r.lookup(&p, TCP, 9000), Some(2));
+        assert_eq!(r.lookup(&p, TCP, 9001), None);
+        assert_eq!(r.lookup(&p, TCP, 443), Some(7));
+        assert_eq!(r.lookup(&p, UDP, 443), None);
+    }
+
+    fn pod(name: &str, ingress: Option<DirRules>, egress: Option<DirRules>) -> LocalPod {
+        LocalPod {
+            name: name.into(),
+            ingress: ingress.map(Arc::new),
+            egress: egress.map(Arc::new),
+            ..Default::default()
+        }
+    }
+
+    fn rules_from(peers: &[&str], entries: &[PortEntry]) -> DirRules {
+        let mut b = DirRulesBuilder::new();
+        for p in peers {
+            if p.contains('/') {
+                b.add(&block(p, &[]), entries);
+            } else {
+                b.add_addr(&a(p), entries);
+            }
+        }
+        b.build()
+    }
+
+    /// Local pods: web (10.1.0.1, ingress: TCP 80 from client; egress: TCP 5432 to db),
+    /// db (10.1.0.2, ingress deny-all), open (10.1.0.3, not isolated), client (10.1.0.4, egress
+    /// to web only, any port). Remote: 10.2.0.9 (another node's pod). Node: 192.168.0.2.
+    fn tables() -> PolicyTables {
+        let web_in = rules_from(&["10.1.0.4"], &[PortEntry::range(TCP, 80, 80, 0)]);
+        let web_out = rules_from(&["10.1.0.2"], &[PortEntry::range(TCP, 5432, 5432, 1)]);
+        let client_out = rules_from(&["10.1.0.1"], &[PortEntry::any(2)]);
+        PolicyTables::new(
+            vec![
+                (
+                    pod("ns/web", Some(web_in), Some(web_out)),
+                    vec![a("10.1.0.1")],
+                ),
+                (
+                    pod("ns/db", Some(DirRules::deny_all()), None),
+                    vec![a("10.1.0.2")],
+                ),
+                (pod("ns/open", None, None), vec![a("10.1.0.3")]),
+                (
+                    pod("ns/client", None, Some(client_out)),
+                    vec![a("10.1.0.4")],
+                ),
+            ],
+            vec![a("192.168.0.2")],
+            vec![],
+        )
+    }
+
+    #[test]
+    fn judge_truth_table() {
+        use Decision::*;
+        let t = tables();
+        let cases: &[(&str, &str, u8, u16, Decision)] = &[
+            // client -> web: client egress allows web (any), web ingress allows TCP 80 from client.
+            ("10.1.0.4", "10.1.0.1", TCP, 80, Allow),
+            ("10.1.0.4", "10.1.0.1", TCP, 81, DenyIngress(0)),
+            ("10.1.0.4", "10.1.0.1", UDP, 80, DenyIngress(0)),
+            // client -> anything else: egress denied.
+            ("10.1.0.4", "10.1.0.3", TCP, 80, DenyEgress(3)),
+            ("10.1.0.4", "10.2.0.9", TCP, 80, DenyEgress(3)),
+            // ... but not to this node.
+            ("10.1.0.4", "192.168.0.2", TCP, 10250, Allow),
+            // web -> db: web egress allows 5432, db ingress denies everything.
+            ("10.1.0.1", "10.1.0.2", TCP, 5432, DenyIngress(1)),
+            ("10.1.0.1", "10.1.0.2", TCP, 80, DenyEgress(0)),
+            // The node reaches every pod.
+            ("192.168.0.2", "10.1.0.2", TCP, 5432, Allow),
+            ("192.168.0.2", "10.1.0.1", UDP, 9, Allow),
+            // A pod reaches itself.
+            ("10.1.0.2", "10.1.0.2", TCP, 1, Allow),
+            // Remote pods: judged by ingress only.
+            ("10.2.0.9", "10.1.0.1", TCP, 80, DenyIngress(0)),
+            ("10.2.0.9", "10.1.0.3", TCP, 80, Allow),
+            ("10.1.0.3", "10.2.0.9", TCP, 80, Allow),
+            // Neither end local.
+            ("10.2.0.9", "10.3.0.9", TCP, 80, Allow),
+        ];
+        for &(s, d, proto, port, want) in cases {
+            assert_eq!(
+                t.judge(&a(s), &a(d), proto, port),
+                want,
+                "{s} -> {d} {proto}/{port}"
+            );
+            let (e, i) = t.explain(&a(s), &a(d), proto, port);
+            let denied = e == Side::Denied || i == Side::Denied;
+            assert_eq!(denied, want != Allow, "{s} -> {d}: explain {e:?} {i:?}");
+        }
+        assert_eq!(
+            t.explain(&a("10.1.0.4"), &a("10.1.0.1"), TCP, 80),
+            (Side::Allowed(2), Side::Allowed(0))
+        );
+        assert_eq!(
+            t.explain(&a("192.168.0.2"), &a("10.1.0.2"), TCP, 80),
+            (Side::NotLocal, Side::Node)
+        );
+        assert_eq!(
+            t.explain(&a("10.1.0.3"), &a("10.2.0.9"), TCP, 80),
+            (Side::NotIsolated, Side::NotLocal)
+        );
+    }
+
+    #[test]
+    fn nothing_isolated_skips_everything() {
+        let t = PolicyTables::new(
+            vec![(pod("ns/a", None, None), vec![a("10.1.0.1")])],
+            vec![],
+            vec![],
+        );
+        assert!(!t.any_isolated());
+        assert!(t.is_local_pod(&a("10.1.0.1")));
+        assert_eq!(
+            t.judge(&a("1.1.1.1"), &a("10.1.0.1"), TCP, 1),
+            Decision::Allow
+        );
+        let empty = PolicyTables::default();
+        assert!(!empty.is_local_pod(&a("10.1.0.1")));
+    }
+
+    #[test]
+    fn denials_are_counted_per_pod() {
+        let t = tables();
+        let d = t.judge(&a("10.2.0.9"), &a("10.1.0.2"), TCP, 1);
+        t.count(d);
+        t.count(d);
+        t.count(t.judge(&a("10.1.0.4"), &a("10.2.0.9"), TCP, 1));
+        t.count(Decision::Allow);
+        assert_eq!(
+            t.denials(),
+            vec![("ns/db".into(), 2, 0), ("ns/client".into(), 0, 1)]
+        );
+    }
+}

@@ -1,6 +1,7 @@
 //! kxdp's fast path.
 
 pub mod conntrack;
+pub mod fragments;
 pub mod pipeline;
 pub mod policy;
 pub mod replay;

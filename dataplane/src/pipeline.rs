@@ -15,12 +15,14 @@
 //! Every outcome is one `Reason`, counted in `Counters`. No allocation, lock or syscall per packet.
 
 use kxdp_packet::{
-    build_port_unreachable, build_tcp_rst, parse_into, rewrite, Addr, LinkType, PacketMeta,
+    build_port_unreachable, build_tcp_rst, parse_into, parse_quoted, rewrite, rewrite_icmp_error,
+    Addr, ErrorRewrite, LinkType, PacketMeta, Quoted,
 };
 
 use crate::conntrack::{
     has_ports, tcp, tcp_state_of, Conntrack, Found, InsertError, Packed, Tuple, DIR_ORIG, FLAG_MASQ,
 };
+use crate::fragments::{FragDecision, FragmentTable};
 use crate::snapshot::{EmptyAction, FrontendKey, Snapshot};
 use crate::verdict::{Action, Reason, Verdict};
 
@@ -54,6 +56,8 @@ pub struct Counters {
     pub actions: [u64; Action::COUNT],
     pub ct_created: u64,
     pub ct_expired: u64,
+    /// ICMP errors that quoted no tracked connection (whatever happened to them).
+    pub icmp_untracked: u64,
 }
 
 impl Default for Counters {
@@ -66,6 +70,7 @@ impl Default for Counters {
             actions: [0; Action::COUNT],
             ct_created: 0,
             ct_expired: 0,
+            icmp_untracked: 0,
         }
     }
 }
@@ -83,6 +88,7 @@ impl Counters {
         }
         self.ct_created += other.ct_created;
         self.ct_expired += other.ct_expired;
+        self.icmp_untracked += other.icmp_untracked;
     }
 }
 
@@ -95,11 +101,19 @@ struct Slot {
     key: Packed,
     hash: u64,
     found: Option<Found>,
+    /// For ICMP errors: the quoted packet, whose connection the error is looked up by.
+    quoted: Option<Quoted>,
 }
 
 const KIND_NOT_IP: u8 = 0;
 const KIND_MALFORMED: u8 = 1;
+/// An IP packet with a tuple to look up (whole packets, first fragments, ICMP errors).
 const KIND_IP: u8 = 2;
+/// A non-first fragment: no ports; decided by its datagram's first fragment.
+const KIND_LATER_FRAGMENT: u8 = 3;
+
+/// Datagrams in flight a worker remembers the first fragment's decision for.
+const FRAGMENT_DATAGRAMS: usize = 1024;
 
 /// One worker's pipeline: its RNG, scratch and counters. The tables are passed in per batch.
 pub struct Pipeline {
@@ -110,6 +124,7 @@ pub struct Pipeline {
     /// A 1024-bit filter of the tuple hashes of connections created during the current pass.
     created: [u64; 16],
     retired: crate::conntrack::Retired,
+    fragments: FragmentTable,
     pub counters: Counters,
 }
 
@@ -124,6 +139,7 @@ impl Pipeline {
             scratch: Box::new([Slot::default(); MAX_BATCH]),
             created: [0; 16],
             retired: ct.retired_list(),
+            fragments: FragmentTable::new(FRAGMENT_DATAGRAMS),
             counters: Counters::default(),
         }
     }
@@ -171,10 +187,27 @@ impl Pipeline {
         for i in 0..m {
             let s = &mut self.scratch[i];
             s.found = None;
-            match parse_into(frames.frame(base + i), self.link, &mut s.meta) {
+            s.quoted = None;
+            let frame = frames.frame(base + i);
+            match parse_into(frame, self.link, &mut s.meta) {
+                Ok(true) if s.meta.frag.offset != 0 => s.kind = KIND_LATER_FRAGMENT,
                 Ok(true) => {
                     s.kind = KIND_IP;
-                    s.key = Tuple::from_meta(&s.meta).pack();
+                    // An ICMP error belongs to the connection of the packet it quotes, which
+                    // travelled the other way.
+                    s.quoted = parse_quoted(frame, &s.meta).filter(|q| q.has_ports);
+                    s.key = match &s.quoted {
+                        Some(q) => Tuple {
+                            src: q.dst,
+                            dst: q.src,
+                            sport: q.dport,
+                            dport: q.sport,
+                            proto: q.proto,
+                            family: q.family,
+                        }
+                        .pack(),
+                        None => Tuple::from_meta(&s.meta).pack(),
+                    };
                     s.hash = ct.hash(&s.key);
                 }
                 Ok(false) => s.kind = KIND_NOT_IP,
@@ -186,7 +219,8 @@ impl Pipeline {
             let s = &mut self.scratch[i];
             // Protocol 255 (IANA reserved) is the affinity records' pseudo-protocol: never a
             // connection.
-            if s.kind == KIND_IP && s.meta.proto != crate::conntrack::AFFINITY_PROTO {
+            if s.kind == KIND_IP && s.key[4] >> 32 & 0xff != crate::conntrack::AFFINITY_PROTO as u64
+            {
                 s.found = ct.lookup(&s.key, s.hash, now_ms);
             }
         }
@@ -197,7 +231,7 @@ impl Pipeline {
         for i in 0..m {
             let (kind, hash) = (self.scratch[i].kind, self.scratch[i].hash);
             if kind == KIND_IP
-                && self.scratch[i].meta.proto != crate::conntrack::AFFINITY_PROTO
+                && self.scratch[i].key[4] >> 32 & 0xff != crate::conntrack::AFFINITY_PROTO as u64
                 && self.maybe_created(hash)
             {
                 let s = &mut self.scratch[i];
@@ -211,14 +245,27 @@ impl Pipeline {
             match kind {
                 KIND_NOT_IP => v.set(Reason::NotIp),
                 KIND_MALFORMED => v.set(Reason::Malformed),
+                KIND_LATER_FRAGMENT => {
+                    let mut meta = self.scratch[i].meta;
+                    fill_orig(v, &meta);
+                    self.later_fragment(buf, &mut meta, v, snap, now_ms);
+                }
                 _ => {
                     let mut meta = self.scratch[i].meta;
                     fill_orig(v, &meta);
-                    match self.scratch[i].found {
-                        Some(found) => {
-                            self.established(buf, len, &mut meta, &found, v, snap, ct, now_ms)
+                    let found = self.scratch[i].found;
+                    if let Some(q) = self.scratch[i].quoted {
+                        self.icmp_error(buf, &mut meta, &q, found.as_ref(), v, snap);
+                    } else {
+                        match found {
+                            Some(found) => {
+                                self.established(buf, len, &mut meta, &found, v, snap, ct, now_ms)
+                            }
+                            None => self.new_flow(buf, len, &mut meta, hash, v, snap, ct, now_ms),
                         }
-                        None => self.new_flow(buf, len, &mut meta, hash, v, snap, ct, now_ms),
+                        if meta.frag.more {
+                            self.remember_first_fragment(&meta, v, now_ms);
+                        }
                     }
                 }
             }
@@ -317,6 +364,13 @@ impl Pipeline {
                 EmptyAction::Drop => v.set(Reason::NoLocalEndpoints),
             };
         }
+        // Only a SYN opens a TCP connection to a Service; anything else without a connection
+        // (mid-stream after a restart or a flush, a stray ACK or RST) is invalid and dropped.
+        // (After the empty-route check: a Service with no endpoints at all answers every TCP
+        // packet with a RST, which tells a client whose backend vanished at once.)
+        if meta.proto == 6 && meta.tcp_flags & (tcp::SYN | tcp::ACK | tcp::RST) != tcp::SYN {
+            return v.set(Reason::CtInvalid);
+        }
         let eps = snap.endpoints_of(route.endpoints);
 
         // Endpoint: the client's affinity record if it still names an eligible endpoint, else a
@@ -401,6 +455,114 @@ impl Pipeline {
         v.set(Reason::ServiceDnat);
     }
 
+    /// An ICMP/ICMPv6 error quoting a packet of a tracked connection is translated like a packet
+    /// of that connection travelling the same way: outer addresses, the quoted header's addresses
+    /// and ports, and every checksum, so the client sees the error about the packet it sent (a
+    /// PMTU error from a backend reaches the client quoting the Service address). An error that
+    /// matches no connection is handled by its own addresses, except that one addressed to a
+    /// Service address is dropped (`icmp-error-untracked`): nothing behind it sent anything.
+    fn icmp_error(
+        &mut self,
+        buf: &mut [u8],
+        meta: &mut PacketMeta,
+        q: &Quoted,
+        found: Option<&Found>,
+        v: &mut Verdict,
+        snap: &Snapshot,
+    ) {
+        let Some(found) = found else {
+            self.counters.icmp_untracked += 1;
+            fill_out(v, meta);
+            return if snap.cluster_ips.contains(&meta.dst)
+                || snap.service_cidrs.contains(&meta.dst, meta.family)
+            {
+                v.set(Reason::IcmpErrorUntracked)
+            } else if snap.node.is_node_addr(&meta.dst) {
+                v.set(Reason::ToNode)
+            } else {
+                v.set(Reason::Direct)
+            };
+        };
+        // `matched` is the quoted packet reversed: the direction the error travels in.
+        let to = found.other.reversed();
+        let from_peer = meta.src == q.dst;
+        let rw = ErrorRewrite {
+            // The error comes from the connection's far end itself, or from a router on the way
+            // (whose address stays).
+            outer_src: if from_peer { to.src } else { meta.src },
+            outer_dst: to.dst,
+            inner_src: to.dst,
+            inner_sport: to.dport,
+            inner_dst: to.src,
+            inner_dport: to.sport,
+        };
+        rewrite_icmp_error(buf, meta, q, &rw);
+        fill_out(v, meta);
+        v.masq = found.state & FLAG_MASQ != 0;
+        v.service_id = found.service_id;
+        v.set(Reason::IcmpRelated);
+    }
+
+    /// Remembers a first fragment's outcome for the rest of its datagram.
+    fn remember_first_fragment(&mut self, meta: &PacketMeta, v: &Verdict, now_ms: u64) {
+        let mut first = *meta;
+        first.src = v.orig_src;
+        first.dst = v.orig_dst;
+        let action = match v.action {
+            Action::Reject => Action::Drop, // the answer went out once, for the first fragment
+            a => a,
+        };
+        self.fragments.insert(
+            FragmentTable::key(&first),
+            now_ms,
+            FragDecision {
+                action,
+                reason: v.reason,
+                src: meta.src,
+                dst: meta.dst,
+                masq: v.masq,
+                service_id: v.service_id,
+            },
+        );
+    }
+
+    /// A non-first fragment: translated and judged as its datagram's first fragment was. One that
+    /// comes before its first fragment (or after the table forgot it) cannot be translated: to a
+    /// Service address it is dropped (`fragment-no-state`), else handled by its addresses.
+    fn later_fragment(
+        &mut self,
+        buf: &mut [u8],
+        meta: &mut PacketMeta,
+        v: &mut Verdict,
+        snap: &Snapshot,
+        now_ms: u64,
+    ) {
+        match self.fragments.get(&FragmentTable::key(meta), now_ms) {
+            Some(d) => {
+                if d.action == Action::Forward && (d.src != meta.src || d.dst != meta.dst) {
+                    rewrite(buf, meta, d.src, 0, d.dst, 0);
+                }
+                fill_out(v, meta);
+                v.masq = d.masq;
+                v.service_id = d.service_id;
+                v.reason = d.reason;
+                v.action = d.action;
+            }
+            None => {
+                fill_out(v, meta);
+                if snap.cluster_ips.contains(&meta.dst)
+                    || snap.service_cidrs.contains(&meta.dst, meta.family)
+                {
+                    v.set(Reason::FragmentNoState)
+                } else if snap.node.is_node_addr(&meta.dst) {
+                    v.set(Reason::ToNode)
+                } else {
+                    v.set(Reason::Direct)
+                }
+            }
+        }
+    }
+
     /// Traffic that is not for a Service frontend.
     fn not_a_frontend(
         &mut self,
@@ -412,10 +574,6 @@ impl Pipeline {
     ) {
         fill_out(v, meta);
         if snap.cluster_ips.contains(&meta.dst) {
-            if meta.l4_off == 0 {
-                // A non-first fragment: no ports to judge by, and no fragment state yet.
-                return v.set(Reason::FragmentNoState);
-            }
             return self.reject(buf, len, meta, v, Reason::ServicePortUnknown);
         }
         if snap.service_cidrs.contains(&meta.dst, meta.family) {

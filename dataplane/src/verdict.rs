@@ -69,6 +69,8 @@ reasons! {
     Established = "ct-established" => Forward,
     /// A reply of a tracked connection, translated back.
     ReplyUnnat = "reply-unnat" => Forward,
+    /// An ICMP/ICMPv6 error about a tracked connection, translated with it (quoted header too).
+    IcmpRelated = "icmp-related" => Forward,
     /// Not addressed to a Service and not the node's own: forwarded unchanged.
     Direct = "direct" => Forward,
     /// Addressed to this node (not a NodePort): the node's stack handles it.
@@ -83,8 +85,12 @@ reasons! {
     NoLocalEndpoints = "no-local-endpoints" => Drop,
     /// A ClusterIP on a port or protocol its Service does not define.
     ServicePortUnknown = "service-port-unknown" => Reject,
-    /// A non-first fragment to a ClusterIP: no ports to decide by and no fragment state.
+    /// A later fragment to a Service address whose first fragment was not seen (yet, or recently).
     FragmentNoState = "fragment-no-state" => Drop,
+    /// An ICMP error to a Service address that quotes no tracked connection.
+    IcmpErrorUntracked = "icmp-error-untracked" => Drop,
+    /// A TCP packet other than a SYN for a Service with no connection (or state that forbids it).
+    CtInvalid = "ct-invalid" => Drop,
     /// An address inside a service CIDR that no Service owns.
     ServiceIpUnallocated = "service-ip-unallocated" => Drop,
     /// A LoadBalancer IP reached from outside loadBalancerSourceRanges.

@@ -15,6 +15,7 @@
 pub mod addr;
 pub mod checksum;
 pub mod ethernet;
+pub mod icmp_error;
 pub mod icmpv4;
 pub mod icmpv6;
 pub mod ipv4;
@@ -30,6 +31,7 @@ pub mod udp;
 mod field;
 
 pub use addr::{Addr, Family};
+pub use icmp_error::{parse_quoted, rewrite_icmp_error, ErrorRewrite, Quoted};
 pub use meta::{parse, parse_into, proto, Frag, PacketMeta, Parsed};
 pub use reply::{build_port_unreachable, build_tcp_rst};
 pub use rewrite::rewrite;

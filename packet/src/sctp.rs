@@ -21,11 +21,38 @@ pub mod chunk {
     pub const INIT_ACK: u8 = 2;
     /// ABORT.
     pub const ABORT: u8 = 6;
+    /// SACK.
+    pub const SACK: u8 = 3;
+    /// HEARTBEAT.
+    pub const HEARTBEAT: u8 = 4;
+    /// HEARTBEAT ACK.
+    pub const HEARTBEAT_ACK: u8 = 5;
     /// SHUTDOWN.
     pub const SHUTDOWN: u8 = 7;
+    /// SHUTDOWN ACK.
+    pub const SHUTDOWN_ACK: u8 = 8;
+    /// ERROR (Operation Error).
+    pub const ERROR: u8 = 9;
+    /// COOKIE ECHO.
+    pub const COOKIE_ECHO: u8 = 10;
+    /// COOKIE ACK.
+    pub const COOKIE_ACK: u8 = 11;
     /// SHUTDOWN COMPLETE.
     pub const SHUTDOWN_COMPLETE: u8 = 14;
+
+    /// The T flag of ABORT and SHUTDOWN COMPLETE (RFC 9260 3.3.7, 3.3.13): the verification tag
+    /// is the one the sender *received* (reflected), not the peer's own.
+    pub const FLAG_T: u8 = 0x01;
 }
+
+/// Most chunks [`ChunkIter`] walks in one packet; one more is an error. Bounds the per-packet work
+/// of the conntrack summary. A 1500-byte packet of the smallest legal DATA chunks (20 bytes padded)
+/// holds about 73, so a pathological but legal sender could exceed it; real stacks bundle far fewer.
+pub const MAX_CHUNKS: usize = 64;
+
+/// Fixed part of an INIT / INIT ACK value (RFC 9260 3.3.2, 3.3.3): Initiate Tag, a_rwnd, outbound
+/// and inbound stream counts, initial TSN.
+pub const INIT_FIXED_LEN: usize = 16;
 
 /// CRC32c (Castagnoli) of `data`, via the `crc32c` crate (hardware accelerated where available).
 #[inline]
@@ -127,6 +154,11 @@ impl<T: AsRef<[u8]>> Packet<T> {
         Some((c[0], c[1], get16(c, 2)))
     }
 
+    /// Every chunk, in order (see [`ChunkIter`]).
+    pub fn chunk_iter(&self) -> ChunkIter<'_> {
+        ChunkIter::new(self.chunks())
+    }
+
     /// True when the CRC32c verifies.
     pub fn verify_checksum(&self) -> bool {
         self.checksum() == checksum_of(self.b())
@@ -204,6 +236,202 @@ impl Repr {
         p.fill_checksum();
         Ok(())
     }
+}
+
+/// One chunk as [`ChunkIter`] yields it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Chunk<'a> {
+    /// Chunk Type.
+    pub chunk_type: u8,
+    /// Chunk Flags.
+    pub flags: u8,
+    /// Chunk Length as carried: header and value, padding excluded (at least 4).
+    pub length: u16,
+    /// Where the chunk starts, counted from the end of the common header.
+    pub offset: usize,
+    /// The value: the `length - 4` bytes after the chunk header.
+    pub value: &'a [u8],
+}
+
+/// Walks the chunks of an SCTP packet: over the bytes after the 12-byte common header, each chunk
+/// header (type, flags, length), then the value and up to 3 padding bytes to the next multiple of
+/// 4. The last chunk's padding may be missing (as Linux accepts it); padding bytes are ignored
+/// (RFC 9260 3.2).
+///
+/// Yields `Err` once and then ends, when: a chunk header is cut short (`Truncated`); a chunk length
+/// is below 4 (zero included) or runs past the end (`BadLength`); a chunk would be the
+/// [`MAX_CHUNKS`]+1-th (`BadLength`). No chunk at all is an empty iteration, not an error.
+#[derive(Clone, Debug)]
+pub struct ChunkIter<'a> {
+    buf: &'a [u8],
+    off: usize,
+    count: usize,
+    done: bool,
+}
+
+impl<'a> ChunkIter<'a> {
+    /// Iterates over `chunks`: the SCTP packet without its 12-byte common header.
+    pub fn new(chunks: &'a [u8]) -> Self {
+        ChunkIter {
+            buf: chunks,
+            off: 0,
+            count: 0,
+            done: false,
+        }
+    }
+
+    /// Chunks yielded so far.
+    pub fn count_so_far(&self) -> usize {
+        self.count
+    }
+
+    fn fail(&mut self, e: ParseError) -> Option<Result<Chunk<'a>, ParseError>> {
+        self.done = true;
+        Some(Err(e))
+    }
+}
+
+impl<'a> Iterator for ChunkIter<'a> {
+    type Item = Result<Chunk<'a>, ParseError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        // Invariant: off <= buf.len().
+        let rest = self.buf.len() - self.off;
+        if rest == 0 {
+            self.done = true;
+            return None;
+        }
+        if self.count >= MAX_CHUNKS {
+            return self.fail(ParseError::BadLength);
+        }
+        if rest < CHUNK_HEADER_LEN {
+            return self.fail(ParseError::Truncated);
+        }
+        let off = self.off;
+        let len = get16(self.buf, off + 2) as usize;
+        if len < CHUNK_HEADER_LEN || len > rest {
+            return self.fail(ParseError::BadLength);
+        }
+        let c = Chunk {
+            chunk_type: self.buf[off],
+            flags: self.buf[off + 1],
+            length: len as u16,
+            offset: off,
+            value: &self.buf[off + CHUNK_HEADER_LEN..off + len],
+        };
+        let padded = (len + 3) & !3;
+        self.off += padded.min(rest);
+        self.count += 1;
+        Some(Ok(c))
+    }
+}
+
+impl core::iter::FusedIterator for ChunkIter<'_> {}
+
+/// What conntrack needs from one SCTP packet, gathered in one pass by [`summarize`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ChunkSummary {
+    /// The common header's verification tag.
+    pub vtag: u32,
+    /// The chunk types present: bit `t` for type `t` < 31 ([`ChunkSummary::bit`]); every type from
+    /// 31 up (I-DATA 64, PAD 132, FORWARD TSN 192, ASCONF 193, ...) shares [`ChunkSummary::OTHER`].
+    pub chunks: u32,
+    /// The Initiate Tag of the INIT or INIT ACK chunk (never 0).
+    pub init_tag: Option<u32>,
+    /// An ABORT chunk has the T flag: its tag is the one the sender received (RFC 9260 8.5.1).
+    pub abort_t_bit: bool,
+    /// A SHUTDOWN COMPLETE chunk has the T flag.
+    pub shutdown_complete_t_bit: bool,
+}
+
+impl ChunkSummary {
+    /// The bit shared by all chunk types >= 31.
+    pub const OTHER: u32 = 1 << 31;
+
+    /// The bit of chunk type `chunk_type` in [`ChunkSummary::chunks`].
+    #[inline]
+    pub const fn bit(chunk_type: u8) -> u32 {
+        if chunk_type < 31 {
+            1 << chunk_type
+        } else {
+            Self::OTHER
+        }
+    }
+
+    /// Whether a chunk of this type is present (any type >= 31 tests the shared bit).
+    #[inline]
+    pub const fn has(&self, chunk_type: u8) -> bool {
+        self.chunks & Self::bit(chunk_type) != 0
+    }
+}
+
+/// Reads every chunk of `sctp_packet` (common header included, the whole SCTP packet: a first IP
+/// fragment is not enough) into a [`ChunkSummary`], enforcing the packet-level rules of RFC 9260
+/// (the same ones Linux's conntrack checks):
+///
+/// - at least one chunk; every chunk well-formed ([`ChunkIter`]);
+/// - INIT, INIT ACK and SHUTDOWN COMPLETE are the only chunk of their packet (6.10);
+/// - COOKIE ECHO and COOKIE ACK, when bundled, come first (5.1, 6.10);
+/// - a packet with INIT has verification tag 0 (8.5.1 A);
+/// - INIT and INIT ACK have their 16-byte fixed part and a non-zero Initiate Tag (3.3.2, 3.3.3);
+/// - several ABORT chunks agree on the T flag.
+///
+/// A header cut short is `Truncated` (so is a packet without chunks); every other broken rule is
+/// `BadLength`, the crate's error for an inconsistent SCTP packet.
+pub fn summarize(sctp_packet: &[u8]) -> Result<ChunkSummary, ParseError> {
+    if sctp_packet.len() < HEADER_LEN {
+        return Err(ParseError::Truncated);
+    }
+    const ALONE: u32 = ChunkSummary::bit(chunk::INIT)
+        | ChunkSummary::bit(chunk::INIT_ACK)
+        | ChunkSummary::bit(chunk::SHUTDOWN_COMPLETE);
+    let mut s = ChunkSummary {
+        vtag: get32(sctp_packet, 4),
+        ..ChunkSummary::default()
+    };
+    let mut n = 0usize;
+    for c in ChunkIter::new(&sctp_packet[HEADER_LEN..]) {
+        let c = c?;
+        let ty = c.chunk_type;
+        if n > 0 && (s.chunks & ALONE != 0 || ChunkSummary::bit(ty) & ALONE != 0) {
+            return Err(ParseError::BadLength);
+        }
+        match ty {
+            chunk::INIT | chunk::INIT_ACK => {
+                if c.value.len() < INIT_FIXED_LEN || (ty == chunk::INIT && s.vtag != 0) {
+                    return Err(ParseError::BadLength);
+                }
+                let tag = get32(c.value, 0);
+                if tag == 0 {
+                    return Err(ParseError::BadLength);
+                }
+                s.init_tag = Some(tag);
+            }
+            chunk::COOKIE_ECHO | chunk::COOKIE_ACK if n > 0 => {
+                return Err(ParseError::BadLength);
+            }
+            chunk::ABORT => {
+                let t = c.flags & chunk::FLAG_T != 0;
+                if s.has(chunk::ABORT) && t != s.abort_t_bit {
+                    return Err(ParseError::BadLength);
+                }
+                s.abort_t_bit = t;
+            }
+            chunk::SHUTDOWN_COMPLETE => {
+                s.shutdown_complete_t_bit = c.flags & chunk::FLAG_T != 0;
+            }
+            _ => {}
+        }
+        s.chunks |= ChunkSummary::bit(ty);
+        n += 1;
+    }
+    if n == 0 {
+        return Err(ParseError::Truncated);
+    }
+    Ok(s)
 }
 
 #[cfg(test)]

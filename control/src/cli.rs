@@ -112,6 +112,11 @@ struct ReplayArgs {
     /// Print the summary as one JSON object on stdout.
     #[arg(long)]
     json: bool,
+    /// From SECONDS after the capture's first packet on, the cluster state is PATH (repeatable):
+    /// replays what a control plane publishing new tables mid-capture does, stale UDP cleanup
+    /// included.
+    #[arg(long = "state-update", value_name = "SECONDS:PATH")]
+    state_updates: Vec<String>,
 }
 
 /// The binary's entry point; returns the process exit code.
@@ -231,6 +236,32 @@ fn cmd_replay(args: &ReplayArgs) -> Result<(), CliError> {
         .validate()
         .map_err(|e| failure(format!("internal error: inconsistent tables: {e}")))?;
     let capture = kxdp_packet::pcap::read_file(&args.pcap).map_err(bad_input)?;
+    let first_ts = capture.packets.iter().map(|p| p.ts_ns).min().unwrap_or(0);
+    let mut updates = Vec::new();
+    for spec in &args.state_updates {
+        let (secs, path) = spec
+            .split_once(':')
+            .ok_or_else(|| bad_input(format!("--state-update {spec}: expected SECONDS:PATH")))?;
+        let secs: f64 = secs
+            .parse()
+            .ok()
+            .filter(|s: &f64| s.is_finite() && *s >= 0.0)
+            .ok_or_else(|| bad_input(format!("--state-update {spec}: bad SECONDS `{secs}`")))?;
+        let state = load_state(Path::new(path)).map_err(bad_input)?;
+        let t = translate(&config, &state);
+        for p in &t.problems {
+            eprintln!("warning: {path}: {p}");
+        }
+        let mut snap = t.snapshot;
+        snap.generation = 2 + updates.len() as u64;
+        snap.validate()
+            .map_err(|e| failure(format!("internal error: inconsistent tables: {e}")))?;
+        updates.push(kxdp_dataplane::replay::StateUpdate {
+            at_ns: first_ts + (secs * 1e9) as u64,
+            snapshot: Arc::new(snap),
+        });
+    }
+    updates.sort_by_key(|u| u.at_ns);
 
     let workers = args.workers.map_or(config.workers.count, |w| w as usize);
     let total = capture.packets.len() as u64 * args.repeat as u64;
@@ -245,6 +276,7 @@ fn cmd_replay(args: &ReplayArgs) -> Result<(), CliError> {
         seed: args.seed,
         record: args.verdicts.is_some() || args.out.is_some(),
         progress,
+        updates,
     };
     let snapshot = Arc::new(snapshot);
     let result = replay(snapshot.clone(), config.ct_config(), &capture, &opts);
@@ -255,7 +287,12 @@ fn cmd_replay(args: &ReplayArgs) -> Result<(), CliError> {
     if let Some(path) = &args.verdicts {
         write_file(path, |w| {
             for (i, v) in result.verdicts.iter().enumerate() {
-                writeln!(w, "{}", verdict_line(i as u64, v, &snapshot))?;
+                // A Service port named by a later state update is found in that state's tables.
+                let names = std::iter::once(&snapshot)
+                    .chain(opts.updates.iter().map(|u| &u.snapshot))
+                    .find(|s| s.service_port_by_id(v.service_id).is_some())
+                    .unwrap_or(&snapshot);
+                writeln!(w, "{}", verdict_line(i as u64, v, names))?;
             }
             Ok(())
         })?;

@@ -6,4 +6,5 @@ pub mod pipeline;
 pub mod policy;
 pub mod replay;
 pub mod snapshot;
+pub mod stale;
 pub mod verdict;

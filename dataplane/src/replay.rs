@@ -42,6 +42,17 @@ pub struct ReplayOptions {
     pub record: bool,
     /// Called about ten times a second with (packets done, packets total).
     pub progress: Option<Progress>,
+    /// New tables taking effect at capture timestamps (sorted), as a control plane would publish
+    /// them: from `at_ns` on, packets see `snapshot`, and UDP connections it no longer supports
+    /// are deleted (`stale::flush_stale_udp`). Every pass starts from the initial snapshot.
+    pub updates: Vec<StateUpdate>,
+}
+
+/// Tables published during a replay.
+#[derive(Clone)]
+pub struct StateUpdate {
+    pub at_ns: u64,
+    pub snapshot: Arc<Snapshot>,
 }
 
 impl Default for ReplayOptions {
@@ -52,6 +63,7 @@ impl Default for ReplayOptions {
             seed: 0,
             record: true,
             progress: None,
+            updates: Vec::new(),
         }
     }
 }
@@ -112,7 +124,14 @@ pub fn replay(
     let shares = if workers == 1 {
         vec![(0..n as u32).collect()]
     } else {
-        steer_by_client(&snapshot, &ct_config, capture, opts.seed, workers)
+        steer_by_client(
+            &snapshot,
+            &opts.updates,
+            &ct_config,
+            capture,
+            opts.seed,
+            workers,
+        )
     };
     let max_len = capture
         .packets
@@ -146,6 +165,7 @@ pub fn replay(
                         &mut pipeline,
                         ct,
                         snapshot,
+                        &opts.updates,
                         capture,
                         share,
                         &clock,
@@ -244,6 +264,7 @@ fn drive(
     pipeline: &mut Pipeline,
     ct: &Conntrack,
     snapshot: &Snapshot,
+    updates: &[StateUpdate],
     capture: &Capture,
     share: &[u32],
     clock: &Clock,
@@ -256,14 +277,24 @@ fn drive(
     let mut batch_idx = [0u32; BATCH];
     let mut now_floor = 0u64;
     for pass in 0..repeat {
+        let mut tables = snapshot;
+        let mut next_update = 0;
         let mut k = 0;
         while k < share.len() {
             frames.clear();
             let start_ts = capture.packets[share[k] as usize].ts_ns;
+            while let Some(u) = updates.get(next_update).filter(|u| u.at_ns <= start_ts) {
+                tables = &u.snapshot;
+                crate::stale::flush_stale_udp(ct, tables);
+                next_update += 1;
+            }
+            let update_ts = updates.get(next_update).map_or(u64::MAX, |u| u.at_ns);
             let mut m = 0;
             while k < share.len() && m < BATCH {
                 let p = &capture.packets[share[k] as usize];
-                if p.ts_ns.saturating_sub(start_ts) / 1_000_000 > MAX_BATCH_SPAN_MS {
+                if p.ts_ns.saturating_sub(start_ts) / 1_000_000 > MAX_BATCH_SPAN_MS
+                    || (m > 0 && p.ts_ns >= update_ts)
+                {
                     break;
                 }
                 frames.push(&p.data);
@@ -274,7 +305,7 @@ fn drive(
             // Capture timestamps may go backwards; the pipeline's clock never does.
             let now = clock.at(start_ts, pass).max(now_floor);
             now_floor = now;
-            pipeline.process(&mut frames, &mut verdicts[..m], snapshot, ct, now);
+            pipeline.process(&mut frames, &mut verdicts[..m], tables, ct, now);
             on_batch(pass, &batch_idx[..m], &verdicts[..m], &frames);
         }
     }
@@ -286,6 +317,7 @@ fn drive(
 /// sequential dry run, before the clock starts, learns which connection a reply belongs to.
 fn steer_by_client(
     snapshot: &Snapshot,
+    updates: &[StateUpdate],
     ct_config: &CtConfig,
     capture: &Capture,
     seed: u64,
@@ -301,6 +333,7 @@ fn steer_by_client(
         &mut pipeline,
         &ct,
         snapshot,
+        updates,
         capture,
         &all,
         &clock,

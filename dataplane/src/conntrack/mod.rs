@@ -5,6 +5,7 @@
 
 mod config;
 mod grace;
+pub mod sctp;
 mod table;
 pub mod tcp;
 mod tuple;
@@ -212,6 +213,17 @@ impl Conntrack {
     /// Removes a connection now (its next packet starts a new one).
     pub fn kill(&self, idx: u32) -> bool {
         self.table.kill(idx)
+    }
+
+    /// Removes the connection a listing showed, if that entry still holds it (it may have ended
+    /// and been reused since).
+    pub fn kill_view(&self, view: &EntryView) -> bool {
+        match self.table.view(view.idx) {
+            Some(now) if now.orig == view.orig && now.reply == view.reply => {
+                self.table.kill(view.idx)
+            }
+            _ => false,
+        }
     }
 
     fn timeout_ms(&self, proto: u8, state: u32) -> u64 {

@@ -267,6 +267,7 @@ pub struct ChunkIter<'a> {
     off: usize,
     count: usize,
     done: bool,
+    prefix: bool,
 }
 
 impl<'a> ChunkIter<'a> {
@@ -277,6 +278,17 @@ impl<'a> ChunkIter<'a> {
             off: 0,
             count: 0,
             done: false,
+            prefix: false,
+        }
+    }
+
+    /// Iterates over the start of the chunks only (a first IP fragment's): a chunk running past the
+    /// end is yielded with the part of its value present and ends the iteration, and a chunk header
+    /// cut short ends it silently. Chunk lengths below 4 and the chunk count are checked as usual.
+    pub fn new_prefix(chunks: &'a [u8]) -> Self {
+        ChunkIter {
+            prefix: true,
+            ..ChunkIter::new(chunks)
         }
     }
 
@@ -308,11 +320,15 @@ impl<'a> Iterator for ChunkIter<'a> {
             return self.fail(ParseError::BadLength);
         }
         if rest < CHUNK_HEADER_LEN {
+            if self.prefix {
+                self.done = true;
+                return None;
+            }
             return self.fail(ParseError::Truncated);
         }
         let off = self.off;
         let len = get16(self.buf, off + 2) as usize;
-        if len < CHUNK_HEADER_LEN || len > rest {
+        if len < CHUNK_HEADER_LEN || (len > rest && !self.prefix) {
             return self.fail(ParseError::BadLength);
         }
         let c = Chunk {
@@ -320,7 +336,7 @@ impl<'a> Iterator for ChunkIter<'a> {
             flags: self.buf[off + 1],
             length: len as u16,
             offset: off,
-            value: &self.buf[off + CHUNK_HEADER_LEN..off + len],
+            value: &self.buf[off + CHUNK_HEADER_LEN..off + len.min(rest)],
         };
         let padded = (len + 3) & !3;
         self.off += padded.min(rest);
@@ -382,6 +398,18 @@ impl ChunkSummary {
 /// A header cut short is `Truncated` (so is a packet without chunks); every other broken rule is
 /// `BadLength`, the crate's error for an inconsistent SCTP packet.
 pub fn summarize(sctp_packet: &[u8]) -> Result<ChunkSummary, ParseError> {
+    summarize_with(sctp_packet, false)
+}
+
+/// [`summarize`] for the start of an SCTP packet only: the payload of a first IP fragment (later
+/// fragments carry no SCTP header). The chunks whose headers are present are summarised
+/// ([`ChunkIter::new_prefix`]); an INIT or INIT ACK still needs its fixed part present. Chunks in
+/// the missing part are not seen, so "alone in its packet" holds only as far as can be told.
+pub fn summarize_prefix(sctp_prefix: &[u8]) -> Result<ChunkSummary, ParseError> {
+    summarize_with(sctp_prefix, true)
+}
+
+fn summarize_with(sctp_packet: &[u8], prefix: bool) -> Result<ChunkSummary, ParseError> {
     if sctp_packet.len() < HEADER_LEN {
         return Err(ParseError::Truncated);
     }
@@ -393,7 +421,13 @@ pub fn summarize(sctp_packet: &[u8]) -> Result<ChunkSummary, ParseError> {
         ..ChunkSummary::default()
     };
     let mut n = 0usize;
-    for c in ChunkIter::new(&sctp_packet[HEADER_LEN..]) {
+    let chunks = &sctp_packet[HEADER_LEN..];
+    let iter = if prefix {
+        ChunkIter::new_prefix(chunks)
+    } else {
+        ChunkIter::new(chunks)
+    };
+    for c in iter {
         let c = c?;
         let ty = c.chunk_type;
         if n > 0 && (s.chunks & ALONE != 0 || ChunkSummary::bit(ty) & ALONE != 0) {

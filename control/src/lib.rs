@@ -5,9 +5,12 @@
 pub mod cli;
 pub mod config;
 pub mod endpoints;
+pub mod incremental;
+pub mod metrics;
 pub mod model;
 pub mod output;
 pub mod sources;
+pub mod sync;
 pub mod translate;
 
 pub use config::{Config, ConfigError, DataplaneConfiguration};

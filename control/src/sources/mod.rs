@@ -2,3 +2,5 @@
 //! sources feed a store, reconciliation reads it).
 
 pub mod files;
+pub mod kube;
+pub mod watch_files;

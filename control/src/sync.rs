@@ -841,3 +841,192 @@ impl Loop {
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sources::files::load_str;
+    use kxdp_dataplane::snapshot::{proto, FrontendKey};
+    use kxdp_packet::Addr;
+    use std::path::Path;
+
+    fn config(sync: &str) -> Config {
+        Config::from_yaml_str(
+            &format!("apiVersion: kxdp.dev/v1alpha1\nkind: DataplaneConfiguration\nnodeName: node-a\nnodeIPs: [192.168.0.2]\nclusterCIDRs: [10.0.0.0/8]\nsync: {sync}\n"),
+            Path::new("config.yaml"),
+        )
+        .unwrap()
+    }
+
+    fn svc_yaml(name: &str, ip: &str, port: u16) -> String {
+        format!("---\napiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: ns}}\nspec:\n  clusterIP: {ip}\n  ports: [{{port: {port}}}]\n")
+    }
+
+    fn state(yaml: &str) -> ClusterState {
+        let mut st = ClusterState::new();
+        load_str(yaml, false, Path::new("s.yaml"), &mut st).unwrap();
+        st
+    }
+
+    fn object(yaml: &str) -> Object {
+        let st = state(yaml);
+        Object::Service(Box::new(st.services.into_values().next().unwrap()))
+    }
+
+    fn has(p: &Published, ip: &str, port: u16) -> bool {
+        p.load()
+            .frontend(&FrontendKey {
+                addr: Addr::from_ip(ip.parse().unwrap()),
+                port,
+                proto: proto::TCP,
+            })
+            .is_some()
+    }
+
+    fn wait(what: &str, f: impl Fn() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !f() {
+            assert!(Instant::now() < deadline, "timed out: {what}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    #[test]
+    fn nothing_published_before_sources_sync() {
+        let (p, h) = ControlLoop::spawn(
+            config("{minSyncPeriod: 0s}"),
+            Source::Manual {
+                required: vec!["a", "b"],
+            },
+            Arc::new(Metrics::new()),
+        )
+        .unwrap();
+        let tx = h.sender();
+        tx.send(Update::ReplaceAll {
+            source: "a".into(),
+            state: state(&svc_yaml("web", "172.30.0.1", 80)),
+        })
+        .unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(p.generation(), 0);
+        assert!(!h.status().ready);
+        tx.send(Update::SourceUp { source: "b".into() }).unwrap();
+        wait("first publication", || has(&p, "172.30.0.1", 80));
+        assert_eq!(p.generation(), 1);
+        h.shutdown();
+    }
+
+    #[test]
+    fn changes_are_coalesced_by_min_sync_period() {
+        let (p, h) = ControlLoop::spawn(
+            config("{minSyncPeriod: 400ms, syncPeriod: 1h}"),
+            Source::Manual {
+                required: vec!["m"],
+            },
+            Arc::new(Metrics::new()),
+        )
+        .unwrap();
+        let tx = h.sender();
+        tx.send(Update::ReplaceAll {
+            source: "m".into(),
+            state: state(&svc_yaml("web", "172.30.0.1", 80)),
+        })
+        .unwrap();
+        wait("first publication", || p.generation() == 1);
+        let t0 = Instant::now();
+        for i in 0..20u16 {
+            tx.send(Update::Apply(object(&svc_yaml(
+                "web",
+                "172.30.0.1",
+                100 + i,
+            ))))
+            .unwrap();
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        wait("last change", || has(&p, "172.30.0.1", 119));
+        // One sync for the burst, and not before minSyncPeriod after the first one.
+        assert!(
+            t0.elapsed() >= Duration::from_millis(250),
+            "{:?}",
+            t0.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+        let st = h.status();
+        assert!(st.syncs <= 3, "{} syncs for one burst", st.syncs);
+        assert_eq!(st.full_syncs, 1, "one full build, then partial updates");
+        let text = h.metrics().encode();
+        assert!(
+            text.contains("kubeproxy_sync_proxy_rules_service_changes_total 21"),
+            "{text}"
+        );
+        h.shutdown();
+    }
+
+    #[test]
+    fn full_resync_every_sync_period() {
+        let (p, h) = ControlLoop::spawn(
+            config("{minSyncPeriod: 0s, syncPeriod: 100ms}"),
+            Source::Manual {
+                required: vec!["m"],
+            },
+            Arc::new(Metrics::new()),
+        )
+        .unwrap();
+        h.sender()
+            .send(Update::ReplaceAll {
+                source: "m".into(),
+                state: state(&svc_yaml("web", "172.30.0.1", 80)),
+            })
+            .unwrap();
+        wait("resyncs", || h.status().full_syncs >= 3);
+        assert!(has(&p, "172.30.0.1", 80));
+        h.shutdown();
+    }
+
+    #[test]
+    fn watched_files_keep_last_good_state() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("state.yaml");
+        std::fs::write(&f, svc_yaml("web", "172.30.0.1", 80)).unwrap();
+        let (p, h) = ControlLoop::spawn(
+            config("{minSyncPeriod: 0s}"),
+            Source::Files {
+                path: dir.path().to_path_buf(),
+                poll: Duration::from_millis(20),
+            },
+            Arc::new(Metrics::new()),
+        )
+        .unwrap();
+        wait("initial", || has(&p, "172.30.0.1", 80));
+        // An edit (a second file too).
+        std::fs::write(&f, svc_yaml("web", "172.30.0.1", 81)).unwrap();
+        std::fs::write(
+            dir.path().join("more.yaml"),
+            svc_yaml("db", "172.30.0.2", 5432),
+        )
+        .unwrap();
+        wait("edited", || {
+            has(&p, "172.30.0.1", 81) && has(&p, "172.30.0.2", 5432)
+        });
+        let gen = p.generation();
+        // Malformed: the last good tables stay, the error names the file and field.
+        std::fs::write(
+            &f,
+            "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: ns}\nspec: {ports: [{port: eighty}]}\n",
+        )
+        .unwrap();
+        wait("error reported", || {
+            h.status()
+                .source_errors
+                .get("files")
+                .is_some_and(|e| e.contains("state.yaml") && e.contains("spec.ports[0].port"))
+        });
+        assert_eq!(p.generation(), gen);
+        assert!(has(&p, "172.30.0.1", 81));
+        // Fixed.
+        std::fs::write(&f, svc_yaml("web", "172.30.0.1", 82)).unwrap();
+        wait("fixed", || has(&p, "172.30.0.1", 82));
+        wait("recovered", || h.status().source_errors.is_empty());
+        h.shutdown();
+    }
+}

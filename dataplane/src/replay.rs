@@ -160,14 +160,14 @@ pub fn replay(
                     let mut recorded =
                         Vec::with_capacity(if opts.record { share.len() } else { 0 });
                     let clock = Clock::new(capture);
+                    let share = Share::new(capture, share);
                     barrier.wait();
                     drive(
                         &mut pipeline,
                         ct,
                         snapshot,
                         &opts.updates,
-                        capture,
-                        share,
+                        &share,
                         &clock,
                         repeat,
                         slot_size,
@@ -257,7 +257,49 @@ impl Clock {
     }
 }
 
-/// Runs `share` (packet indexes, in capture order) through `pipeline` `repeat` times, batch by
+/// A worker's packets, copied out of the capture into one contiguous buffer before the clock
+/// starts: reading them back in order is then a sequential stream the CPU prefetches (the capture
+/// holds each packet in its own allocation).
+struct Share {
+    data: Vec<u8>,
+    spans: Vec<(usize, usize)>,
+    ts: Vec<u64>,
+    index: Vec<u32>,
+}
+
+impl Share {
+    fn new(capture: &Capture, indexes: &[u32]) -> Share {
+        let total = indexes
+            .iter()
+            .map(|&i| capture.packets[i as usize].data.len())
+            .sum();
+        let mut share = Share {
+            data: Vec::with_capacity(total),
+            spans: Vec::with_capacity(indexes.len()),
+            ts: Vec::with_capacity(indexes.len()),
+            index: indexes.to_vec(),
+        };
+        for &i in indexes {
+            let p = &capture.packets[i as usize];
+            share.spans.push((share.data.len(), p.data.len()));
+            share.data.extend_from_slice(&p.data);
+            share.ts.push(p.ts_ns);
+        }
+        share
+    }
+
+    fn len(&self) -> usize {
+        self.index.len()
+    }
+
+    #[inline]
+    fn frame(&self, k: usize) -> &[u8] {
+        let (start, len) = self.spans[k];
+        &self.data[start..start + len]
+    }
+}
+
+/// Runs `share` (packets in capture order) through `pipeline` `repeat` times, batch by
 /// batch, handing every batch's (pass, indexes, verdicts, frames) to `on_batch`.
 #[allow(clippy::too_many_arguments)]
 fn drive(
@@ -265,8 +307,7 @@ fn drive(
     ct: &Conntrack,
     snapshot: &Snapshot,
     updates: &[StateUpdate],
-    capture: &Capture,
-    share: &[u32],
+    share: &Share,
     clock: &Clock,
     repeat: u32,
     slot_size: usize,
@@ -282,7 +323,7 @@ fn drive(
         let mut k = 0;
         while k < share.len() {
             frames.clear();
-            let start_ts = capture.packets[share[k] as usize].ts_ns;
+            let start_ts = share.ts[k];
             while let Some(u) = updates.get(next_update).filter(|u| u.at_ns <= start_ts) {
                 tables = &u.snapshot;
                 crate::stale::flush_stale_udp(ct, tables);
@@ -291,14 +332,14 @@ fn drive(
             let update_ts = updates.get(next_update).map_or(u64::MAX, |u| u.at_ns);
             let mut m = 0;
             while k < share.len() && m < BATCH {
-                let p = &capture.packets[share[k] as usize];
-                if p.ts_ns.saturating_sub(start_ts) / 1_000_000 > MAX_BATCH_SPAN_MS
-                    || (m > 0 && p.ts_ns >= update_ts)
+                let ts = share.ts[k];
+                if ts.saturating_sub(start_ts) / 1_000_000 > MAX_BATCH_SPAN_MS
+                    || (m > 0 && ts >= update_ts)
                 {
                     break;
                 }
-                frames.push(&p.data);
-                batch_idx[m] = share[k];
+                frames.push(share.frame(k));
+                batch_idx[m] = share.index[k];
                 m += 1;
                 k += 1;
             }
@@ -325,7 +366,7 @@ fn steer_by_client(
 ) -> Vec<Vec<u32>> {
     let ct = Conntrack::new(ct_config.clone(), 1);
     let mut pipeline = Pipeline::new(0, capture.link, seed, &ct);
-    let all: Vec<u32> = (0..capture.packets.len() as u32).collect();
+    let all = Share::new(capture, &(0..capture.packets.len() as u32).collect::<Vec<_>>());
     let slot_size = slot_size_for(capture);
     let mut shares: Vec<Vec<u32>> = vec![Vec::new(); workers];
     let clock = Clock::new(capture);
@@ -334,7 +375,6 @@ fn steer_by_client(
         &ct,
         snapshot,
         updates,
-        capture,
         &all,
         &clock,
         1,

@@ -36,6 +36,9 @@ struct Cli {
 enum Command {
     /// Print the version.
     Version,
+    /// The daemon. Today the control plane only: syncs from the API server (or `--state` files
+    /// watched for changes), publishes the tables and serves /metrics; no AF_XDP workers yet.
+    Run(RunArgs),
     /// Replay a pcap through the pipeline, from memory, as fast as it goes.
     Replay(ReplayArgs),
     /// Captures and clusters for benchmarks and tests.
@@ -81,6 +84,20 @@ struct GenArgs {
     /// Seed of the generator.
     #[arg(long, value_name = "S", default_value_t = 1)]
     seed: u64,
+}
+
+#[derive(Args, Debug)]
+struct RunArgs {
+    /// DataplaneConfiguration file.
+    #[arg(long, value_name = "FILE")]
+    config: PathBuf,
+    /// Kubernetes manifests (a file or a directory), watched for changes, instead of the API
+    /// server.
+    #[arg(long, value_name = "PATH")]
+    state: Option<PathBuf>,
+    /// kubeconfig of the API server (default: KUBECONFIG, ~/.kube/config, in-cluster).
+    #[arg(long, value_name = "FILE", conflicts_with = "state")]
+    kubeconfig: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -146,6 +163,15 @@ where
         Command::Version => {
             println!("kxdp {}", env!("CARGO_PKG_VERSION"));
             EXIT_OK
+        }
+        Command::Run(args) => {
+            match crate::run::run(&args.config, args.state.clone(), args.kubeconfig.clone()) {
+                Ok(()) => EXIT_OK,
+                Err((code, message)) => {
+                    eprintln!("kxdp: {message}");
+                    code
+                }
+            }
         }
         Command::Replay(args) => finish(cmd_replay(&args)),
         Command::Pcap {

@@ -20,7 +20,8 @@ use kxdp_packet::{
 };
 
 use crate::conntrack::{
-    has_ports, tcp, tcp_state_of, Conntrack, Found, InsertError, Packed, Tuple, DIR_ORIG, FLAG_MASQ,
+    has_ports, tcp, tcp_state_of, Conntrack, CreateError, FirstPacket, Found, InsertError, Packed,
+    PacketError, Tuple, DIR_ORIG, FLAG_MASQ,
 };
 use crate::fragments::{FragDecision, FragmentTable};
 use crate::snapshot::{EmptyAction, FrontendKey, Snapshot};
@@ -298,10 +299,17 @@ impl Pipeline {
             let hash = ct.hash(&Tuple::from_meta(meta).pack());
             return self.new_flow(buf, len, meta, hash, v, snap, ct, now_ms);
         }
-        let Some(state) = ct.on_packet(found, meta.tcp_flags, meta.ip_len as u64, now_ms) else {
-            // The connection ended between lookup and now (expired, flushed): this is a new one.
-            let hash = ct.hash(&Tuple::from_meta(meta).pack());
-            return self.new_flow(buf, len, meta, hash, v, snap, ct, now_ms);
+        let Ok(packet) = first_packet(buf, meta) else {
+            return v.set(Reason::CtInvalid);
+        };
+        let state = match ct.on_packet(found, packet, meta.ip_len as u64, now_ms) {
+            Ok(state) => state,
+            Err(PacketError::Invalid) => return v.set(Reason::CtInvalid),
+            Err(PacketError::Gone) => {
+                // The connection ended between lookup and now (expired, flushed): a new one.
+                let hash = ct.hash(&Tuple::from_meta(meta).pack());
+                return self.new_flow(buf, len, meta, hash, v, snap, ct, now_ms);
+            }
         };
         // The packet leaves as the other direction's tuple, reversed.
         let to = found.other.reversed();
@@ -371,6 +379,9 @@ impl Pipeline {
         if meta.proto == 6 && meta.tcp_flags & (tcp::SYN | tcp::ACK | tcp::RST) != tcp::SYN {
             return v.set(Reason::CtInvalid);
         }
+        let Ok(first) = first_packet(buf, meta) else {
+            return v.set(Reason::CtInvalid);
+        };
         let eps = snap.endpoints_of(route.endpoints);
 
         // Endpoint: the client's affinity record if it still names an eligible endpoint, else a
@@ -439,11 +450,12 @@ impl Pipeline {
                     continue;
                 }
             }
-            match ct.create(&orig, &reply, meta.tcp_flags, masq, svc.id, now_ms, hash) {
+            match ct.create(&orig, &reply, first, masq, svc.id, now_ms, hash) {
                 Ok(_) => break,
-                Err(InsertError::Full) => return v.set(Reason::ConntrackFull),
+                Err(CreateError::Invalid) => return v.set(Reason::CtInvalid),
+                Err(CreateError::Insert(InsertError::Full)) => return v.set(Reason::ConntrackFull),
                 // Another worker took the same tuple since the check: pick again.
-                Err(InsertError::Exists) => attempts += 1,
+                Err(CreateError::Insert(InsertError::Exists)) => attempts += 1,
             }
         }
         self.counters.ct_created += 1;
@@ -643,6 +655,30 @@ impl Pipeline {
     fn pick(&mut self, n: usize) -> usize {
         ((self.next_u64() as u128 * n as u128) >> 64) as usize
     }
+}
+
+/// What conntrack needs of a packet: TCP flags, and for SCTP its chunks (an SCTP packet whose
+/// chunks break RFC 9260's bundling rules, or whose CRC32c is wrong, is invalid: NAT recomputes
+/// the checksum, so a corrupted packet must not leave with a valid one).
+#[inline]
+fn first_packet(buf: &[u8], meta: &PacketMeta) -> Result<FirstPacket, ()> {
+    if meta.proto != kxdp_packet::proto::SCTP || meta.l4_off == 0 {
+        return Ok(meta.tcp_flags.into());
+    }
+    let sctp = buf.get(meta.l4_off as usize..meta.ip_end()).ok_or(())?;
+    let summary = if meta.frag.more {
+        kxdp_packet::sctp::summarize_prefix(sctp)
+    } else {
+        if !kxdp_packet::sctp::Packet::new_unchecked(sctp).verify_checksum() {
+            return Err(());
+        }
+        kxdp_packet::sctp::summarize(sctp)
+    }
+    .map_err(|_| ())?;
+    Ok(FirstPacket {
+        tcp_flags: 0,
+        sctp: Some(summary),
+    })
 }
 
 #[inline]

@@ -366,7 +366,10 @@ fn steer_by_client(
 ) -> Vec<Vec<u32>> {
     let ct = Conntrack::new(ct_config.clone(), 1);
     let mut pipeline = Pipeline::new(0, capture.link, seed, &ct);
-    let all = Share::new(capture, &(0..capture.packets.len() as u32).collect::<Vec<_>>());
+    let all = Share::new(
+        capture,
+        &(0..capture.packets.len() as u32).collect::<Vec<_>>(),
+    );
     let slot_size = slot_size_for(capture);
     let mut shares: Vec<Vec<u32>> = vec![Vec::new(); workers];
     let clock = Clock::new(capture);

@@ -44,11 +44,37 @@ pub struct Conntrack {
     timeouts: Timeouts,
 }
 
-/// The protocol state a new entry starts in, and how a packet moves it.
+/// What conntrack needs of a packet to move a connection's protocol state.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FirstPacket {
+    pub tcp_flags: u8,
+    /// SCTP: the packet's chunks (None for a later fragment).
+    pub sctp: Option<kxdp_packet::sctp::ChunkSummary>,
+}
+
+impl From<u8> for FirstPacket {
+    /// A packet known by its TCP flags alone (TCP, UDP, ICMP).
+    fn from(tcp_flags: u8) -> FirstPacket {
+        FirstPacket {
+            tcp_flags,
+            sctp: None,
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Update {
-    /// The entry's state word after the packet.
-    pub state: u32,
+pub enum CreateError {
+    Insert(InsertError),
+    /// The packet cannot open a connection (SCTP: anything but an INIT or a lone HEARTBEAT).
+    Invalid,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PacketError {
+    /// The connection ended between lookup and now.
+    Gone,
+    /// The packet does not fit the connection's state.
+    Invalid,
 }
 
 impl Conntrack {
@@ -139,75 +165,180 @@ impl Conntrack {
         &self,
         orig: &Tuple,
         reply: &Tuple,
-        tcp_flags: u8,
+        first: impl Into<FirstPacket>,
         masq: bool,
         service_id: u32,
         now_ms: u64,
         early_drop_hint: u64,
-    ) -> Result<u32, InsertError> {
-        let proto_state = match orig.proto {
-            6 => tcp::next(TcpState::None, 0, DIR_ORIG, tcp_flags).0 as u32,
-            _ => 0,
+    ) -> Result<u32, CreateError> {
+        let first = first.into();
+        let (proto_state, tags) = match (orig.proto, first.sctp.as_ref()) {
+            (6, _) => (
+                tcp::next(TcpState::None, 0, DIR_ORIG, first.tcp_flags).0 as u32,
+                0,
+            ),
+            (132, Some(chunks)) => {
+                let mut tags = [0u32; 2];
+                let st = sctp::next(sctp::SctpState::None, DIR_ORIG, chunks, &mut tags)
+                    .map_err(|_| CreateError::Invalid)?;
+                (st.as_u8() as u32, sctp::pack_tags(tags))
+            }
+            _ => (0, 0),
         };
         let mut state = proto_state << PROTO_STATE_SHIFT;
         if masq {
             state |= FLAG_MASQ;
         }
         let expires = now_ms + self.timeout_ms(orig.proto, state);
-        self.table.insert(
-            orig,
-            reply,
-            state,
-            service_id,
-            now_ms,
-            expires,
-            early_drop_hint,
-        )
+        let idx = self
+            .table
+            .insert(
+                orig,
+                reply,
+                state,
+                service_id,
+                now_ms,
+                expires,
+                early_drop_hint,
+            )
+            .map_err(CreateError::Insert)?;
+        if orig.proto == 132 {
+            self.table.set_tags(idx, tags);
+        }
+        Ok(idx)
     }
 
     /// Moves a tracked connection's state for one packet in direction `found.dir`, refreshes its
-    /// expiry and counts it. Returns the new state word, or None when the entry vanished.
+    /// expiry and counts it. Returns the new state word; `Gone` when the entry vanished
+    /// meanwhile, `Invalid` when the packet does not fit the connection's state (SCTP: a wrong
+    /// verification tag or an impossible chunk), which leaves the entry as it was.
     #[inline]
-    pub fn on_packet(&self, found: &Found, tcp_flags: u8, bytes: u64, now_ms: u64) -> Option<u32> {
+    pub fn on_packet(
+        &self,
+        found: &Found,
+        packet: impl Into<FirstPacket>,
+        bytes: u64,
+        now_ms: u64,
+    ) -> Result<u32, PacketError> {
+        let packet = &packet.into();
         let proto = found.other.proto;
         let dir = found.dir;
+        let tcp_flags = packet.tcp_flags;
+        if proto == 132 {
+            return self.on_sctp_packet(found, packet, bytes, now_ms);
+        }
         // UDP becomes a stream (assured, long timeout) once answered and still active two
         // seconds after it began, as in the kernel: a single DNS exchange stays short-lived.
         let udp_stream_age =
             proto == 17 && self.table.age_ms(found.idx, now_ms) >= UDP_STREAM_AGE_MS;
-        let state = self.table.update_state(found.idx, |cur| {
-            let mut s = cur;
-            if dir == DIR_REPLY {
-                s |= FLAG_SEEN_REPLY;
-            }
-            if s & FLAG_SEEN_REPLY != 0 {
-                match proto {
-                    17 if udp_stream_age => s |= FLAG_ASSURED,
-                    // SCTP and ICMP are assured once answered; TCP once established.
-                    132 | 1 | 58 => s |= FLAG_ASSURED,
-                    _ => {}
+        let state = self
+            .table
+            .update_state(found.idx, |cur| {
+                let mut s = cur;
+                if dir == DIR_REPLY {
+                    s |= FLAG_SEEN_REPLY;
                 }
-            }
-            if proto == 6 {
-                let (next, dirflags) = tcp::next(
-                    TcpState::from_u8(((s & PROTO_STATE_MASK) >> PROTO_STATE_SHIFT) as u8),
-                    (s >> table::DIR_FLAGS_SHIFT) as u8,
-                    dir,
-                    tcp_flags,
-                );
-                s = (s & !PROTO_STATE_MASK & !(0xff << table::DIR_FLAGS_SHIFT))
-                    | (next as u32) << PROTO_STATE_SHIFT
-                    | (dirflags as u32) << table::DIR_FLAGS_SHIFT;
-                if next == TcpState::Established {
-                    s |= FLAG_ASSURED;
+                if s & FLAG_SEEN_REPLY != 0 {
+                    match proto {
+                        17 if udp_stream_age => s |= FLAG_ASSURED,
+                        // ICMP is assured once answered; TCP once established, SCTP once
+                        // its association is.
+                        1 | 58 => s |= FLAG_ASSURED,
+                        _ => {}
+                    }
                 }
-            }
-            s
-        })?;
+                if proto == 6 {
+                    let (next, dirflags) = tcp::next(
+                        TcpState::from_u8(((s & PROTO_STATE_MASK) >> PROTO_STATE_SHIFT) as u8),
+                        (s >> table::DIR_FLAGS_SHIFT) as u8,
+                        dir,
+                        tcp_flags,
+                    );
+                    s = (s & !PROTO_STATE_MASK & !(0xff << table::DIR_FLAGS_SHIFT))
+                        | (next as u32) << PROTO_STATE_SHIFT
+                        | (dirflags as u32) << table::DIR_FLAGS_SHIFT;
+                    if next == TcpState::Established {
+                        s |= FLAG_ASSURED;
+                    }
+                }
+                s
+            })
+            .ok_or(PacketError::Gone)?;
         self.table
             .set_expires(found.idx, now_ms + self.timeout_ms(proto, state));
         self.table.count(found.idx, dir, bytes);
-        Some(state)
+        Ok(state)
+    }
+
+    /// SCTP: the association state machine with verification tags (see `sctp`).
+    fn on_sctp_packet(
+        &self,
+        found: &Found,
+        packet: &FirstPacket,
+        bytes: u64,
+        now_ms: u64,
+    ) -> Result<u32, PacketError> {
+        let Some(chunks) = packet.sctp.as_ref() else {
+            // A later fragment carries no chunks: it only refreshes the association.
+            return self.refresh(found, bytes, now_ms);
+        };
+        let old_tags = self.table.tags(found.idx);
+        let outcome = std::cell::Cell::new(None);
+        let mut new_tags = sctp::unpack_tags(old_tags);
+        let state = self
+            .table
+            .update_state(found.idx, |cur| {
+                let old =
+                    sctp::SctpState::from_u8(((cur & PROTO_STATE_MASK) >> PROTO_STATE_SHIFT) as u8);
+                let mut tags = sctp::unpack_tags(old_tags);
+                match sctp::next(old, found.dir, chunks, &mut tags) {
+                    Ok(new) => {
+                        outcome.set(Some((old, new, tags)));
+                        let mut s =
+                            (cur & !PROTO_STATE_MASK) | (new.as_u8() as u32) << PROTO_STATE_SHIFT;
+                        if found.dir == DIR_REPLY {
+                            s |= FLAG_SEEN_REPLY;
+                        }
+                        if sctp::is_assured(new) {
+                            s |= FLAG_ASSURED;
+                        }
+                        s
+                    }
+                    Err(_) => {
+                        outcome.set(None);
+                        cur
+                    }
+                }
+            })
+            .ok_or(PacketError::Gone)?;
+        let Some((old, new, tags)) = outcome.get() else {
+            return Err(PacketError::Invalid);
+        };
+        new_tags.copy_from_slice(&tags);
+        let packed = sctp::pack_tags(new_tags);
+        if packed != old_tags {
+            // Another packet of the handshake may have won the race: then its tags stand.
+            self.table.swap_tags(found.idx, old_tags, packed);
+        }
+        if sctp::refreshes_timeout(old, new, chunks) {
+            self.table
+                .set_expires(found.idx, now_ms + self.timeout_ms(132, state));
+        }
+        self.table.count(found.idx, found.dir, bytes);
+        Ok(state)
+    }
+
+    fn refresh(&self, found: &Found, bytes: u64, now_ms: u64) -> Result<u32, PacketError> {
+        let state = self
+            .table
+            .update_state(found.idx, |cur| cur)
+            .ok_or(PacketError::Gone)?;
+        self.table.set_expires(
+            found.idx,
+            now_ms + self.timeout_ms(found.other.proto, state),
+        );
+        self.table.count(found.idx, found.dir, bytes);
+        Ok(state)
     }
 
     /// Removes a connection now (its next packet starts a new one).
@@ -232,8 +363,12 @@ impl Conntrack {
             6 => t.tcp[tcp_state_of(state) as usize],
             17 if state & FLAG_ASSURED != 0 => t.udp_stream,
             17 => t.udp,
-            132 if state & FLAG_SEEN_REPLY != 0 => t.sctp_established,
-            132 => t.sctp_short,
+            132 => match sctp::timeout_class(sctp::SctpState::from_u8(
+                ((state & PROTO_STATE_MASK) >> PROTO_STATE_SHIFT) as u8,
+            )) {
+                sctp::SctpTimeout::Established => t.sctp_established,
+                sctp::SctpTimeout::Short => t.sctp_short,
+            },
             _ => t.icmp,
         }
     }
@@ -343,7 +478,12 @@ impl Conntrack {
 
     /// The kernel's name of the entry's protocol state (TCP), for listings.
     pub fn state_name(view: &EntryView) -> Option<&'static str> {
-        (view.orig.proto == 6).then(|| tcp_state_of(view.state).name())
+        let st = ((view.state & PROTO_STATE_MASK) >> PROTO_STATE_SHIFT) as u8;
+        match view.orig.proto {
+            6 => Some(TcpState::from_u8(st).name()),
+            132 => Some(sctp::SctpState::from_u8(st).name()),
+            _ => None,
+        }
     }
 }
 

@@ -140,6 +140,9 @@ pub struct Table {
     slot_cursor: AtomicU64,
     /// Unassured entries dropped to make room (rare: an atomic is fine).
     early_drops: AtomicU64,
+    /// SCTP verification tags of both directions, per entry (kept beside the 128-byte entries:
+    /// only SCTP uses them).
+    tags: Box<[AtomicU64]>,
 }
 
 /// Every used entry and index slot is looked at once per this period (all workers together).
@@ -169,6 +172,7 @@ impl Table {
             scan_cursor: AtomicU64::new(0),
             slot_cursor: AtomicU64::new(0),
             early_drops: AtomicU64::new(0),
+            tags: (0..capacity).map(|_| AtomicU64::new(0)).collect(),
         }
     }
 
@@ -451,8 +455,23 @@ impl Table {
         }
     }
 
-    /// When the entry was created.
+    /// SCTP verification tags (`sctp::pack_tags`).
     #[inline]
+    pub fn tags(&self, idx: u32) -> u64 {
+        self.tags[idx as usize].load(Ordering::Acquire)
+    }
+
+    pub fn set_tags(&self, idx: u32, tags: u64) {
+        self.tags[idx as usize].store(tags, Ordering::Release);
+    }
+
+    /// Replaces the tags if they are still `old`.
+    pub fn swap_tags(&self, idx: u32, old: u64, new: u64) -> bool {
+        self.tags[idx as usize]
+            .compare_exchange(old, new, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
     /// Milliseconds since the entry was created (exact for ages below 49 days).
     pub fn age_ms(&self, idx: u32, now_ms: u64) -> u64 {
         let created = self.entries[idx as usize]

@@ -46,7 +46,7 @@ fn both_directions_find_the_entry() {
     assert!(ct.reply_taken(&reply));
     assert_eq!(
         ct.create(&tup(2, 1, 41, 80, 6), &reply, 0, false, 0, 0, 0),
-        Err(InsertError::Exists)
+        Err(CreateError::Insert(InsertError::Exists))
     );
 }
 
@@ -145,9 +145,9 @@ fn full_table_early_drops_unassured_then_refuses() {
     let views: Vec<_> = ct.connections().collect();
     for v in views {
         let r = find(&ct, &v.reply, 0).unwrap();
-        ct.on_packet(&r, tcp::SYN | tcp::ACK, 0, 0);
+        ct.on_packet(&r, tcp::SYN | tcp::ACK, 0, 0).unwrap();
         let o = find(&ct, &v.orig, 0).unwrap();
-        ct.on_packet(&o, tcp::ACK, 0, 0);
+        ct.on_packet(&o, tcp::ACK, 0, 0).unwrap();
     }
     let err = ct.create(
         &tup(101, 1, 41, 80, 6),
@@ -158,7 +158,7 @@ fn full_table_early_drops_unassured_then_refuses() {
         0,
         5,
     );
-    assert_eq!(err, Err(InsertError::Full));
+    assert_eq!(err, Err(CreateError::Insert(InsertError::Full)));
 }
 
 #[test]

@@ -46,6 +46,11 @@ enum Command {
         #[command(subcommand)]
         command: PcapCommand,
     },
+    /// NetworkPolicy tools.
+    Policy {
+        #[command(subcommand)]
+        command: PolicyCommand,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -53,6 +58,33 @@ enum PcapCommand {
     /// Generate a synthetic cluster (config.yaml, state.yaml) and a capture (capture.pcap) of
     /// TCP traffic to its ClusterIPs.
     Gen(GenArgs),
+}
+
+#[derive(Subcommand, Debug)]
+enum PolicyCommand {
+    /// How a new connection would be decided: the Service translation (every eligible backend),
+    /// the policies selecting source and destination, and the rule that allows it or why none
+    /// does.
+    Trace(TraceArgs),
+}
+
+#[derive(Args, Debug)]
+struct TraceArgs {
+    /// DataplaneConfiguration file.
+    #[arg(long, value_name = "FILE")]
+    config: PathBuf,
+    /// Kubernetes manifests: a file or a directory.
+    #[arg(long, value_name = "PATH")]
+    state: PathBuf,
+    /// Source address.
+    #[arg(long, value_name = "IP")]
+    from: std::net::IpAddr,
+    /// Destination: IP or IP:PORT (IPv6 with a port as [addr]:port).
+    #[arg(long, value_name = "IP[:PORT]")]
+    to: String,
+    /// TCP, UDP, SCTP or ICMP.
+    #[arg(long, value_name = "P", default_value = "TCP")]
+    proto: String,
 }
 
 #[derive(Args, Debug)]
@@ -177,6 +209,9 @@ where
         Command::Pcap {
             command: PcapCommand::Gen(args),
         } => finish(cmd_pcap_gen(&args)),
+        Command::Policy {
+            command: PolicyCommand::Trace(args),
+        } => finish(cmd_policy_trace(&args)),
     }
 }
 
@@ -217,6 +252,29 @@ fn cmd_pcap_gen(args: &GenArgs) -> Result<(), CliError> {
         summary.data_packets,
         summary.flows
     );
+    Ok(())
+}
+
+fn cmd_policy_trace(args: &TraceArgs) -> Result<(), CliError> {
+    use crate::policy::trace::{parse_proto, parse_target, trace, TraceQuery};
+    let (to, port) = parse_target(&args.to).map_err(bad_input)?;
+    let proto = parse_proto(&args.proto, to).map_err(bad_input)?;
+    if args.from.is_ipv4() != to.is_ipv4() {
+        return Err(bad_input("--from and --to must be of the same IP family"));
+    }
+    let config = Config::load(&args.config).map_err(bad_input)?;
+    let state = load_state(&args.state).map_err(bad_input)?;
+    let translation = translate(&config, &state);
+    for p in &translation.problems {
+        eprintln!("warning: {p}");
+    }
+    let q = TraceQuery {
+        from: args.from,
+        to,
+        port,
+        proto,
+    };
+    print!("{}", trace(&state, &translation.snapshot, &q).text);
     Ok(())
 }
 

@@ -9,6 +9,7 @@ pub mod incremental;
 pub mod metrics;
 pub mod model;
 pub mod output;
+pub mod policy;
 pub mod run;
 pub mod sources;
 pub mod sync;

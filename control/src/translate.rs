@@ -83,6 +83,10 @@ pub fn translate(config: &Config, state: &ClusterState) -> Translation {
     for (obj, key, sp, routes) in std::mem::take(&mut t.node_ports) {
         t.frontend(&obj, key, sp, FrontendKind::NodePort, routes, None);
     }
+    // NetworkPolicy: this node's pods, compiled (control/src/policy, docs/policy.md).
+    let (tables, problems) = crate::policy::compile(&config.node_name, &t.snap.node.addrs, state);
+    t.snap.policy = Arc::new(tables);
+    t.problems.extend(problems);
     Translation {
         snapshot: t.snap,
         problems: t.problems,

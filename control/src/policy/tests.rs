@@ -1,0 +1,637 @@
+//! Compilation truth tables: a small cluster, policies, and the expected reachability of every
+//! (source, destination) pair on several probes, written down per case as the Kubernetes
+//! NetworkPolicy e2e suite writes its reachability matrices.
+//!
+//! Cluster (this node: node-a, 192.168.0.2 / fd00:192::2):
+//!
+//! | pod | namespace (labels) | address | node | labels | named ports |
+//! | --- | --- | --- | --- | --- | --- |
+//! | A | prod (env=prod) | 10.1.0.1 | a | app=web, tier=front | http 8080/TCP, dns 53/UDP, sig 8080/SCTP |
+//! | B | prod | 10.1.0.2 | a | app=db, tier=back | pg 5432/TCP |
+//! | C | prod | 10.1.0.3 | a | app=cli | — |
+//! | D | dev (env=dev) | 10.1.0.4 | a | app=cli, tier=front | — |
+//! | E | dev | 10.2.0.5 | b | app=web | http 8081/TCP |
+//! | F | other (no labels) | 10.1.0.6, fd00:10:1::6 | a | app=x | — |
+//! | agent | prod | 192.168.0.2 (hostNetwork) | a | app=cli | — |
+//!
+//! Grid cells: one character per probe: `.` allowed, `i` denied by ingress, `e` denied by egress.
+
+use std::path::Path;
+
+use kxdp_dataplane::policy::{Decision, PolicyTables};
+use kxdp_packet::Addr;
+use serde_json::{json, Value};
+
+use super::*;
+use crate::sources::files::load_str;
+
+const NODE: &str = "192.168.0.2";
+const EXT: &str = "203.0.113.7";
+
+fn ns(name: &str, labels: Value) -> Value {
+    json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}})
+}
+
+fn pod(ns: &str, name: &str, node: &str, ips: &[&str], labels: Value, ports: Value) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"namespace": ns, "name": name, "labels": labels},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "i", "ports": ports}]},
+        "status": {"phase": "Running", "podIP": ips[0], "podIPs": ips.iter().map(|i| json!({"ip": i})).collect::<Vec<_>>()}
+    })
+}
+
+fn netpol(ns: &str, name: &str, spec: Value) -> Value {
+    json!({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+           "metadata": {"namespace": ns, "name": name}, "spec": spec})
+}
+
+fn cluster() -> Vec<Value> {
+    let mut agent = pod(
+        "prod",
+        "agent",
+        "node-a",
+        &[NODE],
+        json!({"app": "cli"}),
+        json!([]),
+    );
+    agent["spec"]["hostNetwork"] = json!(true);
+    vec![
+        ns("prod", json!({"env": "prod"})),
+        ns("dev", json!({"env": "dev"})),
+        ns("other", json!({})),
+        pod(
+            "prod",
+            "a",
+            "node-a",
+            &["10.1.0.1"],
+            json!({"app": "web", "tier": "front"}),
+            json!([{"name": "http", "containerPort": 8080}, {"name": "dns", "containerPort": 53, "protocol": "UDP"}, {"name": "sig", "containerPort": 8080, "protocol": "SCTP"}]),
+        ),
+        pod(
+            "prod",
+            "b",
+            "node-a",
+            &["10.1.0.2"],
+            json!({"app": "db", "tier": "back"}),
+            json!([{"name": "pg", "containerPort": 5432}]),
+        ),
+        pod(
+            "prod",
+            "c",
+            "node-a",
+            &["10.1.0.3"],
+            json!({"app": "cli"}),
+            json!([]),
+        ),
+        pod(
+            "dev",
+            "d",
+            "node-a",
+            &["10.1.0.4"],
+            json!({"app": "cli", "tier": "front"}),
+            json!([]),
+        ),
+        pod(
+            "dev",
+            "e",
+            "node-b",
+            &["10.2.0.5"],
+            json!({"app": "web"}),
+            json!([{"name": "http", "containerPort": 8081}]),
+        ),
+        pod(
+            "other",
+            "f",
+            "node-a",
+            &["10.1.0.6", "fd00:10:1::6"],
+            json!({"app": "x"}),
+            json!([]),
+        ),
+        agent,
+    ]
+}
+
+fn state_of(objs: &[Value]) -> ClusterState {
+    let mut text = String::new();
+    for o in objs {
+        text.push_str("---\n");
+        text.push_str(&serde_json::to_string(o).unwrap());
+        text.push('\n');
+    }
+    let mut st = ClusterState::new();
+    load_str(&text, false, Path::new("state.yaml"), &mut st).unwrap();
+    st
+}
+
+fn node_addrs() -> Vec<Addr> {
+    vec![
+        Addr::from_ip(NODE.parse().unwrap()),
+        Addr::from_ip("fd00:192::2".parse().unwrap()),
+    ]
+}
+
+fn tables(policies: &[Value]) -> (PolicyTables, Vec<Problem>) {
+    let mut objs = cluster();
+    objs.extend_from_slice(policies);
+    compile("node-a", &node_addrs(), &state_of(&objs))
+}
+
+fn addr_of(name: &str) -> Addr {
+    let ip = match name {
+        "A" => "10.1.0.1",
+        "B" => "10.1.0.2",
+        "C" => "10.1.0.3",
+        "D" => "10.1.0.4",
+        "E" => "10.2.0.5",
+        "F" => "10.1.0.6",
+        "node" => NODE,
+        "ext" => EXT,
+        other => other,
+    };
+    Addr::from_ip(ip.parse().unwrap())
+}
+
+const TCP: u8 = 6;
+const UDP: u8 = 17;
+const SCTP: u8 = 132;
+
+fn cell(t: &PolicyTables, src: &str, dst: &str, probes: &[(u8, u16)]) -> String {
+    probes
+        .iter()
+        .map(
+            |&(p, port)| match t.judge(&addr_of(src), &addr_of(dst), p, port) {
+                Decision::Allow => '.',
+                Decision::DenyIngress(_) => 'i',
+                Decision::DenyEgress(_) => 'e',
+            },
+        )
+        .collect()
+}
+
+/// Checks every (row source, column destination) pair. `expected`: a header line of
+/// destinations, then one line per source: `SRC cell cell ...`.
+#[track_caller]
+fn grid(t: &PolicyTables, probes: &[(u8, u16)], expected: &str) {
+    let mut lines = expected.lines().map(str::trim).filter(|l| !l.is_empty());
+    let dsts: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+    let mut bad = Vec::new();
+    for line in lines {
+        let mut w = line.split_whitespace();
+        let src = w.next().unwrap();
+        let cells: Vec<&str> = w.collect();
+        assert_eq!(cells.len(), dsts.len(), "row {src}");
+        for (dst, want) in dsts.iter().zip(cells) {
+            let got = cell(t, src, dst, probes);
+            if got != want {
+                bad.push(format!("{src} -> {dst}: want {want}, got {got}"));
+            }
+        }
+    }
+    assert!(bad.is_empty(), "reachability differs:\n{}", bad.join("\n"));
+}
+
+const P4: &[(u8, u16)] = &[(TCP, 80), (TCP, 8080), (UDP, 53), (SCTP, 8080)];
+
+#[test]
+fn no_policies_nothing_isolated() {
+    let (t, problems) = tables(&[]);
+    assert!(problems.is_empty());
+    assert!(!t.any_isolated());
+    // Local pods are known (for conntrack), remote and hostNetwork ones are not.
+    for p in ["A", "B", "C", "D", "F", "fd00:10:1::6"] {
+        assert!(t.is_local_pod(&addr_of(p)), "{p}");
+    }
+    for p in ["E", "node"] {
+        assert!(!t.is_local_pod(&addr_of(p)), "{p}");
+    }
+    assert!(t.is_node(&addr_of("node")));
+}
+
+/// Default deny ingress in prod, plus web from cli pods of prod on TCP 8080. A podSelector peer
+/// alone means the policy's namespace. The node (and the hostNetwork agent, which is the node)
+/// always gets in.
+#[test]
+fn default_deny_and_pod_selector() {
+    let (t, problems) = tables(&[
+        netpol(
+            "prod",
+            "default-deny",
+            json!({"podSelector": {}, "policyTypes": ["Ingress"]}),
+        ),
+        netpol(
+            "prod",
+            "web-from-cli",
+            json!({"podSelector": {"matchLabels": {"app": "web"}},
+                   "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "cli"}}}],
+                                "ports": [{"protocol": "TCP", "port": 8080}]}]}),
+        ),
+    ]);
+    assert!(problems.is_empty(), "{problems:?}");
+    grid(
+        &t,
+        P4,
+        "
+             A    B    C    D    E    F    ext
+        A    .... iiii iiii .... .... .... ....
+        B    iiii .... iiii .... .... .... ....
+        C    i.ii iiii .... .... .... .... ....
+        D    iiii iiii iiii .... .... .... ....
+        E    iiii iiii iiii .... .... .... ....
+        F    iiii iiii iiii .... .... .... ....
+        node .... .... .... .... .... .... ....
+        ext  iiii iiii iiii .... .... .... ....
+        ",
+    );
+}
+
+/// namespaceSelector alone, namespaceSelector AND podSelector in one peer, matchExpressions
+/// (In, NotIn, Exists, DoesNotExist), namespace by name.
+#[test]
+fn namespace_selectors_and_expressions() {
+    let (t, problems) = tables(&[netpol(
+        "prod",
+        "db",
+        json!({"podSelector": {"matchLabels": {"app": "db"}},
+        "ingress": [
+          {"from": [{"namespaceSelector": {"matchLabels": {"env": "dev"}}}], "ports": [{"port": 80}]},
+          {"from": [{"namespaceSelector": {"matchExpressions": [{"key": "env", "operator": "In", "values": ["prod", "dev"]}]},
+                     "podSelector": {"matchExpressions": [{"key": "tier", "operator": "Exists"}]}}]},
+          {"from": [{"podSelector": {"matchExpressions": [{"key": "app", "operator": "NotIn", "values": ["cli", "web"]}]}}]},
+          {"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "other"}},
+                     "podSelector": {"matchExpressions": [{"key": "tier", "operator": "DoesNotExist"}]}}],
+           "ports": [{"protocol": "UDP", "port": 53}]}
+        ]}),
+    )]);
+    assert!(problems.is_empty(), "{problems:?}");
+    grid(
+        &t,
+        P4,
+        "
+             A    B    C    D    E    F
+        A    .... .... .... .... .... ....
+        B    .... .... .... .... .... ....
+        C    .... iiii .... .... .... ....
+        D    .... .... .... .... .... ....
+        E    .... .iii .... .... .... ....
+        F    .... ii.i .... .... .... ....
+        node .... .... .... .... .... ....
+        ext  .... iiii .... .... .... ....
+        ",
+    );
+    // The first rule's TCP 80 for E is rule index 0.
+    let (_, side) = t.explain(&addr_of("E"), &addr_of("B"), TCP, 80);
+    assert_eq!(
+        side,
+        kxdp_dataplane::policy::Side::Allowed(
+            t.rules
+                .iter()
+                .position(|r| r.to_string() == "prod/db ingress[0]")
+                .unwrap() as u32
+        )
+    );
+}
+
+/// ipBlocks with excepts, IPv4 and IPv6, egress; endPort ranges. An IPv6 block never allows
+/// IPv4 traffic.
+#[test]
+fn ip_blocks_except_and_end_port() {
+    let (t, problems) = tables(&[netpol(
+        "other",
+        "blocks",
+        json!({"podSelector": {"matchLabels": {"app": "x"}}, "policyTypes": ["Egress"],
+        "egress": [
+          {"to": [{"ipBlock": {"cidr": "10.1.0.0/16", "except": ["10.1.0.2/32", "10.1.0.4/31"]}}],
+           "ports": [{"port": 80, "endPort": 8080}]},
+          {"to": [{"ipBlock": {"cidr": "203.0.113.0/24"}}], "ports": [{"protocol": "UDP", "port": 53}]},
+          {"to": [{"ipBlock": {"cidr": "fd00:10::/32", "except": ["fd00:10:1::/48"]}}]},
+          {"to": [{"ipBlock": {"cidr": "2001:db8::/32"}}], "ports": [{"protocol": "SCTP", "port": 8080}]},
+          {"to": [{"ipBlock": {"cidr": "::/0"}}], "ports": [{"protocol": "TCP", "port": 9999}]}
+        ]}),
+    )]);
+    assert!(problems.is_empty(), "{problems:?}");
+    grid(
+        &t,
+        P4,
+        "
+             A    B    C    D    E    F    ext
+        F    ..ee eeee ..ee eeee eeee .... ee.e
+        A    .... .... .... .... .... .... ....
+        ",
+    );
+    let six = &[
+        (TCP, 80),
+        (UDP, 53),
+        (SCTP, 8080),
+        (TCP, 9999),
+        (TCP, 79),
+        (TCP, 8081),
+    ];
+    grid(
+        &t,
+        six,
+        "
+                          fd00:10:2::9 fd00:10:1::9 2001:db8::7 2001:db9::7
+        fd00:10:1::6      ......       eee.ee       ee..ee      eee.ee
+        ",
+    );
+    grid(&t, six, "10.1.0.1 8.8.8.8\n F .eeeee eeeeee");
+}
+
+/// Named ports: ingress resolved against the selected pod's own ports (per pod), egress against
+/// each destination pod's; SCTP and TCP on the same port number are different ports.
+#[test]
+fn named_ports_and_sctp_vs_tcp() {
+    let (t, problems) = tables(&[netpol(
+        "prod",
+        "named",
+        json!({"podSelector": {}, "policyTypes": ["Ingress", "Egress"],
+        "ingress": [{"ports": [{"port": "http"}, {"port": "sig", "protocol": "SCTP"}]}],
+        "egress": [
+          {"to": [{"podSelector": {}}], "ports": [{"port": "pg"}]},
+          {"to": [{"namespaceSelector": {}}], "ports": [{"port": "http"}]}
+        ]}),
+    )]);
+    assert!(problems.is_empty(), "{problems:?}");
+    let probes = &[(TCP, 8080), (SCTP, 8080), (TCP, 5432), (TCP, 8081)];
+    grid(
+        &t,
+        probes,
+        "
+             A    B    C    D    E
+        A    .... eeie eeee eeee eee.
+        B    .eee .... eeee eeee eee.
+        C    .eee eeie .... eeee eee.
+        D    ..ii iiii iiii .... ....
+        E    ..ii iiii iiii .... ....
+        node .... .... .... .... ....
+        ",
+    );
+}
+
+/// Stacked policies are a union; a policyType listed with no rules denies; egress and ingress
+/// together; deleting policies and changing labels (separate states).
+#[test]
+fn stacked_policies_deletion_and_label_changes() {
+    let deny_egress = netpol(
+        "prod",
+        "deny-egress-cli",
+        json!({"podSelector": {"matchLabels": {"app": "cli"}}, "policyTypes": ["Egress"]}),
+    );
+    let dns = netpol(
+        "prod",
+        "allow-dns",
+        json!({"podSelector": {}, "policyTypes": ["Egress"],
+               "egress": [{"to": [{"namespaceSelector": {}}], "ports": [{"protocol": "UDP", "port": 53}]}]}),
+    );
+    let web = netpol(
+        "prod",
+        "cli-to-web",
+        json!({"podSelector": {"matchLabels": {"app": "cli"}},
+               "egress": [{"to": [{"podSelector": {"matchLabels": {"app": "web"}}}],
+                           "ports": [{"port": 80}, {"port": 8080}]}]}),
+    );
+    let web_in = netpol(
+        "prod",
+        "web-in",
+        json!({"podSelector": {"matchLabels": {"app": "web"}}, "policyTypes": ["Ingress"],
+               "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "cli"}}}], "ports": [{"port": 8080}]}]}),
+    );
+    let (t, _) = tables(&[
+        deny_egress.clone(),
+        dns.clone(),
+        web.clone(),
+        web_in.clone(),
+    ]);
+    grid(
+        &t,
+        P4,
+        "
+             A    B    C    D    E    F    ext
+        A    .... ee.e eeie ee.e ee.e ee.e eeee
+        B    eeie .... eeie ee.e ee.e ee.e eeee
+        C    i.ie ee.e .... ee.e ee.e ee.e eeee
+        D    iiii .... iiii .... .... .... ....
+        node .... .... .... .... .... .... ....
+        ",
+    );
+    // allow-dns and cli-to-web deleted: C keeps only deny-egress; A and B are free again.
+    let (t, _) = tables(&[deny_egress.clone(), web_in.clone()]);
+    grid(
+        &t,
+        P4,
+        "
+             A    B    C    D    E    F    ext
+        A    .... .... .... .... .... .... ....
+        B    iiii .... .... .... .... .... ....
+        C    eeee eeee .... eeee eeee eeee eeee
+        ",
+    );
+    // C relabelled app=web (a label change between steps): no longer cli, so deny-egress and
+    // cli-to-web leave it, web-in now isolates it, and it reaches A only as a non-cli.
+    let mut objs = cluster();
+    objs[5]["metadata"]["labels"] = json!({"app": "web"});
+    objs.extend([deny_egress, dns, web, web_in]);
+    let (t, _) = compile("node-a", &node_addrs(), &state_of(&objs));
+    grid(
+        &t,
+        P4,
+        "
+             A    B    C    D    E    F
+        C    eeie ee.e .... ee.e ee.e ee.e
+        D    iiii .... iiii .... .... ....
+        ",
+    );
+    // The dev namespace relabelled env=prod: namespace label changes count too.
+    let ns_sel = netpol(
+        "prod",
+        "from-prod-env",
+        json!({"podSelector": {"matchLabels": {"app": "db"}},
+               "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"env": "prod"}}}]}]}),
+    );
+    let (t, _) = tables(std::slice::from_ref(&ns_sel));
+    grid(&t, P4, "  B\n D iiii\n E iiii\n C ....");
+    let mut objs = cluster();
+    objs[1]["metadata"]["labels"] = json!({"env": "prod"});
+    objs.push(ns_sel);
+    let (t, _) = compile("node-a", &node_addrs(), &state_of(&objs));
+    grid(&t, P4, "  B\n D ....\n E ....\n C ....\n F iiii");
+}
+
+/// What kxdp cannot enforce or the API would refuse is reported, and never widens a rule.
+#[test]
+fn problems_are_reported_and_fail_closed() {
+    let (t, problems) = tables(&[
+        netpol(
+            "prod",
+            "bad-port",
+            json!({"podSelector": {"matchLabels": {"app": "web"}},
+                   "ingress": [{"ports": [{"protocol": "ICMP"}]}]}),
+        ),
+        netpol(
+            "prod",
+            "bad-peer",
+            json!({"podSelector": {"matchLabels": {"app": "db"}},
+                   "ingress": [{"from": [{"podSelector": {"matchExpressions": [{"key": "a", "operator": "Gt", "values": ["1"]}]}},
+                                         {"ipBlock": {"cidr": "10.0.0.0/8", "except": ["11.0.0.0/8"]}},
+                                         {"ipBlock": {"cidr": "10.1.0.3/32"}}]},
+                               {"ports": [{"port": "http", "endPort": 9000}, {"port": 0}, {"port": 9000, "endPort": 80}]}]}),
+        ),
+        netpol(
+            "prod",
+            "bad-subject",
+            json!({"podSelector": {"matchExpressions": [{"key": "x", "operator": "In"}]},
+                   "policyTypes": ["Egress", "Sideways"],
+                   "egress": [{}]}),
+        ),
+    ]);
+    let text: Vec<String> = problems.iter().map(|p| p.to_string()).collect();
+    let expect = [
+        "NetworkPolicy prod/bad-port: spec.ingress[0].ports[0].protocol: `ICMP` is not TCP, UDP or SCTP",
+        "NetworkPolicy prod/bad-peer: spec.ingress[0].from[0].podSelector.matchExpressions[0].operator: `Gt`",
+        "NetworkPolicy prod/bad-peer: spec.ingress[0].from[1].ipBlock.except[0]: `11.0.0.0/8` is not inside",
+        "NetworkPolicy prod/bad-peer: spec.ingress[1].ports[0].endPort: only allowed with a numeric port",
+        "NetworkPolicy prod/bad-peer: spec.ingress[1].ports[1].port: 0 is not a port number",
+        "NetworkPolicy prod/bad-peer: spec.ingress[1].ports[2].endPort: 80 is below port 9000",
+        "NetworkPolicy prod/bad-subject: spec.podSelector.matchExpressions[0]: operator In needs at least one value",
+        "NetworkPolicy prod/bad-subject: spec.policyTypes[1]: `Sideways` is not Ingress or Egress",
+    ];
+    for e in expect {
+        assert!(
+            text.iter().any(|t| t.starts_with(e)),
+            "missing problem {e:?} in\n{}",
+            text.join("\n")
+        );
+    }
+    assert_eq!(text.len(), expect.len(), "{}", text.join("\n"));
+    // bad-port: its only port is invalid, so its rule allows nothing (not every port).
+    // bad-peer: only the valid peer (10.1.0.3 = C) remains; its second rule allows nothing.
+    // bad-subject: selects every prod pod for egress and allows nothing.
+    grid(
+        &t,
+        P4,
+        "
+             A    B    C    D
+        A    .... eeee eeee eeee
+        C    eeee eeee .... eeee
+        D    iiii iiii .... ....
+        F    iiii iiii .... ....
+        node .... .... .... ....
+        ",
+    );
+    // C's egress is denied (bad-subject), but B's ingress does allow C (the valid ipBlock).
+    assert_eq!(cell(&t, "C", "B", &[(TCP, 1)]), "e");
+    assert!(matches!(
+        t.explain(&addr_of("C"), &addr_of("B"), TCP, 1).1,
+        kxdp_dataplane::policy::Side::Allowed(_)
+    ));
+}
+
+/// Per-pod compiled rules are keyed by their inputs: compiling the same state again builds
+/// nothing; a change rebuilds only the pod directions it affects; pods with equal inputs share.
+#[test]
+fn incremental_recompilation() {
+    let policies = vec![
+        netpol(
+            "prod",
+            "deny",
+            json!({"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}),
+        ),
+        netpol(
+            "prod",
+            "db-from-dev-web",
+            json!({"podSelector": {"matchLabels": {"app": "db"}},
+                   "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"env": "dev"}},
+                                          "podSelector": {"matchLabels": {"app": "web"}}}]}]}),
+        ),
+        netpol(
+            "other",
+            "x-named",
+            json!({"podSelector": {}, "ingress": [{"ports": [{"port": "http"}]}]}),
+        ),
+    ];
+    let mut objs = cluster();
+    objs.extend(policies.clone());
+    let mut c = PolicyCompiler::new();
+    let (t1, _) = c.compile("node-a", &node_addrs(), &state_of(&objs));
+    // Ingress: A and C share (deny only), B (deny + db rule), F (x-named, no http port);
+    // egress: A, B, C share. D is in dev: no policy.
+    assert_eq!(
+        c.stats,
+        CompileStats {
+            policies: 3,
+            local_pods: 5,
+            isolated_pods: 4,
+            built: 4,
+            reused: 3,
+        }
+    );
+    let ing = |t: &PolicyTables, p: &str| {
+        let i = t.local_pod(&addr_of(p)).unwrap() as usize;
+        t.pods()[i].ingress.clone()
+    };
+    assert!(Arc::ptr_eq(
+        ing(&t1, "A").as_ref().unwrap(),
+        ing(&t1, "C").as_ref().unwrap()
+    ));
+
+    // The same state again: nothing built.
+    let (t2, _) = c.compile("node-a", &node_addrs(), &state_of(&objs));
+    assert_eq!((c.stats.built, c.stats.reused), (0, 7));
+    assert!(Arc::ptr_eq(
+        ing(&t1, "B").as_ref().unwrap(),
+        ing(&t2, "B").as_ref().unwrap()
+    ));
+
+    // The remote peer E relabelled: only B's ingress (which selects dev/web) is rebuilt.
+    objs[7]["metadata"]["labels"] = json!({"app": "web2"});
+    let (t3, _) = c.compile("node-a", &node_addrs(), &state_of(&objs));
+    assert_eq!((c.stats.built, c.stats.reused), (1, 6));
+    assert!(!Arc::ptr_eq(
+        ing(&t2, "B").as_ref().unwrap(),
+        ing(&t3, "B").as_ref().unwrap()
+    ));
+    assert!(Arc::ptr_eq(
+        ing(&t2, "A").as_ref().unwrap(),
+        ing(&t3, "A").as_ref().unwrap()
+    ));
+    assert_eq!(cell(&t3, "E", "B", &[(TCP, 1)]), "i");
+    assert_eq!(cell(&t2, "E", "B", &[(TCP, 1)]), ".");
+
+    // F gains a named port `http`: only F's ingress is rebuilt (its own ports are an input).
+    objs[8]["spec"]["containers"][0]["ports"] = json!([{"name": "http", "containerPort": 81}]);
+    let (t4, _) = c.compile("node-a", &node_addrs(), &state_of(&objs));
+    assert_eq!((c.stats.built, c.stats.reused), (1, 6));
+    assert_eq!(cell(&t4, "D", "F", &[(TCP, 81), (TCP, 80)]), ".i");
+
+    // A new policy in another namespace changes nothing in prod.
+    objs.push(netpol("dev", "deny", json!({"podSelector": {}})));
+    let (_, _) = c.compile("node-a", &node_addrs(), &state_of(&objs));
+    assert_eq!((c.stats.built, c.stats.reused), (1, 7));
+}
+
+/// A terminated pod's address is nobody's; a pod without an address is not enforced.
+#[test]
+fn finished_pods_are_ignored() {
+    let mut done = pod(
+        "prod",
+        "old",
+        "node-a",
+        &["10.1.0.9"],
+        json!({"app": "cli"}),
+        json!([]),
+    );
+    done["status"]["phase"] = json!("Succeeded");
+    let mut objs = cluster();
+    objs.push(done);
+    objs.push(netpol(
+        "prod",
+        "web",
+        json!({"podSelector": {"matchLabels": {"app": "web"}},
+               "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "cli"}}}]}]}),
+    ));
+    let (t, _) = compile("node-a", &node_addrs(), &state_of(&objs));
+    assert!(!t.is_local_pod(&addr_of("10.1.0.9")));
+    assert_eq!(cell(&t, "10.1.0.9", "A", &[(TCP, 80)]), "i");
+    assert_eq!(cell(&t, "C", "A", &[(TCP, 80)]), ".");
+}

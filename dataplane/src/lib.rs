@@ -7,4 +7,5 @@ pub mod policy;
 pub mod replay;
 pub mod snapshot;
 pub mod stale;
+pub mod stats;
 pub mod verdict;

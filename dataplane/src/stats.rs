@@ -1,0 +1,396 @@
+//! Worker state the control thread reads without stopping workers: per-worker counters published
+//! after every batch (relaxed atomics, one cache-line-aligned block per worker, written by that
+//! worker only) and a per-worker ring of drop/reject verdicts for `kxdp monitor`.
+//!
+//! A worker loop feeds it with one call after each batch:
+//!
+//! ```ignore
+//! let t0 = Instant::now();
+//! pipeline.process(&mut frames, &mut verdicts, &snap, &ct, now_ms);
+//! // ... transmit ...
+//! stats.after_batch(worker, &pipeline.counters, &verdicts[..n], t0.elapsed().as_nanos() as u64, now_ms);
+//! ```
+//!
+//! `after_batch` stores the pipeline's cumulative `Counters` (a few dozen relaxed stores, no
+//! read-modify-write), and copies dropped/rejected verdicts into the worker's ring only while a
+//! `kxdp monitor` client is attached (one relaxed load otherwise). Workers should use `clock_ms`
+//! as their `now_ms`, so that conntrack timeouts shown by the admin API use the same clock.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::OnceLock;
+use std::time::Instant;
+
+use kxdp_packet::{Addr, Family};
+
+use crate::pipeline::Counters;
+use crate::verdict::{Action, Reason, Verdict};
+
+/// The dataplane clock: monotonic milliseconds, starting at 1000 when the process first asks (so
+/// that "expires at 0" is never fresh). Workers pass it as `now_ms`; listings compute timeouts
+/// with it.
+pub fn clock_ms() -> u64 {
+    static START: OnceLock<Instant> = OnceLock::new();
+    let start = *START.get_or_init(Instant::now);
+    1_000 + start.elapsed().as_millis() as u64
+}
+
+/// One worker's cumulative counters, as last published.
+#[repr(align(128))]
+pub struct WorkerStats {
+    packets: AtomicU64,
+    bytes: AtomicU64,
+    batches: AtomicU64,
+    ct_created: AtomicU64,
+    ct_expired: AtomicU64,
+    busy_ns: AtomicU64,
+    updated_ms: AtomicU64,
+    reasons: [AtomicU64; Reason::COUNT],
+    actions: [AtomicU64; Action::COUNT],
+}
+
+/// A plain copy of one worker's counters.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WorkerSample {
+    pub packets: u64,
+    pub bytes: u64,
+    pub batches: u64,
+    pub ct_created: u64,
+    pub ct_expired: u64,
+    /// Time spent processing batches (not waiting for packets), nanoseconds.
+    pub busy_ns: u64,
+    /// `clock_ms` of the last publication (0: never).
+    pub updated_ms: u64,
+    pub reasons: Vec<u64>,
+    pub actions: Vec<u64>,
+}
+
+impl WorkerSample {
+    /// Packets of tracked connections (ct-established, reply-unnat, icmp-related): conntrack
+    /// lookups that found their entry.
+    pub fn ct_found(&self) -> u64 {
+        [
+            Reason::Established,
+            Reason::ReplyUnnat,
+            Reason::IcmpRelated,
+        ]
+        .iter()
+        .map(|r| self.reasons[*r as usize])
+        .sum()
+    }
+}
+
+impl WorkerStats {
+    fn new() -> WorkerStats {
+        WorkerStats {
+            packets: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
+            batches: AtomicU64::new(0),
+            ct_created: AtomicU64::new(0),
+            ct_expired: AtomicU64::new(0),
+            busy_ns: AtomicU64::new(0),
+            updated_ms: AtomicU64::new(0),
+            reasons: std::array::from_fn(|_| AtomicU64::new(0)),
+            actions: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
+
+    /// Publishes a worker's cumulative counters (only that worker calls it).
+    pub fn publish(&self, c: &Counters, busy_ns_total: u64, now_ms: u64) {
+        self.packets.store(c.packets, Relaxed);
+        self.bytes.store(c.bytes, Relaxed);
+        self.batches.store(c.batches, Relaxed);
+        self.ct_created.store(c.ct_created, Relaxed);
+        self.ct_expired.store(c.ct_expired, Relaxed);
+        self.busy_ns.store(busy_ns_total, Relaxed);
+        for (a, v) in self.reasons.iter().zip(c.reasons.iter()) {
+            a.store(*v, Relaxed);
+        }
+        for (a, v) in self.actions.iter().zip(c.actions.iter()) {
+            a.store(*v, Relaxed);
+        }
+        self.updated_ms.store(now_ms, Relaxed);
+    }
+
+    pub fn sample(&self) -> WorkerSample {
+        WorkerSample {
+            packets: self.packets.load(Relaxed),
+            bytes: self.bytes.load(Relaxed),
+            batches: self.batches.load(Relaxed),
+            ct_created: self.ct_created.load(Relaxed),
+            ct_expired: self.ct_expired.load(Relaxed),
+            busy_ns: self.busy_ns.load(Relaxed),
+            updated_ms: self.updated_ms.load(Relaxed),
+            reasons: self.reasons.iter().map(|a| a.load(Relaxed)).collect(),
+            actions: self.actions.iter().map(|a| a.load(Relaxed)).collect(),
+        }
+    }
+}
+
+/// Events a worker's ring holds; older ones are overwritten (the reader counts them as lost).
+pub const RING_EVENTS: usize = 1024;
+
+const WORDS: usize = 11;
+
+/// One monitored verdict.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Event {
+    pub worker: usize,
+    pub at_ms: u64,
+    pub verdict: Verdict,
+}
+
+/// Single-writer ring of verdicts with a sequence number per slot (a seqlock made of atomics).
+struct Ring {
+    /// Events ever pushed.
+    head: AtomicU64,
+    /// Per slot: 2 × (event number + 1) when complete, odd while being written.
+    seqs: Box<[AtomicU64]>,
+    words: Box<[[AtomicU64; WORDS]]>,
+}
+
+impl Ring {
+    fn new() -> Ring {
+        Ring {
+            head: AtomicU64::new(0),
+            seqs: (0..RING_EVENTS).map(|_| AtomicU64::new(0)).collect(),
+            words: (0..RING_EVENTS)
+                .map(|_| std::array::from_fn(|_| AtomicU64::new(0)))
+                .collect(),
+        }
+    }
+
+    fn push(&self, v: &Verdict, at_ms: u64) {
+        let n = self.head.load(Relaxed);
+        let slot = (n as usize) % RING_EVENTS;
+        let seq = &self.seqs[slot];
+        seq.store(2 * (n + 1) - 1, std::sync::atomic::Ordering::Release);
+        std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
+        let w = encode(v, at_ms);
+        for (a, x) in self.words[slot].iter().zip(w) {
+            a.store(x, Relaxed);
+        }
+        seq.store(2 * (n + 1), std::sync::atomic::Ordering::Release);
+        self.head.store(n + 1, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Event number `n`, if still in the ring and not being overwritten.
+    fn read(&self, n: u64) -> Option<(Verdict, u64)> {
+        let slot = (n as usize) % RING_EVENTS;
+        let seq = &self.seqs[slot];
+        let before = seq.load(std::sync::atomic::Ordering::Acquire);
+        if before != 2 * (n + 1) {
+            return None;
+        }
+        let w: [u64; WORDS] = std::array::from_fn(|i| self.words[slot][i].load(Relaxed));
+        std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+        if seq.load(Relaxed) != before {
+            return None;
+        }
+        Some(decode(&w))
+    }
+}
+
+fn encode(v: &Verdict, at_ms: u64) -> [u64; WORDS] {
+    let a = |x: &Addr| {
+        let u = x.as_u128();
+        [(u >> 64) as u64, u as u64]
+    };
+    let [s0, s1] = a(&v.orig_src);
+    let [d0, d1] = a(&v.orig_dst);
+    let [t0, t1] = a(&v.src);
+    let [u0, u1] = a(&v.dst);
+    let ports = v.orig_sport as u64
+        | (v.orig_dport as u64) << 16
+        | (v.sport as u64) << 32
+        | (v.dport as u64) << 48;
+    let meta = v.action as u64
+        | (v.reason as u64) << 8
+        | (v.proto as u64) << 16
+        | (matches!(v.family, Family::V6) as u64) << 24
+        | (v.masq as u64) << 25
+        | (v.has_addrs as u64) << 26
+        | (v.service_id as u64) << 32;
+    [s0, s1, d0, d1, t0, t1, u0, u1, ports, meta, at_ms]
+}
+
+fn decode(w: &[u64; WORDS]) -> (Verdict, u64) {
+    let addr = |h: u64, l: u64| Addr((((h as u128) << 64) | l as u128).to_be_bytes());
+    let meta = w[9];
+    let reason = Reason::ALL
+        .get(((meta >> 8) & 0xff) as usize)
+        .copied()
+        .unwrap_or_default();
+    let action = Action::ALL
+        .get((meta & 0xff) as usize)
+        .copied()
+        .unwrap_or_default();
+    let v = Verdict {
+        action,
+        reason,
+        has_addrs: meta >> 26 & 1 == 1,
+        family: if meta >> 24 & 1 == 1 {
+            Family::V6
+        } else {
+            Family::V4
+        },
+        proto: (meta >> 16) as u8,
+        orig_src: addr(w[0], w[1]),
+        orig_sport: w[8] as u16,
+        orig_dst: addr(w[2], w[3]),
+        orig_dport: (w[8] >> 16) as u16,
+        src: addr(w[4], w[5]),
+        sport: (w[8] >> 32) as u16,
+        dst: addr(w[6], w[7]),
+        dport: (w[8] >> 48) as u16,
+        masq: meta >> 25 & 1 == 1,
+        service_id: (meta >> 32) as u32,
+    };
+    (v, w[10])
+}
+
+/// Every worker's published state.
+pub struct DataplaneStats {
+    workers: Box<[WorkerStats]>,
+    rings: Box<[Ring]>,
+    monitors: AtomicUsize,
+}
+
+impl DataplaneStats {
+    pub fn new(workers: usize) -> DataplaneStats {
+        DataplaneStats {
+            workers: (0..workers).map(|_| WorkerStats::new()).collect(),
+            rings: (0..workers).map(|_| Ring::new()).collect(),
+            monitors: AtomicUsize::new(0),
+        }
+    }
+
+    pub fn workers(&self) -> usize {
+        self.workers.len()
+    }
+
+    pub fn worker(&self, i: usize) -> &WorkerStats {
+        &self.workers[i]
+    }
+
+    /// What a worker calls after each batch: publishes its counters (cumulative, as the
+    /// pipeline keeps them), adds `busy_ns` to its busy time, and, while a monitor is attached,
+    /// records the batch's drops and rejects.
+    pub fn after_batch(
+        &self,
+        worker: usize,
+        counters: &Counters,
+        verdicts: &[Verdict],
+        busy_ns: u64,
+        now_ms: u64,
+    ) {
+        let w = &self.workers[worker];
+        let busy = w.busy_ns.load(Relaxed) + busy_ns;
+        w.publish(counters, busy, now_ms);
+        if self.monitors.load(Relaxed) != 0 {
+            let ring = &self.rings[worker];
+            for v in verdicts {
+                if matches!(v.action, Action::Drop | Action::Reject) {
+                    ring.push(v, now_ms);
+                }
+            }
+        }
+    }
+
+    pub fn samples(&self) -> Vec<WorkerSample> {
+        self.workers.iter().map(|w| w.sample()).collect()
+    }
+
+    /// Starts recording events for a reader; recording stops when the last one is dropped.
+    pub fn monitor(&self) -> Monitor<'_> {
+        self.monitors.fetch_add(1, Relaxed);
+        Monitor {
+            stats: self,
+            cursors: self
+                .rings
+                .iter()
+                .map(|r| r.head.load(std::sync::atomic::Ordering::Acquire))
+                .collect(),
+            lost: 0,
+        }
+    }
+}
+
+/// A reader of the event rings (see `DataplaneStats::monitor`).
+pub struct Monitor<'a> {
+    stats: &'a DataplaneStats,
+    cursors: Vec<u64>,
+    /// Events overwritten before this reader got to them.
+    pub lost: u64,
+}
+
+impl Monitor<'_> {
+    /// Appends the events recorded since the last poll to `out`.
+    pub fn poll(&mut self, out: &mut Vec<Event>) {
+        for (worker, ring) in self.stats.rings.iter().enumerate() {
+            let head = ring.head.load(std::sync::atomic::Ordering::Acquire);
+            let cur = &mut self.cursors[worker];
+            if head.saturating_sub(*cur) > RING_EVENTS as u64 {
+                let start = head - RING_EVENTS as u64;
+                self.lost += start - *cur;
+                *cur = start;
+            }
+            while *cur < head {
+                match ring.read(*cur) {
+                    Some((verdict, at_ms)) => out.push(Event {
+                        worker,
+                        at_ms,
+                        verdict,
+                    }),
+                    None => self.lost += 1,
+                }
+                *cur += 1;
+            }
+        }
+    }
+}
+
+impl Drop for Monitor<'_> {
+    fn drop(&mut self) {
+        self.stats.monitors.fetch_sub(1, Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_and_events() {
+        let s = DataplaneStats::new(2);
+        let mut c = Counters::default();
+        c.packets = 5;
+        c.reasons[Reason::Established as usize] = 3;
+        let mut v = Verdict::default();
+        v.set(Reason::NoEndpoints);
+        v.has_addrs = true;
+        v.proto = 6;
+        v.orig_dport = 80;
+        v.service_id = 7;
+        s.after_batch(1, &c, &[v], 1000, 5);
+        assert_eq!(s.samples()[1].packets, 5);
+        assert_eq!(s.samples()[1].ct_found(), 3);
+        assert_eq!(s.samples()[1].busy_ns, 1000);
+        let mut m = s.monitor();
+        s.after_batch(1, &c, &[v, Verdict::default()], 1000, 6);
+        let mut out = Vec::new();
+        m.poll(&mut out);
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].verdict, v);
+        assert_eq!(out[0].at_ms, 6);
+        assert_eq!(s.samples()[1].busy_ns, 2000);
+        for _ in 0..RING_EVENTS + 10 {
+            s.after_batch(0, &c, &[v], 1, 7);
+        }
+        out.clear();
+        m.poll(&mut out);
+        assert_eq!(out.len(), RING_EVENTS);
+        assert_eq!(m.lost, 10);
+        drop(m);
+        assert_eq!(s.monitors.load(Relaxed), 0);
+    }
+}

@@ -12,6 +12,10 @@
 //!                        └─ no ─► ClusterIP? reject · service CIDR? drop · node address? pass · else forward
 //! ```
 //!
+//! NetworkPolicy (`crate::policy`) judges a new connection once its destination is final: a
+//! Service's chosen endpoint, or the destination as addressed for pod traffic, which is then
+//! tracked as is so that its replies and later packets pass statefully.
+//!
 //! Every outcome is one `Reason`, counted in `Counters`. No allocation, lock or syscall per packet.
 
 use kxdp_packet::{
@@ -24,6 +28,7 @@ use crate::conntrack::{
     PacketError, Tuple, DIR_ORIG, FLAG_MASQ,
 };
 use crate::fragments::{FragDecision, FragmentTable};
+use crate::policy::Decision;
 use crate::snapshot::{EmptyAction, FrontendKey, Snapshot};
 use crate::verdict::{Action, Reason, Verdict};
 
@@ -313,17 +318,20 @@ impl Pipeline {
         };
         // The packet leaves as the other direction's tuple, reversed.
         let to = found.other.reversed();
-        if to.src != meta.src
+        let translated = to.src != meta.src
             || to.dst != meta.dst
             || to.sport != meta.sport
-            || to.dport != meta.dport
-        {
+            || to.dport != meta.dport;
+        if translated {
             rewrite(buf, meta, to.src, to.sport, to.dst, to.dport);
         }
         fill_out(v, meta);
         v.masq = state & FLAG_MASQ != 0;
         v.service_id = found.service_id;
-        v.set(if found.dir == DIR_ORIG {
+        v.set(if !translated && found.service_id == 0 {
+            // A pod connection tracked as is (`track_as_is`): forwarded unchanged, as ever.
+            Reason::Direct
+        } else if found.dir == DIR_ORIG {
             Reason::Established
         } else {
             Reason::ReplyUnnat
@@ -355,7 +363,7 @@ impl Pipeline {
             None
         };
         let Some(fe) = fe else {
-            return self.not_a_frontend(buf, len, meta, v, snap);
+            return self.not_a_frontend(buf, len, meta, hash, v, snap, ct, now_ms);
         };
         let svc = &snap.service_ports[fe.service_port as usize];
         v.service_id = svc.id;
@@ -397,25 +405,29 @@ impl Pipeline {
                 }
             }
         }
-        let ep = match chosen {
-            Some(ep) => ep,
-            None => {
-                let ep = eps[self.pick(eps.len())];
-                if svc.affinity_timeout_s > 0 {
-                    // Without room for the record the connection still goes ahead, unpinned.
-                    let _ = ct.affinity_set(
-                        svc.id,
-                        &meta.src,
-                        family,
-                        (ep.addr, ep.port),
-                        svc.affinity_timeout_s,
-                        now_ms,
-                        hash,
-                    );
-                }
-                ep
-            }
+        let (ep, record) = match chosen {
+            Some(ep) => (ep, false),
+            None => (eps[self.pick(eps.len())], svc.affinity_timeout_s > 0),
         };
+        // NetworkPolicy judges the connection as the backend sees it: to the chosen endpoint, from
+        // the client's own address (before any masquerade). A denied connection leaves no state,
+        // not even an affinity record.
+        let decision = snap.policy.judge(&meta.src, &ep.addr, meta.proto, ep.port);
+        if decision != Decision::Allow {
+            return policy_deny(v, meta, snap, decision);
+        }
+        if record {
+            // Without room for the record the connection still goes ahead, unpinned.
+            let _ = ct.affinity_set(
+                svc.id,
+                &meta.src,
+                family,
+                (ep.addr, ep.port),
+                svc.affinity_timeout_s,
+                now_ms,
+                hash,
+            );
+        }
 
         // Masquerade: when the route says so, and always for a pod sent to itself (hairpin), or
         // its reply would bypass us.
@@ -576,13 +588,17 @@ impl Pipeline {
     }
 
     /// Traffic that is not for a Service frontend.
+    #[allow(clippy::too_many_arguments)]
     fn not_a_frontend(
         &mut self,
         buf: &mut [u8],
         len: &mut usize,
         meta: &mut PacketMeta,
+        hash: u64,
         v: &mut Verdict,
         snap: &Snapshot,
+        ct: &Conntrack,
+        now_ms: u64,
     ) {
         fill_out(v, meta);
         if snap.cluster_ips.contains(&meta.dst) {
@@ -594,7 +610,52 @@ impl Pipeline {
         if snap.node.is_node_addr(&meta.dst) {
             return v.set(Reason::ToNode);
         }
+        // Traffic of a pod on this node: NetworkPolicy, then tracked as is, so that its replies
+        // and later packets pass statefully, whatever policies say by then (docs/policy.md).
+        let policy = &snap.policy;
+        if !policy.is_local_pod(&meta.src) && !policy.is_local_pod(&meta.dst) {
+            return v.set(Reason::Direct);
+        }
+        let decision = policy.judge(&meta.src, &meta.dst, meta.proto, meta.dport);
+        if decision != Decision::Allow {
+            return policy_deny(v, meta, snap, decision);
+        }
+        self.track_as_is(buf, meta, hash, ct, now_ms);
         v.set(Reason::Direct)
+    }
+
+    /// Tracks an allowed pod connection without translation (both tuples the packet's own):
+    /// TCP from a SYN, UDP, SCTP (from an INIT), ICMP echo. Without room in the table, or for
+    /// anything else, the packet goes on untracked and the next one is judged anew.
+    fn track_as_is(
+        &mut self,
+        buf: &[u8],
+        meta: &PacketMeta,
+        hash: u64,
+        ct: &Conntrack,
+        now_ms: u64,
+    ) {
+        let trackable = match meta.proto {
+            6 => meta.tcp_flags & (tcp::SYN | tcp::ACK | tcp::RST) == tcp::SYN,
+            17 | 132 => true,
+            _ => meta.is_icmp_echo_request(),
+        };
+        if !trackable || meta.l4_off == 0 {
+            return;
+        }
+        let Ok(first) = first_packet(buf, meta) else {
+            return;
+        };
+        let orig = Tuple::from_meta(meta);
+        let reply = orig.reversed();
+        if ct
+            .create(&orig, &reply, first, false, 0, now_ms, hash)
+            .is_ok()
+        {
+            self.counters.ct_created += 1;
+            self.note_created(hash);
+            self.note_created(ct.hash(&reply.pack()));
+        }
     }
 
     /// Answers in the packet's place: TCP RST for TCP, ICMP(v6) port unreachable otherwise. An
@@ -679,6 +740,17 @@ fn first_packet(buf: &[u8], meta: &PacketMeta) -> Result<FirstPacket, ()> {
         tcp_flags: 0,
         sctp: Some(summary),
     })
+}
+
+/// Drops a new connection NetworkPolicy denies, counted against its pod.
+#[inline]
+fn policy_deny(v: &mut Verdict, meta: &PacketMeta, snap: &Snapshot, decision: Decision) {
+    snap.policy.count(decision);
+    fill_out(v, meta);
+    v.set(match decision {
+        Decision::DenyEgress(_) => Reason::PolicyDeniedEgress,
+        _ => Reason::PolicyDeniedIngress,
+    });
 }
 
 #[inline]

@@ -2,6 +2,7 @@
 
 pub mod conntrack;
 pub mod fragments;
+pub mod io;
 pub mod pipeline;
 pub mod policy;
 pub mod replay;

@@ -1,0 +1,676 @@
+//! AF_XDP sockets, their UMEM and their four rings, driven in batches.
+//!
+//! One [`Umem`] per worker: an anonymous mapping cut into `frame_size` chunks, with the free list
+//! of the chunks the application holds. Every socket of the worker (one per (interface, queue))
+//! shares it (`XDP_SHARED_UMEM`, each socket with its own fill and completion ring), so a frame
+//! received on one interface is sent on another without a copy.
+//!
+//! Frame accounting: a frame is always in exactly one of these places — the free list, a fill
+//! ring or the kernel's hands after it (until it shows up on an RX ring), the application's
+//! hands during a batch, a TX ring or the kernel's hands after it (until it shows up on a
+//! completion ring). [`Umem::frames_accounted`] adds them up; `tests/lab_afxdp.rs` checks that
+//! the sum stays equal to the frame count under load.
+//!
+//! `need_wakeup` is honoured on both producer rings: a TX batch is followed by `sendto()` only
+//! when the kernel flags the TX ring, the fill ring gets a `recvfrom()` only when flagged.
+//! Zero-copy binding is tried first and copy mode is the fallback (veth only offers copy).
+
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use super::fd_result;
+use crate::pipeline::Frames;
+
+/// Sizes of one worker's UMEM and rings.
+#[derive(Clone, Copy, Debug)]
+pub struct XskConfig {
+    /// Frames in the UMEM (shared by the worker's sockets).
+    pub frames: u32,
+    /// Bytes per frame: 2048 or 4096 (a power of two, at most a page).
+    pub frame_size: u32,
+    /// Entries per ring (a power of two).
+    pub ring_size: u32,
+    /// Try zero-copy first (falls back to copy mode).
+    pub zero_copy: bool,
+}
+
+impl Default for XskConfig {
+    fn default() -> Self {
+        XskConfig {
+            frames: 8192,
+            frame_size: 4096,
+            ring_size: 2048,
+            zero_copy: true,
+        }
+    }
+}
+
+/// A frame descriptor: the address of the frame's data in the UMEM and its length.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Desc {
+    pub addr: u64,
+    pub len: usize,
+}
+
+/// The packet buffer area shared by a worker's sockets.
+pub struct Umem {
+    area: NonNull<u8>,
+    len: usize,
+    frame_size: u32,
+    frames: u32,
+    /// Chunk addresses the application holds and nothing uses.
+    free: Vec<u64>,
+    /// Frames handed out by `take_batch` and not yet returned (sent or recycled).
+    in_hand: u32,
+}
+
+// SAFETY: the mapping is owned by this struct and only reached through `&mut self` (or shared
+// reads through `&self`); moving it to another thread moves that ownership.
+unsafe impl Send for Umem {}
+
+impl Umem {
+    pub fn new(cfg: &XskConfig) -> io::Result<Umem> {
+        assert!(cfg.frame_size.is_power_of_two() && (2048..=4096).contains(&cfg.frame_size));
+        let len = cfg.frames as usize * cfg.frame_size as usize;
+        // SAFETY: an anonymous private mapping; no file, no aliasing.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let free = (0..cfg.frames as u64)
+            .rev()
+            .map(|i| i * cfg.frame_size as u64)
+            .collect();
+        Ok(Umem {
+            area: NonNull::new(p.cast()).expect("mmap returned null"),
+            len,
+            frame_size: cfg.frame_size,
+            frames: cfg.frames,
+            free,
+            in_hand: 0,
+        })
+    }
+
+    pub fn frame_count(&self) -> u32 {
+        self.frames
+    }
+
+    pub fn frame_size(&self) -> u32 {
+        self.frame_size
+    }
+
+    pub fn free_frames(&self) -> usize {
+        self.free.len()
+    }
+
+    /// Frames the application holds in a batch (taken from RX, not yet sent or recycled).
+    pub fn in_hand(&self) -> u32 {
+        self.in_hand
+    }
+
+    /// Returns a received frame that will not be sent to the free list.
+    #[inline]
+    pub fn recycle(&mut self, addr: u64) {
+        self.in_hand -= 1;
+        self.free.push(addr & !(self.frame_size as u64 - 1));
+    }
+
+    /// The frame's buffer from `addr` to the end of its chunk.
+    #[inline]
+    pub fn frame_mut(&mut self, addr: u64) -> &mut [u8] {
+        let (off, cap) = self.bounds(addr);
+        // SAFETY: `bounds` keeps [off, off+cap) inside the mapping and inside one chunk; the
+        // chunk belongs to the application (it came off an RX ring) and `&mut self` makes this
+        // the only reference to it.
+        unsafe { std::slice::from_raw_parts_mut(self.area.as_ptr().add(off), cap) }
+    }
+
+    #[inline]
+    pub fn frame(&self, addr: u64) -> &[u8] {
+        let (off, cap) = self.bounds(addr);
+        // SAFETY: as in `frame_mut`, read-only.
+        unsafe { std::slice::from_raw_parts(self.area.as_ptr().add(off), cap) }
+    }
+
+    #[inline]
+    fn bounds(&self, addr: u64) -> (usize, usize) {
+        let off = addr as usize;
+        assert!(off < self.len, "frame address outside the UMEM");
+        let chunk_end = (off & !(self.frame_size as usize - 1)) + self.frame_size as usize;
+        (off, chunk_end - off)
+    }
+}
+
+impl Drop for Umem {
+    fn drop(&mut self) {
+        // SAFETY: unmapping the mapping created in `new`; sockets using it are dropped first
+        // (they borrow it only during calls), and the kernel keeps its own pin until they close.
+        unsafe {
+            libc::munmap(self.area.as_ptr().cast(), self.len);
+        }
+    }
+}
+
+/// One mmap'd ring (producer/consumer indices, flags, descriptors).
+struct Ring {
+    producer: *const AtomicU32,
+    consumer: *const AtomicU32,
+    flags: *const AtomicU32,
+    desc: *mut u8,
+    size: u32,
+    mask: u32,
+    /// Local copies: for a producer ring `cached_prod` is ours and `cached_cons` the last seen
+    /// consumer; for a consumer ring the other way round.
+    cached_prod: u32,
+    cached_cons: u32,
+    map: *mut libc::c_void,
+    map_len: usize,
+}
+
+impl Ring {
+    fn map(
+        fd: i32,
+        off: &libc::xdp_ring_offset,
+        size: u32,
+        desc_size: usize,
+        pgoff: u64,
+    ) -> io::Result<Ring> {
+        let map_len = off.desc as usize + size as usize * desc_size;
+        // SAFETY: mapping the ring the kernel created for this socket at its documented offset.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_POPULATE,
+                fd,
+                pgoff as libc::off_t,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let base = p.cast::<u8>();
+        // SAFETY: the offsets come from XDP_MMAP_OFFSETS and lie inside the mapping.
+        let ring = unsafe {
+            Ring {
+                producer: base.add(off.producer as usize).cast(),
+                consumer: base.add(off.consumer as usize).cast(),
+                flags: base.add(off.flags as usize).cast(),
+                desc: base.add(off.desc as usize),
+                size,
+                mask: size - 1,
+                cached_prod: 0,
+                cached_cons: 0,
+                map: p,
+                map_len,
+            }
+        };
+        Ok(ring)
+    }
+
+    #[inline]
+    fn producer(&self) -> &AtomicU32 {
+        // SAFETY: points into the live ring mapping, aligned by the kernel.
+        unsafe { &*self.producer }
+    }
+
+    #[inline]
+    fn consumer(&self) -> &AtomicU32 {
+        // SAFETY: as above.
+        unsafe { &*self.consumer }
+    }
+
+    #[inline]
+    fn needs_wakeup(&self) -> bool {
+        // SAFETY: as above.
+        unsafe { &*self.flags }.load(Ordering::Relaxed) & libc::XDP_RING_NEED_WAKEUP != 0
+    }
+
+    /// Producer side: free slots (refreshing the consumer index when short of `want`).
+    #[inline]
+    fn prod_free(&mut self, want: u32) -> u32 {
+        let free = self.size - self.cached_prod.wrapping_sub(self.cached_cons);
+        if free >= want {
+            return free;
+        }
+        self.cached_cons = self.consumer().load(Ordering::Acquire);
+        self.size - self.cached_prod.wrapping_sub(self.cached_cons)
+    }
+
+    #[inline]
+    fn prod_submit(&mut self) {
+        self.producer().store(self.cached_prod, Ordering::Release);
+    }
+
+    /// Consumer side: entries ready.
+    #[inline]
+    fn cons_ready(&mut self) -> u32 {
+        let ready = self.cached_prod.wrapping_sub(self.cached_cons);
+        if ready > 0 {
+            return ready;
+        }
+        self.cached_prod = self.producer().load(Ordering::Acquire);
+        self.cached_prod.wrapping_sub(self.cached_cons)
+    }
+
+    #[inline]
+    fn cons_release(&mut self) {
+        self.consumer().store(self.cached_cons, Ordering::Release);
+    }
+
+    /// Entries the kernel has not consumed yet on a producer ring.
+    fn pending(&self) -> u32 {
+        self.cached_prod
+            .wrapping_sub(self.consumer().load(Ordering::Acquire))
+    }
+
+    #[inline]
+    fn addr_slot(&self, idx: u32) -> *mut u64 {
+        // SAFETY: idx is masked into the ring; fill/completion descriptors are u64.
+        unsafe { self.desc.cast::<u64>().add((idx & self.mask) as usize) }
+    }
+
+    #[inline]
+    fn desc_slot(&self, idx: u32) -> *mut libc::xdp_desc {
+        // SAFETY: idx is masked into the ring; RX/TX descriptors are xdp_desc.
+        unsafe {
+            self.desc
+                .cast::<libc::xdp_desc>()
+                .add((idx & self.mask) as usize)
+        }
+    }
+}
+
+impl Drop for Ring {
+    fn drop(&mut self) {
+        // SAFETY: unmapping our own ring mapping.
+        unsafe {
+            libc::munmap(self.map, self.map_len);
+        }
+    }
+}
+
+/// Per-socket counters.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct XskStats {
+    pub rx_frames: u64,
+    pub tx_frames: u64,
+    /// Frames that found the TX ring full and were recycled (dropped).
+    pub tx_ring_full: u64,
+    pub completions: u64,
+    pub tx_kicks: u64,
+    pub fill_kicks: u64,
+    /// Kernel statistics (XDP_STATISTICS) as of the last `kernel_stats` call.
+    pub kernel_rx_dropped: u64,
+    pub kernel_rx_fill_empty: u64,
+}
+
+/// One AF_XDP socket bound to (interface, queue), sharing its worker's UMEM.
+pub struct XskSocket {
+    fd: OwnedFd,
+    fill: Ring,
+    comp: Ring,
+    rx: Ring,
+    tx: Ring,
+    pub ifindex: u32,
+    pub queue: u32,
+    pub zero_copy: bool,
+    /// Frames on the TX ring or in the kernel's hands after it.
+    tx_outstanding: u32,
+    /// Frames on the fill ring or in the kernel's hands after it (until they appear on RX).
+    fill_outstanding: u32,
+    pub stats: XskStats,
+}
+
+// SAFETY: the ring pointers point into mappings this socket owns; it is used by one thread at a
+// time (`&mut self`).
+unsafe impl Send for XskSocket {}
+
+fn setsockopt<T>(fd: i32, opt: i32, val: &T) -> io::Result<()> {
+    // SAFETY: `val` is a valid T of the size passed.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_XDP,
+            opt,
+            (val as *const T).cast(),
+            std::mem::size_of::<T>() as u32,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Whether this kernel offers AF_XDP sockets at all (false: EAFNOSUPPORT).
+pub fn af_xdp_available() -> bool {
+    // SAFETY: plain socket creation; closed right away.
+    let fd = unsafe { libc::socket(libc::AF_XDP, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return io::Error::last_os_error().raw_os_error() != Some(libc::EAFNOSUPPORT);
+    }
+    // SAFETY: closing the descriptor just created.
+    unsafe { libc::close(fd) };
+    true
+}
+
+impl XskSocket {
+    /// Opens a socket on (`ifindex`, `queue`). The first socket of a UMEM registers it; later
+    /// ones pass `shared` (the first socket) and share it.
+    pub fn open(
+        umem: &mut Umem,
+        shared: Option<&XskSocket>,
+        ifindex: u32,
+        queue: u32,
+        cfg: &XskConfig,
+    ) -> io::Result<XskSocket> {
+        // SAFETY: plain socket creation; the result is checked.
+        let fd =
+            fd_result(
+                unsafe { libc::socket(libc::AF_XDP, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) }
+                    as libc::c_long,
+            )?;
+        let raw = fd.as_raw_fd();
+        if shared.is_none() {
+            let reg = libc::xdp_umem_reg {
+                addr: umem.area.as_ptr() as u64,
+                len: umem.len as u64,
+                chunk_size: umem.frame_size,
+                headroom: 0,
+                flags: 0,
+                tx_metadata_len: 0,
+            };
+            setsockopt(raw, libc::XDP_UMEM_REG, &reg)?;
+        }
+        let n = cfg.ring_size;
+        setsockopt(raw, libc::XDP_UMEM_FILL_RING, &n)?;
+        setsockopt(raw, libc::XDP_UMEM_COMPLETION_RING, &n)?;
+        setsockopt(raw, libc::XDP_RX_RING, &n)?;
+        setsockopt(raw, libc::XDP_TX_RING, &n)?;
+        // SAFETY: a zeroed xdp_mmap_offsets is a valid out-buffer of the size passed.
+        let mut off: libc::xdp_mmap_offsets = unsafe { std::mem::zeroed() };
+        let mut optlen = std::mem::size_of::<libc::xdp_mmap_offsets>() as u32;
+        // SAFETY: `off`/`optlen` are valid out-pointers.
+        let r = unsafe {
+            libc::getsockopt(
+                raw,
+                libc::SOL_XDP,
+                libc::XDP_MMAP_OFFSETS,
+                (&mut off as *mut libc::xdp_mmap_offsets).cast(),
+                &mut optlen,
+            )
+        };
+        if r != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let desc = std::mem::size_of::<libc::xdp_desc>();
+        let rx = Ring::map(raw, &off.rx, n, desc, libc::XDP_PGOFF_RX_RING as u64)?;
+        let tx = Ring::map(raw, &off.tx, n, desc, libc::XDP_PGOFF_TX_RING as u64)?;
+        let fill = Ring::map(raw, &off.fr, n, 8, libc::XDP_UMEM_PGOFF_FILL_RING)?;
+        let comp = Ring::map(raw, &off.cr, n, 8, libc::XDP_UMEM_PGOFF_COMPLETION_RING)?;
+
+        let bind = |flags: u16| -> io::Result<()> {
+            let mut sa: libc::sockaddr_xdp =
+                // SAFETY: sockaddr_xdp is plain data; zero is a valid value.
+                unsafe { std::mem::zeroed() };
+            sa.sxdp_family = libc::AF_XDP as u16;
+            sa.sxdp_ifindex = ifindex;
+            sa.sxdp_queue_id = queue;
+            sa.sxdp_flags = flags | libc::XDP_USE_NEED_WAKEUP;
+            if let Some(s) = shared {
+                sa.sxdp_flags |= libc::XDP_SHARED_UMEM;
+                sa.sxdp_shared_umem_fd = s.fd.as_raw_fd() as u32;
+            }
+            // SAFETY: `sa` is a valid sockaddr_xdp of the size passed.
+            let r = unsafe {
+                libc::bind(
+                    raw,
+                    (&sa as *const libc::sockaddr_xdp).cast(),
+                    std::mem::size_of::<libc::sockaddr_xdp>() as u32,
+                )
+            };
+            if r != 0 {
+                Err(io::Error::last_os_error())
+            } else {
+                Ok(())
+            }
+        };
+        let zero_copy = if cfg.zero_copy && bind(libc::XDP_ZEROCOPY).is_ok() {
+            true
+        } else {
+            bind(libc::XDP_COPY).map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("binding AF_XDP socket to ifindex {ifindex} queue {queue}: {e}"),
+                )
+            })?;
+            false
+        };
+        let mut s = XskSocket {
+            fd,
+            fill,
+            comp,
+            rx,
+            tx,
+            ifindex,
+            queue,
+            zero_copy,
+            tx_outstanding: 0,
+            fill_outstanding: 0,
+            stats: XskStats::default(),
+        };
+        s.refill(umem, n);
+        Ok(s)
+    }
+
+    pub fn fd(&self) -> i32 {
+        self.fd.as_raw_fd()
+    }
+
+    /// Moves up to `max` free frames onto the fill ring.
+    pub fn refill(&mut self, umem: &mut Umem, max: u32) {
+        let want = max.min(umem.free.len() as u32);
+        if want == 0 {
+            return;
+        }
+        let n = self.fill.prod_free(want).min(want);
+        for _ in 0..n {
+            let addr = umem.free.pop().expect("counted above");
+            // SAFETY: slot reserved above (n free slots), inside the ring.
+            unsafe { self.fill.addr_slot(self.fill.cached_prod).write(addr) };
+            self.fill.cached_prod = self.fill.cached_prod.wrapping_add(1);
+        }
+        if n > 0 {
+            self.fill.prod_submit();
+            self.fill_outstanding += n;
+        }
+        if self.fill.needs_wakeup() {
+            self.stats.fill_kicks += 1;
+            // SAFETY: a zero-length, non-blocking recvfrom on our socket: the documented way to
+            // wake the kernel's RX processing.
+            unsafe {
+                libc::recvfrom(
+                    self.fd(),
+                    std::ptr::null_mut(),
+                    0,
+                    libc::MSG_DONTWAIT,
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                )
+            };
+        }
+    }
+
+    /// Takes up to `out.len()` received frames; they are in the application's hands until sent
+    /// or recycled.
+    pub fn receive(&mut self, umem: &mut Umem, out: &mut [Desc]) -> usize {
+        let n = (self.rx.cons_ready() as usize).min(out.len());
+        for (i, o) in out.iter_mut().enumerate().take(n) {
+            // SAFETY: the kernel produced these slots (ready count above).
+            let d = unsafe {
+                self.rx
+                    .desc_slot(self.rx.cached_cons.wrapping_add(i as u32))
+                    .read()
+            };
+            *o = Desc {
+                addr: d.addr,
+                len: d.len as usize,
+            };
+        }
+        if n > 0 {
+            self.rx.cached_cons = self.rx.cached_cons.wrapping_add(n as u32);
+            self.rx.cons_release();
+            self.fill_outstanding -= n as u32;
+            umem.in_hand += n as u32;
+            self.stats.rx_frames += n as u64;
+        }
+        n
+    }
+
+    /// Places frames on the TX ring; those that do not fit are recycled (and counted). Call
+    /// `flush_tx` after a batch.
+    pub fn send(&mut self, umem: &mut Umem, frames: &[Desc]) {
+        let n = (self.tx.prod_free(frames.len() as u32) as usize).min(frames.len());
+        for (i, f) in frames.iter().enumerate().take(n) {
+            let d = libc::xdp_desc {
+                addr: f.addr,
+                len: f.len as u32,
+                options: 0,
+            };
+            // SAFETY: slot reserved above, inside the ring.
+            unsafe {
+                self.tx
+                    .desc_slot(self.tx.cached_prod.wrapping_add(i as u32))
+                    .write(d)
+            };
+        }
+        if n > 0 {
+            self.tx.cached_prod = self.tx.cached_prod.wrapping_add(n as u32);
+            self.tx.prod_submit();
+            self.tx_outstanding += n as u32;
+            umem.in_hand -= n as u32;
+            self.stats.tx_frames += n as u64;
+        }
+        for f in &frames[n..] {
+            self.stats.tx_ring_full += 1;
+            umem.recycle(f.addr);
+        }
+    }
+
+    /// Kicks the kernel to send what is on the TX ring, when it asks for it (need_wakeup).
+    pub fn flush_tx(&mut self) {
+        if self.tx.pending() > 0 && (self.tx.needs_wakeup() || self.zero_copy) {
+            self.stats.tx_kicks += 1;
+            // SAFETY: a zero-length, non-blocking sendto on our socket: the documented TX kick.
+            let r = unsafe {
+                libc::sendto(
+                    self.fd(),
+                    std::ptr::null(),
+                    0,
+                    libc::MSG_DONTWAIT,
+                    std::ptr::null(),
+                    0,
+                )
+            };
+            let _ = r; // EAGAIN/EBUSY: the kernel is busy; the next flush retries.
+        }
+    }
+
+    /// Moves completed TX frames to the free list.
+    pub fn complete(&mut self, umem: &mut Umem) -> u32 {
+        let n = self.comp.cons_ready();
+        for i in 0..n {
+            // SAFETY: the kernel produced these slots.
+            let addr = unsafe {
+                self.comp
+                    .addr_slot(self.comp.cached_cons.wrapping_add(i))
+                    .read()
+            };
+            umem.free.push(addr & !(umem.frame_size as u64 - 1));
+        }
+        if n > 0 {
+            self.comp.cached_cons = self.comp.cached_cons.wrapping_add(n);
+            self.comp.cons_release();
+            self.tx_outstanding -= n;
+            self.stats.completions += n as u64;
+        }
+        n
+    }
+
+    /// Frames this socket's rings (and the kernel behind them) hold.
+    pub fn frames_held(&self) -> u32 {
+        self.tx_outstanding + self.fill_outstanding
+    }
+
+    pub fn tx_outstanding(&self) -> u32 {
+        self.tx_outstanding
+    }
+
+    /// Reads the kernel's counters for this socket into `stats`.
+    pub fn kernel_stats(&mut self) -> io::Result<libc::xdp_statistics> {
+        // SAFETY: zeroed plain data as an out-buffer.
+        let mut st: libc::xdp_statistics = unsafe { std::mem::zeroed() };
+        let mut len = std::mem::size_of::<libc::xdp_statistics>() as u32;
+        // SAFETY: valid out-pointers of the sizes passed.
+        let r = unsafe {
+            libc::getsockopt(
+                self.fd(),
+                libc::SOL_XDP,
+                libc::XDP_STATISTICS,
+                (&mut st as *mut libc::xdp_statistics).cast(),
+                &mut len,
+            )
+        };
+        if r != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        self.stats.kernel_rx_dropped = st.rx_dropped;
+        self.stats.kernel_rx_fill_empty = st.rx_fill_ring_empty_descs;
+        Ok(st)
+    }
+}
+
+impl Umem {
+    /// Free list + frames in hand + frames held by `sockets`: equals `frame_count()` when no
+    /// frame has leaked.
+    pub fn frames_accounted(&self, sockets: &[&XskSocket]) -> u64 {
+        self.free.len() as u64
+            + self.in_hand as u64
+            + sockets.iter().map(|s| s.frames_held() as u64).sum::<u64>()
+    }
+}
+
+/// A batch of received frames presented to the pipeline (`Frames`), in place in the UMEM.
+pub struct UmemBatch<'a> {
+    pub umem: &'a mut Umem,
+    pub descs: &'a mut [Desc],
+}
+
+impl Frames for UmemBatch<'_> {
+    fn count(&self) -> usize {
+        self.descs.len()
+    }
+
+    fn frame_mut(&mut self, i: usize) -> (&mut [u8], &mut usize) {
+        let d = &mut self.descs[i];
+        (self.umem.frame_mut(d.addr), &mut d.len)
+    }
+
+    fn frame(&self, i: usize) -> &[u8] {
+        let d = &self.descs[i];
+        &self.umem.frame(d.addr)[..d.len]
+    }
+}

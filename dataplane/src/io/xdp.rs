@@ -1,0 +1,668 @@
+//! kxdp's XDP program: hand-assembled eBPF, loaded and attached through raw `bpf()` syscalls.
+//!
+//! The program is the smallest that steers what the dataplane must see into the AF_XDP socket of
+//! the receiving queue (an `XSKMAP` indexed by `rx_queue_index`) and hands the rest to the kernel:
+//!
+//! ```text
+//! not IPv4/IPv6 (ARP, LLDP, ...)                              → kernel (XDP_PASS)
+//! IPv4 multicast/broadcast, IPv6 multicast and link-local,
+//!   ICMPv6 neighbour discovery (types 133-137)                → kernel
+//! destination is a node address (NODE4 / NODE6 maps):
+//!   TCP/UDP/SCTP to a port set in the PORTS bitmap           → AF_XDP (NodePorts)
+//!   anything else                                             → kernel (the node's own traffic)
+//! any other IP packet (pods, Services, transit)               → AF_XDP
+//! no socket on this queue                                     → kernel (bpf_redirect_map's default)
+//! ```
+//!
+//! The program is attached with a BPF link (`BPF_LINK_CREATE`), native (driver) mode first and
+//! generic (skb) mode as the fallback. A link lives exactly as long as its file descriptor: when
+//! kxdp exits, is killed by SIGTERM or SIGKILL, or crashes, the kernel closes the descriptor and
+//! the program is gone. A program left by something else through the older netlink interface (a
+//! previous kxdp built that way, `ip link set xdp`) makes the attach fail with EBUSY; it is
+//! removed and the attach retried, so programs are replaced, never stacked.
+
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+
+use super::fd_result;
+
+// bpf() commands.
+const BPF_MAP_CREATE: u32 = 0;
+const BPF_MAP_LOOKUP_ELEM: u32 = 1;
+const BPF_MAP_UPDATE_ELEM: u32 = 2;
+const BPF_MAP_DELETE_ELEM: u32 = 3;
+const BPF_PROG_LOAD: u32 = 5;
+const BPF_LINK_CREATE: u32 = 28;
+
+const BPF_MAP_TYPE_HASH: u32 = 1;
+const BPF_MAP_TYPE_ARRAY: u32 = 2;
+const BPF_MAP_TYPE_XSKMAP: u32 = 17;
+const BPF_PROG_TYPE_XDP: u32 = 6;
+const BPF_XDP: u32 = 37;
+
+/// `XDP_FLAGS_*` (linux/if_link.h).
+const XDP_FLAGS_UPDATE_IF_NOEXIST: u32 = 1;
+const XDP_FLAGS_SKB_MODE: u32 = 2;
+const XDP_FLAGS_DRV_MODE: u32 = 4;
+
+/// Node addresses the program recognises (per family).
+pub const MAX_NODE_ADDRS: u32 = 64;
+/// The PORTS bitmap: 65536 bits as 2048 u32 words.
+const PORT_WORDS: u32 = 2048;
+
+/// How the program is attached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum XdpMode {
+    /// Driver (native) XDP.
+    Native,
+    /// Generic (skb) XDP: works everywhere, slower; senders need GSO/TSO off.
+    Generic,
+}
+
+impl XdpMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            XdpMode::Native => "native",
+            XdpMode::Generic => "generic",
+        }
+    }
+}
+
+/// Which modes to try when attaching.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum ModeChoice {
+    /// Native, falling back to generic.
+    #[default]
+    Auto,
+    Native,
+    Generic,
+}
+
+/// `bpf(cmd, attr, size)`.
+fn sys_bpf(cmd: u32, attr: &mut [u64; 16]) -> libc::c_long {
+    // SAFETY: `attr` is a zero-padded 128-byte `union bpf_attr` laid out for `cmd`; the kernel
+    // reads (and for some commands writes) at most `size` bytes of it. Pointers stored in it
+    // refer to buffers the caller keeps alive across the call.
+    unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd as libc::c_long,
+            attr.as_mut_ptr(),
+            std::mem::size_of_val(attr) as libc::c_long,
+        )
+    }
+}
+
+/// Packs two u32 fields into one u64 slot of `bpf_attr` (little- and big-endian hosts alike).
+fn pair(lo: u32, hi: u32) -> u64 {
+    let mut b = [0u8; 8];
+    b[..4].copy_from_slice(&lo.to_ne_bytes());
+    b[4..].copy_from_slice(&hi.to_ne_bytes());
+    u64::from_ne_bytes(b)
+}
+
+/// A BPF map owned by this process.
+#[derive(Debug)]
+pub struct Map {
+    fd: OwnedFd,
+    key_size: usize,
+    value_size: usize,
+}
+
+impl Map {
+    pub fn create(kind: u32, key_size: u32, value_size: u32, max_entries: u32) -> io::Result<Map> {
+        let mut attr = [0u64; 16];
+        attr[0] = pair(kind, key_size);
+        attr[1] = pair(value_size, max_entries);
+        let fd = fd_result(sys_bpf(BPF_MAP_CREATE, &mut attr))?;
+        Ok(Map {
+            fd,
+            key_size: key_size as usize,
+            value_size: value_size as usize,
+        })
+    }
+
+    pub fn fd(&self) -> i32 {
+        self.fd.as_raw_fd()
+    }
+
+    pub fn update(&self, key: &[u8], value: &[u8]) -> io::Result<()> {
+        assert!(key.len() == self.key_size && value.len() == self.value_size);
+        let mut attr = [0u64; 16];
+        attr[0] = self.fd() as u32 as u64;
+        attr[1] = key.as_ptr() as u64;
+        attr[2] = value.as_ptr() as u64;
+        attr[3] = 0; // BPF_ANY
+        if sys_bpf(BPF_MAP_UPDATE_ELEM, &mut attr) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    pub fn delete(&self, key: &[u8]) -> io::Result<()> {
+        assert!(key.len() == self.key_size);
+        let mut attr = [0u64; 16];
+        attr[0] = self.fd() as u32 as u64;
+        attr[1] = key.as_ptr() as u64;
+        if sys_bpf(BPF_MAP_DELETE_ELEM, &mut attr) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    pub fn lookup(&self, key: &[u8], value: &mut [u8]) -> io::Result<bool> {
+        assert!(key.len() == self.key_size && value.len() == self.value_size);
+        let mut attr = [0u64; 16];
+        attr[0] = self.fd() as u32 as u64;
+        attr[1] = key.as_ptr() as u64;
+        attr[2] = value.as_mut_ptr() as u64;
+        if sys_bpf(BPF_MAP_LOOKUP_ELEM, &mut attr) < 0 {
+            let e = io::Error::last_os_error();
+            return if e.raw_os_error() == Some(libc::ENOENT) {
+                Ok(false)
+            } else {
+                Err(e)
+            };
+        }
+        Ok(true)
+    }
+}
+
+/// One eBPF instruction (`struct bpf_insn`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(C)]
+pub struct Insn {
+    pub code: u8,
+    /// dst_reg in the low nibble, src_reg in the high nibble.
+    pub regs: u8,
+    pub off: i16,
+    pub imm: i32,
+}
+
+/// A tiny assembler: instructions with symbolic jump targets, resolved by `finish`.
+mod asm {
+    use super::Insn;
+
+    pub const R0: u8 = 0;
+    pub const R1: u8 = 1;
+    pub const R2: u8 = 2;
+    pub const R3: u8 = 3;
+    pub const R4: u8 = 4;
+    pub const R5: u8 = 5;
+    pub const R6: u8 = 6;
+    pub const R7: u8 = 7;
+    pub const R8: u8 = 8;
+    pub const R9: u8 = 9;
+    pub const R10: u8 = 10;
+
+    const LD: u8 = 0x00;
+    const LDX: u8 = 0x01;
+    const STX: u8 = 0x03;
+    const ALU: u8 = 0x04;
+    const JMP: u8 = 0x05;
+    const ALU64: u8 = 0x07;
+    pub const W: u8 = 0x00;
+    pub const H: u8 = 0x08;
+    pub const B: u8 = 0x10;
+    const DW: u8 = 0x18;
+    const MEM: u8 = 0x60;
+    const IMM: u8 = 0x00;
+    const K: u8 = 0x00;
+    const X: u8 = 0x08;
+
+    pub const ADD: u8 = 0x00;
+    pub const AND: u8 = 0x50;
+    pub const LSH: u8 = 0x60;
+    pub const RSH: u8 = 0x70;
+    pub const MOV: u8 = 0xb0;
+    const END: u8 = 0xd0;
+    const TO_BE: u8 = 0x08;
+
+    pub const JEQ: u8 = 0x10;
+    pub const JGT: u8 = 0x20;
+    pub const JGE: u8 = 0x30;
+    pub const JNE: u8 = 0x50;
+    pub const JLT: u8 = 0xa0;
+    pub const JLE: u8 = 0xb0;
+    const JA: u8 = 0x00;
+    const CALL: u8 = 0x80;
+    const EXIT: u8 = 0x90;
+
+    const PSEUDO_MAP_FD: u8 = 1;
+
+    fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> Insn {
+        Insn {
+            code,
+            regs: dst | src << 4,
+            off,
+            imm,
+        }
+    }
+
+    #[derive(Default)]
+    pub struct Asm {
+        pub insns: Vec<Insn>,
+        /// (instruction index, label) of jumps to patch.
+        fixups: Vec<(usize, &'static str)>,
+        labels: Vec<(&'static str, usize)>,
+    }
+
+    impl Asm {
+        pub fn label(&mut self, name: &'static str) {
+            assert!(self.labels.iter().all(|(n, _)| *n != name), "label {name}");
+            self.labels.push((name, self.insns.len()));
+        }
+        pub fn alu_k(&mut self, op: u8, dst: u8, imm: i32) {
+            self.insns.push(insn(ALU64 | op | K, dst, 0, 0, imm));
+        }
+        pub fn alu_x(&mut self, op: u8, dst: u8, src: u8) {
+            self.insns.push(insn(ALU64 | op | X, dst, src, 0, 0));
+        }
+        pub fn mov_k(&mut self, dst: u8, imm: i32) {
+            self.alu_k(MOV, dst, imm);
+        }
+        pub fn mov_x(&mut self, dst: u8, src: u8) {
+            self.alu_x(MOV, dst, src);
+        }
+        /// Byte-swaps the low 16 bits from network order (host order afterwards).
+        pub fn be16(&mut self, dst: u8) {
+            self.insns.push(insn(ALU | END | TO_BE, dst, 0, 0, 16));
+        }
+        pub fn ldx(&mut self, size: u8, dst: u8, src: u8, off: i16) {
+            self.insns.push(insn(LDX | MEM | size, dst, src, off, 0));
+        }
+        pub fn stx(&mut self, size: u8, dst: u8, off: i16, src: u8) {
+            self.insns.push(insn(STX | MEM | size, dst, src, off, 0));
+        }
+        pub fn ld_map(&mut self, dst: u8, fd: i32) {
+            self.insns
+                .push(insn(LD | IMM | DW, dst, PSEUDO_MAP_FD, 0, fd));
+            self.insns.push(insn(0, 0, 0, 0, 0));
+        }
+        pub fn jmp_k(&mut self, op: u8, dst: u8, imm: i32, to: &'static str) {
+            self.fixups.push((self.insns.len(), to));
+            self.insns.push(insn(JMP | op | K, dst, 0, 0, imm));
+        }
+        pub fn jmp_x(&mut self, op: u8, dst: u8, src: u8, to: &'static str) {
+            self.fixups.push((self.insns.len(), to));
+            self.insns.push(insn(JMP | op | X, dst, src, 0, 0));
+        }
+        pub fn ja(&mut self, to: &'static str) {
+            self.fixups.push((self.insns.len(), to));
+            self.insns.push(insn(JMP | JA, 0, 0, 0, 0));
+        }
+        pub fn call(&mut self, helper: i32) {
+            self.insns.push(insn(JMP | CALL, 0, 0, 0, helper));
+        }
+        pub fn exit(&mut self) {
+            self.insns.push(insn(JMP | EXIT, 0, 0, 0, 0));
+        }
+        pub fn finish(mut self) -> Vec<Insn> {
+            for (at, name) in std::mem::take(&mut self.fixups) {
+                let target = self
+                    .labels
+                    .iter()
+                    .find(|(n, _)| *n == name)
+                    .unwrap_or_else(|| panic!("no label {name}"))
+                    .1;
+                self.insns[at].off = (target as isize - at as isize - 1) as i16;
+            }
+            self.insns
+        }
+    }
+}
+
+const HELPER_MAP_LOOKUP_ELEM: i32 = 1;
+const HELPER_REDIRECT_MAP: i32 = 51;
+const XDP_PASS: i32 = 2;
+
+/// The map descriptors the program refers to.
+#[derive(Clone, Copy, Debug)]
+pub struct ProgramMaps {
+    pub xsks: i32,
+    pub node4: i32,
+    pub node6: i32,
+    pub ports: i32,
+}
+
+/// Emits the program (see the module comment for what it does).
+pub fn program(maps: ProgramMaps) -> Vec<Insn> {
+    use asm::*;
+    let mut a = Asm::default();
+    // r6 = ctx; r2 = data; r3 = data_end
+    a.mov_x(R6, R1);
+    a.ldx(W, R2, R6, 0);
+    a.ldx(W, R3, R6, 4);
+    a.mov_x(R4, R2);
+    a.alu_k(ADD, R4, 14);
+    a.jmp_x(JGT, R4, R3, "pass");
+    a.ldx(H, R5, R2, 12); // EtherType, network order
+    a.jmp_k(JEQ, R5, 0x0008, "v4");
+    a.jmp_k(JEQ, R5, 0xdd86u16 as i32, "v6");
+    a.ja("pass");
+
+    // IPv4 (no VLAN tags: those go to the kernel as "not IP").
+    a.label("v4");
+    a.mov_x(R4, R2);
+    a.alu_k(ADD, R4, 34);
+    a.jmp_x(JGT, R4, R3, "pass");
+    a.ldx(W, R7, R2, 30); // destination
+    a.mov_x(R5, R7);
+    a.alu_k(AND, R5, 0xff); // first octet
+    a.jmp_k(JGE, R5, 224, "pass"); // multicast, broadcast
+    a.ldx(B, R8, R2, 23); // protocol
+    a.ldx(B, R9, R2, 14); // version, IHL
+    a.alu_k(AND, R9, 0x0f);
+    a.alu_k(LSH, R9, 2);
+    a.alu_k(ADD, R9, 14); // L4 offset
+    a.ldx(H, R5, R2, 20); // flags, fragment offset
+    a.alu_k(AND, R5, 0xff1f); // the offset (network order)
+    a.jmp_k(JEQ, R5, 0, "v4_lookup");
+    a.mov_k(R8, 0); // a later fragment has no ports
+    a.label("v4_lookup");
+    a.stx(W, R10, -4, R7);
+    a.ld_map(R1, maps.node4);
+    a.mov_x(R2, R10);
+    a.alu_k(ADD, R2, -4);
+    a.call(HELPER_MAP_LOOKUP_ELEM);
+    a.jmp_k(JEQ, R0, 0, "redirect");
+    a.ja("node");
+
+    // IPv6 (extension headers are not walked: a node-addressed packet with one goes to the
+    // kernel).
+    a.label("v6");
+    a.mov_x(R4, R2);
+    a.alu_k(ADD, R4, 54);
+    a.jmp_x(JGT, R4, R3, "pass");
+    a.ldx(B, R5, R2, 38); // first byte of the destination
+    a.jmp_k(JEQ, R5, 0xff, "pass"); // multicast
+    a.jmp_k(JNE, R5, 0xfe, "v6_global");
+    a.ldx(B, R5, R2, 39);
+    a.alu_k(AND, R5, 0xc0);
+    a.jmp_k(JEQ, R5, 0x80, "pass"); // fe80::/10
+    a.label("v6_global");
+    a.ldx(B, R8, R2, 20); // next header
+    a.mov_k(R9, 54);
+    a.jmp_k(JNE, R8, 58, "v6_lookup");
+    a.mov_x(R4, R2);
+    a.alu_k(ADD, R4, 55);
+    a.jmp_x(JGT, R4, R3, "pass");
+    a.ldx(B, R5, R2, 54); // ICMPv6 type
+    a.jmp_k(JLT, R5, 133, "v6_lookup");
+    a.jmp_k(JLE, R5, 137, "pass"); // neighbour discovery
+    a.label("v6_lookup");
+    for i in 0..4i16 {
+        a.ldx(W, R5, R2, 38 + 4 * i);
+        a.stx(W, R10, -16 + 4 * i, R5);
+    }
+    a.ld_map(R1, maps.node6);
+    a.mov_x(R2, R10);
+    a.alu_k(ADD, R2, -16);
+    a.call(HELPER_MAP_LOOKUP_ELEM);
+    a.jmp_k(JEQ, R0, 0, "redirect");
+
+    // For this node: only the ports kxdp serves (NodePorts) go to the dataplane.
+    a.label("node");
+    a.jmp_k(JEQ, R8, 6, "node_ports");
+    a.jmp_k(JEQ, R8, 17, "node_ports");
+    a.jmp_k(JEQ, R8, 132, "node_ports");
+    a.ja("pass");
+    a.label("node_ports");
+    a.ldx(W, R2, R6, 0);
+    a.ldx(W, R3, R6, 4);
+    a.alu_x(ADD, R2, R9);
+    a.mov_x(R4, R2);
+    a.alu_k(ADD, R4, 4);
+    a.jmp_x(JGT, R4, R3, "pass");
+    a.ldx(H, R9, R2, 2); // destination port
+    a.be16(R9);
+    a.mov_x(R5, R9);
+    a.alu_k(RSH, R5, 5);
+    a.stx(W, R10, -20, R5);
+    a.ld_map(R1, maps.ports);
+    a.mov_x(R2, R10);
+    a.alu_k(ADD, R2, -20);
+    a.call(HELPER_MAP_LOOKUP_ELEM);
+    a.jmp_k(JEQ, R0, 0, "pass");
+    a.ldx(W, R0, R0, 0);
+    a.alu_k(AND, R9, 31);
+    a.alu_x(RSH, R0, R9);
+    a.alu_k(AND, R0, 1);
+    a.jmp_k(JEQ, R0, 0, "pass");
+
+    a.label("redirect");
+    a.ldx(W, R2, R6, 16); // rx_queue_index
+    a.ld_map(R1, maps.xsks);
+    a.mov_k(R3, XDP_PASS); // no socket on this queue: the kernel
+    a.call(HELPER_REDIRECT_MAP);
+    a.exit();
+
+    a.label("pass");
+    a.mov_k(R0, XDP_PASS);
+    a.exit();
+    a.finish()
+}
+
+/// The loaded program and its maps (not yet attached anywhere).
+#[derive(Debug)]
+pub struct XdpProgram {
+    prog: OwnedFd,
+    /// Queue index → AF_XDP socket.
+    pub xsks: Map,
+    /// IPv4 node addresses (4-byte keys, network order).
+    pub node4: Map,
+    /// IPv6 node addresses (16-byte keys).
+    pub node6: Map,
+    /// Destination ports at node addresses that go to the dataplane (65536-bit bitmap).
+    pub ports: Map,
+    pub insn_count: usize,
+}
+
+impl XdpProgram {
+    /// Creates the maps and loads the program; `queues` is the XSKMAP's size.
+    pub fn load(queues: u32) -> io::Result<XdpProgram> {
+        let xsks = Map::create(BPF_MAP_TYPE_XSKMAP, 4, 4, queues.max(1))?;
+        let node4 = Map::create(BPF_MAP_TYPE_HASH, 4, 4, MAX_NODE_ADDRS)?;
+        let node6 = Map::create(BPF_MAP_TYPE_HASH, 16, 4, MAX_NODE_ADDRS)?;
+        let ports = Map::create(BPF_MAP_TYPE_ARRAY, 4, 4, PORT_WORDS)?;
+        let insns = program(ProgramMaps {
+            xsks: xsks.fd(),
+            node4: node4.fd(),
+            node6: node6.fd(),
+            ports: ports.fd(),
+        });
+        let license = c"Apache-2.0";
+        let mut log = vec![0u8; 64 * 1024];
+        let mut attr = [0u64; 16];
+        attr[0] = pair(BPF_PROG_TYPE_XDP, insns.len() as u32);
+        attr[1] = insns.as_ptr() as u64;
+        attr[2] = license.as_ptr() as u64;
+        attr[3] = pair(1, log.len() as u32); // log_level, log_size
+        attr[4] = log.as_mut_ptr() as u64;
+        // prog_name at byte 48 (attr[6..8])
+        let mut name = [0u8; 16];
+        name[..4].copy_from_slice(b"kxdp");
+        attr[6] = u64::from_ne_bytes(name[..8].try_into().unwrap());
+        attr[7] = u64::from_ne_bytes(name[8..].try_into().unwrap());
+        attr[8] = pair(0, BPF_XDP); // prog_ifindex, expected_attach_type
+        let r = sys_bpf(BPF_PROG_LOAD, &mut attr);
+        let prog = match fd_result(r) {
+            Ok(fd) => fd,
+            Err(e) => {
+                let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
+                let text = String::from_utf8_lossy(&log[..end]);
+                return Err(io::Error::new(
+                    e.kind(),
+                    format!("loading the XDP program: {e}\n{text}"),
+                ));
+            }
+        };
+        Ok(XdpProgram {
+            prog,
+            xsks,
+            node4,
+            node6,
+            ports,
+            insn_count: insns.len(),
+        })
+    }
+
+    pub fn fd(&self) -> i32 {
+        self.prog.as_raw_fd()
+    }
+
+    /// Sets the node addresses and NodePorts the program keeps for the dataplane (replacing
+    /// what was there).
+    pub fn set_node(&self, addrs: &[std::net::IpAddr], ports: &[u16]) -> io::Result<()> {
+        // Addresses: add the new ones; stale ones are overwritten below by a full rebuild of the
+        // small maps (they hold at most MAX_NODE_ADDRS entries, set rarely).
+        for a in addrs {
+            match a {
+                std::net::IpAddr::V4(v4) => self.node4.update(&v4.octets(), &1u32.to_ne_bytes())?,
+                std::net::IpAddr::V6(v6) => self.node6.update(&v6.octets(), &1u32.to_ne_bytes())?,
+            }
+        }
+        let mut words = vec![0u32; PORT_WORDS as usize];
+        for &p in ports {
+            words[p as usize >> 5] |= 1 << (p & 31);
+        }
+        for (i, w) in words.iter().enumerate() {
+            self.ports
+                .update(&(i as u32).to_ne_bytes(), &w.to_ne_bytes())?;
+        }
+        Ok(())
+    }
+
+    /// Registers the AF_XDP socket `xsk_fd` for `queue`.
+    pub fn set_socket(&self, queue: u32, xsk_fd: i32) -> io::Result<()> {
+        self.xsks
+            .update(&queue.to_ne_bytes(), &(xsk_fd as u32).to_ne_bytes())
+    }
+
+    /// Attaches to `ifindex` (see the module comment for modes and stale programs).
+    pub fn attach(&self, ifindex: u32, choice: ModeChoice) -> io::Result<Attachment> {
+        let modes: &[XdpMode] = match choice {
+            ModeChoice::Auto => &[XdpMode::Native, XdpMode::Generic],
+            ModeChoice::Native => &[XdpMode::Native],
+            ModeChoice::Generic => &[XdpMode::Generic],
+        };
+        let mut replaced_stale = false;
+        let mut last = None;
+        for &mode in modes {
+            match self.link_create(ifindex, mode) {
+                Ok(link) => {
+                    return Ok(Attachment {
+                        _link: link,
+                        ifindex,
+                        mode,
+                        replaced_stale,
+                    })
+                }
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) && !replaced_stale => {
+                    // A program attached through netlink (not a link of a live process).
+                    detach_netlink(ifindex)?;
+                    replaced_stale = true;
+                    match self.link_create(ifindex, mode) {
+                        Ok(link) => {
+                            return Ok(Attachment {
+                                _link: link,
+                                ifindex,
+                                mode,
+                                replaced_stale,
+                            })
+                        }
+                        Err(e) => last = Some(e),
+                    }
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        let e = last.unwrap_or_else(|| io::Error::from(io::ErrorKind::Unsupported));
+        Err(io::Error::new(
+            e.kind(),
+            format!("attaching XDP to ifindex {ifindex}: {e}"),
+        ))
+    }
+
+    fn link_create(&self, ifindex: u32, mode: XdpMode) -> io::Result<OwnedFd> {
+        let flags = match mode {
+            XdpMode::Native => XDP_FLAGS_DRV_MODE,
+            XdpMode::Generic => XDP_FLAGS_SKB_MODE,
+        };
+        let mut attr = [0u64; 16];
+        attr[0] = pair(self.fd() as u32, ifindex);
+        attr[1] = pair(BPF_XDP, flags);
+        fd_result(sys_bpf(BPF_LINK_CREATE, &mut attr))
+    }
+
+    /// Attaches through netlink instead of a link: the program then outlives this process.
+    /// Only for tests that need a stale program to replace.
+    pub fn attach_netlink_for_test(&self, ifindex: u32, mode: XdpMode) -> io::Result<()> {
+        let flags = XDP_FLAGS_UPDATE_IF_NOEXIST
+            | match mode {
+                XdpMode::Native => XDP_FLAGS_DRV_MODE,
+                XdpMode::Generic => XDP_FLAGS_SKB_MODE,
+            };
+        set_link_xdp(ifindex, self.fd(), flags)
+    }
+}
+
+/// The program attached to one interface. Dropping it (or the process ending in any way)
+/// detaches the program.
+#[derive(Debug)]
+pub struct Attachment {
+    _link: OwnedFd,
+    pub ifindex: u32,
+    pub mode: XdpMode,
+    /// A program attached by someone else was removed first.
+    pub replaced_stale: bool,
+}
+
+/// Removes a netlink-attached XDP program from `ifindex` in both modes.
+pub fn detach_netlink(ifindex: u32) -> io::Result<()> {
+    let mut last = Ok(());
+    for flags in [XDP_FLAGS_DRV_MODE, XDP_FLAGS_SKB_MODE] {
+        if let Err(e) = set_link_xdp(ifindex, -1, flags) {
+            last = Err(e);
+        }
+    }
+    // Removing from the mode nothing is attached in fails harmlessly; only report when both did.
+    match last {
+        Err(e) if e.raw_os_error() != Some(libc::EBUSY) => Ok(()),
+        other => other,
+    }
+}
+
+/// RTM_SETLINK with IFLA_XDP { IFLA_XDP_FD = fd, IFLA_XDP_FLAGS = flags }.
+fn set_link_xdp(ifindex: u32, fd: i32, flags: u32) -> io::Result<()> {
+    const RTM_SETLINK: u16 = 19;
+    const IFLA_XDP: u16 = 43;
+    const IFLA_XDP_FD: u16 = 1;
+    const IFLA_XDP_FLAGS: u16 = 3;
+    const NLA_F_NESTED: u16 = 0x8000;
+    let mut msg = Vec::with_capacity(64);
+    // nlmsghdr (length patched below)
+    msg.extend_from_slice(&0u32.to_ne_bytes());
+    msg.extend_from_slice(&RTM_SETLINK.to_ne_bytes());
+    msg.extend_from_slice(&((libc::NLM_F_REQUEST | libc::NLM_F_ACK) as u16).to_ne_bytes());
+    msg.extend_from_slice(&1u32.to_ne_bytes()); // seq
+    msg.extend_from_slice(&0u32.to_ne_bytes()); // pid
+                                                // ifinfomsg
+    msg.extend_from_slice(&[libc::AF_UNSPEC as u8, 0]);
+    msg.extend_from_slice(&0u16.to_ne_bytes());
+    msg.extend_from_slice(&(ifindex as i32).to_ne_bytes());
+    msg.extend_from_slice(&0u32.to_ne_bytes());
+    msg.extend_from_slice(&0u32.to_ne_bytes());
+    // IFLA_XDP (nested): two 8-byte attributes
+    msg.extend_from_slice(&(4u16 + 8 + 8).to_ne_bytes());
+    msg.extend_from_slice(&(IFLA_XDP | NLA_F_NESTED).to_ne_bytes());
+    msg.extend_from_slice(&8u16.to_ne_bytes());
+    msg.extend_from_slice(&IFLA_XDP_FD.to_ne_bytes());
+    msg.extend_from_slice(&fd.to_ne_bytes());
+    msg.extend_from_slice(&8u16.to_ne_bytes());
+    msg.extend_from_slice(&IFLA_XDP_FLAGS.to_ne_bytes());
+    msg.extend_from_slice(&flags.to_ne_bytes());
+    let len = msg.len() as u32;
+    msg[..4].copy_from_slice(&len.to_ne_bytes());
+    super::netlink_request(libc::NETLINK_ROUTE, &msg)
+}

@@ -46,6 +46,32 @@ enum Command {
         #[command(subcommand)]
         command: PcapCommand,
     },
+    /// Connection tracking of a running daemon, with conntrack-tools' filter names.
+    Conntrack {
+        #[command(subcommand)]
+        command: crate::admin::commands::ConntrackCommand,
+        #[command(flatten)]
+        admin: crate::admin::commands::AdminArgs,
+    },
+    /// Services of a running daemon: frontend -> backends with their state.
+    Services {
+        #[command(flatten)]
+        admin: crate::admin::commands::AdminArgs,
+    },
+    /// Per-worker packets, batches, Mpps, busy share and drops by reason of a running daemon.
+    Stats {
+        #[command(flatten)]
+        args: crate::admin::commands::StatsArgs,
+        #[command(flatten)]
+        admin: crate::admin::commands::AdminArgs,
+    },
+    /// Live stream of drops and rejects (policy denials included) of a running daemon.
+    Monitor {
+        #[command(flatten)]
+        args: crate::admin::commands::MonitorArgs,
+        #[command(flatten)]
+        admin: crate::admin::commands::AdminArgs,
+    },
     /// NetworkPolicy tools.
     Policy {
         #[command(subcommand)]
@@ -130,6 +156,16 @@ struct RunArgs {
     /// kubeconfig of the API server (default: KUBECONFIG, ~/.kube/config, in-cluster).
     #[arg(long, value_name = "FILE", conflicts_with = "state")]
     kubeconfig: Option<PathBuf>,
+    /// Admin socket path (mode 0600, root only).
+    #[arg(long, value_name = "PATH", default_value = crate::admin::DEFAULT_SOCKET)]
+    admin: PathBuf,
+    /// Do not serve the admin socket.
+    #[arg(long)]
+    no_admin: bool,
+    /// Testing: replay this capture through the pipeline inside the daemon (a pseudo-worker)
+    /// each time the file appears or changes.
+    #[arg(long, value_name = "FILE", hide = true)]
+    inject_pcap: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -197,7 +233,17 @@ where
             EXIT_OK
         }
         Command::Run(args) => {
-            match crate::run::run(&args.config, args.state.clone(), args.kubeconfig.clone()) {
+            let ops = crate::admin::daemon::OpsOptions {
+                admin_socket: Some(args.admin.clone()),
+                no_admin: args.no_admin,
+                inject_pcap: args.inject_pcap.clone(),
+            };
+            match crate::run::run(
+                &args.config,
+                args.state.clone(),
+                args.kubeconfig.clone(),
+                ops,
+            ) {
                 Ok(()) => EXIT_OK,
                 Err((code, message)) => {
                     eprintln!("kxdp: {message}");
@@ -212,7 +258,21 @@ where
         Command::Policy {
             command: PolicyCommand::Trace(args),
         } => finish(cmd_policy_trace(&args)),
+        Command::Conntrack { command, admin } => {
+            admin_finish(crate::admin::commands::conntrack(&command, &admin))
+        }
+        Command::Services { admin } => admin_finish(crate::admin::commands::services(&admin)),
+        Command::Stats { args, admin } => {
+            admin_finish(crate::admin::commands::stats(&args, &admin))
+        }
+        Command::Monitor { args, admin } => {
+            admin_finish(crate::admin::commands::monitor(&args, &admin))
+        }
     }
+}
+
+fn admin_finish(r: Result<(), (i32, String)>) -> i32 {
+    finish(r.map_err(|(code, message)| CliError { code, message }))
 }
 
 fn finish(r: Result<(), CliError>) -> i32 {

@@ -2,9 +2,11 @@
 //! with the config, into the dataplane's `Snapshot` as a pure function; `cli` is the `kxdp`
 //! binary's entry point.
 
+pub mod admin;
 pub mod cli;
 pub mod config;
 pub mod endpoints;
+pub mod health;
 pub mod incremental;
 pub mod metrics;
 pub mod model;

@@ -26,8 +26,38 @@
 //! | `kxdp_sync_snapshot_generation` | gauge | generation of the published snapshot |
 //! | `kxdp_sync_source_errors_total{source}` | counter | source failures (API server unreachable, unreadable state files); the last good tables stay |
 //! | `kxdp_sync_source_up{source}` | gauge | 1 while the source is connected and synced |
+//!
+//! Health (kube-proxy's names): `kubeproxy_proxy_healthz_total{code}`,
+//! `kubeproxy_proxy_livez_total{code}` count `/healthz` and `/livez` answers by HTTP status.
+//!
+//! The dataplane, read at scrape time from the workers' published counters
+//! (`kxdp_dataplane::stats`) and the shared conntrack table (ops: `attach_dataplane`):
+//!
+//! | metric | type | meaning |
+//! | --- | --- | --- |
+//! | `kxdp_workers` | gauge | worker threads publishing counters |
+//! | `kxdp_packets_total{worker,action}` | counter | packets by the action taken |
+//! | `kxdp_bytes_total{worker}` | counter | bytes received |
+//! | `kxdp_batches_total{worker}` | counter | batches processed |
+//! | `kxdp_drops_total{reason}` | counter | dropped and rejected packets by reason, all workers |
+//! | `kxdp_verdicts_total{reason}` | counter | every packet by reason, all workers |
+//! | `kxdp_worker_busy_seconds_total{worker}` | counter | time spent processing batches |
+//! | `kxdp_worker_busy_ratio{worker}` | gauge | share of wall time busy since the previous scrape |
+//! | `kxdp_conntrack_entries` | gauge | live conntrack entries (connections and affinity records) |
+//! | `kxdp_conntrack_max_entries` | gauge | the configured maximum |
+//! | `kxdp_conntrack_early_drops_total` | counter | unassured entries dropped to make room |
+//! | `kxdp_conntrack_created_total{worker}` | counter | connections created |
+//! | `kxdp_conntrack_expired_total{worker}` | counter | entries expired by the worker's scan |
 
 use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
+
+use kxdp_dataplane::conntrack::Conntrack;
+use kxdp_dataplane::stats::DataplaneStats;
+use kxdp_dataplane::verdict::{Action, Reason};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -48,6 +78,146 @@ pub struct SourceLabel {
     pub source: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CodeLabel {
+    /// HTTP status code.
+    pub code: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WorkerLabel {
+    worker: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WorkerActionLabel {
+    worker: String,
+    action: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: String,
+}
+
+/// The dataplane state a scrape reads.
+struct DataplaneSource {
+    stats: Arc<DataplaneStats>,
+    ct: Arc<Conntrack>,
+    /// Per worker: busy nanoseconds and when, at the previous scrape.
+    prev: Mutex<Vec<(u64, Instant)>>,
+}
+
+/// Encodes the dataplane metrics at scrape time (nothing when no dataplane is attached).
+#[derive(Clone, Default)]
+struct DataplaneCollector(Arc<OnceLock<DataplaneSource>>);
+
+impl std::fmt::Debug for DataplaneCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DataplaneCollector")
+    }
+}
+
+fn put<M: EncodeMetric>(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    m: &M,
+) -> Result<(), std::fmt::Error> {
+    m.encode(enc.encode_descriptor(name, help, None, m.metric_type())?)
+}
+
+impl Collector for DataplaneCollector {
+    fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let Some(src) = self.0.get() else {
+            return Ok(());
+        };
+        let samples = src.stats.samples();
+        let now = Instant::now();
+        let packets = Family::<WorkerActionLabel, Counter>::default();
+        let bytes = Family::<WorkerLabel, Counter>::default();
+        let batches = Family::<WorkerLabel, Counter>::default();
+        let busy = Family::<WorkerLabel, Counter<f64, AtomicU64>>::default();
+        let ratio = Family::<WorkerLabel, Gauge<f64, AtomicU64>>::default();
+        let created = Family::<WorkerLabel, Counter>::default();
+        let expired = Family::<WorkerLabel, Counter>::default();
+        let drops = Family::<ReasonLabel, Counter>::default();
+        let verdicts = Family::<ReasonLabel, Counter>::default();
+        let mut prev = src.prev.lock().unwrap();
+        prev.resize(samples.len(), (0, now));
+        for (i, s) in samples.iter().enumerate() {
+            let w = WorkerLabel {
+                worker: i.to_string(),
+            };
+            for a in Action::ALL {
+                packets
+                    .get_or_create(&WorkerActionLabel {
+                        worker: i.to_string(),
+                        action: a.as_str().into(),
+                    })
+                    .inc_by(s.actions[a as usize]);
+            }
+            bytes.get_or_create(&w).inc_by(s.bytes);
+            batches.get_or_create(&w).inc_by(s.batches);
+            busy.get_or_create(&w).inc_by(s.busy_ns as f64 / 1e9);
+            created.get_or_create(&w).inc_by(s.ct_created);
+            expired.get_or_create(&w).inc_by(s.ct_expired);
+            let (pb, pt) = prev[i];
+            let wall = now.duration_since(pt).as_nanos() as f64;
+            let r = if wall > 0.0 {
+                (s.busy_ns.saturating_sub(pb) as f64 / wall).min(1.0)
+            } else {
+                0.0
+            };
+            ratio.get_or_create(&w).set(r);
+            prev[i] = (s.busy_ns, now);
+        }
+        drop(prev);
+        for r in Reason::ALL {
+            let n: u64 = samples.iter().map(|s| s.reasons[*r as usize]).sum();
+            let l = ReasonLabel {
+                reason: r.as_str().into(),
+            };
+            verdicts.get_or_create(&l).inc_by(n);
+            if matches!(r.action(), Action::Drop | Action::Reject) {
+                drops.get_or_create(&l).inc_by(n);
+            }
+        }
+        let workers = Gauge::<i64>::default();
+        workers.set(samples.len() as i64);
+        put(&mut enc, "kxdp_workers", "Worker threads publishing counters", &workers)?;
+        put(&mut enc, "kxdp_packets", "Packets by the action taken", &packets)?;
+        put(&mut enc, "kxdp_bytes", "Bytes received", &bytes)?;
+        put(&mut enc, "kxdp_batches", "Batches processed", &batches)?;
+        put(&mut enc, "kxdp_drops", "Dropped and rejected packets by reason", &drops)?;
+        put(&mut enc, "kxdp_verdicts", "Packets by reason", &verdicts)?;
+        put(&mut enc, "kxdp_worker_busy_seconds", "Time spent processing batches", &busy)?;
+        put(
+            &mut enc,
+            "kxdp_worker_busy_ratio",
+            "Share of wall time spent processing batches since the previous scrape",
+            &ratio,
+        )?;
+        let entries = Gauge::<i64>::default();
+        entries.set(src.ct.len() as i64);
+        put(&mut enc, "kxdp_conntrack_entries", "Live conntrack entries", &entries)?;
+        let max = Gauge::<i64>::default();
+        max.set(src.ct.config().max_entries as i64);
+        put(&mut enc, "kxdp_conntrack_max_entries", "The configured conntrack maximum", &max)?;
+        let early = Counter::<u64>::default();
+        early.inc_by(src.ct.early_drops());
+        put(
+            &mut enc,
+            "kxdp_conntrack_early_drops",
+            "Unassured conntrack entries dropped to make room",
+            &early,
+        )?;
+        put(&mut enc, "kxdp_conntrack_created", "Connections created", &created)?;
+        put(&mut enc, "kxdp_conntrack_expired", "Conntrack entries expired", &expired)?;
+        Ok(())
+    }
+}
+
 /// Every control-plane metric. Cheap to clone handles (the metrics are `Arc`s inside).
 pub struct Metrics {
     registry: Registry,
@@ -66,6 +236,9 @@ pub struct Metrics {
     pub generation: Gauge,
     pub source_errors_total: Family<SourceLabel, Counter>,
     pub source_up: Family<SourceLabel, Gauge>,
+    pub proxy_healthz_total: Family<CodeLabel, Counter>,
+    pub proxy_livez_total: Family<CodeLabel, Counter>,
+    dataplane: DataplaneCollector,
 }
 
 /// kube-proxy's sync duration buckets: `ExponentialBuckets(0.001, 2, 15)`.
@@ -109,7 +282,11 @@ impl Metrics {
             generation: Gauge::default(),
             source_errors_total: Family::default(),
             source_up: Family::default(),
+            proxy_healthz_total: Family::default(),
+            proxy_livez_total: Family::default(),
+            dataplane: DataplaneCollector::default(),
         };
+        registry.register_collector(Box::new(m.dataplane.clone()));
         {
             let kp = registry.sub_registry_with_prefix("kubeproxy");
             kp.register(
@@ -157,6 +334,16 @@ impl Metrics {
                 "sync_proxy_rules_service_changes_pending",
                 "Pending Service changes",
                 m.service_changes_pending.clone(),
+            );
+            kp.register(
+                "proxy_healthz",
+                "Cumulative proxy healthz HTTP status",
+                m.proxy_healthz_total.clone(),
+            );
+            kp.register(
+                "proxy_livez",
+                "Cumulative proxy livez HTTP status",
+                m.proxy_livez_total.clone(),
             );
             kp.register(
                 "sync_proxy_rules_no_local_endpoints_total",
@@ -216,6 +403,15 @@ impl Metrics {
                 })
                 .set(v);
         }
+    }
+
+    /// Adds the dataplane metrics (read at each scrape); a second call is ignored.
+    pub fn attach_dataplane(&self, stats: Arc<DataplaneStats>, ct: Arc<Conntrack>) {
+        let _ = self.dataplane.0.set(DataplaneSource {
+            stats,
+            ct,
+            prev: Mutex::new(Vec::new()),
+        });
     }
 
     pub fn source_error(&self, source: &str) {

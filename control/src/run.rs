@@ -7,8 +7,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::sources::files::load_state;
@@ -60,6 +58,7 @@ pub fn run(
     config_path: &Path,
     state: Option<PathBuf>,
     kubeconfig: Option<PathBuf>,
+    ops_opts: crate::admin::daemon::OpsOptions,
 ) -> Result<(), RunError> {
     let config =
         Config::load(config_path).map_err(|e| (crate::cli::EXIT_BAD_INPUT, e.to_string()))?;
@@ -71,17 +70,18 @@ pub fn run(
         metrics.clone(),
     )?;
     let rt = handle.runtime().clone();
-    if let Some(addr) = config.metrics_bind_address {
-        let listener = rt
-            .block_on(tokio::net::TcpListener::bind(addr))
-            .map_err(|e| {
-                (
-                    crate::cli::EXIT_FAILURE,
-                    format!("metricsBindAddress {addr}: {e}"),
-                )
-            })?;
-        rt.spawn(serve_metrics(listener, metrics.clone()));
-    }
+    // Operators: /metrics, /healthz, health check node ports, the admin socket (admin::daemon).
+    // Workers use `ops.dataplane` (conntrack and stats shared with the admin API).
+    let extra = usize::from(ops_opts.inject_pcap.is_some());
+    let dataplane = crate::admin::daemon::dataplane(&config, extra);
+    let ops = crate::admin::daemon::start(
+        &config,
+        published.clone(),
+        &handle,
+        metrics.clone(),
+        dataplane,
+        &ops_opts,
+    )?;
     tracing::warn!(
         source = if state.is_some() { "state files" } else { "API server" },
         "kxdp run: control plane only; no AF_XDP workers are attached yet, so no packet is forwarded by kxdp"
@@ -99,49 +99,7 @@ pub fn run(
             _ = term.recv() => {}
         }
     });
+    drop(ops);
     handle.shutdown();
     Ok(())
-}
-
-/// A minimal `/metrics` endpoint (the ops issue's server replaces it).
-async fn serve_metrics(listener: tokio::net::TcpListener, metrics: Arc<Metrics>) {
-    loop {
-        let Ok((mut sock, _)) = listener.accept().await else {
-            continue;
-        };
-        let metrics = metrics.clone();
-        tokio::spawn(async move {
-            let mut buf = vec![0u8; 4096];
-            let mut n = 0;
-            // Read the request head (bounded).
-            while n < buf.len() {
-                match tokio::time::timeout(Duration::from_secs(5), sock.read(&mut buf[n..])).await {
-                    Ok(Ok(0)) | Err(_) | Ok(Err(_)) => break,
-                    Ok(Ok(k)) => {
-                        n += k;
-                        if buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
-                            break;
-                        }
-                    }
-                }
-            }
-            let head = String::from_utf8_lossy(&buf[..n]);
-            let path = head.split_whitespace().nth(1).unwrap_or("");
-            let (status, ctype, body) = if path == "/metrics" {
-                (
-                    "200 OK",
-                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                    metrics.encode(),
-                )
-            } else {
-                ("404 Not Found", "text/plain", "not found\n".to_string())
-            };
-            let resp = format!(
-                "HTTP/1.1 {status}\r\ncontent-type: {ctype}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                body.len()
-            );
-            let _ = sock.write_all(resp.as_bytes()).await;
-            let _ = sock.shutdown().await;
-        });
-    }
 }

@@ -11,7 +11,8 @@
 //!   kube-proxy waits for its informers).
 //! - **Incremental work**: the `Store` records which Services a change touches (a Service, or an
 //!   EndpointSlice naming it); a partial sync retranslates only those (`incremental::Builder`).
-//!   Changes to this node, ServiceCIDRs, or the policy inputs rebuild everything.
+//!   Pods, Namespaces and NetworkPolicies recompile the policy tables only; changes to this node
+//!   or to ServiceCIDRs rebuild everything.
 //! - **Publication**: `Published` is an `ArcSwap<Snapshot>`. A worker `load`s it between batches
 //!   (a few atomic operations, never a lock, never waiting on this thread) and keeps using what it
 //!   loaded until its next batch, so no packet sees a half-built table. Old snapshots are dropped
@@ -150,6 +151,8 @@ pub struct Status {
     pub source_errors: BTreeMap<String, String>,
     /// Recent events (problems, source errors and recoveries), newest last; at most 256.
     pub events: VecDeque<String>,
+    /// What the health servers answer (ops: `health`), as of the last publication.
+    pub health: crate::health::HealthView,
 }
 
 const MAX_EVENTS: usize = 256;
@@ -168,8 +171,10 @@ impl Status {
 pub struct Changes {
     /// Services to retranslate (changed, or one of their EndpointSlices changed).
     pub services: BTreeSet<ObjectKey>,
-    /// Rebuild everything (this node, ServiceCIDRs, policy inputs, a relist of many).
+    /// Rebuild everything (this node, ServiceCIDRs).
     pub full: bool,
+    /// Recompile the NetworkPolicy tables (Pods, Namespaces, NetworkPolicies).
+    pub policy: bool,
     pub service_changes: u64,
     pub endpoint_changes: u64,
     /// Change times of the objects (for network_programming_duration_seconds); bounded.
@@ -182,7 +187,7 @@ pub const ANNOTATION_TRIGGER_TIME: &str = "endpoints.kubernetes.io/last-change-t
 
 impl Changes {
     pub fn is_empty(&self) -> bool {
-        self.services.is_empty() && !self.full
+        self.services.is_empty() && !self.full && !self.policy
     }
 
     fn trigger(&mut self, t: SystemTime) {
@@ -250,19 +255,19 @@ impl Store {
                 if self.state.namespaces.get(&key.name) == Some(n) {
                     return;
                 }
-                c.full = true;
+                c.policy = true;
             }
             Object::Pod(p) => {
                 if self.state.pods.get(&key) == Some(p) {
                     return;
                 }
-                c.full = true;
+                c.policy = true;
             }
             Object::NetworkPolicy(p) => {
                 if self.state.network_policies.get(&key) == Some(p) {
                     return;
                 }
-                c.full = true;
+                c.policy = true;
             }
             Object::ServiceCidr(s) => {
                 if self.state.service_cidrs.get(&key.name) == Some(s) {
@@ -300,9 +305,14 @@ impl Store {
                     c.full = true;
                 }
             }
-            _ => {
+            "ServiceCIDR" => {
                 if self.state_contains(kind, key) {
                     self.changes.full = true;
+                }
+            }
+            _ => {
+                if self.state_contains(kind, key) {
+                    self.changes.policy = true;
                 }
             }
         }
@@ -464,6 +474,11 @@ impl ControlHandle {
 
     pub fn status(&self) -> Status {
         self.status.lock().unwrap().clone()
+    }
+
+    /// The shared status, for servers that outlive a borrow of the handle (ops: admin, health).
+    pub fn status_cell(&self) -> Arc<Mutex<Status>> {
+        self.status.clone()
     }
 
     pub fn metrics(&self) -> &Arc<Metrics> {
@@ -755,6 +770,9 @@ impl Loop {
         let translation = if full {
             self.builder.full(&self.store.state)
         } else {
+            if changes.policy {
+                self.builder.update_policy(&self.store.state);
+            }
             self.builder.update(&self.store.state, &changes.services)
         };
         let mut snap = translation;
@@ -830,6 +848,10 @@ impl Loop {
             }
             st.last_sync = Some(wall);
             st.last_sync_duration = elapsed;
+            st.health = crate::health::HealthView::from_state(
+                &self.store.state,
+                &self.config.node_name,
+            );
         }
         self.publish_status_problems();
         tracing::debug!(

@@ -1,0 +1,248 @@
+//! What `kxdp run` starts for operators next to the control loop: the shared dataplane state
+//! (conntrack, worker stats), `/metrics`, `/healthz` + `/livez`, the health-check node port
+//! servers and the admin socket. One call from `run.rs`: `start`.
+//!
+//! Test path (`--inject-pcap FILE`, hidden): until AF_XDP workers are attached, a file-source
+//! daemon has tables and an empty conntrack table but no packets. With this flag, a pseudo-worker
+//! (an extra worker index, beside the configured ones) pushes FILE through the real pipeline —
+//! the daemon's own conntrack, published snapshot, clock and `after_batch` stats feed, exactly as
+//! an AF_XDP worker would — each time FILE appears or changes. Nothing else is faked: listings,
+//! deletes, stats and monitor events are what the pipeline left behind.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use kxdp_dataplane::conntrack::Conntrack;
+use kxdp_dataplane::pipeline::{Pipeline, SlotFrames};
+use kxdp_dataplane::stats::{clock_ms, DataplaneStats};
+use kxdp_dataplane::verdict::Verdict;
+
+use super::{AdminContext, AdminServer, Dataplane};
+use crate::config::Config;
+use crate::health::{serve_http, ProxyHealth, Response};
+use crate::metrics::Metrics;
+use crate::sync::{ControlHandle, Published};
+
+/// `kxdp run`'s operator options.
+#[derive(Clone, Debug, Default)]
+pub struct OpsOptions {
+    /// Admin socket path (default `/run/kxdp/admin.sock`); `None` with `no_admin`.
+    pub admin_socket: Option<PathBuf>,
+    pub no_admin: bool,
+    /// Test path: a capture replayed by a pseudo-worker whenever it changes.
+    pub inject_pcap: Option<PathBuf>,
+}
+
+/// Keeps the servers running; dropping it stops them.
+pub struct Ops {
+    pub dataplane: Dataplane,
+    pub context: Arc<AdminContext>,
+    _admin: Option<AdminServer>,
+    stop: Arc<AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Ops {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The dataplane state `kxdp run` shares between workers and the admin API: conntrack sized by
+/// the config, and one stats block per worker (`extra` more for pseudo-workers).
+pub fn dataplane(config: &Config, extra: usize) -> Dataplane {
+    let workers = config.workers.count.max(1) + extra;
+    Dataplane {
+        ct: Arc::new(Conntrack::new(config.ct_config(), workers)),
+        stats: Arc::new(DataplaneStats::new(workers)),
+    }
+}
+
+fn bind(
+    rt: &tokio::runtime::Handle,
+    addr: SocketAddr,
+    what: &str,
+) -> Result<tokio::net::TcpListener, (i32, String)> {
+    rt.block_on(tokio::net::TcpListener::bind(addr))
+        .map_err(|e| (crate::cli::EXIT_FAILURE, format!("{what} {addr}: {e}")))
+}
+
+/// Starts `/metrics`, health, the health-check node port servers and the admin socket.
+pub fn start(
+    config: &Config,
+    published: Arc<Published>,
+    handle: &ControlHandle,
+    metrics: Arc<Metrics>,
+    dp: Dataplane,
+    opts: &OpsOptions,
+) -> Result<Ops, (i32, String)> {
+    let rt = handle.runtime().clone();
+    let stop = Arc::new(AtomicBool::new(false));
+    metrics.attach_dataplane(dp.stats.clone(), dp.ct.clone());
+    let context = Arc::new(AdminContext {
+        published: published.clone(),
+        dataplane: dp.clone(),
+        status: handle.status_cell(),
+        listening: Mutex::new(serde_json::Map::new()),
+    });
+    let mut threads = Vec::new();
+
+    if let Some(addr) = config.metrics_bind_address {
+        let l = bind(&rt, addr, "metricsBindAddress")?;
+        let local = l.local_addr().map(|a| a.to_string()).unwrap_or_default();
+        context
+            .listening
+            .lock()
+            .unwrap()
+            .insert("metrics".into(), local.into());
+        let m = metrics.clone();
+        rt.spawn(serve_http(
+            l,
+            Arc::new(move |path: &str| {
+                if path == "/metrics" {
+                    Response {
+                        status: 200,
+                        content_type: "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                        headers: vec![],
+                        body: m.encode(),
+                    }
+                } else {
+                    Response {
+                        status: 404,
+                        content_type: "text/plain; charset=utf-8",
+                        headers: vec![],
+                        body: "404 page not found\n".into(),
+                    }
+                }
+            }),
+        ));
+    }
+    let hc_ip = config
+        .healthz_bind_address
+        .map(|a| a.ip())
+        .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
+    if let Some(addr) = config.healthz_bind_address {
+        let l = bind(&rt, addr, "healthzBindAddress")?;
+        let local = l.local_addr().map(|a| a.to_string()).unwrap_or_default();
+        context
+            .listening
+            .lock()
+            .unwrap()
+            .insert("healthz".into(), local.into());
+        let h = Arc::new(ProxyHealth {
+            status: handle.status_cell(),
+            sync_period: config.sync.sync_period.0,
+            metrics: metrics.clone(),
+        });
+        rt.spawn(serve_http(l, Arc::new(move |p: &str| h.answer(p))));
+    }
+    threads.push(
+        crate::health::spawn_service_health(
+            rt.clone(),
+            hc_ip,
+            handle.status_cell(),
+            stop.clone(),
+        )
+        .map_err(|e| (crate::cli::EXIT_FAILURE, e.to_string()))?,
+    );
+
+    let admin = if opts.no_admin {
+        None
+    } else {
+        let path = opts
+            .admin_socket
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(super::DEFAULT_SOCKET));
+        let server = super::serve(&path, context.clone(), &rt).map_err(|e| {
+            (
+                crate::cli::EXIT_FAILURE,
+                format!("admin socket {}: {e}", path.display()),
+            )
+        })?;
+        context
+            .listening
+            .lock()
+            .unwrap()
+            .insert("admin".into(), path.display().to_string().into());
+        Some(server)
+    };
+
+    if let Some(pcap) = &opts.inject_pcap {
+        let worker = dp.stats.workers() - 1;
+        let (dp2, published2, stop2, pcap) =
+            (dp.clone(), published.clone(), stop.clone(), pcap.clone());
+        threads.push(
+            std::thread::Builder::new()
+                .name("kxdp-inject".into())
+                .spawn(move || inject_loop(&pcap, worker, &dp2, &published2, &stop2))
+                .map_err(|e| (crate::cli::EXIT_FAILURE, e.to_string()))?,
+        );
+    }
+
+    Ok(Ops {
+        dataplane: dp,
+        context,
+        _admin: admin,
+        stop,
+        threads,
+    })
+}
+
+/// The `--inject-pcap` pseudo-worker (see the module docs).
+fn inject_loop(
+    path: &std::path::Path,
+    worker: usize,
+    dp: &Dataplane,
+    published: &Published,
+    stop: &AtomicBool,
+) {
+    let mut last: Option<std::time::SystemTime> = None;
+    let mut pipeline: Option<Pipeline> = None;
+    while !stop.load(Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_millis(100));
+        if published.generation() == 0 {
+            continue;
+        }
+        let Ok(mtime) = std::fs::metadata(path).and_then(|m| m.modified()) else {
+            continue;
+        };
+        if last == Some(mtime) {
+            continue;
+        }
+        last = Some(mtime);
+        let capture = match kxdp_packet::pcap::read_file(path) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(error = %e, "--inject-pcap: unreadable capture");
+                continue;
+            }
+        };
+        let p = pipeline.get_or_insert_with(|| Pipeline::new(worker, capture.link, 1, &dp.ct));
+        let mut frames = SlotFrames::new(64, 2048);
+        let mut verdicts = vec![Verdict::default(); 64];
+        for chunk in capture.packets.chunks(64) {
+            let t0 = Instant::now();
+            frames.clear();
+            for pkt in chunk {
+                frames.push(&pkt.data);
+            }
+            let snap = published.load_full();
+            let now = clock_ms();
+            p.process(&mut frames, &mut verdicts, &snap, &dp.ct, now);
+            dp.stats.after_batch(
+                worker,
+                &p.counters,
+                &verdicts[..chunk.len()],
+                t0.elapsed().as_nanos() as u64,
+                now,
+            );
+        }
+        tracing::info!(packets = capture.packets.len(), "--inject-pcap: replayed");
+    }
+}

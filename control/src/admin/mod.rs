@@ -1,0 +1,440 @@
+//! The admin API: a Unix socket (default `/run/kxdp/admin.sock`, mode 0600) served by the control
+//! side of `kxdp run`, never on the network. Only root may talk to it: the server reads the
+//! peer's credentials (SO_PEERCRED) on every connection and refuses any other uid (the daemon's
+//! own uid is accepted too, so that an unprivileged test daemon can be driven by its own user).
+//!
+//! Everything is read without stopping workers: conntrack is listed by walking the shared table
+//! (each entry read under its own sequence number, see `conntrack::table`), counters come from
+//! what the workers publish after each batch (`kxdp_dataplane::stats`), Services from the
+//! published snapshot. Answers stream: a 1M-entry listing is written entry by entry into the
+//! socket (the handler thread blocks on a slow reader; nothing else does).
+//!
+//! Wire format: see `wire`. Each connection is served on a thread of its own.
+
+pub mod client;
+pub mod commands;
+pub mod daemon;
+pub mod wire;
+
+use std::io::{BufRead, BufReader, BufWriter, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kxdp_dataplane::conntrack::Conntrack;
+use kxdp_dataplane::stats::{clock_ms, DataplaneStats, Event};
+use kxdp_dataplane::verdict::{Action, Reason};
+use kxdp_packet::Family;
+
+use crate::output::{format_addr, proto_name};
+use crate::sync::{Published, Status};
+use wire::*;
+
+/// The default socket path.
+pub const DEFAULT_SOCKET: &str = "/run/kxdp/admin.sock";
+
+/// What the dataplane shares with the admin API (and the workers): the conntrack table and the
+/// workers' published counters.
+#[derive(Clone)]
+pub struct Dataplane {
+    pub ct: Arc<Conntrack>,
+    pub stats: Arc<DataplaneStats>,
+}
+
+/// What the server reads.
+pub struct AdminContext {
+    pub published: Arc<Published>,
+    pub dataplane: Dataplane,
+    pub status: Arc<Mutex<Status>>,
+    /// Addresses the daemon listens on (`metrics`, `healthz`), for `kxdp stats` and tests.
+    pub listening: Mutex<serde_json::Map<String, serde_json::Value>>,
+}
+
+/// The running server; dropping it removes the socket.
+pub struct AdminServer {
+    path: PathBuf,
+    stop: Arc<AtomicBool>,
+}
+
+impl Drop for AdminServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+fn own_uid() -> u32 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self").map(|m| m.uid()).unwrap_or(0)
+}
+
+/// Binds `path` (mode 0600; its directory is created with mode 0700 when missing) and serves it on
+/// `rt`.
+pub fn serve(
+    path: &Path,
+    ctx: Arc<AdminContext>,
+    rt: &tokio::runtime::Handle,
+) -> std::io::Result<AdminServer> {
+    if let Some(dir) = path.parent() {
+        if !dir.as_os_str().is_empty() && !dir.exists() {
+            std::fs::create_dir_all(dir)?;
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+        }
+    }
+    // A socket left by a previous run (not a live one: connecting to it fails).
+    if path.exists() && std::os::unix::net::UnixStream::connect(path).is_err() {
+        std::fs::remove_file(path)?;
+    }
+    let std_listener = std::os::unix::net::UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    std_listener.set_nonblocking(true)?;
+    let _guard = rt.enter();
+    let listener = tokio::net::UnixListener::from_std(std_listener)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let stop2 = stop.clone();
+    let me = own_uid();
+    rt.spawn(async move {
+        loop {
+            let Ok((sock, _)) = listener.accept().await else {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            };
+            if stop2.load(Ordering::Relaxed) {
+                break;
+            }
+            let uid = sock.peer_cred().map(|c| c.uid()).ok();
+            let Ok(std_sock) = sock.into_std() else {
+                continue;
+            };
+            let _ = std_sock.set_nonblocking(false);
+            let ctx = ctx.clone();
+            let stop = stop2.clone();
+            let _ = std::thread::Builder::new()
+                .name("kxdp-admin".into())
+                .spawn(move || {
+                    let allowed = matches!(uid, Some(u) if u == 0 || u == me);
+                    if !allowed {
+                        tracing::warn!(?uid, "admin socket: refused a non-root peer");
+                        let mut w = &std_sock;
+                        let _ = writeln!(
+                            w,
+                            "{}",
+                            serde_json::to_string(&Trailer::Error {
+                                error: format!(
+                                    "permission denied: the admin socket is for root only (peer uid {})",
+                                    uid.map_or("unknown".into(), |u| u.to_string())
+                                ),
+                            })
+                            .unwrap()
+                        );
+                        return;
+                    }
+                    handle(std_sock, &ctx, &stop);
+                });
+        }
+    });
+    Ok(AdminServer {
+        path: path.to_path_buf(),
+        stop,
+    })
+}
+
+fn line<T: serde::Serialize>(w: &mut impl Write, v: &T) -> std::io::Result<()> {
+    serde_json::to_writer(&mut *w, v).map_err(std::io::Error::other)?;
+    w.write_all(b"\n")
+}
+
+fn handle(sock: std::os::unix::net::UnixStream, ctx: &AdminContext, stop: &AtomicBool) {
+    let _ = sock.set_read_timeout(Some(Duration::from_secs(10)));
+    let mut reader = BufReader::new(match sock.try_clone() {
+        Ok(s) => s,
+        Err(_) => return,
+    });
+    let mut req = String::new();
+    if reader.read_line(&mut req).is_err() {
+        return;
+    }
+    let mut w = BufWriter::with_capacity(64 * 1024, &sock);
+    let result = match serde_json::from_str::<Request>(&req) {
+        Err(e) => Err(format!("bad request: {e}")),
+        Ok(r) => answer(r, ctx, &mut w, &sock, stop),
+    };
+    let trailer = match result {
+        Ok(end) => Trailer::End { end },
+        Err(error) => Trailer::Error { error },
+    };
+    let _ = line(&mut w, &trailer);
+    let _ = w.flush();
+}
+
+type Answer = Result<serde_json::Value, String>;
+
+fn io_err(e: std::io::Error) -> String {
+    format!("write: {e}")
+}
+
+fn answer(
+    req: Request,
+    ctx: &AdminContext,
+    w: &mut impl Write,
+    sock: &std::os::unix::net::UnixStream,
+    stop: &AtomicBool,
+) -> Answer {
+    let ct = &ctx.dataplane.ct;
+    match req {
+        Request::ConntrackList { filter } => {
+            let snap = ctx.published.load_full();
+            let now = clock_ms();
+            let mut n = 0u64;
+            for v in ct.connections() {
+                if filter.matches(&v, &snap) {
+                    line(w, &CtEntry::from_view(&v, &snap, now)).map_err(io_err)?;
+                    n += 1;
+                }
+            }
+            Ok(serde_json::json!({ "count": n }))
+        }
+        Request::ConntrackCount { filter } => {
+            let snap = ctx.published.load_full();
+            let n = ct
+                .connections()
+                .filter(|v| filter.matches(v, &snap))
+                .count();
+            Ok(serde_json::json!({ "count": n }))
+        }
+        Request::ConntrackDelete { filter } => {
+            let snap = ctx.published.load_full();
+            let now = clock_ms();
+            let mut n = 0u64;
+            for v in ct.connections() {
+                if filter.matches(&v, &snap) && ct.kill_view(&v) {
+                    n += 1;
+                    line(w, &CtEntry::from_view(&v, &snap, now)).map_err(io_err)?;
+                }
+            }
+            Ok(serde_json::json!({ "deleted": n }))
+        }
+        Request::ConntrackStats | Request::Stats => {
+            for row in worker_rows(&ctx.dataplane.stats) {
+                line(w, &row).map_err(io_err)?;
+            }
+            Ok(serde_json::json!({
+                "entries": ct.len(),
+                "max_entries": ct.config().max_entries,
+                "early_drops": ct.early_drops(),
+                "now_ms": clock_ms(),
+            }))
+        }
+        Request::Services => {
+            for row in service_rows(&ctx.published.load_full()) {
+                line(w, &row).map_err(io_err)?;
+            }
+            Ok(serde_json::json!({}))
+        }
+        Request::Status => {
+            let st = ctx.status.lock().unwrap().clone();
+            Ok(serde_json::json!({
+                "generation": ctx.published.generation(),
+                "ready": st.ready,
+                "syncs": st.syncs,
+                "last_sync": st.last_sync.map(|t| humantime::format_rfc3339(t).to_string()),
+                "problems": st.problems.len(),
+                "workers": ctx.dataplane.stats.workers(),
+                "conntrack_entries": ct.len(),
+                "health_check_node_ports": st.health.services.keys().collect::<Vec<_>>(),
+                "listening": ctx.listening.lock().unwrap().clone(),
+            }))
+        }
+        Request::Monitor { filter } => monitor(ctx, filter, w, sock, stop),
+    }
+}
+
+pub fn worker_rows(stats: &DataplaneStats) -> Vec<WorkerRow> {
+    let now = clock_ms();
+    stats
+        .samples()
+        .into_iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let mut actions = std::collections::BTreeMap::new();
+            for a in Action::ALL {
+                let n = s.actions[a as usize];
+                if n > 0 {
+                    actions.insert(a.as_str().to_string(), n);
+                }
+            }
+            let mut drops = std::collections::BTreeMap::new();
+            for r in Reason::ALL {
+                let n = s.reasons[*r as usize];
+                if n > 0 && matches!(r.action(), Action::Drop | Action::Reject) {
+                    drops.insert(r.as_str().to_string(), n);
+                }
+            }
+            WorkerRow {
+                worker: i,
+                packets: s.packets,
+                bytes: s.bytes,
+                batches: s.batches,
+                busy_ns: s.busy_ns,
+                updated_ms: s.updated_ms,
+                now_ms: now,
+                ct_insert: s.ct_created,
+                ct_found: s.ct_found(),
+                ct_expired: s.ct_expired,
+                actions,
+                drops,
+            }
+        })
+        .collect()
+}
+
+pub fn service_rows(snap: &kxdp_dataplane::snapshot::Snapshot) -> Vec<ServiceRow> {
+    let mut rows: Vec<ServiceRow> = snap
+        .frontends
+        .iter()
+        .map(|(key, fe)| {
+            let family = key.addr.family();
+            let mut active = vec![false; fe.endpoints.len()];
+            for r in &fe.routes {
+                for i in r.endpoints.as_range() {
+                    if let Some(a) = active.get_mut(i) {
+                        *a = true;
+                    }
+                }
+            }
+            let backends = fe
+                .endpoints
+                .iter()
+                .zip(active)
+                .map(|(e, a)| BackendRow {
+                    address: format_addr(e.addr, family, e.port, true),
+                    state: if a { "active" } else { "inactive" }.into(),
+                    local: e.local,
+                })
+                .collect();
+            ServiceRow {
+                frontend: format_addr(key.addr, family, key.port, true),
+                proto: proto_name(key.proto),
+                kind: fe.kind.as_str().into(),
+                service: fe.service_port.name.to_string(),
+                id: fe.service_port.id,
+                backends,
+            }
+        })
+        .collect();
+    rows.sort_by(|a, b| {
+        (&a.service, &a.kind, &a.frontend).cmp(&(&b.service, &b.kind, &b.frontend))
+    });
+    rows
+}
+
+fn event_row(e: &Event, snap: &kxdp_dataplane::snapshot::Snapshot) -> EventRow {
+    let v = &e.verdict;
+    let ports = kxdp_dataplane::conntrack::has_ports(v.proto);
+    EventRow {
+        at_ms: e.at_ms,
+        worker: e.worker,
+        action: v.action.as_str().into(),
+        reason: v.reason.as_str().into(),
+        proto: v.has_addrs.then(|| proto_name(v.proto)),
+        src: v
+            .has_addrs
+            .then(|| format_addr(v.orig_src, v.family, v.orig_sport, ports)),
+        dst: v
+            .has_addrs
+            .then(|| format_addr(v.orig_dst, v.family, v.orig_dport, ports)),
+        service: snap
+            .service_port_by_id(v.service_id)
+            .map(|p| p.name.to_string()),
+    }
+}
+
+fn event_matches(e: &Event, f: &MonitorFilter) -> bool {
+    let v = &e.verdict;
+    if !f.reasons.is_empty() && !f.reasons.iter().any(|r| r == v.reason.as_str()) {
+        return false;
+    }
+    if let Some(net) = &f.addr {
+        if !v.has_addrs {
+            return false;
+        }
+        let fam = v.family;
+        let hit = [v.orig_src, v.orig_dst, v.src, v.dst]
+            .iter()
+            .any(|a| net.contains(&a.to_ip(fam)));
+        if !hit || (fam == Family::V4) != net.addr().is_ipv4() {
+            return false;
+        }
+    }
+    true
+}
+
+/// Streams events until the client closes the connection (or the server stops). At most
+/// `rate` events a second are sent (default 100); the rest are counted and reported as
+/// `{"suppressed":N,"lost":M}` lines once a second.
+fn monitor(
+    ctx: &AdminContext,
+    filter: MonitorFilter,
+    w: &mut impl Write,
+    sock: &std::os::unix::net::UnixStream,
+    stop: &AtomicBool,
+) -> Answer {
+    for r in &filter.reasons {
+        if Reason::from_code(r).is_none() {
+            return Err(format!("unknown reason `{r}`"));
+        }
+    }
+    let rate = filter.rate.unwrap_or(100).max(1) as u64;
+    // The client closing its end is seen as EOF on a reader thread.
+    let closed = Arc::new(AtomicBool::new(false));
+    if let Ok(mut r) = sock.try_clone() {
+        let closed = closed.clone();
+        let _ = r.set_read_timeout(None);
+        std::thread::spawn(move || {
+            let mut b = [0u8; 64];
+            while matches!(std::io::Read::read(&mut r, &mut b), Ok(n) if n > 0) {}
+            closed.store(true, Ordering::Relaxed);
+        });
+    }
+    let mut mon = ctx.dataplane.stats.monitor();
+    // Say we are attached (clients and tests wait for this before generating traffic).
+    line(w, &serde_json::json!({"monitoring": ctx.dataplane.stats.workers()})).map_err(io_err)?;
+    w.flush().map_err(io_err)?;
+    let mut events = Vec::new();
+    let mut window_start = std::time::Instant::now();
+    let (mut sent, mut suppressed, mut reported_lost) = (0u64, 0u64, 0u64);
+    while !closed.load(Ordering::Relaxed) && !stop.load(Ordering::Relaxed) {
+        events.clear();
+        mon.poll(&mut events);
+        let snap = ctx.published.load();
+        for e in &events {
+            if !event_matches(e, &filter) {
+                continue;
+            }
+            if sent < rate {
+                sent += 1;
+                line(w, &event_row(e, &snap)).map_err(io_err)?;
+            } else {
+                suppressed += 1;
+            }
+        }
+        if window_start.elapsed() >= Duration::from_secs(1) {
+            if suppressed > 0 || mon.lost > reported_lost {
+                line(
+                    w,
+                    &serde_json::json!({"suppressed": suppressed, "lost": mon.lost - reported_lost}),
+                )
+                .map_err(io_err)?;
+            }
+            reported_lost = mon.lost;
+            suppressed = 0;
+            sent = 0;
+            window_start = std::time::Instant::now();
+        }
+        w.flush().map_err(io_err)?;
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(serde_json::json!({}))
+}

@@ -53,11 +53,16 @@ impl HealthView {
         for (key, svc) in &state.services {
             let Some(spec) = &svc.spec else { continue };
             if spec.external_traffic_policy.as_deref() != Some("Local")
-                || !matches!(spec.type_.as_deref(), Some("LoadBalancer") | Some("NodePort"))
+                || !matches!(
+                    spec.type_.as_deref(),
+                    Some("LoadBalancer") | Some("NodePort")
+                )
             {
                 continue;
             }
-            let Some(port) = spec.health_check_node_port.filter(|p| (1..=65535).contains(p))
+            let Some(port) = spec
+                .health_check_node_port
+                .filter(|p| (1..=65535).contains(p))
             else {
                 continue;
             };
@@ -85,11 +90,7 @@ fn local_endpoints(state: &ClusterState, key: &ObjectKey, node_name: &str) -> us
             if ep.node_name.as_deref() != Some(node_name) {
                 continue;
             }
-            let ready = ep
-                .conditions
-                .as_ref()
-                .and_then(|c| c.ready)
-                .unwrap_or(true);
+            let ready = ep.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true);
             if ready {
                 if let Some(a) = ep.addresses.first() {
                     addrs.insert(a.clone());
@@ -133,8 +134,7 @@ where
             let mut buf = vec![0u8; 8192];
             let mut n = 0;
             while n < buf.len() {
-                match tokio::time::timeout(Duration::from_secs(5), sock.read(&mut buf[n..])).await
-                {
+                match tokio::time::timeout(Duration::from_secs(5), sock.read(&mut buf[n..])).await {
                     Ok(Ok(0)) | Err(_) | Ok(Err(_)) => break,
                     Ok(Ok(k)) => {
                         n += k;
@@ -360,7 +360,8 @@ mod tests {
 
     #[test]
     fn view_from_state() {
-        let state = load_str(
+        let mut state = ClusterState::new();
+        load_str(
             r#"
 apiVersion: v1
 kind: Service
@@ -382,6 +383,9 @@ endpoints:
 - {addresses: [10.0.0.3], nodeName: b}
 ports: [{port: 80}]
 "#,
+            false,
+            std::path::Path::new("t.yaml"),
+            &mut state,
         )
         .unwrap();
         let v = HealthView::from_state(&state, "a");

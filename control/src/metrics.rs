@@ -185,13 +185,33 @@ impl Collector for DataplaneCollector {
         }
         let workers = Gauge::<i64>::default();
         workers.set(samples.len() as i64);
-        put(&mut enc, "kxdp_workers", "Worker threads publishing counters", &workers)?;
-        put(&mut enc, "kxdp_packets", "Packets by the action taken", &packets)?;
+        put(
+            &mut enc,
+            "kxdp_workers",
+            "Worker threads publishing counters",
+            &workers,
+        )?;
+        put(
+            &mut enc,
+            "kxdp_packets",
+            "Packets by the action taken",
+            &packets,
+        )?;
         put(&mut enc, "kxdp_bytes", "Bytes received", &bytes)?;
         put(&mut enc, "kxdp_batches", "Batches processed", &batches)?;
-        put(&mut enc, "kxdp_drops", "Dropped and rejected packets by reason", &drops)?;
+        put(
+            &mut enc,
+            "kxdp_drops",
+            "Dropped and rejected packets by reason",
+            &drops,
+        )?;
         put(&mut enc, "kxdp_verdicts", "Packets by reason", &verdicts)?;
-        put(&mut enc, "kxdp_worker_busy_seconds", "Time spent processing batches", &busy)?;
+        put(
+            &mut enc,
+            "kxdp_worker_busy_seconds",
+            "Time spent processing batches",
+            &busy,
+        )?;
         put(
             &mut enc,
             "kxdp_worker_busy_ratio",
@@ -200,10 +220,20 @@ impl Collector for DataplaneCollector {
         )?;
         let entries = Gauge::<i64>::default();
         entries.set(src.ct.len() as i64);
-        put(&mut enc, "kxdp_conntrack_entries", "Live conntrack entries", &entries)?;
+        put(
+            &mut enc,
+            "kxdp_conntrack_entries",
+            "Live conntrack entries",
+            &entries,
+        )?;
         let max = Gauge::<i64>::default();
         max.set(src.ct.config().max_entries as i64);
-        put(&mut enc, "kxdp_conntrack_max_entries", "The configured conntrack maximum", &max)?;
+        put(
+            &mut enc,
+            "kxdp_conntrack_max_entries",
+            "The configured conntrack maximum",
+            &max,
+        )?;
         let early = Counter::<u64>::default();
         early.inc_by(src.ct.early_drops());
         put(
@@ -212,8 +242,18 @@ impl Collector for DataplaneCollector {
             "Unassured conntrack entries dropped to make room",
             &early,
         )?;
-        put(&mut enc, "kxdp_conntrack_created", "Connections created", &created)?;
-        put(&mut enc, "kxdp_conntrack_expired", "Conntrack entries expired", &expired)?;
+        put(
+            &mut enc,
+            "kxdp_conntrack_created",
+            "Connections created",
+            &created,
+        )?;
+        put(
+            &mut enc,
+            "kxdp_conntrack_expired",
+            "Conntrack entries expired",
+            &expired,
+        )?;
         Ok(())
     }
 }

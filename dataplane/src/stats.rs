@@ -68,14 +68,10 @@ impl WorkerSample {
     /// Packets of tracked connections (ct-established, reply-unnat, icmp-related): conntrack
     /// lookups that found their entry.
     pub fn ct_found(&self) -> u64 {
-        [
-            Reason::Established,
-            Reason::ReplyUnnat,
-            Reason::IcmpRelated,
-        ]
-        .iter()
-        .map(|r| self.reasons[*r as usize])
-        .sum()
+        [Reason::Established, Reason::ReplyUnnat, Reason::IcmpRelated]
+            .iter()
+            .map(|r| self.reasons[*r as usize])
+            .sum()
     }
 }
 

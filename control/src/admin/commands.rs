@@ -23,7 +23,13 @@ pub struct AdminArgs {
     #[arg(long, value_name = "PATH", default_value = super::DEFAULT_SOCKET, global = true)]
     pub admin: PathBuf,
     /// Output: `table` (conntrack -L's shape) or `json` (one object per line).
-    #[arg(short = 'o', long = "output", value_enum, default_value = "table", global = true)]
+    #[arg(
+        short = 'o',
+        long = "output",
+        value_enum,
+        default_value = "table",
+        global = true
+    )]
     pub output: OutputFormat,
 }
 
@@ -109,7 +115,8 @@ pub fn parse_net(flag: &str, s: &str) -> Result<IpNet, String> {
 
 impl CtFilterArgs {
     pub fn to_filter(&self) -> Result<CtFilter, String> {
-        let net = |flag: &str, v: &Option<String>| v.as_deref().map(|s| parse_net(flag, s)).transpose();
+        let net =
+            |flag: &str, v: &Option<String>| v.as_deref().map(|s| parse_net(flag, s)).transpose();
         Ok(CtFilter {
             proto: self.proto.as_deref().map(parse_proto).transpose()?,
             orig_src: net("--orig-src", &self.orig_src)?,
@@ -185,7 +192,9 @@ pub fn conntrack(cmd: &ConntrackCommand, a: &AdminArgs) -> Result<(), CmdError> 
         ConntrackCommand::List(f) | ConntrackCommand::Get(f) => {
             let filter = f.to_filter().map_err(bad)?;
             if matches!(cmd, ConntrackCommand::Get(_)) {
-                let ports = filter.proto.is_some_and(kxdp_dataplane::conntrack::has_ports);
+                let ports = filter
+                    .proto
+                    .is_some_and(kxdp_dataplane::conntrack::has_ports);
                 if filter.proto.is_none()
                     || filter.orig_src.is_none()
                     || filter.orig_dst.is_none()
@@ -209,8 +218,8 @@ pub fn conntrack(cmd: &ConntrackCommand, a: &AdminArgs) -> Result<(), CmdError> 
         }
         ConntrackCommand::Count(f) => {
             let filter = f.to_filter().map_err(bad)?;
-            let end = request(&a.admin, &Request::ConntrackCount { filter }, |_| Ok(()))
-                .map_err(fail)?;
+            let end =
+                request(&a.admin, &Request::ConntrackCount { filter }, |_| Ok(())).map_err(fail)?;
             let n = end.get("count").and_then(|c| c.as_u64()).unwrap_or(0);
             match fmt {
                 OutputFormat::Json => println!("{}", serde_json::json!({ "count": n })),
@@ -310,7 +319,11 @@ pub fn services(a: &AdminArgs) -> Result<(), CmdError> {
         let fe = format!("{}/{}", r.frontend, proto);
         let id = r.id % 100_000;
         if r.backends.is_empty() {
-            return writeln!(w, "{id:<5} {fe:<28} {:<12} {:<30} (none)", r.kind, r.service);
+            return writeln!(
+                w,
+                "{id:<5} {fe:<28} {:<12} {:<30} (none)",
+                r.kind, r.service
+            );
         }
         for (i, b) in r.backends.iter().enumerate() {
             let local = if b.local { " local" } else { "" };
@@ -380,7 +393,11 @@ pub fn stats(args: &StatsArgs, a: &AdminArgs) -> Result<(), CmdError> {
                     r.batches,
                     mpps,
                     busy * 100.0,
-                    if drops.is_empty() { "none".into() } else { drops.join(" ") }
+                    if drops.is_empty() {
+                        "none".into()
+                    } else {
+                        drops.join(" ")
+                    }
                 );
             }
         }
@@ -462,7 +479,9 @@ pub fn monitor(args: &MonitorArgs, a: &AdminArgs) -> Result<(), CmdError> {
                     .unwrap_or_default(),
                 e.src.unwrap_or_default(),
                 e.dst.unwrap_or_default(),
-                e.service.map(|s| format!(" service={s}")).unwrap_or_default()
+                e.service
+                    .map(|s| format!(" service={s}"))
+                    .unwrap_or_default()
             )?;
         }
         w.flush()?;

@@ -143,13 +143,8 @@ pub fn start(
         rt.spawn(serve_http(l, Arc::new(move |p: &str| h.answer(p))));
     }
     threads.push(
-        crate::health::spawn_service_health(
-            rt.clone(),
-            hc_ip,
-            handle.status_cell(),
-            stop.clone(),
-        )
-        .map_err(|e| (crate::cli::EXIT_FAILURE, e.to_string()))?,
+        crate::health::spawn_service_health(rt.clone(), hc_ip, handle.status_cell(), stop.clone())
+            .map_err(|e| (crate::cli::EXIT_FAILURE, e.to_string()))?,
     );
 
     let admin = if opts.no_admin {

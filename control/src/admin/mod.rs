@@ -67,7 +67,9 @@ impl Drop for AdminServer {
 
 fn own_uid() -> u32 {
     use std::os::unix::fs::MetadataExt;
-    std::fs::metadata("/proc/self").map(|m| m.uid()).unwrap_or(0)
+    std::fs::metadata("/proc/self")
+        .map(|m| m.uid())
+        .unwrap_or(0)
 }
 
 /// Binds `path` (mode 0600; its directory is created with mode 0700 when missing) and serves it on
@@ -400,7 +402,11 @@ fn monitor(
     }
     let mut mon = ctx.dataplane.stats.monitor();
     // Say we are attached (clients and tests wait for this before generating traffic).
-    line(w, &serde_json::json!({"monitoring": ctx.dataplane.stats.workers()})).map_err(io_err)?;
+    line(
+        w,
+        &serde_json::json!({"monitoring": ctx.dataplane.stats.workers()}),
+    )
+    .map_err(io_err)?;
     w.flush().map_err(io_err)?;
     let mut events = Vec::new();
     let mut window_start = std::time::Instant::now();

@@ -1070,3 +1070,18 @@ pub fn run_replay(dir: &Path, packets: &[Vec<u8>]) -> (Vec<Value>, Vec<Vec<u8>>)
     let cap = kxdp_packet::pcap::read_file(&dir.join("out.pcap")).expect("output pcap");
     (verdicts, cap.packets.into_iter().map(|p| p.data).collect())
 }
+
+// ---- state updates ------------------------------------------------------------------------------
+
+impl Env {
+    /// Writes a complete cluster state for `kxdp replay --state-update SECONDS:PATH`: this Env's
+    /// nodes and namespaces plus `objects` (which replace every other object), as one
+    /// multi-document YAML file `name` in the tempdir. Returns its path.
+    pub fn write_state_update(&self, name: &str, objects: &[Value]) -> PathBuf {
+        let mut all = self.infra.clone();
+        all.extend_from_slice(objects);
+        let p = self.path(name);
+        std::fs::write(&p, yaml_docs(&all)).unwrap();
+        p
+    }
+}

@@ -1,0 +1,228 @@
+//! deploy/: every manifest parses into its k8s-openapi type (and round-trips: no misspelt or
+//! unknown field survives), the ClusterRole grants exactly list+watch on each resource the
+//! control plane watches (control/src/sources/kube.rs), the ConfigMap holds a valid
+//! DataplaneConfiguration, and the DaemonSet is wired as docs/operations.md says.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::serde::de::DeserializeOwned;
+use k8s_openapi::serde::Serialize;
+use serde_json::Value;
+
+#[derive(Default)]
+struct Objects {
+    namespaces: Vec<Namespace>,
+    service_accounts: Vec<ServiceAccount>,
+    cluster_roles: Vec<ClusterRole>,
+    bindings: Vec<ClusterRoleBinding>,
+    config_maps: Vec<ConfigMap>,
+    daemon_sets: Vec<DaemonSet>,
+}
+
+/// Drops nulls and empty objects (what a typed round trip cannot tell from absent).
+fn normalize(v: &Value) -> Value {
+    match v {
+        Value::Object(m) => Value::Object(
+            m.iter()
+                .filter(|(_, v)| !v.is_null())
+                .map(|(k, v)| (k.clone(), normalize(v)))
+                .collect(),
+        ),
+        Value::Array(a) => Value::Array(a.iter().map(normalize).collect()),
+        v => v.clone(),
+    }
+}
+
+fn typed<T: DeserializeOwned + Serialize>(file: &str, doc: &Value) -> T {
+    let t: T = serde_json::from_value(doc.clone())
+        .unwrap_or_else(|e| panic!("{file}: {}: {e}", doc["kind"]));
+    let back = serde_json::to_value(&t).unwrap();
+    assert_eq!(
+        normalize(&back),
+        normalize(doc),
+        "{file}: {} does not round-trip (unknown or misspelt field?)",
+        doc["kind"]
+    );
+    t
+}
+
+fn load() -> Objects {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| matches!(p.extension().and_then(|e| e.to_str()), Some("yaml" | "yml")))
+        .collect();
+    files.sort();
+    assert!(!files.is_empty());
+    let mut o = Objects::default();
+    for path in files {
+        let text = std::fs::read_to_string(&path).unwrap();
+        let file = path.file_name().unwrap().to_str().unwrap().to_string();
+        for de in yaml_serde::Deserializer::from_str(&text) {
+            let doc: Value = k8s_openapi::serde::Deserialize::deserialize(de)
+                .unwrap_or_else(|e| panic!("{file}: invalid YAML: {e}"));
+            if doc.is_null() {
+                continue;
+            }
+            match (doc["apiVersion"].as_str(), doc["kind"].as_str()) {
+                (Some("v1"), Some("Namespace")) => o.namespaces.push(typed(&file, &doc)),
+                (Some("v1"), Some("ServiceAccount")) => o.service_accounts.push(typed(&file, &doc)),
+                (Some("v1"), Some("ConfigMap")) => o.config_maps.push(typed(&file, &doc)),
+                (Some("rbac.authorization.k8s.io/v1"), Some("ClusterRole")) => {
+                    o.cluster_roles.push(typed(&file, &doc))
+                }
+                (Some("rbac.authorization.k8s.io/v1"), Some("ClusterRoleBinding")) => {
+                    o.bindings.push(typed(&file, &doc))
+                }
+                (Some("apps/v1"), Some("DaemonSet")) => o.daemon_sets.push(typed(&file, &doc)),
+                other => panic!("{file}: unexpected object {other:?}"),
+            }
+        }
+    }
+    o
+}
+
+#[test]
+fn cluster_role_grants_exactly_what_the_control_plane_watches() {
+    let o = load();
+    assert_eq!(o.cluster_roles.len(), 1);
+    let role = &o.cluster_roles[0];
+    // (group, resource) → verbs granted.
+    let mut granted: BTreeMap<(String, String), BTreeSet<String>> = BTreeMap::new();
+    for rule in role.rules.as_deref().unwrap_or_default() {
+        assert!(rule.resource_names.is_none() && rule.non_resource_urls.is_none());
+        for g in rule.api_groups.as_deref().unwrap_or_default() {
+            for r in rule.resources.as_deref().unwrap_or_default() {
+                granted
+                    .entry((g.clone(), r.clone()))
+                    .or_default()
+                    .extend(rule.verbs.iter().cloned());
+            }
+        }
+    }
+    let watched: BTreeSet<(String, String)> = kxdp_control::sources::kube::specs("node-a")
+        .iter()
+        .map(|s| (s.resource.group.clone(), s.resource.plural.clone()))
+        .collect();
+    assert_eq!(watched.len(), 7, "{watched:?}");
+    let list_watch: BTreeSet<String> = ["list".to_string(), "watch".to_string()].into();
+    for w in &watched {
+        assert_eq!(
+            granted.get(w),
+            Some(&list_watch),
+            "{w:?}: the control plane lists and watches it"
+        );
+    }
+    let extra: Vec<_> = granted.keys().filter(|k| !watched.contains(*k)).collect();
+    assert!(extra.is_empty(), "granted but never watched: {extra:?}");
+
+    // Bound to the DaemonSet's ServiceAccount.
+    let sa = &o.service_accounts[0];
+    let b = &o.bindings[0];
+    assert_eq!(b.role_ref.kind, "ClusterRole");
+    assert_eq!(Some(&b.role_ref.name), role.metadata.name.as_ref());
+    let subj = &b.subjects.as_ref().unwrap()[0];
+    assert_eq!(subj.kind, "ServiceAccount");
+    assert_eq!(Some(&subj.name), sa.metadata.name.as_ref());
+    assert_eq!(subj.namespace, sa.metadata.namespace);
+}
+
+#[test]
+fn daemon_set_and_config() {
+    let o = load();
+    let ds = &o.daemon_sets[0];
+    let pod = ds.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+    assert_eq!(pod.host_network, Some(true));
+    assert_eq!(
+        pod.service_account_name,
+        o.service_accounts[0].metadata.name
+    );
+    assert_eq!(
+        ds.metadata.namespace,
+        o.service_accounts[0].metadata.namespace
+    );
+    // Tolerates every taint.
+    let tol = pod.tolerations.as_ref().unwrap();
+    assert!(tol
+        .iter()
+        .any(|t| t.operator.as_deref() == Some("Exists") && t.key.is_none() && t.effect.is_none()));
+    let c = &pod.containers[0];
+    let sc = c.security_context.as_ref().unwrap();
+    assert_ne!(sc.privileged, Some(true));
+    let caps = sc.capabilities.as_ref().unwrap();
+    assert_eq!(caps.drop.as_deref(), Some(&["ALL".to_string()][..]));
+    let add: BTreeSet<&str> = caps
+        .add
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_str())
+        .collect();
+    assert_eq!(add, ["BPF", "IPC_LOCK", "NET_ADMIN", "NET_RAW"].into());
+    // Probes on kube-proxy's health port.
+    let live = c
+        .liveness_probe
+        .as_ref()
+        .unwrap()
+        .http_get
+        .as_ref()
+        .unwrap();
+    assert_eq!(live.path.as_deref(), Some("/livez"));
+    let ready = c
+        .readiness_probe
+        .as_ref()
+        .unwrap()
+        .http_get
+        .as_ref()
+        .unwrap();
+    assert_eq!(ready.path.as_deref(), Some("/healthz"));
+    // The config comes from the ConfigMap.
+    let cm = &o.config_maps[0];
+    let vol = pod
+        .volumes
+        .as_ref()
+        .unwrap()
+        .iter()
+        .find(|v| v.config_map.is_some())
+        .unwrap();
+    assert_eq!(
+        Some(&vol.config_map.as_ref().unwrap().name),
+        cm.metadata.name.as_ref()
+    );
+    let text = cm.data.as_ref().unwrap()["config.yaml"].replace("${NODE_NAME}", "node-a");
+    let config = kxdp_control::Config::from_yaml_str(&text, Path::new("configmap.yaml"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(config.node_name, "node-a");
+    assert!(!config.interfaces.is_empty());
+    assert_eq!(
+        config.healthz_bind_address,
+        Some("0.0.0.0:10256".parse().unwrap())
+    );
+    assert_eq!(
+        live.port,
+        k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(10256)
+    );
+    // The command renders the node name and runs the daemon on that config.
+    let cmd = c.command.as_ref().unwrap().join(" ");
+    assert!(
+        cmd.contains("${NODE_NAME}") && cmd.contains("kxdp run --config"),
+        "{cmd}"
+    );
+    assert!(c.env.as_ref().unwrap().iter().any(|e| e.name == "NODE_NAME"
+        && e.value_from
+            .as_ref()
+            .and_then(|v| v.field_ref.as_ref())
+            .map(|f| f.field_path.as_str())
+            == Some("spec.nodeName")));
+    // The Dockerfile is multi-stage and ships the binary the command runs.
+    let docker =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/Dockerfile"))
+            .unwrap();
+    assert!(docker.matches("\nFROM ").count() + usize::from(docker.starts_with("FROM ")) >= 2);
+    assert!(docker.contains("COPY --from=build") && docker.contains("/usr/local/bin/kxdp"));
+}

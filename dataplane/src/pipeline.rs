@@ -25,7 +25,7 @@ use kxdp_packet::{
 
 use crate::conntrack::{
     has_ports, tcp, tcp_state_of, Conntrack, CreateError, FirstPacket, Found, InsertError, Packed,
-    PacketError, Tuple, DIR_ORIG, FLAG_MASQ,
+    PacketError, Tuple, DIR_ORIG, DIR_REPLY, FLAG_MASQ,
 };
 use crate::fragments::{FragDecision, FragmentTable};
 use crate::policy::Decision;
@@ -304,6 +304,13 @@ impl Pipeline {
             let hash = ct.hash(&Tuple::from_meta(meta).pack());
             return self.new_flow(buf, len, meta, hash, v, snap, ct, now_ms);
         }
+        // After a RST nothing but a new SYN (above) or another RST belongs to the connection.
+        if meta.proto == 6
+            && tcp_state_of(found.state) == tcp::TcpState::Close
+            && meta.tcp_flags & tcp::RST == 0
+        {
+            return v.set(Reason::CtInvalid);
+        }
         let Ok(packet) = first_packet(buf, meta) else {
             return v.set(Reason::CtInvalid);
         };
@@ -316,6 +323,9 @@ impl Pipeline {
                 return self.new_flow(buf, len, meta, hash, v, snap, ct, now_ms);
             }
         };
+        if found.dir == DIR_REPLY {
+            v.client = found.other.src;
+        }
         // The packet leaves as the other direction's tuple, reversed.
         let to = found.other.reversed();
         let translated = to.src != meta.src
@@ -365,7 +375,7 @@ impl Pipeline {
         let Some(fe) = fe else {
             return self.not_a_frontend(buf, len, meta, hash, v, snap, ct, now_ms);
         };
-        let svc = &snap.service_ports[fe.service_port as usize];
+        let svc = &*fe.service_port;
         v.service_id = svc.id;
         if let Some(ranges) = &fe.source_ranges {
             if !ranges.contains(&meta.src, family) {
@@ -390,7 +400,7 @@ impl Pipeline {
         let Ok(first) = first_packet(buf, meta) else {
             return v.set(Reason::CtInvalid);
         };
-        let eps = snap.endpoints_of(route.endpoints);
+        let eps = fe.endpoints_of(route.endpoints);
 
         // Endpoint: the client's affinity record if it still names an eligible endpoint, else a
         // uniformly random one.
@@ -522,6 +532,8 @@ impl Pipeline {
         };
         rewrite_icmp_error(buf, meta, q, &rw);
         fill_out(v, meta);
+        // The quoted packet reversed matched the connection in `found.dir`.
+        v.client = if found.dir == DIR_ORIG { q.dst } else { found.other.src };
         v.masq = found.state & FLAG_MASQ != 0;
         v.service_id = found.service_id;
         v.set(Reason::IcmpRelated);
@@ -762,6 +774,7 @@ fn fill_orig(v: &mut Verdict, m: &PacketMeta) {
     v.orig_sport = m.sport;
     v.orig_dst = m.dst;
     v.orig_dport = m.dport;
+    v.client = m.src;
 }
 
 #[inline]

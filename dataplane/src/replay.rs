@@ -20,7 +20,7 @@ use kxdp_packet::Addr;
 use crate::conntrack::{Conntrack, CtConfig};
 use crate::pipeline::{Counters, Pipeline, SlotFrames};
 use crate::snapshot::Snapshot;
-use crate::verdict::{Action, Reason, Verdict};
+use crate::verdict::{Action, Verdict};
 
 /// Frames per batch: what one AF_XDP RX burst typically delivers.
 pub const BATCH: usize = 64;
@@ -384,12 +384,10 @@ fn steer_by_client(
         slot_size,
         |_, idx, verdicts, _| {
             for (i, v) in idx.iter().zip(verdicts) {
-                let client = if !v.has_addrs {
-                    Addr::UNSPECIFIED
-                } else if v.reason == Reason::ReplyUnnat {
-                    v.dst
+                let client = if v.has_addrs {
+                    v.client
                 } else {
-                    v.orig_src
+                    Addr::UNSPECIFIED
                 };
                 let h = crate::conntrack::hash_packed(
                     &[

@@ -231,6 +231,7 @@ fn decode(w: &[u64; WORDS]) -> (Verdict, u64) {
         },
         proto: (meta >> 16) as u8,
         orig_src: addr(w[0], w[1]),
+        client: addr(w[0], w[1]),
         orig_sport: w[8] as u16,
         orig_dst: addr(w[2], w[3]),
         orig_dport: (w[8] >> 16) as u16,
@@ -240,6 +241,8 @@ fn decode(w: &[u64; WORDS]) -> (Verdict, u64) {
         dport: (w[8] >> 48) as u16,
         masq: meta >> 25 & 1 == 1,
         service_id: (meta >> 32) as u32,
+        // Fields the monitor does not show are not carried.
+        ..Verdict::default()
     };
     (v, w[10])
 }

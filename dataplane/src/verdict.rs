@@ -130,6 +130,9 @@ pub struct Verdict {
     pub masq: bool,
     /// Stable id of the Service port involved (`ServicePortInfo::id`); 0 when none.
     pub service_id: u32,
+    /// The original source of the connection the packet belongs to (its client): the packet's
+    /// own source unless it is a reply or an ICMP error travelling toward the client.
+    pub client: Addr,
 }
 
 impl Verdict {

@@ -114,8 +114,11 @@ fn json_lines(s: &str) -> Vec<Value> {
         .collect()
 }
 
-/// GET `path` from `addr`: (status, headers (lowercase names), body).
-fn http_get(addr: &str, path: &str) -> std::io::Result<(u16, Vec<(String, String)>, String)> {
+/// (status, headers (lowercase names), body).
+type HttpResponse = (u16, Vec<(String, String)>, String);
+
+/// GET `path` from `addr`.
+fn http_get(addr: &str, path: &str) -> std::io::Result<HttpResponse> {
     let mut s = TcpStream::connect(addr)?;
     s.set_read_timeout(Some(Duration::from_secs(5)))?;
     write!(

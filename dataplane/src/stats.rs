@@ -209,6 +209,8 @@ fn encode(v: &Verdict, at_ms: u64) -> [u64; WORDS] {
     [s0, s1, d0, d1, t0, t1, u0, u1, ports, meta, at_ms]
 }
 
+// `..Verdict::default()` keeps this compiling when Verdict grows fields the monitor ignores.
+#[allow(clippy::needless_update)]
 fn decode(w: &[u64; WORDS]) -> (Verdict, u64) {
     let addr = |h: u64, l: u64| Addr((((h as u128) << 64) | l as u128).to_be_bytes());
     let meta = w[9];
@@ -361,8 +363,10 @@ mod tests {
     #[test]
     fn counters_and_events() {
         let s = DataplaneStats::new(2);
-        let mut c = Counters::default();
-        c.packets = 5;
+        let mut c = Counters {
+            packets: 5,
+            ..Counters::default()
+        };
         c.reasons[Reason::Established as usize] = 3;
         let mut v = Verdict::default();
         v.set(Reason::NoEndpoints);

@@ -94,16 +94,15 @@ fn snapshot() -> Snapshot {
     s.cluster_cidrs.insert("10.0.0.0".parse().unwrap(), 8);
     s.service_cidrs.insert("172.16.0.0".parse().unwrap(), 12);
     for i in 0..SERVICES {
-        let start = s.endpoints.len() as u32;
-        for j in 0..ENDPOINTS_PER_SERVICE {
-            s.endpoints.push(Endpoint {
+        let pool: Arc<[Endpoint]> = (0..ENDPOINTS_PER_SERVICE)
+            .map(|j| Endpoint {
                 addr: v4(0x0a80_0001 + i * ENDPOINTS_PER_SERVICE + j),
                 port: 8080,
                 local: j % 4 == 0,
-            });
-        }
+            })
+            .collect();
         let endpoints = EndpointRange {
-            start,
+            start: 0,
             len: ENDPOINTS_PER_SERVICE,
         };
         let route = |masquerade| Route {
@@ -111,25 +110,24 @@ fn snapshot() -> Snapshot {
             masquerade,
             when_empty: EmptyAction::Reject,
         };
-        s.service_ports.push(ServicePortInfo {
-            name: Arc::from(format!("bench/svc-{i}:http")),
-            id: 0x5000_0000 + i,
-            proto: proto::TCP,
-            affinity_timeout_s: 0,
-        });
-        s.frontend_table.push(Frontend {
-            service_port: i,
-            kind: FrontendKind::ClusterIp,
-            routes: [route(false), route(true), route(true)],
-            source_ranges: None,
-        });
-        s.frontends.insert(
+        s.insert_frontend(
             FrontendKey {
                 addr: cluster_ip(i),
                 port: 80,
                 proto: proto::TCP,
             },
-            i,
+            Frontend {
+                service_port: Arc::new(ServicePortInfo {
+                    name: Arc::from(format!("bench/svc-{i}:http")),
+                    id: 0x5000_0000 + i,
+                    proto: proto::TCP,
+                    affinity_timeout_s: 0,
+                }),
+                kind: FrontendKind::ClusterIp,
+                routes: [route(false), route(true), route(true)],
+                endpoints: pool,
+                source_ranges: None,
+            },
         );
         s.cluster_ips.insert(cluster_ip(i));
     }

@@ -41,7 +41,7 @@ fn endpoints(snap: &Snapshot, ip: &str, port: u16) -> Option<Vec<String>> {
         port,
         proto: proto::TCP,
     })?;
-    let mut v: Vec<String> = snap
+    let mut v: Vec<String> = fe
         .endpoints_of(fe.routes[0].endpoints)
         .iter()
         .map(|e| format!("{}:{}", e.addr.to_ip(kxdp_packet::Family::V4), e.port))

@@ -70,7 +70,7 @@ fn key(ip: &str, port: u16) -> FrontendKey {
 pub fn endpoints(snap: &Snapshot, ip: &str, port: u16) -> Option<Vec<String>> {
     let fe = snap.frontend(&key(ip, port))?;
     let r = &fe.routes[0];
-    let mut v: Vec<String> = snap
+    let mut v: Vec<String> = fe
         .endpoints_of(r.endpoints)
         .iter()
         .map(|e| format!("{}:{}", e.addr.to_ip(kxdp_packet::Family::V4), e.port))

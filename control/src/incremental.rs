@@ -1,69 +1,296 @@
-//! Table builds for the control loop: a full build from the whole state, or an update that
-//! retranslates only the Services a change touched.
+//! Table builds for the control loop and for `translate`: a full build from the whole state, or
+//! an update that retranslates only the Services a change touched and patches the shared tables.
+//!
+//! The `Snapshot`'s tables are sharded copy-on-write maps (`ShardedMap`): the builder keeps the
+//! last snapshot it built, and an update writes into a clone of it, which copies only the shards
+//! it touches (the published snapshot keeps the old ones). Each Service's translation
+//! (`translate::translate_service`, a pure function) is kept, so that removing a Service removes
+//! exactly what it added.
+//!
+//! Two Services may claim one frontend key (an externalIP that is another's ClusterIP, a NodePort
+//! on an address that is also an externalIP). The winner is decided as the full translation
+//! decides it: IP frontends before NodePorts, then the first Service in namespace/name order.
+//! Every claim is remembered, so when the winner goes the next claimant takes over, whatever the
+//! order of updates; the losers are reported as problems.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 
-use kxdp_dataplane::snapshot::{EmptyAction, FrontendKind, Snapshot, SourceClass};
+use kxdp_dataplane::snapshot::{FrontendKey, Snapshot};
 
 use crate::config::Config;
 use crate::model::{ClusterState, ObjectKey};
-use crate::translate::{translate, Problem};
+use crate::translate::{globals, translate_service, Globals, Problem, ServiceOutput};
+
+/// Who claims a frontend key: (is a NodePort, Service id).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Claim {
+    node_port: bool,
+    sid: u32,
+}
 
 /// Builds snapshots for one config, remembering what it needs for the next update.
 pub struct Builder {
     config: Config,
-    problems: Vec<Problem>,
+    globals: Globals,
+    policy_problems: Vec<Problem>,
+    /// Each Service's translation and id.
+    outputs: HashMap<ObjectKey, (u32, ServiceOutput)>,
+    /// Service ids: index → key (None when free).
+    keys: Vec<Option<ObjectKey>>,
+    free: Vec<u32>,
+    /// The claim that holds each frontend key.
+    owner: HashMap<FrontendKey, Claim>,
+    /// Further claims of contested keys.
+    contested: HashMap<FrontendKey, Vec<Claim>>,
+    /// Problems of Services that have any.
+    service_problems: BTreeMap<ObjectKey, Vec<Problem>>,
     no_local: (i64, i64),
+    snap: Snapshot,
 }
 
 impl Builder {
     pub fn new(config: Config) -> Builder {
         Builder {
             config,
-            problems: Vec::new(),
+            globals: Globals::default(),
+            policy_problems: Vec::new(),
+            outputs: HashMap::new(),
+            keys: Vec::new(),
+            free: Vec::new(),
+            owner: HashMap::new(),
+            contested: HashMap::new(),
+            service_problems: BTreeMap::new(),
             no_local: (0, 0),
+            snap: Snapshot::empty(),
         }
     }
 
-    /// Everything from the state.
+    /// Everything from the state (nothing shared with earlier snapshots).
     pub fn full(&mut self, state: &ClusterState) -> Snapshot {
-        let t = translate(&self.config, state);
-        self.problems = t.problems;
-        self.no_local = no_local_endpoints(&t.snapshot);
-        t.snapshot
+        let config = self.config.clone();
+        *self = Builder::new(config);
+        self.globals = globals(&self.config, state);
+        self.snap.node = self.globals.node.clone();
+        self.snap.cluster_cidrs = self.globals.cluster_cidrs.clone();
+        self.snap.service_cidrs = self.globals.service_cidrs.clone();
+        self.policy(state);
+        self.outputs.reserve(state.services.len());
+        self.owner.reserve(state.services.len());
+        for (key, svc) in &state.services {
+            let out = translate_service(&self.config, &self.globals, key, svc, state);
+            self.add(key, out);
+        }
+        self.snap.clone()
     }
 
-    /// The previous tables with the Services in `services` retranslated.
-    pub fn update(&mut self, state: &ClusterState, _services: &BTreeSet<ObjectKey>) -> Snapshot {
-        self.full(state)
+    /// The previous tables with the Services in `services` retranslated from `state` (those no
+    /// longer in it removed). Changes to this node, ServiceCIDRs or the config need `full`.
+    pub fn update(&mut self, state: &ClusterState, services: &BTreeSet<ObjectKey>) -> Snapshot {
+        for key in services {
+            self.remove(key);
+        }
+        for key in services {
+            if let Some(svc) = state.services.get(key) {
+                let out = translate_service(&self.config, &self.globals, key, svc, state);
+                self.add(key, out);
+            }
+        }
+        self.snap.clone()
     }
 
-    /// The problems of the last build.
+    /// Recompiles the NetworkPolicy tables only (Pods, Namespaces or NetworkPolicies changed).
+    /// Call before `update`, which returns the tables.
+    pub fn update_policy(&mut self, state: &ClusterState) {
+        self.policy(state);
+    }
+
+    fn policy(&mut self, state: &ClusterState) {
+        // NetworkPolicy: this node's pods, compiled (control/src/policy, docs/policy.md).
+        let (tables, problems) =
+            crate::policy::compile(&self.config.node_name, &self.snap.node.addrs, state);
+        self.snap.policy = Arc::new(tables);
+        self.policy_problems = problems;
+    }
+
+    /// The problems of the tables last built: this node and ranges, then Services in
+    /// namespace/name order, then frontend clashes, then policy.
     pub fn problems(&self) -> Vec<Problem> {
-        self.problems.clone()
+        let mut out = self.globals.problems.clone();
+        for p in self.service_problems.values() {
+            out.extend(p.iter().cloned());
+        }
+        let mut clashes: Vec<(ObjectKey, Problem)> = Vec::new();
+        for (k, claims) in &self.contested {
+            let Some(owner) = self.snap.frontends.get(k) else {
+                continue;
+            };
+            for c in claims {
+                let Some(key) = self.key(c.sid) else { continue };
+                let kind = self
+                    .outputs
+                    .get(key)
+                    .and_then(|(_, o)| o.frontends.iter().find(|(x, _, _)| x == k))
+                    .map(|(_, fe, _)| fe.kind.as_str())
+                    .unwrap_or("frontend");
+                clashes.push((
+                    key.clone(),
+                    Problem {
+                        object: format!("Service {key}"),
+                        message: format!(
+                            "{kind} {}:{} (proto {}) is already {}'s; ignored",
+                            k.addr, k.port, k.proto, owner.service_port.name
+                        ),
+                    },
+                ));
+            }
+        }
+        clashes.sort_by(|a, b| (&a.0, &a.1.message).cmp(&(&b.0, &b.1.message)));
+        out.extend(clashes.into_iter().map(|(_, p)| p));
+        out.extend(self.policy_problems.iter().cloned());
+        out
     }
 
     /// Service ports with a Local policy, endpoints, and none of them local: (internal, external).
     pub fn no_local_endpoints(&self) -> (i64, i64) {
         self.no_local
     }
-}
 
-fn no_local_endpoints(s: &Snapshot) -> (i64, i64) {
-    let mut internal = BTreeSet::new();
-    let mut external = BTreeSet::new();
-    for fe in &s.frontend_table {
-        let dropped = |c: SourceClass| {
-            let r = &fe.routes[c as usize];
-            r.endpoints.is_empty() && r.when_empty == EmptyAction::Drop
-        };
-        if fe.kind == FrontendKind::ClusterIp {
-            if dropped(SourceClass::Pod) {
-                internal.insert(fe.service_port);
+    fn key(&self, sid: u32) -> Option<&ObjectKey> {
+        self.keys.get(sid as usize).and_then(Option::as_ref)
+    }
+
+    /// Whether claim `a` wins over claim `b`.
+    fn wins(&self, a: Claim, b: Claim) -> bool {
+        (a.node_port, self.key(a.sid)) < (b.node_port, self.key(b.sid))
+    }
+
+    fn add(&mut self, key: &ObjectKey, out: ServiceOutput) {
+        let sid = match self.free.pop() {
+            Some(i) => {
+                self.keys[i as usize] = Some(key.clone());
+                i
             }
-        } else if dropped(SourceClass::External) {
-            external.insert(fe.service_port);
+            None => {
+                self.keys.push(Some(key.clone()));
+                (self.keys.len() - 1) as u32
+            }
+        };
+        for (k, fe, np) in &out.frontends {
+            let c = Claim {
+                node_port: *np,
+                sid,
+            };
+            match self.owner.get(k).copied() {
+                None => {
+                    self.owner.insert(*k, c);
+                    self.snap.frontends.insert(*k, fe.clone());
+                }
+                Some(o) if self.wins(c, o) => {
+                    self.contested.entry(*k).or_default().push(o);
+                    self.owner.insert(*k, c);
+                    self.snap.frontends.insert(*k, fe.clone());
+                }
+                Some(_) => self.contested.entry(*k).or_default().push(c),
+            }
+        }
+        for a in &out.cluster_ips {
+            self.snap.cluster_ips.insert(*a);
+        }
+        let mut problems = out.problems.clone();
+        for sp in &out.ports {
+            match self.snap.service_ports.get(&sp.id) {
+                None => {
+                    self.snap.service_ports.insert(sp.id, sp.clone());
+                }
+                Some(other) if other.name != sp.name => problems.push(Problem {
+                    object: format!("Service {key}"),
+                    message: format!(
+                        "port `{}` has the same id {:#010x} as `{}`: conntrack listings may name the wrong one",
+                        sp.name, sp.id, other.name
+                    ),
+                }),
+                Some(_) => {}
+            }
+        }
+        self.no_local.0 += out.no_local.0;
+        self.no_local.1 += out.no_local.1;
+        if !problems.is_empty() {
+            self.service_problems.insert(key.clone(), problems);
+        }
+        self.outputs.insert(key.clone(), (sid, out));
+    }
+
+    fn remove(&mut self, key: &ObjectKey) {
+        let Some((sid, out)) = self.outputs.remove(key) else {
+            return;
+        };
+        for (k, _, np) in &out.frontends {
+            let c = Claim {
+                node_port: *np,
+                sid,
+            };
+            if self.owner.get(k) == Some(&c) {
+                self.promote(k);
+            } else if let Some(list) = self.contested.get_mut(k) {
+                list.retain(|x| *x != c);
+                if list.is_empty() {
+                    self.contested.remove(k);
+                }
+            }
+        }
+        for a in &out.cluster_ips {
+            self.snap.cluster_ips.remove(a);
+        }
+        for sp in &out.ports {
+            if self
+                .snap
+                .service_ports
+                .get(&sp.id)
+                .is_some_and(|x| Arc::ptr_eq(x, sp))
+            {
+                self.snap.service_ports.remove(&sp.id);
+            }
+        }
+        self.no_local.0 -= out.no_local.0;
+        self.no_local.1 -= out.no_local.1;
+        self.service_problems.remove(key);
+        self.keys[sid as usize] = None;
+        self.free.push(sid);
+    }
+
+    /// The owner of `k` is going: the best other claimant takes over, or the key goes.
+    fn promote(&mut self, k: &FrontendKey) {
+        let next = self.contested.get(k).and_then(|list| {
+            list.iter()
+                .copied()
+                .reduce(|best, c| if self.wins(c, best) { c } else { best })
+        });
+        let Some(next) = next else {
+            self.owner.remove(k);
+            self.snap.frontends.remove(k);
+            return;
+        };
+        if let Some(list) = self.contested.get_mut(k) {
+            list.retain(|x| *x != next);
+            if list.is_empty() {
+                self.contested.remove(k);
+            }
+        }
+        self.owner.insert(*k, next);
+        let fe = self
+            .key(next.sid)
+            .and_then(|key| self.outputs.get(key))
+            .and_then(|(_, o)| o.frontends.iter().find(|(x, _, _)| x == k))
+            .map(|(_, fe, _)| fe.clone());
+        match fe {
+            Some(fe) => {
+                self.snap.frontends.insert(*k, fe);
+            }
+            None => {
+                self.owner.remove(k);
+                self.snap.frontends.remove(k);
+            }
         }
     }
-    (internal.len() as i64, external.len() as i64)
 }

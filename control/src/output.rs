@@ -226,12 +226,15 @@ mod tests {
 
     fn snapshot() -> Snapshot {
         let mut s = Snapshot::empty();
-        s.service_ports.push(ServicePortInfo {
-            name: "ns1/svc1:http".into(),
-            id: 77,
-            proto: proto::TCP,
-            affinity_timeout_s: 0,
-        });
+        s.service_ports.insert(
+            77,
+            std::sync::Arc::new(ServicePortInfo {
+                name: "ns1/svc1:http".into(),
+                id: 77,
+                proto: proto::TCP,
+                affinity_timeout_s: 0,
+            }),
+        );
         s
     }
 

@@ -7,7 +7,6 @@
 //! Nothing here fails as a whole: an object that cannot be translated is skipped and reported as
 //! a `Problem`; everything else is built.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -56,55 +55,93 @@ pub struct Translation {
     pub problems: Vec<Problem>,
 }
 
-/// Builds the dataplane tables for this node from the config and the cluster state.
+/// Builds the dataplane tables for this node from the config and the cluster state: every
+/// Service through `translate_service`, assembled by `incremental::Builder` (the control loop's
+/// partial updates run the same per-Service code).
 pub fn translate(config: &Config, state: &ClusterState) -> Translation {
-    let mut t = Translator {
-        config,
-        snap: Snapshot::empty(),
-        problems: Vec::new(),
-        ranges: HashMap::new(),
-        ids: HashMap::new(),
-        node_ips: Vec::new(),
-        node_ports: Vec::new(),
-    };
-    let zone = t.node_info(state);
-    t.prefix_sets(state);
-    let prefer_same_node = config.feature_enabled("PreferSameTrafficDistribution");
-    let topo = Topology {
-        node_name: &config.node_name,
-        zone: &zone,
-        prefer_same_node,
-    };
-    for (key, svc) in &state.services {
-        t.service(key, svc, state, &topo);
-    }
-    // NodePorts last: kube-proxy looks an (address, port) up among ClusterIPs, externalIPs and
-    // LoadBalancer IPs first and tries its NodePort map only when that misses.
-    for (obj, key, sp, routes) in std::mem::take(&mut t.node_ports) {
-        t.frontend(&obj, key, sp, FrontendKind::NodePort, routes, None);
-    }
-    // NetworkPolicy: this node's pods, compiled (control/src/policy, docs/policy.md).
-    let (tables, problems) = crate::policy::compile(&config.node_name, &t.snap.node.addrs, state);
-    t.snap.policy = Arc::new(tables);
-    t.problems.extend(problems);
+    let mut b = crate::incremental::Builder::new(config.clone());
+    let snapshot = b.full(state);
     Translation {
-        snapshot: t.snap,
+        snapshot,
+        problems: b.problems(),
+    }
+}
+
+/// What every Service's translation shares: this node and the address ranges.
+#[derive(Clone, Debug, Default)]
+pub struct Globals {
+    pub node: NodeInfo,
+    pub cluster_cidrs: PrefixSet,
+    pub service_cidrs: PrefixSet,
+    /// This node's addresses (as `NodeInfo::addrs`, in order).
+    pub node_ips: Vec<IpAddr>,
+    /// This node's `topology.kubernetes.io/zone`.
+    pub zone: String,
+    pub problems: Vec<Problem>,
+}
+
+/// This node and the address ranges, from the config and the state.
+pub fn globals(config: &Config, state: &ClusterState) -> Globals {
+    let mut t = Translator::new(config, &[]);
+    let (zone, node, node_ips) = t.node_info(state);
+    let (cluster_cidrs, service_cidrs) = t.prefix_sets(state);
+    Globals {
+        node,
+        cluster_cidrs,
+        service_cidrs,
+        node_ips,
+        zone,
         problems: t.problems,
     }
 }
 
+/// One Service translated: its frontends (not yet checked against other Services' claims), its
+/// ClusterIPs, its ports and its problems.
+#[derive(Clone, Debug, Default)]
+pub struct ServiceOutput {
+    /// (key, frontend, is a NodePort): NodePorts yield to every IP frontend (kube-proxy looks an
+    /// address and port up among ClusterIPs, externalIPs and LoadBalancer IPs first and tries its
+    /// NodePort map only when that misses); otherwise the first Service in namespace/name order
+    /// keeps a contested key.
+    pub frontends: Vec<(FrontendKey, Frontend, bool)>,
+    pub cluster_ips: Vec<Addr>,
+    pub ports: Vec<Arc<ServicePortInfo>>,
+    pub problems: Vec<Problem>,
+    /// Service ports with a Local policy, endpoints, none local: (internal, external).
+    pub no_local: (i64, i64),
+}
+
+/// Translates one Service (pure: the same inputs give the same output).
+pub fn translate_service(
+    config: &Config,
+    g: &Globals,
+    key: &ObjectKey,
+    svc: &Service,
+    state: &ClusterState,
+) -> ServiceOutput {
+    let mut t = Translator::new(config, &g.node_ips);
+    let topo = Topology {
+        node_name: &config.node_name,
+        zone: &g.zone,
+        prefer_same_node: config.feature_enabled("PreferSameTrafficDistribution"),
+    };
+    t.service(key, svc, state, &topo);
+    t.finish()
+}
+
+/// `service.kubernetes.io/service-proxy-name`: a Service carrying it belongs to another proxy and
+/// kube-proxy ignores it (the API source's label selector leaves it out; files are filtered here
+/// so that both sources agree).
+pub const LABEL_SERVICE_PROXY_NAME: &str = "service.kubernetes.io/service-proxy-name";
+
 struct Translator<'a> {
     config: &'a Config,
-    snap: Snapshot,
     problems: Vec<Problem>,
-    /// Identical endpoint lists share one range of `Snapshot::endpoints`.
-    ranges: HashMap<Vec<Endpoint>, EndpointRange>,
-    /// Service port ids seen, to report hash collisions.
-    ids: HashMap<u32, Arc<str>>,
     /// This node's addresses (as `NodeInfo::addrs`, in order).
-    node_ips: Vec<IpAddr>,
-    /// NodePort frontends, added after every other frontend.
-    node_ports: Vec<(String, FrontendKey, u32, [Route; 3])>,
+    node_ips: &'a [IpAddr],
+    out: ServiceOutput,
+    /// `Service namespace/name` of the Service being translated.
+    label: String,
 }
 
 /// Per-family facts of one Service.
@@ -115,7 +152,61 @@ struct FamilyPart {
     lb_vips: Vec<IpAddr>,
 }
 
-impl Translator<'_> {
+impl<'a> Translator<'a> {
+    fn new(config: &'a Config, node_ips: &'a [IpAddr]) -> Translator<'a> {
+        Translator {
+            config,
+            problems: Vec::new(),
+            node_ips,
+            out: ServiceOutput::default(),
+            label: String::new(),
+        }
+    }
+
+    /// The Service's output: frontends deduplicated (IP frontends first, then the first of
+    /// each key), no-local counts, problems.
+    fn finish(mut self) -> ServiceOutput {
+        let mut fes = std::mem::take(&mut self.out.frontends);
+        fes.sort_by_key(|(_, _, np)| *np);
+        let mut kept: Vec<(FrontendKey, Frontend, bool)> = Vec::with_capacity(fes.len());
+        for (k, fe, np) in fes {
+            if let Some((_, other, _)) = kept.iter().find(|(x, _, _)| *x == k) {
+                let msg = format!(
+                    "{} {}:{} (proto {}) is already {}'s; ignored",
+                    fe.kind.as_str(),
+                    k.addr,
+                    k.port,
+                    k.proto,
+                    other.service_port.name
+                );
+                let obj = self.label.clone();
+                self.problem(obj, msg);
+                continue;
+            }
+            kept.push((k, fe, np));
+        }
+        let mut internal: Vec<u32> = Vec::new();
+        let mut external: Vec<u32> = Vec::new();
+        for (_, fe, _) in &kept {
+            let dropped = |c: SourceClass| {
+                let r = &fe.routes[c as usize];
+                r.endpoints.is_empty() && r.when_empty == EmptyAction::Drop
+            };
+            let id = fe.service_port.id;
+            if fe.kind == FrontendKind::ClusterIp {
+                if dropped(SourceClass::Pod) && !internal.contains(&id) {
+                    internal.push(id);
+                }
+            } else if dropped(SourceClass::External) && !external.contains(&id) {
+                external.push(id);
+            }
+        }
+        self.out.frontends = kept;
+        self.out.no_local = (internal.len() as i64, external.len() as i64);
+        self.out.problems = self.problems;
+        self.out
+    }
+
     fn problem(&mut self, object: impl Into<String>, message: impl Into<String>) {
         self.problems.push(Problem {
             object: object.into(),
@@ -128,7 +219,7 @@ impl Translator<'_> {
     /// Addresses are the config's `nodeIPs` when given, else the Node object's
     /// `status.addresses` of type InternalIP and ExternalIP, in their order. The SNAT address of a
     /// family is the first address of that family (kube-proxy's primary node IP).
-    fn node_info(&mut self, state: &ClusterState) -> String {
+    fn node_info(&mut self, state: &ClusterState) -> (String, NodeInfo, Vec<IpAddr>) {
         let name = self.config.node_name.clone();
         let node: Option<&Node> = state.nodes.get(&name);
         if name.is_empty() {
@@ -170,7 +261,7 @@ impl Translator<'_> {
                 dedup.push(a);
             }
         }
-        self.snap.node = NodeInfo {
+        let info = NodeInfo {
             name,
             snat_v4: dedup
                 .iter()
@@ -182,21 +273,24 @@ impl Translator<'_> {
                 .map(|&a| Addr::from_ip(a)),
             addrs: dedup.iter().map(|&a| Addr::from_ip(a)).collect(),
         };
-        self.node_ips = dedup;
-        node.and_then(|n| n.metadata.labels.as_ref())
+        let zone = node
+            .and_then(|n| n.metadata.labels.as_ref())
             .and_then(|l| l.get(LABEL_TOPOLOGY_ZONE))
             .cloned()
-            .unwrap_or_default()
+            .unwrap_or_default();
+        (zone, info, dedup)
     }
 
     /// `cluster_cidrs` = config `clusterCIDRs`; `service_cidrs` = config `serviceCIDRs` and every
     /// ServiceCIDR object's `spec.cidrs`.
-    fn prefix_sets(&mut self, state: &ClusterState) {
+    fn prefix_sets(&mut self, state: &ClusterState) -> (PrefixSet, PrefixSet) {
+        let mut cluster = PrefixSet::new();
+        let mut services = PrefixSet::new();
         for n in &self.config.cluster_cidrs {
-            self.snap.cluster_cidrs.insert(n.addr(), n.prefix_len());
+            cluster.insert(n.addr(), n.prefix_len());
         }
         for n in &self.config.service_cidrs {
-            self.snap.service_cidrs.insert(n.addr(), n.prefix_len());
+            services.insert(n.addr(), n.prefix_len());
         }
         for (name, sc) in &state.service_cidrs {
             for (i, c) in sc
@@ -206,7 +300,7 @@ impl Translator<'_> {
                 .enumerate()
             {
                 match c.trim().parse::<IpNet>() {
-                    Ok(n) => self.snap.service_cidrs.insert(n.addr(), n.prefix_len()),
+                    Ok(n) => services.insert(n.addr(), n.prefix_len()),
                     Err(_) => self.problem(
                         format!("ServiceCIDR {name}"),
                         format!("spec.cidrs[{i}]: invalid CIDR `{c}`"),
@@ -214,6 +308,7 @@ impl Translator<'_> {
                 }
             }
         }
+        (cluster, services)
     }
 
     /// Whether kube-proxy's local-traffic detector exists for a family: a cluster CIDR of it.
@@ -266,6 +361,15 @@ impl Translator<'_> {
         topo: &Topology<'_>,
     ) {
         let obj = format!("Service {key}");
+        self.label = obj.clone();
+        if svc
+            .metadata
+            .labels
+            .as_ref()
+            .is_some_and(|l| l.contains_key(LABEL_SERVICE_PROXY_NAME))
+        {
+            return;
+        }
         let Some(spec) = svc.spec.as_ref() else {
             self.problem(obj, "no spec");
             return;
@@ -354,7 +458,7 @@ impl Translator<'_> {
         let source_ranges = self.source_ranges(&obj, svc);
 
         for f in &families {
-            self.snap.cluster_ips.insert(Addr::from_ip(f.cluster_ip));
+            self.out.cluster_ips.push(Addr::from_ip(f.cluster_ip));
         }
 
         let node_local_types = matches!(type_, "NodePort" | "LoadBalancer");
@@ -429,7 +533,7 @@ impl Translator<'_> {
                 }
             };
             let port_name = port.name.clone().unwrap_or_default();
-            let sp_index = self.service_port(key, &port_name, &protocol, proto_num, affinity);
+            let sp = self.service_port(key, &port_name, &protocol, proto_num, affinity);
 
             for f in &families {
                 let empty = Vec::new();
@@ -448,7 +552,7 @@ impl Translator<'_> {
                         || !f.lb_vips.is_empty(),
                 };
                 let cat = categorize(eps, policy, topo);
-                let lists = self.lists(eps, &cat);
+                let (pool, lists) = self.lists(eps, &cat);
                 let has_cidr = self.has_cluster_cidr(f.v6);
                 let internal =
                     internal_routes(&cat, policy, lists, self.config.masquerade_all, has_cidr);
@@ -461,9 +565,10 @@ impl Translator<'_> {
                         port: number,
                         proto: proto_num,
                     },
-                    sp_index,
+                    &sp,
                     FrontendKind::ClusterIp,
                     internal,
+                    &pool,
                     None,
                 );
                 if let Some(np) = node_port {
@@ -473,7 +578,7 @@ impl Translator<'_> {
                             port: np,
                             proto: proto_num,
                         };
-                        self.node_ports.push((obj.clone(), key, sp_index, external));
+                        self.node_port(key, &sp, external, &pool);
                     }
                 }
                 for &ip in &f.external_ips {
@@ -484,9 +589,10 @@ impl Translator<'_> {
                             port: number,
                             proto: proto_num,
                         },
-                        sp_index,
+                        &sp,
                         FrontendKind::ExternalIp,
                         external,
+                        &pool,
                         None,
                     );
                 }
@@ -499,9 +605,10 @@ impl Translator<'_> {
                             port: number,
                             proto: proto_num,
                         },
-                        sp_index,
+                        &sp,
                         FrontendKind::LoadBalancer,
                         external,
+                        &pool,
                         firewall.clone(),
                     );
                 }
@@ -509,7 +616,7 @@ impl Translator<'_> {
         }
     }
 
-    /// Appends the `ServicePortInfo` and returns its index.
+    /// The Service port's record (shared by its frontends).
     fn service_port(
         &mut self,
         key: &ObjectKey,
@@ -517,94 +624,111 @@ impl Translator<'_> {
         protocol: &str,
         proto_num: u8,
         affinity: u32,
-    ) -> u32 {
+    ) -> Arc<ServicePortInfo> {
         let name: Arc<str> = if port_name.is_empty() {
             format!("{}/{}", key.namespace, key.name).into()
         } else {
             format!("{}/{}:{port_name}", key.namespace, key.name).into()
         };
         let id = service_port_id(&key.namespace, &key.name, port_name, protocol);
-        if let Some(other) = self.ids.insert(id, name.clone()) {
-            self.problem(
-                format!("Service {key}"),
-                format!("port `{name}` ({protocol}) has the same id {id:#010x} as `{other}`: conntrack listings may name the wrong one"),
-            );
-        }
-        self.snap.service_ports.push(ServicePortInfo {
+        let sp = Arc::new(ServicePortInfo {
             name,
             id,
             proto: proto_num,
             affinity_timeout_s: affinity,
         });
-        (self.snap.service_ports.len() - 1) as u32
+        self.out.ports.push(sp.clone());
+        sp
     }
 
-    /// The cluster and local endpoint lists as ranges of `Snapshot::endpoints`.
-    fn lists(&mut self, eps: &[EndpointInfo], cat: &Categorized) -> Lists {
-        Lists {
-            cluster: self.range(eps, &cat.cluster),
-            local: self.range(eps, &cat.local),
-        }
-    }
-
-    fn range(&mut self, eps: &[EndpointInfo], idx: &[usize]) -> EndpointRange {
-        if idx.is_empty() {
-            return EndpointRange::EMPTY;
-        }
-        let list: Vec<Endpoint> = idx
-            .iter()
-            .map(|&i| Endpoint {
-                addr: Addr::from_ip(eps[i].ip),
-                port: eps[i].port,
-                local: eps[i].local,
-            })
-            .collect();
-        if let Some(r) = self.ranges.get(&list) {
-            return *r;
-        }
-        let r = EndpointRange {
-            start: self.snap.endpoints.len() as u32,
-            len: list.len() as u32,
+    /// The endpoints of one Service port and family, and the cluster and local lists as ranges
+    /// of them (one list when both are the same).
+    fn lists(&mut self, eps: &[EndpointInfo], cat: &Categorized) -> (Arc<[Endpoint]>, Lists) {
+        let list = |idx: &[usize]| -> Vec<Endpoint> {
+            idx.iter()
+                .map(|&i| Endpoint {
+                    addr: Addr::from_ip(eps[i].ip),
+                    port: eps[i].port,
+                    local: eps[i].local,
+                })
+                .collect()
         };
-        self.snap.endpoints.extend_from_slice(&list);
-        self.ranges.insert(list, r);
-        r
+        let cluster = list(&cat.cluster);
+        let local = list(&cat.local);
+        let range = |start: usize, len: usize| {
+            if len == 0 {
+                EndpointRange::EMPTY
+            } else {
+                EndpointRange {
+                    start: start as u32,
+                    len: len as u32,
+                }
+            }
+        };
+        if cluster == local {
+            let l = range(0, cluster.len());
+            return (
+                cluster.into(),
+                Lists {
+                    cluster: l,
+                    local: l,
+                },
+            );
+        }
+        let lists = Lists {
+            cluster: range(0, cluster.len()),
+            local: range(cluster.len(), local.len()),
+        };
+        let mut pool = cluster;
+        pool.extend_from_slice(&local);
+        (pool.into(), lists)
     }
 
-    /// Adds a frontend. Two Services claiming the same address, port and protocol (an externalIP
-    /// that is another's, a NodePort on an address that is also an externalIP): the first in
-    /// namespace/name order keeps it and the later one is reported.
+    /// Adds an IP frontend (ClusterIP, externalIP, LoadBalancer VIP). Clashes with other
+    /// frontends are settled when the Services are assembled.
+    #[allow(clippy::too_many_arguments)]
     fn frontend(
         &mut self,
-        obj: &str,
+        _obj: &str,
         key: FrontendKey,
-        service_port: u32,
+        service_port: &Arc<ServicePortInfo>,
         kind: FrontendKind,
         routes: [Route; 3],
+        endpoints: &Arc<[Endpoint]>,
         source_ranges: Option<Arc<PrefixSet>>,
     ) {
-        if let Some(&i) = self.snap.frontends.get(&key) {
-            let other = &self.snap.service_ports
-                [self.snap.frontend_table[i as usize].service_port as usize]
-                .name;
-            let msg = format!(
-                "{} {}:{} (proto {}) is already {other}'s; ignored",
-                kind.as_str(),
-                key.addr,
-                key.port,
-                key.proto
-            );
-            self.problem(obj.to_string(), msg);
-            return;
-        }
-        let idx = self.snap.frontend_table.len() as u32;
-        self.snap.frontend_table.push(Frontend {
-            service_port,
-            kind,
-            routes,
-            source_ranges,
-        });
-        self.snap.frontends.insert(key, idx);
+        self.out.frontends.push((
+            key,
+            Frontend {
+                service_port: service_port.clone(),
+                kind,
+                routes,
+                endpoints: endpoints.clone(),
+                source_ranges,
+            },
+            false,
+        ));
+    }
+
+    /// Adds a NodePort frontend.
+    fn node_port(
+        &mut self,
+        key: FrontendKey,
+        service_port: &Arc<ServicePortInfo>,
+        routes: [Route; 3],
+        endpoints: &Arc<[Endpoint]>,
+    ) {
+        self.out.frontends.push((
+            key,
+            Frontend {
+                service_port: service_port.clone(),
+                kind: FrontendKind::NodePort,
+                routes,
+                endpoints: endpoints.clone(),
+                source_ranges: None,
+            },
+            true,
+        ));
     }
 
     /// `spec.loadBalancerSourceRanges` (entries trimmed: validation lets whitespace through), or,
@@ -856,7 +980,14 @@ serviceCIDRs: [172.30.0.0/16]
                 EmptyAction::Drop => "drop".into(),
             };
         }
-        let eps: Vec<String> = s
+        // The frontend this route belongs to (`r` points into one of `s`'s frontends).
+        let f = s
+            .frontends
+            .iter()
+            .map(|(_, f)| f)
+            .find(|f| f.routes.iter().any(|x| std::ptr::eq(x, r)))
+            .expect("route of a frontend of this snapshot");
+        let eps: Vec<String> = f
             .endpoints_of(r.endpoints)
             .iter()
             .map(|e| {
@@ -884,8 +1015,8 @@ serviceCIDRs: [172.30.0.0/16]
         ]
     }
 
-    fn svc_port<'a>(s: &'a Snapshot, f: &Frontend) -> &'a ServicePortInfo {
-        &s.service_ports[f.service_port as usize]
+    fn svc_port<'a>(_s: &Snapshot, f: &'a Frontend) -> &'a ServicePortInfo {
+        &f.service_port
     }
 
     fn service(name: &str, spec: &str) -> String {
@@ -1051,7 +1182,8 @@ serviceCIDRs: [172.30.0.0/16]
         // TCP 53 is not a frontend.
         assert!(!has_fe(s, "172.30.0.10", 53, TCP));
         assert_eq!(s.service_ports.len(), 3);
-        let ids: std::collections::HashSet<u32> = s.service_ports.iter().map(|p| p.id).collect();
+        let ids: std::collections::HashSet<u32> =
+            s.service_ports.iter().map(|(_, p)| p.id).collect();
         assert_eq!(ids.len(), 3);
     }
 
@@ -1168,7 +1300,11 @@ serviceCIDRs: [172.30.0.0/16]
             fe(s, "172.30.0.10", 80, TCP).routes[0].endpoints,
             f.routes[0].endpoints
         );
-        assert_eq!(s.endpoints.len(), 2);
+        assert!(Arc::ptr_eq(
+            &fe(s, "172.30.0.10", 80, TCP).endpoints,
+            &f.endpoints
+        ));
+        assert_eq!(f.endpoints.len(), 2);
     }
 
     #[test]
@@ -1742,7 +1878,9 @@ status:
             slice("web-1", "web", "IPv4", "[{name: http, port: 8080}]", "- {addresses: [10.1.0.2], nodeName: node-a}")
         );
         let t = tr(&cfg(""), &yaml);
-        assert_eq!(t.snapshot.endpoints.len(), 1);
+        let f = fe(&t.snapshot, "172.30.0.10", 80, TCP);
+        assert_eq!(f.endpoints.len(), 1);
+        assert_eq!(f.routes[0].endpoints, f.routes[2].endpoints);
     }
 
     #[test]

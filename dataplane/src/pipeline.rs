@@ -533,7 +533,11 @@ impl Pipeline {
         rewrite_icmp_error(buf, meta, q, &rw);
         fill_out(v, meta);
         // The quoted packet reversed matched the connection in `found.dir`.
-        v.client = if found.dir == DIR_ORIG { q.dst } else { found.other.src };
+        v.client = if found.dir == DIR_ORIG {
+            q.dst
+        } else {
+            found.other.src
+        };
         v.masq = found.state & FLAG_MASQ != 0;
         v.service_id = found.service_id;
         v.set(Reason::IcmpRelated);

@@ -8,7 +8,9 @@
 use std::sync::Arc;
 
 use ahash::RandomState;
-use hashbrown::{HashMap, HashSet};
+use std::hash::Hash;
+
+use hashbrown::HashTable;
 use kxdp_packet::{Addr, Family};
 
 /// IP protocol numbers of the transports a Service port can name.
@@ -80,7 +82,7 @@ pub enum EmptyAction {
     Drop,
 }
 
-/// A contiguous run of `Snapshot::endpoints`.
+/// A contiguous run of a frontend's `endpoints`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct EndpointRange {
     pub start: u32,
@@ -114,14 +116,25 @@ pub struct Route {
 /// One frontend: a (destination address, port, protocol) a Service answers on.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Frontend {
-    /// Index into `Snapshot::service_ports`.
-    pub service_port: u32,
+    /// The Service port (shared by every frontend of it).
+    pub service_port: Arc<ServicePortInfo>,
     pub kind: FrontendKind,
-    /// Indexed by `SourceClass as usize`.
+    /// Indexed by `SourceClass as usize`; their ranges index `endpoints`.
     pub routes: [Route; 3],
+    /// The endpoints the routes choose from (shared by the frontends of one Service port and
+    /// family).
+    pub endpoints: Arc<[Endpoint]>,
     /// loadBalancerSourceRanges (LoadBalancer frontends only): when present, sources outside are
     /// dropped (reason `source-range`).
     pub source_ranges: Option<Arc<PrefixSet>>,
+}
+
+impl Frontend {
+    /// The endpoints of one of this frontend's routes.
+    #[inline]
+    pub fn endpoints_of(&self, range: EndpointRange) -> &[Endpoint] {
+        &self.endpoints[range.as_range()]
+    }
 }
 
 /// One backend a connection may be sent to.
@@ -246,7 +259,194 @@ impl NodeInfo {
     }
 }
 
-/// Everything a worker needs to decide a new connection. Built by `control`, published whole.
+/// Number of shards of the shared tables. A one-Service update copies the few shards it touches
+/// (at 30k Services about 120 frontends each) and shares the rest with the previous snapshot.
+pub const SHARDS: usize = 256;
+
+/// The tables' hasher: fixed seeds, so that a key lands in the same shard in every snapshot.
+fn table_hasher() -> RandomState {
+    RandomState::with_seeds(
+        0x243f_6a88_85a3_08d3,
+        0x1319_8a2e_0370_7344,
+        0xa409_3822_299f_31d0,
+        0x082e_fa98_ec4e_6c89,
+    )
+}
+
+/// A hash map split into `SHARDS` copy-on-write shards: snapshots share unchanged shards, and an
+/// update copies only the shards it writes. A lookup is one hash, one shard pointer, one probe.
+#[derive(Clone)]
+pub struct ShardedMap<K, V> {
+    hasher: RandomState,
+    shards: Vec<Arc<HashTable<(K, V)>>>,
+    len: usize,
+}
+
+impl<K, V> Default for ShardedMap<K, V> {
+    fn default() -> Self {
+        let empty = Arc::new(HashTable::new());
+        ShardedMap {
+            hasher: table_hasher(),
+            shards: vec![empty; SHARDS],
+            len: 0,
+        }
+    }
+}
+
+impl<K: std::fmt::Debug, V: std::fmt::Debug> std::fmt::Debug for ShardedMap<K, V> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_map().entries(self.iter()).finish()
+    }
+}
+
+impl<K: Hash + Eq + Clone, V: Clone> ShardedMap<K, V> {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    #[inline]
+    fn locate(&self, k: &K) -> (u64, usize) {
+        let h = self.hasher.hash_one(k);
+        // hashbrown takes the bucket from the low bits and the tag from the top 7: the shard
+        // comes from bits in between.
+        (h, (h >> 40) as usize % SHARDS)
+    }
+
+    #[inline]
+    pub fn get(&self, k: &K) -> Option<&V> {
+        let (h, s) = self.locate(k);
+        self.shards[s].find(h, |(x, _)| x == k).map(|(_, v)| v)
+    }
+
+    #[inline]
+    pub fn contains_key(&self, k: &K) -> bool {
+        self.get(k).is_some()
+    }
+
+    /// Inserts or replaces; returns the previous value. Copies the shard if it is shared.
+    pub fn insert(&mut self, k: K, v: V) -> Option<V> {
+        let (h, s) = self.locate(&k);
+        let hasher = self.hasher.clone();
+        let shard = Arc::make_mut(&mut self.shards[s]);
+        match shard.entry(h, |(x, _)| *x == k, |(x, _)| hasher.hash_one(x)) {
+            hashbrown::hash_table::Entry::Occupied(mut e) => {
+                Some(std::mem::replace(&mut e.get_mut().1, v))
+            }
+            hashbrown::hash_table::Entry::Vacant(e) => {
+                e.insert((k, v));
+                self.len += 1;
+                None
+            }
+        }
+    }
+
+    /// Removes; returns the value. Copies the shard if it is shared.
+    pub fn remove(&mut self, k: &K) -> Option<V> {
+        let (h, s) = self.locate(k);
+        self.shards[s].find(h, |(x, _)| x == k)?;
+        let shard = Arc::make_mut(&mut self.shards[s]);
+        let e = shard.find_entry(h, |(x, _)| x == k).ok()?;
+        let ((_, v), _) = e.remove();
+        self.len -= 1;
+        Some(v)
+    }
+
+    /// A mutable reference to a value (copies the shard if it is shared).
+    pub fn get_mut(&mut self, k: &K) -> Option<&mut V> {
+        let (h, s) = self.locate(k);
+        self.shards[s].find(h, |(x, _)| x == k)?;
+        Arc::make_mut(&mut self.shards[s])
+            .find_mut(h, |(x, _)| x == k)
+            .map(|(_, v)| v)
+    }
+}
+
+impl<K, V> ShardedMap<K, V> {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Every entry, in no particular order.
+    pub fn iter(&self) -> impl Iterator<Item = (&K, &V)> + '_ {
+        self.shards
+            .iter()
+            .flat_map(|s| s.iter().map(|(k, v)| (k, v)))
+    }
+
+    /// Every key, in no particular order.
+    pub fn keys(&self) -> impl Iterator<Item = &K> + '_ {
+        self.iter().map(|(k, _)| k)
+    }
+
+    /// Every value, in no particular order.
+    pub fn values(&self) -> impl Iterator<Item = &V> + '_ {
+        self.iter().map(|(_, v)| v)
+    }
+
+    /// How many shards `other` shares with `self` (tests, benchmarks).
+    pub fn shared_shards(&self, other: &Self) -> usize {
+        self.shards
+            .iter()
+            .zip(&other.shards)
+            .filter(|(a, b)| Arc::ptr_eq(a, b))
+            .count()
+    }
+}
+
+/// A set of addresses with the sharing of `ShardedMap`; each holds a count of the owners that
+/// put it there (two Services may claim one address in bad input; removing one keeps it).
+#[derive(Clone, Debug, Default)]
+pub struct AddrSet {
+    map: ShardedMap<Addr, u32>,
+}
+
+impl AddrSet {
+    #[inline]
+    pub fn contains(&self, a: &Addr) -> bool {
+        self.map.contains_key(a)
+    }
+
+    /// Adds one owner of `a`.
+    pub fn insert(&mut self, a: Addr) {
+        match self.map.get_mut(&a) {
+            Some(n) => *n += 1,
+            None => {
+                self.map.insert(a, 1);
+            }
+        }
+    }
+
+    /// Removes one owner of `a`; the address goes with its last owner.
+    pub fn remove(&mut self, a: &Addr) {
+        if let Some(n) = self.map.get_mut(a) {
+            if *n > 1 {
+                *n -= 1;
+                return;
+            }
+        }
+        self.map.remove(a);
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Addr> + '_ {
+        self.map.iter().map(|(a, _)| a)
+    }
+}
+
+/// Everything a worker needs to decide a new connection. Built by `control`, published whole;
+/// consecutive snapshots share the shards, endpoint lists and service port records that did not
+/// change.
 #[derive(Clone, Debug, Default)]
 pub struct Snapshot {
     /// Increases with every publication; 0 is the empty startup snapshot.
@@ -257,11 +457,11 @@ pub struct Snapshot {
     /// Service address ranges: a destination inside that no Service owns is dropped.
     pub service_cidrs: PrefixSet,
     /// Every ClusterIP: a packet to one on a port/protocol the Service does not define is rejected.
-    pub cluster_ips: HashSet<Addr, RandomState>,
-    pub frontends: HashMap<FrontendKey, u32, RandomState>,
-    pub frontend_table: Vec<Frontend>,
-    pub endpoints: Vec<Endpoint>,
-    pub service_ports: Vec<ServicePortInfo>,
+    pub cluster_ips: AddrSet,
+    /// The frontend table: (destination address, port, protocol) → frontend.
+    pub frontends: ShardedMap<FrontendKey, Frontend>,
+    /// Service ports by stable id (conntrack listings, verdicts).
+    pub service_ports: ShardedMap<u32, Arc<ServicePortInfo>>,
     /// NetworkPolicy: the compiled rules of this node's pods (empty: nothing is isolated).
     pub policy: Arc<crate::policy::PolicyTables>,
 }
@@ -274,14 +474,16 @@ impl Snapshot {
 
     #[inline]
     pub fn frontend(&self, key: &FrontendKey) -> Option<&Frontend> {
-        self.frontends
-            .get(key)
-            .map(|&i| &self.frontend_table[i as usize])
+        self.frontends.get(key)
     }
 
-    #[inline]
-    pub fn endpoints_of(&self, range: EndpointRange) -> &[Endpoint] {
-        &self.endpoints[range.as_range()]
+    /// Adds a frontend (and its service port to `service_ports`); replaces one with that key.
+    pub fn insert_frontend(&mut self, key: FrontendKey, fe: Frontend) {
+        if !self.service_ports.contains_key(&fe.service_port.id) {
+            self.service_ports
+                .insert(fe.service_port.id, fe.service_port.clone());
+        }
+        self.frontends.insert(key, fe);
     }
 
     #[inline]
@@ -297,28 +499,25 @@ impl Snapshot {
 
     /// The Service port a conntrack entry or affinity record names, by its stable id.
     pub fn service_port_by_id(&self, id: u32) -> Option<&ServicePortInfo> {
-        self.service_ports.iter().find(|s| s.id == id)
+        self.service_ports.get(&id).map(|s| &**s)
     }
 
-    /// Checks internal consistency (ranges in bounds, indexes valid). `control` calls it before
-    /// publishing, so a translation bug is an error, not a worker panic.
+    /// Checks internal consistency (ranges in bounds). `control` calls it before publishing, so
+    /// a translation bug is an error, not a worker panic.
     pub fn validate(&self) -> Result<(), String> {
-        for (key, &i) in &self.frontends {
-            let Some(fe) = self.frontend_table.get(i as usize) else {
-                return Err(format!("frontend {key:?} points at missing entry {i}"));
-            };
-            if fe.service_port as usize >= self.service_ports.len() {
-                return Err(format!(
-                    "frontend {key:?} names missing service port {}",
-                    fe.service_port
-                ));
-            }
+        for (key, fe) in self.frontends.iter() {
             for r in &fe.routes {
-                if r.endpoints.as_range().end > self.endpoints.len() {
+                if r.endpoints.as_range().end > fe.endpoints.len() {
                     return Err(format!(
                         "frontend {key:?} has an endpoint range out of bounds"
                     ));
                 }
+            }
+            if fe.service_port.proto != key.proto {
+                return Err(format!(
+                    "frontend {key:?} names service port {} of another protocol",
+                    fe.service_port.name
+                ));
             }
         }
         Ok(())

@@ -35,7 +35,7 @@ fn supported(v: &EntryView, snap: &Snapshot) -> bool {
     };
     let backend = (v.reply.src, v.reply.sport);
     fe.routes.iter().any(|r| {
-        snap.endpoints_of(r.endpoints)
+        fe.endpoints_of(r.endpoints)
             .iter()
             .any(|e| (e.addr, e.port) == backend)
     })

@@ -25,7 +25,7 @@ fn snapshot(masq_external: bool, affinity: u32) -> Snapshot {
     s.node.snat_v4 = Some(a(NODE));
     s.cluster_cidrs.insert("10.0.0.0".parse().unwrap(), 8);
     s.service_cidrs.insert("172.30.0.0".parse().unwrap(), 16);
-    s.endpoints = vec![
+    let endpoints: std::sync::Arc<[Endpoint]> = vec![
         Endpoint {
             addr: a(EP1),
             port: 8080,
@@ -41,69 +41,70 @@ fn snapshot(masq_external: bool, affinity: u32) -> Snapshot {
             port: 8080,
             local: true,
         },
-    ];
-    s.service_ports = vec![
-        ServicePortInfo {
-            name: "ns1/svc1:http".into(),
-            id: 11,
-            proto: proto::TCP,
-            affinity_timeout_s: affinity,
-        },
-        ServicePortInfo {
-            name: "ns1/empty".into(),
-            id: 12,
-            proto: proto::UDP,
-            affinity_timeout_s: 0,
-        },
-        ServicePortInfo {
-            name: "ns1/self".into(),
-            id: 13,
-            proto: proto::TCP,
-            affinity_timeout_s: 0,
-        },
-    ];
+    ]
+    .into();
+    let sp = |name: &str, id, proto, affinity_timeout_s| {
+        std::sync::Arc::new(ServicePortInfo {
+            name: name.into(),
+            id,
+            proto,
+            affinity_timeout_s,
+        })
+    };
+    let svc1 = sp("ns1/svc1:http", 11, proto::TCP, affinity);
+    let empty = sp("ns1/empty", 12, proto::UDP, 0);
+    let selfp = sp("ns1/self", 13, proto::TCP, 0);
     let both = EndpointRange { start: 0, len: 2 };
     let route = |masquerade| Route {
         endpoints: both,
         masquerade,
         when_empty: EmptyAction::Reject,
     };
-    s.frontend_table = vec![
+    let key = |addr, port, proto| FrontendKey { addr, port, proto };
+    s.insert_frontend(
+        key(a(VIP), 80, proto::TCP),
         Frontend {
-            service_port: 0,
+            service_port: svc1.clone(),
             kind: FrontendKind::ClusterIp,
             routes: [route(false), route(true), route(true)],
+            endpoints: endpoints.clone(),
             source_ranges: None,
         },
+    );
+    s.insert_frontend(
+        key(a(VIP), 53, proto::UDP),
         Frontend {
-            service_port: 1,
+            service_port: empty,
             kind: FrontendKind::ClusterIp,
             routes: [Route::default(); 3],
+            endpoints: endpoints.clone(),
             source_ranges: None,
         },
+    );
+    s.insert_frontend(
+        key(a([172, 30, 0, 42]), 80, proto::TCP),
         Frontend {
-            service_port: 2,
+            service_port: selfp,
             kind: FrontendKind::ClusterIp,
             routes: [Route {
                 endpoints: EndpointRange { start: 2, len: 1 },
                 masquerade: false,
                 when_empty: EmptyAction::Reject,
             }; 3],
+            endpoints: endpoints.clone(),
             source_ranges: None,
         },
+    );
+    s.insert_frontend(
+        key(a(NODE), 30080, proto::TCP),
         Frontend {
-            service_port: 0,
+            service_port: svc1,
             kind: FrontendKind::NodePort,
             routes: [route(masq_external); 3],
+            endpoints,
             source_ranges: None,
         },
-    ];
-    let key = |addr, port, proto| FrontendKey { addr, port, proto };
-    s.frontends.insert(key(a(VIP), 80, proto::TCP), 0);
-    s.frontends.insert(key(a(VIP), 53, proto::UDP), 1);
-    s.frontends
-        .insert(key(a([172, 30, 0, 42]), 80, proto::TCP), 2);
-    s.frontends.insert(key(a(NODE), 30080, proto::TCP), 3);
+    );
     s.cluster_ips.insert(a(VIP));
     s.cluster_ips.insert(a([172, 30, 0, 42]));
     s.validate().unwrap();
@@ -371,7 +372,14 @@ fn packets_of_a_connection_created_earlier_in_the_same_batch() {
     }
     // SYN, SYN-ACK and ACK back to back in one batch (one endpoint, so the reply is known).
     let mut s = snapshot(false, 0);
-    s.frontend_table[0].routes = [Route {
+    s.frontends
+        .get_mut(&FrontendKey {
+            addr: a(VIP),
+            port: 80,
+            proto: proto::TCP,
+        })
+        .unwrap()
+        .routes = [Route {
         endpoints: EndpointRange { start: 0, len: 1 },
         masquerade: false,
         when_empty: EmptyAction::Reject,
@@ -439,7 +447,14 @@ fn established_flow_keeps_its_backend_when_the_service_changes() {
     // The Service now lists only the other endpoint; a new snapshot is published.
     let mut s = snapshot(false, 0);
     let other = if backend == a(EP1) { 1 } else { 0 };
-    s.frontend_table[0].routes = [Route {
+    s.frontends
+        .get_mut(&FrontendKey {
+            addr: a(VIP),
+            port: 80,
+            proto: proto::TCP,
+        })
+        .unwrap()
+        .routes = [Route {
         endpoints: EndpointRange {
             start: other,
             len: 1,

@@ -214,7 +214,7 @@ pub fn trace(state: &ClusterState, snap: &Snapshot, q: &TraceQuery) -> Trace {
     let mut service_reason: &'static str = "direct";
     match fe {
         Some(fe) => {
-            let sp = &snap.service_ports[fe.service_port as usize];
+            let sp = &*fe.service_port;
             let class = snap.classify_source(&src, family);
             let route = fe.routes[class as usize];
             let class_name = match class {
@@ -266,7 +266,7 @@ pub fn trace(state: &ClusterState, snap: &Snapshot, q: &TraceQuery) -> Trace {
                     verdicts,
                 };
             }
-            let eps = snap.endpoints_of(route.endpoints);
+            let eps = fe.endpoints_of(route.endpoints);
             let _ = writeln!(
                 out,
                 "  {} eligible endpoint(s), one chosen per connection{}{}; policy judges the chosen one:",

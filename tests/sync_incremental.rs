@@ -1,0 +1,228 @@
+//! The incremental path equals the full translation: random sequences of Service and
+//! EndpointSlice changes (with contested frontends: shared externalIPs, NodePorts clashing with
+//! each other and with externalIPs on the node's address), each applied through the control
+//! loop's `Store` and `Builder::update`, compared after every step with a full build of the same
+//! state. Also: an update copies only the shards it touches.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use kxdp_control::incremental::Builder;
+use kxdp_control::model::{ClusterState, Object, ObjectKey};
+use kxdp_control::sources::files::load_str;
+use kxdp_control::sync::Store;
+use kxdp_control::Config;
+use kxdp_dataplane::snapshot::Snapshot;
+
+fn config() -> Config {
+    Config::from_yaml_str(
+        "apiVersion: kxdp.dev/v1alpha1\nkind: DataplaneConfiguration\nnodeName: node-a\nnodeIPs: [192.168.0.2, \"fd00:1::2\"]\nclusterCIDRs: [10.0.0.0/8, \"fd00::/48\"]\nserviceCIDRs: [172.30.0.0/16]\n",
+        Path::new("config.yaml"),
+    )
+    .unwrap()
+}
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+fn object(yaml: &str) -> Object {
+    let mut st = ClusterState::new();
+    load_str(yaml, false, Path::new("gen.yaml"), &mut st).unwrap();
+    if let Some(s) = st.services.into_values().next() {
+        return Object::Service(Box::new(s));
+    }
+    Object::EndpointSlice(Box::new(st.endpoint_slices.into_values().next().unwrap()))
+}
+
+fn service(r: &mut Rng, i: u64) -> Object {
+    let ns = ["a", "b", "c"][(i % 3) as usize];
+    let ty = ["ClusterIP", "NodePort", "LoadBalancer"][r.below(3) as usize];
+    let port = [80, 443, 30001][r.below(3) as usize];
+    let mut spec = format!(
+        "  type: {ty}\n  clusterIP: 172.30.0.{}\n  ports:\n  - {{name: p, port: {port}, targetPort: 8080",
+        i + 1
+    );
+    if ty != "ClusterIP" {
+        spec.push_str(&format!(", nodePort: {}", 30000 + r.below(3)));
+    }
+    spec.push_str("}\n");
+    if r.below(2) == 0 {
+        spec.push_str("  - {name: q, port: 53, protocol: UDP}\n");
+    }
+    match r.below(4) {
+        0 => spec.push_str("  externalIPs: [203.0.113.1]\n"),
+        1 => spec.push_str("  externalIPs: [192.168.0.2]\n"),
+        _ => {}
+    }
+    if ty != "ClusterIP" && r.below(2) == 0 {
+        spec.push_str("  externalTrafficPolicy: Local\n");
+    }
+    if r.below(4) == 0 {
+        spec.push_str("  internalTrafficPolicy: Local\n");
+    }
+    let status = if ty == "LoadBalancer" {
+        format!(
+            "status:\n  loadBalancer:\n    ingress: [{{ip: 198.51.100.{}}}]\n",
+            r.below(3)
+        )
+    } else {
+        String::new()
+    };
+    object(&format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: s{i}, namespace: {ns}}}\nspec:\n{spec}{status}"
+    ))
+}
+
+fn slice(r: &mut Rng, i: u64, k: u64) -> Object {
+    let ns = ["a", "b", "c"][(i % 3) as usize];
+    let n = r.below(4);
+    let mut eps = String::new();
+    for j in 0..n {
+        let node = if r.below(2) == 0 { "node-a" } else { "node-b" };
+        let ready = r.below(5) != 0;
+        eps.push_str(&format!(
+            "- {{addresses: [10.{i}.{k}.{j}], nodeName: {node}, conditions: {{ready: {ready}, serving: true, terminating: {}}}}}\n",
+            !ready
+        ));
+    }
+    if eps.is_empty() {
+        eps = "[]\n".into();
+        return object(&format!(
+            "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: s{i}-{k}, namespace: {ns}, labels: {{kubernetes.io/service-name: s{i}}}}}\naddressType: IPv4\nports: [{{name: p, port: 8080}}, {{name: q, port: 53, protocol: UDP}}]\nendpoints: {eps}"
+        ));
+    }
+    object(&format!(
+        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: s{i}-{k}, namespace: {ns}, labels: {{kubernetes.io/service-name: s{i}}}}}\naddressType: IPv4\nports: [{{name: p, port: 8080}}, {{name: q, port: 53, protocol: UDP}}]\nendpoints:\n{eps}"
+    ))
+}
+
+fn same(a: &Snapshot, b: &Snapshot) -> Result<(), String> {
+    if a.frontends.len() != b.frontends.len() {
+        return Err(format!(
+            "{} frontends, full build has {}",
+            a.frontends.len(),
+            b.frontends.len()
+        ));
+    }
+    for (k, fa) in a.frontends.iter() {
+        match b.frontends.get(k) {
+            Some(fb) if fb == fa => {}
+            Some(fb) => return Err(format!("{k:?}: {fa:?}\n  full build: {fb:?}")),
+            None => return Err(format!("{k:?} not in the full build")),
+        }
+    }
+    let ips = |s: &Snapshot| s.cluster_ips.iter().copied().collect::<BTreeSet<_>>();
+    if ips(a) != ips(b) {
+        return Err("cluster IPs differ".into());
+    }
+    let ids = |s: &Snapshot| s.service_ports.keys().copied().collect::<BTreeSet<_>>();
+    if ids(a) != ids(b) {
+        return Err("service port ids differ".into());
+    }
+    Ok(())
+}
+
+#[test]
+fn incremental_updates_equal_full_builds() {
+    for seed in 1..=6u64 {
+        let mut r = Rng(0x9e37_79b9_7f4a_7c15 ^ seed);
+        let mut store = Store::new("node-a");
+        let now = std::time::SystemTime::now();
+        for i in 0..24 {
+            store.apply(service(&mut r, i), now);
+            for k in 0..r.below(3) {
+                store.apply(slice(&mut r, i, k), now);
+            }
+        }
+        let mut inc = Builder::new(config());
+        store.changes = Default::default();
+        let mut prev = inc.full(&store.state);
+        for step in 0..150 {
+            let i = r.below(30);
+            match r.below(6) {
+                0 | 1 => store.apply(service(&mut r, i), now),
+                2 => {
+                    let k = r.below(3);
+                    store.apply(slice(&mut r, i, k), now)
+                }
+                3 => {
+                    let ns = ["a", "b", "c"][(i % 3) as usize];
+                    store.delete("Service", &ObjectKey::new(ns, format!("s{i}")), now)
+                }
+                4 => {
+                    let ns = ["a", "b", "c"][(i % 3) as usize];
+                    let k = r.below(3);
+                    store.delete(
+                        "EndpointSlice",
+                        &ObjectKey::new(ns, format!("s{i}-{k}")),
+                        now,
+                    )
+                }
+                _ => {
+                    // Several at once, as a coalesced batch.
+                    for _ in 0..3 {
+                        let j = r.below(30);
+                        store.apply(service(&mut r, j), now);
+                    }
+                }
+            }
+            let changes = std::mem::take(&mut store.changes);
+            let snap = inc.update(&store.state, &changes.services);
+            let mut full = Builder::new(config());
+            let want = full.full(&store.state);
+            if let Err(e) = same(&snap, &want) {
+                panic!("seed {seed} step {step}: {e}");
+            }
+            let mut p1: Vec<String> = inc.problems().iter().map(|p| p.to_string()).collect();
+            let mut p2: Vec<String> = full.problems().iter().map(|p| p.to_string()).collect();
+            p1.sort();
+            p2.sort();
+            assert_eq!(p1, p2, "seed {seed} step {step}: problems");
+            assert_eq!(inc.no_local_endpoints(), full.no_local_endpoints());
+            // The previous snapshot is untouched by the update (it may still be published).
+            same(&prev, &prev.clone()).unwrap();
+            prev = snap;
+        }
+    }
+}
+
+#[test]
+fn an_update_copies_only_the_shards_it_touches() {
+    let mut st = ClusterState::new();
+    let mut yaml = String::new();
+    for i in 0..2000 {
+        yaml.push_str(&format!(
+            "---\napiVersion: v1\nkind: Service\nmetadata: {{name: s{i}, namespace: n}}\nspec: {{clusterIP: 172.30.{}.{}, ports: [{{port: 80}}]}}\n",
+            i / 250,
+            i % 250 + 1
+        ));
+    }
+    load_str(&yaml, false, Path::new("s.yaml"), &mut st).unwrap();
+    let mut b = Builder::new(config());
+    let before = b.full(&st);
+    let key = ObjectKey::new("n", "s7");
+    let mut svc = st.services[&key].clone();
+    svc.spec.as_mut().unwrap().ports.as_mut().unwrap()[0].port = 81;
+    st.services.insert(key.clone(), svc);
+    let after = b.update(&st, &BTreeSet::from([key]));
+    // One frontend removed, one added: at most two shards copied.
+    let shared = after.frontends.shared_shards(&before.frontends);
+    assert!(shared >= kxdp_dataplane::snapshot::SHARDS - 2, "{shared}");
+    assert_eq!(after.frontends.len(), before.frontends.len());
+    assert_eq!(
+        after.cluster_ips.len(),
+        2000,
+        "ClusterIPs kept across the update"
+    );
+}

@@ -528,6 +528,8 @@ fn daemon_ops_end_to_end() {
     assert_eq!(ev[0]["proto"], "TCP");
     assert_eq!(ev[0]["src"], "10.1.0.50:40003");
     assert_eq!(ev[0]["dst"], "172.30.0.11:80");
+    assert!(ev[0]["time"].as_str().unwrap().ends_with('Z'), "{}", ev[0]);
+    assert_eq!(ev[0]["service"], "demo/empty:http");
     assert_eq!(
         kxdp(a, &["monitor", "--reason", "bogus"]).status.code(),
         Some(2)

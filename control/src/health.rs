@@ -213,18 +213,21 @@ impl ProxyHealth {
                 code: status.to_string(),
             })
             .inc();
-        let mut body = serde_json::json!({
-            "lastUpdated": last.map(rfc3339).unwrap_or_default(),
-            "currentTime": rfc3339(now),
-        });
+        // kube-proxy's field order.
+        let mut body = format!(
+            r#"{{"lastUpdated":"{}","currentTime":"{}""#,
+            last.map(rfc3339).unwrap_or_default(),
+            rfc3339(now)
+        );
         if path == "/healthz" {
-            body["nodeEligible"] = eligible.into();
+            body.push_str(&format!(r#","nodeEligible":{eligible}"#));
         }
+        body.push('}');
         Response {
             status,
             content_type: "application/json",
             headers: vec![],
-            body: body.to_string(),
+            body,
         }
     }
 }

@@ -470,7 +470,7 @@ pub fn monitor(args: &MonitorArgs, a: &AdminArgs) -> Result<(), CmdError> {
             writeln!(
                 w,
                 "{} {:<7} {:<24} {} {} -> {}{}",
-                e.at_ms,
+                e.time,
                 e.action.to_uppercase(),
                 e.reason,
                 e.proto

@@ -335,7 +335,12 @@ pub fn service_rows(snap: &kxdp_dataplane::snapshot::Snapshot) -> Vec<ServiceRow
 fn event_row(e: &Event, snap: &kxdp_dataplane::snapshot::Snapshot) -> EventRow {
     let v = &e.verdict;
     let ports = kxdp_dataplane::conntrack::has_ports(v.proto);
+    let ago = Duration::from_millis(clock_ms().saturating_sub(e.at_ms));
+    let wall = std::time::SystemTime::now()
+        .checked_sub(ago)
+        .unwrap_or(std::time::UNIX_EPOCH);
     EventRow {
+        time: humantime::format_rfc3339_millis(wall).to_string(),
         at_ms: e.at_ms,
         worker: e.worker,
         action: v.action.as_str().into(),

@@ -297,6 +297,8 @@ pub struct MonitorFilter {
 /// One event of `kxdp monitor -o json`.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct EventRow {
+    /// Wall-clock time of the batch (RFC 3339, UTC).
+    pub time: String,
     /// Dataplane clock, ms.
     pub at_ms: u64,
     pub worker: usize,

@@ -1,7 +1,12 @@
-//! `kxdp run`, as far as it goes today: the control plane alone. It syncs from the API server (or
-//! from `--state` files watched for changes), publishes the tables, and serves `/metrics` on
-//! `metricsBindAddress`. The AF_XDP workers (the AF_XDP issue) attach to the `Published` tables
-//! this starts; until they exist no packet is forwarded, and the command says so at startup.
+//! `kxdp run`: the control plane (syncing from the API server or from `--state` files watched for
+//! changes, publishing the tables), the operator servers (`admin::daemon`), and — for the
+//! configured `interfaces` — the AF_XDP dataplane (`kxdp_dataplane::io::runner`): the XDP program
+//! attached to every interface, pinned poll-mode workers that pick up each publication between
+//! batches. With no interfaces configured only the control plane runs, and the command says so.
+//!
+//! Environment knobs of the dataplane (not yet config fields): `KXDP_XDP_MODE`
+//! (`auto`|`native`|`generic`), `KXDP_IDLE_SPIN_POLLS`, `KXDP_IDLE_MAX_SLEEP_US` (the idle
+//! back-off, see `docs/afxdp.md`).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -82,15 +87,32 @@ pub fn run(
         dataplane,
         &ops_opts,
     )?;
-    tracing::warn!(
-        source = if state.is_some() { "state files" } else { "API server" },
-        "kxdp run: control plane only; no AF_XDP workers are attached yet, so no packet is forwarded by kxdp"
-    );
-    eprintln!(
-        "kxdp run: control plane running (tables from {}); no AF_XDP workers are attached yet, so no packet is forwarded by kxdp",
-        if state.is_some() { "--state files" } else { "the API server" }
-    );
-    let _keep = published;
+    let source = if state.is_some() {
+        "--state files"
+    } else {
+        "the API server"
+    };
+    let afxdp = if config.interfaces.is_empty() {
+        tracing::warn!(
+            "kxdp run: no interfaces configured; control plane only, no packet is forwarded by kxdp"
+        );
+        eprintln!(
+            "kxdp run: control plane running (tables from {source}); no interfaces configured, so no packet is forwarded by kxdp"
+        );
+        None
+    } else {
+        let afxdp = start_dataplane(&config, published.clone(), &ops.dataplane)?;
+        eprintln!(
+            "kxdp run: forwarding on {} with {} worker(s) (tables from {source})",
+            config.interfaces.join(", "),
+            afxdp.counters.len()
+        );
+        for line in afxdp.describe() {
+            eprintln!("kxdp run:   {line}");
+            tracing::info!("{line}");
+        }
+        Some(afxdp)
+    };
     rt.block_on(async {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .expect("SIGTERM handler");
@@ -99,7 +121,67 @@ pub fn run(
             _ = term.recv() => {}
         }
     });
+    // Workers stop and the XDP programs are detached before anything else goes away.
+    drop(afxdp);
     drop(ops);
     handle.shutdown();
     Ok(())
+}
+
+impl kxdp_dataplane::worker::Tables for Published {
+    fn current(&self) -> arc_swap::Guard<Arc<kxdp_dataplane::snapshot::Snapshot>> {
+        self.load()
+    }
+}
+
+fn env_num(name: &str, default: u32) -> u32 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Attaches the AF_XDP dataplane to the configured interfaces.
+fn start_dataplane(
+    config: &Config,
+    published: Arc<Published>,
+    dp: &crate::admin::Dataplane,
+) -> Result<kxdp_dataplane::io::runner::AfXdp, RunError> {
+    use kxdp_dataplane::io::xdp::ModeChoice;
+    let mode = match std::env::var("KXDP_XDP_MODE").as_deref() {
+        Ok("native") => ModeChoice::Native,
+        Ok("generic") => ModeChoice::Generic,
+        Ok("auto") | Err(_) => ModeChoice::Auto,
+        Ok(other) => {
+            return Err((
+                crate::cli::EXIT_BAD_INPUT,
+                format!("KXDP_XDP_MODE={other}: expected auto, native or generic"),
+            ))
+        }
+    };
+    let defaults = kxdp_dataplane::worker::Backoff::default();
+    let opts = kxdp_dataplane::io::runner::RunOptions {
+        interfaces: config.interfaces.clone(),
+        workers: config.workers.count.max(1),
+        cpus: config.workers.cpus.clone(),
+        xsk: Default::default(),
+        backoff: kxdp_dataplane::worker::Backoff {
+            spin_polls: env_num("KXDP_IDLE_SPIN_POLLS", defaults.spin_polls),
+            min_sleep_us: defaults.min_sleep_us,
+            max_sleep_us: env_num("KXDP_IDLE_MAX_SLEEP_US", defaults.max_sleep_us),
+        },
+        mode,
+    };
+    kxdp_dataplane::io::runner::AfXdp::start(
+        &opts,
+        published,
+        dp.ct.clone(),
+        Some(dp.stats.clone()),
+    )
+    .map_err(|e| {
+        (
+            crate::cli::EXIT_FAILURE,
+            format!("attaching to {}: {e}", config.interfaces.join(", ")),
+        )
+    })
 }

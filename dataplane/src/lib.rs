@@ -10,3 +10,4 @@ pub mod snapshot;
 pub mod stale;
 pub mod stats;
 pub mod verdict;
+pub mod worker;

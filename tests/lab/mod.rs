@@ -188,3 +188,234 @@ pub fn xdp_on(ns: &str, dev: &str) -> Option<String> {
         .map(str::to_string)
         .or_else(|| out.contains("prog/xdp").then(|| "xdp".to_string()))
 }
+
+/// The lab cluster of `tests/lab/cluster.yaml`: an external client, the node kxdp runs in, two
+/// server pods and a client pod, wired with veth pairs.
+///
+/// ```text
+///  ext (192.168.0.100) ── eth0 ═ up0 ── node-a (192.168.0.2; 169.254.1.1 on every vpod)
+///                                        ├─ vpod1 ═ eth0  web-1    10.1.0.11
+///                                        ├─ vpod2 ═ eth0  web-2    10.1.0.12
+///                                        └─ vpod3 ═ eth0  client-1 10.1.0.13
+/// ```
+///
+/// Pods route everything via 169.254.1.1 (the node's side of their veth, as Calico does); the
+/// node routes each pod address to its veth.
+pub struct Cluster {
+    pub lab: Lab,
+    pub node: String,
+    pub ext: String,
+    /// (pod name, namespace, address)
+    pub pods: Vec<(&'static str, String, &'static str)>,
+}
+
+pub const NODE_IP: &str = "192.168.0.2";
+pub const EXT_IP: &str = "192.168.0.100";
+pub const PODS: [(&str, &str, &str); 3] = [
+    ("web-1", "vpod1", "10.1.0.11"),
+    ("web-2", "vpod2", "10.1.0.12"),
+    ("client-1", "vpod3", "10.1.0.13"),
+];
+
+impl Cluster {
+    pub fn build() -> Cluster {
+        let mut lab = Lab::new();
+        let node = lab.netns("node");
+        let ext = lab.netns("ext");
+        lab.veth(&node, "up0", &ext, "eth0");
+        ip(&node, &format!("addr add {NODE_IP}/24 dev up0"));
+        ip(&ext, &format!("addr add {EXT_IP}/24 dev eth0"));
+        let mut pods = Vec::new();
+        for (name, host_if, addr) in PODS {
+            let ns = lab.netns(name);
+            lab.veth(&node, host_if, &ns, "eth0");
+            ip(&node, &format!("addr add 169.254.1.1/32 dev {host_if}"));
+            ip(&node, &format!("route add {addr}/32 dev {host_if}"));
+            ip(&ns, &format!("addr add {addr}/32 dev eth0"));
+            ip(&ns, "route add 169.254.1.1/32 dev eth0 scope link");
+            ip(&ns, "route add default via 169.254.1.1 dev eth0");
+            pods.push((name, ns, addr));
+        }
+        let c = Cluster {
+            lab,
+            node,
+            ext,
+            pods,
+        };
+        c.warm_neighbours();
+        c
+    }
+
+    pub fn pod(&self, name: &str) -> &str {
+        &self.pods.iter().find(|p| p.0 == name).expect("pod").1
+    }
+
+    /// Lets the kernels resolve each other's MAC addresses (one datagram each way) so that the
+    /// first packets of a test are not spent on neighbour resolution.
+    pub fn warm_neighbours(&self) {
+        let targets: Vec<String> = PODS
+            .iter()
+            .map(|p| p.2.to_string())
+            .chain([EXT_IP.to_string()])
+            .collect();
+        Lab::in_ns(&self.node, move || {
+            let s = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+            for t in &targets {
+                let _ = s.send_to(b"warm", format!("{t}:9"));
+            }
+        });
+        for (_, ns, _) in &self.pods {
+            Lab::in_ns(ns, || {
+                let s = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+                let _ = s.send_to(b"warm", "169.254.1.1:9");
+            });
+        }
+        Lab::in_ns(&self.ext, || {
+            let s = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+            let _ = s.send_to(b"warm", format!("{NODE_IP}:9"));
+        });
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Servers in a pod: TCP 8080 writes "PEER-IP:PORT\n" then reads until EOF and answers with the
+/// byte count ("N\n"); UDP 5353 answers every datagram with "PEER-IP:PORT". Stopped on drop.
+pub struct Servers {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Servers {
+    pub fn start(ns: &str, addr: &str) -> Servers {
+        use std::io::{Read, Write};
+        use std::sync::atomic::AtomicBool;
+        use std::sync::Arc;
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut threads = Vec::new();
+        let (p, a, st) = (Lab::path(ns), addr.to_string(), stop.clone());
+        let (tx, rx) = std::sync::mpsc::channel();
+        threads.push(std::thread::spawn(move || {
+            kxdp_dataplane::io::enter_netns(&p).unwrap();
+            let l = std::net::TcpListener::bind(format!("{a}:8080")).unwrap();
+            l.set_nonblocking(true).unwrap();
+            tx.send(()).unwrap();
+            while !st.load(Ordering::Relaxed) {
+                match l.accept() {
+                    Ok((mut s, peer)) => {
+                        let st = st.clone();
+                        std::thread::spawn(move || {
+                            s.set_nonblocking(false).unwrap();
+                            s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+                            let _ = s.write_all(format!("{peer}\n").as_bytes());
+                            let mut buf = vec![0u8; 64 * 1024];
+                            let mut total = 0u64;
+                            while !st.load(Ordering::Relaxed) {
+                                match s.read(&mut buf) {
+                                    Ok(0) | Err(_) => break,
+                                    Ok(n) => total += n as u64,
+                                }
+                            }
+                            let _ = s.write_all(format!("{total}\n").as_bytes());
+                        });
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(10)),
+                }
+            }
+        }));
+        rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        let (p, a, st) = (Lab::path(ns), addr.to_string(), stop.clone());
+        let (tx, rx) = std::sync::mpsc::channel();
+        threads.push(std::thread::spawn(move || {
+            kxdp_dataplane::io::enter_netns(&p).unwrap();
+            let s = std::net::UdpSocket::bind(format!("{a}:5353")).unwrap();
+            s.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+            tx.send(()).unwrap();
+            let mut buf = [0u8; 2048];
+            while !st.load(Ordering::Relaxed) {
+                if let Ok((_, peer)) = s.recv_from(&mut buf) {
+                    let _ = s.send_to(peer.to_string().as_bytes(), peer);
+                }
+            }
+        }));
+        rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        Servers { stop, threads }
+    }
+}
+
+impl Drop for Servers {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// `kxdp run` inside a namespace; SIGTERM and reaped on drop (SIGKILL if it does not exit).
+pub struct Kxdp {
+    pub child: std::process::Child,
+    pub stderr: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+impl Kxdp {
+    pub fn start(ns: &str, config: &str, state: &str) -> Kxdp {
+        use std::io::BufRead;
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", ns, env!("CARGO_BIN_EXE_kxdp"), "run"])
+            .args(["--config", config, "--state", state, "--no-admin"])
+            .env("RUST_LOG", "warn")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("kxdp run");
+        let err = child.stderr.take().unwrap();
+        let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let (l2, (tx, rx)) = (log.clone(), std::sync::mpsc::channel());
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(err).lines().map_while(Result::ok) {
+                if line.contains("forwarding on") {
+                    let _ = tx.send(());
+                }
+                l2.lock().unwrap().push_str(&(line + "\n"));
+            }
+        });
+        let mut k = Kxdp { child, stderr: log };
+        if rx.recv_timeout(Duration::from_secs(20)).is_err() {
+            let _ = k.child.kill();
+            panic!("kxdp run did not start:\n{}", k.stderr.lock().unwrap());
+        }
+        // Tables published (the first sync) before traffic: wait for the control loop.
+        std::thread::sleep(Duration::from_millis(1500));
+        k
+    }
+
+    /// SIGTERM, then wait (bounded).
+    pub fn stop(&mut self) -> Option<std::process::ExitStatus> {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let end = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < end {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                return Some(st);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        self.child.wait().ok()
+    }
+}
+
+impl Drop for Kxdp {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            self.stop();
+        }
+    }
+}
+
+/// The lab's config and state paths.
+pub fn lab_files() -> (String, String) {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/lab");
+    (format!("{dir}/config.yaml"), format!("{dir}/cluster.yaml"))
+}

@@ -431,7 +431,9 @@ impl XskSocket {
             sa.sxdp_queue_id = queue;
             sa.sxdp_flags = flags | libc::XDP_USE_NEED_WAKEUP;
             if let Some(s) = shared {
-                sa.sxdp_flags |= libc::XDP_SHARED_UMEM;
+                // A sharing socket inherits copy/zero-copy and need_wakeup from the UMEM's
+                // owner; the kernel refuses those flags here (EINVAL).
+                sa.sxdp_flags = libc::XDP_SHARED_UMEM;
                 sa.sxdp_shared_umem_fd = s.fd.as_raw_fd() as u32;
             }
             // SAFETY: `sa` is a valid sockaddr_xdp of the size passed.
@@ -448,7 +450,15 @@ impl XskSocket {
                 Ok(())
             }
         };
-        let zero_copy = if cfg.zero_copy && bind(libc::XDP_ZEROCOPY).is_ok() {
+        let zero_copy = if let Some(s) = shared {
+            bind(0).map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("binding AF_XDP socket to ifindex {ifindex} queue {queue} (shared UMEM): {e}"),
+                )
+            })?;
+            s.zero_copy
+        } else if cfg.zero_copy && bind(libc::XDP_ZEROCOPY).is_ok() {
             true
         } else {
             bind(libc::XDP_COPY).map_err(|e| {

@@ -6,6 +6,8 @@
 //! `docs/afxdp.md` for the design and the measured behaviour on veth.
 
 pub mod afxdp;
+pub mod route;
+pub mod runner;
 pub mod xdp;
 
 use std::ffi::CString;

@@ -1,0 +1,156 @@
+//! `kxdp run` on the lab (tests/lab/mod.rs: an external client, the node, two server pods and a
+//! client pod in network namespaces) with real sockets: ClusterIP TCP and UDP with responses
+//! reverse-NATed, NodePort from the external client (masqueraded; externalTrafficPolicy Local
+//! keeps the client's address), a Service without endpoints refused at once, an ICMP error
+//! translated back through the NAT, and a kxdp restart during a long transfer.
+
+mod lab;
+
+use std::io::{BufRead, BufReader, ErrorKind, Write};
+use std::net::{Shutdown, TcpStream, UdpSocket};
+use std::time::{Duration, Instant};
+
+use lab::{lab_files, Cluster, Kxdp, Lab, Servers, NODE_IP};
+
+struct Running {
+    c: Cluster,
+    _servers: Vec<Servers>,
+    kxdp: Kxdp,
+}
+
+fn start(test: &str) -> Option<Running> {
+    if !lab::available(test) {
+        return None;
+    }
+    let c = Cluster::build();
+    let servers = vec![
+        Servers::start(c.pod("web-1"), "10.1.0.11"),
+        Servers::start(c.pod("web-2"), "10.1.0.12"),
+    ];
+    let (config, state) = lab_files();
+    let kxdp = Kxdp::start(&c.node, &config, &state);
+    Some(Running {
+        c,
+        _servers: servers,
+        kxdp,
+    })
+}
+
+/// Connects from `ns` to `to`, returns (the peer address the server saw, bytes the server
+/// counted after we sent `send` bytes).
+fn tcp_exchange(ns: &str, to: &str, send: usize) -> (String, u64) {
+    let to = to.to_string();
+    Lab::in_ns(ns, move || {
+        let mut s = TcpStream::connect_timeout(&to.parse().unwrap(), Duration::from_secs(5))
+            .unwrap_or_else(|e| panic!("connect {to}: {e}"));
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut r = BufReader::new(s.try_clone().unwrap());
+        let mut peer = String::new();
+        r.read_line(&mut peer).unwrap();
+        let chunk = vec![0x5au8; 16 * 1024];
+        let mut left = send;
+        while left > 0 {
+            let n = left.min(chunk.len());
+            s.write_all(&chunk[..n]).unwrap();
+            left -= n;
+        }
+        s.shutdown(Shutdown::Write).unwrap();
+        let mut count = String::new();
+        r.read_line(&mut count).unwrap();
+        (
+            peer.trim().to_string(),
+            count.trim().parse().unwrap_or(u64::MAX),
+        )
+    })
+}
+
+fn udp_exchange(ns: &str, to: &str) -> std::io::Result<String> {
+    let to = to.to_string();
+    Lab::in_ns(ns, move || {
+        let s = UdpSocket::bind("0.0.0.0:0")?;
+        // Connected: datagrams from any other source (an un-NATed reply) are not delivered.
+        s.connect(&to)?;
+        s.set_read_timeout(Some(Duration::from_secs(2)))?;
+        let mut buf = [0u8; 256];
+        for _ in 0..3 {
+            s.send(b"hello")?;
+            match s.recv(&mut buf) {
+                Ok(n) => return Ok(String::from_utf8_lossy(&buf[..n]).into_owned()),
+                Err(e) if e.kind() == ErrorKind::WouldBlock || e.kind() == ErrorKind::TimedOut => {
+                    continue
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(ErrorKind::TimedOut.into())
+    })
+}
+
+fn host(peer: &str) -> &str {
+    peer.rsplit_once(':').map(|(h, _)| h).unwrap_or(peer)
+}
+
+#[test]
+fn lab_clusterip_tcp_and_udp_reverse_nat() {
+    let Some(r) = start("lab_clusterip_tcp_and_udp_reverse_nat") else {
+        return;
+    };
+    let client = r.c.pod("client-1").to_string();
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..6 {
+        let (peer, count) = tcp_exchange(&client, "172.30.0.10:80", 200_000);
+        assert_eq!(host(&peer), "10.1.0.13", "pod traffic is not masqueraded");
+        assert_eq!(count, 200_000, "every byte reached the pod");
+        let udp = udp_exchange(&client, "172.30.0.10:53").expect("UDP through the ClusterIP");
+        assert_eq!(host(&udp), "10.1.0.13");
+        seen.insert(peer);
+    }
+    drop(r.kxdp);
+}
+
+#[test]
+fn lab_nodeport_external_local_keeps_client_address() {
+    let Some(r) = start("lab_nodeport_external_local_keeps_client_address") else {
+        return;
+    };
+    let (peer, count) = tcp_exchange(&r.c.ext, &format!("{NODE_IP}:30081"), 50_000);
+    assert_eq!(host(&peer), lab::EXT_IP, "externalTrafficPolicy Local");
+    assert_eq!(count, 50_000);
+}
+
+#[test]
+fn lab_service_without_endpoints_refused_at_once() {
+    let Some(r) = start("lab_service_without_endpoints_refused_at_once") else {
+        return;
+    };
+    let client = r.c.pod("client-1").to_string();
+    let t0 = Instant::now();
+    let e = Lab::in_ns(&client, || {
+        TcpStream::connect_timeout(&"172.30.0.20:80".parse().unwrap(), Duration::from_secs(5))
+            .map(|_| ())
+            .unwrap_err()
+    });
+    assert_eq!(e.kind(), ErrorKind::ConnectionRefused, "TCP RST: {e}");
+    assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
+    let t0 = Instant::now();
+    let e = udp_exchange(&client, "172.30.0.20:53").unwrap_err();
+    assert_eq!(
+        e.kind(),
+        ErrorKind::ConnectionRefused,
+        "ICMP port unreachable: {e}"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
+}
+
+#[test]
+fn lab_icmp_error_translated_through_nat() {
+    let Some(r) = start("lab_icmp_error_translated_through_nat") else {
+        return;
+    };
+    // Nothing listens on the endpoints' UDP 5454: the pod's kernel answers with ICMP port
+    // unreachable from 10.1.0.1x quoting the DNATed datagram. Only translated back (source the
+    // ClusterIP, quoted destination 172.30.0.10:54) does it reach the client's socket.
+    let client = r.c.pod("client-1").to_string();
+    let e = udp_exchange(&client, "172.30.0.10:54").unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::ConnectionRefused, "{e}");
+}

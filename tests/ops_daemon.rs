@@ -257,7 +257,7 @@ fn start() -> Setup {
     let status = wait_for("the daemon's first publication", || {
         let l = admin_raw(&daemon.admin, r#"{"op":"status"}"#)?;
         let end = l.last()?.get("end")?.clone();
-        (end["generation"].as_u64()? > 0).then_some(end)
+        (end["generation"].as_u64()? > 0 && end["listening"]["healthz"].is_string()).then_some(end)
     });
     let healthz = status["listening"]["healthz"].as_str().unwrap().to_string();
     let metrics = status["listening"]["metrics"].as_str().unwrap().to_string();

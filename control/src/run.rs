@@ -75,6 +75,16 @@ pub fn run(
         metrics.clone(),
     )?;
     let rt = handle.runtime().clone();
+    // SIGTERM/SIGINT are caught from here on: one arriving while the servers and workers start
+    // (a probe or a test may already see /metrics) stops the daemon cleanly instead of killing it.
+    let (mut term, mut int) = {
+        use tokio::signal::unix::{signal, SignalKind};
+        let _guard = rt.enter();
+        (
+            signal(SignalKind::terminate()).expect("SIGTERM handler"),
+            signal(SignalKind::interrupt()).expect("SIGINT handler"),
+        )
+    };
     // Operators: /metrics, /healthz, health check node ports, the admin socket (admin::daemon).
     // Workers use `ops.dataplane` (conntrack and stats shared with the admin API).
     let extra = usize::from(ops_opts.inject_pcap.is_some());
@@ -114,10 +124,8 @@ pub fn run(
         Some(afxdp)
     };
     rt.block_on(async {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .expect("SIGTERM handler");
         tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
+            _ = int.recv() => {}
             _ = term.recv() => {}
         }
     });

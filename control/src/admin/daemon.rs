@@ -128,19 +128,38 @@ pub fn start(
         .map(|a| a.ip())
         .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
     if let Some(addr) = config.healthz_bind_address {
-        let l = bind(&rt, addr, "healthzBindAddress")?;
-        let local = l.local_addr().map(|a| a.to_string()).unwrap_or_default();
-        context
-            .listening
-            .lock()
-            .unwrap()
-            .insert("healthz".into(), local.into());
         let h = Arc::new(ProxyHealth {
             status: handle.status_cell(),
             sync_period: config.sync.sync_period.0,
             metrics: metrics.clone(),
         });
-        rt.spawn(serve_http(l, Arc::new(move |p: &str| h.answer(p))));
+        // As kube-proxy: a health server that cannot listen is logged and retried, it does not
+        // stop the dataplane.
+        let ctx = context.clone();
+        rt.spawn(async move {
+            let mut warned = false;
+            loop {
+                match tokio::net::TcpListener::bind(addr).await {
+                    Ok(l) => {
+                        let local = l.local_addr().map(|a| a.to_string()).unwrap_or_default();
+                        ctx.listening
+                            .lock()
+                            .unwrap()
+                            .insert("healthz".into(), local.into());
+                        serve_http(l, Arc::new(move |p: &str| h.answer(p))).await;
+                        return;
+                    }
+                    Err(e) => {
+                        if !warned {
+                            tracing::error!(%addr, error = %e, "healthzBindAddress: cannot listen; retrying every 5 s");
+                            eprintln!("kxdp run: healthzBindAddress {addr}: {e}; retrying every 5 s");
+                            warned = true;
+                        }
+                        tokio::time::sleep(Duration::from_secs(5)).await;
+                    }
+                }
+            }
+        });
     }
     threads.push(
         crate::health::spawn_service_health(rt.clone(), hc_ip, handle.status_cell(), stop.clone())
@@ -154,18 +173,26 @@ pub fn start(
             .admin_socket
             .clone()
             .unwrap_or_else(|| PathBuf::from(super::DEFAULT_SOCKET));
-        let server = super::serve(&path, context.clone(), &rt).map_err(|e| {
-            (
-                crate::cli::EXIT_FAILURE,
-                format!("admin socket {}: {e}", path.display()),
-            )
-        })?;
-        context
-            .listening
-            .lock()
-            .unwrap()
-            .insert("admin".into(), path.display().to_string().into());
-        Some(server)
+        // Without its admin socket the dataplane still runs: say so loudly and go on (another
+        // kxdp holding the socket is the usual cause).
+        match super::serve(&path, context.clone(), &rt) {
+            Ok(server) => {
+                context
+                    .listening
+                    .lock()
+                    .unwrap()
+                    .insert("admin".into(), path.display().to_string().into());
+                Some(server)
+            }
+            Err(e) => {
+                tracing::error!(path = %path.display(), error = %e, "admin socket: cannot listen; running without it");
+                eprintln!(
+                    "kxdp run: admin socket {}: {e}; running without it",
+                    path.display()
+                );
+                None
+            }
+        }
     };
 
     if let Some(pcap) = &opts.inject_pcap {

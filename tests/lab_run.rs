@@ -154,3 +154,92 @@ fn lab_icmp_error_translated_through_nat() {
     let e = udp_exchange(&client, "172.30.0.10:54").unwrap_err();
     assert_eq!(e.kind(), ErrorKind::ConnectionRefused, "{e}");
 }
+
+#[test]
+fn lab_nodeport_external_cluster_is_masqueraded() {
+    let Some(r) = start("lab_nodeport_external_cluster_is_masqueraded") else {
+        return;
+    };
+    // The pod sees the node's address (masquerade) and its replies, addressed to the node on the
+    // client's port, are steered back to kxdp (MASQ map), not to the node's kernel.
+    for _ in 0..4 {
+        let (peer, count) = tcp_exchange(&r.c.ext, &format!("{NODE_IP}:30080"), 100_000);
+        assert_eq!(host(&peer), NODE_IP, "masqueraded to the node address");
+        assert_eq!(count, 100_000);
+    }
+    let udp = udp_exchange(&r.c.ext, &format!("{NODE_IP}:30053")).expect("UDP NodePort");
+    assert_eq!(host(&udp), NODE_IP);
+}
+
+/// What a kxdp restart does to a long transfer through a ClusterIP (docs/afxdp.md): conntrack
+/// lives in the process, so the connection's state is lost. While kxdp is down the node's kernel
+/// gets the packets and drops them (no route to the ClusterIP, forwarding off); after the restart
+/// the stream's packets are mid-connection without a conntrack entry (`ct-invalid`) and dropped:
+/// the old connection stalls until the application gives up, and new connections work at once.
+#[test]
+fn lab_restart_during_long_transfer() {
+    let Some(mut r) = start("lab_restart_during_long_transfer") else {
+        return;
+    };
+    let client = r.c.pod("client-1").to_string();
+    let (tx, rx) = std::sync::mpsc::channel::<&'static str>();
+    let (progress_tx, progress_rx) = std::sync::mpsc::channel::<u64>();
+    let path = Lab::path(&client);
+    let transfer = std::thread::spawn(move || {
+        kxdp_dataplane::io::enter_netns(&path).unwrap();
+        let mut s =
+            TcpStream::connect_timeout(&"172.30.0.10:80".parse().unwrap(), Duration::from_secs(5))
+                .unwrap();
+        s.set_write_timeout(Some(Duration::from_secs(4))).unwrap();
+        let chunk = vec![1u8; 64 * 1024];
+        let mut sent = 0u64;
+        loop {
+            match s.write(&chunk) {
+                Ok(n) => {
+                    sent += n as u64;
+                    let _ = progress_tx.send(sent);
+                }
+                Err(e) => {
+                    let _ = tx.send(
+                        if e.kind() == ErrorKind::WouldBlock || e.kind() == ErrorKind::TimedOut {
+                            "stalled"
+                        } else {
+                            "error"
+                        },
+                    );
+                    return sent;
+                }
+            }
+        }
+    });
+    // The transfer runs through kxdp.
+    let mut last = 0;
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_millis(800) {
+        if let Ok(n) = progress_rx.recv_timeout(Duration::from_millis(100)) {
+            last = n;
+        }
+    }
+    assert!(
+        last > 1_000_000,
+        "transfer running before the restart: {last} bytes"
+    );
+    let st = r.kxdp.stop().expect("kxdp exited");
+    assert!(st.success(), "SIGTERM is a clean exit: {st:?}");
+    assert!(
+        lab::xdp_on(&r.c.node, "up0").is_none(),
+        "programs detached on SIGTERM"
+    );
+    let (config, state) = lab_files();
+    r.kxdp = Kxdp::start(&r.c.node, &config, &state);
+    // New connections work right away.
+    let (peer, count) = tcp_exchange(&client, "172.30.0.10:80", 10_000);
+    assert_eq!(host(&peer), "10.1.0.13");
+    assert_eq!(count, 10_000);
+    // The old one does not recover: its writes stall.
+    let outcome = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the old transfer neither stalled nor failed");
+    assert_eq!(outcome, "stalled");
+    transfer.join().unwrap();
+}

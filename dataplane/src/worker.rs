@@ -18,7 +18,8 @@
 //!
 //! Then one TX ring submission and kick per egress socket, completions back to the free list,
 //! the fill rings topped up. No allocation, lock or syscall per packet: the syscalls are the TX
-//! kicks (one per socket per batch, only when the kernel asks) and the idle back-off's sleeps.
+//! kicks (one per socket per batch, only when the kernel asks), the idle back-off's sleeps, and
+//! one `bpf()` map update per new masqueraded connection (its reply, see `io::xdp`).
 //!
 //! Idle back-off: after an empty poll of all sockets the worker spins `spin_polls` polls, then
 //! sleeps, doubling from `min_sleep_us` up to `max_sleep_us`; any received frame resets it. Busy
@@ -38,7 +39,7 @@ use crate::io::route::{Miss, RouteTable};
 use crate::pipeline::Pipeline;
 use crate::snapshot::Snapshot;
 use crate::stats::{clock_ms, DataplaneStats};
-use crate::verdict::{Action, Verdict};
+use crate::verdict::{Action, Reason, Verdict};
 
 /// Frames per RX batch.
 pub const BATCH: usize = 64;
@@ -87,6 +88,8 @@ pub struct IoCounters {
     pub no_egress: AtomicU64,
     pub tx_ring_full: AtomicU64,
     pub checksums_completed: AtomicU64,
+    /// New masqueraded connections whose reply could not be registered with the XDP program.
+    pub masq_map_errors: AtomicU64,
     pub idle_sleeps: AtomicU64,
     pub batches: AtomicU64,
 }
@@ -118,6 +121,8 @@ pub struct Shared {
     pub stats: Option<Arc<DataplaneStats>>,
     pub routes: Arc<ArcSwap<RouteTable>>,
     pub unresolved: crossbeam::channel::Sender<(u32, kxdp_packet::Addr, Family)>,
+    /// Where replies of new masqueraded connections are registered for the XDP program.
+    pub masq: Option<Arc<crate::io::xdp::SharedMaps>>,
     pub stop: Arc<AtomicBool>,
 }
 
@@ -211,6 +216,17 @@ impl Worker {
                 for i in 0..n {
                     let v = &verdicts[i];
                     let d = descs[i];
+                    // A new masqueraded connection: its replies come to a node address on a
+                    // port the kernel could own; tell the XDP program before the packet leaves.
+                    if v.masq && v.reason == Reason::ServiceDnat {
+                        if let Some(m) = &shared.masq {
+                            if m.add_masq_reply(v.proto, &v.dst, v.family, v.dport, v.sport)
+                                .is_err()
+                            {
+                                c.masq_map_errors.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                    }
                     match v.action {
                         Action::Forward | Action::Reject if v.has_addrs => {
                             match routes.lookup(&v.dst, v.family) {

@@ -16,7 +16,7 @@ use std::time::Duration;
 use crate::conntrack::Conntrack;
 use crate::io::afxdp::XskConfig;
 use crate::io::route::Routes;
-use crate::io::xdp::{Attachment, ModeChoice, XdpMode, XdpProgram};
+use crate::io::xdp::{Attachment, ModeChoice, SharedMaps, XdpMode, XdpProgram};
 use crate::snapshot::{FrontendKind, Snapshot};
 use crate::stats::DataplaneStats;
 use crate::worker::{Backoff, IoCounters, Shared, Tables, Worker};
@@ -172,9 +172,10 @@ impl AfXdp {
                 complete,
             });
         }
+        let maps = Arc::new(SharedMaps::create()?);
         let progs: Vec<XdpProgram> = ifs
             .iter()
-            .map(|i| XdpProgram::load(i.queues))
+            .map(|i| XdpProgram::load_with(i.queues, maps.clone()))
             .collect::<io::Result<_>>()?;
         // Sockets, worker by worker.
         let mut opened = Vec::new();
@@ -200,9 +201,7 @@ impl AfXdp {
         // Node addresses and NodePorts, before the program sees a packet.
         let snap = tables.current();
         let local = table.local_addrs.clone();
-        for p in &progs {
-            p.set_node(&node_addrs(&snap, &local), &node_ports(&snap))?;
-        }
+        maps.set_node(&node_addrs(&snap, &local), &node_ports(&snap))?;
         drop(snap);
         let mut attachments = Vec::new();
         let mut interfaces = Vec::new();
@@ -228,8 +227,8 @@ impl AfXdp {
         let stop = Arc::new(AtomicBool::new(false));
         // Keep the maps in step with publications.
         let maps_thread = {
-            let (progs, tables, stop, rt) = (
-                progs.clone(),
+            let (maps, tables, stop, rt) = (
+                maps.clone(),
                 tables.clone(),
                 stop.clone(),
                 routes.table.clone(),
@@ -244,10 +243,8 @@ impl AfXdp {
                         let addrs = node_addrs(&snap, &local);
                         let ports = node_ports(&snap);
                         if snap.generation != last.0 || addrs != last.1 || ports != last.2 {
-                            for p in progs.iter() {
-                                if let Err(e) = p.set_node(&addrs, &ports) {
-                                    eprintln!("kxdp: updating the XDP maps: {e}");
-                                }
+                            if let Err(e) = maps.set_node(&addrs, &ports) {
+                                eprintln!("kxdp: updating the XDP maps: {e}");
                             }
                             last = (snap.generation, addrs, ports);
                         }
@@ -262,6 +259,7 @@ impl AfXdp {
             stats,
             routes: routes.table.clone(),
             unresolved: routes.unresolved.clone(),
+            masq: Some(maps.clone()),
             stop: stop.clone(),
         };
         let mut counters = Vec::new();

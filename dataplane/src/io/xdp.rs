@@ -8,11 +8,19 @@
 //! IPv4 multicast/broadcast, IPv6 multicast and link-local,
 //!   ICMPv6 neighbour discovery (types 133-137)                → kernel
 //! destination is a node address (NODE4 / NODE6 maps):
+//!   TCP/UDP/SCTP reply of a masqueraded connection (MASQ4/6)  → AF_XDP
 //!   TCP/UDP/SCTP to a port set in the PORTS bitmap           → AF_XDP (NodePorts)
 //!   anything else                                             → kernel (the node's own traffic)
 //! any other IP packet (pods, Services, transit)               → AF_XDP
 //! no socket on this queue                                     → kernel (bpf_redirect_map's default)
 //! ```
+//!
+//! Masqueraded connections get replies at a node address on a port the kernel may also use; the
+//! worker that creates such a connection records its reply (protocol, endpoint address and port,
+//! node port) in the MASQ map (an LRU hash, one `bpf()` call per new masqueraded connection) before
+//! the first packet leaves, so the reply is steered to the dataplane and not to the kernel.
+//!
+//! The maps other than the XSKMAP are shared by the programs of all interfaces ([`SharedMaps`]).
 //!
 //! The program is attached with a BPF link (`BPF_LINK_CREATE`), native (driver) mode first and
 //! generic (skb) mode as the fallback. A link lives exactly as long as its file descriptor: when
@@ -37,6 +45,10 @@ const BPF_LINK_CREATE: u32 = 28;
 const BPF_MAP_TYPE_HASH: u32 = 1;
 const BPF_MAP_TYPE_ARRAY: u32 = 2;
 const BPF_MAP_TYPE_XSKMAP: u32 = 17;
+const BPF_MAP_TYPE_LRU_HASH: u32 = 9;
+
+/// Masqueraded connections whose replies the program recognises (LRU: the oldest go first).
+pub const MASQ_ENTRIES: u32 = 65536;
 const BPF_PROG_TYPE_XDP: u32 = 6;
 const BPF_XDP: u32 = 37;
 
@@ -323,6 +335,8 @@ pub struct ProgramMaps {
     pub node4: i32,
     pub node6: i32,
     pub ports: i32,
+    pub masq4: i32,
+    pub masq6: i32,
 }
 
 /// Emits the program (see the module comment for what it does).
@@ -347,6 +361,8 @@ pub fn program(maps: ProgramMaps) -> Vec<Insn> {
     a.alu_k(ADD, R4, 34);
     a.jmp_x(JGT, R4, R3, "pass");
     a.ldx(W, R7, R2, 30); // destination
+    a.ldx(W, R5, R2, 26); // source, for the MASQ key
+    a.stx(W, R10, -40, R5);
     a.mov_x(R5, R7);
     a.alu_k(AND, R5, 0xff); // first octet
     a.jmp_k(JGE, R5, 224, "pass"); // multicast, broadcast
@@ -366,6 +382,7 @@ pub fn program(maps: ProgramMaps) -> Vec<Insn> {
     a.alu_k(ADD, R2, -4);
     a.call(HELPER_MAP_LOOKUP_ELEM);
     a.jmp_k(JEQ, R0, 0, "redirect");
+    a.mov_k(R7, 4);
     a.ja("node");
 
     // IPv6 (extension headers are not walked: a node-addressed packet with one goes to the
@@ -394,12 +411,15 @@ pub fn program(maps: ProgramMaps) -> Vec<Insn> {
     for i in 0..4i16 {
         a.ldx(W, R5, R2, 38 + 4 * i);
         a.stx(W, R10, -16 + 4 * i, R5);
+        a.ldx(W, R5, R2, 22 + 4 * i); // source, for the MASQ key
+        a.stx(W, R10, -40 + 4 * i, R5);
     }
     a.ld_map(R1, maps.node6);
     a.mov_x(R2, R10);
     a.alu_k(ADD, R2, -16);
     a.call(HELPER_MAP_LOOKUP_ELEM);
     a.jmp_k(JEQ, R0, 0, "redirect");
+    a.mov_k(R7, 6);
 
     // For this node: only the ports kxdp serves (NodePorts) go to the dataplane.
     a.label("node");
@@ -414,8 +434,24 @@ pub fn program(maps: ProgramMaps) -> Vec<Insn> {
     a.mov_x(R4, R2);
     a.alu_k(ADD, R4, 4);
     a.jmp_x(JGT, R4, R3, "pass");
+    // MASQ key at fp-48: proto, 0, sport, dport (network order), 0, 0, source address.
+    a.ldx(H, R5, R2, 0);
+    a.stx(H, R10, -46, R5);
     a.ldx(H, R9, R2, 2); // destination port
+    a.stx(H, R10, -44, R9);
     a.be16(R9);
+    a.stx(B, R10, -48, R8);
+    a.mov_k(R5, 0);
+    a.stx(B, R10, -47, R5);
+    a.stx(H, R10, -42, R5);
+    a.ld_map(R1, maps.masq4);
+    a.jmp_k(JEQ, R7, 4, "masq_lookup");
+    a.ld_map(R1, maps.masq6);
+    a.label("masq_lookup");
+    a.mov_x(R2, R10);
+    a.alu_k(ADD, R2, -48);
+    a.call(HELPER_MAP_LOOKUP_ELEM);
+    a.jmp_k(JNE, R0, 0, "redirect");
     a.mov_x(R5, R9);
     a.alu_k(RSH, R5, 5);
     a.stx(W, R10, -20, R5);
@@ -443,33 +479,114 @@ pub fn program(maps: ProgramMaps) -> Vec<Insn> {
     a.finish()
 }
 
-/// The loaded program and its maps (not yet attached anywhere).
+/// The maps the programs of all interfaces share.
 #[derive(Debug)]
-pub struct XdpProgram {
-    prog: OwnedFd,
-    /// Queue index → AF_XDP socket.
-    pub xsks: Map,
+pub struct SharedMaps {
     /// IPv4 node addresses (4-byte keys, network order).
     pub node4: Map,
     /// IPv6 node addresses (16-byte keys).
     pub node6: Map,
     /// Destination ports at node addresses that go to the dataplane (65536-bit bitmap).
     pub ports: Map,
+    /// Replies of masqueraded connections: [proto, 0, sport, dport, 0, 0] + IPv4 source.
+    pub masq4: Map,
+    /// The same with an IPv6 source.
+    pub masq6: Map,
+    node_addrs: std::sync::Mutex<Vec<std::net::IpAddr>>,
+}
+
+impl SharedMaps {
+    pub fn create() -> io::Result<SharedMaps> {
+        Ok(SharedMaps {
+            node4: Map::create(BPF_MAP_TYPE_HASH, 4, 4, MAX_NODE_ADDRS)?,
+            node6: Map::create(BPF_MAP_TYPE_HASH, 16, 4, MAX_NODE_ADDRS)?,
+            ports: Map::create(BPF_MAP_TYPE_ARRAY, 4, 4, PORT_WORDS)?,
+            masq4: Map::create(BPF_MAP_TYPE_LRU_HASH, 12, 4, MASQ_ENTRIES)?,
+            masq6: Map::create(BPF_MAP_TYPE_LRU_HASH, 24, 4, MASQ_ENTRIES)?,
+            node_addrs: std::sync::Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Sets the node addresses and NodePorts (replacing what was there).
+    pub fn set_node(&self, addrs: &[std::net::IpAddr], ports: &[u16]) -> io::Result<()> {
+        let mut old = self.node_addrs.lock().unwrap_or_else(|e| e.into_inner());
+        for a in old.iter().filter(|a| !addrs.contains(a)) {
+            let _ = match a {
+                std::net::IpAddr::V4(v4) => self.node4.delete(&v4.octets()),
+                std::net::IpAddr::V6(v6) => self.node6.delete(&v6.octets()),
+            };
+        }
+        for a in addrs {
+            match a {
+                std::net::IpAddr::V4(v4) => self.node4.update(&v4.octets(), &1u32.to_ne_bytes())?,
+                std::net::IpAddr::V6(v6) => self.node6.update(&v6.octets(), &1u32.to_ne_bytes())?,
+            }
+        }
+        *old = addrs.to_vec();
+        let mut words = vec![0u32; PORT_WORDS as usize];
+        for &p in ports {
+            words[p as usize >> 5] |= 1 << (p & 31);
+        }
+        for (i, w) in words.iter().enumerate() {
+            self.ports
+                .update(&(i as u32).to_ne_bytes(), &w.to_ne_bytes())?;
+        }
+        Ok(())
+    }
+
+    /// Records the reply of a masqueraded connection: `proto` from `remote`:`remote_port` to a
+    /// node address on `node_port`.
+    pub fn add_masq_reply(
+        &self,
+        proto: u8,
+        remote: &kxdp_packet::Addr,
+        family: kxdp_packet::Family,
+        remote_port: u16,
+        node_port: u16,
+    ) -> io::Result<()> {
+        let mut key = [0u8; 24];
+        key[0] = proto;
+        key[2..4].copy_from_slice(&remote_port.to_be_bytes());
+        key[4..6].copy_from_slice(&node_port.to_be_bytes());
+        match family {
+            kxdp_packet::Family::V4 => {
+                key[8..12].copy_from_slice(&remote.v4_octets());
+                self.masq4.update(&key[..12], &1u32.to_ne_bytes())
+            }
+            kxdp_packet::Family::V6 => {
+                key[8..24].copy_from_slice(&remote.0);
+                self.masq6.update(&key, &1u32.to_ne_bytes())
+            }
+        }
+    }
+}
+
+/// The loaded program and its maps (not yet attached anywhere).
+#[derive(Debug)]
+pub struct XdpProgram {
+    prog: OwnedFd,
+    /// Queue index → AF_XDP socket.
+    pub xsks: Map,
+    pub maps: std::sync::Arc<SharedMaps>,
     pub insn_count: usize,
 }
 
 impl XdpProgram {
     /// Creates the maps and loads the program; `queues` is the XSKMAP's size.
     pub fn load(queues: u32) -> io::Result<XdpProgram> {
+        XdpProgram::load_with(queues, std::sync::Arc::new(SharedMaps::create()?))
+    }
+
+    /// Loads a program that uses `maps` (shared with other interfaces' programs).
+    pub fn load_with(queues: u32, maps: std::sync::Arc<SharedMaps>) -> io::Result<XdpProgram> {
         let xsks = Map::create(BPF_MAP_TYPE_XSKMAP, 4, 4, queues.max(1))?;
-        let node4 = Map::create(BPF_MAP_TYPE_HASH, 4, 4, MAX_NODE_ADDRS)?;
-        let node6 = Map::create(BPF_MAP_TYPE_HASH, 16, 4, MAX_NODE_ADDRS)?;
-        let ports = Map::create(BPF_MAP_TYPE_ARRAY, 4, 4, PORT_WORDS)?;
         let insns = program(ProgramMaps {
             xsks: xsks.fd(),
-            node4: node4.fd(),
-            node6: node6.fd(),
-            ports: ports.fd(),
+            node4: maps.node4.fd(),
+            node6: maps.node6.fd(),
+            ports: maps.ports.fd(),
+            masq4: maps.masq4.fd(),
+            masq6: maps.masq6.fd(),
         });
         let license = c"Apache-2.0";
         let mut log = vec![0u8; 64 * 1024];
@@ -500,9 +617,7 @@ impl XdpProgram {
         Ok(XdpProgram {
             prog,
             xsks,
-            node4,
-            node6,
-            ports,
+            maps,
             insn_count: insns.len(),
         })
     }
@@ -511,26 +626,9 @@ impl XdpProgram {
         self.prog.as_raw_fd()
     }
 
-    /// Sets the node addresses and NodePorts the program keeps for the dataplane (replacing
-    /// what was there).
+    /// Sets the node addresses and NodePorts (see `SharedMaps::set_node`).
     pub fn set_node(&self, addrs: &[std::net::IpAddr], ports: &[u16]) -> io::Result<()> {
-        // Addresses: add the new ones; stale ones are overwritten below by a full rebuild of the
-        // small maps (they hold at most MAX_NODE_ADDRS entries, set rarely).
-        for a in addrs {
-            match a {
-                std::net::IpAddr::V4(v4) => self.node4.update(&v4.octets(), &1u32.to_ne_bytes())?,
-                std::net::IpAddr::V6(v6) => self.node6.update(&v6.octets(), &1u32.to_ne_bytes())?,
-            }
-        }
-        let mut words = vec![0u32; PORT_WORDS as usize];
-        for &p in ports {
-            words[p as usize >> 5] |= 1 << (p & 31);
-        }
-        for (i, w) in words.iter().enumerate() {
-            self.ports
-                .update(&(i as u32).to_ne_bytes(), &w.to_ne_bytes())?;
-        }
-        Ok(())
+        self.maps.set_node(addrs, ports)
     }
 
     /// Registers the AF_XDP socket `xsk_fd` for `queue`.

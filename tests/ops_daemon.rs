@@ -647,6 +647,14 @@ fn daemon_ops_end_to_end() {
     assert_eq!(code, 503);
     assert!(body.contains(r#""nodeEligible":false"#), "{body}");
     assert_eq!(http_get(&s.healthz, "/livez").unwrap().0, 200);
+    // The health check node ports report the proxy's own health too (kube-proxy's
+    // serviceProxyHealthy): a node being deleted is not a healthy backend.
+    let (code, _, body) = hc(s.hc_local).unwrap();
+    assert_eq!(code, 503);
+    assert_eq!(
+        body,
+        r#"{"service":{"namespace":"demo","name":"lb-local"},"localEndpoints":0,"serviceProxyHealthy":false}"#
+    );
 
     // ---- delete and flush (same filters) ----
     let deleted = json_lines(&ok(

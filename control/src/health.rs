@@ -6,9 +6,10 @@
 //!   without the node-deletion condition. The body is kube-proxy's JSON
 //!   (`{"lastUpdated":…,"currentTime":…,"nodeEligible":…}`).
 //! - For every Service with `externalTrafficPolicy: Local` and a `healthCheckNodePort`, an HTTP
-//!   server on that port (all addresses, as kube-proxy without `nodePortAddresses`) answers 200
+//!   server on that port (the healthzBindAddress IP) answers 200
 //!   with `{"service":{"namespace":…,"name":…},"localEndpoints":N,"serviceProxyHealthy":true}` and
-//!   `X-Load-Balancing-Endpoint-Weight: N` when this node has N > 0 ready local endpoints, 503
+//!   `X-Load-Balancing-Endpoint-Weight: N` when this node has N > 0 ready local endpoints and
+//!   `/healthz` is healthy (`serviceProxyHealthy`), 503
 //!   with the same body otherwise. Servers start and stop as Services change.
 //!
 //! Every answer is counted in `kubeproxy_proxy_healthz_total{code}` / `kubeproxy_proxy_livez_total{code}`.
@@ -192,6 +193,12 @@ impl ProxyHealth {
         (fresh, !st.health.node_deleting, st.last_sync)
     }
 
+    /// What the health-check node ports report as `serviceProxyHealthy`: `/healthz`'s answer.
+    pub fn healthy(&self) -> bool {
+        let (fresh, eligible, _) = self.check(SystemTime::now());
+        fresh && eligible
+    }
+
     pub fn answer(&self, path: &str) -> Response {
         let now = SystemTime::now();
         let (fresh, eligible, last) = self.check(now);
@@ -232,14 +239,16 @@ impl ProxyHealth {
     }
 }
 
-/// The body kube-proxy's service health servers answer.
-pub fn service_answer(s: &HcService) -> Response {
+/// The body kube-proxy's service health servers answer: 200 when this node has local endpoints
+/// and the proxy itself is healthy (`/healthz`), else 503.
+pub fn service_answer(s: &HcService, proxy_healthy: bool) -> Response {
     // kube-proxy's field order (a Go struct), not serde_json's sorted map.
     let body = format!(
-        r#"{{"service":{{"namespace":{},"name":{}}},"localEndpoints":{},"serviceProxyHealthy":true}}"#,
+        r#"{{"service":{{"namespace":{},"name":{}}},"localEndpoints":{},"serviceProxyHealthy":{}}}"#,
         serde_json::Value::from(s.namespace.as_str()),
         serde_json::Value::from(s.name.as_str()),
-        s.local_endpoints
+        s.local_endpoints,
+        proxy_healthy
     );
     let mut headers = vec![];
     if s.local_endpoints > 0 {
@@ -249,7 +258,11 @@ pub fn service_answer(s: &HcService) -> Response {
         ));
     }
     Response {
-        status: if s.local_endpoints > 0 { 200 } else { 503 },
+        status: if s.local_endpoints > 0 && proxy_healthy {
+            200
+        } else {
+            503
+        },
         content_type: "application/json",
         headers,
         body,
@@ -261,14 +274,16 @@ pub struct ServiceHealthServers {
     rt: tokio::runtime::Handle,
     /// The address the servers listen on (port replaced per Service).
     ip: std::net::IpAddr,
+    proxy: Arc<ProxyHealth>,
     running: HashMap<u16, (Arc<Mutex<HcService>>, tokio::task::JoinHandle<()>)>,
 }
 
 impl ServiceHealthServers {
-    pub fn new(rt: tokio::runtime::Handle, ip: std::net::IpAddr) -> Self {
+    pub fn new(rt: tokio::runtime::Handle, ip: std::net::IpAddr, proxy: Arc<ProxyHealth>) -> Self {
         ServiceHealthServers {
             rt,
             ip,
+            proxy,
             running: HashMap::new(),
         }
     }
@@ -306,13 +321,17 @@ impl ServiceHealthServers {
             let _ = std_listener.set_nonblocking(true);
             let cur = Arc::new(Mutex::new(svc.clone()));
             let c2 = cur.clone();
+            let proxy = self.proxy.clone();
             let _guard = self.rt.enter();
             let Ok(listener) = TcpListener::from_std(std_listener) else {
                 continue;
             };
             let task = self.rt.spawn(serve_http(
                 listener,
-                Arc::new(move |_path: &str| service_answer(&c2.lock().unwrap())),
+                Arc::new(move |_path: &str| {
+                    let healthy = proxy.healthy();
+                    service_answer(&c2.lock().unwrap(), healthy)
+                }),
             ));
             tracing::info!(%addr, "health check node port server started");
             self.running.insert(*port, (cur, task));
@@ -333,13 +352,14 @@ impl Drop for ServiceHealthServers {
 pub fn spawn_service_health(
     rt: tokio::runtime::Handle,
     ip: std::net::IpAddr,
-    status: Arc<Mutex<Status>>,
+    proxy: Arc<ProxyHealth>,
     stop: Arc<std::sync::atomic::AtomicBool>,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
+    let status = proxy.status.clone();
     std::thread::Builder::new()
         .name("kxdp-hcnp".into())
         .spawn(move || {
-            let mut servers = ServiceHealthServers::new(rt, ip);
+            let mut servers = ServiceHealthServers::new(rt, ip, proxy);
             let mut last: Option<Arc<BTreeMap<u16, HcService>>> = None;
             let mut retry = 0u32;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
@@ -394,13 +414,17 @@ ports: [{port: 80}]
         let v = HealthView::from_state(&state, "a");
         assert_eq!(v.services[&30999].local_endpoints, 1);
         assert_eq!(v.services[&30999].name, "lb");
-        let r = service_answer(&v.services[&30999]);
+        let r = service_answer(&v.services[&30999], true);
         assert_eq!(r.status, 200);
         assert_eq!(
             r.body,
             r#"{"service":{"namespace":"ns","name":"lb"},"localEndpoints":1,"serviceProxyHealthy":true}"#
         );
         let v = HealthView::from_state(&state, "c");
-        assert_eq!(service_answer(&v.services[&30999]).status, 503);
+        assert_eq!(service_answer(&v.services[&30999], true).status, 503);
+        let v = HealthView::from_state(&state, "a");
+        let r = service_answer(&v.services[&30999], false);
+        assert_eq!(r.status, 503);
+        assert!(r.body.ends_with(r#""serviceProxyHealthy":false}"#));
     }
 }

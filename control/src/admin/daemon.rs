@@ -127,12 +127,13 @@ pub fn start(
         .healthz_bind_address
         .map(|a| a.ip())
         .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
+    let proxy_health = Arc::new(ProxyHealth {
+        status: handle.status_cell(),
+        sync_period: config.sync.sync_period.0,
+        metrics: metrics.clone(),
+    });
     if let Some(addr) = config.healthz_bind_address {
-        let h = Arc::new(ProxyHealth {
-            status: handle.status_cell(),
-            sync_period: config.sync.sync_period.0,
-            metrics: metrics.clone(),
-        });
+        let h = proxy_health.clone();
         // As kube-proxy: a health server that cannot listen is logged and retried, it does not
         // stop the dataplane.
         let ctx = context.clone();
@@ -162,7 +163,7 @@ pub fn start(
         });
     }
     threads.push(
-        crate::health::spawn_service_health(rt.clone(), hc_ip, handle.status_cell(), stop.clone())
+        crate::health::spawn_service_health(rt.clone(), hc_ip, proxy_health, stop.clone())
             .map_err(|e| (crate::cli::EXIT_FAILURE, e.to_string()))?,
     );
 

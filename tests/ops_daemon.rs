@@ -719,3 +719,52 @@ fn non_root_client_is_refused() {
     // Root still gets in.
     assert_eq!(ok(&a, &["conntrack", "count"]).trim(), "0");
 }
+
+/// `kxdp monitor --rate N`: at most N events a second reach the client; the rest are counted and
+/// reported once a second.
+#[test]
+fn monitor_is_rate_limited() {
+    let s = start();
+    let a = s.daemon.admin.clone();
+    let mut mon = Command::new(BIN)
+        .args(["monitor", "-o", "json", "--rate", "5", "--admin"])
+        .arg(&a)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(mon.stderr.take().unwrap());
+    let mut first = String::new();
+    err.read_line(&mut first).unwrap();
+    assert!(first.contains("listening"), "{first}");
+    // 40 new connections to a Service without endpoints: 40 rejects in one injection.
+    let frames: Vec<Vec<u8>> = (0..40)
+        .map(|i| syn(&format!("10.1.0.50:{}", 41000 + i), "172.30.0.11:80"))
+        .collect();
+    write_inject(&s.inject, &frames, 0);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let out = mon.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for l in BufReader::new(out).lines().map_while(Result::ok) {
+            if tx.send(l).is_err() {
+                break;
+            }
+        }
+    });
+    let mut events = 0;
+    let summary = loop {
+        let l = rx
+            .recv_timeout(DEADLINE)
+            .expect("monitor output within the deadline");
+        let v: Value = serde_json::from_str(&l).unwrap();
+        if v.get("suppressed").is_some() {
+            break v;
+        }
+        assert_eq!(v["reason"], "no-endpoints");
+        events += 1;
+    };
+    let _ = mon.kill();
+    let _ = mon.wait();
+    assert_eq!(events, 5);
+    assert_eq!(summary, json!({"suppressed": 35, "lost": 0}));
+}

@@ -672,6 +672,11 @@ fn daemon_ops_end_to_end() {
     assert!(ok(a, &["conntrack", "list"]).is_empty());
     let (_, _, m) = http_get(&s.metrics, "/metrics").unwrap();
     assert!(m.contains("kxdp_conntrack_entries 0"), "{m}");
+
+    // No daemon behind the socket: a runtime failure that says so.
+    let o = kxdp(&s.env.path("nope.sock"), &["conntrack", "list"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("cannot connect to the admin socket"));
 }
 
 /// The socket is root only: mode 0600, and a non-root peer that gets through anyway (the mode

@@ -209,6 +209,10 @@ pub fn conntrack(cmd: &ConntrackCommand, a: &AdminArgs) -> Result<(), CmdError> 
             })
             .map_err(fail)?;
             let _ = w.flush();
+            if end.is_null() {
+                // The reader went away (`| head`): nothing more to say.
+                return Ok(());
+            }
             let n = end.get("count").and_then(|c| c.as_u64()).unwrap_or(0);
             if matches!(cmd, ConntrackCommand::Get(_)) && n == 0 {
                 return Err(fail("conntrack get: no such connection".into()));

@@ -155,8 +155,14 @@ fn addr(name: &str) -> &str {
 
 /// The first packet of a new connection: TCP SYN, UDP datagram or SCTP INIT.
 fn opener(proto: &str, src: &str, sport: u16, dst: &str, dport: u16) -> Vec<u8> {
-    let s = format!("{src}:{sport}");
-    let d = format!("{dst}:{dport}");
+    let hp = |ip: &str, port: u16| {
+        if ip.contains(':') {
+            format!("[{ip}]:{port}")
+        } else {
+            format!("{ip}:{port}")
+        }
+    };
+    let (s, d) = (hp(src, sport), hp(dst, dport));
     match proto {
         "TCP" => syn(&s, &d),
         "UDP" => udp(&s, &d, b"probe"),
@@ -549,5 +555,56 @@ fn policy_trace_cli() {
             .status
             .code(),
         Some(2)
+    );
+}
+
+/// IPv6 (and a dual-stack pod): ipBlocks with excepts per family; an IPv6 block never admits
+/// IPv4 sources and the reverse.
+#[test]
+fn ipv6_blocks_and_dual_stack() {
+    let mut infra = cluster();
+    let mut v6pod = pod_in(
+        "prod",
+        "v6",
+        NODE_A,
+        "10.1.0.66",
+        json!({"app": "v6"}),
+        json!([]),
+    );
+    v6pod["status"]["podIPs"] = json!([{"ip": "10.1.0.66"}, {"ip": "fd00:10:1::66"}]);
+    infra.push(v6pod);
+    let mut env = Env::bare();
+    env.infra = infra;
+    env.objects = vec![netpol(
+        "prod",
+        "v6-in",
+        json!({"podSelector": {"matchLabels": {"app": "v6"}},
+        "ingress": [
+          {"from": [{"ipBlock": {"cidr": "fd00:10:2::/48", "except": ["fd00:10:2:1::/64"]}}], "ports": [{"port": 80}]},
+          {"from": [{"ipBlock": {"cidr": "::/0"}}], "ports": [{"protocol": "UDP", "port": 53}]},
+          {"from": [{"ipBlock": {"cidr": "10.2.0.0/16"}}], "ports": [{"protocol": "SCTP", "port": 80}]}
+        ]}),
+    )];
+    let probes = &[("TCP", 80), ("UDP", 53), ("SCTP", 80)];
+    replay_grid(
+        &env,
+        probes,
+        "
+                           fd00:10:1::66
+        fd00:10:2::9       ..i
+        fd00:10:2:1::9     i.i
+        2001:db8::7        i.i
+        fd00:10:1::66      ...
+        ",
+    );
+    replay_grid(
+        &env,
+        probes,
+        "
+                           10.1.0.66
+        10.2.0.9           ii.
+        203.0.113.7        iii
+        10.1.0.1           iii
+        ",
     );
 }

@@ -103,6 +103,7 @@ fn run_against_the_api_server() {
     run_until_synced(
         &[
             "run",
+            "--no-admin",
             "--config",
             cfg.to_str().unwrap(),
             "--kubeconfig",
@@ -126,12 +127,13 @@ fn run_with_state_files() {
     let cfg = dir.path().join("config.yaml");
     std::fs::write(
         &cfg,
-        format!("apiVersion: kxdp.dev/v1alpha1\nkind: DataplaneConfiguration\nnodeName: node-a\nnodeIPs: [192.168.0.2]\nmetricsBindAddress: 127.0.0.1:{port}\n"),
+        format!("apiVersion: kxdp.dev/v1alpha1\nkind: DataplaneConfiguration\nnodeName: node-a\nnodeIPs: [192.168.0.2]\nmetricsBindAddress: 127.0.0.1:{port}\nhealthzBindAddress: \"\"\n"),
     )
     .unwrap();
     run_until_synced(
         &[
             "run",
+            "--no-admin",
             "--config",
             cfg.to_str().unwrap(),
             "--state",
@@ -144,6 +146,7 @@ fn run_with_state_files() {
     let out = Command::new(env!("CARGO_BIN_EXE_kxdp"))
         .args([
             "run",
+            "--no-admin",
             "--config",
             cfg.to_str().unwrap(),
             "--state",

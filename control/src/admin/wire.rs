@@ -120,6 +120,9 @@ pub struct CtEntry {
     pub bytes_orig: u64,
     pub packets_reply: u64,
     pub bytes_reply: u64,
+    /// ICMP/ICMPv6 echo: the identifier (both directions keep it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub icmp_id: Option<u16>,
     /// Not in the JSON: whether a reply was seen ([UNREPLIED] in the table).
     #[serde(skip)]
     pub replied: bool,
@@ -152,6 +155,7 @@ impl CtEntry {
             bytes_orig: v.bytes[0],
             packets_reply: v.packets[1],
             bytes_reply: v.bytes[1],
+            icmp_id: matches!(v.orig.proto, 1 | 58).then_some(v.orig.sport),
             replied: v.state & FLAG_SEEN_REPLY != 0,
             proto_num: v.orig.proto,
         }
@@ -170,7 +174,14 @@ impl CtEntry {
             s.push_str(st);
             s.push(' ');
         }
-        tuple_fields(&mut s, &self.orig_src, &self.orig_dst, num);
+        tuple_fields(
+            &mut s,
+            &self.orig_src,
+            &self.orig_dst,
+            num,
+            self.icmp_id,
+            true,
+        );
         s.push_str(&format!(
             "packets={} bytes={} ",
             self.packets_orig, self.bytes_orig
@@ -178,7 +189,14 @@ impl CtEntry {
         if !self.replied && self.packets_reply == 0 {
             s.push_str("[UNREPLIED] ");
         }
-        tuple_fields(&mut s, &self.reply_src, &self.reply_dst, num);
+        tuple_fields(
+            &mut s,
+            &self.reply_src,
+            &self.reply_dst,
+            num,
+            self.icmp_id,
+            false,
+        );
         s.push_str(&format!(
             "packets={} bytes={} ",
             self.packets_reply, self.bytes_reply
@@ -227,14 +245,28 @@ pub fn split_endpoint(s: &str) -> (String, Option<String>) {
     }
 }
 
-fn tuple_fields(out: &mut String, src: &str, dst: &str, proto: u8) {
+fn tuple_fields(
+    out: &mut String,
+    src: &str,
+    dst: &str,
+    proto: u8,
+    icmp_id: Option<u16>,
+    orig: bool,
+) {
     let (sa, sp) = split_endpoint(src);
     let (da, dp) = split_endpoint(dst);
     out.push_str(&format!("src={sa} dst={da} "));
     if let (Some(sp), Some(dp)) = (sp, dp) {
         out.push_str(&format!("sport={sp} dport={dp} "));
-    } else if matches!(proto, 1 | 58) {
-        // ICMP: the tuple carries no type/code; the id is not kept separately either.
+    } else if let Some(id) = icmp_id {
+        // Tracked ICMP is echo: request in the original direction, reply in the other.
+        let t = match (proto, orig) {
+            (1, true) => 8,
+            (1, false) => 0,
+            (_, true) => 128,
+            (_, false) => 129,
+        };
+        out.push_str(&format!("type={t} code=0 id={id} "));
     }
 }
 
@@ -344,5 +376,30 @@ mod tests {
         );
         assert_eq!(split_endpoint("fd00::1"), ("fd00::1".into(), None));
         assert_eq!(split_endpoint("10.0.0.1"), ("10.0.0.1".into(), None));
+        let e = CtEntry {
+            proto: "ICMP".into(),
+            state: None,
+            timeout_s: 29,
+            assured: true,
+            orig_src: "10.0.0.1".into(),
+            orig_dst: "172.30.0.1".into(),
+            reply_src: "10.1.0.1".into(),
+            reply_dst: "10.0.0.1".into(),
+            service: None,
+            packets_orig: 1,
+            bytes_orig: 84,
+            packets_reply: 1,
+            bytes_reply: 84,
+            icmp_id: Some(7),
+            replied: true,
+            proto_num: 1,
+        };
+        assert_eq!(
+            e.table_line(),
+            "icmp     1 29 src=10.0.0.1 dst=172.30.0.1 type=8 code=0 id=7 packets=1 bytes=84 src=10.1.0.1 dst=10.0.0.1 type=0 code=0 id=7 packets=1 bytes=84 [ASSURED] mark=0 use=1"
+        );
+        let j = serde_json::to_value(&e).unwrap();
+        assert_eq!(j["icmp_id"], 7);
+        assert!(j.get("state").is_none());
     }
 }

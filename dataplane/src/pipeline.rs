@@ -740,7 +740,11 @@ impl Pipeline {
 #[inline]
 fn first_packet(buf: &[u8], meta: &PacketMeta) -> Result<FirstPacket, ()> {
     if meta.proto != kxdp_packet::proto::SCTP || meta.l4_off == 0 {
-        return Ok(meta.tcp_flags.into());
+        return Ok(FirstPacket {
+            tcp_flags: meta.tcp_flags,
+            bytes: meta.ip_len as u64,
+            sctp: None,
+        });
     }
     let sctp = buf.get(meta.l4_off as usize..meta.ip_end()).ok_or(())?;
     let summary = if meta.frag.more {
@@ -754,6 +758,7 @@ fn first_packet(buf: &[u8], meta: &PacketMeta) -> Result<FirstPacket, ()> {
     .map_err(|_| ())?;
     Ok(FirstPacket {
         tcp_flags: 0,
+        bytes: meta.ip_len as u64,
         sctp: Some(summary),
     })
 }

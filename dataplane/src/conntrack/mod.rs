@@ -48,6 +48,8 @@ pub struct Conntrack {
 #[derive(Clone, Copy, Debug, Default)]
 pub struct FirstPacket {
     pub tcp_flags: u8,
+    /// IP length, counted when the packet creates the connection.
+    pub bytes: u64,
     /// SCTP: the packet's chunks (None for a later fragment).
     pub sctp: Option<kxdp_packet::sctp::ChunkSummary>,
 }
@@ -57,6 +59,7 @@ impl From<u8> for FirstPacket {
     fn from(tcp_flags: u8) -> FirstPacket {
         FirstPacket {
             tcp_flags,
+            bytes: 0,
             sctp: None,
         }
     }
@@ -205,6 +208,8 @@ impl Conntrack {
         if orig.proto == 132 {
             self.table.set_tags(idx, tags);
         }
+        // The first packet is the connection's too (conntrack -L counts it).
+        self.table.count(idx, DIR_ORIG, first.bytes);
         Ok(idx)
     }
 

@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
@@ -23,8 +23,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kxdp_control::incremental::Builder;
 use kxdp_control::metrics::Metrics;
-use kxdp_control::model::{ClusterState, Object, ObjectKey};
-use kxdp_control::sync::{ControlLoop, Source, Update};
+use kxdp_control::model::{ClusterState, Object};
+use kxdp_control::sync::{ControlLoop, Published, Source, Store, Update};
 use kxdp_control::Config;
 
 const ENDPOINTS: usize = 10;
@@ -182,10 +182,11 @@ fn bench(n: usize) {
         }
         Duration::from_nanos(seen_at.load(Ordering::Acquire))
     };
+    let whole = state.clone();
     let t0 = start_ns.elapsed();
     tx.send(Update::ReplaceAll {
         source: "bench".into(),
-        state: state.clone(),
+        state: whole,
     })
     .unwrap();
     let initial = wait_gen(1) - t0;
@@ -208,19 +209,36 @@ fn bench(n: usize) {
     tx.send(Update::Apply(Object::Service(Box::new(svc))))
         .unwrap();
     let svc_change = wait_gen(gen + 1) - t0;
-    {
-        let snap = published.load();
-        let key = ObjectKey::new(format!("ns-{}", (n / 2) % 100), format!("svc-{}", n / 2));
-        let _ = key;
-        assert_eq!(snap.frontends.len(), frontends);
-    }
+    assert_eq!(published.load().frontends.len(), frontends);
     stop.store(true, Ordering::Relaxed);
     reader.join().unwrap();
     let st = handle.status();
     handle.shutdown();
 
+    // The same change on this thread: store + retranslate + publish, without the thread hop.
+    let mut store = Store::new("node-0");
+    store.replace_all(state, SystemTime::now());
+    store.changes = Default::default();
+    let mut b = Builder::new(config());
+    let published = Published::new(b.full(&store.state));
+    let mut direct = Vec::new();
+    let mut copied = 0;
+    for k in 0..200usize {
+        let i = (k * 7919) % n;
+        let s = slice(i, 1 + k % 2);
+        let t = Instant::now();
+        store.apply(Object::EndpointSlice(Box::new(s)), SystemTime::now());
+        let changes = std::mem::take(&mut store.changes);
+        let mut snap = b.update(&store.state, &changes.services);
+        snap.generation = k as u64 + 2;
+        let old = published.store(Arc::new(snap));
+        direct.push(t.elapsed());
+        copied += kxdp_dataplane::snapshot::SHARDS
+            - published.load().frontends.shared_shards(&old.frontends);
+    }
+
     println!(
-        "| {n} | {frontends} | {} | {} | {} | {} | {} | {} | {} |",
+        "| {n} | {frontends} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} |",
         ms(median(&mut full)),
         ms(initial),
         ms(median(&mut change)),
@@ -228,6 +246,8 @@ fn bench(n: usize) {
         ms(*change.iter().max().unwrap()),
         ms(svc_change),
         st.syncs,
+        ms(median(&mut direct)),
+        copied as f64 / 200.0,
     );
 }
 
@@ -241,8 +261,8 @@ fn main() {
     } else {
         sizes
     };
-    println!("| Services | frontends | full build (Builder::full, median of 5) | initial sync via loop (send → seen by reader) | one-Service change → seen by reader (median of 200) | p99 | max | Service port change | syncs |");
-    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+    println!("| Services | frontends | full build (Builder::full, median of 5) | initial sync via loop (send → seen by reader) | one-Service change → seen by reader (median of 200) | p99 | max | Service port change | syncs | one change, same thread (store + update + publish, median) | frontend shards copied per change |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
     for n in sizes {
         bench(n);
     }

@@ -848,10 +848,8 @@ impl Loop {
             }
             st.last_sync = Some(wall);
             st.last_sync_duration = elapsed;
-            st.health = crate::health::HealthView::from_state(
-                &self.store.state,
-                &self.config.node_name,
-            );
+            st.health =
+                crate::health::HealthView::from_state(&self.store.state, &self.config.node_name);
         }
         self.publish_status_problems();
         tracing::debug!(

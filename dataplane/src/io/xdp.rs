@@ -764,3 +764,31 @@ fn set_link_xdp(ifindex: u32, fd: i32, flags: u32) -> io::Result<()> {
     msg[..4].copy_from_slice(&len.to_ne_bytes());
     super::netlink_request(libc::NETLINK_ROUTE, &msg)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn program_is_small_and_jumps_stay_inside() {
+        let insns = program(ProgramMaps {
+            xsks: 3,
+            node4: 4,
+            node6: 5,
+            ports: 6,
+            masq4: 7,
+            masq6: 8,
+        });
+        eprintln!("XDP program: {} instructions", insns.len());
+        assert!(insns.len() < 160);
+        for (i, ins) in insns.iter().enumerate() {
+            let class = ins.code & 0x07;
+            let op = ins.code & 0xf0;
+            if class == 0x05 && op != 0x80 && op != 0x90 {
+                let t = i as i64 + 1 + ins.off as i64;
+                assert!(t >= 0 && (t as usize) < insns.len(), "jump at {i} to {t}");
+            }
+        }
+        assert_eq!(insns.last().unwrap().code, 0x95, "ends with exit");
+    }
+}

@@ -21,8 +21,7 @@ if ! command -v iptables-restore >/dev/null || ! command -v nft >/dev/null; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q iptables nftables >/dev/null
 fi
 
-echo "== build (release)"
-cargo build --release --locked --bin kxdp
+echo "== build (release; the test build also builds the kxdp binary it runs)"
 cargo test --release --locked --test lab_bench --no-run
 
 out=target/lab-bench.jsonl

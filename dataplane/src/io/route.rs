@@ -568,3 +568,63 @@ fn refresher(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn a(s: &str) -> Addr {
+        Addr::from_ip(s.parse().unwrap())
+    }
+
+    fn r(prefix: &str, len: u8, oif: u32, gw: Option<&str>, metric: u32) -> RouteEntry {
+        RouteEntry {
+            family: Family::V4,
+            prefix: a(prefix).as_u128(),
+            len,
+            oif,
+            gateway: gw.map(a),
+            metric,
+        }
+    }
+
+    #[test]
+    fn longest_prefix_then_metric_and_neighbours() {
+        let mut neigh = HashMap::new();
+        neigh.insert((2, a("10.1.0.11").as_u128()), [2; 6]);
+        neigh.insert((1, a("192.168.0.1").as_u128()), [1; 6]);
+        let t = RouteTable::new(
+            vec![
+                r("0.0.0.0", 0, 1, Some("192.168.0.1"), 0),
+                r("10.1.0.0", 24, 3, None, 100),
+                r("10.1.0.0", 24, 4, None, 10),
+                r("10.1.0.11", 32, 2, None, 0),
+            ],
+            neigh,
+            HashMap::new(),
+        );
+        // /32 on-link with a neighbour.
+        assert_eq!(
+            t.lookup(&a("10.1.0.11"), Family::V4),
+            Ok(NextHop {
+                oif: 2,
+                mac: [2; 6]
+            })
+        );
+        // /24: the lower metric wins; no neighbour known yet.
+        assert_eq!(
+            t.lookup(&a("10.1.0.12"), Family::V4),
+            Err(Miss::NoNeighbour(4, a("10.1.0.12")))
+        );
+        // Default route: the gateway's MAC.
+        assert_eq!(
+            t.lookup(&a("203.0.113.7"), Family::V4),
+            Ok(NextHop {
+                oif: 1,
+                mac: [1; 6]
+            })
+        );
+        // No IPv6 route at all.
+        assert_eq!(t.lookup(&a("2001:db8::1"), Family::V6), Err(Miss::NoRoute));
+    }
+}

@@ -130,7 +130,26 @@ pub fn run(
         }
     });
     // Workers stop and the XDP programs are detached before anything else goes away.
-    drop(afxdp);
+    if let Some(afxdp) = afxdp {
+        let counters = afxdp.counters.clone();
+        drop(afxdp.stop());
+        for (w, c) in counters {
+            let g = |x: &std::sync::atomic::AtomicU64| x.load(std::sync::atomic::Ordering::Relaxed);
+            eprintln!(
+                "kxdp run: worker {w}: rx {} tx {} dropped {} no-route {} no-neighbour {} no-egress {} tx-ring-full {} pass-dropped {} checksums-completed {}",
+                g(&c.rx),
+                g(&c.tx),
+                g(&c.dropped),
+                g(&c.no_route),
+                g(&c.no_neighbour),
+                g(&c.no_egress),
+                g(&c.tx_ring_full),
+                g(&c.pass_dropped),
+                g(&c.checksums_completed)
+            );
+        }
+        eprintln!("kxdp run: XDP programs detached");
+    }
     drop(ops);
     handle.shutdown();
     Ok(())

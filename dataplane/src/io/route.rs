@@ -125,6 +125,28 @@ impl RouteTable {
         }
     }
 
+    /// Next hops known in advance (gateways, host routes such as a pod's /32) that have no
+    /// usable neighbour entry yet.
+    pub fn unresolved_next_hops(&self) -> Vec<(u32, Addr, Family)> {
+        let mut out = Vec::new();
+        for r in &self.routes {
+            let host = match r.family {
+                Family::V4 => r.len == 32,
+                Family::V6 => r.len == 128,
+            };
+            let nh = match (r.gateway, host) {
+                (Some(g), _) => g,
+                (None, true) => Addr(r.prefix.to_be_bytes()),
+                _ => continue,
+            };
+            if !self.neigh.contains_key(&(r.oif, nh.as_u128())) {
+                out.push((r.oif, nh, r.family));
+            }
+        }
+        out.truncate(4096);
+        out
+    }
+
     /// Reads the calling thread's namespace's tables.
     pub fn read() -> io::Result<RouteTable> {
         let mut routes = Vec::new();
@@ -493,7 +515,13 @@ impl Routes {
                 std::mem::size_of::<libc::timeval>() as u32,
             )
         };
-        let table = Arc::new(ArcSwap::from_pointee(RouteTable::read()?));
+        let first = RouteTable::read()?;
+        // Resolve the next hops we already know of, so that the first packet toward a pod or
+        // gateway the node has not talked to yet is not dropped for want of a MAC address.
+        for (oif, a, f) in first.unresolved_next_hops() {
+            let _ = request_resolution(oif, &a, f);
+        }
+        let table = Arc::new(ArcSwap::from_pointee(first));
         let (tx, rx) = crossbeam::channel::bounded::<(u32, Addr, Family)>(1024);
         let stop = Arc::new(AtomicBool::new(false));
         let (t2, s2) = (table.clone(), stop.clone());
@@ -547,7 +575,20 @@ fn refresher(
             } > 0
             {}
             match RouteTable::read() {
-                Ok(t) => table.store(Arc::new(t)),
+                Ok(t) => {
+                    let now = std::time::Instant::now();
+                    for (oif, a, f) in t.unresolved_next_hops() {
+                        let key = (oif, a.as_u128());
+                        if asked
+                            .get(&key)
+                            .is_none_or(|t| now.duration_since(*t) >= Duration::from_secs(5))
+                        {
+                            asked.insert(key, now);
+                            let _ = request_resolution(oif, &a, f);
+                        }
+                    }
+                    table.store(Arc::new(t))
+                }
                 Err(e) => eprintln!("kxdp: reading routes and neighbours: {e}"),
             }
         }

@@ -773,3 +773,59 @@ fn monitor_is_rate_limited() {
     assert_eq!(events, 5);
     assert_eq!(summary, json!({"suppressed": 35, "lost": 0}));
 }
+
+/// A UDP Service with one endpoint (`ip`), port 53 → 5353.
+fn udp_service(ip: &str) -> Vec<Value> {
+    vec![
+        service(
+            "dns",
+            json!({"type": "ClusterIP", "clusterIP": "172.30.0.53", "clusterIPs": ["172.30.0.53"],
+                   "ipFamilies": ["IPv4"], "ipFamilyPolicy": "SingleStack",
+                   "ports": [{"name": "dns", "port": 53, "protocol": "UDP", "targetPort": 5353}]}),
+        ),
+        endpoint_slice(
+            "dns",
+            "dns-abcde",
+            "IPv4",
+            json!([sport("dns", 5353, "UDP")]),
+            vec![endpoint(ip, NODE_A)],
+        ),
+    ]
+}
+
+/// Stale UDP state in the daemon (docs/nat.md): when a publication replaces a UDP Service's only
+/// endpoint, the connection pinned to the old one is deleted, and the stream's next packet goes
+/// to the new endpoint.
+#[test]
+fn daemon_deletes_stale_udp_connections_on_publication() {
+    let mut s = start();
+    let a = s.daemon.admin.clone();
+    let a = a.as_path();
+    s.env.add_all(udp_service("10.1.0.53"));
+    s.env.write_files();
+    let stream = || vec![udp("10.1.0.50:5000", "172.30.0.53:53", b"stat")];
+    let udp_entries =
+        |a: &Path| json_lines(&ok(a, &["conntrack", "list", "-p", "udp", "-o", "json"]));
+    let mut bump = 0;
+    let first = wait_for("a UDP connection to the first endpoint", || {
+        bump += 1;
+        write_inject(&s.inject, &stream(), bump);
+        std::thread::sleep(Duration::from_millis(200));
+        udp_entries(a).into_iter().next()
+    });
+    assert_eq!(first["reply_src"], "10.1.0.53:5353");
+
+    // The endpoint is replaced (the later slice of the same name wins).
+    s.env.add_all(udp_service("10.1.0.54"));
+    s.env.write_files();
+    wait_for("the stale UDP connection to be deleted", || {
+        udp_entries(a).is_empty().then_some(())
+    });
+    let moved = wait_for("the stream on the new endpoint", || {
+        bump += 1;
+        write_inject(&s.inject, &stream(), bump);
+        std::thread::sleep(Duration::from_millis(200));
+        udp_entries(a).into_iter().next()
+    });
+    assert_eq!(moved["reply_src"], "10.1.0.54:5353");
+}

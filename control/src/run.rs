@@ -123,12 +123,39 @@ pub fn run(
         }
         Some(afxdp)
     };
+    // Stale UDP state (docs/nat.md): after every publication, UDP connections the new tables no
+    // longer support are deleted, off the workers' path.
+    let stale_cleaner = {
+        let published = published.clone();
+        let ct = ops.dataplane.ct.clone();
+        rt.spawn(async move {
+            let mut seen = published.generation();
+            loop {
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                if published.generation() == seen {
+                    continue;
+                }
+                let snapshot = published.load_full();
+                seen = snapshot.generation;
+                let ct = ct.clone();
+                let flushed = tokio::task::spawn_blocking(move || {
+                    kxdp_dataplane::stale::flush_stale_udp(&ct, &snapshot)
+                })
+                .await
+                .unwrap_or(0);
+                if flushed > 0 {
+                    tracing::info!(flushed, generation = seen, "stale UDP connections deleted");
+                }
+            }
+        })
+    };
     rt.block_on(async {
         tokio::select! {
             _ = int.recv() => {}
             _ = term.recv() => {}
         }
     });
+    stale_cleaner.abort();
     // Workers stop and the XDP programs are detached before anything else goes away.
     if let Some(afxdp) = afxdp {
         let counters = afxdp.counters.clone();

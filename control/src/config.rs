@@ -72,8 +72,21 @@ pub struct DataplaneConfiguration {
     /// Run mode: the interfaces the workers own.
     #[serde(default)]
     pub interfaces: Vec<String>,
+    /// How the XDP program attaches: `auto` (native, generic when the driver has no native XDP),
+    /// `native` or `generic`.
+    #[serde(default)]
+    pub xdp_mode: XdpMode,
     #[serde(default)]
     pub workers: WorkersConfig,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum XdpMode {
+    #[default]
+    Auto,
+    Native,
+    Generic,
 }
 
 /// One `nodePortAddresses` entry.
@@ -149,6 +162,8 @@ pub struct WorkersConfig {
     pub count: usize,
     /// CPUs to pin worker i to (`cpus[i % len]`); empty: no pinning.
     pub cpus: Vec<usize>,
+    /// What an idle worker does: the CPU/latency trade-off (docs/afxdp.md).
+    pub idle: IdleConfig,
 }
 
 impl Default for WorkersConfig {
@@ -156,6 +171,25 @@ impl Default for WorkersConfig {
         WorkersConfig {
             count: 1,
             cpus: Vec::new(),
+            idle: IdleConfig::default(),
+        }
+    }
+}
+
+/// An idle worker polls its rings `spinPolls` times, then sleeps from 10 µs doubling up to
+/// `maxSleep` between polls: more spinning and shorter sleeps cost CPU and save latency.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct IdleConfig {
+    pub spin_polls: u32,
+    pub max_sleep: GoDuration,
+}
+
+impl Default for IdleConfig {
+    fn default() -> Self {
+        IdleConfig {
+            spin_polls: 2000,
+            max_sleep: GoDuration(std::time::Duration::from_millis(1)),
         }
     }
 }
@@ -410,6 +444,21 @@ mod tests {
     }
 
     #[test]
+    fn xdp_mode_and_idle_back_off() {
+        let c = load("").unwrap();
+        assert_eq!(c.xdp_mode, XdpMode::Auto);
+        assert_eq!(c.workers.idle, IdleConfig::default());
+        let c =
+            load("xdpMode: generic\nworkers: {count: 2, idle: {spinPolls: 10, maxSleep: 50us}}\n")
+                .unwrap();
+        assert_eq!(c.xdp_mode, XdpMode::Generic);
+        assert_eq!(c.workers.idle.spin_polls, 10);
+        assert_eq!(c.workers.idle.max_sleep.0, Duration::from_micros(50));
+        assert!(load_err("xdpMode: turbo\n").contains("xdpMode"));
+        assert!(load_err("workers: {idle: {spin: 1}}\n").contains("workers.idle"));
+    }
+
+    #[test]
     fn defaults() {
         let c = load("").unwrap();
         assert_eq!(c.node_name, "");
@@ -445,7 +494,8 @@ mod tests {
             c.workers,
             WorkersConfig {
                 count: 1,
-                cpus: vec![]
+                cpus: vec![],
+                idle: IdleConfig::default(),
             }
         );
     }
@@ -506,7 +556,8 @@ workers: {count: 2, cpus: [0, 1]}
             c.workers,
             WorkersConfig {
                 count: 2,
-                cpus: vec![0, 1]
+                cpus: vec![0, 1],
+                idle: IdleConfig::default(),
             }
         );
     }

@@ -4,9 +4,8 @@
 //! attached to every interface, pinned poll-mode workers that pick up each publication between
 //! batches. With no interfaces configured only the control plane runs, and the command says so.
 //!
-//! Environment knobs of the dataplane (not yet config fields): `KXDP_XDP_MODE`
-//! (`auto`|`native`|`generic`), `KXDP_IDLE_SPIN_POLLS`, `KXDP_IDLE_MAX_SLEEP_US` (the idle
-//! back-off, see `docs/afxdp.md`).
+//! The dataplane's knobs are config fields: `xdpMode` (`auto`|`native`|`generic`) and
+//! `workers.idle` (`spinPolls`, `maxSleep`: the idle back-off, see `docs/afxdp.md`).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -188,13 +187,6 @@ impl kxdp_dataplane::worker::Tables for Published {
     }
 }
 
-fn env_num(name: &str, default: u32) -> u32 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 /// Attaches the AF_XDP dataplane to the configured interfaces.
 fn start_dataplane(
     config: &Config,
@@ -202,27 +194,22 @@ fn start_dataplane(
     dp: &crate::admin::Dataplane,
 ) -> Result<kxdp_dataplane::io::runner::AfXdp, RunError> {
     use kxdp_dataplane::io::xdp::ModeChoice;
-    let mode = match std::env::var("KXDP_XDP_MODE").as_deref() {
-        Ok("native") => ModeChoice::Native,
-        Ok("generic") => ModeChoice::Generic,
-        Ok("auto") | Err(_) => ModeChoice::Auto,
-        Ok(other) => {
-            return Err((
-                crate::cli::EXIT_BAD_INPUT,
-                format!("KXDP_XDP_MODE={other}: expected auto, native or generic"),
-            ))
-        }
+    let mode = match config.xdp_mode {
+        crate::config::XdpMode::Auto => ModeChoice::Auto,
+        crate::config::XdpMode::Native => ModeChoice::Native,
+        crate::config::XdpMode::Generic => ModeChoice::Generic,
     };
     let defaults = kxdp_dataplane::worker::Backoff::default();
+    let idle = &config.workers.idle;
     let opts = kxdp_dataplane::io::runner::RunOptions {
         interfaces: config.interfaces.clone(),
         workers: config.workers.count.max(1),
         cpus: config.workers.cpus.clone(),
         xsk: Default::default(),
         backoff: kxdp_dataplane::worker::Backoff {
-            spin_polls: env_num("KXDP_IDLE_SPIN_POLLS", defaults.spin_polls),
+            spin_polls: idle.spin_polls,
             min_sleep_us: defaults.min_sleep_us,
-            max_sleep_us: env_num("KXDP_IDLE_MAX_SLEEP_US", defaults.max_sleep_us),
+            max_sleep_us: (idle.max_sleep.0.as_micros() as u32).max(defaults.min_sleep_us),
         },
         mode,
     };

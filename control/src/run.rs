@@ -162,7 +162,7 @@ pub fn run(
         for (w, c) in counters {
             let g = |x: &std::sync::atomic::AtomicU64| x.load(std::sync::atomic::Ordering::Relaxed);
             eprintln!(
-                "kxdp run: worker {w}: rx {} tx {} dropped {} no-route {} no-neighbour {} no-egress {} tx-ring-full {} pass-dropped {} checksums-completed {}",
+                "kxdp run: worker {w}: rx {} tx {} dropped {} no-route {} no-neighbour {} no-egress {} tx-ring-full {} pass-dropped {} checksums-completed {} ttl-expired {}",
                 g(&c.rx),
                 g(&c.tx),
                 g(&c.dropped),
@@ -171,7 +171,8 @@ pub fn run(
                 g(&c.no_egress),
                 g(&c.tx_ring_full),
                 g(&c.pass_dropped),
-                g(&c.checksums_completed)
+                g(&c.checksums_completed),
+                g(&c.ttl_expired)
             );
         }
         eprintln!("kxdp run: XDP programs detached");

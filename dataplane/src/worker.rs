@@ -88,6 +88,8 @@ pub struct IoCounters {
     pub no_egress: AtomicU64,
     pub tx_ring_full: AtomicU64,
     pub checksums_completed: AtomicU64,
+    /// Forwarded packets whose TTL / hop limit ran out here (dropped, as a router does).
+    pub ttl_expired: AtomicU64,
     /// New masqueraded connections whose reply could not be registered with the XDP program.
     pub masq_map_errors: AtomicU64,
     pub idle_sleeps: AtomicU64,
@@ -238,6 +240,19 @@ impl Worker {
                                         self.umem.recycle(d.addr);
                                         continue;
                                     };
+                                    let f = self.umem.frame_mut(d.addr);
+                                    // kxdp routes what it forwards: TTL / hop limit go down by
+                                    // one (replies it generates start fresh).
+                                    if v.action == Action::Forward
+                                        && !kxdp_packet::decrement_ttl(
+                                            &mut f[..d.len],
+                                            LinkType::Ethernet,
+                                        )
+                                    {
+                                        c.ttl_expired.fetch_add(1, Ordering::Relaxed);
+                                        self.umem.recycle(d.addr);
+                                        continue;
+                                    }
                                     let f = self.umem.frame_mut(d.addr);
                                     f[..6].copy_from_slice(&nh.mac);
                                     f[6..12].copy_from_slice(&self.ports[e].mac);

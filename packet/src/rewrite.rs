@@ -179,3 +179,70 @@ fn set_ports(frame: &mut [u8], l4: usize, sport: u16, dport: u16, meta: &mut Pac
     meta.sport = sport;
     meta.dport = dport;
 }
+
+/// Decrements the IPv4 TTL (updating the header checksum incrementally) or the IPv6 hop limit of
+/// a frame being forwarded, as a router does. Returns false, changing nothing, when the packet
+/// must not be forwarded (TTL or hop limit 0 or 1) or the frame is not IP.
+pub fn decrement_ttl(frame: &mut [u8], link: crate::LinkType) -> bool {
+    let l3 = match link {
+        crate::LinkType::Ethernet => match crate::ethernet::l3_offset(frame) {
+            Ok((_, off)) => off,
+            Err(_) => return false,
+        },
+        crate::LinkType::RawIp => 0,
+    };
+    match frame.get(l3).map(|b| b >> 4) {
+        Some(4) if frame.len() >= l3 + ipv4::MIN_HEADER_LEN => {
+            let ttl = frame[l3 + 8];
+            if ttl <= 1 {
+                return false;
+            }
+            let old = get16(frame, l3 + 8);
+            frame[l3 + 8] = ttl - 1;
+            let c = update16(get16(frame, l3 + 10), old, get16(frame, l3 + 8));
+            set16(frame, l3 + 10, c);
+            true
+        }
+        Some(6) if frame.len() >= l3 + ipv6::HEADER_LEN => {
+            if frame[l3 + 7] <= 1 {
+                return false;
+            }
+            frame[l3 + 7] -= 1;
+            true
+        }
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod ttl_tests {
+    use super::*;
+    use crate::{checksum, parse, LinkType, Parsed};
+
+    #[test]
+    fn ttl_decrements_with_a_valid_checksum_and_stops_at_one() {
+        let mut v = Vec::new();
+        etherparse::PacketBuilder::ethernet2([1; 6], [2; 6])
+            .ipv4([10, 0, 0, 1], [10, 0, 0, 2], 2)
+            .udp(1, 2)
+            .write(&mut v, &[1, 2, 3])
+            .unwrap();
+        assert!(decrement_ttl(&mut v, LinkType::Ethernet));
+        let Ok(Parsed::Ip(m)) = parse(&v, LinkType::Ethernet) else {
+            panic!()
+        };
+        assert_eq!(m.ttl, 1);
+        checksum::verify(&v, &m).unwrap();
+        let before = v.clone();
+        assert!(!decrement_ttl(&mut v, LinkType::Ethernet));
+        assert_eq!(v, before);
+        let mut v6 = Vec::new();
+        etherparse::PacketBuilder::ethernet2([1; 6], [2; 6])
+            .ipv6([1; 16], [2; 16], 64)
+            .udp(1, 2)
+            .write(&mut v6, &[])
+            .unwrap();
+        assert!(decrement_ttl(&mut v6, LinkType::Ethernet));
+        assert_eq!(v6[14 + 7], 63);
+    }
+}

@@ -507,15 +507,7 @@ impl Pipeline {
         let Some(found) = found else {
             self.counters.icmp_untracked += 1;
             fill_out(v, meta);
-            return if snap.cluster_ips.contains(&meta.dst)
-                || snap.service_cidrs.contains(&meta.dst, meta.family)
-            {
-                v.set(Reason::IcmpErrorUntracked)
-            } else if snap.node.is_node_addr(&meta.dst) {
-                v.set(Reason::ToNode)
-            } else {
-                v.set(Reason::Direct)
-            };
+            return v.set(untranslatable(snap, meta, Reason::IcmpErrorUntracked));
         };
         // `matched` is the quoted packet reversed: the direction the error travels in.
         let to = found.other.reversed();
@@ -590,15 +582,7 @@ impl Pipeline {
             }
             None => {
                 fill_out(v, meta);
-                if snap.cluster_ips.contains(&meta.dst)
-                    || snap.service_cidrs.contains(&meta.dst, meta.family)
-                {
-                    v.set(Reason::FragmentNoState)
-                } else if snap.node.is_node_addr(&meta.dst) {
-                    v.set(Reason::ToNode)
-                } else {
-                    v.set(Reason::Direct)
-                }
+                v.set(untranslatable(snap, meta, Reason::FragmentNoState))
             }
         }
     }
@@ -731,6 +715,21 @@ impl Pipeline {
     #[inline]
     fn pick(&mut self, n: usize) -> usize {
         ((self.next_u64() as u128 * n as u128) >> 64) as usize
+    }
+}
+
+/// Where a packet kxdp cannot translate (an ICMP error quoting no connection, a later fragment
+/// without its first) goes by its destination alone: to a Service address it is dropped with
+/// `at_service` (nothing behind that address can use it); to the node it is passed; anything else
+/// is forwarded unchanged.
+#[inline]
+fn untranslatable(snap: &Snapshot, meta: &PacketMeta, at_service: Reason) -> Reason {
+    if snap.cluster_ips.contains(&meta.dst) || snap.service_cidrs.contains(&meta.dst, meta.family) {
+        at_service
+    } else if snap.node.is_node_addr(&meta.dst) {
+        Reason::ToNode
+    } else {
+        Reason::Direct
     }
 }
 

@@ -1,5 +1,12 @@
-//! The `kxdp` binary: everything lives in the crates; this only hands over the process.
+//! The `kxdp` binary: the application. Command-line parsing, output formats, the admin socket's
+//! client and the capture generator live here (as ripgrep keeps its application apart from its
+//! libraries); the library crates (`kxdp-packet`, `kxdp-dataplane`, `kxdp-control`) return typed
+//! errors, and `cli` alone turns them into messages and exit codes.
+
+mod cli;
+mod output;
+mod pcapgen;
 
 fn main() {
-    std::process::exit(kxdp_control::cli::main());
+    std::process::exit(cli::main());
 }

@@ -1,16 +1,15 @@
 //! kxdp-control: the control plane. Sources fill a `ClusterState` (`model`); `translate` turns it,
-//! with the config, into the dataplane's `Snapshot` as a pure function; `cli` is the `kxdp`
-//! binary's entry point.
+//! with the config, into the dataplane's `Snapshot` as a pure function; `run` is the daemon and
+//! `admin` its socket's server side. The command line (parsing, output formats, the admin
+//! client, exit codes) is the `kxdp` binary crate's: this library returns typed errors.
 
 pub mod admin;
-pub mod cli;
 pub mod config;
 pub mod endpoints;
 pub mod health;
 pub mod incremental;
 pub mod metrics;
 pub mod model;
-pub mod output;
 pub mod policy;
 pub mod run;
 pub mod sources;
@@ -19,6 +18,6 @@ pub mod translate;
 
 pub use config::{Config, ConfigError, DataplaneConfiguration};
 pub use model::{ClusterState, Object, ObjectKey};
+pub use run::RunError;
 pub use sources::files::{load_state, StateError};
 pub use translate::{translate, Problem, Translation};
-pub mod pcapgen;

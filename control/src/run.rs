@@ -20,8 +20,47 @@ use crate::sync::{ControlHandle, ControlLoop, Published, Source};
 /// How often `--state` is checked for changes.
 pub const STATE_POLL: Duration = Duration::from_millis(500);
 
-/// Why `run` could not start: (exit code, message).
-pub type RunError = (i32, String);
+/// Why `run` could not start or stopped. The binary maps the variants to exit codes: bad input
+/// (config, state, kubeconfig) is the operator's to fix; the rest are runtime failures.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    #[error(transparent)]
+    State(#[from] crate::sources::files::StateError),
+    /// The kubeconfig (or the in-cluster configuration) could not be read.
+    #[error("API server: {0}")]
+    Kubeconfig(String),
+    /// A listener could not be bound.
+    #[error("{what} {addr}: {source}")]
+    Listen {
+        what: &'static str,
+        addr: std::net::SocketAddr,
+        source: std::io::Error,
+    },
+    /// The AF_XDP dataplane could not attach.
+    #[error("attaching to {interfaces}: {source}")]
+    Attach {
+        interfaces: String,
+        source: std::io::Error,
+    },
+    /// A thread or runtime could not be started.
+    #[error("starting {what}: {source}")]
+    Spawn {
+        what: &'static str,
+        source: std::io::Error,
+    },
+}
+
+impl RunError {
+    /// Whether the operator's input (config, state, kubeconfig) is at fault.
+    pub fn is_bad_input(&self) -> bool {
+        matches!(
+            self,
+            RunError::Config(_) | RunError::State(_) | RunError::Kubeconfig(_)
+        )
+    }
+}
 
 /// Starts the control plane for `config`; the caller attaches workers to the returned tables.
 pub fn start(
@@ -33,7 +72,7 @@ pub fn start(
     let source = match state {
         Some(p) => {
             // Bad input at startup is an error (exit 2); later it keeps the last good tables.
-            load_state(p).map_err(|e| (crate::cli::EXIT_BAD_INPUT, e.to_string()))?;
+            load_state(p)?;
             Source::Files {
                 path: p.to_path_buf(),
                 poll: STATE_POLL,
@@ -43,18 +82,23 @@ pub fn start(
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
-                .map_err(|e| (crate::cli::EXIT_FAILURE, e.to_string()))?;
+                .map_err(|source| RunError::Spawn {
+                    what: "the kubeconfig reader",
+                    source,
+                })?;
             let kc = rt
                 .block_on(client_config(kubeconfig))
-                .map_err(|e| (crate::cli::EXIT_BAD_INPUT, format!("API server: {e}")))?;
+                .map_err(RunError::Kubeconfig)?;
             Source::Kube {
                 config: Box::new(kc),
                 options: KubeOptions::default(),
             }
         }
     };
-    ControlLoop::spawn(config.clone(), source, metrics)
-        .map_err(|e| (crate::cli::EXIT_FAILURE, e.to_string()))
+    ControlLoop::spawn(config.clone(), source, metrics).map_err(|source| RunError::Spawn {
+        what: "the control loop",
+        source,
+    })
 }
 
 /// `kxdp run`: runs until SIGINT or SIGTERM.
@@ -64,8 +108,7 @@ pub fn run(
     kubeconfig: Option<PathBuf>,
     ops_opts: crate::admin::daemon::OpsOptions,
 ) -> Result<(), RunError> {
-    let config =
-        Config::load(config_path).map_err(|e| (crate::cli::EXIT_BAD_INPUT, e.to_string()))?;
+    let config = Config::load(config_path)?;
     let metrics = Arc::new(Metrics::new());
     let (published, handle) = start(
         &config,
@@ -220,10 +263,8 @@ fn start_dataplane(
         dp.ct.clone(),
         Some(dp.stats.clone()),
     )
-    .map_err(|e| {
-        (
-            crate::cli::EXIT_FAILURE,
-            format!("attaching to {}: {e}", config.interfaces.join(", ")),
-        )
+    .map_err(|source| RunError::Attach {
+        interfaces: config.interfaces.join(", "),
+        source,
     })
 }

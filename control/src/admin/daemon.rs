@@ -24,6 +24,7 @@ use super::{AdminContext, AdminServer, Dataplane};
 use crate::config::Config;
 use crate::health::{serve_http, ProxyHealth, Response};
 use crate::metrics::Metrics;
+use crate::run::RunError;
 use crate::sync::{ControlHandle, Published};
 
 /// `kxdp run`'s operator options.
@@ -67,10 +68,10 @@ pub fn dataplane(config: &Config, extra: usize) -> Dataplane {
 fn bind(
     rt: &tokio::runtime::Handle,
     addr: SocketAddr,
-    what: &str,
-) -> Result<tokio::net::TcpListener, (i32, String)> {
+    what: &'static str,
+) -> Result<tokio::net::TcpListener, RunError> {
     rt.block_on(tokio::net::TcpListener::bind(addr))
-        .map_err(|e| (crate::cli::EXIT_FAILURE, format!("{what} {addr}: {e}")))
+        .map_err(|source| RunError::Listen { what, addr, source })
 }
 
 /// Starts `/metrics`, health, the health-check node port servers and the admin socket.
@@ -81,7 +82,7 @@ pub fn start(
     metrics: Arc<Metrics>,
     dp: Dataplane,
     opts: &OpsOptions,
-) -> Result<Ops, (i32, String)> {
+) -> Result<Ops, RunError> {
     let rt = handle.runtime().clone();
     let stop = Arc::new(AtomicBool::new(false));
     metrics.attach_dataplane(dp.stats.clone(), dp.ct.clone());
@@ -164,7 +165,10 @@ pub fn start(
     }
     threads.push(
         crate::health::spawn_service_health(rt.clone(), hc_ip, proxy_health, stop.clone())
-            .map_err(|e| (crate::cli::EXIT_FAILURE, e.to_string()))?,
+            .map_err(|source| RunError::Spawn {
+                what: "the health check node port servers",
+                source,
+            })?,
     );
 
     let admin = if opts.no_admin {
@@ -204,7 +208,10 @@ pub fn start(
             std::thread::Builder::new()
                 .name("kxdp-inject".into())
                 .spawn(move || inject_loop(&pcap, worker, &dp2, &published2, &stop2))
-                .map_err(|e| (crate::cli::EXIT_FAILURE, e.to_string()))?,
+                .map_err(|source| RunError::Spawn {
+                    what: "the --inject-pcap worker",
+                    source,
+                })?,
         );
     }
 

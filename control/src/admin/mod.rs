@@ -9,10 +9,9 @@
 //! published snapshot. Answers stream: a 1M-entry listing is written entry by entry into the
 //! socket (the handler thread blocks on a slow reader; nothing else does).
 //!
-//! Wire format: see `wire`. Each connection is served on a thread of its own.
+//! Wire format: see `wire`. Each connection is served on a thread of its own. The client side
+//! (the `kxdp conntrack|services|stats|monitor` commands) lives in the `kxdp` binary crate.
 
-pub mod client;
-pub mod commands;
 pub mod daemon;
 pub mod wire;
 
@@ -28,7 +27,6 @@ use kxdp_dataplane::stats::{clock_ms, DataplaneStats, Event};
 use kxdp_dataplane::verdict::{Action, Reason};
 use kxdp_packet::Family;
 
-use crate::output::{format_addr, proto_name};
 use crate::sync::{Published, Status};
 use wire::*;
 

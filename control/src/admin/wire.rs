@@ -13,7 +13,30 @@ use kxdp_dataplane::snapshot::Snapshot;
 use kxdp_packet::Family;
 use serde::{Deserialize, Serialize};
 
-use crate::output::proto_name;
+use kxdp_packet::{proto, Addr};
+
+/// The protocol as verdicts and listings name it: `TCP`, `UDP`, `SCTP`, `ICMP`, `ICMPv6`, else
+/// the number.
+pub fn proto_name(p: u8) -> serde_json::Value {
+    match p {
+        proto::TCP => "TCP".into(),
+        proto::UDP => "UDP".into(),
+        proto::SCTP => "SCTP".into(),
+        proto::ICMP => "ICMP".into(),
+        proto::ICMPV6 => "ICMPv6".into(),
+        n => n.into(),
+    }
+}
+
+/// `ip:port` when `with_port`, `ip` otherwise; IPv6 as `[addr]:port`.
+pub fn format_addr(addr: Addr, family: Family, port: u16, with_port: bool) -> String {
+    let ip = addr.to_ip(family);
+    match (with_port, ip) {
+        (false, ip) => ip.to_string(),
+        (true, IpAddr::V4(a)) => format!("{a}:{port}"),
+        (true, IpAddr::V6(a)) => format!("[{a}]:{port}"),
+    }
+}
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(tag = "op", rename_all = "kebab-case")]

@@ -4,36 +4,15 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
+use kxdp_control::admin::wire::{format_addr, proto_name};
 use kxdp_dataplane::snapshot::Snapshot;
 use kxdp_dataplane::verdict::{Action, Reason, Verdict};
-use kxdp_packet::{proto, Addr, Family};
+use kxdp_packet::proto;
 use serde::Serialize;
-
-/// The protocol as verdicts name it: `TCP`, `UDP`, `SCTP`, `ICMP`, `ICMPv6`, else the number.
-pub fn proto_name(p: u8) -> serde_json::Value {
-    match p {
-        proto::TCP => "TCP".into(),
-        proto::UDP => "UDP".into(),
-        proto::SCTP => "SCTP".into(),
-        proto::ICMP => "ICMP".into(),
-        proto::ICMPV6 => "ICMPv6".into(),
-        n => n.into(),
-    }
-}
 
 /// Whether addresses of this protocol carry a port in verdicts.
 fn has_ports(p: u8) -> bool {
     matches!(p, proto::TCP | proto::UDP | proto::SCTP)
-}
-
-/// `ip:port` for TCP/UDP/SCTP, `ip` otherwise; IPv6 as `[addr]:port`.
-pub fn format_addr(addr: Addr, family: Family, port: u16, with_port: bool) -> String {
-    let ip = addr.to_ip(family);
-    match (with_port, ip) {
-        (false, ip) => ip.to_string(),
-        (true, std::net::IpAddr::V4(a)) => format!("{a}:{port}"),
-        (true, std::net::IpAddr::V6(a)) => format!("[{a}]:{port}"),
-    }
 }
 
 #[derive(Serialize)]
@@ -219,6 +198,7 @@ impl Summary {
 mod tests {
     use super::*;
     use kxdp_dataplane::snapshot::ServicePortInfo;
+    use kxdp_packet::{Addr, Family};
 
     fn v4(a: [u8; 4]) -> Addr {
         Addr::from_v4(a)

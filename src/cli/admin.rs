@@ -7,8 +7,10 @@ use std::path::PathBuf;
 use clap::{Args, Subcommand, ValueEnum};
 use ipnet::IpNet;
 
+use kxdp_control::admin::wire::*;
+
 use super::client::request;
-use super::wire::*;
+use super::{bad_input, failure, CliError};
 
 #[derive(Clone, Copy, Debug, Default, ValueEnum, PartialEq, Eq)]
 pub enum OutputFormat {
@@ -20,7 +22,7 @@ pub enum OutputFormat {
 #[derive(Args, Debug, Clone)]
 pub struct AdminArgs {
     /// The daemon's admin socket.
-    #[arg(long, value_name = "PATH", default_value = super::DEFAULT_SOCKET, global = true)]
+    #[arg(long, value_name = "PATH", default_value = kxdp_control::admin::DEFAULT_SOCKET, global = true)]
     pub admin: PathBuf,
     /// Output: `table` (conntrack -L's shape) or `json` (one object per line).
     #[arg(
@@ -162,14 +164,13 @@ pub struct MonitorArgs {
     pub count: Option<u64>,
 }
 
-/// An error: (exit code, message).
-pub type CmdError = (i32, String);
+type CmdError = CliError;
 
 fn bad(m: String) -> CmdError {
-    (crate::cli::EXIT_BAD_INPUT, m)
+    bad_input(m)
 }
 fn fail(m: String) -> CmdError {
-    (crate::cli::EXIT_FAILURE, m)
+    failure(m)
 }
 
 fn out() -> std::io::BufWriter<std::io::StdoutLock<'static>> {

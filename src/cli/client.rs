@@ -4,7 +4,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 
-use super::wire::Request;
+use kxdp_control::admin::wire::Request;
 
 /// Sends `req` and hands every data line to `on_line` as it arrives (nothing is buffered beyond
 /// one line). Returns the trailer's `end` value, or the server's error.

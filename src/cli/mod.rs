@@ -1,5 +1,6 @@
-//! The `kxdp` command line. Thin: parsing, loading, calling the crates, exit codes. Formatting
-//! lives in `output`.
+//! The `kxdp` command line: parsing, loading, calling the library crates, and the one place
+//! their typed errors become exit codes. Formatting lives in `crate::output`; the admin socket's
+//! client commands in `admin`.
 //!
 //! Exit codes: 0 success; 1 runtime failure; 2 bad input (unreadable or invalid config, state,
 //! pcap, flags), with a message on stderr naming the file, the document and the field.
@@ -12,10 +13,12 @@ use std::sync::Arc;
 use clap::{Args, Parser, Subcommand};
 use kxdp_dataplane::replay::{replay, ReplayOptions};
 
-use crate::config::Config;
+use kxdp_control::{load_state, translate, Config, RunError};
+
 use crate::output::{verdict_line, Summary};
-use crate::sources::files::load_state;
-use crate::translate::translate;
+
+pub mod admin;
+pub mod client;
 
 pub const EXIT_OK: i32 = 0;
 pub const EXIT_FAILURE: i32 = 1;
@@ -49,28 +52,28 @@ enum Command {
     /// Connection tracking of a running daemon, with conntrack-tools' filter names.
     Conntrack {
         #[command(subcommand)]
-        command: crate::admin::commands::ConntrackCommand,
+        command: admin::ConntrackCommand,
         #[command(flatten)]
-        admin: crate::admin::commands::AdminArgs,
+        admin: admin::AdminArgs,
     },
     /// Services of a running daemon: frontend -> backends with their state.
     Services {
         #[command(flatten)]
-        admin: crate::admin::commands::AdminArgs,
+        admin: admin::AdminArgs,
     },
     /// Per-worker packets, batches, Mpps, busy share and drops by reason of a running daemon.
     Stats {
         #[command(flatten)]
-        args: crate::admin::commands::StatsArgs,
+        args: admin::StatsArgs,
         #[command(flatten)]
-        admin: crate::admin::commands::AdminArgs,
+        admin: admin::AdminArgs,
     },
     /// Live stream of drops and rejects (policy denials included) of a running daemon.
     Monitor {
         #[command(flatten)]
-        args: crate::admin::commands::MonitorArgs,
+        args: admin::MonitorArgs,
         #[command(flatten)]
-        admin: crate::admin::commands::AdminArgs,
+        admin: admin::AdminArgs,
     },
     /// NetworkPolicy tools.
     Policy {
@@ -157,7 +160,7 @@ struct RunArgs {
     #[arg(long, value_name = "FILE", conflicts_with = "state")]
     kubeconfig: Option<PathBuf>,
     /// Admin socket path (mode 0600, root only).
-    #[arg(long, value_name = "PATH", default_value = crate::admin::DEFAULT_SOCKET)]
+    #[arg(long, value_name = "PATH", default_value = kxdp_control::admin::DEFAULT_SOCKET)]
     admin: PathBuf,
     /// Do not serve the admin socket.
     #[arg(long)]
@@ -233,23 +236,20 @@ where
             EXIT_OK
         }
         Command::Run(args) => {
-            let ops = crate::admin::daemon::OpsOptions {
+            let ops = kxdp_control::admin::daemon::OpsOptions {
                 admin_socket: Some(args.admin.clone()),
                 no_admin: args.no_admin,
                 inject_pcap: args.inject_pcap.clone(),
             };
-            match crate::run::run(
-                &args.config,
-                args.state.clone(),
-                args.kubeconfig.clone(),
-                ops,
-            ) {
-                Ok(()) => EXIT_OK,
-                Err((code, message)) => {
-                    eprintln!("kxdp: {message}");
-                    code
-                }
-            }
+            finish(
+                kxdp_control::run::run(
+                    &args.config,
+                    args.state.clone(),
+                    args.kubeconfig.clone(),
+                    ops,
+                )
+                .map_err(run_error),
+            )
         }
         Command::Replay(args) => finish(cmd_replay(&args)),
         Command::Pcap {
@@ -258,21 +258,23 @@ where
         Command::Policy {
             command: PolicyCommand::Trace(args),
         } => finish(cmd_policy_trace(&args)),
-        Command::Conntrack { command, admin } => {
-            admin_finish(crate::admin::commands::conntrack(&command, &admin))
-        }
-        Command::Services { admin } => admin_finish(crate::admin::commands::services(&admin)),
-        Command::Stats { args, admin } => {
-            admin_finish(crate::admin::commands::stats(&args, &admin))
-        }
-        Command::Monitor { args, admin } => {
-            admin_finish(crate::admin::commands::monitor(&args, &admin))
-        }
+        Command::Conntrack { command, admin } => finish(admin::conntrack(&command, &admin)),
+        Command::Services { admin } => finish(admin::services(&admin)),
+        Command::Stats { args, admin } => finish(admin::stats(&args, &admin)),
+        Command::Monitor { args, admin } => finish(admin::monitor(&args, &admin)),
     }
 }
 
-fn admin_finish(r: Result<(), (i32, String)>) -> i32 {
-    finish(r.map_err(|(code, message)| CliError { code, message }))
+/// `kxdp run`'s errors: bad input (config, state, kubeconfig) exits 2, the rest 1.
+fn run_error(e: RunError) -> CliError {
+    CliError {
+        code: if e.is_bad_input() {
+            EXIT_BAD_INPUT
+        } else {
+            EXIT_FAILURE
+        },
+        message: e.to_string(),
+    }
 }
 
 fn finish(r: Result<(), CliError>) -> i32 {
@@ -316,7 +318,7 @@ fn cmd_pcap_gen(args: &GenArgs) -> Result<(), CliError> {
 }
 
 fn cmd_policy_trace(args: &TraceArgs) -> Result<(), CliError> {
-    use crate::policy::trace::{parse_proto, parse_target, trace, TraceQuery};
+    use kxdp_control::policy::trace::{parse_proto, parse_target, trace, TraceQuery};
     let (to, port) = parse_target(&args.to).map_err(bad_input)?;
     let proto = parse_proto(&args.proto, to).map_err(bad_input)?;
     if args.from.is_ipv4() != to.is_ipv4() {
@@ -348,19 +350,21 @@ fn init_tracing() {
         .try_init();
 }
 
-struct CliError {
-    code: i32,
-    message: String,
+/// A command's failure: the exit code and the message printed as `kxdp: MESSAGE`.
+#[derive(Debug)]
+pub struct CliError {
+    pub code: i32,
+    pub message: String,
 }
 
-fn bad_input(message: impl ToString) -> CliError {
+pub fn bad_input(message: impl ToString) -> CliError {
     CliError {
         code: EXIT_BAD_INPUT,
         message: message.to_string(),
     }
 }
 
-fn failure(message: impl ToString) -> CliError {
+pub fn failure(message: impl ToString) -> CliError {
     CliError {
         code: EXIT_FAILURE,
         message: message.to_string(),

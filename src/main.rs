@@ -4,6 +4,7 @@
 //! errors, and `cli` alone turns them into messages and exit codes.
 
 mod cli;
+mod logging;
 mod output;
 mod pcapgen;
 

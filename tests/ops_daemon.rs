@@ -206,6 +206,12 @@ struct Setup {
 }
 
 fn start() -> Setup {
+    start_with(|_| {}, &[])
+}
+
+/// `start` with more objects in the state and more flags for `kxdp run`; the daemon's stderr
+/// goes to `stderr.log` in the test's directory.
+fn start_with(extra: impl FnOnce(&mut Env), run_flags: &[&str]) -> Setup {
     let mut env = Env::new();
     env.config = config(&env);
     let (hc_local, hc_remote) = (free_port(), free_port());
@@ -236,8 +242,10 @@ fn start() -> Setup {
         30081,
         &[("10.2.0.13", NODE_B)],
     ));
+    extra(&mut env);
     env.write_files();
     let admin = env.path("run/admin.sock");
+    let log = std::fs::File::create(env.path("stderr.log")).unwrap();
     let inject = env.path("inject.pcap");
     let child = Command::new(BIN)
         .arg("run")
@@ -249,8 +257,9 @@ fn start() -> Setup {
         .arg(&admin)
         .arg("--inject-pcap")
         .arg(&inject)
+        .args(run_flags)
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(log)
         .spawn()
         .unwrap();
     let daemon = Daemon { child, admin };
@@ -446,7 +455,11 @@ fn daemon_ops_end_to_end() {
     assert_eq!(st.last().unwrap()["entries"], 3);
     assert_eq!(st.last().unwrap()["max_entries"], 4096);
     let table = ok(a, &["conntrack", "stats"]);
-    assert!(table.contains("insert=3 found=0"), "{table}");
+    assert!(
+        table
+            .contains("found=0 invalid=0 insert=3 insert_failed=0 drop=0 error=0 search_restart=0"),
+        "{table}"
+    );
     assert!(table.contains("entries=3 max=4096 early_drop=0"), "{table}");
 
     let stats = json_lines(&ok(a, &["stats", "-o", "json", "--interval", "0.2"]));
@@ -828,4 +841,450 @@ fn daemon_deletes_stale_udp_connections_on_publication() {
         udp_entries(a).into_iter().next()
     });
     assert_eq!(moved["reply_src"], "10.1.0.54:5353");
+}
+
+/// A streaming command (`monitor`, `conntrack events`): started, waited for until it says on
+/// stderr that it listens, then read line by line from stdout.
+struct Stream {
+    child: Child,
+    rx: std::sync::mpsc::Receiver<String>,
+}
+
+impl Stream {
+    fn start(admin: &Path, args: &[&str]) -> Stream {
+        let mut child = Command::new(BIN)
+            .args(args)
+            .arg("--admin")
+            .arg(admin)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut err = BufReader::new(child.stderr.take().unwrap());
+        let mut first = String::new();
+        err.read_line(&mut first).unwrap();
+        assert!(first.contains("listening"), "{args:?}: {first}");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let out = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            for l in BufReader::new(out).lines().map_while(Result::ok) {
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        Stream { child, rx }
+    }
+
+    fn next(&self, what: &str) -> String {
+        self.rx
+            .recv_timeout(DEADLINE)
+            .unwrap_or_else(|_| panic!("no {what} within the deadline"))
+    }
+
+    fn next_json(&self, what: &str) -> Value {
+        let l = self.next(what);
+        serde_json::from_str(&l).unwrap_or_else(|e| panic!("{e}: {l}"))
+    }
+
+    /// Nothing more within `d`.
+    fn quiet_for(&self, d: Duration) -> Option<String> {
+        self.rx.recv_timeout(d).ok()
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn stderr_of(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// conntrack-tools' options beyond the filters: NAT, status, mark/zone (accepted, explained),
+/// `-o extended`, validation and exit codes, `-S` with the kernel's counter names, and the
+/// Service ids that `services`, `conntrack` and `monitor` share.
+#[test]
+fn conntrack_tools_options_and_exit_codes() {
+    let s = start();
+    let a = s.daemon.admin.clone();
+    let a = a.as_path();
+    let mut frames = traffic();
+    // From outside the cluster CIDRs: masqueraded (source NAT to the node's address).
+    frames.push(syn("203.0.113.7:40010", "172.30.0.10:80"));
+    write_inject(&s.inject, &frames, 0);
+    wait_for("4 conntrack entries", || {
+        (ok(a, &["conntrack", "count"]).trim() == "4").then_some(())
+    });
+    let entries = json_lines(&ok(a, &["conntrack", "list", "-o", "json"]));
+    let count = |args: &[&str]| {
+        let mut v = vec!["conntrack", "list", "-o", "json"];
+        v.extend_from_slice(args);
+        json_lines(&ok(a, &v)).len()
+    };
+
+    // ---- NAT ----
+    let snat: Vec<&Value> = entries
+        .iter()
+        .filter(|e| e["reply_dst"] != e["orig_src"])
+        .collect();
+    assert_eq!(snat.len(), 1, "{entries:?}");
+    assert_eq!(snat[0]["orig_src"], "203.0.113.7:40010");
+    let nat_addr = snat[0]["reply_dst"].as_str().unwrap();
+    let nat_ip = nat_addr.split(':').next().unwrap();
+    assert_eq!(count(&["--src-nat"]), 1);
+    assert_eq!(count(&["--src-nat", nat_ip]), 1);
+    assert_eq!(count(&["--src-nat", nat_addr]), 1);
+    assert_eq!(count(&["--src-nat", "10.9.9.9"]), 0);
+    assert_eq!(count(&["--dst-nat"]), 4);
+    let via_a = entries
+        .iter()
+        .filter(|e| e["reply_src"] == "10.1.0.10:8080")
+        .count();
+    assert_eq!(count(&["--dst-nat", "10.1.0.10"]), via_a);
+    assert_eq!(count(&["--dst-nat", "10.1.0.10:8080"]), via_a);
+    assert_eq!(count(&["--dst-nat", "10.1.0.10:9999"]), 0);
+    assert_eq!(count(&["--any-nat"]), 4);
+    assert_eq!(count(&["--any-nat", nat_ip]), 1);
+    assert_eq!(
+        kxdp(a, &["conntrack", "list", "--dst-nat", "10.1.0.10:http"])
+            .status
+            .code(),
+        Some(2)
+    );
+
+    // ---- status, mark, zone ----
+    assert_eq!(count(&["--status", "UNSET"]), 4);
+    assert_eq!(count(&["-u", "ASSURED"]), 0);
+    assert_eq!(count(&["--status", "SEEN_REPLY,ASSURED"]), 0);
+    let o = kxdp(a, &["conntrack", "list", "--status", "BOGUS"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr_of(&o).contains("unknown status `BOGUS`"),
+        "{}",
+        stderr_of(&o)
+    );
+    let o = kxdp(a, &["conntrack", "list", "-o", "json", "--mark", "0"]);
+    assert!(o.status.success());
+    assert_eq!(
+        json_lines(&String::from_utf8(o.stdout.clone()).unwrap()).len(),
+        4
+    );
+    assert!(stderr_of(&o).contains("mark 0"), "{}", stderr_of(&o));
+    assert_eq!(count(&["--mark", "1"]), 0);
+    assert_eq!(count(&["--mark", "0x10/0x0"]), 4);
+    assert_eq!(count(&["--zone", "0"]), 4);
+    assert_eq!(count(&["--zone", "3"]), 0);
+
+    // ---- --state validation, -o extended ----
+    let o = kxdp(a, &["conntrack", "list", "--state", "bogus"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr_of(&o).contains("unknown state `bogus`"),
+        "{}",
+        stderr_of(&o)
+    );
+    let ext = ok(
+        a,
+        &["conntrack", "list", "-o", "extended", "--sport", "40000"],
+    );
+    assert!(
+        ext.starts_with("ipv4     2 tcp      6 ") && ext.contains(" SYN_SENT src=10.1.0.50 "),
+        "{ext}"
+    );
+
+    // ---- exit codes: delete of nothing is 1 (conntrack -D), flush says what it removed ----
+    let o = kxdp(a, &["conntrack", "delete", "--sport", "1"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr_of(&o).contains("0 flow entries have been deleted"),
+        "{}",
+        stderr_of(&o)
+    );
+    let out = ok(a, &["conntrack", "flush", "-p", "udp"]);
+    assert!(
+        out.contains(
+            "0 flow entries matching the filter have been deleted; the rest of the table is kept"
+        ),
+        "{out}"
+    );
+    assert_eq!(ok(a, &["conntrack", "count"]).trim(), "4");
+
+    // ---- -S: the kernel's counter names, per worker ----
+    let st = json_lines(&ok(a, &["conntrack", "stats", "-o", "json"]));
+    let inject_worker = st.len() - 2;
+    for k in [
+        "found",
+        "invalid",
+        "insert",
+        "insert_failed",
+        "drop",
+        "error",
+        "search_restart",
+        "clash_resolve",
+        "chaintoolong",
+    ] {
+        assert!(st[inject_worker].get(k).is_some(), "{k} missing: {}", st[0]);
+    }
+    assert_eq!(st[inject_worker]["insert"], 4);
+    assert!(st.last().unwrap().get("early_drop").is_some());
+    let text = ok(a, &["conntrack", "stats"]);
+    assert!(
+        text.contains("found=0 invalid=0 insert=4 insert_failed=0 drop=0 error=0"),
+        "{text}"
+    );
+
+    // ---- stable Service ids: services (table and JSON), conntrack, monitor agree ----
+    let svcs = json_lines(&ok(a, &["services", "-o", "json"]));
+    let web = svcs
+        .iter()
+        .find(|r| r["frontend"] == "172.30.0.10:80")
+        .unwrap();
+    let id = web["id"].as_u64().unwrap();
+    assert!(id > 100_000, "ids are 32-bit hashes: {id}");
+    let table = ok(a, &["services"]);
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with(&format!("{id:<10} 172.30.0.10:80/TCP"))),
+        "{table}"
+    );
+    assert!(entries.iter().all(|e| e["service_id"] == id), "{entries:?}");
+}
+
+/// `kxdp conntrack events` (conntrack -E): NEW when a connection appears, UPDATE when its state
+/// changes, DESTROY when it goes, in conntrack's line shape or as JSON, with filters.
+#[test]
+fn conntrack_events_stream() {
+    let s = start();
+    let a = s.daemon.admin.clone();
+    let a = a.as_path();
+    let all = Stream::start(a, &["conntrack", "events", "-o", "json"]);
+    let table = Stream::start(
+        a,
+        &[
+            "conntrack",
+            "events",
+            "-e",
+            "NEW",
+            "--dport",
+            "80",
+            "--count",
+            "3",
+        ],
+    );
+    write_inject(&s.inject, &traffic(), 0);
+    let mut news = Vec::new();
+    for _ in 0..3 {
+        let e = all.next_json("a NEW event");
+        assert_eq!(e["event"], "new", "{e}");
+        assert_eq!(e["orig_dst"], "172.30.0.10:80");
+        assert_eq!(e["state"], "SYN_SENT");
+        assert!(e["time"].as_str().unwrap().ends_with('Z'));
+        news.push(e["orig_src"].as_str().unwrap().to_string());
+    }
+    news.sort();
+    assert_eq!(
+        news,
+        ["10.1.0.50:40000", "10.1.0.50:40001", "10.1.0.50:40002"]
+    );
+    for _ in 0..3 {
+        let l = table.next("a table line");
+        assert!(
+            l.starts_with("    [NEW] tcp      6 ")
+                && l.contains(" SYN_SENT src=10.1.0.50 dst=172.30.0.10 "),
+            "{l}"
+        );
+        assert!(l.ends_with("mark=0 service=demo/web:http"), "{l}");
+    }
+
+    // The backend answers: SYN_SENT -> SYN_RECV is an UPDATE.
+    let e = &json_lines(&ok(
+        a,
+        &["conntrack", "list", "-o", "json", "--sport", "40001"],
+    ))[0];
+    let backend = e["reply_src"].as_str().unwrap().to_string();
+    write_inject(
+        &s.inject,
+        &[tcp(
+            &backend,
+            "10.1.0.50:40001",
+            flags::SYN | flags::ACK,
+            5000,
+            1001,
+            &[],
+        )],
+        1,
+    );
+    let e = all.next_json("an UPDATE event");
+    assert_eq!(e["event"], "update", "{e}");
+    assert_eq!(e["orig_src"], "10.1.0.50:40001");
+    assert_eq!(e["state"], "SYN_RECV");
+
+    // Deleted: DESTROY, as last seen.
+    ok(a, &["conntrack", "delete", "--sport", "40000"]);
+    let e = all.next_json("a DESTROY event");
+    assert_eq!(e["event"], "destroy", "{e}");
+    assert_eq!(e["orig_src"], "10.1.0.50:40000");
+    assert!(all.quiet_for(Duration::from_millis(500)).is_none());
+
+    // The table stream stopped after its 3 events, and said so.
+    let t = Instant::now();
+    let mut child = table;
+    while child.child.try_wait().unwrap().is_none() {
+        assert!(t.elapsed() < DEADLINE, "events --count 3 did not stop");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(child.child.try_wait().unwrap().unwrap().success());
+    let o = kxdp(a, &["conntrack", "events", "-e", "BOGUS"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr_of(&o).contains("--event-mask"), "{}", stderr_of(&o));
+}
+
+/// A pod of this node that may not talk to anyone (egress isolated, no rule).
+fn locked_pod(env: &mut Env) {
+    env.add(pod("locked", NODE_A, "10.1.0.60"));
+    env.add(
+        json!({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+        "metadata": {"namespace": NS, "name": "lock-down"},
+        "spec": {"podSelector": {"matchLabels": {"app": "locked"}}, "policyTypes": ["Egress"]}}),
+    );
+}
+
+/// `kxdp monitor --type policy-verdict|trace`, `--sample`, `--hex`; `kxdp policy trace` against
+/// the running daemon gives what the offline trace gives for the same files.
+#[test]
+fn monitor_policy_verdicts_sampling_hex_and_live_policy_trace() {
+    let s = start_with(locked_pod, &[]);
+    let a = s.daemon.admin.clone();
+    let a = a.as_path();
+
+    // ---- policy verdicts, with the packets' bytes ----
+    let pv = Stream::start(
+        a,
+        &["monitor", "--type", "policy-verdict", "-o", "json", "--hex"],
+    );
+    let denied = syn("10.1.0.60:42000", "172.30.0.10:80");
+    let allowed = syn("10.1.0.50:42001", "172.30.0.10:80");
+    write_inject(&s.inject, &[denied.clone(), allowed.clone()], 0);
+    let mut evs = [pv.next_json("a policy verdict"), pv.next_json("another")];
+    evs.sort_by_key(|e| e["src"].as_str().unwrap().to_string());
+    let hex = |f: &[u8]| f.iter().map(|b| format!("{b:02x}")).collect::<String>();
+    assert_eq!(evs[0]["type"], "policy-verdict");
+    assert_eq!(evs[0]["policy"], "allow");
+    assert_eq!(evs[0]["reason"], "service-dnat");
+    assert_eq!(evs[0]["src"], "10.1.0.50:42001");
+    assert!(
+        ["10.1.0.10:8080", "10.2.0.10:8080"].contains(&evs[0]["out_dst"].as_str().unwrap()),
+        "{}",
+        evs[0]
+    );
+    assert_eq!(evs[0]["hex"], hex(&allowed));
+    assert_eq!(evs[0]["len"], allowed.len());
+    assert_eq!(evs[1]["policy"], "deny");
+    assert_eq!(evs[1]["reason"], "policy-denied-egress");
+    assert_eq!(evs[1]["action"], "drop");
+    assert_eq!(evs[1]["hex"], hex(&denied));
+    drop(pv);
+
+    // The table form: one line per event, the hex dump under it.
+    let pv = Stream::start(
+        a,
+        &[
+            "monitor",
+            "--type",
+            "policy-verdict",
+            "--hex",
+            "--count",
+            "1",
+        ],
+    );
+    write_inject(&s.inject, &[syn("10.1.0.60:42002", "172.30.0.10:80")], 1);
+    let l = pv.next("a policy verdict line");
+    assert!(
+        l.contains("DROP    policy-denied-egress") && l.ends_with("policy-verdict: deny"),
+        "{l}"
+    );
+    let d = pv.next("the hex dump");
+    assert!(d.starts_with("  0000: "), "{d}");
+    drop(pv);
+
+    // ---- trace events, one in two ----
+    let tr = Stream::start(
+        a,
+        &[
+            "monitor", "--type", "trace", "--sample", "2", "--rate", "1000", "-o", "json",
+        ],
+    );
+    let frames: Vec<Vec<u8>> = (0..10)
+        .map(|i| syn(&format!("203.0.113.7:{}", 43000 + i), "172.30.0.10:80"))
+        .collect();
+    write_inject(&s.inject, &frames, 2);
+    for _ in 0..5 {
+        let e = tr.next_json("a trace event");
+        assert_eq!(e["type"], "trace", "{e}");
+        assert_eq!(e["action"], "forward");
+        assert_eq!(e["service"], "demo/web:http");
+        assert!(e.get("hex").is_none());
+    }
+    assert_eq!(tr.quiet_for(Duration::from_millis(1500)), None);
+    drop(tr);
+    assert_eq!(
+        kxdp(a, &["monitor", "--type", "bogus"]).status.code(),
+        Some(2)
+    );
+
+    // ---- policy trace: live (admin socket) = offline (the same files) ----
+    let q = ["--from", "10.1.0.60", "--to", "172.30.0.10:80"];
+    let mut live_args = vec!["policy", "trace"];
+    live_args.extend_from_slice(&q);
+    let live = ok(a, &live_args);
+    let offline = Command::new(BIN)
+        .args(["policy", "trace", "--config"])
+        .arg(s.env.path("config.yaml"))
+        .arg("--state")
+        .arg(s.env.path("state"))
+        .args(q)
+        .output()
+        .unwrap();
+    assert!(offline.status.success(), "{}", stderr_of(&offline));
+    assert_eq!(live, String::from_utf8(offline.stdout).unwrap());
+    assert!(live.contains("lock-down"), "{live}");
+    let o = kxdp(&s.env.path("nope.sock"), &live_args);
+    assert_eq!(o.status.code(), Some(1));
+}
+
+/// Logs: `--log-format json` gives one JSON object per line; text logs carry no ANSI colour
+/// when stderr is not a terminal.
+#[test]
+fn daemon_logs_text_and_json() {
+    let s = start_with(|_| {}, &["--log-format", "json"]);
+    let log = wait_for("a JSON log line", || {
+        let l = std::fs::read_to_string(s.env.path("stderr.log")).ok()?;
+        l.contains("control plane running").then_some(l)
+    });
+    for line in log.lines() {
+        let v: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        assert!(v["level"].is_string() && v["timestamp"].is_string(), "{v}");
+    }
+    drop(s);
+    let s = start_with(|_| {}, &["-v"]);
+    let log = wait_for("a text log line", || {
+        let l = std::fs::read_to_string(s.env.path("stderr.log")).ok()?;
+        l.contains("control plane running").then_some(l)
+    });
+    assert!(!log.contains('\u{1b}'), "ANSI escapes in {log}");
+    assert!(log.contains(" WARN "), "{log}");
+    assert_eq!(
+        Command::new(BIN)
+            .args(["version", "--log-level", "nope=="])
+            .output()
+            .unwrap()
+            .status
+            .code(),
+        Some(2)
+    );
 }

@@ -144,24 +144,22 @@ pub fn run(
     } else {
         "the API server"
     };
+    // Startup lines are log events (plain or JSON as `--log-format` says, info level: shown by
+    // default), so that `kubectl logs` of a JSON-logging daemon stays one object per line.
     let afxdp = if config.interfaces.is_empty() {
         tracing::warn!(
-            "kxdp run: no interfaces configured; control plane only, no packet is forwarded by kxdp"
-        );
-        eprintln!(
             "kxdp run: control plane running (tables from {source}); no interfaces configured, so no packet is forwarded by kxdp"
         );
         None
     } else {
         let afxdp = start_dataplane(&config, published.clone(), &ops.dataplane)?;
-        eprintln!(
+        tracing::info!(
             "kxdp run: forwarding on {} with {} worker(s) (tables from {source})",
             config.interfaces.join(", "),
             afxdp.counters.len()
         );
         for line in afxdp.describe() {
-            eprintln!("kxdp run:   {line}");
-            tracing::info!("{line}");
+            tracing::info!("kxdp run:   {line}");
         }
         Some(afxdp)
     };

@@ -76,6 +76,15 @@ impl Published {
     }
 }
 
+/// A query `Update::Inspect` runs on the control thread.
+pub struct Inspect(pub Box<dyn FnOnce(&ClusterState) + Send>);
+
+impl std::fmt::Debug for Inspect {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Inspect(..)")
+    }
+}
+
 /// What a source tells the control loop.
 #[derive(Debug)]
 pub enum Update {
@@ -106,6 +115,9 @@ pub enum Update {
     SourceUp { source: String },
     /// Rebuild everything at the next opportunity.
     Resync,
+    /// Runs a read-only query against the cluster state on the control thread (the admin
+    /// socket's `policy trace`): the state is read in place, never copied.
+    Inspect(Inspect),
     /// Stop the loop.
     Stop,
 }
@@ -721,6 +733,7 @@ impl Loop {
             }
             Update::SourceUp { source } => self.source_up(&source),
             Update::Resync => self.store.changes.full = true,
+            Update::Inspect(q) => (q.0)(&self.store.state),
             Update::Stop => return false,
         }
         true

@@ -13,7 +13,9 @@
 //!
 //! `after_batch` stores the pipeline's cumulative `Counters` (a few dozen relaxed stores, no
 //! read-modify-write), and copies dropped/rejected verdicts into the worker's ring only while a
-//! `kxdp monitor` client is attached (one relaxed load otherwise). Workers should use `clock_ms`
+//! `kxdp monitor` client is attached (one relaxed load otherwise); every verdict while a client
+//! asked for all of them (`Monitor::all`), and the packets' first `FRAME_BYTES` bytes while one
+//! asked for hex dumps and the worker hands its frames over (`after_batch_with_frames`). Workers should use `clock_ms`
 //! as their `now_ms`, so that conntrack timeouts shown by the admin API use the same clock.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
@@ -127,12 +129,27 @@ pub const RING_EVENTS: usize = 1024;
 
 const WORDS: usize = 11;
 
+/// Bytes of each packet a hex-dumping monitor gets.
+pub const FRAME_BYTES: usize = 128;
+const FRAME_WORDS: usize = FRAME_BYTES / 8;
+
 /// One monitored verdict.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Event {
     pub worker: usize,
     pub at_ms: u64,
     pub verdict: Verdict,
+    /// The frame's length on the wire, and its first `min(len, FRAME_BYTES)` bytes (`len` 0: not
+    /// captured).
+    pub frame_len: u32,
+    pub frame: [u8; FRAME_BYTES],
+}
+
+impl Event {
+    /// The captured bytes (empty when none were).
+    pub fn frame(&self) -> &[u8] {
+        &self.frame[..(self.frame_len as usize).min(FRAME_BYTES)]
+    }
 }
 
 /// Single-writer ring of verdicts with a sequence number per slot (a seqlock made of atomics).
@@ -142,6 +159,8 @@ struct Ring {
     /// Per slot: 2 × (event number + 1) when complete, odd while being written.
     seqs: Box<[AtomicU64]>,
     words: Box<[[AtomicU64; WORDS]]>,
+    /// Per slot: the frame's length, then its first bytes.
+    frames: Box<[(AtomicU64, [AtomicU64; FRAME_WORDS])]>,
 }
 
 impl Ring {
@@ -152,10 +171,18 @@ impl Ring {
             words: (0..RING_EVENTS)
                 .map(|_| std::array::from_fn(|_| AtomicU64::new(0)))
                 .collect(),
+            frames: (0..RING_EVENTS)
+                .map(|_| {
+                    (
+                        AtomicU64::new(0),
+                        std::array::from_fn(|_| AtomicU64::new(0)),
+                    )
+                })
+                .collect(),
         }
     }
 
-    fn push(&self, v: &Verdict, at_ms: u64) {
+    fn push(&self, v: &Verdict, at_ms: u64, frame: Option<&[u8]>) {
         let n = self.head.load(Relaxed);
         let slot = (n as usize) % RING_EVENTS;
         let seq = &self.seqs[slot];
@@ -165,12 +192,21 @@ impl Ring {
         for (a, x) in self.words[slot].iter().zip(w) {
             a.store(x, Relaxed);
         }
+        let (len, bytes) = &self.frames[slot];
+        len.store(frame.map_or(0, |f| f.len() as u64), Relaxed);
+        if let Some(f) = frame {
+            for (a, chunk) in bytes.iter().zip(f.chunks(8)) {
+                let mut b = [0u8; 8];
+                b[..chunk.len()].copy_from_slice(chunk);
+                a.store(u64::from_le_bytes(b), Relaxed);
+            }
+        }
         seq.store(2 * (n + 1), std::sync::atomic::Ordering::Release);
         self.head.store(n + 1, std::sync::atomic::Ordering::Release);
     }
 
     /// Event number `n`, if still in the ring and not being overwritten.
-    fn read(&self, n: u64) -> Option<(Verdict, u64)> {
+    fn read(&self, n: u64) -> Option<(Verdict, u64, u32, [u8; FRAME_BYTES])> {
         let slot = (n as usize) % RING_EVENTS;
         let seq = &self.seqs[slot];
         let before = seq.load(std::sync::atomic::Ordering::Acquire);
@@ -178,11 +214,20 @@ impl Ring {
             return None;
         }
         let w: [u64; WORDS] = std::array::from_fn(|i| self.words[slot][i].load(Relaxed));
+        let (len, bytes) = &self.frames[slot];
+        let frame_len = len.load(Relaxed) as u32;
+        let mut frame = [0u8; FRAME_BYTES];
+        if frame_len > 0 {
+            for (chunk, a) in frame.chunks_mut(8).zip(bytes.iter()) {
+                chunk.copy_from_slice(&a.load(Relaxed).to_le_bytes());
+            }
+        }
         std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
         if seq.load(Relaxed) != before {
             return None;
         }
-        Some(decode(&w))
+        let (v, at_ms) = decode(&w);
+        Some((v, at_ms, frame_len, frame))
     }
 }
 
@@ -254,6 +299,10 @@ pub struct DataplaneStats {
     workers: Box<[WorkerStats]>,
     rings: Box<[Ring]>,
     monitors: AtomicUsize,
+    /// Attached monitors that want every verdict, not only drops and rejects.
+    monitors_all: AtomicUsize,
+    /// Attached monitors that want the packets' bytes.
+    monitors_hex: AtomicUsize,
 }
 
 impl DataplaneStats {
@@ -262,6 +311,8 @@ impl DataplaneStats {
             workers: (0..workers).map(|_| WorkerStats::new()).collect(),
             rings: (0..workers).map(|_| Ring::new()).collect(),
             monitors: AtomicUsize::new(0),
+            monitors_all: AtomicUsize::new(0),
+            monitors_hex: AtomicUsize::new(0),
         }
     }
 
@@ -284,14 +335,30 @@ impl DataplaneStats {
         busy_ns: u64,
         now_ms: u64,
     ) {
+        self.after_batch_with_frames(worker, counters, verdicts, &|_| None, busy_ns, now_ms)
+    }
+
+    /// `after_batch`, with the batch's frames (`frame(i)`: packet `i` as received) for monitors
+    /// that asked for hex dumps. `frame` is called only while such a monitor is attached.
+    pub fn after_batch_with_frames<'f>(
+        &self,
+        worker: usize,
+        counters: &Counters,
+        verdicts: &[Verdict],
+        frame: &dyn Fn(usize) -> Option<&'f [u8]>,
+        busy_ns: u64,
+        now_ms: u64,
+    ) {
         let w = &self.workers[worker];
         let busy = w.busy_ns.load(Relaxed) + busy_ns;
         w.publish(counters, busy, now_ms);
         if self.monitors.load(Relaxed) != 0 {
             let ring = &self.rings[worker];
-            for v in verdicts {
-                if matches!(v.action, Action::Drop | Action::Reject) {
-                    ring.push(v, now_ms);
+            let all = self.monitors_all.load(Relaxed) != 0;
+            let hex = self.monitors_hex.load(Relaxed) != 0;
+            for (i, v) in verdicts.iter().enumerate() {
+                if all || matches!(v.action, Action::Drop | Action::Reject) {
+                    ring.push(v, now_ms, if hex { frame(i) } else { None });
                 }
             }
         }
@@ -303,8 +370,22 @@ impl DataplaneStats {
 
     /// Starts recording events for a reader; recording stops when the last one is dropped.
     pub fn monitor(&self) -> Monitor<'_> {
+        self.monitor_with(false, false)
+    }
+
+    /// `monitor`, recording every verdict (`all`) rather than drops and rejects only, and the
+    /// packets' first bytes (`hex`) where workers hand them over.
+    pub fn monitor_with(&self, all: bool, hex: bool) -> Monitor<'_> {
+        if all {
+            self.monitors_all.fetch_add(1, Relaxed);
+        }
+        if hex {
+            self.monitors_hex.fetch_add(1, Relaxed);
+        }
         self.monitors.fetch_add(1, Relaxed);
         Monitor {
+            all,
+            hex,
             stats: self,
             cursors: self
                 .rings
@@ -319,6 +400,8 @@ impl DataplaneStats {
 /// A reader of the event rings (see `DataplaneStats::monitor`).
 pub struct Monitor<'a> {
     stats: &'a DataplaneStats,
+    all: bool,
+    hex: bool,
     cursors: Vec<u64>,
     /// Events overwritten before this reader got to them.
     pub lost: u64,
@@ -337,10 +420,12 @@ impl Monitor<'_> {
             }
             while *cur < head {
                 match ring.read(*cur) {
-                    Some((verdict, at_ms)) => out.push(Event {
+                    Some((verdict, at_ms, frame_len, frame)) => out.push(Event {
                         worker,
                         at_ms,
                         verdict,
+                        frame_len,
+                        frame,
                     }),
                     None => self.lost += 1,
                 }
@@ -352,6 +437,12 @@ impl Monitor<'_> {
 
 impl Drop for Monitor<'_> {
     fn drop(&mut self) {
+        if self.all {
+            self.stats.monitors_all.fetch_sub(1, Relaxed);
+        }
+        if self.hex {
+            self.stats.monitors_hex.fetch_sub(1, Relaxed);
+        }
         self.stats.monitors.fetch_sub(1, Relaxed);
     }
 }
@@ -395,5 +486,41 @@ mod tests {
         assert_eq!(m.lost, 10);
         drop(m);
         assert_eq!(s.monitors.load(Relaxed), 0);
+    }
+
+    #[test]
+    fn all_verdicts_and_frames_on_request() {
+        let s = DataplaneStats::new(1);
+        let c = Counters::default();
+        let mut fwd = Verdict::default();
+        fwd.set(Reason::ServiceDnat);
+        let mut drop = Verdict::default();
+        drop.set(Reason::Malformed);
+        let frames: [&[u8]; 2] = [&[1, 2, 3], &[9; 200]];
+        let frame = |i: usize| frames.get(i).copied();
+        let mut drops_only = s.monitor();
+        let mut all = s.monitor_with(true, true);
+        s.after_batch_with_frames(0, &c, &[fwd, drop], &frame, 1, 5);
+        let mut out = Vec::new();
+        all.poll(&mut out);
+        assert_eq!(out.len(), 2);
+        assert_eq!(out[0].verdict.reason, Reason::ServiceDnat);
+        assert_eq!(out[0].frame(), &[1, 2, 3]);
+        assert_eq!(out[1].frame_len, 200);
+        assert_eq!(out[1].frame(), &[9; FRAME_BYTES]);
+        // The drops-only reader sees what the ring holds; it filters on its side.
+        out.clear();
+        drops_only.poll(&mut out);
+        assert_eq!(out.len(), 2);
+        drop_all(all);
+        s.after_batch_with_frames(0, &c, &[fwd, drop], &frame, 1, 6);
+        out.clear();
+        drops_only.poll(&mut out);
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].frame_len, 0, "no hex monitor: no bytes copied");
+    }
+
+    fn drop_all(m: Monitor<'_>) {
+        drop(m);
     }
 }

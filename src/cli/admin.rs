@@ -14,9 +14,13 @@ use super::{bad_input, failure, CliError};
 
 #[derive(Clone, Copy, Debug, Default, ValueEnum, PartialEq, Eq)]
 pub enum OutputFormat {
+    /// conntrack -L's line shape (tables for the other commands).
     #[default]
     Table,
+    /// One JSON object per line.
     Json,
+    /// conntrack's `-o extended`: the table line with the layer 3 name and number first.
+    Extended,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -24,7 +28,8 @@ pub struct AdminArgs {
     /// The daemon's admin socket.
     #[arg(long, value_name = "PATH", default_value = kxdp_control::admin::DEFAULT_SOCKET, global = true)]
     pub admin: PathBuf,
-    /// Output: `table` (conntrack -L's shape) or `json` (one object per line).
+    /// Output: `table` (conntrack -L's shape), `json` (one object per line) or `extended`
+    /// (conntrack's `-o extended`: layer 3 name and number first).
     #[arg(
         short = 'o',
         long = "output",
@@ -48,8 +53,33 @@ pub enum ConntrackCommand {
     Delete(CtFilterArgs),
     /// Delete every matching connection (conntrack -F; no filter: the whole table).
     Flush(CtFilterArgs),
-    /// Per-worker conntrack counters (conntrack -S): insert, found, expired; table size and early drops.
+    /// Per-worker conntrack counters with the kernel's names (conntrack -S): found, invalid,
+    /// insert, insert_failed, drop, error, ...; then the table's entries, size and early drops.
     Stats,
+    /// Stream connection events (conntrack -E): [NEW], [UPDATE], [DESTROY], with the same
+    /// filters.
+    #[command(alias = "-E")]
+    Events(EventsArgs),
+}
+
+#[derive(Args, Debug, Default, Clone)]
+pub struct EventsArgs {
+    #[command(flatten)]
+    pub filter: CtFilterArgs,
+    /// Event types, comma-separated (conntrack's -e): NEW, UPDATE, DESTROY, ALL.
+    #[arg(
+        short = 'e',
+        long = "event-mask",
+        value_name = "TYPES",
+        value_delimiter = ','
+    )]
+    pub event_mask: Vec<String>,
+    /// How often the daemon compares the table, in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 100, value_parser = clap::value_parser!(u64).range(10..=60000))]
+    pub interval_ms: u64,
+    /// Stop after N events.
+    #[arg(long, value_name = "N")]
+    pub count: Option<u64>,
 }
 
 /// conntrack-tools' filter names.
@@ -91,6 +121,30 @@ pub struct CtFilterArgs {
     /// The Service: `ns/name` or `ns/name:port` (kxdp's extension).
     #[arg(long = "service", value_name = "NS/NAME[:PORT]")]
     pub service: Option<String>,
+    /// Source-NATed (masqueraded) connections; with an address, NATed to it.
+    #[arg(long = "src-nat", value_name = "IP[:PORT]", num_args = 0..=1, default_missing_value = "")]
+    pub src_nat: Option<String>,
+    /// Destination-NATed connections (to Service endpoints); with an address, to that endpoint.
+    #[arg(long = "dst-nat", value_name = "IP[:PORT]", num_args = 0..=1, default_missing_value = "")]
+    pub dst_nat: Option<String>,
+    /// Either source- or destination-NATed; with an address, NATed to it either way.
+    #[arg(long = "any-nat", value_name = "IP[:PORT]", num_args = 0..=1, default_missing_value = "")]
+    pub any_nat: Option<String>,
+    /// Status bits, comma-separated, all required: ASSURED, SEEN_REPLY, UNSET (neither),
+    /// EXPECTED, FIXED_TIMEOUT (never set in kxdp).
+    #[arg(
+        short = 'u',
+        long = "status",
+        value_name = "STATUS",
+        value_delimiter = ','
+    )]
+    pub status: Vec<String>,
+    /// Connection mark VALUE[/MASK]. kxdp has no marks: every connection's is 0.
+    #[arg(short = 'm', long = "mark", value_name = "MARK[/MASK]")]
+    pub mark: Option<String>,
+    /// Conntrack zone. kxdp has one table, zone 0.
+    #[arg(short = 'w', long = "zone", value_name = "ZONE")]
+    pub zone: Option<u16>,
 }
 
 pub fn parse_proto(s: &str) -> Result<u8, String> {
@@ -115,11 +169,67 @@ pub fn parse_net(flag: &str, s: &str) -> Result<IpNet, String> {
         .map_err(|_| format!("{flag}: `{s}` is not an IP address or CIDR"))
 }
 
+/// `IP[:PORT]` / `[IPv6]:PORT` / `CIDR` / empty (any) of a NAT filter.
+fn parse_nat(flag: &str, s: &str) -> Result<NatMatch, String> {
+    if s.is_empty() {
+        return Ok(NatMatch::default());
+    }
+    if let Ok(n) = parse_net(flag, s) {
+        return Ok(NatMatch {
+            addr: Some(n),
+            port: None,
+        });
+    }
+    let (a, p) = split_endpoint(s);
+    let port = p
+        .map(|p| {
+            p.parse::<u16>()
+                .map_err(|_| format!("{flag}: `{p}` is not a port"))
+        })
+        .transpose()?;
+    Ok(NatMatch {
+        addr: Some(parse_net(flag, &a)?),
+        port,
+    })
+}
+
+/// conntrack's `--mark VALUE[/MASK]`, decimal or 0x-hex.
+fn parse_mark(s: &str) -> Result<(u32, u32), String> {
+    let num = |x: &str| {
+        let r = match x.strip_prefix("0x").or_else(|| x.strip_prefix("0X")) {
+            Some(h) => u32::from_str_radix(h, 16),
+            None => x.parse(),
+        };
+        r.map_err(|_| format!("--mark: `{s}` is not VALUE[/MASK] (numbers up to 2^32-1)"))
+    };
+    match s.split_once('/') {
+        Some((v, m)) => Ok((num(v)?, num(m)?)),
+        None => Ok((num(s)?, u32::MAX)),
+    }
+}
+
 impl CtFilterArgs {
+    /// Says on stderr what `--mark` and `--zone` mean here (they are accepted so that scripts
+    /// written for conntrack run).
+    pub fn explain(&self) {
+        if self.mark.is_some() {
+            eprintln!(
+                "kxdp conntrack: note: kxdp sets no connection marks; every connection has mark 0"
+            );
+        }
+        if self.zone.is_some() {
+            eprintln!(
+                "kxdp conntrack: note: kxdp has no conntrack zones; every connection is in zone 0"
+            );
+        }
+    }
+
     pub fn to_filter(&self) -> Result<CtFilter, String> {
         let net =
             |flag: &str, v: &Option<String>| v.as_deref().map(|s| parse_net(flag, s)).transpose();
-        Ok(CtFilter {
+        let nat =
+            |flag: &str, v: &Option<String>| v.as_deref().map(|s| parse_nat(flag, s)).transpose();
+        let f = CtFilter {
             proto: self.proto.as_deref().map(parse_proto).transpose()?,
             orig_src: net("--orig-src", &self.orig_src)?,
             orig_dst: net("--orig-dst", &self.orig_dst)?,
@@ -137,7 +247,15 @@ impl CtFilterArgs {
                 Some(f) => return Err(format!("--family: `{f}` is not ipv4 or ipv6")),
             },
             service: self.service.clone(),
-        })
+            src_nat: nat("--src-nat", &self.src_nat)?,
+            dst_nat: nat("--dst-nat", &self.dst_nat)?,
+            any_nat: nat("--any-nat", &self.any_nat)?,
+            status: self.status.iter().map(|s| s.to_ascii_uppercase()).collect(),
+            mark: self.mark.as_deref().map(parse_mark).transpose()?,
+            zone: self.zone,
+        };
+        f.validate()?;
+        Ok(f)
     }
 }
 
@@ -162,6 +280,16 @@ pub struct MonitorArgs {
     /// Stop after N events.
     #[arg(long, value_name = "N")]
     pub count: Option<u64>,
+    /// Event types (repeatable): drop (the default), trace (every forwarded or passed
+    /// packet), policy-verdict (new connections NetworkPolicy judged, allowed or denied).
+    #[arg(short = 't', long = "type", value_name = "TYPE")]
+    pub types: Vec<String>,
+    /// Show one matching event in N.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub sample: Option<u32>,
+    /// Hex-dump the first 128 bytes of each packet (as received).
+    #[arg(long)]
+    pub hex: bool,
 }
 
 type CmdError = CliError;
@@ -184,14 +312,25 @@ fn print_entry(w: &mut impl Write, l: &str, fmt: OutputFormat) -> std::io::Resul
             let e: CtEntry = serde_json::from_str(l).map_err(std::io::Error::other)?;
             writeln!(w, "{}", e.table_line())
         }
+        OutputFormat::Extended => {
+            let e: CtEntry = serde_json::from_str(l).map_err(std::io::Error::other)?;
+            writeln!(w, "{}", e.extended_line())
+        }
     }
+}
+
+/// A filter from flags: bad values are bad input (exit 2, conntrack's PARAMETER_PROBLEM).
+fn filter_of(f: &CtFilterArgs) -> Result<CtFilter, CmdError> {
+    let filter = f.to_filter().map_err(bad)?;
+    f.explain();
+    Ok(filter)
 }
 
 pub fn conntrack(cmd: &ConntrackCommand, a: &AdminArgs) -> Result<(), CmdError> {
     let fmt = a.output;
     match cmd {
         ConntrackCommand::List(f) | ConntrackCommand::Get(f) => {
-            let filter = f.to_filter().map_err(bad)?;
+            let filter = filter_of(f)?;
             if matches!(cmd, ConntrackCommand::Get(_)) {
                 let ports = filter
                     .proto
@@ -222,18 +361,19 @@ pub fn conntrack(cmd: &ConntrackCommand, a: &AdminArgs) -> Result<(), CmdError> 
             Ok(())
         }
         ConntrackCommand::Count(f) => {
-            let filter = f.to_filter().map_err(bad)?;
+            let filter = filter_of(f)?;
             let end =
                 request(&a.admin, &Request::ConntrackCount { filter }, |_| Ok(())).map_err(fail)?;
             let n = end.get("count").and_then(|c| c.as_u64()).unwrap_or(0);
             match fmt {
                 OutputFormat::Json => println!("{}", serde_json::json!({ "count": n })),
-                OutputFormat::Table => println!("{n}"),
+                _ => println!("{n}"),
             }
             Ok(())
         }
         ConntrackCommand::Delete(f) | ConntrackCommand::Flush(f) => {
-            let filter = f.to_filter().map_err(bad)?;
+            let filter = filter_of(f)?;
+            let filtered = filter != CtFilter::default();
             let show = matches!(cmd, ConntrackCommand::Delete(_));
             let mut w = out();
             let end = request(&a.admin, &Request::ConntrackDelete { filter }, |l| {
@@ -248,13 +388,20 @@ pub fn conntrack(cmd: &ConntrackCommand, a: &AdminArgs) -> Result<(), CmdError> 
             let n = end.get("deleted").and_then(|c| c.as_u64()).unwrap_or(0);
             if show {
                 eprintln!("kxdp conntrack: {n} flow entries have been deleted.");
+                // As conntrack -D: deleting nothing is a failure.
+                if n == 0 {
+                    return Err(fail("conntrack delete: no connection matched".into()));
+                }
             } else if fmt == OutputFormat::Json {
                 println!("{}", serde_json::json!({ "deleted": n }));
+            } else if filtered {
+                println!("kxdp conntrack: {n} flow entries matching the filter have been deleted; the rest of the table is kept.");
             } else {
                 println!("kxdp conntrack: connection tracking table has been emptied ({n} flow entries deleted).");
             }
             Ok(())
         }
+        ConntrackCommand::Events(e) => events(e, a),
         ConntrackCommand::Stats => {
             let mut rows = Vec::new();
             let end = request(&a.admin, &Request::ConntrackStats, |l| {
@@ -264,14 +411,33 @@ pub fn conntrack(cmd: &ConntrackCommand, a: &AdminArgs) -> Result<(), CmdError> 
             .map_err(fail)?;
             let mut w = out();
             let g = |k: &str| end.get(k).and_then(|v| v.as_u64()).unwrap_or(0);
+            // The kernel's per-CPU names, per worker. search_restart, clash_resolve and
+            // chaintoolong are always 0: the table has no hash chains and its lookups never
+            // restart (a lookup racing a writer is a miss). early_drop is the table's, on the
+            // last line: the table does not know which worker's insert evicted an entry.
+            let counters = |r: &WorkerRow| {
+                [
+                    ("found", r.ct_found),
+                    ("invalid", r.ct_invalid),
+                    ("insert", r.ct_insert),
+                    ("insert_failed", r.ct_insert_failed),
+                    ("drop", r.ct_drop),
+                    ("error", r.ct_error),
+                    ("search_restart", 0),
+                    ("clash_resolve", 0),
+                    ("chaintoolong", 0),
+                    ("expired", r.ct_expired),
+                ]
+            };
             match fmt {
                 OutputFormat::Json => {
                     for r in &rows {
-                        let _ = writeln!(
-                            w,
-                            "{}",
-                            serde_json::json!({"worker": r.worker, "insert": r.ct_insert, "found": r.ct_found, "expired": r.ct_expired})
-                        );
+                        let mut o = serde_json::Map::new();
+                        o.insert("worker".into(), r.worker.into());
+                        for (k, v) in counters(r) {
+                            o.insert(k.into(), v.into());
+                        }
+                        let _ = writeln!(w, "{}", serde_json::Value::Object(o));
                     }
                     let _ = writeln!(
                         w,
@@ -279,13 +445,13 @@ pub fn conntrack(cmd: &ConntrackCommand, a: &AdminArgs) -> Result<(), CmdError> 
                         serde_json::json!({"entries": g("entries"), "max_entries": g("max_entries"), "early_drop": g("early_drops")})
                     );
                 }
-                OutputFormat::Table => {
+                _ => {
                     for r in &rows {
-                        let _ = writeln!(
-                            w,
-                            "worker={:<3} insert={} found={} expired={}",
-                            r.worker, r.ct_insert, r.ct_found, r.ct_expired
-                        );
+                        let fields: Vec<String> = counters(r)
+                            .iter()
+                            .map(|(k, v)| format!("{k}={v}"))
+                            .collect();
+                        let _ = writeln!(w, "worker={:<3} {}", r.worker, fields.join(" "));
                     }
                     let _ = writeln!(
                         w,
@@ -305,10 +471,10 @@ pub fn conntrack(cmd: &ConntrackCommand, a: &AdminArgs) -> Result<(), CmdError> 
 pub fn services(a: &AdminArgs) -> Result<(), CmdError> {
     let mut w = out();
     let fmt = a.output;
-    if fmt == OutputFormat::Table {
+    if fmt != OutputFormat::Json {
         let _ = writeln!(
             w,
-            "{:<5} {:<28} {:<12} {:<30} BACKEND",
+            "{:<10} {:<28} {:<12} {:<30} BACKEND",
             "ID", "FRONTEND", "SERVICE TYPE", "SERVICE"
         );
     }
@@ -322,11 +488,12 @@ pub fn services(a: &AdminArgs) -> Result<(), CmdError> {
             v => v.to_string(),
         };
         let fe = format!("{}/{}", r.frontend, proto);
-        let id = r.id % 100_000;
+        // The Service port's stable id, whole (JSON `id`, conntrack and monitor `service_id`).
+        let id = r.id;
         if r.backends.is_empty() {
             return writeln!(
                 w,
-                "{id:<5} {fe:<28} {:<12} {:<30} (none)",
+                "{id:<10} {fe:<28} {:<12} {:<30} (none)",
                 r.kind, r.service
             );
         }
@@ -334,9 +501,9 @@ pub fn services(a: &AdminArgs) -> Result<(), CmdError> {
             let local = if b.local { " local" } else { "" };
             let be = format!("{}. {}/{} ({}{local})", i + 1, b.address, proto, b.state);
             if i == 0 {
-                writeln!(w, "{id:<5} {fe:<28} {:<12} {:<30} {be}", r.kind, r.service)?;
+                writeln!(w, "{id:<10} {fe:<28} {:<12} {:<30} {be}", r.kind, r.service)?;
             } else {
-                writeln!(w, "{:<5} {:<28} {:<12} {:<30} {be}", "", "", "", "")?;
+                writeln!(w, "{:<10} {:<28} {:<12} {:<30} {be}", "", "", "", "")?;
             }
         }
         Ok(())
@@ -388,7 +555,7 @@ pub fn stats(args: &StatsArgs, a: &AdminArgs) -> Result<(), CmdError> {
                 v["busy"] = busy.into();
                 let _ = writeln!(w, "{v}");
             }
-            OutputFormat::Table => {
+            _ => {
                 let drops: Vec<String> = r.drops.iter().map(|(k, v)| format!("{k}={v}")).collect();
                 let _ = writeln!(
                     w,
@@ -416,7 +583,7 @@ pub fn stats(args: &StatsArgs, a: &AdminArgs) -> Result<(), CmdError> {
                 serde_json::json!({"conntrack_entries": g("entries"), "conntrack_max": g("max_entries"), "early_drops": g("early_drops")})
             );
         }
-        OutputFormat::Table => {
+        _ => {
             let _ = writeln!(
                 w,
                 "conntrack entries={} max={} early_drops={}",
@@ -440,12 +607,28 @@ pub fn monitor(args: &MonitorArgs, a: &AdminArgs) -> Result<(), CmdError> {
             .map_err(bad)?,
         reasons: args.reasons.clone(),
         rate: Some(args.rate),
+        types: args.types.clone(),
+        sample: args.sample,
+        hex: args.hex,
     };
     for r in &filter.reasons {
         if kxdp_dataplane::verdict::Reason::from_code(r).is_none() {
             return Err(bad(format!("--reason: unknown reason `{r}`")));
         }
     }
+    for t in &filter.types {
+        if !MONITOR_TYPES.contains(&t.as_str()) {
+            return Err(bad(format!(
+                "--type: unknown event type `{t}` (one of {})",
+                MONITOR_TYPES.join(", ")
+            )));
+        }
+    }
+    let what = if filter.types.is_empty() {
+        "drops and rejects".to_string()
+    } else {
+        filter.types.join(", ") + " events"
+    };
     let mut n = 0u64;
     let limit = args.count;
     let fmt = a.output;
@@ -453,7 +636,7 @@ pub fn monitor(args: &MonitorArgs, a: &AdminArgs) -> Result<(), CmdError> {
         let v: serde_json::Value = serde_json::from_str(l).map_err(std::io::Error::other)?;
         let mut w = std::io::stdout().lock();
         if v.get("monitoring").is_some() {
-            eprintln!("kxdp monitor: listening for drops and rejects (Ctrl-C to stop)");
+            eprintln!("kxdp monitor: listening for {what} (Ctrl-C to stop)");
             return Ok(());
         }
         if v.get("suppressed").is_some() {
@@ -472,22 +655,10 @@ pub fn monitor(args: &MonitorArgs, a: &AdminArgs) -> Result<(), CmdError> {
             writeln!(w, "{l}")?;
         } else {
             let e: EventRow = serde_json::from_str(l).map_err(std::io::Error::other)?;
-            writeln!(
-                w,
-                "{} {:<7} {:<24} {} {} -> {}{}",
-                e.time,
-                e.action.to_uppercase(),
-                e.reason,
-                e.proto
-                    .as_ref()
-                    .map(|p| p.as_str().map(str::to_string).unwrap_or(p.to_string()))
-                    .unwrap_or_default(),
-                e.src.unwrap_or_default(),
-                e.dst.unwrap_or_default(),
-                e.service
-                    .map(|s| format!(" service={s}"))
-                    .unwrap_or_default()
-            )?;
+            writeln!(w, "{}", event_text(&e))?;
+            if let Some(h) = &e.hex {
+                write!(w, "{}", hex_dump(h))?;
+            }
         }
         w.flush()?;
         n += 1;
@@ -498,4 +669,179 @@ pub fn monitor(args: &MonitorArgs, a: &AdminArgs) -> Result<(), CmdError> {
         Ok(())
     });
     r.map(|_| ()).map_err(fail)
+}
+
+/// One monitor event for people:
+/// `TIME ACTION  REASON  PROTO SRC -> DST [=> OUT_SRC -> OUT_DST] [service=NS/NAME:PORT (id N)] [policy-verdict: allow]`.
+fn event_text(e: &EventRow) -> String {
+    let mut s = format!(
+        "{} {:<7} {:<24} {} {} -> {}",
+        e.time,
+        e.action.to_uppercase(),
+        e.reason,
+        e.proto
+            .as_ref()
+            .map(|p| p.as_str().map(str::to_string).unwrap_or(p.to_string()))
+            .unwrap_or_default(),
+        e.src.as_deref().unwrap_or_default(),
+        e.dst.as_deref().unwrap_or_default(),
+    );
+    if let (Some(os), Some(od)) = (&e.out_src, &e.out_dst) {
+        s.push_str(&format!(" => {os} -> {od}"));
+    }
+    if let Some(svc) = &e.service {
+        s.push_str(&format!(" service={svc}"));
+        if let Some(id) = e.service_id {
+            s.push_str(&format!(" (id {id})"));
+        }
+    }
+    if let Some(p) = &e.policy {
+        s.push_str(&format!(" policy-verdict: {p}"));
+    }
+    s
+}
+
+/// `xxd`-like lines of a hex string: offset, then 16 bytes in groups of two.
+fn hex_dump(hex: &str) -> String {
+    let bytes = hex.as_bytes();
+    let mut out = String::new();
+    for (row, chunk) in bytes.chunks(32).enumerate() {
+        let pairs: Vec<String> = chunk
+            .chunks(4)
+            .map(|c| String::from_utf8_lossy(c).into_owned())
+            .collect();
+        out.push_str(&format!("  {:04x}: {}\n", row * 16, pairs.join(" ")));
+    }
+    out
+}
+
+/// `kxdp conntrack events` (conntrack -E).
+fn events(args: &EventsArgs, a: &AdminArgs) -> Result<(), CmdError> {
+    let filter = filter_of(&args.filter)?;
+    let mut mask = CtEventMask {
+        interval_ms: Some(args.interval_ms),
+        ..Default::default()
+    };
+    for t in &args.event_mask {
+        match t.to_ascii_uppercase().as_str() {
+            "NEW" => mask.new = true,
+            "UPDATE" => mask.update = true,
+            "DESTROY" => mask.destroy = true,
+            "ALL" => {
+                mask.new = true;
+                mask.update = true;
+                mask.destroy = true;
+            }
+            _ => {
+                return Err(bad(format!(
+                    "--event-mask: unknown event `{t}` (NEW, UPDATE, DESTROY or ALL)"
+                )))
+            }
+        }
+    }
+    let fmt = a.output;
+    let limit = args.count;
+    let mut n = 0u64;
+    let r = request(
+        &a.admin,
+        &Request::ConntrackEvents {
+            filter,
+            events: mask,
+        },
+        |l| {
+            let mut w = std::io::stdout().lock();
+            if l.starts_with("{\"watching\"") {
+                eprintln!("kxdp conntrack: listening for connection events (Ctrl-C to stop)");
+                return Ok(());
+            }
+            if fmt == OutputFormat::Json {
+                writeln!(w, "{l}")?;
+            } else {
+                let e: CtEventRow = serde_json::from_str(l).map_err(std::io::Error::other)?;
+                writeln!(
+                    w,
+                    "{}",
+                    e.entry.event_line(&e.event, fmt == OutputFormat::Extended)
+                )?;
+            }
+            w.flush()?;
+            n += 1;
+            if limit.is_some_and(|l| n >= l) {
+                // Closing the connection ends the server's stream.
+                return Err(std::io::Error::from(std::io::ErrorKind::BrokenPipe));
+            }
+            Ok(())
+        },
+    );
+    r.map(|_| ()).map_err(fail)?;
+    // stderr may be gone by now (a reader that stopped listening): not an error.
+    let _ = writeln!(
+        std::io::stderr(),
+        "kxdp conntrack: {n} flow events have been shown."
+    );
+    Ok(())
+}
+
+/// `kxdp policy trace` against a running daemon: its state and its published tables.
+pub fn policy_trace(
+    from: IpAddr,
+    to: IpAddr,
+    port: u16,
+    proto: u8,
+    admin: &std::path::Path,
+) -> Result<(), CmdError> {
+    let end = request(
+        admin,
+        &Request::PolicyTrace {
+            from,
+            to,
+            port,
+            proto,
+        },
+        |_| Ok(()),
+    )
+    .map_err(fail)?;
+    print!(
+        "{}",
+        end.get("text").and_then(|t| t.as_str()).unwrap_or_default()
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nat_and_mark_values() {
+        assert_eq!(parse_nat("--src-nat", "").unwrap(), NatMatch::default());
+        let m = parse_nat("--dst-nat", "10.1.0.10:8080").unwrap();
+        assert_eq!(m.addr, Some("10.1.0.10/32".parse().unwrap()));
+        assert_eq!(m.port, Some(8080));
+        let m = parse_nat("--dst-nat", "[fd00::1]:80").unwrap();
+        assert_eq!(m.port, Some(80));
+        assert!(parse_nat("--dst-nat", "10.1.0.10:http").is_err());
+        assert_eq!(parse_mark("0x10/0xff").unwrap(), (16, 255));
+        assert_eq!(parse_mark("7").unwrap(), (7, u32::MAX));
+        assert!(parse_mark("x").is_err());
+        let f = CtFilterArgs {
+            state: Some("bogus".into()),
+            ..Default::default()
+        };
+        assert!(f.to_filter().unwrap_err().contains("unknown state `bogus`"));
+        let f = CtFilterArgs {
+            status: vec!["assured".into(), "NOPE".into()],
+            ..Default::default()
+        };
+        assert!(f.to_filter().unwrap_err().contains("--status"));
+    }
+
+    #[test]
+    fn hex_dump_rows() {
+        let h = "45".repeat(18);
+        assert_eq!(
+            hex_dump(&h),
+            "  0000: 4545 4545 4545 4545 4545 4545 4545 4545\n  0010: 4545\n"
+        );
+    }
 }

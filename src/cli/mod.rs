@@ -33,14 +33,25 @@ pub const EXIT_BAD_INPUT: i32 = 2;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Log format on stderr: text (colour only on a terminal) or json (one object per line).
+    #[arg(long, value_enum, default_value = "text", global = true)]
+    log_format: crate::logging::LogFormat,
+    /// Log level or RUST_LOG-style directives (`debug`, `kxdp_control=debug,warn`); wins over
+    /// -v and RUST_LOG.
+    #[arg(long, value_name = "LEVEL", global = true, value_parser = crate::logging::parse_level)]
+    log_level: Option<String>,
+    /// More logs: -v info, -vv debug, -vvv trace.
+    #[arg(short = 'v', long = "verbose", action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
 }
 
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Print the version.
     Version,
-    /// The daemon. Today the control plane only: syncs from the API server (or `--state` files
-    /// watched for changes), publishes the tables and serves /metrics; no AF_XDP workers yet.
+    /// The daemon: syncs from the API server (or `--state` files watched for changes),
+    /// publishes the tables to AF_XDP workers on the configured interfaces, serves /metrics,
+    /// health and the admin socket.
     Run(RunArgs),
     /// Replay a pcap through the pipeline, from memory, as fast as it goes.
     Replay(ReplayArgs),
@@ -52,7 +63,7 @@ enum Command {
     /// Connection tracking of a running daemon, with conntrack-tools' filter names.
     Conntrack {
         #[command(subcommand)]
-        command: admin::ConntrackCommand,
+        command: Box<admin::ConntrackCommand>,
         #[command(flatten)]
         admin: admin::AdminArgs,
     },
@@ -99,12 +110,16 @@ enum PolicyCommand {
 
 #[derive(Args, Debug)]
 struct TraceArgs {
-    /// DataplaneConfiguration file.
-    #[arg(long, value_name = "FILE")]
-    config: PathBuf,
-    /// Kubernetes manifests: a file or a directory.
-    #[arg(long, value_name = "PATH")]
-    state: PathBuf,
+    /// Offline: the DataplaneConfiguration file (with --state). Without both, the running
+    /// daemon is asked (its state and the tables its workers use).
+    #[arg(long, value_name = "FILE", requires = "state")]
+    config: Option<PathBuf>,
+    /// Offline: Kubernetes manifests, a file or a directory (with --config).
+    #[arg(long, value_name = "PATH", requires = "config")]
+    state: Option<PathBuf>,
+    /// The running daemon's admin socket (when --config and --state are not given).
+    #[arg(long, value_name = "PATH", default_value = kxdp_control::admin::DEFAULT_SOCKET, conflicts_with = "state")]
+    admin: PathBuf,
     /// Source address.
     #[arg(long, value_name = "IP")]
     from: std::net::IpAddr,
@@ -229,7 +244,16 @@ where
             };
         }
     };
-    init_tracing();
+    crate::logging::init(&crate::logging::LogOptions {
+        format: cli.log_format,
+        level: cli.log_level.clone(),
+        verbose: cli.verbose,
+        default_level: if matches!(cli.command, Command::Run(_)) {
+            "info"
+        } else {
+            "warn"
+        },
+    });
     match cli.command {
         Command::Version => {
             println!("kxdp {}", env!("CARGO_PKG_VERSION"));
@@ -324,8 +348,11 @@ fn cmd_policy_trace(args: &TraceArgs) -> Result<(), CliError> {
     if args.from.is_ipv4() != to.is_ipv4() {
         return Err(bad_input("--from and --to must be of the same IP family"));
     }
-    let config = Config::load(&args.config).map_err(bad_input)?;
-    let state = load_state(&args.state).map_err(bad_input)?;
+    let (Some(config), Some(state)) = (&args.config, &args.state) else {
+        return admin::policy_trace(args.from, to, port, proto, &args.admin);
+    };
+    let config = Config::load(config).map_err(bad_input)?;
+    let state = load_state(state).map_err(bad_input)?;
     let translation = translate(&config, &state);
     for p in &translation.problems {
         eprintln!("warning: {p}");
@@ -338,16 +365,6 @@ fn cmd_policy_trace(args: &TraceArgs) -> Result<(), CliError> {
     };
     print!("{}", trace(&state, &translation.snapshot, &q).text);
     Ok(())
-}
-
-fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    // A second init (tests calling `run` twice) is harmless.
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
 }
 
 /// A command's failure: the exit code and the message printed as `kxdp: MESSAGE`.
@@ -507,23 +524,74 @@ fn write_file(
     w.flush().map_err(err)
 }
 
-/// A progress bar on stderr, only when stderr is a terminal (scripts and CI see nothing).
+/// A progress bar on stderr, only when stderr is a terminal (scripts and CI see nothing): the
+/// rate in Mpps with two decimals, and an ETA only once a second of progress makes it worth
+/// something (indicatif's own starts far off).
 fn progress_bar(total: u64) -> Option<indicatif::ProgressBar> {
     if !std::io::stderr().is_terminal() || total == 0 {
         return None;
     }
     let bar = indicatif::ProgressBar::new(total);
-    if let Ok(style) =
-        indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} packets {per_sec} eta {eta}")
-    {
+    if let Ok(style) = indicatif::ProgressStyle::with_template(
+        "{bar:40} {pos}/{len} packets {mpps} eta {eta_settled}",
+    ) {
+        let style = style
+            .with_key(
+                "mpps",
+                |s: &indicatif::ProgressState, w: &mut dyn std::fmt::Write| {
+                    let _ = w.write_str(&mpps_text(s.pos(), s.elapsed()));
+                },
+            )
+            .with_key(
+                "eta_settled",
+                |s: &indicatif::ProgressState, w: &mut dyn std::fmt::Write| {
+                    let _ = w.write_str(&eta_text(s.pos(), s.len().unwrap_or(0), s.elapsed()));
+                },
+            );
         bar.set_style(style);
     }
     Some(bar)
 }
 
+/// `12.34 Mpps` (average since the start; `-` before any time has passed).
+fn mpps_text(done: u64, elapsed: std::time::Duration) -> String {
+    let secs = elapsed.as_secs_f64();
+    if secs <= 0.0 {
+        return "- Mpps".into();
+    }
+    format!("{:.2} Mpps", done as f64 / secs / 1e6)
+}
+
+/// The remaining time at the average rate so far, as `1m05s`; `-` during the first second or
+/// before any progress.
+fn eta_text(done: u64, total: u64, elapsed: std::time::Duration) -> String {
+    let secs = elapsed.as_secs_f64();
+    if secs < 1.0 || done == 0 {
+        return "-".into();
+    }
+    let left = total.saturating_sub(done) as f64 * secs / done as f64;
+    let left = left.round() as u64;
+    if left >= 60 {
+        format!("{}m{:02}s", left / 60, left % 60)
+    } else {
+        format!("{left}s")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn progress_texts() {
+        use std::time::Duration;
+        assert_eq!(mpps_text(0, Duration::ZERO), "- Mpps");
+        assert_eq!(mpps_text(3_000_000, Duration::from_secs(2)), "1.50 Mpps");
+        assert_eq!(eta_text(10, 100, Duration::from_millis(500)), "-");
+        assert_eq!(eta_text(0, 100, Duration::from_secs(5)), "-");
+        assert_eq!(eta_text(50, 100, Duration::from_secs(2)), "2s");
+        assert_eq!(eta_text(1, 100, Duration::from_secs(2)), "3m18s");
+    }
 
     #[test]
     fn flags() {

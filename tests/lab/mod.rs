@@ -363,7 +363,7 @@ impl Kxdp {
         let mut child = Command::new("ip")
             .args(["netns", "exec", ns, env!("CARGO_BIN_EXE_kxdp"), "run"])
             .args(["--config", config, "--state", state, "--no-admin"])
-            .env("RUST_LOG", "warn")
+            .env("RUST_LOG", "warn,kxdp_control::run=info")
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::piped())
             .spawn()

@@ -91,6 +91,7 @@ pub fn start(
         dataplane: dp.clone(),
         status: handle.status_cell(),
         listening: Mutex::new(serde_json::Map::new()),
+        control: Some(handle.sender()),
     });
     let mut threads = Vec::new();
 
@@ -265,10 +266,13 @@ fn inject_loop(
             let snap = published.load_full();
             let now = clock_ms();
             p.process(&mut frames, &mut verdicts, &snap, &dp.ct, now);
-            dp.stats.after_batch(
+            // The frames as captured (the pipeline rewrote `frames` in place).
+            let captured = |i: usize| chunk.get(i).map(|p| &p.data[..]);
+            dp.stats.after_batch_with_frames(
                 worker,
                 &p.counters,
                 &verdicts[..chunk.len()],
+                &captured,
                 t0.elapsed().as_nanos() as u64,
                 now,
             );

@@ -48,6 +48,9 @@ pub struct AdminContext {
     pub status: Arc<Mutex<Status>>,
     /// Addresses the daemon listens on (`metrics`, `healthz`), for `kxdp stats` and tests.
     pub listening: Mutex<serde_json::Map<String, serde_json::Value>>,
+    /// The control loop, for queries against the cluster state (`policy trace`); `None`: no
+    /// such queries (they fail with a message saying so).
+    pub control: Option<std::sync::mpsc::Sender<crate::sync::Update>>,
 }
 
 /// The running server; dropping it removes the socket.
@@ -183,6 +186,13 @@ fn answer(
     stop: &AtomicBool,
 ) -> Answer {
     let ct = &ctx.dataplane.ct;
+    match &req {
+        Request::ConntrackList { filter }
+        | Request::ConntrackCount { filter }
+        | Request::ConntrackDelete { filter }
+        | Request::ConntrackEvents { filter, .. } => filter.validate()?,
+        _ => {}
+    }
     match req {
         Request::ConntrackList { filter } => {
             let snap = ctx.published.load_full();
@@ -248,7 +258,167 @@ fn answer(
             }))
         }
         Request::Monitor { filter } => monitor(ctx, filter, w, sock, stop),
+        Request::ConntrackEvents { filter, events } => {
+            conntrack_events(ctx, filter, events, w, sock, stop)
+        }
+        Request::PolicyTrace {
+            from,
+            to,
+            port,
+            proto,
+        } => policy_trace(ctx, from, to, port, proto),
     }
+}
+
+/// `kxdp policy trace --admin`: the trace runs on the control thread, against the state it
+/// holds and the tables it last published (what the workers use).
+fn policy_trace(
+    ctx: &AdminContext,
+    from: std::net::IpAddr,
+    to: std::net::IpAddr,
+    port: u16,
+    proto: u8,
+) -> Answer {
+    if from.is_ipv4() != to.is_ipv4() {
+        return Err("--from and --to must be of the same IP family".into());
+    }
+    let Some(control) = &ctx.control else {
+        return Err("this daemon does not answer policy traces".into());
+    };
+    let published = ctx.published.clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let query = crate::sync::Inspect(Box::new(move |state: &crate::model::ClusterState| {
+        let snap = published.load_full();
+        let q = crate::policy::trace::TraceQuery {
+            from,
+            to,
+            port,
+            proto,
+        };
+        let t = crate::policy::trace::trace(state, &snap, &q);
+        let _ = tx.send((t, snap.generation));
+    }));
+    control
+        .send(crate::sync::Update::Inspect(query))
+        .map_err(|_| "the control loop has stopped".to_string())?;
+    let (t, generation) = rx
+        .recv_timeout(Duration::from_secs(10))
+        .map_err(|_| "the control loop did not answer within 10 s".to_string())?;
+    let verdicts: Vec<serde_json::Value> = t
+        .verdicts
+        .iter()
+        .map(|v| {
+            serde_json::json!({"addr": v.addr.to_string(), "port": v.port, "action": v.action, "reason": v.reason})
+        })
+        .collect();
+    Ok(serde_json::json!({"text": t.text, "verdicts": verdicts, "generation": generation}))
+}
+
+/// What `conntrack -E` compares between two walks of the table: the entry (its slot, so that a
+/// connection deleted and re-created between walks is a DESTROY and a NEW) and the state the
+/// events report on.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Seen {
+    idx: u32,
+    state: u32,
+}
+
+fn seen(v: &kxdp_dataplane::conntrack::EntryView) -> Seen {
+    use kxdp_dataplane::conntrack::{FLAG_ASSURED, FLAG_SEEN_REPLY};
+    const PROTO_STATE: u32 = 0xff << 8;
+    Seen {
+        idx: v.idx,
+        state: v.state & (PROTO_STATE | FLAG_ASSURED | FLAG_SEEN_REPLY),
+    }
+}
+
+/// `kxdp conntrack events` (conntrack -E). The dataplane emits nothing: the table is walked every
+/// `interval_ms` (default 100) while a client is attached, and compared with the previous walk:
+/// an entry that appeared is NEW, one whose protocol state, ASSURED or SEEN_REPLY changed is an
+/// UPDATE, one that went away is a DESTROY (shown as last seen). Workers pay nothing; the cost
+/// is one walk of the table per interval and a copy of the matching entries, only while someone
+/// listens. A connection born and gone within one interval is not seen, and several changes
+/// within one interval are one UPDATE.
+fn conntrack_events(
+    ctx: &AdminContext,
+    filter: CtFilter,
+    mask: CtEventMask,
+    w: &mut impl Write,
+    sock: &std::os::unix::net::UnixStream,
+    stop: &AtomicBool,
+) -> Answer {
+    use std::collections::HashMap;
+    let interval = Duration::from_millis(mask.interval_ms.unwrap_or(100).clamp(10, 60_000));
+    let all = !(mask.new || mask.update || mask.destroy);
+    let closed = watch_close(sock);
+    let ct = &ctx.dataplane.ct;
+    let walk = |snap: &kxdp_dataplane::snapshot::Snapshot| {
+        ct.connections()
+            .filter(|v| filter.matches(v, snap))
+            .map(|v| (v.orig.pack(), v))
+            .collect::<HashMap<_, _>>()
+    };
+    let mut before = walk(&ctx.published.load_full());
+    line(w, &serde_json::json!({"watching": before.len()})).map_err(io_err)?;
+    w.flush().map_err(io_err)?;
+    let mut n = 0u64;
+    while !closed.load(Ordering::Relaxed) && !stop.load(Ordering::Relaxed) {
+        std::thread::sleep(interval);
+        let snap = ctx.published.load_full();
+        let now = clock_ms();
+        let after = walk(&snap);
+        let time = humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string();
+        let mut emit = |event: &str, v: &kxdp_dataplane::conntrack::EntryView| {
+            n += 1;
+            line(
+                w,
+                &CtEventRow {
+                    event: event.into(),
+                    time: time.clone(),
+                    entry: CtEntry::from_view(v, &snap, now),
+                },
+            )
+        };
+        for (k, old) in &before {
+            match after.get(k) {
+                Some(v) if v.idx == old.idx => {}
+                _ if all || mask.destroy => emit("destroy", old).map_err(io_err)?,
+                _ => {}
+            }
+        }
+        for (k, v) in &after {
+            let event = match before.get(k) {
+                Some(old) if old.idx == v.idx => (seen(old) != seen(v)).then_some("update"),
+                _ => Some("new"),
+            };
+            let wanted = match event {
+                Some("update") => all || mask.update,
+                Some(_) => all || mask.new,
+                None => false,
+            };
+            if let (true, Some(event)) = (wanted, event) {
+                emit(event, v).map_err(io_err)?;
+            }
+        }
+        w.flush().map_err(io_err)?;
+        before = after;
+    }
+    Ok(serde_json::json!({ "events": n }))
+}
+
+/// A flag set once the client closes its end (seen as EOF on a reader thread).
+fn watch_close(sock: &std::os::unix::net::UnixStream) -> Arc<AtomicBool> {
+    let closed = Arc::new(AtomicBool::new(false));
+    if let Ok(mut r) = sock.try_clone() {
+        let closed = closed.clone();
+        let _ = r.set_read_timeout(None);
+        std::thread::spawn(move || {
+            let mut b = [0u8; 64];
+            while matches!(std::io::Read::read(&mut r, &mut b), Ok(n) if n > 0) {}
+            closed.store(true, Ordering::Relaxed);
+        });
+    }
+    closed
 }
 
 pub fn worker_rows(stats: &DataplaneStats) -> Vec<WorkerRow> {
@@ -283,6 +453,17 @@ pub fn worker_rows(stats: &DataplaneStats) -> Vec<WorkerRow> {
                 ct_insert: s.ct_created,
                 ct_found: s.ct_found(),
                 ct_expired: s.ct_expired,
+                ct_invalid: [
+                    Reason::CtInvalid,
+                    Reason::IcmpErrorUntracked,
+                    Reason::FragmentNoState,
+                ]
+                .iter()
+                .map(|r| s.reasons[*r as usize])
+                .sum(),
+                ct_insert_failed: s.reasons[Reason::SnatExhausted as usize],
+                ct_drop: s.reasons[Reason::ConntrackFull as usize],
+                ct_error: s.reasons[Reason::IcmpErrorUntracked as usize],
                 actions,
                 drops,
             }
@@ -330,9 +511,47 @@ pub fn service_rows(snap: &kxdp_dataplane::snapshot::Snapshot) -> Vec<ServiceRow
     rows
 }
 
+/// The monitor's event type of a verdict: `drop` (dropped or rejected), `policy-verdict` (a new
+/// connection NetworkPolicy judged: denied, or allowed with a pod of this node at one end),
+/// `trace` (any other packet).
+fn event_kind(
+    e: &Event,
+    snap: &kxdp_dataplane::snapshot::Snapshot,
+) -> (&'static str, Option<&'static str>) {
+    let v = &e.verdict;
+    match v.reason {
+        Reason::PolicyDeniedIngress | Reason::PolicyDeniedEgress => {
+            ("policy-verdict", Some("deny"))
+        }
+        Reason::ServiceDnat | Reason::Direct
+            if v.has_addrs
+                && (snap.policy.is_local_pod(&v.orig_src) || snap.policy.is_local_pod(&v.dst)) =>
+        {
+            ("policy-verdict", Some("allow"))
+        }
+        _ if matches!(v.action, Action::Drop | Action::Reject) => ("drop", None),
+        _ => ("trace", None),
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        let _ = write!(s, "{b:02x}");
+    }
+    s
+}
+
 fn event_row(e: &Event, snap: &kxdp_dataplane::snapshot::Snapshot) -> EventRow {
     let v = &e.verdict;
     let ports = kxdp_dataplane::conntrack::has_ports(v.proto);
+    let translated = v.has_addrs
+        && v.action == Action::Forward
+        && (v.src != v.orig_src
+            || v.dst != v.orig_dst
+            || v.sport != v.orig_sport
+            || v.dport != v.orig_dport);
     let ago = Duration::from_millis(clock_ms().saturating_sub(e.at_ms));
     let wall = std::time::SystemTime::now()
         .checked_sub(ago)
@@ -353,11 +572,32 @@ fn event_row(e: &Event, snap: &kxdp_dataplane::snapshot::Snapshot) -> EventRow {
         service: snap
             .service_port_by_id(v.service_id)
             .map(|p| p.name.to_string()),
+        service_id: (v.service_id != 0).then_some(v.service_id),
+        out_src: translated.then(|| format_addr(v.src, v.family, v.sport, ports)),
+        out_dst: translated.then(|| format_addr(v.dst, v.family, v.dport, ports)),
+        kind: event_kind(e, snap).0.into(),
+        policy: event_kind(e, snap).1.map(str::to_string),
+        hex: (e.frame_len > 0).then(|| hex(e.frame())),
+        len: (e.frame_len > 0).then_some(e.frame_len),
     }
 }
 
-fn event_matches(e: &Event, f: &MonitorFilter) -> bool {
+fn event_matches(e: &Event, f: &MonitorFilter, snap: &kxdp_dataplane::snapshot::Snapshot) -> bool {
     let v = &e.verdict;
+    let kind = event_kind(e, snap).0;
+    let wanted = if f.types.is_empty() {
+        // The default: what is dropped (policy denials included).
+        matches!(v.action, Action::Drop | Action::Reject)
+    } else {
+        f.types.iter().any(|t| t == kind)
+            // A policy denial is a drop too.
+            || (kind == "policy-verdict"
+                && matches!(v.action, Action::Drop | Action::Reject)
+                && f.types.iter().any(|t| t == "drop"))
+    };
+    if !wanted {
+        return false;
+    }
     if !f.reasons.is_empty() && !f.reasons.iter().any(|r| r == v.reason.as_str()) {
         return false;
     }
@@ -391,19 +631,21 @@ fn monitor(
             return Err(format!("unknown reason `{r}`"));
         }
     }
-    let rate = filter.rate.unwrap_or(100).max(1) as u64;
-    // The client closing its end is seen as EOF on a reader thread.
-    let closed = Arc::new(AtomicBool::new(false));
-    if let Ok(mut r) = sock.try_clone() {
-        let closed = closed.clone();
-        let _ = r.set_read_timeout(None);
-        std::thread::spawn(move || {
-            let mut b = [0u8; 64];
-            while matches!(std::io::Read::read(&mut r, &mut b), Ok(n) if n > 0) {}
-            closed.store(true, Ordering::Relaxed);
-        });
+    for t in &filter.types {
+        if !MONITOR_TYPES.contains(&t.as_str()) {
+            return Err(format!(
+                "unknown event type `{t}` (one of {})",
+                MONITOR_TYPES.join(", ")
+            ));
+        }
     }
-    let mut mon = ctx.dataplane.stats.monitor();
+    let rate = filter.rate.unwrap_or(100).max(1) as u64;
+    let sample = filter.sample.unwrap_or(1).max(1) as u64;
+    let mut matched = 0u64;
+    let closed = watch_close(sock);
+    // Drops only unless another type was asked for: then the workers record every verdict.
+    let all = filter.types.iter().any(|t| t != "drop");
+    let mut mon = ctx.dataplane.stats.monitor_with(all, filter.hex);
     // Say we are attached (clients and tests wait for this before generating traffic).
     line(
         w,
@@ -419,7 +661,11 @@ fn monitor(
         mon.poll(&mut events);
         let snap = ctx.published.load();
         for e in &events {
-            if !event_matches(e, &filter) {
+            if !event_matches(e, &filter, &snap) {
+                continue;
+            }
+            matched += 1;
+            if (matched - 1) % sample != 0 {
                 continue;
             }
             if sent < rate {

@@ -41,15 +41,90 @@ pub fn format_addr(addr: Addr, family: Family, port: u16, with_port: bool) -> St
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(tag = "op", rename_all = "kebab-case")]
 pub enum Request {
-    ConntrackList { filter: CtFilter },
-    ConntrackCount { filter: CtFilter },
-    ConntrackDelete { filter: CtFilter },
+    ConntrackList {
+        filter: CtFilter,
+    },
+    ConntrackCount {
+        filter: CtFilter,
+    },
+    ConntrackDelete {
+        filter: CtFilter,
+    },
     ConntrackStats,
     Services,
     Stats,
     Status,
-    Monitor { filter: MonitorFilter },
+    Monitor {
+        filter: MonitorFilter,
+    },
+    /// `conntrack -E`: streams `CtEventRow`s until the client closes the connection.
+    ConntrackEvents {
+        filter: CtFilter,
+        events: CtEventMask,
+    },
+    /// `kxdp policy trace` against the daemon's own state and published tables.
+    PolicyTrace {
+        from: IpAddr,
+        to: IpAddr,
+        /// 0: no port given.
+        port: u16,
+        proto: u8,
+    },
 }
+
+/// Which `conntrack -E` events a client wants (conntrack's `-e NEW,UPDATE,DESTROY`), and how
+/// often the table is compared (milliseconds; default 100).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct CtEventMask {
+    pub new: bool,
+    pub update: bool,
+    pub destroy: bool,
+    pub interval_ms: Option<u64>,
+}
+
+/// A NAT filter (`--src-nat`, `--dst-nat`, `--any-nat`): the connection is translated that way,
+/// and, when given, to an address inside `addr` (and to `port`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct NatMatch {
+    pub addr: Option<IpNet>,
+    pub port: Option<u16>,
+}
+
+/// conntrack's `--status` names kxdp knows; EXPECTED and FIXED_TIMEOUT never hold (no helpers,
+/// no fixed timeouts), UNSET means neither ASSURED nor SEEN_REPLY.
+pub const STATUS_NAMES: &[&str] = &[
+    "ASSURED",
+    "SEEN_REPLY",
+    "UNSET",
+    "EXPECTED",
+    "FIXED_TIMEOUT",
+];
+
+/// Every protocol state name `--state` accepts (TCP and SCTP as the kernel names them).
+/// LISTEN and SYN_SENT2 are accepted for conntrack-tools' sake; kxdp never enters them.
+pub const STATE_NAMES: &[&str] = &[
+    "NONE",
+    "SYN_SENT",
+    "SYN_RECV",
+    "ESTABLISHED",
+    "FIN_WAIT",
+    "CLOSE_WAIT",
+    "LAST_ACK",
+    "TIME_WAIT",
+    "CLOSE",
+    "LISTEN",
+    "SYN_SENT2",
+    "CLOSED",
+    "COOKIE_WAIT",
+    "COOKIE_ECHOED",
+    "SHUTDOWN_SENT",
+    "SHUTDOWN_RECD",
+    "SHUTDOWN_ACK_SENT",
+    "HEARTBEAT_SENT",
+    "HEARTBEAT_ACKED",
+];
 
 /// conntrack-tools' filters. Addresses accept a CIDR (`10.0.0.0/8`) as well as an address.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
@@ -73,6 +148,27 @@ pub struct CtFilter {
     pub family: Option<u8>,
     /// `ns/name` or `ns/name:port` of the Service.
     pub service: Option<String>,
+    /// Source-NATed (masqueraded) connections, optionally to this address/port.
+    pub src_nat: Option<NatMatch>,
+    /// Destination-NATed connections (Services), optionally to this endpoint address/port.
+    pub dst_nat: Option<NatMatch>,
+    /// Either.
+    pub any_nat: Option<NatMatch>,
+    /// conntrack status names (all must hold): ASSURED, SEEN_REPLY, UNSET, EXPECTED, FIXED_TIMEOUT.
+    pub status: Vec<String>,
+    /// conntrack's `--mark VALUE[/MASK]`: kxdp has no marks, every connection's is 0.
+    pub mark: Option<(u32, u32)>,
+    /// conntrack's `--zone`: kxdp has one zone, 0.
+    pub zone: Option<u16>,
+}
+
+fn nat_hit(m: &NatMatch, to: &Tuple, src: bool) -> bool {
+    let (ip, port) = if src {
+        (to.src.to_ip(to.family), to.sport)
+    } else {
+        (to.dst.to_ip(to.family), to.dport)
+    };
+    net_has(&m.addr, ip) && m.port.is_none_or(|p| p == port)
 }
 
 fn net_has(net: &Option<IpNet>, ip: IpAddr) -> bool {
@@ -121,7 +217,68 @@ impl CtFilter {
                 _ => return false,
             }
         }
+        // SNAT: the reply comes back to another address/port than the client's (the NAT address
+        // is the reply's destination); DNAT: it comes from another than the one dialled (the
+        // endpoint is the reply's source).
+        let snat = r.dst != o.src || r.dport != o.sport;
+        let dnat = r.src != o.dst || r.sport != o.dport;
+        if let Some(m) = &self.src_nat {
+            if !snat || !nat_hit(m, r, false) {
+                return false;
+            }
+        }
+        if let Some(m) = &self.dst_nat {
+            if !dnat || !nat_hit(m, r, true) {
+                return false;
+            }
+        }
+        if let Some(m) = &self.any_nat {
+            if !((snat && nat_hit(m, r, false)) || (dnat && nat_hit(m, r, true))) {
+                return false;
+            }
+        }
+        for st in &self.status {
+            let ok = match st.to_ascii_uppercase().as_str() {
+                "ASSURED" => v.state & FLAG_ASSURED != 0,
+                "SEEN_REPLY" => v.state & FLAG_SEEN_REPLY != 0,
+                "UNSET" => v.state & (FLAG_ASSURED | FLAG_SEEN_REPLY) == 0,
+                _ => false,
+            };
+            if !ok {
+                return false;
+            }
+        }
+        if let Some((value, mask)) = self.mark {
+            if value & mask != 0 {
+                return false;
+            }
+        }
+        if self.zone.is_some_and(|z| z != 0) {
+            return false;
+        }
         true
+    }
+
+    /// Checks names and values a client may have typed (the server refuses a bad filter
+    /// instead of silently matching nothing).
+    pub fn validate(&self) -> Result<(), String> {
+        if let Some(st) = &self.state {
+            if !STATE_NAMES.iter().any(|n| n.eq_ignore_ascii_case(st)) {
+                return Err(format!(
+                    "--state: unknown state `{st}` (one of {})",
+                    STATE_NAMES.join(", ")
+                ));
+            }
+        }
+        for st in &self.status {
+            if !STATUS_NAMES.iter().any(|n| n.eq_ignore_ascii_case(st)) {
+                return Err(format!(
+                    "--status: unknown status `{st}` (one of {})",
+                    STATUS_NAMES.join(", ")
+                ));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -139,6 +296,9 @@ pub struct CtEntry {
     pub reply_dst: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service: Option<String>,
+    /// The Service port's stable id (as `kxdp services` shows it); absent when none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_id: Option<u32>,
     pub packets_orig: u64,
     pub bytes_orig: u64,
     pub packets_reply: u64,
@@ -174,6 +334,7 @@ impl CtEntry {
             service: snap
                 .service_port_by_id(v.service_id)
                 .map(|p| p.name.to_string()),
+            service_id: (v.service_id != 0).then_some(v.service_id),
             packets_orig: v.packets[0],
             bytes_orig: v.bytes[0],
             packets_reply: v.packets[1],
@@ -187,15 +348,55 @@ impl CtEntry {
     /// `conntrack -L`'s line shape, with the Service appended:
     /// `tcp      6 86395 ESTABLISHED src=… dst=… sport=… dport=… packets=3 bytes=180 src=… dst=… sport=… dport=… packets=2 bytes=120 [ASSURED] service=ns1/svc1:http`
     pub fn table_line(&self) -> String {
+        self.line(LineShape::List)
+    }
+
+    /// `conntrack -L -o extended`: the layer 3 name and number first.
+    pub fn extended_line(&self) -> String {
+        self.line(LineShape::Extended)
+    }
+
+    /// `conntrack -E`'s line: `    [NEW] tcp      6 120 SYN_SENT src=…`; DESTROY lines carry no
+    /// timeout and no state, as the kernel's.
+    pub fn event_line(&self, event: &str, extended: bool) -> String {
+        let tag = format!("[{}]", event.to_ascii_uppercase());
+        let shape = if event.eq_ignore_ascii_case("destroy") {
+            LineShape::Destroy { extended }
+        } else {
+            LineShape::Event { extended }
+        };
+        format!("{tag:>9} {}", self.line(shape))
+    }
+
+    fn line(&self, shape: LineShape) -> String {
         let pname = match &self.proto {
             serde_json::Value::String(s) => s.to_ascii_lowercase(),
             v => format!("unknown {v}"),
         };
         let num = self.proto_num_or_guess();
-        let mut s = format!("{pname:<8} {num} {} ", self.timeout_s);
-        if let Some(st) = &self.state {
-            s.push_str(st);
-            s.push(' ');
+        let extended = matches!(
+            shape,
+            LineShape::Extended
+                | LineShape::Event { extended: true }
+                | LineShape::Destroy { extended: true }
+        );
+        let mut s = String::new();
+        if extended {
+            let v6 = self.orig_src.starts_with('[') || self.orig_src.matches(':').count() > 1;
+            s.push_str(&format!(
+                "{:<8} {} ",
+                if v6 { "ipv6" } else { "ipv4" },
+                if v6 { 10 } else { 2 }
+            ));
+        }
+        if matches!(shape, LineShape::Destroy { .. }) {
+            s.push_str(&format!("{pname:<8} {num} "));
+        } else {
+            s.push_str(&format!("{pname:<8} {num} {} ", self.timeout_s));
+            if let Some(st) = &self.state {
+                s.push_str(st);
+                s.push(' ');
+            }
         }
         tuple_fields(
             &mut s,
@@ -227,7 +428,10 @@ impl CtEntry {
         if self.assured {
             s.push_str("[ASSURED] ");
         }
-        s.push_str("mark=0 use=1");
+        s.push_str("mark=0");
+        if !matches!(shape, LineShape::Event { .. } | LineShape::Destroy { .. }) {
+            s.push_str(" use=1");
+        }
         if let Some(svc) = &self.service {
             s.push_str(" service=");
             s.push_str(svc);
@@ -252,6 +456,24 @@ impl CtEntry {
             _ => 0,
         }
     }
+}
+
+#[derive(Clone, Copy)]
+enum LineShape {
+    List,
+    Extended,
+    Event { extended: bool },
+    Destroy { extended: bool },
+}
+
+/// One `conntrack -E` event (`kxdp conntrack events -o json`): the connection as `list` shows
+/// it, with the event type (`new`, `update`, `destroy`) and when it was seen.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct CtEventRow {
+    pub event: String,
+    pub time: String,
+    #[serde(flatten)]
+    pub entry: CtEntry,
 }
 
 /// Splits `ip:port` / `[v6]:port` / `ip`.
@@ -331,6 +553,19 @@ pub struct WorkerRow {
     pub ct_insert: u64,
     pub ct_found: u64,
     pub ct_expired: u64,
+    /// conntrack -S's `invalid`: packets conntrack could not track (ct-invalid,
+    /// icmp-error-untracked, fragment-no-state).
+    #[serde(default)]
+    pub ct_invalid: u64,
+    /// `insert_failed`: a new connection found no unique reply tuple (snat-exhausted).
+    #[serde(default)]
+    pub ct_insert_failed: u64,
+    /// `drop`: a new connection dropped for want of room (conntrack-full).
+    #[serde(default)]
+    pub ct_drop: u64,
+    /// `error`: ICMP errors that quote no tracked connection (a subset of `invalid`).
+    #[serde(default)]
+    pub ct_error: u64,
     /// By action, non-zero only.
     pub actions: std::collections::BTreeMap<String, u64>,
     /// Drops and rejects by reason, non-zero only.
@@ -347,7 +582,18 @@ pub struct MonitorFilter {
     pub reasons: Vec<String>,
     /// Events per second sent at most (the rest are counted as suppressed).
     pub rate: Option<u32>,
+    /// Event types (any of): `drop` (drops and rejects; the default when empty), `trace` (every
+    /// other packet: forwarded or passed), `policy-verdict` (new connections NetworkPolicy
+    /// judged: allowed or denied).
+    pub types: Vec<String>,
+    /// Keep one matching event in N (1 or none: all).
+    pub sample: Option<u32>,
+    /// Carry the first bytes of each packet (`hex`).
+    pub hex: bool,
 }
+
+/// The `kxdp monitor --type` names.
+pub const MONITOR_TYPES: &[&str] = &["drop", "trace", "policy-verdict"];
 
 /// One event of `kxdp monitor -o json`.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -367,6 +613,25 @@ pub struct EventRow {
     pub dst: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_id: Option<u32>,
+    /// Forwarded packets that were translated: source and destination as they leave.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub out_src: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub out_dst: Option<String>,
+    /// `drop`, `trace` or `policy-verdict`.
+    #[serde(default, rename = "type")]
+    pub kind: String,
+    /// policy-verdict events: `allow` or `deny`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<String>,
+    /// The packet's first bytes as captured (hex, when asked for and available).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hex: Option<String>,
+    /// The packet's length on the wire, when `hex` is present.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub len: Option<u32>,
 }
 
 /// The trailer of an answer.
@@ -409,6 +674,7 @@ mod tests {
             reply_src: "10.1.0.1".into(),
             reply_dst: "10.0.0.1".into(),
             service: None,
+            service_id: None,
             packets_orig: 1,
             bytes_orig: 84,
             packets_reply: 1,

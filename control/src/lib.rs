@@ -22,3 +22,4 @@ pub use model::{ClusterState, Object, ObjectKey};
 pub use sources::files::{load_state, StateError};
 pub use translate::{translate, Problem, Translation};
 pub mod pcapgen;
+pub mod routes_file;

@@ -35,7 +35,7 @@
 
 use std::collections::HashMap;
 
-use kxdp_packet::{checksum, Addr, Family};
+use kxdp_packet::{checksum, Addr, Family, LinkType};
 
 use crate::fib::{Fib, Hop, Miss};
 use crate::pipeline::{Counters, Frames};
@@ -79,7 +79,7 @@ impl Egress {
 
     /// Runs the stage over a batch the pipeline just processed: `verdicts[i]` belongs to frame
     /// `i`; `out[i]` receives the slot of the port to send frame `i` on, or [`NOT_SENT`].
-    /// `partial_checksums`: the batch came from an interface that hands over partial TCP/UDP
+    /// `link`: the frames' link type. `partial_checksums`: the batch came from an interface that hands over partial TCP/UDP
     /// checksums (veth). `unresolved` is told of next hops without a neighbour entry.
     #[allow(clippy::too_many_arguments)]
     pub fn process<F: Frames>(
@@ -88,11 +88,14 @@ impl Egress {
         verdicts: &mut [Verdict],
         out: &mut [u16],
         fib: &Fib,
+        link: LinkType,
         partial_checksums: bool,
         counters: &mut Counters,
         stats: &mut EgressStats,
         mut unresolved: impl FnMut(u32, Addr, Family),
     ) {
+        // Raw IP frames (a replayed capture of that link type) have no MACs to write.
+        let ethernet = link == LinkType::Ethernet;
         let kernel = self
             .kernel
             .and_then(|k| Some((self.slot(k)?, k, fib.kernel_macs(k))));
@@ -118,7 +121,7 @@ impl Egress {
                     };
                     if let Some((dst_mac, src_mac)) = macs {
                         // Broadcast / multicast frames (ARP requests, ND) keep their destination.
-                        if frame.len() >= 12 && frame[0] & 1 == 0 {
+                        if ethernet && frame.len() >= 12 && frame[0] & 1 == 0 {
                             frame[..6].copy_from_slice(&dst_mac);
                             frame[6..12].copy_from_slice(&src_mac);
                         }
@@ -149,7 +152,7 @@ impl Egress {
                         counters.reclassify(v, Reason::TtlExpired);
                         continue;
                     }
-                    if frame.len() >= 12 {
+                    if ethernet && frame.len() >= 12 {
                         frame[..6].copy_from_slice(&dst_mac);
                         frame[6..12].copy_from_slice(&src_mac);
                     }
@@ -338,6 +341,7 @@ mod tests {
             &mut verdicts,
             &mut out,
             &fib(),
+            LinkType::Ethernet,
             partial,
             &mut counters,
             &mut stats,

@@ -215,6 +215,7 @@ impl Worker {
                         &mut verdicts[..n],
                         &mut hops[..n],
                         &fib,
+                        LinkType::Ethernet,
                         self.ports[p].complete_checksums,
                         &mut pipeline.counters,
                         &mut egress_stats,

@@ -35,6 +35,9 @@ struct Line<'a> {
     service: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     reply: Option<Reply>,
+    /// The interface the egress stage sent the packet on (`kxdp replay --routes`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    egress: Option<&'a str>,
 }
 
 #[derive(Serialize)]
@@ -53,6 +56,16 @@ struct Reply {
 ///   rewritten), `reply` the generated answer's; a TCP RST keeps ports, an ICMP/ICMPv6 port
 ///   unreachable (the answer to every other protocol) has none.
 pub fn verdict_line(index: u64, v: &Verdict, snapshot: &Snapshot) -> String {
+    verdict_line_egress(index, v, snapshot, None)
+}
+
+/// [`verdict_line`] with the name of the interface the egress stage sent the packet on.
+pub fn verdict_line_egress(
+    index: u64,
+    v: &Verdict,
+    snapshot: &Snapshot,
+    egress: Option<&str>,
+) -> String {
     let service = if v.service_id != 0 {
         snapshot.service_port_by_id(v.service_id).map(|s| &*s.name)
     } else {
@@ -70,6 +83,7 @@ pub fn verdict_line(index: u64, v: &Verdict, snapshot: &Snapshot) -> String {
         masq: v.masq,
         service,
         reply: None,
+        egress,
     };
     if v.has_addrs {
         let ports = has_ports(v.proto);

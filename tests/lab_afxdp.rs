@@ -10,9 +10,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kxdp_dataplane::io::afxdp::{Desc, Umem, XskConfig, XskSocket};
-use kxdp_dataplane::io::ifindex;
-use kxdp_dataplane::io::xdp::{ModeChoice, XdpMode, XdpProgram};
+use kxdp_kernel::afxdp::{Desc, Umem, XskConfig, XskSocket};
+use kxdp_kernel::ifindex;
+use kxdp_kernel::xdp::{ModeChoice, XdpMode, XdpProgram};
 use lab::{ip, Lab};
 
 const NODE: &str = "10.99.0.1";
@@ -54,7 +54,7 @@ fn topo() -> Topo {
 /// Everything the test forwarder needs, opened inside the node namespace.
 struct Io {
     _prog: XdpProgram,
-    _att: kxdp_dataplane::io::xdp::Attachment,
+    _att: kxdp_kernel::xdp::Attachment,
     umem: Umem,
     sock: XskSocket,
 }
@@ -107,7 +107,7 @@ fn afxdp_steering_copy_mode() {
     let ready = Arc::new(AtomicBool::new(false));
     let rd = ready.clone();
     let fwd = std::thread::spawn(move || {
-        kxdp_dataplane::io::enter_netns(&Lab::path(&node)).unwrap();
+        kxdp_kernel::enter_netns(&Lab::path(&node)).unwrap();
         let mut io = open_io(XskConfig {
             frames: 1024,
             ring_size: 256,
@@ -178,7 +178,7 @@ fn afxdp_frames_conserved_under_load() {
     let ready = Arc::new(AtomicBool::new(false));
     let (st, rd) = (stop.clone(), ready.clone());
     let fwd = std::thread::spawn(move || {
-        kxdp_dataplane::io::enter_netns(&Lab::path(&node)).unwrap();
+        kxdp_kernel::enter_netns(&Lab::path(&node)).unwrap();
         // A small UMEM so that the rings run full and empty under load.
         let cfg = XskConfig {
             frames: 512,

@@ -8,8 +8,8 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use kxdp_dataplane::io::xdp::{ModeChoice, XdpMode, XdpProgram};
-use kxdp_dataplane::io::{enter_netns, ifindex};
+use kxdp_kernel::xdp::{ModeChoice, XdpMode, XdpProgram};
+use kxdp_kernel::{enter_netns, ifindex};
 use lab::{ip, wait_until, xdp_on, Lab};
 
 fn node_with_veth(lab: &mut Lab) -> String {

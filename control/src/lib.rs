@@ -21,3 +21,4 @@ pub use model::{ClusterState, Object, ObjectKey};
 pub use run::RunError;
 pub use sources::files::{load_state, StateError};
 pub use translate::{translate, Problem, Translation};
+pub mod routes_file;

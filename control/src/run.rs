@@ -203,17 +203,10 @@ pub fn run(
         for (w, c) in counters {
             let g = |x: &std::sync::atomic::AtomicU64| x.load(std::sync::atomic::Ordering::Relaxed);
             eprintln!(
-                "kxdp run: worker {w}: rx {} tx {} dropped {} no-route {} no-neighbour {} no-egress {} tx-ring-full {} pass-dropped {} checksums-completed {} ttl-expired {}",
+                "kxdp run: worker {w}: rx {} tx {} checksums-completed {} (its drops are counted by reason with the pipeline's)",
                 g(&c.rx),
                 g(&c.tx),
-                g(&c.dropped),
-                g(&c.no_route),
-                g(&c.no_neighbour),
-                g(&c.no_egress),
-                g(&c.tx_ring_full),
-                g(&c.pass_dropped),
                 g(&c.checksums_completed),
-                g(&c.ttl_expired)
             );
         }
         eprintln!("kxdp run: XDP programs detached");
@@ -254,6 +247,7 @@ fn start_dataplane(
             max_sleep_us: (idle.max_sleep.0.as_micros() as u32).max(defaults.min_sleep_us),
         },
         mode,
+        kernel_port: None,
     };
     kxdp_dataplane::io::runner::AfXdp::start(
         &opts,

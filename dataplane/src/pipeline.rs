@@ -82,6 +82,17 @@ impl Default for Counters {
 }
 
 impl Counters {
+    /// A later stage (egress) changed the packet's fate: it counts under `to` instead of its
+    /// verdict's current reason and action, and the verdict says so. Still counted once.
+    #[inline]
+    pub fn reclassify(&mut self, v: &mut Verdict, to: Reason) {
+        self.reasons[v.reason as usize] -= 1;
+        self.actions[v.action as usize] -= 1;
+        v.set(to);
+        self.reasons[to as usize] += 1;
+        self.actions[v.action as usize] += 1;
+    }
+
     pub fn add(&mut self, other: &Counters) {
         self.packets += other.packets;
         self.bytes += other.bytes;
@@ -783,6 +794,10 @@ fn fill_orig(v: &mut Verdict, m: &PacketMeta) {
     v.orig_dst = m.dst;
     v.orig_dport = m.dport;
     v.client = m.src;
+    v.l3_off = m.l3_off;
+    v.l4_off = m.l4_off;
+    v.ip_len = m.ip_len;
+    v.fragment = m.frag.is_fragment;
 }
 
 #[inline]

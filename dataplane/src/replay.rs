@@ -46,6 +46,16 @@ pub struct ReplayOptions {
     /// them: from `at_ns` on, packets see `snapshot`, and UDP connections it no longer supports
     /// are deleted (`stale::flush_stale_udp`). Every pass starts from the initial snapshot.
     pub updates: Vec<StateUpdate>,
+    /// Run the egress stage after the pipeline against these routes (`kxdp replay --routes`),
+    /// as the daemon's workers do: verdicts then carry egress drops and the egress interface,
+    /// output frames their new MACs and TTL. None: the pipeline only.
+    pub routes: Option<Arc<ReplayRoutes>>,
+}
+
+/// A FIB given in a file and the interfaces kxdp is taken to send on.
+pub struct ReplayRoutes {
+    pub fib: crate::fib::Fib,
+    pub egress: crate::egress::Egress,
 }
 
 /// Tables published during a replay.
@@ -64,6 +74,7 @@ impl Default for ReplayOptions {
             record: true,
             progress: None,
             updates: Vec::new(),
+            routes: None,
         }
     }
 }
@@ -167,6 +178,7 @@ pub fn replay(
                         ct,
                         snapshot,
                         &opts.updates,
+                        opts.routes.as_deref(),
                         &share,
                         &clock,
                         repeat,
@@ -174,8 +186,12 @@ pub fn replay(
                         |pass, idx, verdicts, frames| {
                             if opts.record && pass == 0 {
                                 for (j, v) in verdicts.iter().enumerate() {
-                                    let out = matches!(v.action, Action::Forward | Action::Reject)
-                                        .then(|| frames.get(j).to_vec());
+                                    // What leaves: forwarded packets and replies, and with the
+                                    // egress stage also passes it hands to the kernel port.
+                                    let out =
+                                        (matches!(v.action, Action::Forward | Action::Reject)
+                                            || v.egress != 0)
+                                            .then(|| frames.get(j).to_vec());
                                     recorded.push((idx[j], *v, out));
                                 }
                             }
@@ -299,14 +315,16 @@ impl Share {
     }
 }
 
-/// Runs `share` (packets in capture order) through `pipeline` `repeat` times, batch by
-/// batch, handing every batch's (pass, indexes, verdicts, frames) to `on_batch`.
+/// Runs `share` (packets in capture order) through `pipeline` (and the egress stage when
+/// `routes` are given) `repeat` times, batch by batch, handing every batch's (pass, indexes,
+/// verdicts, frames) to `on_batch`.
 #[allow(clippy::too_many_arguments)]
 fn drive(
     pipeline: &mut Pipeline,
     ct: &Conntrack,
     snapshot: &Snapshot,
     updates: &[StateUpdate],
+    routes: Option<&ReplayRoutes>,
     share: &Share,
     clock: &Clock,
     repeat: u32,
@@ -316,6 +334,8 @@ fn drive(
     let mut frames = SlotFrames::new(BATCH, slot_size);
     let mut verdicts = [Verdict::default(); BATCH];
     let mut batch_idx = [0u32; BATCH];
+    let mut hops = [crate::egress::NOT_SENT; BATCH];
+    let mut egress_stats = crate::egress::EgressStats::default();
     let mut now_floor = 0u64;
     for pass in 0..repeat {
         let mut tables = snapshot;
@@ -347,6 +367,19 @@ fn drive(
             let now = clock.at(start_ts, pass).max(now_floor);
             now_floor = now;
             pipeline.process(&mut frames, &mut verdicts[..m], tables, ct, now);
+            if let Some(r) = routes {
+                r.egress.process(
+                    &mut frames,
+                    &mut verdicts[..m],
+                    &mut hops[..m],
+                    &r.fib,
+                    pipeline.link(),
+                    false,
+                    &mut pipeline.counters,
+                    &mut egress_stats,
+                    |_, _, _| {},
+                );
+            }
             on_batch(pass, &batch_idx[..m], &verdicts[..m], &frames);
         }
     }
@@ -378,6 +411,7 @@ fn steer_by_client(
         &ct,
         snapshot,
         updates,
+        None,
         &all,
         &clock,
         1,

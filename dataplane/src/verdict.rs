@@ -105,6 +105,21 @@ reasons! {
     PolicyDeniedIngress = "policy-denied-ingress" => Drop,
     /// A new connection out of a local pod that its egress NetworkPolicies do not allow.
     PolicyDeniedEgress = "policy-denied-egress" => Drop,
+    // The egress stage (`crate::egress`), after the pipeline: where the packet leaves.
+    /// No route to the destination (main table).
+    NoRoute = "no-route" => Drop,
+    /// The route's next hop has no usable neighbour entry (or, behind a bridge, no port yet);
+    /// the kernel is asked to resolve it.
+    NoNeighbour = "no-neighbour" => Drop,
+    /// The route leaves through an interface kxdp has no socket on.
+    NoEgress = "no-egress" => Drop,
+    /// A forwarded packet's TTL / hop limit ran out here (dropped, as a router does).
+    TtlExpired = "ttl-expired" => Drop,
+    /// The egress socket's TX ring had no room.
+    TxRingFull = "tx-ring-full" => Drop,
+    /// For the node's stack (a `pass`, or a destination that is a node address), but no kernel
+    /// port is configured to hand it over.
+    NoKernelPort = "no-kernel-port" => Drop,
 }
 
 /// The outcome for one packet. Plain data, written by the pipeline into a caller-provided slice.
@@ -133,6 +148,15 @@ pub struct Verdict {
     /// The original source of the connection the packet belongs to (its client): the packet's
     /// own source unless it is a reply or an ICMP error travelling toward the client.
     pub client: Addr,
+    /// Where the pipeline found the IP header, the transport header (0: none) and how long the
+    /// IP packet is: the egress stage works from these instead of parsing again.
+    pub l3_off: u16,
+    pub l4_off: u16,
+    pub ip_len: u16,
+    /// An IP fragment (its transport checksum covers the whole datagram).
+    pub fragment: bool,
+    /// The interface the egress stage sends the packet on (0: not sent, or no egress stage ran).
+    pub egress: u32,
 }
 
 impl Verdict {

@@ -4,17 +4,9 @@
 //!
 //! Per batch: receive up to `BATCH` frames from one socket; load the current tables (an
 //! `ArcSwap` guard, picked up between batches); `Pipeline::process` in place in the UMEM; then
-//! per packet by verdict:
-//!
-//! - forward / reject (the reply built in place): look the destination up in the route table;
-//!   set the next hop's MAC as destination and the egress interface's MAC as source; complete
-//!   the L4 checksum when the frame came from a virtual interface (veth hands over TCP/UDP with
-//!   a partial checksum, see `docs/afxdp.md`); queue it for the egress socket. No route, an
-//!   unowned egress interface or an unresolved neighbour: dropped and counted (the neighbour is
-//!   queued for resolution).
-//! - drop, pass: the frame goes back to the free list. (Pass never reaches the worker in
-//!   practice: the XDP program hands the node's own traffic to the kernel before it does; a
-//!   user-space AF_XDP socket cannot hand a frame to the kernel stack.)
+//! the egress stage (`crate::egress`: FIB lookup, TTL, MACs, checksum completion, the kernel
+//! port) decides each packet's port, and its drops become the verdicts' reasons. Frames to send
+//! are queued per egress port; the rest go back to the free list.
 //!
 //! Then one TX ring submission and kick per egress socket, completions back to the free list,
 //! the fill rings topped up. No allocation, lock or syscall per packet: the syscalls are the TX
@@ -31,15 +23,17 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arc_swap::{ArcSwap, Guard};
-use kxdp_packet::{checksum, parse_into, Family, LinkType, PacketMeta};
+use kxdp_packet::{Family, LinkType};
 
 use crate::conntrack::Conntrack;
-use crate::io::afxdp::{Desc, Umem, UmemBatch, XskConfig, XskSocket};
-use crate::io::route::{Miss, RouteTable};
+use crate::egress::{Egress, EgressStats, NOT_SENT};
+use crate::fib::Fib;
+use crate::io::afxdp::{Desc, Umem, XskConfig, XskSocket};
+use crate::io::UmemBatch;
 use crate::pipeline::Pipeline;
 use crate::snapshot::Snapshot;
 use crate::stats::{clock_ms, DataplaneStats};
-use crate::verdict::{Action, Reason, Verdict};
+use crate::verdict::{Reason, Verdict};
 
 /// Frames per RX batch.
 pub const BATCH: usize = 64;
@@ -73,23 +67,14 @@ impl Default for Backoff {
     }
 }
 
-/// I/O counters of one worker (the pipeline's own counters go to `DataplaneStats`).
+/// I/O counters of one worker. Packets the I/O drops are not here: they are verdicts with
+/// their own reasons (`no-route`, `tx-ring-full`, ...), counted with the pipeline's.
 #[derive(Debug, Default)]
 #[repr(align(128))]
 pub struct IoCounters {
     pub rx: AtomicU64,
     pub tx: AtomicU64,
-    pub dropped: AtomicU64,
-    /// Verdict `pass` seen by the worker (dropped: it cannot be handed to the kernel).
-    pub pass_dropped: AtomicU64,
-    pub no_route: AtomicU64,
-    pub no_neighbour: AtomicU64,
-    /// The route leaves through an interface kxdp has no socket on.
-    pub no_egress: AtomicU64,
-    pub tx_ring_full: AtomicU64,
     pub checksums_completed: AtomicU64,
-    /// Forwarded packets whose TTL / hop limit ran out here (dropped, as a router does).
-    pub ttl_expired: AtomicU64,
     /// New masqueraded connections whose reply could not be registered with the XDP program.
     pub masq_map_errors: AtomicU64,
     pub idle_sleeps: AtomicU64,
@@ -113,6 +98,8 @@ pub struct Worker {
     pub ports: Vec<Port>,
     pub backoff: Backoff,
     pub counters: Arc<IoCounters>,
+    /// The kernel port's ifindex (see `RunOptions::kernel_port`).
+    pub kernel_port: Option<u32>,
 }
 
 /// Shared state a worker runs against.
@@ -121,7 +108,7 @@ pub struct Shared {
     pub tables: Arc<dyn Tables>,
     pub ct: Arc<Conntrack>,
     pub stats: Option<Arc<DataplaneStats>>,
-    pub routes: Arc<ArcSwap<RouteTable>>,
+    pub routes: Arc<ArcSwap<Fib>>,
     pub unresolved: crossbeam::channel::Sender<(u32, kxdp_packet::Addr, Family)>,
     /// Where replies of new masqueraded connections are registered for the XDP program.
     pub masq: Option<Arc<crate::io::xdp::SharedMaps>>,
@@ -137,6 +124,7 @@ impl Worker {
         ports: &[(u32, u32, [u8; 6], bool)],
         cfg: &XskConfig,
         backoff: Backoff,
+        kernel_port: Option<u32>,
     ) -> std::io::Result<Worker> {
         let mut umem = Umem::new(cfg)?;
         let mut opened: Vec<Port> = Vec::new();
@@ -162,6 +150,7 @@ impl Worker {
             ports: opened,
             backoff,
             counters: Arc::new(IoCounters::default()),
+            kernel_port,
         })
     }
 
@@ -188,10 +177,17 @@ impl Worker {
         );
         let mut descs = [Desc::default(); BATCH];
         let mut verdicts = [Verdict::default(); BATCH];
+        let mut hops = [NOT_SENT; BATCH];
         let nports = self.ports.len();
-        // Per egress port: frames queued in this batch. Fixed capacity, allocated once.
+        // Per egress port: frames queued in this batch and their batch positions. Fixed
+        // capacity, allocated once.
         let mut out: Vec<Vec<Desc>> = (0..nports).map(|_| Vec::with_capacity(BATCH)).collect();
-        let mut meta = PacketMeta::default();
+        let mut out_idx: Vec<Vec<u16>> = (0..nports).map(|_| Vec::with_capacity(BATCH)).collect();
+        let ifindexes: Vec<u32> = self.ports.iter().map(|p| p.ifindex).collect();
+        // A worker has one socket per (interface, queue) it owns; it sends on one of them per
+        // interface.
+        let egress = Egress::new(&ifindexes, self.kernel_port);
+        let mut egress_stats = EgressStats::default();
         let mut idle_polls = 0u32;
         let mut sleep_us = self.backoff.min_sleep_us;
         let c = self.counters.clone();
@@ -206,18 +202,34 @@ impl Worker {
                 let t0 = Instant::now();
                 let snap = shared.tables.current();
                 let now = clock_ms();
+                let fib = shared.routes.load();
                 {
                     let mut batch = UmemBatch {
                         umem: &mut self.umem,
                         descs: &mut descs[..n],
                     };
                     pipeline.process(&mut batch, &mut verdicts, &snap, &shared.ct, now);
+                    let before = egress_stats.checksums_completed;
+                    egress.process(
+                        &mut batch,
+                        &mut verdicts[..n],
+                        &mut hops[..n],
+                        &fib,
+                        LinkType::Ethernet,
+                        self.ports[p].complete_checksums,
+                        &mut pipeline.counters,
+                        &mut egress_stats,
+                        |oif, addr, family| {
+                            let _ = shared.unresolved.try_send((oif, addr, family));
+                        },
+                    );
+                    let done = egress_stats.checksums_completed - before;
+                    if done > 0 {
+                        c.checksums_completed.fetch_add(done, Ordering::Relaxed);
+                    }
                 }
-                let routes = shared.routes.load();
-                let complete = self.ports[p].complete_checksums;
                 for i in 0..n {
                     let v = &verdicts[i];
-                    let d = descs[i];
                     // A new masqueraded connection: its replies come to a node address on a
                     // port the kernel could own; tell the XDP program before the packet leaves.
                     if v.masq && v.reason == Reason::ServiceDnat {
@@ -229,76 +241,29 @@ impl Worker {
                             }
                         }
                     }
-                    match v.action {
-                        Action::Forward | Action::Reject if v.has_addrs => {
-                            match routes.lookup(&v.dst, v.family) {
-                                Ok(nh) => {
-                                    let Some(e) =
-                                        self.ports.iter().position(|q| q.ifindex == nh.oif)
-                                    else {
-                                        c.no_egress.fetch_add(1, Ordering::Relaxed);
-                                        self.umem.recycle(d.addr);
-                                        continue;
-                                    };
-                                    let f = self.umem.frame_mut(d.addr);
-                                    // kxdp routes what it forwards: TTL / hop limit go down by
-                                    // one (replies it generates start fresh).
-                                    if v.action == Action::Forward
-                                        && !kxdp_packet::decrement_ttl(
-                                            &mut f[..d.len],
-                                            LinkType::Ethernet,
-                                        )
-                                    {
-                                        c.ttl_expired.fetch_add(1, Ordering::Relaxed);
-                                        self.umem.recycle(d.addr);
-                                        continue;
-                                    }
-                                    let f = self.umem.frame_mut(d.addr);
-                                    f[..6].copy_from_slice(&nh.mac);
-                                    f[6..12].copy_from_slice(&self.ports[e].mac);
-                                    if complete
-                                        && v.action == Action::Forward
-                                        && complete_l4_checksum(&mut f[..d.len], &mut meta)
-                                    {
-                                        c.checksums_completed.fetch_add(1, Ordering::Relaxed);
-                                    }
-                                    out[e].push(d);
-                                }
-                                Err(miss) => {
-                                    match miss {
-                                        Miss::NoRoute => {
-                                            c.no_route.fetch_add(1, Ordering::Relaxed);
-                                        }
-                                        Miss::NoNeighbour(oif, a) => {
-                                            c.no_neighbour.fetch_add(1, Ordering::Relaxed);
-                                            let _ = shared.unresolved.try_send((oif, a, v.family));
-                                        }
-                                    }
-                                    self.umem.recycle(d.addr);
-                                }
-                            }
-                        }
-                        Action::Pass => {
-                            c.pass_dropped.fetch_add(1, Ordering::Relaxed);
-                            self.umem.recycle(d.addr);
-                        }
-                        _ => {
-                            c.dropped.fetch_add(1, Ordering::Relaxed);
-                            self.umem.recycle(d.addr);
+                    match hops[i] {
+                        NOT_SENT => self.umem.recycle(descs[i].addr),
+                        e => {
+                            out[e as usize].push(descs[i]);
+                            out_idx[e as usize].push(i as u16);
                         }
                     }
                 }
-                for (e, q) in out.iter_mut().enumerate() {
-                    if q.is_empty() {
+                for e in 0..nports {
+                    if out[e].is_empty() {
                         continue;
                     }
-                    let full = self.ports[e].sock.stats.tx_ring_full;
-                    self.ports[e].sock.send(&mut self.umem, q);
-                    let lost = self.ports[e].sock.stats.tx_ring_full - full;
-                    c.tx.fetch_add(q.len() as u64 - lost, Ordering::Relaxed);
-                    c.tx_ring_full.fetch_add(lost, Ordering::Relaxed);
+                    let sent = self.ports[e].sock.send(&mut self.umem, &out[e]);
+                    c.tx.fetch_add(sent as u64, Ordering::Relaxed);
+                    // Frames past `sent` did not fit on the TX ring (already recycled).
+                    for &i in &out_idx[e][sent..] {
+                        let v = &mut verdicts[i as usize];
+                        v.egress = 0;
+                        pipeline.counters.reclassify(v, Reason::TxRingFull);
+                    }
                     self.ports[e].sock.flush_tx();
-                    q.clear();
+                    out[e].clear();
+                    out_idx[e].clear();
                 }
                 c.rx.fetch_add(n as u64, Ordering::Relaxed);
                 c.batches.fetch_add(1, Ordering::Relaxed);
@@ -346,82 +311,7 @@ impl Worker {
     }
 }
 
-/// Recomputes the TCP/UDP checksum of a whole (unfragmented) packet. Returns whether it did.
-pub fn complete_l4_checksum(frame: &mut [u8], meta: &mut PacketMeta) -> bool {
-    if !matches!(parse_into(frame, LinkType::Ethernet, meta), Ok(true)) {
-        return false;
-    }
-    if meta.l4_off == 0 || meta.frag.is_fragment {
-        return false;
-    }
-    let (l4, end) = (
-        meta.l4_off as usize,
-        meta.l3_off as usize + meta.ip_len as usize,
-    );
-    let off = match meta.proto {
-        6 => 16,
-        17 => 6,
-        _ => return false,
-    };
-    if end > frame.len() || l4 + off + 2 > end {
-        return false;
-    }
-    frame[l4 + off..l4 + off + 2].copy_from_slice(&[0, 0]);
-    let mut c = checksum::l4_checksum(
-        &meta.src,
-        &meta.dst,
-        meta.family,
-        meta.proto,
-        &frame[l4..end],
-    );
-    if meta.proto == 17 && c == 0 {
-        c = 0xffff;
-    }
-    frame[l4 + off..l4 + off + 2].copy_from_slice(&c.to_be_bytes());
-    true
-}
-
 /// Pins the calling thread to `cpu`.
 pub fn pin(cpu: usize) -> bool {
-    // SAFETY: a zeroed cpu_set_t is valid; CPU_SET writes within it; sched_setaffinity(0, ..)
-    // affects only the calling thread.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A frame as a veth with TX checksum offload hands it over: the L4 checksum field holds
-    /// only the pseudo-header sum. Completing it gives what a full computation gives.
-    #[test]
-    fn partial_checksums_are_completed() {
-        for tcp in [false, true] {
-            let b = etherparse::PacketBuilder::ethernet2([1; 6], [2; 6]).ipv4(
-                [10, 1, 0, 13],
-                [10, 1, 0, 11],
-                64,
-            );
-            let mut frame = Vec::new();
-            if tcp {
-                b.tcp(40000, 8080, 1, 1000)
-                    .syn()
-                    .write(&mut frame, b"payload")
-                    .unwrap();
-            } else {
-                b.udp(40000, 5353).write(&mut frame, b"payload").unwrap();
-            }
-            let good = frame.clone();
-            let mut meta = PacketMeta::default();
-            let off = 14 + 20 + if tcp { 16 } else { 6 };
-            frame[off..off + 2].copy_from_slice(&[0x12, 0x34]); // partial / stale
-            assert!(complete_l4_checksum(&mut frame, &mut meta));
-            assert_eq!(frame, good, "tcp={tcp}");
-            assert!(checksum::verify(&frame, &meta).is_ok());
-        }
-    }
+    kxdp_kernel::sys::pin_current_thread(cpu)
 }

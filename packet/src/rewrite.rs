@@ -191,6 +191,11 @@ pub fn decrement_ttl(frame: &mut [u8], link: crate::LinkType) -> bool {
         },
         crate::LinkType::RawIp => 0,
     };
+    decrement_ttl_at(frame, l3)
+}
+
+/// [`decrement_ttl`] for a frame whose IP header offset is known (from the fast-path parse).
+pub fn decrement_ttl_at(frame: &mut [u8], l3: usize) -> bool {
     match frame.get(l3).map(|b| b >> 4) {
         Some(4) if frame.len() >= l3 + ipv4::MIN_HEADER_LEN => {
             let ttl = frame[l3 + 8];

@@ -15,7 +15,7 @@ use kxdp_dataplane::replay::{replay, ReplayOptions};
 
 use kxdp_control::{load_state, translate, Config, RunError};
 
-use crate::output::{verdict_line, Summary};
+use crate::output::{verdict_line_egress, Summary};
 
 pub mod admin;
 pub mod client;
@@ -220,6 +220,10 @@ struct ReplayArgs {
     /// included.
     #[arg(long = "state-update", value_name = "SECONDS:PATH")]
     state_updates: Vec<String>,
+    /// Run the egress stage after the pipeline against this node's routes (YAML or JSON: links,
+    /// localAddresses, routes, neighbours, fdb, kernelPort; see docs/cli.md), as `kxdp run` does.
+    #[arg(long, value_name = "FILE")]
+    routes: Option<PathBuf>,
 }
 
 /// The binary's entry point; returns the process exit code.
@@ -428,6 +432,10 @@ fn cmd_replay(args: &ReplayArgs) -> Result<(), CliError> {
     }
     updates.sort_by_key(|u| u.at_ns);
 
+    let routes = match &args.routes {
+        Some(p) => Some(Arc::new(kxdp_control::routes_file::load(p).map_err(bad_input)?)),
+        None => None,
+    };
     let workers = args.workers.map_or(config.workers.count, |w| w as usize);
     let total = capture.packets.len() as u64 * args.repeat as u64;
     let bar = progress_bar(total);
@@ -442,6 +450,7 @@ fn cmd_replay(args: &ReplayArgs) -> Result<(), CliError> {
         record: args.verdicts.is_some() || args.out.is_some(),
         progress,
         updates,
+        routes: routes.clone(),
     };
     let snapshot = Arc::new(snapshot);
     let result = replay(snapshot.clone(), config.ct_config(), &capture, &opts);
@@ -457,7 +466,11 @@ fn cmd_replay(args: &ReplayArgs) -> Result<(), CliError> {
                     .chain(opts.updates.iter().map(|u| &u.snapshot))
                     .find(|s| s.service_port_by_id(v.service_id).is_some())
                     .unwrap_or(&snapshot);
-                writeln!(w, "{}", verdict_line(i as u64, v, names))?;
+                let egress = routes
+                    .as_ref()
+                    .and_then(|r| r.fib.link(v.egress))
+                    .map(|l| l.name.as_str());
+                writeln!(w, "{}", verdict_line_egress(i as u64, v, names, egress))?;
             }
             Ok(())
         })?;

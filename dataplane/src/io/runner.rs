@@ -20,6 +20,7 @@ use crate::io::xdp::{Attachment, ModeChoice, SharedMaps, XdpMode, XdpProgram};
 use crate::snapshot::{FrontendKind, Snapshot};
 use crate::stats::DataplaneStats;
 use crate::worker::{Backoff, IoCounters, Shared, Tables, Worker};
+use kxdp_kernel::sys::{driver_of, rx_queues_of};
 
 #[derive(Clone, Debug)]
 pub struct RunOptions {
@@ -30,6 +31,13 @@ pub struct RunOptions {
     pub xsk: XskConfig,
     pub backoff: Backoff,
     pub mode: ModeChoice,
+    /// The kernel port: ifindex of the kxdp-side end of a veth pair whose other end belongs
+    /// to the node's stack (the host path sets it up). `pass` verdicts and packets for the
+    /// node's own addresses are sent there; it must be one of `interfaces` (kxdp sends on it
+    /// through its AF_XDP socket). None: such packets are dropped, counted `no-kernel-port`
+    /// (the XDP program hands most of the node's own traffic to the kernel before it reaches
+    /// a worker).
+    pub kernel_port: Option<u32>,
 }
 
 /// What was attached where (for the startup report).
@@ -55,56 +63,6 @@ pub struct AfXdp {
     attachments: Vec<Attachment>,
     _progs: Arc<Vec<XdpProgram>>,
     _routes: Routes,
-}
-
-/// One SIOCETHTOOL request on `name` with `data` (a struct starting with its command).
-fn ethtool(name: &str, data: &mut [u8]) -> io::Result<()> {
-    const SIOCETHTOOL: libc::c_ulong = 0x8946;
-    // SAFETY: a zeroed ifreq is valid; the name is copied within its 16 bytes (NUL-terminated)
-    // and ifr_data points to `info`, large enough for struct ethtool_drvinfo.
-    unsafe {
-        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let mut ifr: libc::ifreq = std::mem::zeroed();
-        for (i, b) in name.bytes().take(15).enumerate() {
-            ifr.ifr_name[i] = b as libc::c_char;
-        }
-        ifr.ifr_ifru.ifru_data = data.as_mut_ptr().cast();
-        let r = libc::ioctl(fd, SIOCETHTOOL as _, &mut ifr);
-        let e = io::Error::last_os_error();
-        libc::close(fd);
-        if r != 0 {
-            return Err(e);
-        }
-    }
-    Ok(())
-}
-
-/// The interface's driver name (ETHTOOL_GDRVINFO), e.g. "veth".
-pub fn driver_of(name: &str) -> io::Result<String> {
-    const ETHTOOL_GDRVINFO: u32 = 3;
-    let mut info = [0u8; 196];
-    info[..4].copy_from_slice(&ETHTOOL_GDRVINFO.to_ne_bytes());
-    ethtool(name, &mut info)?;
-    let d = &info[4..36];
-    let end = d.iter().position(|&b| b == 0).unwrap_or(d.len());
-    Ok(String::from_utf8_lossy(&d[..end]).into_owned())
-}
-
-/// RX queues in use (ETHTOOL_GCHANNELS: rx + combined channels); 1 when the driver does not
-/// say.
-pub fn rx_queues_of(name: &str) -> u32 {
-    const ETHTOOL_GCHANNELS: u32 = 0x3c;
-    let mut ch = [0u8; 36];
-    ch[..4].copy_from_slice(&ETHTOOL_GCHANNELS.to_ne_bytes());
-    if ethtool(name, &mut ch).is_err() {
-        return 1;
-    }
-    let field = |i: usize| u32::from_ne_bytes(ch[i * 4..i * 4 + 4].try_into().unwrap());
-    // cmd, max_rx, max_tx, max_other, max_combined, rx_count, tx_count, other, combined
-    field(5).max(field(8)).max(1)
 }
 
 /// NodePorts of a snapshot (what the XDP program must steer at node addresses).
@@ -155,8 +113,8 @@ impl AfXdp {
         }
         let mut ifs = Vec::new();
         for name in &opts.interfaces {
-            let ifindex = super::ifindex(name)?;
-            let mac = *table.link_macs.get(&ifindex).ok_or_else(|| {
+            let ifindex = kxdp_kernel::ifindex(name)?;
+            let mac = table.link(ifindex).and_then(|l| l.mac).ok_or_else(|| {
                 io::Error::new(io::ErrorKind::NotFound, format!("{name}: no MAC address"))
             })?;
             let queues = rx_queues_of(name);
@@ -192,7 +150,7 @@ impl AfXdp {
                 continue;
             }
             let cpu = (!opts.cpus.is_empty()).then(|| opts.cpus[w % opts.cpus.len()]);
-            let worker = Worker::open(w, cpu, &ports, &opts.xsk, opts.backoff)?;
+            let worker = Worker::open(w, cpu, &ports, &opts.xsk, opts.backoff, opts.kernel_port)?;
             for ((k, q), port) in regs.iter().zip(&worker.ports) {
                 progs[*k].set_socket(*q, port.sock.fd())?;
             }
@@ -200,7 +158,7 @@ impl AfXdp {
         }
         // Node addresses and NodePorts, before the program sees a packet.
         let snap = tables.current();
-        let local = table.local_addrs.clone();
+        let local = table.local_addrs().to_vec();
         maps.set_node(&node_addrs(&snap, &local), &node_ports(&snap))?;
         drop(snap);
         let mut attachments = Vec::new();
@@ -239,7 +197,7 @@ impl AfXdp {
                     let mut last = (u64::MAX, Vec::new(), Vec::new());
                     while !stop.load(Ordering::Relaxed) {
                         let snap = tables.current();
-                        let local = rt.load().local_addrs.clone();
+                        let local = rt.load().local_addrs().to_vec();
                         let addrs = node_addrs(&snap, &local);
                         let ports = node_ports(&snap);
                         if snap.generation != last.0 || addrs != last.1 || ports != last.2 {

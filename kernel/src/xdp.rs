@@ -32,7 +32,7 @@
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 
-use super::fd_result;
+use crate::sys::fd_result;
 
 // bpf() commands.
 const BPF_MAP_CREATE: u32 = 0;
@@ -733,36 +733,7 @@ pub fn detach_netlink(ifindex: u32) -> io::Result<()> {
 
 /// RTM_SETLINK with IFLA_XDP { IFLA_XDP_FD = fd, IFLA_XDP_FLAGS = flags }.
 fn set_link_xdp(ifindex: u32, fd: i32, flags: u32) -> io::Result<()> {
-    const RTM_SETLINK: u16 = 19;
-    const IFLA_XDP: u16 = 43;
-    const IFLA_XDP_FD: u16 = 1;
-    const IFLA_XDP_FLAGS: u16 = 3;
-    const NLA_F_NESTED: u16 = 0x8000;
-    let mut msg = Vec::with_capacity(64);
-    // nlmsghdr (length patched below)
-    msg.extend_from_slice(&0u32.to_ne_bytes());
-    msg.extend_from_slice(&RTM_SETLINK.to_ne_bytes());
-    msg.extend_from_slice(&((libc::NLM_F_REQUEST | libc::NLM_F_ACK) as u16).to_ne_bytes());
-    msg.extend_from_slice(&1u32.to_ne_bytes()); // seq
-    msg.extend_from_slice(&0u32.to_ne_bytes()); // pid
-                                                // ifinfomsg
-    msg.extend_from_slice(&[libc::AF_UNSPEC as u8, 0]);
-    msg.extend_from_slice(&0u16.to_ne_bytes());
-    msg.extend_from_slice(&(ifindex as i32).to_ne_bytes());
-    msg.extend_from_slice(&0u32.to_ne_bytes());
-    msg.extend_from_slice(&0u32.to_ne_bytes());
-    // IFLA_XDP (nested): two 8-byte attributes
-    msg.extend_from_slice(&(4u16 + 8 + 8).to_ne_bytes());
-    msg.extend_from_slice(&(IFLA_XDP | NLA_F_NESTED).to_ne_bytes());
-    msg.extend_from_slice(&8u16.to_ne_bytes());
-    msg.extend_from_slice(&IFLA_XDP_FD.to_ne_bytes());
-    msg.extend_from_slice(&fd.to_ne_bytes());
-    msg.extend_from_slice(&8u16.to_ne_bytes());
-    msg.extend_from_slice(&IFLA_XDP_FLAGS.to_ne_bytes());
-    msg.extend_from_slice(&flags.to_ne_bytes());
-    let len = msg.len() as u32;
-    msg[..4].copy_from_slice(&len.to_ne_bytes());
-    super::netlink_request(libc::NETLINK_ROUTE, &msg)
+    crate::netlink::set_link_xdp(ifindex, fd, flags)
 }
 
 #[cfg(test)]

@@ -20,8 +20,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use super::fd_result;
-use crate::pipeline::Frames;
+use crate::sys::fd_result;
 
 /// Sizes of one worker's UMEM and rings.
 #[derive(Clone, Copy, Debug)]
@@ -550,9 +549,9 @@ impl XskSocket {
         n
     }
 
-    /// Places frames on the TX ring; those that do not fit are recycled (and counted). Call
-    /// `flush_tx` after a batch.
-    pub fn send(&mut self, umem: &mut Umem, frames: &[Desc]) {
+    /// Places frames on the TX ring; those that do not fit are recycled (and counted). Returns
+    /// how many were placed (the first ones). Call `flush_tx` after a batch.
+    pub fn send(&mut self, umem: &mut Umem, frames: &[Desc]) -> usize {
         let n = (self.tx.prod_free(frames.len() as u32) as usize).min(frames.len());
         for (i, f) in frames.iter().enumerate().take(n) {
             let d = libc::xdp_desc {
@@ -578,6 +577,7 @@ impl XskSocket {
             self.stats.tx_ring_full += 1;
             umem.recycle(f.addr);
         }
+        n
     }
 
     /// Kicks the kernel to send what is on the TX ring, when it asks for it (need_wakeup).
@@ -660,27 +660,5 @@ impl Umem {
         self.free.len() as u64
             + self.in_hand as u64
             + sockets.iter().map(|s| s.frames_held() as u64).sum::<u64>()
-    }
-}
-
-/// A batch of received frames presented to the pipeline (`Frames`), in place in the UMEM.
-pub struct UmemBatch<'a> {
-    pub umem: &'a mut Umem,
-    pub descs: &'a mut [Desc],
-}
-
-impl Frames for UmemBatch<'_> {
-    fn count(&self) -> usize {
-        self.descs.len()
-    }
-
-    fn frame_mut(&mut self, i: usize) -> (&mut [u8], &mut usize) {
-        let d = &mut self.descs[i];
-        (self.umem.frame_mut(d.addr), &mut d.len)
-    }
-
-    fn frame(&self, i: usize) -> &[u8] {
-        let d = &self.descs[i];
-        &self.umem.frame(d.addr)[..d.len]
     }
 }

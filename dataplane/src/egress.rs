@@ -1,0 +1,450 @@
+//! The egress stage: after `Pipeline::process`, where each packet leaves and in what shape.
+//! `kxdp run`'s workers and `kxdp replay --routes` run it alike, so they agree.
+//!
+//! Per packet, from what the pipeline already parsed (the verdict's addresses and the offsets it
+//! recorded; nothing is parsed again):
+//!
+//! ```text
+//! forward / reject ─► FIB lookup (crate::fib) ─┬─ node address ─► kernel port
+//!                                              ├─ port kxdp owns ─► TTL − 1 (forward only) ─► MACs
+//!                                              │                   ─► L4 checksum completion ─► queued
+//!                                              └─ miss ─► no-route / no-neighbour / no-egress
+//! pass ─────────────────────────────────────────► kernel port (or no-kernel-port)
+//! drop ─────────────────────────────────────────► nothing
+//! ```
+//!
+//! Its drops are `Reason`s beside the pipeline's (`no-route`, `no-neighbour`, `no-egress`,
+//! `ttl-expired`, `no-kernel-port`; the worker adds `tx-ring-full` when a TX ring has no room):
+//! the verdict's reason and action are changed and the pipeline's `Counters` moved with
+//! [`Counters::reclassify`], so stats, `/metrics` and `kxdp monitor` count such a packet once,
+//! as the drop it is.
+//!
+//! The kernel port is the kxdp-side end of a veth pair whose other end is in the node's stack
+//! (created by the host path, `io::hostpath`): `pass` verdicts and packets for the node's own
+//! addresses are sent there, with the peer's MAC as destination (broadcast and multicast frames
+//! keep theirs), and the node's stack takes them as if they had arrived on that veth.
+//!
+//! Checksums: a frame a virtual interface (veth) received from a local sender carries TCP/UDP
+//! checksums that are only partial (the sender offloaded them and veth never computes them);
+//! when the ingress port is such an interface, the stage completes them for every packet it
+//! sends on (forwarded or passed), using the pipeline's offsets. Generated replies (reject) are
+//! built with full checksums.
+//!
+//! No allocation, lock or syscall per packet: one FIB lookup (hash probes), an ifindex → port
+//! probe, in-place writes.
+
+use std::collections::HashMap;
+
+use kxdp_packet::{checksum, Addr, Family, LinkType};
+
+use crate::fib::{Fib, Hop, Miss};
+use crate::pipeline::{Counters, Frames};
+use crate::verdict::{Action, Reason, Verdict};
+
+/// `out[i]` of a packet that is not sent.
+pub const NOT_SENT: u16 = u16::MAX;
+
+/// The ports kxdp sends on (their position is the "slot" the stage writes into `out`) and the
+/// optional kernel port.
+#[derive(Clone, Debug, Default)]
+pub struct Egress {
+    slots: HashMap<u32, u16, ahash::RandomState>,
+    kernel: Option<u32>,
+}
+
+/// What the stage did beyond verdicts (counted by the caller).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EgressStats {
+    pub checksums_completed: u64,
+}
+
+impl Egress {
+    /// `ports[slot]` is the ifindex of the port at that slot; `kernel` the kernel port's ifindex
+    /// (it must be one of `ports` to be used).
+    pub fn new(ports: &[u32], kernel: Option<u32>) -> Egress {
+        Egress {
+            slots: ports
+                .iter()
+                .enumerate()
+                .map(|(i, &ifindex)| (ifindex, i as u16))
+                .collect(),
+            kernel,
+        }
+    }
+
+    /// The slot of the port `ifindex`, if kxdp sends on it.
+    pub fn slot(&self, ifindex: u32) -> Option<u16> {
+        self.slots.get(&ifindex).copied()
+    }
+
+    /// Runs the stage over a batch the pipeline just processed: `verdicts[i]` belongs to frame
+    /// `i`; `out[i]` receives the slot of the port to send frame `i` on, or [`NOT_SENT`].
+    /// `link`: the frames' link type. `partial_checksums`: the batch came from an interface that hands over partial TCP/UDP
+    /// checksums (veth). `unresolved` is told of next hops without a neighbour entry.
+    #[allow(clippy::too_many_arguments)]
+    pub fn process<F: Frames>(
+        &self,
+        frames: &mut F,
+        verdicts: &mut [Verdict],
+        out: &mut [u16],
+        fib: &Fib,
+        link: LinkType,
+        partial_checksums: bool,
+        counters: &mut Counters,
+        stats: &mut EgressStats,
+        mut unresolved: impl FnMut(u32, Addr, Family),
+    ) {
+        // Raw IP frames (a replayed capture of that link type) have no MACs to write.
+        let ethernet = link == LinkType::Ethernet;
+        let kernel = self
+            .kernel
+            .and_then(|k| Some((self.slot(k)?, k, fib.kernel_macs(k))));
+        let n = frames.count().min(verdicts.len()).min(out.len());
+        for i in 0..n {
+            out[i] = NOT_SENT;
+            let v = &mut verdicts[i];
+            v.egress = 0;
+            let hop = match v.action {
+                Action::Drop => continue,
+                Action::Pass => Ok(Hop::Kernel),
+                Action::Forward | Action::Reject if v.has_addrs => fib.lookup(&v.dst, v.family),
+                // Forward/reject always carry addresses; nothing to route otherwise.
+                Action::Forward | Action::Reject => Err(Miss::NoRoute),
+            };
+            let (frame, len) = frames.frame_mut(i);
+            let frame = &mut frame[..*len];
+            match hop {
+                Ok(Hop::Kernel) => {
+                    let Some((slot, ifindex, macs)) = kernel else {
+                        counters.reclassify(v, Reason::NoKernelPort);
+                        continue;
+                    };
+                    if let Some((dst_mac, src_mac)) = macs {
+                        // Broadcast / multicast frames (ARP requests, ND) keep their destination.
+                        if ethernet && frame.len() >= 12 && frame[0] & 1 == 0 {
+                            frame[..6].copy_from_slice(&dst_mac);
+                            frame[6..12].copy_from_slice(&src_mac);
+                        }
+                    }
+                    if partial_checksums
+                        && v.action != Action::Reject
+                        && complete_l4_checksum(frame, v)
+                    {
+                        stats.checksums_completed += 1;
+                    }
+                    out[i] = slot;
+                    v.egress = ifindex;
+                }
+                Ok(Hop::Port {
+                    ifindex,
+                    dst_mac,
+                    src_mac,
+                }) => {
+                    let Some(slot) = self.slot(ifindex) else {
+                        counters.reclassify(v, Reason::NoEgress);
+                        continue;
+                    };
+                    // kxdp routes what it forwards: TTL / hop limit go down by one (replies it
+                    // generates start fresh).
+                    if v.action == Action::Forward
+                        && !kxdp_packet::decrement_ttl_at(frame, v.l3_off as usize)
+                    {
+                        counters.reclassify(v, Reason::TtlExpired);
+                        continue;
+                    }
+                    if ethernet && frame.len() >= 12 {
+                        frame[..6].copy_from_slice(&dst_mac);
+                        frame[6..12].copy_from_slice(&src_mac);
+                    }
+                    if partial_checksums
+                        && v.action == Action::Forward
+                        && complete_l4_checksum(frame, v)
+                    {
+                        stats.checksums_completed += 1;
+                    }
+                    out[i] = slot;
+                    v.egress = ifindex;
+                }
+                Err(Miss::NoRoute) => counters.reclassify(v, Reason::NoRoute),
+                Err(Miss::NoNeighbour(oif, addr)) => {
+                    unresolved(oif, addr, v.family);
+                    counters.reclassify(v, Reason::NoNeighbour);
+                }
+            }
+        }
+    }
+}
+
+/// Recomputes the TCP/UDP checksum of a whole (unfragmented) packet at the offsets the pipeline
+/// recorded, over the packet's current addresses. Returns whether it did.
+pub fn complete_l4_checksum(frame: &mut [u8], v: &Verdict) -> bool {
+    if !v.has_addrs || v.l4_off == 0 || v.fragment {
+        return false;
+    }
+    let (l4, end) = (v.l4_off as usize, v.l3_off as usize + v.ip_len as usize);
+    let off = match v.proto {
+        6 => 16,
+        17 => 6,
+        _ => return false,
+    };
+    if end > frame.len() || l4 + off + 2 > end {
+        return false;
+    }
+    // Forwarded packets carry their translated addresses; passed ones are untouched.
+    let (src, dst) = match v.action {
+        Action::Forward => (v.src, v.dst),
+        _ => (v.orig_src, v.orig_dst),
+    };
+    frame[l4 + off..l4 + off + 2].copy_from_slice(&[0, 0]);
+    let mut c = checksum::l4_checksum(&src, &dst, v.family, v.proto, &frame[l4..end]);
+    if v.proto == 17 && c == 0 {
+        c = 0xffff;
+    }
+    frame[l4 + off..l4 + off + 2].copy_from_slice(&c.to_be_bytes());
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fib::{FdbEntry, FibInput, Link, LocalAddr, Neighbour, Route};
+    use crate::pipeline::SlotFrames;
+
+    fn ip(s: &str) -> std::net::IpAddr {
+        s.parse().unwrap()
+    }
+
+    fn link(ifindex: u32, mac: u8) -> Link {
+        Link {
+            ifindex,
+            name: format!("if{ifindex}"),
+            mac: Some([mac; 6]),
+            master: None,
+            bridge: false,
+            peer: None,
+            rx_queues: 1,
+        }
+    }
+
+    /// eth0 (1, default route via 192.168.0.1), pod veth (2, 10.1.0.11/32), unowned link (3,
+    /// 10.3.0.0/16), bridge cni0 (10, 10.2.0.0/24) with port 12, kernel port 30 ↔ 31.
+    fn fib() -> Fib {
+        let mut links = vec![
+            link(1, 1),
+            link(2, 2),
+            link(3, 3),
+            link(10, 10),
+            link(12, 12),
+            link(30, 30),
+            link(31, 31),
+        ];
+        links[3].bridge = true;
+        links[4].master = Some(10);
+        links[5].peer = Some(31);
+        links[6].peer = Some(30);
+        let route = |dst: &str, len, oif, gw: Option<&str>| Route {
+            dst: ip(dst),
+            len,
+            oif,
+            gateway: gw.map(ip),
+            metric: 0,
+        };
+        let neigh = |ifindex, addr: &str, mac| Neighbour {
+            ifindex,
+            addr: ip(addr),
+            mac: [mac; 6],
+        };
+        Fib::new(FibInput {
+            links,
+            addrs: vec![LocalAddr {
+                ifindex: 1,
+                addr: ip("192.168.0.10"),
+            }],
+            routes: vec![
+                route("0.0.0.0", 0, 1, Some("192.168.0.1")),
+                route("10.1.0.11", 32, 2, None),
+                route("10.1.0.12", 32, 2, None),
+                route("10.3.0.0", 16, 3, None),
+                route("10.2.0.0", 24, 10, None),
+            ],
+            neighbours: vec![
+                neigh(1, "192.168.0.1", 0xee),
+                neigh(2, "10.1.0.11", 0xa1),
+                neigh(3, "10.3.0.1", 0xa3),
+                neigh(10, "10.2.0.5", 0xb5),
+            ],
+            fdb: vec![FdbEntry {
+                bridge: 10,
+                port: 12,
+                mac: [0xb5; 6],
+            }],
+        })
+    }
+
+    fn udp(dst: [u8; 4], ttl: u8, tcp: bool) -> Vec<u8> {
+        let b = etherparse::PacketBuilder::ethernet2([9; 6], [8; 6]).ipv4([10, 1, 0, 13], dst, ttl);
+        let mut f = Vec::new();
+        if tcp {
+            b.tcp(40000, 8080, 1, 1000)
+                .syn()
+                .write(&mut f, b"payload")
+                .unwrap();
+        } else {
+            b.udp(40000, 5353).write(&mut f, b"payload").unwrap();
+        }
+        f
+    }
+
+    /// What the pipeline would have written for a packet it forwarded unchanged.
+    fn meta(frame: &[u8]) -> kxdp_packet::PacketMeta {
+        let mut m = kxdp_packet::PacketMeta::default();
+        assert!(kxdp_packet::parse_into(frame, kxdp_packet::LinkType::Ethernet, &mut m).unwrap());
+        m
+    }
+
+    fn verdict(frame: &[u8], reason: Reason) -> Verdict {
+        let m = meta(frame);
+        let mut v = Verdict::default();
+        v.set(reason);
+        v.has_addrs = true;
+        v.family = m.family;
+        v.proto = m.proto;
+        (v.orig_src, v.src, v.orig_dst, v.dst) = (m.src, m.src, m.dst, m.dst);
+        (v.l3_off, v.l4_off, v.ip_len) = (m.l3_off, m.l4_off, m.ip_len);
+        v
+    }
+
+    struct Run {
+        frames: SlotFrames,
+        verdicts: Vec<Verdict>,
+        out: Vec<u16>,
+        counters: Counters,
+        stats: EgressStats,
+        unresolved: Vec<(u32, Addr)>,
+    }
+
+    fn run(packets: &[(Vec<u8>, Reason)], egress: &Egress, partial: bool) -> Run {
+        let mut frames = SlotFrames::new(packets.len(), 2048);
+        let mut counters = Counters::default();
+        let mut verdicts = Vec::new();
+        for (p, r) in packets {
+            frames.push(p);
+            verdicts.push(verdict(p, *r));
+            counters.reasons[*r as usize] += 1;
+            counters.actions[r.action() as usize] += 1;
+        }
+        let mut out = vec![0; packets.len()];
+        let mut stats = EgressStats::default();
+        let mut unresolved = Vec::new();
+        egress.process(
+            &mut frames,
+            &mut verdicts,
+            &mut out,
+            &fib(),
+            LinkType::Ethernet,
+            partial,
+            &mut counters,
+            &mut stats,
+            |oif, a, _| unresolved.push((oif, a)),
+        );
+        Run {
+            frames,
+            verdicts,
+            out,
+            counters,
+            stats,
+            unresolved,
+        }
+    }
+
+    #[test]
+    fn each_packet_gets_a_port_or_one_named_drop() {
+        let egress = Egress::new(&[1, 2, 12, 30], None);
+        let packets = vec![
+            (udp([10, 1, 0, 11], 64, false), Reason::ServiceDnat), // pod veth
+            (udp([10, 1, 0, 12], 64, false), Reason::Direct),      // no neighbour
+            (udp([10, 3, 0, 1], 64, false), Reason::Direct),       // unowned link
+            (udp([10, 1, 0, 11], 1, false), Reason::Established),  // TTL runs out
+            (udp([10, 2, 0, 5], 64, false), Reason::Direct),       // behind the bridge
+            (udp([203, 0, 113, 7], 64, false), Reason::ReplyUnnat), // default route
+            (udp([192, 168, 0, 10], 64, false), Reason::ToNode),   // pass, no kernel port
+            (udp([10, 1, 0, 11], 64, false), Reason::CtInvalid),   // pipeline drop
+        ];
+        let r = run(&packets, &egress, false);
+        let reasons: Vec<&str> = r.verdicts.iter().map(|v| v.reason.as_str()).collect();
+        assert_eq!(
+            reasons,
+            [
+                "service-dnat",
+                "no-neighbour",
+                "no-egress",
+                "ttl-expired",
+                "direct",
+                "reply-unnat",
+                "no-kernel-port",
+                "ct-invalid"
+            ]
+        );
+        assert_eq!(
+            r.out,
+            [1, NOT_SENT, NOT_SENT, NOT_SENT, 2, 0, NOT_SENT, NOT_SENT]
+        );
+        let egresses: Vec<u32> = r.verdicts.iter().map(|v| v.egress).collect();
+        assert_eq!(egresses, [2, 0, 0, 0, 12, 1, 0, 0]);
+        assert_eq!(r.unresolved, [(2, Addr::from_ip(ip("10.1.0.12")))]);
+        // Counted once each, under the final reason and action.
+        assert_eq!(r.counters.reasons.iter().sum::<u64>(), 8);
+        assert_eq!(r.counters.reasons[Reason::NoEgress as usize], 1);
+        assert_eq!(r.counters.reasons[Reason::Direct as usize], 1);
+        assert_eq!(r.counters.actions[Action::Forward as usize], 3);
+        assert_eq!(r.counters.actions[Action::Drop as usize], 5);
+        // MACs rewritten, TTL decremented with a valid header checksum.
+        let f = r.frames.get(0);
+        assert_eq!(&f[..12], &[[0xa1; 6], [2; 6]].concat()[..]);
+        assert_eq!(f[14 + 8], 63);
+        let f = r.frames.get(4);
+        assert_eq!(
+            &f[..12],
+            &[[0xb5; 6], [10; 6]].concat()[..],
+            "bridge MAC as source"
+        );
+        assert!(checksum::verify(r.frames.get(5), &meta(r.frames.get(5))).is_ok());
+        // The dropped TTL-1 packet is untouched.
+        assert_eq!(r.frames.get(3)[14 + 8], 1);
+    }
+
+    #[test]
+    fn node_traffic_and_passes_go_to_the_kernel_port() {
+        let egress = Egress::new(&[1, 2, 30], Some(30));
+        let packets = vec![
+            (udp([192, 168, 0, 10], 64, false), Reason::ToNode),
+            (udp([192, 168, 0, 10], 64, true), Reason::ReplyUnnat),
+        ];
+        let r = run(&packets, &egress, false);
+        assert_eq!(r.out, [2, 2]);
+        assert_eq!(r.verdicts[0].reason, Reason::ToNode);
+        assert_eq!(r.verdicts[1].egress, 30);
+        for i in 0..2 {
+            assert_eq!(&r.frames.get(i)[..12], &[[31; 6], [30; 6]].concat()[..]);
+        }
+    }
+
+    /// A frame as a veth with TX checksum offload hands it over: the L4 checksum field holds
+    /// only the pseudo-header sum. Completing it at the pipeline's offsets gives what a full
+    /// computation gives.
+    #[test]
+    fn partial_checksums_are_completed() {
+        let egress = Egress::new(&[2], None);
+        for tcp in [false, true] {
+            let good = udp([10, 1, 0, 11], 64, tcp);
+            let mut frame = good.clone();
+            let off = 14 + 20 + if tcp { 16 } else { 6 };
+            frame[off..off + 2].copy_from_slice(&[0x12, 0x34]); // partial / stale
+            let r = run(&[(frame, Reason::Direct)], &egress, true);
+            assert_eq!(r.stats.checksums_completed, 1);
+            let f = r.frames.get(0);
+            assert_eq!(&f[off..off + 2], &good[off..off + 2], "tcp={tcp}");
+            assert!(checksum::verify(f, &meta(f)).is_ok());
+        }
+    }
+}

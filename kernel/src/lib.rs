@@ -1,0 +1,20 @@
+//! kxdp's kernel boundary: every system call and every line of `unsafe` the project has.
+//!
+//! - [`afxdp`]: AF_XDP sockets, their UMEM and rings (shared memory with the kernel).
+//! - [`xdp`]: the hand-assembled XDP program, its maps and BPF links (raw `bpf()`).
+//! - [`netlink`]: routes, addresses, links, neighbours and the bridge FDB, and the requests kxdp
+//!   makes (neighbour resolution, stale XDP detach), through `netlink-packet-route`.
+//! - [`sys`]: interface indexes, network namespaces, ethtool queries, CPU pinning.
+//!
+//! Each `unsafe` block sits in a small named helper with a `// SAFETY:` note saying why it is
+//! sound; the crates above this one (`kxdp-dataplane`, `kxdp-control`) are
+//! `#![forbid(unsafe_code)]`. Building needs no C or BPF toolchain.
+
+#![deny(unsafe_op_in_unsafe_fn)]
+
+pub mod afxdp;
+pub mod netlink;
+pub mod sys;
+pub mod xdp;
+
+pub use sys::{enter_netns, ifindex};

@@ -1,0 +1,121 @@
+//! Small system-call helpers: interface indexes, network namespaces, descriptors, ethtool
+//! queries, CPU pinning.
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+/// The interface index of `name` in the calling thread's network namespace.
+pub fn ifindex(name: &str) -> io::Result<u32> {
+    let c = CString::new(name).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: `c` is a valid NUL-terminated string for the duration of the call.
+    let idx = unsafe { libc::if_nametoindex(c.as_ptr()) };
+    if idx == 0 {
+        Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("no interface {name}: {}", io::Error::last_os_error()),
+        ))
+    } else {
+        Ok(idx)
+    }
+}
+
+/// Moves the calling thread into the network namespace at `path` (e.g. `/var/run/netns/NAME`).
+/// Threads it spawns afterwards start there too. Used by the lab tests and harness.
+pub fn enter_netns(path: &str) -> io::Result<()> {
+    let f = std::fs::File::open(path)?;
+    // SAFETY: setns on a valid namespace fd only changes this thread's namespace.
+    let r = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Wraps a returned file descriptor (or the errno of a failed call).
+pub(crate) fn fd_result(r: libc::c_long) -> io::Result<OwnedFd> {
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        // SAFETY: the kernel just returned this descriptor to us; nothing else owns it.
+        Ok(unsafe { OwnedFd::from_raw_fd(r as i32) })
+    }
+}
+
+/// A new socket (`socket(2)`), owned.
+pub(crate) fn socket(domain: i32, kind: i32, protocol: i32) -> io::Result<OwnedFd> {
+    // SAFETY: plain socket creation; the result is checked by `fd_result`.
+    fd_result(unsafe { libc::socket(domain, kind | libc::SOCK_CLOEXEC, protocol) } as libc::c_long)
+}
+
+/// One SIOCETHTOOL request on `name` with `data` (a struct starting with its command).
+fn ethtool(name: &str, data: &mut [u8]) -> io::Result<()> {
+    const SIOCETHTOOL: libc::c_ulong = 0x8946;
+    let fd = socket(libc::AF_INET, libc::SOCK_DGRAM, 0)?;
+    // SAFETY: a zeroed ifreq is a valid value of this plain C struct.
+    let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (i, b) in name.bytes().take(15).enumerate() {
+        ifr.ifr_name[i] = b as libc::c_char;
+    }
+    ifr.ifr_ifru.ifru_data = data.as_mut_ptr().cast();
+    // SAFETY: the name is NUL-terminated within its 16 bytes (zeroed, at most 15 copied) and
+    // ifr_data points to `data`, which the callers size for the struct their command fills.
+    let r = unsafe { libc::ioctl(fd.as_raw_fd(), SIOCETHTOOL as _, &mut ifr) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The interface's driver name (ETHTOOL_GDRVINFO), e.g. "veth".
+pub fn driver_of(name: &str) -> io::Result<String> {
+    const ETHTOOL_GDRVINFO: u32 = 3;
+    // struct ethtool_drvinfo is 196 bytes.
+    let mut info = [0u8; 196];
+    info[..4].copy_from_slice(&ETHTOOL_GDRVINFO.to_ne_bytes());
+    ethtool(name, &mut info)?;
+    let d = &info[4..36];
+    let end = d.iter().position(|&b| b == 0).unwrap_or(d.len());
+    Ok(String::from_utf8_lossy(&d[..end]).into_owned())
+}
+
+/// RX queues in use (ETHTOOL_GCHANNELS: rx + combined channels); 1 when the driver does not
+/// say.
+pub fn rx_queues_of(name: &str) -> u32 {
+    const ETHTOOL_GCHANNELS: u32 = 0x3c;
+    // struct ethtool_channels: nine u32.
+    let mut ch = [0u8; 36];
+    ch[..4].copy_from_slice(&ETHTOOL_GCHANNELS.to_ne_bytes());
+    if ethtool(name, &mut ch).is_err() {
+        return 1;
+    }
+    let field = |i: usize| u32::from_ne_bytes(ch[i * 4..i * 4 + 4].try_into().unwrap());
+    // cmd, max_rx, max_tx, max_other, max_combined, rx_count, tx_count, other, combined
+    field(5).max(field(8)).max(1)
+}
+
+/// Pins the calling thread to `cpu`. Returns whether the kernel accepted it.
+pub fn pin_current_thread(cpu: usize) -> bool {
+    if cpu >= libc::CPU_SETSIZE as usize {
+        return false;
+    }
+    // SAFETY: a zeroed cpu_set_t is a valid empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `cpu` is below CPU_SETSIZE (checked above), so CPU_SET writes inside `set`.
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    // SAFETY: `set` is a valid cpu_set_t of the size passed; pid 0 is the calling thread.
+    unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0 }
+}
+
+/// Waits up to `timeout` for `fd` to become readable (or to report an error).
+pub(crate) fn poll_readable(fd: i32, timeout: std::time::Duration) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+    // SAFETY: `p` is one valid pollfd, and the count passed is 1.
+    let r = unsafe { libc::poll(&mut p, 1, ms) };
+    r > 0
+}

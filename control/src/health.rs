@@ -187,9 +187,10 @@ impl ProxyHealth {
     fn check(&self, now: SystemTime) -> (bool, bool, Option<SystemTime>) {
         let st = self.status.lock().unwrap();
         let timeout = self.sync_period * 2;
-        let fresh = st
-            .last_sync
-            .is_some_and(|t| now.duration_since(t).unwrap_or_default() <= timeout);
+        let within = |t: SystemTime| now.duration_since(t).unwrap_or_default() <= timeout;
+        // Stale too when a change waits (or a rebuild runs) longer than the timeout, even if
+        // something was published recently.
+        let fresh = st.last_sync.is_some_and(within) && st.stale_since().is_none_or(within);
         (fresh, !st.health.node_deleting, st.last_sync)
     }
 

@@ -20,6 +20,8 @@ use kxdp_dataplane::snapshot::{FrontendKey, Snapshot};
 
 use crate::config::Config;
 use crate::model::{ClusterState, ObjectKey};
+use crate::policy::PolicyCompiler;
+use crate::sync::Changes;
 use crate::translate::{globals, translate_service, Globals, Problem, ServiceOutput};
 
 /// Who claims a frontend key: (is a NodePort, Service id).
@@ -47,6 +49,9 @@ pub struct Builder {
     service_problems: BTreeMap<ObjectKey, Vec<Problem>>,
     no_local: (i64, i64),
     snap: Snapshot,
+    /// A complete build is held (false at first, and after a full build was stopped).
+    built: bool,
+    policy_compiler: PolicyCompiler,
 }
 
 impl Builder {
@@ -63,25 +68,64 @@ impl Builder {
             service_problems: BTreeMap::new(),
             no_local: (0, 0),
             snap: Snapshot::empty(),
+            built: false,
+            policy_compiler: PolicyCompiler::new(),
         }
+    }
+
+    /// The tables for `state` after `changes` (what changed since the last call): a full build
+    /// when `changes.full` (or nothing was built yet), else the previous tables with the policy
+    /// recompiled if Pods, Namespaces or NetworkPolicies changed and the changed Services
+    /// retranslated. One call, no required order; `stop` is polled during a full build, which
+    /// then gives up (`None`, the builder must then be rebuilt in full).
+    pub fn apply(
+        &mut self,
+        state: &ClusterState,
+        changes: &Changes,
+        stop: &dyn Fn() -> bool,
+    ) -> Option<Snapshot> {
+        if changes.full || !self.built {
+            return self.full_until(state, stop);
+        }
+        if changes.policy {
+            self.policy(state, Some(&changes.pods));
+        }
+        Some(self.update(state, &changes.services))
     }
 
     /// Everything from the state (nothing shared with earlier snapshots).
     pub fn full(&mut self, state: &ClusterState) -> Snapshot {
+        self.full_until(state, &|| false)
+            .expect("a build that is never stopped completes")
+    }
+
+    /// `full`, giving up (`None`) as soon as `stop` says so (checked every 256 Services).
+    pub fn full_until(
+        &mut self,
+        state: &ClusterState,
+        stop: &dyn Fn() -> bool,
+    ) -> Option<Snapshot> {
         let config = self.config.clone();
+        let policy = std::mem::take(&mut self.policy_compiler);
         *self = Builder::new(config);
+        self.policy_compiler = policy;
         self.globals = globals(&self.config, state);
         self.snap.node = self.globals.node.clone();
         self.snap.cluster_cidrs = self.globals.cluster_cidrs.clone();
         self.snap.service_cidrs = self.globals.service_cidrs.clone();
-        self.policy(state);
+        self.policy(state, None);
         self.outputs.reserve(state.services.len());
         self.owner.reserve(state.services.len());
-        for (key, svc) in &state.services {
+        for (i, (key, svc)) in state.services.iter().enumerate() {
+            if i % 256 == 255 && stop() {
+                self.built = false;
+                return None;
+            }
             let out = translate_service(&self.config, &self.globals, key, svc, state);
             self.add(key, out);
         }
-        self.snap.clone()
+        self.built = true;
+        Some(self.snap.clone())
     }
 
     /// The previous tables with the Services in `services` retranslated from `state` (those no
@@ -99,16 +143,39 @@ impl Builder {
         self.snap.clone()
     }
 
-    /// Recompiles the NetworkPolicy tables only (Pods, Namespaces or NetworkPolicies changed).
-    /// Call before `update`, which returns the tables.
-    pub fn update_policy(&mut self, state: &ClusterState) {
-        self.policy(state);
+    /// Checks the frontends the Services in `services` hold now (what `Snapshot::validate`
+    /// checks, for the part an update wrote).
+    pub fn validate_services(&self, services: &BTreeSet<ObjectKey>) -> Result<(), String> {
+        for key in services {
+            let Some((_, out)) = self.outputs.get(key) else {
+                continue;
+            };
+            for (k, fe, _) in &out.frontends {
+                for r in &fe.routes {
+                    if r.endpoints.as_range().end > fe.endpoints.len() {
+                        return Err(format!(
+                            "frontend {k:?} has an endpoint range out of bounds"
+                        ));
+                    }
+                }
+                if fe.service_port.proto != k.proto {
+                    return Err(format!(
+                        "frontend {k:?} names service port {} of another protocol",
+                        fe.service_port.name
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
 
-    fn policy(&mut self, state: &ClusterState) {
-        // NetworkPolicy: this node's pods, compiled (control/src/policy, docs/policy.md).
+    fn policy(&mut self, state: &ClusterState, pods: Option<&BTreeSet<ObjectKey>>) {
+        // NetworkPolicy: this node's pods, compiled (control/src/policy, docs/policy.md); the
+        // compiler keeps what it built and redoes only what the changed pods touch.
+        let _ = pods;
         let (tables, problems) =
-            crate::policy::compile(&self.config.node_name, &self.snap.node.addrs, state);
+            self.policy_compiler
+                .compile(&self.config.node_name, &self.snap.node.addrs, state);
         self.snap.policy = Arc::new(tables);
         self.policy_problems = problems;
     }

@@ -1,9 +1,12 @@
 //! The cluster as kxdp knows it: the Kubernetes objects it reads, keyed by namespace/name in
 //! ordered maps so that every walk over them (and so every translation) is deterministic.
 //!
-//! Sources (files now, the API server later) feed a `ClusterState`; `translate` reads it.
+//! Sources (`--state` files, the API server) feed a `ClusterState`; `translate` reads it. The
+//! kinds are a typed `Kind`; adding, replacing and deleting go through one path for every kind
+//! (`apply`, `delete`), which also keeps the EndpointSlice index by Service up to date, so that a
+//! Service's slices are found without scanning its namespace.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
@@ -43,8 +46,57 @@ impl fmt::Display for ObjectKey {
     }
 }
 
+/// A kind of object kxdp reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Kind {
+    Node,
+    Namespace,
+    Pod,
+    Service,
+    EndpointSlice,
+    NetworkPolicy,
+    ServiceCidr,
+}
+
+impl Kind {
+    /// Every kind, in the order a whole state is handed over (nodes and ranges first).
+    pub const ALL: [Kind; 7] = [
+        Kind::Node,
+        Kind::Namespace,
+        Kind::Pod,
+        Kind::Service,
+        Kind::EndpointSlice,
+        Kind::NetworkPolicy,
+        Kind::ServiceCidr,
+    ];
+
+    /// The Kubernetes `kind`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Node => "Node",
+            Kind::Namespace => "Namespace",
+            Kind::Pod => "Pod",
+            Kind::Service => "Service",
+            Kind::EndpointSlice => "EndpointSlice",
+            Kind::NetworkPolicy => "NetworkPolicy",
+            Kind::ServiceCidr => "ServiceCIDR",
+        }
+    }
+
+    /// Cluster-scoped kinds are held by name alone.
+    pub fn cluster_scoped(self) -> bool {
+        matches!(self, Kind::Node | Kind::Namespace | Kind::ServiceCidr)
+    }
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// One object of a kind kxdp uses.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum Object {
     Node(Box<Node>),
     Namespace(Box<Namespace>),
@@ -56,21 +108,20 @@ pub enum Object {
 }
 
 impl Object {
-    pub fn kind(&self) -> &'static str {
+    pub fn kind(&self) -> Kind {
         match self {
-            Object::Node(_) => "Node",
-            Object::Namespace(_) => "Namespace",
-            Object::Pod(_) => "Pod",
-            Object::Service(_) => "Service",
-            Object::EndpointSlice(_) => "EndpointSlice",
-            Object::NetworkPolicy(_) => "NetworkPolicy",
-            Object::ServiceCidr(_) => "ServiceCIDR",
+            Object::Node(_) => Kind::Node,
+            Object::Namespace(_) => Kind::Namespace,
+            Object::Pod(_) => Kind::Pod,
+            Object::Service(_) => Kind::Service,
+            Object::EndpointSlice(_) => Kind::EndpointSlice,
+            Object::NetworkPolicy(_) => Kind::NetworkPolicy,
+            Object::ServiceCidr(_) => Kind::ServiceCidr,
         }
     }
 
-    /// The object's key (namespace empty for cluster-scoped kinds).
-    pub fn key(&self) -> ObjectKey {
-        let meta = match self {
+    pub fn metadata(&self) -> &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+        match self {
             Object::Node(o) => &o.metadata,
             Object::Namespace(o) => &o.metadata,
             Object::Pod(o) => &o.metadata,
@@ -78,9 +129,18 @@ impl Object {
             Object::EndpointSlice(o) => &o.metadata,
             Object::NetworkPolicy(o) => &o.metadata,
             Object::ServiceCidr(o) => &o.metadata,
-        };
+        }
+    }
+
+    /// The object's key (namespace empty for cluster-scoped kinds).
+    pub fn key(&self) -> ObjectKey {
+        let meta = self.metadata();
         ObjectKey::new(
-            meta.namespace.clone().unwrap_or_default(),
+            if self.kind().cluster_scoped() {
+                String::new()
+            } else {
+                meta.namespace.clone().unwrap_or_default()
+            },
             meta.name.clone().unwrap_or_default(),
         )
     }
@@ -88,6 +148,9 @@ impl Object {
 
 /// Every object kxdp reads. An object with the key of one already held replaces it (as a watch
 /// update would).
+///
+/// The maps are public for reading; every change goes through `apply` / `delete` (or
+/// `take_kind`), which keep the EndpointSlice index by Service in step.
 #[derive(Clone, Debug, Default)]
 pub struct ClusterState {
     pub nodes: BTreeMap<String, Node>,
@@ -97,6 +160,130 @@ pub struct ClusterState {
     pub endpoint_slices: BTreeMap<ObjectKey, EndpointSlice>,
     pub network_policies: BTreeMap<ObjectKey, NetworkPolicy>,
     pub service_cidrs: BTreeMap<String, ServiceCIDR>,
+    /// Service (namespace/name) → the names of its EndpointSlices (label
+    /// `kubernetes.io/service-name`). Without it finding a Service's slices meant scanning its
+    /// namespace: quadratic at thousands of Services in one namespace.
+    slices_by_service: HashMap<ObjectKey, BTreeSet<String>>,
+}
+
+/// A map of one kind, keyed by name (cluster-scoped) or namespace/name.
+trait Table {
+    type Obj: PartialEq;
+    fn put(&mut self, key: &ObjectKey, o: Self::Obj) -> Option<Self::Obj>;
+    fn take(&mut self, key: &ObjectKey) -> Option<Self::Obj>;
+    fn find(&self, key: &ObjectKey) -> Option<&Self::Obj>;
+    fn keys_vec(&self) -> Vec<ObjectKey>;
+    fn drain(&mut self) -> Vec<Self::Obj>;
+}
+
+impl<T: PartialEq> Table for BTreeMap<String, T> {
+    type Obj = T;
+    fn put(&mut self, key: &ObjectKey, o: T) -> Option<T> {
+        self.insert(key.name.clone(), o)
+    }
+    fn take(&mut self, key: &ObjectKey) -> Option<T> {
+        self.remove(&key.name)
+    }
+    fn find(&self, key: &ObjectKey) -> Option<&T> {
+        self.get(&key.name)
+    }
+    fn keys_vec(&self) -> Vec<ObjectKey> {
+        self.keys().map(ObjectKey::cluster).collect()
+    }
+    fn drain(&mut self) -> Vec<T> {
+        std::mem::take(self).into_values().collect()
+    }
+}
+
+impl<T: PartialEq> Table for BTreeMap<ObjectKey, T> {
+    type Obj = T;
+    fn put(&mut self, key: &ObjectKey, o: T) -> Option<T> {
+        self.insert(key.clone(), o)
+    }
+    fn take(&mut self, key: &ObjectKey) -> Option<T> {
+        self.remove(key)
+    }
+    fn find(&self, key: &ObjectKey) -> Option<&T> {
+        self.get(key)
+    }
+    fn keys_vec(&self) -> Vec<ObjectKey> {
+        self.keys().cloned().collect()
+    }
+    fn drain(&mut self) -> Vec<T> {
+        std::mem::take(self).into_values().collect()
+    }
+}
+
+/// Runs `$body` with `$t` bound to the map of `$kind` and `$wrap` to the `Object` variant.
+macro_rules! with_table {
+    ($state:expr, $kind:expr, |$t:ident, $wrap:ident| $body:expr) => {
+        match $kind {
+            Kind::Node => {
+                let ($t, $wrap) = (&mut $state.nodes, Object::Node);
+                $body
+            }
+            Kind::Namespace => {
+                let ($t, $wrap) = (&mut $state.namespaces, Object::Namespace);
+                $body
+            }
+            Kind::Pod => {
+                let ($t, $wrap) = (&mut $state.pods, Object::Pod);
+                $body
+            }
+            Kind::Service => {
+                let ($t, $wrap) = (&mut $state.services, Object::Service);
+                $body
+            }
+            Kind::EndpointSlice => {
+                let ($t, $wrap) = (&mut $state.endpoint_slices, Object::EndpointSlice);
+                $body
+            }
+            Kind::NetworkPolicy => {
+                let ($t, $wrap) = (&mut $state.network_policies, Object::NetworkPolicy);
+                $body
+            }
+            Kind::ServiceCidr => {
+                let ($t, $wrap) = (&mut $state.service_cidrs, Object::ServiceCidr);
+                $body
+            }
+        }
+    };
+}
+
+/// Runs `$body` with `$o` bound to the boxed object inside `$obj` and `$t` to its map.
+macro_rules! with_object {
+    ($state:expr, $obj:expr, |$o:ident, $t:ident, $wrap:ident| $body:expr) => {
+        match $obj {
+            Object::Node($o) => {
+                let ($t, $wrap) = (&mut $state.nodes, Object::Node);
+                $body
+            }
+            Object::Namespace($o) => {
+                let ($t, $wrap) = (&mut $state.namespaces, Object::Namespace);
+                $body
+            }
+            Object::Pod($o) => {
+                let ($t, $wrap) = (&mut $state.pods, Object::Pod);
+                $body
+            }
+            Object::Service($o) => {
+                let ($t, $wrap) = (&mut $state.services, Object::Service);
+                $body
+            }
+            Object::EndpointSlice($o) => {
+                let ($t, $wrap) = (&mut $state.endpoint_slices, Object::EndpointSlice);
+                $body
+            }
+            Object::NetworkPolicy($o) => {
+                let ($t, $wrap) = (&mut $state.network_policies, Object::NetworkPolicy);
+                $body
+            }
+            Object::ServiceCidr($o) => {
+                let ($t, $wrap) = (&mut $state.service_cidrs, Object::ServiceCidr);
+                $body
+            }
+        }
+    };
 }
 
 impl ClusterState {
@@ -106,30 +293,85 @@ impl ClusterState {
 
     /// Inserts or replaces an object; returns true when one with the same key was replaced.
     pub fn apply(&mut self, obj: Object) -> bool {
+        self.put(obj).is_some()
+    }
+
+    /// Inserts or replaces an object; returns the one it replaced.
+    pub fn put(&mut self, obj: Object) -> Option<Object> {
+        let key = obj.key();
+        if let Object::EndpointSlice(s) = &obj {
+            self.index_slice(&key, s);
+        }
+        let old = with_object!(self, obj, |o, t, wrap| t
+            .put(&key, *o)
+            .map(|x| wrap(Box::new(x))));
+        if let Some(Object::EndpointSlice(s)) = &old {
+            if service_name_of(s) != self.endpoint_slices.get(&key).and_then(service_name_of) {
+                self.unindex_slice(&key, s);
+            }
+        }
+        old
+    }
+
+    /// Whether an object equal to `obj` is held (a relist or resync repeating it).
+    pub fn holds(&self, obj: &Object) -> bool {
         let key = obj.key();
         match obj {
-            Object::Node(o) => self.nodes.insert(key.name, *o).is_some(),
-            Object::Namespace(o) => self.namespaces.insert(key.name, *o).is_some(),
-            Object::Pod(o) => self.pods.insert(key, *o).is_some(),
-            Object::Service(o) => self.services.insert(key, *o).is_some(),
-            Object::EndpointSlice(o) => self.endpoint_slices.insert(key, *o).is_some(),
-            Object::NetworkPolicy(o) => self.network_policies.insert(key, *o).is_some(),
-            Object::ServiceCidr(o) => self.service_cidrs.insert(key.name, *o).is_some(),
+            Object::Node(o) => self.nodes.find(&key) == Some(&**o),
+            Object::Namespace(o) => self.namespaces.find(&key) == Some(&**o),
+            Object::Pod(o) => self.pods.find(&key) == Some(&**o),
+            Object::Service(o) => self.services.find(&key) == Some(&**o),
+            Object::EndpointSlice(o) => self.endpoint_slices.find(&key) == Some(&**o),
+            Object::NetworkPolicy(o) => self.network_policies.find(&key) == Some(&**o),
+            Object::ServiceCidr(o) => self.service_cidrs.find(&key) == Some(&**o),
         }
     }
 
-    /// Removes the object of that kind and key; returns whether it was there.
-    pub fn delete(&mut self, kind: &str, key: &ObjectKey) -> bool {
-        match kind {
-            "Node" => self.nodes.remove(&key.name).is_some(),
-            "Namespace" => self.namespaces.remove(&key.name).is_some(),
-            "Pod" => self.pods.remove(key).is_some(),
-            "Service" => self.services.remove(key).is_some(),
-            "EndpointSlice" => self.endpoint_slices.remove(key).is_some(),
-            "NetworkPolicy" => self.network_policies.remove(key).is_some(),
-            "ServiceCIDR" => self.service_cidrs.remove(&key.name).is_some(),
-            _ => false,
+    /// Removes the object of that kind and key; returns it.
+    pub fn delete(&mut self, kind: Kind, key: &ObjectKey) -> Option<Object> {
+        let old = with_table!(self, kind, |t, wrap| t.take(key).map(|x| wrap(Box::new(x))));
+        if let Some(Object::EndpointSlice(s)) = &old {
+            self.unindex_slice(key, s);
         }
+        old
+    }
+
+    /// Whether an object of that kind and key is held.
+    pub fn contains(&self, kind: Kind, key: &ObjectKey) -> bool {
+        match kind {
+            Kind::Node => self.nodes.find(key).is_some(),
+            Kind::Namespace => self.namespaces.find(key).is_some(),
+            Kind::Pod => self.pods.find(key).is_some(),
+            Kind::Service => self.services.find(key).is_some(),
+            Kind::EndpointSlice => self.endpoint_slices.find(key).is_some(),
+            Kind::NetworkPolicy => self.network_policies.find(key).is_some(),
+            Kind::ServiceCidr => self.service_cidrs.find(key).is_some(),
+        }
+    }
+
+    /// The keys of every object of a kind, in order.
+    pub fn keys(&self, kind: Kind) -> Vec<ObjectKey> {
+        match kind {
+            Kind::Node => self.nodes.keys_vec(),
+            Kind::Namespace => self.namespaces.keys_vec(),
+            Kind::Pod => self.pods.keys_vec(),
+            Kind::Service => self.services.keys_vec(),
+            Kind::EndpointSlice => self.endpoint_slices.keys_vec(),
+            Kind::NetworkPolicy => self.network_policies.keys_vec(),
+            Kind::ServiceCidr => self.service_cidrs.keys_vec(),
+        }
+    }
+
+    /// Takes every object of a kind out of the state.
+    pub fn take_kind(&mut self, kind: Kind) -> Vec<Object> {
+        if kind == Kind::EndpointSlice {
+            self.slices_by_service.clear();
+        }
+        with_table!(self, kind, |t, wrap| t
+            .drain()
+            .into_iter()
+            .map(|x| wrap(Box::new(x)))
+            .collect())
     }
 
     /// Number of objects held.
@@ -148,16 +390,46 @@ impl ClusterState {
     }
 
     /// The EndpointSlices of a Service: same namespace, label `kubernetes.io/service-name` equal
-    /// to its name; in slice-name order.
+    /// to its name; in slice-name order. Costs the Service's slices, not its namespace's.
     pub fn slices_of<'a>(
         &'a self,
         service: &'a ObjectKey,
     ) -> impl Iterator<Item = &'a EndpointSlice> + 'a {
-        self.endpoint_slices
-            .range(ObjectKey::new(service.namespace.clone(), String::new())..)
-            .take_while(move |(k, _)| k.namespace == service.namespace)
-            .filter(move |(_, s)| service_name_of(s) == Some(service.name.as_str()))
-            .map(|(_, s)| s)
+        self.slices_by_service
+            .get(service)
+            .into_iter()
+            .flatten()
+            .filter_map(move |name| {
+                // One lookup per slice; the key is rebuilt because the map is keyed by owned
+                // namespace/name pairs.
+                self.endpoint_slices
+                    .get(&ObjectKey::new(service.namespace.clone(), name.clone()))
+            })
+    }
+
+    fn index_slice(&mut self, key: &ObjectKey, s: &EndpointSlice) {
+        if let Some(svc) = service_name_of(s) {
+            let names = self
+                .slices_by_service
+                .entry(ObjectKey::new(key.namespace.clone(), svc))
+                .or_default();
+            if !names.contains(&key.name) {
+                names.insert(key.name.clone());
+            }
+        }
+    }
+
+    fn unindex_slice(&mut self, key: &ObjectKey, s: &EndpointSlice) {
+        let Some(svc) = service_name_of(s) else {
+            return;
+        };
+        let svc = ObjectKey::new(key.namespace.clone(), svc);
+        if let Some(names) = self.slices_by_service.get_mut(&svc) {
+            names.remove(&key.name);
+            if names.is_empty() {
+                self.slices_by_service.remove(&svc);
+            }
+        }
     }
 }
 
@@ -196,9 +468,12 @@ mod tests {
     fn apply_replace_delete() {
         let mut st = ClusterState::new();
         assert!(!st.apply(slice("a", "s1", "web")));
-        assert!(st.apply(slice("a", "s1", "web")));
+        assert!(st.put(slice("a", "s1", "web")).is_some());
         assert_eq!(st.len(), 1);
-        assert!(st.delete("EndpointSlice", &ObjectKey::new("a", "s1")));
+        assert!(st
+            .delete(Kind::EndpointSlice, &ObjectKey::new("a", "s1"))
+            .is_some());
+        assert_eq!(st.slices_of(&ObjectKey::new("a", "web")).count(), 0);
         assert!(st.is_empty());
     }
 
@@ -219,6 +494,46 @@ mod tests {
             .map(|s| s.metadata.name.clone().unwrap())
             .collect();
         assert_eq!(names, vec!["web-1", "web-2"]);
+    }
+
+    #[test]
+    fn slice_index_follows_label_changes_and_deletes() {
+        let mut st = ClusterState::new();
+        st.apply(slice("a", "s1", "web"));
+        st.apply(slice("a", "s2", "web"));
+        // Relabelled: it moves from web to db.
+        st.apply(slice("a", "s1", "db"));
+        let names = |st: &ClusterState, svc: &str| -> Vec<String> {
+            st.slices_of(&ObjectKey::new("a", svc))
+                .map(|s| s.metadata.name.clone().unwrap())
+                .collect()
+        };
+        assert_eq!(names(&st, "web"), vec!["s2"]);
+        assert_eq!(names(&st, "db"), vec!["s1"]);
+        st.delete(Kind::EndpointSlice, &ObjectKey::new("a", "s2"));
+        assert!(names(&st, "web").is_empty());
+        let taken = st.take_kind(Kind::EndpointSlice);
+        assert_eq!(taken.len(), 1);
+        assert!(names(&st, "db").is_empty());
+        assert!(st.slices_by_service.is_empty());
+    }
+
+    #[test]
+    fn cluster_scoped_keys_ignore_namespace() {
+        let node = Object::Node(Box::new(Node {
+            metadata: ObjectMeta {
+                name: Some("n1".into()),
+                namespace: Some("stray".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        }));
+        assert_eq!(node.key(), ObjectKey::cluster("n1"));
+        let mut st = ClusterState::new();
+        st.apply(node.clone());
+        assert!(st.holds(&node));
+        assert!(st.contains(Kind::Node, &ObjectKey::cluster("n1")));
+        assert_eq!(st.keys(Kind::Node), vec![ObjectKey::cluster("n1")]);
     }
 
     #[test]

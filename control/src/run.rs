@@ -169,14 +169,11 @@ pub fn run(
         let published = published.clone();
         let ct = ops.dataplane.ct.clone();
         rt.spawn(async move {
-            let mut seen = published.generation();
-            loop {
-                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                if published.generation() == seen {
-                    continue;
-                }
+            // Told of each publication (several while a flush runs are seen as one).
+            let mut publications = published.subscribe();
+            while publications.changed().await.is_ok() {
                 let snapshot = published.load_full();
-                seen = snapshot.generation;
+                let seen = snapshot.generation;
                 let ct = ct.clone();
                 let flushed = tokio::task::spawn_blocking(move || {
                     kxdp_dataplane::stale::flush_stale_udp(&ct, &snapshot)

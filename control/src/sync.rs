@@ -21,10 +21,11 @@
 //!   skipped and reported (log, `kxdp_sync_problems_total`, `Status::events`); an unreadable
 //!   `--state` or an unreachable API server leaves the last good snapshot published and says why.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
 use std::path::PathBuf;
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, TryRecvError};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -34,18 +35,28 @@ use kxdp_dataplane::snapshot::Snapshot;
 use crate::config::Config;
 use crate::incremental::Builder;
 use crate::metrics::Metrics;
-use crate::model::{service_name_of, ClusterState, Object, ObjectKey};
+use crate::model::{service_name_of, ClusterState, Kind, Object, ObjectKey};
 use crate::translate::Problem;
 
-/// The tables the workers read, swapped whole and without a lock.
+/// The tables the workers read, swapped whole and without a lock, and the subscribers told of
+/// each publication (stale-UDP flush, XDP map refresh) instead of polling the generation.
 pub struct Published {
     current: ArcSwap<Snapshot>,
+    /// The generation last published, for blocking subscribers.
+    published_gen: Mutex<u64>,
+    changed: Condvar,
+    /// The same, for async subscribers.
+    notify: tokio::sync::watch::Sender<u64>,
 }
 
 impl Published {
     pub fn new(snapshot: Snapshot) -> Published {
+        let gen = snapshot.generation;
         Published {
             current: ArcSwap::from_pointee(snapshot),
+            published_gen: Mutex::new(gen),
+            changed: Condvar::new(),
+            notify: tokio::sync::watch::Sender::new(gen),
         }
     }
 
@@ -70,9 +81,32 @@ impl Published {
         self.current.load().generation
     }
 
-    /// Replaces the snapshot; returns the previous one.
+    /// Replaces the snapshot and tells the subscribers; returns the previous one.
     pub fn store(&self, snapshot: Arc<Snapshot>) -> Arc<Snapshot> {
-        self.current.swap(snapshot)
+        let gen = snapshot.generation;
+        let old = self.current.swap(snapshot);
+        *self.published_gen.lock().unwrap() = gen;
+        self.changed.notify_all();
+        self.notify.send_replace(gen);
+        old
+    }
+
+    /// For async subscribers: `rx.changed().await` returns at each publication (several
+    /// publications while the subscriber is busy are seen as one); `*rx.borrow_and_update()` is
+    /// the generation, `load_full()` the tables.
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.notify.subscribe()
+    }
+
+    /// For subscribers on a plain thread: waits until a generation other than `seen` is
+    /// published, or `timeout` passes; returns the generation published now.
+    pub fn wait_newer(&self, seen: u64, timeout: Duration) -> u64 {
+        let gen = self.published_gen.lock().unwrap();
+        let (gen, _) = self
+            .changed
+            .wait_timeout_while(gen, timeout, |g| *g == seen)
+            .unwrap();
+        *gen
     }
 }
 
@@ -91,13 +125,13 @@ pub enum Update {
     /// An object was added or modified.
     Apply(Object),
     /// An object was deleted (`kind` as `Object::kind`).
-    Delete { kind: &'static str, key: ObjectKey },
+    Delete { kind: Kind, key: ObjectKey },
     /// Every object of a kind, after a (re)list: objects of that kind not listed are gone.
     /// `keep` names objects that were listed but could not be decoded: their last good version
     /// stays.
     Relisted {
         source: String,
-        kind: &'static str,
+        kind: Kind,
         objects: Vec<Object>,
         keep: Vec<ObjectKey>,
     },
@@ -105,7 +139,7 @@ pub enum Update {
     ReplaceAll { source: String, state: ClusterState },
     /// An object that could not be decoded: skipped (its last good version stays), reported.
     Problem {
-        kind: &'static str,
+        kind: Kind,
         key: ObjectKey,
         problem: Problem,
     },
@@ -136,17 +170,6 @@ pub enum Source {
     Manual { required: Vec<&'static str> },
 }
 
-/// Every kind kxdp reads, as `Object::kind` names them.
-pub const KINDS: [&str; 7] = [
-    "Node",
-    "Namespace",
-    "Pod",
-    "Service",
-    "EndpointSlice",
-    "NetworkPolicy",
-    "ServiceCIDR",
-];
-
 /// What the loop is doing, for `kxdp` status output and tests.
 #[derive(Clone, Debug, Default)]
 pub struct Status {
@@ -165,11 +188,26 @@ pub struct Status {
     pub events: VecDeque<String>,
     /// What the health servers answer (ops: `health`), as of the last publication.
     pub health: crate::health::HealthView,
+    /// When the oldest change not yet published was taken from the sources (None: none).
+    pub pending_since: Option<SystemTime>,
+    /// When the rebuild in progress started (None: none in progress).
+    pub building_since: Option<SystemTime>,
 }
 
 const MAX_EVENTS: usize = 256;
 
 impl Status {
+    /// Since when the published tables lag behind what the sources said: the oldest
+    /// unpublished change, or the start of a rebuild still in progress. `None`: up to date
+    /// (as far as the loop has read its queue). Health (`/healthz`) fails once this is older
+    /// than its timeout, as kube-proxy's does for a queued update not applied in time.
+    pub fn stale_since(&self) -> Option<SystemTime> {
+        match (self.pending_since, self.building_since) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
     fn event(&mut self, e: String) {
         if self.events.len() == MAX_EVENTS {
             self.events.pop_front();
@@ -187,6 +225,8 @@ pub struct Changes {
     pub full: bool,
     /// Recompile the NetworkPolicy tables (Pods, Namespaces, NetworkPolicies).
     pub policy: bool,
+    /// The Pods changed (for the policy compiler).
+    pub pods: BTreeSet<ObjectKey>,
     pub service_changes: u64,
     pub endpoint_changes: u64,
     /// Change times of the objects (for network_programming_duration_seconds); bounded.
@@ -206,6 +246,39 @@ impl Changes {
         if self.triggers.len() < MAX_TRIGGERS {
             self.triggers.push(t);
         }
+    }
+
+    /// Records what an object (the new or the old version of a change) touches: its Service
+    /// (a Service, or the Service an EndpointSlice names), the policy tables, or everything.
+    fn touch(&mut self, key: &ObjectKey, obj: &Object, node_name: &str) {
+        match obj {
+            Object::Service(_) => {
+                self.services.insert(key.clone());
+            }
+            Object::EndpointSlice(s) => {
+                if let Some(svc) = service_name_of(s) {
+                    self.services
+                        .insert(ObjectKey::new(key.namespace.clone(), svc));
+                }
+            }
+            Object::Node(_) => self.full |= key.name == node_name,
+            Object::ServiceCidr(_) => self.full = true,
+            Object::Pod(_) => {
+                self.policy = true;
+                self.pods.insert(key.clone());
+            }
+            Object::Namespace(_) | Object::NetworkPolicy(_) => self.policy = true,
+        }
+    }
+
+    /// Counts one change of a kind (the `*_changes` metrics), with its trigger time.
+    fn count(&mut self, kind: Kind, trigger: SystemTime) {
+        match kind {
+            Kind::Service => self.service_changes += 1,
+            Kind::EndpointSlice => self.endpoint_changes += 1,
+            _ => return,
+        }
+        self.trigger(trigger);
     }
 }
 
@@ -228,134 +301,26 @@ impl Store {
     /// Inserts or replaces an object, recording what it touches. An object equal to the one held
     /// (a relist, a resync) changes nothing.
     pub fn apply(&mut self, obj: Object, now: SystemTime) {
-        let key = obj.key();
-        let c = &mut self.changes;
-        match &obj {
-            Object::Service(s) => {
-                if self.state.services.get(&key) == Some(s) {
-                    return;
-                }
-                c.services.insert(key.clone());
-                c.service_changes += 1;
-                c.trigger(now);
-            }
-            Object::EndpointSlice(s) => {
-                let old = self.state.endpoint_slices.get(&key);
-                if old == Some(s) {
-                    return;
-                }
-                for svc in old
-                    .and_then(service_name_of)
-                    .into_iter()
-                    .chain(service_name_of(s))
-                {
-                    c.services
-                        .insert(ObjectKey::new(key.namespace.clone(), svc));
-                }
-                c.endpoint_changes += 1;
-                c.trigger(trigger_time(s).unwrap_or(now));
-            }
-            Object::Node(n) => {
-                if self.state.nodes.get(&key.name) == Some(n) {
-                    return;
-                }
-                if key.name == self.node_name {
-                    c.full = true;
-                }
-            }
-            Object::Namespace(n) => {
-                if self.state.namespaces.get(&key.name) == Some(n) {
-                    return;
-                }
-                c.policy = true;
-            }
-            Object::Pod(p) => {
-                if self.state.pods.get(&key) == Some(p) {
-                    return;
-                }
-                c.policy = true;
-            }
-            Object::NetworkPolicy(p) => {
-                if self.state.network_policies.get(&key) == Some(p) {
-                    return;
-                }
-                c.policy = true;
-            }
-            Object::ServiceCidr(s) => {
-                if self.state.service_cidrs.get(&key.name) == Some(s) {
-                    return;
-                }
-                c.full = true;
-            }
+        if self.state.holds(&obj) {
+            return;
         }
-        self.state.apply(obj);
+        let key = obj.key();
+        let trigger = match &obj {
+            Object::EndpointSlice(s) => trigger_time(s).unwrap_or(now),
+            _ => now,
+        };
+        self.changes.touch(&key, &obj, &self.node_name);
+        self.changes.count(obj.kind(), trigger);
+        if let Some(old) = self.state.put(obj) {
+            self.changes.touch(&key, &old, &self.node_name);
+        }
     }
 
     /// Removes an object, recording what it touches.
-    pub fn delete(&mut self, kind: &str, key: &ObjectKey, now: SystemTime) {
-        let c = &mut self.changes;
-        match kind {
-            "Service" => {
-                if self.state.services.contains_key(key) {
-                    c.services.insert(key.clone());
-                    c.service_changes += 1;
-                    c.trigger(now);
-                }
-            }
-            "EndpointSlice" => {
-                if let Some(s) = self.state.endpoint_slices.get(key) {
-                    if let Some(svc) = service_name_of(s) {
-                        c.services
-                            .insert(ObjectKey::new(key.namespace.clone(), svc.to_string()));
-                    }
-                    c.endpoint_changes += 1;
-                    c.trigger(now);
-                }
-            }
-            "Node" => {
-                if key.name == self.node_name && self.state.nodes.contains_key(&key.name) {
-                    c.full = true;
-                }
-            }
-            "ServiceCIDR" => {
-                if self.state_contains(kind, key) {
-                    self.changes.full = true;
-                }
-            }
-            _ => {
-                if self.state_contains(kind, key) {
-                    self.changes.policy = true;
-                }
-            }
-        }
-        self.state.delete(kind, key);
-    }
-
-    fn state_contains(&self, kind: &str, key: &ObjectKey) -> bool {
-        let s = &self.state;
-        match kind {
-            "Node" => s.nodes.contains_key(&key.name),
-            "Namespace" => s.namespaces.contains_key(&key.name),
-            "Pod" => s.pods.contains_key(key),
-            "Service" => s.services.contains_key(key),
-            "EndpointSlice" => s.endpoint_slices.contains_key(key),
-            "NetworkPolicy" => s.network_policies.contains_key(key),
-            "ServiceCIDR" => s.service_cidrs.contains_key(&key.name),
-            _ => false,
-        }
-    }
-
-    fn keys_of(&self, kind: &str) -> Vec<ObjectKey> {
-        let s = &self.state;
-        match kind {
-            "Node" => s.nodes.keys().map(ObjectKey::cluster).collect(),
-            "Namespace" => s.namespaces.keys().map(ObjectKey::cluster).collect(),
-            "Pod" => s.pods.keys().cloned().collect(),
-            "Service" => s.services.keys().cloned().collect(),
-            "EndpointSlice" => s.endpoint_slices.keys().cloned().collect(),
-            "NetworkPolicy" => s.network_policies.keys().cloned().collect(),
-            "ServiceCIDR" => s.service_cidrs.keys().map(ObjectKey::cluster).collect(),
-            _ => Vec::new(),
+    pub fn delete(&mut self, kind: Kind, key: &ObjectKey, now: SystemTime) {
+        if let Some(old) = self.state.delete(kind, key) {
+            self.changes.touch(key, &old, &self.node_name);
+            self.changes.count(kind, now);
         }
     }
 
@@ -363,17 +328,17 @@ impl Store {
     /// `keep`. Only the objects that differ count as changes.
     pub fn replace_kind(
         &mut self,
-        kind: &str,
+        kind: Kind,
         objects: Vec<Object>,
         keep: &[ObjectKey],
         now: SystemTime,
     ) {
-        let listed: BTreeSet<ObjectKey> = objects
+        let listed: HashSet<ObjectKey> = objects
             .iter()
             .map(Object::key)
             .chain(keep.iter().cloned())
             .collect();
-        for key in self.keys_of(kind) {
+        for key in self.state.keys(kind) {
             if !listed.contains(&key) {
                 self.delete(kind, &key, now);
             }
@@ -384,76 +349,11 @@ impl Store {
     }
 
     /// Replaces everything (the files source).
-    pub fn replace_all(&mut self, state: ClusterState, now: SystemTime) {
-        let ClusterState {
-            nodes,
-            namespaces,
-            pods,
-            services,
-            endpoint_slices,
-            network_policies,
-            service_cidrs,
-        } = state;
-        let b = |o| Box::new(o);
-        self.replace_kind(
-            "Node",
-            nodes.into_values().map(|o| Object::Node(b(o))).collect(),
-            &[],
-            now,
-        );
-        self.replace_kind(
-            "Namespace",
-            namespaces
-                .into_values()
-                .map(|o| Object::Namespace(Box::new(o)))
-                .collect(),
-            &[],
-            now,
-        );
-        self.replace_kind(
-            "Pod",
-            pods.into_values()
-                .map(|o| Object::Pod(Box::new(o)))
-                .collect(),
-            &[],
-            now,
-        );
-        self.replace_kind(
-            "Service",
-            services
-                .into_values()
-                .map(|o| Object::Service(Box::new(o)))
-                .collect(),
-            &[],
-            now,
-        );
-        self.replace_kind(
-            "EndpointSlice",
-            endpoint_slices
-                .into_values()
-                .map(|o| Object::EndpointSlice(Box::new(o)))
-                .collect(),
-            &[],
-            now,
-        );
-        self.replace_kind(
-            "NetworkPolicy",
-            network_policies
-                .into_values()
-                .map(|o| Object::NetworkPolicy(Box::new(o)))
-                .collect(),
-            &[],
-            now,
-        );
-        self.replace_kind(
-            "ServiceCIDR",
-            service_cidrs
-                .into_values()
-                .map(|o| Object::ServiceCidr(Box::new(o)))
-                .collect(),
-            &[],
-            now,
-        );
+    pub fn replace_all(&mut self, mut state: ClusterState, now: SystemTime) {
+        for kind in Kind::ALL {
+            let objects = state.take_kind(kind);
+            self.replace_kind(kind, objects, &[], now);
+        }
     }
 }
 
@@ -476,6 +376,7 @@ pub struct ControlHandle {
     runtime: Option<tokio::runtime::Runtime>,
     status: Arc<Mutex<Status>>,
     metrics: Arc<Metrics>,
+    stopping: Arc<AtomicBool>,
 }
 
 impl ControlHandle {
@@ -511,6 +412,8 @@ impl ControlHandle {
     }
 
     fn stop(&mut self) {
+        // The flag ends a full rebuild in progress; the message wakes a sleeping loop.
+        self.stopping.store(true, Ordering::Relaxed);
         let _ = self.tx.send(Update::Stop);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
@@ -538,6 +441,17 @@ impl ControlLoop {
         source: Source,
         metrics: Arc<Metrics>,
     ) -> std::io::Result<(Arc<Published>, ControlHandle)> {
+        Self::spawn_inner(config, source, metrics, Duration::ZERO)
+    }
+
+    /// `spawn`; every full rebuild after the first lasts at least `slow_full` (tests of long
+    /// rebuilds).
+    fn spawn_inner(
+        config: Config,
+        source: Source,
+        metrics: Arc<Metrics>,
+        slow_full: Duration,
+    ) -> std::io::Result<(Arc<Published>, ControlHandle)> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("kxdp-sources")
@@ -546,6 +460,7 @@ impl ControlLoop {
         let (tx, rx) = mpsc::channel();
         let published = Arc::new(Published::new(Snapshot::empty()));
         let status = Arc::new(Mutex::new(Status::default()));
+        let stopping = Arc::new(AtomicBool::new(false));
 
         let required: Vec<String> = match source {
             Source::Files { path, poll } => {
@@ -577,6 +492,9 @@ impl ControlLoop {
             object_problems: BTreeMap::new(),
             reported: BTreeSet::new(),
             generation: 0,
+            pending_since: None,
+            stopping: stopping.clone(),
+            slow_full,
         };
         let thread = std::thread::Builder::new()
             .name("kxdp-control".into())
@@ -589,6 +507,7 @@ impl ControlLoop {
                 runtime: Some(runtime),
                 status,
                 metrics,
+                stopping,
             },
         ))
     }
@@ -607,10 +526,22 @@ struct Loop {
     /// Snapshots replaced but perhaps still held by a worker: dropped here once they are not.
     retired: Vec<Arc<Snapshot>>,
     /// Objects skipped because they could not be decoded.
-    object_problems: BTreeMap<(&'static str, ObjectKey), Problem>,
+    object_problems: BTreeMap<(Kind, ObjectKey), Problem>,
     /// Problems already logged (each is logged once, when it appears).
     reported: BTreeSet<String>,
     generation: u64,
+    /// The oldest unpublished change (mirrored in `Status::pending_since`).
+    pending_since: Option<SystemTime>,
+    /// Set by `ControlHandle::stop`: a full rebuild in progress gives up.
+    stopping: Arc<AtomicBool>,
+    /// Tests: every full rebuild after the first takes at least this long.
+    slow_full: Duration,
+}
+
+/// What draining the queue ended with.
+enum Drained {
+    Open,
+    Stop,
 }
 
 impl Loop {
@@ -618,6 +549,11 @@ impl Loop {
         self.required.iter().all(|r| self.synced.contains(r))
     }
 
+    /// Serves updates and rebuilds, forever until `Stop`. Every turn first takes everything
+    /// queued (so a change or a stop request waits for at most one rebuild, whatever its length),
+    /// then sleeps until the next rebuild is due or an update arrives. The next full rebuild is
+    /// due `syncPeriod` after the previous one *ended*: a rebuild longer than the period cannot
+    /// starve the queue.
     fn run(&mut self, rx: Receiver<Update>) {
         let min = self.config.sync.min_sync_period.0;
         let period = self.config.sync.sync_period.0.max(Duration::from_millis(1));
@@ -625,6 +561,11 @@ impl Loop {
         let mut last_full = Instant::now();
         let mut first = true;
         loop {
+            // Everything already queued, before deciding anything.
+            match self.drain(&rx) {
+                Drained::Stop => break,
+                Drained::Open => {}
+            }
             let now = Instant::now();
             let ready = self.ready();
             let pending = first || !self.store.changes.is_empty();
@@ -639,29 +580,13 @@ impl Loop {
             let wait = due
                 .map(|d| d.saturating_duration_since(now))
                 .unwrap_or(Duration::from_secs(1));
-            if !(ready && wait.is_zero()) {
+            if !wait.is_zero() {
                 match rx.recv_timeout(wait) {
                     Ok(u) => {
                         if !self.handle(u) {
                             break;
                         }
-                        // Take everything already queued before deciding.
-                        let mut stop = false;
-                        while let Ok(u) = rx.try_recv() {
-                            if !self.handle(u) {
-                                stop = true;
-                                break;
-                            }
-                        }
-                        if stop {
-                            break;
-                        }
-                        self.metrics
-                            .service_changes_pending
-                            .set(self.store.changes.service_changes as i64);
-                        self.metrics
-                            .endpoint_changes_pending
-                            .set(self.store.changes.endpoint_changes as i64);
+                        self.note_pending();
                         continue;
                     }
                     Err(RecvTimeoutError::Timeout) => {}
@@ -672,19 +597,58 @@ impl Loop {
                 self.drop_retired();
                 continue;
             }
-            let now = Instant::now();
-            let full = first || now >= full_due || self.store.changes.full;
+            let started = Instant::now();
+            let full = first || started >= full_due || self.store.changes.full;
             if !full && self.store.changes.is_empty() {
                 continue;
             }
-            self.sync(full);
+            if !self.sync(full) {
+                break;
+            }
             first = false;
-            last_sync = Some(now);
+            last_sync = Some(started);
             if full {
-                last_full = now;
+                last_full = Instant::now();
             }
         }
         self.retired.clear();
+    }
+
+    /// Applies every update already queued; `Stop` when the loop must end.
+    fn drain(&mut self, rx: &Receiver<Update>) -> Drained {
+        let mut any = false;
+        loop {
+            match rx.try_recv() {
+                Ok(u) => {
+                    any = true;
+                    if !self.handle(u) {
+                        return Drained::Stop;
+                    }
+                }
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => return Drained::Stop,
+            }
+        }
+        if any {
+            self.note_pending();
+        }
+        Drained::Open
+    }
+
+    /// The pending-change metrics and the time the oldest unpublished change arrived.
+    fn note_pending(&mut self) {
+        let c = &self.store.changes;
+        self.metrics
+            .service_changes_pending
+            .set(c.service_changes as i64);
+        self.metrics
+            .endpoint_changes_pending
+            .set(c.endpoint_changes as i64);
+        if !c.is_empty() && self.pending_since.is_none() {
+            let now = SystemTime::now();
+            self.pending_since = Some(now);
+            self.status.lock().unwrap().pending_since = Some(now);
+        }
     }
 
     /// Applies one update; false on `Stop`.
@@ -750,7 +714,7 @@ impl Loop {
         st.ready = self.required.iter().all(|r| self.synced.contains(r));
     }
 
-    fn clear_object_problem(&mut self, kind: &'static str, key: &ObjectKey) {
+    fn clear_object_problem(&mut self, kind: Kind, key: &ObjectKey) {
         if self.object_problems.remove(&(kind, key.clone())).is_some() {
             self.publish_status_problems();
         }
@@ -776,27 +740,41 @@ impl Loop {
         self.retired.retain(|s| Arc::strong_count(s) > 1);
     }
 
-    fn sync(&mut self, full: bool) {
+    /// One rebuild and publication; false when a stop request ended it.
+    fn sync(&mut self, full: bool) -> bool {
         let t0 = Instant::now();
-        let changes = std::mem::take(&mut self.store.changes);
-        let full = full || changes.full;
-        let translation = if full {
-            self.builder.full(&self.store.state)
-        } else {
-            if changes.policy {
-                self.builder.update_policy(&self.store.state);
+        let mut changes = std::mem::take(&mut self.store.changes);
+        changes.full |= full;
+        let full = changes.full;
+        self.status.lock().unwrap().building_since = Some(SystemTime::now());
+        let stopping = self.stopping.clone();
+        let stop = move || stopping.load(Ordering::Relaxed);
+        if full && self.generation > 0 && !self.slow_full.is_zero() {
+            // Tests: a rebuild made artificially long (stop requests are served during it).
+            while t0.elapsed() < self.slow_full {
+                if stop() {
+                    return false;
+                }
+                std::thread::sleep(Duration::from_millis(5));
             }
-            self.builder.update(&self.store.state, &changes.services)
+        }
+        let Some(mut snap) = self.builder.apply(&self.store.state, &changes, &stop) else {
+            return false;
         };
-        let mut snap = translation;
         snap.generation = self.generation + 1;
-        if let Err(e) = snap.validate() {
+        let valid = if full {
+            snap.validate()
+        } else {
+            self.builder.validate_services(&changes.services)
+        };
+        self.status.lock().unwrap().building_since = None;
+        if let Err(e) = valid {
             // A translation bug, not bad input: keep the last good tables.
             tracing::error!(error = %e, "built tables are inconsistent; keeping the last good ones");
             self.event(format!("inconsistent tables not published: {e}"));
             self.metrics.problems_total.inc();
             self.store.changes.full = true;
-            return;
+            return true;
         }
         self.generation += 1;
         let old = self.published.store(Arc::new(snap));
@@ -861,10 +839,12 @@ impl Loop {
             }
             st.last_sync = Some(wall);
             st.last_sync_duration = elapsed;
+            st.pending_since = None;
             st.health =
                 crate::health::HealthView::from_state(&self.store.state, &self.config.node_name);
         }
         self.publish_status_problems();
+        self.pending_since = None;
         tracing::debug!(
             generation = self.generation,
             full,
@@ -872,6 +852,7 @@ impl Loop {
             ms = elapsed.as_secs_f64() * 1e3,
             "published"
         );
+        true
     }
 }
 
@@ -1014,6 +995,92 @@ mod tests {
         wait("resyncs", || h.status().full_syncs >= 3);
         assert!(has(&p, "172.30.0.1", 80));
         h.shutdown();
+    }
+
+    /// Runs `f` on another thread; fails if it takes longer than `limit` (a hung loop).
+    fn within(limit: Duration, what: &str, f: impl FnOnce() + Send + 'static) {
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            f();
+            let _ = tx.send(());
+        });
+        rx.recv_timeout(limit)
+            .unwrap_or_else(|_| panic!("{what} did not finish within {limit:?}"));
+    }
+
+    #[test]
+    fn changes_are_served_while_full_rebuilds_outlast_the_sync_period() {
+        // Every full rebuild takes 300 ms and one is due every 100 ms. The loop used to start the
+        // next one as soon as the last ended and never read its queue again.
+        let (p, h) = ControlLoop::spawn_inner(
+            config("{minSyncPeriod: 0s, syncPeriod: 100ms}"),
+            Source::Manual {
+                required: vec!["m"],
+            },
+            Arc::new(Metrics::new()),
+            Duration::from_millis(300),
+        )
+        .unwrap();
+        let tx = h.sender();
+        tx.send(Update::ReplaceAll {
+            source: "m".into(),
+            state: state(&svc_yaml("web", "172.30.0.1", 80)),
+        })
+        .unwrap();
+        wait("first publication", || has(&p, "172.30.0.1", 80));
+        // Let full rebuilds run back to back for a while.
+        wait("full rebuilds", || h.status().full_syncs >= 3);
+        for port in [81, 82, 83] {
+            tx.send(Update::Apply(object(&svc_yaml("web", "172.30.0.1", port))))
+                .unwrap();
+            wait("change published", || has(&p, "172.30.0.1", port));
+        }
+        let st = h.status();
+        assert!(
+            st.syncs > st.full_syncs,
+            "changes go out in partial syncs between the full ones: {} syncs, {} full",
+            st.syncs,
+            st.full_syncs
+        );
+        within(Duration::from_secs(5), "shutdown", move || h.shutdown());
+    }
+
+    #[test]
+    fn a_long_rebuild_makes_health_fail_and_stop_interrupts_it() {
+        let sync_period = Duration::from_millis(100);
+        let (p, h) = ControlLoop::spawn_inner(
+            config("{minSyncPeriod: 0s, syncPeriod: 100ms}"),
+            Source::Manual {
+                required: vec!["m"],
+            },
+            Arc::new(Metrics::new()),
+            Duration::from_secs(600),
+        )
+        .unwrap();
+        let health = crate::health::ProxyHealth {
+            status: h.status_cell(),
+            sync_period,
+            metrics: h.metrics().clone(),
+        };
+        h.sender()
+            .send(Update::ReplaceAll {
+                source: "m".into(),
+                state: state(&svc_yaml("web", "172.30.0.1", 80)),
+            })
+            .unwrap();
+        wait("first publication", || has(&p, "172.30.0.1", 80));
+        // The next full rebuild starts 100 ms later and would last 10 minutes: once it has run
+        // longer than 2 × syncPeriod the tables are stale and health says so.
+        wait("stale while rebuilding", || {
+            h.status().building_since.is_some() && !health.healthy()
+        });
+        assert!(h.status().stale_since().is_some());
+        // SIGTERM's path: the stop request ends the rebuild in progress.
+        within(
+            Duration::from_secs(5),
+            "shutdown during a rebuild",
+            move || h.shutdown(),
+        );
     }
 
     #[test]

@@ -35,7 +35,7 @@ use kube::runtime::WatchStreamExt;
 use kube::Client;
 use serde_json::{Map, Value};
 
-use crate::model::{Object, ObjectKey};
+use crate::model::{Kind, Object, ObjectKey};
 use crate::sync::Update;
 use crate::translate::Problem;
 
@@ -55,8 +55,7 @@ pub const POD_FIELD_SELECTOR: &str = "status.phase!=Succeeded,status.phase!=Fail
 pub struct WatchSpec {
     /// The source name in metrics and status: the resource's plural (`services`).
     pub source: &'static str,
-    /// `Object::kind`.
-    pub kind: &'static str,
+    pub kind: Kind,
     pub resource: ApiResource,
     pub labels: Option<String>,
     pub fields: Option<String>,
@@ -99,7 +98,7 @@ pub fn specs(node_name: &str) -> Vec<WatchSpec> {
     vec![
         spec(
             "nodes",
-            "Node",
+            Kind::Node,
             ApiResource::erase::<Node>(&()),
             None,
             Some(format!("metadata.name={node_name}")),
@@ -107,7 +106,7 @@ pub fn specs(node_name: &str) -> Vec<WatchSpec> {
         ),
         spec(
             "namespaces",
-            "Namespace",
+            Kind::Namespace,
             ApiResource::erase::<Namespace>(&()),
             None,
             None,
@@ -115,7 +114,7 @@ pub fn specs(node_name: &str) -> Vec<WatchSpec> {
         ),
         spec(
             "pods",
-            "Pod",
+            Kind::Pod,
             ApiResource::erase::<Pod>(&()),
             None,
             Some(POD_FIELD_SELECTOR.into()),
@@ -123,7 +122,7 @@ pub fn specs(node_name: &str) -> Vec<WatchSpec> {
         ),
         spec(
             "services",
-            "Service",
+            Kind::Service,
             ApiResource::erase::<Service>(&()),
             Some(SERVICE_SELECTOR),
             None,
@@ -131,7 +130,7 @@ pub fn specs(node_name: &str) -> Vec<WatchSpec> {
         ),
         spec(
             "endpointslices",
-            "EndpointSlice",
+            Kind::EndpointSlice,
             ApiResource::erase::<EndpointSlice>(&()),
             Some(SERVICE_SELECTOR),
             None,
@@ -139,7 +138,7 @@ pub fn specs(node_name: &str) -> Vec<WatchSpec> {
         ),
         spec(
             "networkpolicies",
-            "NetworkPolicy",
+            Kind::NetworkPolicy,
             ApiResource::erase::<NetworkPolicy>(&()),
             None,
             None,
@@ -147,7 +146,7 @@ pub fn specs(node_name: &str) -> Vec<WatchSpec> {
         ),
         spec(
             "servicecidrs",
-            "ServiceCIDR",
+            Kind::ServiceCidr,
             ApiResource::erase::<ServiceCIDR>(&()),
             None,
             None,
@@ -402,7 +401,7 @@ pub fn decode(spec: &WatchSpec, o: DynamicObject) -> Result<Object, (ObjectKey, 
         Value::String(spec.resource.api_version.clone()),
     );
     map.insert("kind".into(), Value::String(spec.resource.kind.clone()));
-    if spec.kind == "Pod" {
+    if spec.kind == Kind::Pod {
         strip_pod(&mut map);
         meta.annotations = None;
         meta.owner_references = None;
@@ -427,14 +426,13 @@ pub fn decode(spec: &WatchSpec, o: DynamicObject) -> Result<Object, (ObjectKey, 
             })
     }
     let r = match spec.kind {
-        "Node" => typed(v).map(Object::Node),
-        "Namespace" => typed(v).map(Object::Namespace),
-        "Pod" => typed(v).map(Object::Pod),
-        "Service" => typed(v).map(Object::Service),
-        "EndpointSlice" => typed(v).map(Object::EndpointSlice),
-        "NetworkPolicy" => typed(v).map(Object::NetworkPolicy),
-        "ServiceCIDR" => typed(v).map(Object::ServiceCidr),
-        other => Err(format!("kind {other} is not read by kxdp")),
+        Kind::Node => typed(v).map(Object::Node),
+        Kind::Namespace => typed(v).map(Object::Namespace),
+        Kind::Pod => typed(v).map(Object::Pod),
+        Kind::Service => typed(v).map(Object::Service),
+        Kind::EndpointSlice => typed(v).map(Object::EndpointSlice),
+        Kind::NetworkPolicy => typed(v).map(Object::NetworkPolicy),
+        Kind::ServiceCidr => typed(v).map(Object::ServiceCidr),
     };
     r.map_err(|message| {
         (

@@ -16,6 +16,7 @@ pub mod run;
 pub mod sources;
 pub mod sync;
 pub mod translate;
+pub mod yaml;
 
 pub use config::{Config, ConfigError, DataplaneConfiguration};
 pub use model::{ClusterState, Object, ObjectKey};

@@ -2,6 +2,7 @@
 //! with the config, into the dataplane's `Snapshot` as a pure function; `cli` is the `kxdp`
 //! binary's entry point.
 
+pub mod addr_guard;
 pub mod admin;
 pub mod cli;
 pub mod config;

@@ -341,6 +341,7 @@ impl DataplaneConfiguration {
             field,
             message,
         };
+        crate::yaml::check(text).map_err(|e| err(String::new(), e.to_string()))?;
         let de = yaml_serde::Deserializer::from_str(text);
         let cfg: DataplaneConfiguration = serde_path_to_error::deserialize(de).map_err(|e| {
             let field = e.path().to_string();

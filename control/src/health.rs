@@ -13,13 +13,20 @@
 //!   with the same body otherwise. Servers start and stop as Services change.
 //!
 //! Every answer is counted in `kubeproxy_proxy_healthz_total{code}` / `kubeproxy_proxy_livez_total{code}`.
+//!
+//! The servers (these and the metrics server) are hyper's HTTP/1.1, one request per connection,
+//! with bounds a slow or hostile client cannot stretch (issue 12: 200 trickling clients were all
+//! held for as long as they trickled): at most `HTTP_LIMITS.max_connections` connections at once
+//! per server (beyond, a new connection is closed at once) and `HTTP_LIMITS.deadline` for a
+//! connection's whole life, request and answer included.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use http_body_util::Full;
+use hyper::body::Bytes;
 use tokio::net::TcpListener;
 
 use crate::metrics::Metrics;
@@ -110,65 +117,73 @@ pub struct Response {
     pub body: String,
 }
 
-fn reason(status: u16) -> &'static str {
-    match status {
-        200 => "OK",
-        404 => "Not Found",
-        503 => "Service Unavailable",
-        _ => "",
-    }
+/// Bounds of one HTTP server.
+#[derive(Clone, Copy, Debug)]
+pub struct HttpLimits {
+    /// Connections served at once; more are closed as soon as accepted.
+    pub max_connections: usize,
+    /// A connection's whole life: reading the request, answering, closing.
+    pub deadline: Duration,
 }
 
-/// A minimal HTTP/1.1 server (one request per connection): enough for probes and scrapes, no
-/// dependency. `handler` gets the request path.
+/// What the health and metrics servers use: probes and scrapes take milliseconds, and a few
+/// dozen come at once at most.
+pub const HTTP_LIMITS: HttpLimits = HttpLimits {
+    max_connections: 64,
+    deadline: Duration::from_secs(10),
+};
+
+/// Serves `handler` (given the request path) over HTTP/1.1 with `HTTP_LIMITS`.
 pub async fn serve_http<F>(listener: TcpListener, handler: Arc<F>)
 where
     F: Fn(&str) -> Response + Send + Sync + 'static,
 {
+    serve_http_with(listener, handler, HTTP_LIMITS).await
+}
+
+/// Same, with explicit limits.
+pub async fn serve_http_with<F>(listener: TcpListener, handler: Arc<F>, limits: HttpLimits)
+where
+    F: Fn(&str) -> Response + Send + Sync + 'static,
+{
+    let permits = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
     loop {
-        let Ok((mut sock, _)) = listener.accept().await else {
+        let Ok((sock, _)) = listener.accept().await else {
             tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let Ok(permit) = permits.clone().try_acquire_owned() else {
+            // Full: closing at once costs the attacker a reconnect and us nothing.
+            drop(sock);
             continue;
         };
         let handler = handler.clone();
         tokio::spawn(async move {
-            let mut buf = vec![0u8; 8192];
-            let mut n = 0;
-            while n < buf.len() {
-                match tokio::time::timeout(Duration::from_secs(5), sock.read(&mut buf[n..])).await {
-                    Ok(Ok(0)) | Err(_) | Ok(Err(_)) => break,
-                    Ok(Ok(k)) => {
-                        n += k;
-                        if buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
-                            break;
-                        }
-                    }
-                }
-            }
-            let head = String::from_utf8_lossy(&buf[..n]);
-            let mut words = head.split_whitespace();
-            let method = words.next().unwrap_or("");
-            let target = words.next().unwrap_or("");
-            let path = target.split('?').next().unwrap_or("");
-            let r = handler(path);
-            let mut resp = format!(
-                "HTTP/1.1 {} {}\r\ncontent-type: {}\r\ncontent-length: {}\r\nx-content-type-options: nosniff\r\nconnection: close\r\n",
-                r.status,
-                reason(r.status),
-                r.content_type,
-                r.body.len()
-            );
-            for (k, v) in &r.headers {
-                resp.push_str(&format!("{k}: {v}\r\n"));
-            }
-            resp.push_str("\r\n");
-            if method != "HEAD" {
-                resp.push_str(&r.body);
-            }
-            let _ = sock.write_all(resp.as_bytes()).await;
-            let _ = sock.shutdown().await;
+            let _permit = permit;
+            let service = hyper::service::service_fn(move |req: hyper::Request<_>| {
+                let r = handler(req.uri().path());
+                async move { Ok::<_, std::convert::Infallible>(into_hyper(r)) }
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .keep_alive(false)
+                .max_buf_size(8192)
+                .serve_connection(hyper_util::rt::TokioIo::new(sock), service);
+            // Dropping the connection at the deadline closes the socket.
+            let _ = tokio::time::timeout(limits.deadline, conn).await;
         });
     }
+}
+
+fn into_hyper(r: Response) -> hyper::Response<Full<Bytes>> {
+    let mut b = hyper::Response::builder()
+        .status(r.status)
+        .header("content-type", r.content_type)
+        .header("x-content-type-options", "nosniff");
+    for (k, v) in &r.headers {
+        b = b.header(k.as_str(), v.as_str());
+    }
+    b.body(Full::new(Bytes::from(r.body)))
+        .unwrap_or_else(|_| hyper::Response::new(Full::new(Bytes::new())))
 }
 
 fn rfc3339(t: SystemTime) -> String {
@@ -427,5 +442,99 @@ ports: [{port: 80}]
         let r = service_answer(&v.services[&30999], false);
         assert_eq!(r.status, 503);
         assert!(r.body.ends_with(r#""serviceProxyHealthy":false}"#));
+    }
+
+    fn ok_handler() -> Arc<impl Fn(&str) -> Response + Send + Sync + 'static> {
+        Arc::new(|path: &str| Response {
+            status: if path == "/healthz" { 200 } else { 404 },
+            content_type: "text/plain",
+            headers: vec![("X-Test".into(), "1".into())],
+            body: "ok\n".into(),
+        })
+    }
+
+    async fn get(addr: SocketAddr, head: &str) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(head.as_bytes()).await.unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.unwrap();
+        out
+    }
+
+    #[tokio::test]
+    async fn answers_get_and_head() {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        tokio::spawn(serve_http(l, ok_handler()));
+        let r = get(addr, "GET /healthz?x=1 HTTP/1.1\r\nHost: a\r\n\r\n").await;
+        assert!(r.starts_with("HTTP/1.1 200 OK\r\n"), "{r}");
+        assert!(
+            r.contains("x-test: 1\r\n") && r.ends_with("\r\n\r\nok\n"),
+            "{r}"
+        );
+        let r = get(addr, "HEAD /healthz HTTP/1.1\r\nHost: a\r\n\r\n").await;
+        assert!(
+            r.starts_with("HTTP/1.1 200 OK") && r.ends_with("\r\n\r\n"),
+            "{r}"
+        );
+        let r = get(addr, "GET /nope HTTP/1.1\r\nHost: a\r\n\r\n").await;
+        assert!(r.starts_with("HTTP/1.1 404"), "{r}");
+        // Garbage gets an error answer or a close, never a hang or a crash.
+        let r = get(addr, "\x00\x01 garbage\r\n\r\n").await;
+        assert!(r.is_empty() || r.starts_with("HTTP/1.1 400"), "{r}");
+    }
+
+    #[tokio::test]
+    async fn slow_clients_are_bounded_in_number_and_time() {
+        // Issue 12: slowloris clients trickling bytes were held for as long as they trickled.
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let limits = HttpLimits {
+            max_connections: 8,
+            deadline: Duration::from_millis(600),
+        };
+        tokio::spawn(serve_http_with(l, ok_handler(), limits));
+        let started = tokio::time::Instant::now();
+        let mut slow = Vec::new();
+        for _ in 0..40 {
+            let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+            s.write_all(b"GET /healthz HTTP/1.1\r\n").await.unwrap();
+            slow.push(s);
+        }
+        // Every slow client trickles a header byte every 50 ms; the server must close each one,
+        // those beyond the cap at once and the others at the deadline.
+        let tasks: Vec<_> = slow
+            .into_iter()
+            .map(|mut s| {
+                tokio::spawn(async move {
+                    let begun = tokio::time::Instant::now();
+                    loop {
+                        if s.write_all(b"X").await.is_err() {
+                            break;
+                        }
+                        let mut b = [0u8; 64];
+                        match tokio::time::timeout(Duration::from_millis(50), s.read(&mut b)).await
+                        {
+                            Ok(Ok(0)) | Ok(Err(_)) => break,
+                            _ => {}
+                        }
+                        if begun.elapsed() > Duration::from_secs(20) {
+                            return false;
+                        }
+                    }
+                    true
+                })
+            })
+            .collect();
+        for t in tasks {
+            assert!(t.await.unwrap(), "a slow client was held 20 s");
+        }
+        let held = started.elapsed();
+        assert!(held < Duration::from_secs(5), "held {held:?}");
+        // Once they are gone, a prompt client is served again.
+        let r = get(addr, "GET /healthz HTTP/1.1\r\nHost: a\r\n\r\n").await;
+        assert!(r.starts_with("HTTP/1.1 200"), "{r}");
     }
 }

@@ -3,6 +3,7 @@
 //! `admin` its socket's server side. The command line (parsing, output formats, the admin
 //! client, exit codes) is the `kxdp` binary crate's: this library returns typed errors.
 
+pub mod addr_guard;
 pub mod admin;
 pub mod config;
 pub mod endpoints;
@@ -15,6 +16,7 @@ pub mod run;
 pub mod sources;
 pub mod sync;
 pub mod translate;
+pub mod yaml;
 
 pub use config::{Config, ConfigError, DataplaneConfiguration};
 pub use model::{ClusterState, Object, ObjectKey};

@@ -85,14 +85,15 @@ pub fn globals(config: &Config, state: &ClusterState) -> Globals {
     let mut t = Translator::new(config, &[]);
     let (zone, node, node_ips) = t.node_info(state);
     let (cluster_cidrs, service_cidrs) = t.prefix_sets(state);
-    Globals {
+    let g = Globals {
         node,
         cluster_cidrs,
         service_cidrs,
         node_ips,
         zone,
         problems: t.problems,
-    }
+    };
+    crate::addr_guard::guard_ranges(config, state, g)
 }
 
 /// One Service translated: its frontends (not yet checked against other Services' claims), its
@@ -126,7 +127,7 @@ pub fn translate_service(
         prefer_same_node: config.feature_enabled("PreferSameTrafficDistribution"),
     };
     t.service(key, svc, state, &topo);
-    t.finish()
+    crate::addr_guard::guard_service(g, key, t.finish())
 }
 
 /// `service.kubernetes.io/service-proxy-name`: a Service carrying it belongs to another proxy and
@@ -1943,7 +1944,8 @@ status:
         let f = fe(s, "192.168.0.2", 30000, TCP);
         assert_eq!(f.kind, FrontendKind::ExternalIp);
         assert_eq!(&*svc_port(s, f).name, "ns/b");
-        assert_eq!(t.problems.len(), 1);
-        assert_eq!(t.problems[0].object, "Service ns/a");
+        // Besides addr_guard's report of the externalIP on the node's address.
+        assert_eq!(t.problems.len(), 2);
+        assert!(t.problems.iter().any(|p| p.object == "Service ns/a"));
     }
 }

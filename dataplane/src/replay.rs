@@ -6,9 +6,14 @@
 //! belongs to) and all connections of one client, in capture order, so verdicts do not depend on
 //! thread timing. A worker copies its packets batch by batch into its own frame slots, as the
 //! kernel copies received frames into UMEM.
-//! Conntrack is shared, exactly as in `kxdp run`. Time is the capture's: a batch runs at the
-//! timestamp of its first packet, so timeouts in a capture behave as they would have live; a batch
-//! never spans more than `MAX_BATCH_SPAN_MS` of capture time.
+//! Conntrack is shared, exactly as in `kxdp run`. Time is the capture's: the capture is cut into
+//! batches once (at most `BATCH` packets, never more than `MAX_BATCH_SPAN_MS` of capture time, a
+//! table update starts a new one), a batch runs at the timestamp of its first packet, and every
+//! worker handles its packets of batch k at that batch's time and waits for the others before
+//! batch k+1 (lockstep). So a connection's expiry, the expiry scan and early drops see the same
+//! clock in every worker, and verdicts do not depend on the worker count even when the table is
+//! under pressure (issue 12: without the lockstep a worker ran seconds of capture time ahead and
+//! expired or evicted what another still used).
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
@@ -153,6 +158,8 @@ pub fn replay(
     // Room for a reply longer than the packet it answers (ICMP quotes the packet).
     let slot_size = (max_len + 256).max(2048).next_power_of_two();
 
+    let batches = cut_batches(capture, &opts.updates);
+    let lockstep = SpinBarrier::new(workers);
     let done = AtomicU64::new(0);
     let finished = AtomicUsize::new(0);
     let barrier = Barrier::new(workers + 1);
@@ -166,6 +173,7 @@ pub fn replay(
             .map(|(w, share)| {
                 let (ct, snapshot, barrier, done, finished) =
                     (&ct, &snapshot, &barrier, &done, &finished);
+                let (batches, lockstep) = (&batches, &lockstep);
                 scope.spawn(move || {
                     let mut pipeline = Pipeline::new(w, capture.link, opts.seed, ct);
                     let mut recorded =
@@ -181,6 +189,11 @@ pub fn replay(
                         opts.routes.as_deref(),
                         &share,
                         &clock,
+                        Lockstep {
+                            batches,
+                            barrier: lockstep,
+                            leader: w == 0,
+                        },
                         repeat,
                         slot_size,
                         |pass, idx, verdicts, frames| {
@@ -315,9 +328,63 @@ impl Share {
     }
 }
 
+/// One batch of the whole capture: its packets are the capture's indexes below `end` (and at or
+/// above the previous batch's), it runs at `start_ts`, and `updates` table updates take effect
+/// before it.
+#[derive(Clone, Copy, Debug)]
+struct GlobalBatch {
+    end: u32,
+    start_ts: u64,
+    updates: u32,
+}
+
+/// Cuts the capture (in capture order) into the batches every worker follows.
+fn cut_batches(capture: &Capture, updates: &[StateUpdate]) -> Vec<GlobalBatch> {
+    let mut batches = Vec::with_capacity(capture.packets.len() / BATCH + 1);
+    let mut next_update = 0;
+    let mut k = 0;
+    let n = capture.packets.len();
+    while k < n {
+        let start_ts = capture.packets[k].ts_ns;
+        let first_update = next_update;
+        while updates
+            .get(next_update)
+            .is_some_and(|u| u.at_ns <= start_ts)
+        {
+            next_update += 1;
+        }
+        let update_ts = updates.get(next_update).map_or(u64::MAX, |u| u.at_ns);
+        let mut m = 0;
+        while k < n && m < BATCH {
+            let ts = capture.packets[k].ts_ns;
+            if ts.saturating_sub(start_ts) / 1_000_000 > MAX_BATCH_SPAN_MS
+                || (m > 0 && ts >= update_ts)
+            {
+                break;
+            }
+            m += 1;
+            k += 1;
+        }
+        batches.push(GlobalBatch {
+            end: k as u32,
+            start_ts,
+            updates: (next_update - first_update) as u32,
+        });
+    }
+    batches
+}
+
+/// How a worker keeps in step with the others.
+struct Lockstep<'a> {
+    batches: &'a [GlobalBatch],
+    barrier: &'a SpinBarrier,
+    /// Applies what all workers share (stale UDP flushes on table updates).
+    leader: bool,
+}
+
 /// Runs `share` (packets in capture order) through `pipeline` (and the egress stage when
-/// `routes` are given) `repeat` times, batch by batch, handing every batch's (pass, indexes,
-/// verdicts, frames) to `on_batch`.
+/// `routes` are given) `repeat` times, batch by batch in step with the other workers, handing every batch's (pass, indexes, verdicts, frames)
+/// to `on_batch`.
 #[allow(clippy::too_many_arguments)]
 fn drive(
     pipeline: &mut Pipeline,
@@ -327,6 +394,7 @@ fn drive(
     routes: Option<&ReplayRoutes>,
     share: &Share,
     clock: &Clock,
+    step: Lockstep,
     repeat: u32,
     slot_size: usize,
     mut on_batch: impl FnMut(u32, &[u32], &[Verdict], &SlotFrames),
@@ -341,31 +409,31 @@ fn drive(
         let mut tables = snapshot;
         let mut next_update = 0;
         let mut k = 0;
-        while k < share.len() {
-            frames.clear();
-            let start_ts = share.ts[k];
-            while let Some(u) = updates.get(next_update).filter(|u| u.at_ns <= start_ts) {
-                tables = &u.snapshot;
-                crate::stale::flush_stale_udp(ct, tables);
-                next_update += 1;
-            }
-            let update_ts = updates.get(next_update).map_or(u64::MAX, |u| u.at_ns);
-            let mut m = 0;
-            while k < share.len() && m < BATCH {
-                let ts = share.ts[k];
-                if ts.saturating_sub(start_ts) / 1_000_000 > MAX_BATCH_SPAN_MS
-                    || (m > 0 && ts >= update_ts)
-                {
-                    break;
+        for b in step.batches {
+            if b.updates > 0 {
+                // Everyone has finished the previous batch (the barrier at its end); the leader
+                // flushes what the new tables no longer support, then everyone starts this one.
+                for _ in 0..b.updates {
+                    tables = &updates[next_update].snapshot;
+                    next_update += 1;
+                    if step.leader {
+                        crate::stale::flush_stale_udp(ct, tables);
+                    }
                 }
+                step.barrier.wait();
+            }
+            frames.clear();
+            let mut m = 0;
+            while k < share.len() && share.index[k] < b.end {
                 frames.push(share.frame(k));
                 batch_idx[m] = share.index[k];
                 m += 1;
                 k += 1;
             }
             // Capture timestamps may go backwards; the pipeline's clock never does.
-            let now = clock.at(start_ts, pass).max(now_floor);
+            let now = clock.at(b.start_ts, pass).max(now_floor);
             now_floor = now;
+            // Also with no packet of this batch: the expiry scan keeps its pace.
             pipeline.process(&mut frames, &mut verdicts[..m], tables, ct, now);
             if let Some(r) = routes {
                 r.egress.process(
@@ -380,7 +448,49 @@ fn drive(
                     |_, _, _| {},
                 );
             }
-            on_batch(pass, &batch_idx[..m], &verdicts[..m], &frames);
+            if m > 0 {
+                on_batch(pass, &batch_idx[..m], &verdicts[..m], &frames);
+            }
+            step.barrier.wait();
+        }
+    }
+}
+
+/// A barrier for workers that meet every batch: spins briefly, then yields (std's Barrier parks
+/// on a mutex and condition variable, which costs more than a batch at this rate).
+struct SpinBarrier {
+    parties: usize,
+    arrived: AtomicUsize,
+    generation: AtomicUsize,
+}
+
+impl SpinBarrier {
+    fn new(parties: usize) -> SpinBarrier {
+        SpinBarrier {
+            parties: parties.max(1),
+            arrived: AtomicUsize::new(0),
+            generation: AtomicUsize::new(0),
+        }
+    }
+
+    fn wait(&self) {
+        if self.parties == 1 {
+            return;
+        }
+        let gen = self.generation.load(Ordering::Acquire);
+        if self.arrived.fetch_add(1, Ordering::AcqRel) + 1 == self.parties {
+            self.arrived.store(0, Ordering::Relaxed);
+            self.generation.fetch_add(1, Ordering::Release);
+            return;
+        }
+        let mut spins = 0u32;
+        while self.generation.load(Ordering::Acquire) == gen {
+            if spins < 64 {
+                std::hint::spin_loop();
+                spins += 1;
+            } else {
+                std::thread::yield_now();
+            }
         }
     }
 }
@@ -406,6 +516,7 @@ fn steer_by_client(
     let slot_size = slot_size_for(capture);
     let mut shares: Vec<Vec<u32>> = vec![Vec::new(); workers];
     let clock = Clock::new(capture);
+    let batches = cut_batches(capture, updates);
     drive(
         &mut pipeline,
         &ct,
@@ -414,6 +525,11 @@ fn steer_by_client(
         None,
         &all,
         &clock,
+        Lockstep {
+            batches: &batches,
+            barrier: &SpinBarrier::new(1),
+            leader: true,
+        },
         1,
         slot_size,
         |_, idx, verdicts, _| {

@@ -8,6 +8,10 @@
 //! - Namespaced objects without `metadata.namespace` land in `default`, as `kubectl apply` puts them.
 //! - An object whose key was already seen replaces the earlier one (later files win).
 //! - Kinds other than those kxdp reads are skipped (logged at debug), as are empty documents.
+//! - Only regular files are read: `PATH`, or a `*.yaml`/`*.yml`/`*.json` entry under it, that is a
+//!   FIFO, socket or device is refused with an error (reading one could block the source for
+//!   ever), and files are opened non-blocking and checked again once open.
+//! - YAML text goes through `crate::yaml::check` first (size and nesting limits, linear time).
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -63,6 +67,7 @@ pub fn collect_files(path: &Path) -> Result<Vec<PathBuf>, StateError> {
     let meta =
         std::fs::metadata(path).map_err(|e| file_error(path, format!("cannot read: {e}")))?;
     if !meta.is_dir() {
+        refuse_special(path, &meta)?;
         return Ok(vec![path.to_path_buf()]);
     }
     let mut out = Vec::new();
@@ -88,10 +93,33 @@ fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), StateError> {
             p.extension().and_then(|e| e.to_str()),
             Some("yaml" | "yml" | "json")
         ) {
+            refuse_special(&p, &meta)?;
             out.push(p);
         }
     }
     Ok(())
+}
+
+/// Anything but a regular file (after symlinks): a FIFO, socket or device.
+fn refuse_special(path: &Path, meta: &std::fs::Metadata) -> Result<(), StateError> {
+    if meta.is_file() {
+        return Ok(());
+    }
+    use std::os::unix::fs::FileTypeExt;
+    let t = meta.file_type();
+    let what = if t.is_fifo() {
+        "a FIFO (named pipe)"
+    } else if t.is_socket() {
+        "a socket"
+    } else if t.is_block_device() || t.is_char_device() {
+        "a device"
+    } else {
+        "not a regular file"
+    };
+    Err(file_error(
+        path,
+        format!("is {what}, not a regular file or directory: refusing to read it"),
+    ))
 }
 
 fn file_error(file: &Path, message: String) -> StateError {
@@ -106,10 +134,34 @@ fn file_error(file: &Path, message: String) -> StateError {
 
 /// Reads one file into `state`.
 pub fn load_file(file: &Path, state: &mut ClusterState) -> Result<(), StateError> {
-    let text =
-        std::fs::read_to_string(file).map_err(|e| file_error(file, format!("cannot read: {e}")))?;
+    let text = read_regular(file)?;
     let is_json = file.extension().and_then(|e| e.to_str()) == Some("json");
     load_str(&text, is_json, file, state)
+}
+
+/// Reads a regular file of at most `yaml::MAX_BYTES`. Opened with `O_NONBLOCK`, so a FIFO put in
+/// its place since it was listed cannot block the caller, and checked again once open.
+fn read_regular(file: &Path) -> Result<String, StateError> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let cannot = |e: std::io::Error| file_error(file, format!("cannot read: {e}"));
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(file)
+        .map_err(cannot)?;
+    let meta = f.metadata().map_err(cannot)?;
+    refuse_special(file, &meta)?;
+    if meta.len() > crate::yaml::MAX_BYTES as u64 {
+        let e = crate::yaml::LimitError::TooLarge { bytes: meta.len() };
+        return Err(file_error(file, e.to_string()));
+    }
+    let mut text = String::with_capacity(meta.len() as usize);
+    // A file growing while read stops at the limit (and fails the check below).
+    f.take(crate::yaml::MAX_BYTES as u64 + 1)
+        .read_to_string(&mut text)
+        .map_err(cannot)?;
+    Ok(text)
 }
 
 /// Parses manifests text (`file` names it in errors) into `state`.
@@ -156,6 +208,7 @@ fn documents(text: &str, is_json: bool, file: &Path) -> Result<Vec<Value>, State
             docs.push(v);
         }
     } else {
+        crate::yaml::check(text).map_err(|e| file_error(file, e.to_string()))?;
         for (i, de) in yaml_serde::Deserializer::from_str(text).enumerate() {
             // Once the parser fails it keeps yielding the same error: stop at the first.
             let v = Value::deserialize(de).map_err(|e| StateError {
@@ -519,5 +572,45 @@ metadata: {name: old}
         assert_eq!(load_state(&f).unwrap().services.len(), 1);
         let e = load_state(&dir.path().join("nope")).unwrap_err();
         assert!(e.to_string().contains("nope: cannot read"), "{e}");
+    }
+
+    fn mkfifo(path: &Path) {
+        let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path; mkfifo only creates a file.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    }
+
+    #[test]
+    fn a_fifo_is_refused_not_read() {
+        // Issue 12: a FIFO in place of the state file blocked the file source for ever.
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("state.yaml");
+        mkfifo(&fifo);
+        let err = load_state(&fifo).unwrap_err();
+        assert_eq!(err.file, fifo);
+        assert!(err.message.contains("FIFO"), "{err}");
+        // Inside a directory too, when it would be read.
+        std::fs::write(dir.path().join("a.yaml"), SVC).unwrap();
+        let err = load_state(dir.path()).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("is a FIFO (named pipe), not a regular file"),
+            "{err}"
+        );
+        // A FIFO the loader would not read anyway is no error.
+        std::fs::remove_file(&fifo).unwrap();
+        mkfifo(&dir.path().join("notes.txt"));
+        assert_eq!(load_state(dir.path()).unwrap().services.len(), 1);
+    }
+
+    #[test]
+    fn deep_nesting_is_refused_before_parsing() {
+        let text = format!("{SVC}---\nitems: {}", "[".repeat(200_000));
+        let err = parse(&text).unwrap_err();
+        assert!(
+            err.to_string().contains("nested deeper than 100 levels"),
+            "{err}"
+        );
+        assert!(err.to_string().starts_with("state.yaml: line 9"), "{err}");
     }
 }

@@ -8,16 +8,35 @@
 //! few `stat`s per poll. A state that cannot be read (a half-written file, a YAML error, an
 //! invalid object) is reported naming the file, document and field, and the last good tables
 //! stay; the next change is read again.
+//!
+//! Careless writes (issue 12):
+//! - Only a settled state is read: its fingerprint must be the same at two polls in a row, and
+//!   again after reading it. A file caught mid-write (`: > state.yaml`, an editor's truncate and
+//!   rewrite, a slow copy) is read once the writer is done; a file replaced by rename settles at
+//!   once.
+//! - A state that would remove most Services at once (more than half, of at least
+//!   `DRASTIC_MIN_SERVICES`) is reported as a source error naming the counts, and held for
+//!   `DRASTIC_HOLD_POLLS` polls (5 s by default) before it is applied; fixing the files within
+//!   that time means it is never applied. It is applied after that (a deliberate mass deletion
+//!   must work), with a warning.
 
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::Sender;
 use std::time::{Duration, SystemTime};
+
+use crate::model::ClusterState;
 
 use crate::sources::files::{collect_files, load_state};
 use crate::sync::Update;
 
 /// The source name in metrics and status.
 pub const SOURCE: &str = "files";
+
+/// A state that removes more than half of at least this many Services is held before applying.
+pub const DRASTIC_MIN_SERVICES: usize = 4;
+
+/// Polls a drastic state must stay unchanged before it is applied.
+pub const DRASTIC_HOLD_POLLS: u32 = 10;
 
 /// What the files looked like: (path, size, mtime) of each, in order.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -37,46 +56,254 @@ pub fn fingerprint(path: &Path) -> Result<Fingerprint, String> {
     Ok(Fingerprint(v))
 }
 
-/// Polls `path` every `poll` and sends a `ReplaceAll` after each change (and once at start), or
-/// a `SourceError` when the state cannot be read.
+/// Polls `path` every `poll` and sends a `ReplaceAll` after each settled change (and once at
+/// start), or a `SourceError` when the state cannot be read or is held as drastic.
 pub fn spawn(rt: &tokio::runtime::Handle, path: PathBuf, poll: Duration, tx: Sender<Update>) {
     rt.spawn(async move {
-        let mut last: Option<Result<Fingerprint, String>> = None;
+        let mut watch = Watch::default();
         loop {
-            let p = path.clone();
-            let fp = tokio::task::spawn_blocking(move || fingerprint(&p))
-                .await
-                .unwrap_or_else(|e| Err(e.to_string()));
-            if last.as_ref() != Some(&fp) {
-                let update = match &fp {
-                    Err(e) => Update::SourceError {
-                        source: SOURCE.into(),
-                        message: e.clone(),
-                    },
-                    Ok(_) => {
-                        let p = path.clone();
-                        match tokio::task::spawn_blocking(move || load_state(&p)).await {
-                            Ok(Ok(state)) => Update::ReplaceAll {
-                                source: SOURCE.into(),
-                                state,
-                            },
-                            Ok(Err(e)) => Update::SourceError {
-                                source: SOURCE.into(),
-                                message: format!("{e}; keeping the last good state"),
-                            },
-                            Err(e) => Update::SourceError {
-                                source: SOURCE.into(),
-                                message: e.to_string(),
-                            },
-                        }
-                    }
-                };
+            let fp = stat(&path).await;
+            let state = if watch.wants_read(&fp) {
+                let p = path.clone();
+                let loaded = tokio::task::spawn_blocking(move || load_state(&p))
+                    .await
+                    .unwrap_or_else(|e| {
+                        Err(crate::sources::files::StateError {
+                            file: path.clone(),
+                            document: None,
+                            object: None,
+                            field: String::new(),
+                            message: e.to_string(),
+                        })
+                    });
+                // Changed while being read: not settled after all.
+                (stat(&path).await == fp).then_some(loaded)
+            } else {
+                None
+            };
+            if let Some(update) = watch.step(fp, state, &path) {
                 if tx.send(update).is_err() {
                     return;
                 }
-                last = Some(fp);
             }
             tokio::time::sleep(poll).await;
         }
     });
+}
+
+async fn stat(path: &Path) -> Result<Fingerprint, String> {
+    let p = path.to_path_buf();
+    tokio::task::spawn_blocking(move || fingerprint(&p))
+        .await
+        .unwrap_or_else(|e| Err(e.to_string()))
+}
+
+/// The decisions of the watch loop, apart from its timing and I/O (so tests drive them).
+#[derive(Default)]
+struct Watch {
+    /// What the previous poll saw.
+    seen: Option<Result<Fingerprint, String>>,
+    /// What was last applied or reported.
+    done: Option<Result<Fingerprint, String>>,
+    /// Services in the last applied state.
+    services: Option<usize>,
+    /// A drastic state being held: its fingerprint and how many polls it has stayed.
+    held: Option<(Fingerprint, u32)>,
+}
+
+impl Watch {
+    /// Whether this poll's fingerprint is a settled change worth reading.
+    fn wants_read(&self, fp: &Result<Fingerprint, String>) -> bool {
+        fp.is_ok() && self.done.as_ref() != Some(fp) && self.seen.as_ref() == Some(fp)
+    }
+
+    /// Takes one poll (and the state read, when `wants_read` said so and it stayed settled);
+    /// returns what to send.
+    fn step(
+        &mut self,
+        fp: Result<Fingerprint, String>,
+        loaded: Option<Result<ClusterState, crate::sources::files::StateError>>,
+        path: &Path,
+    ) -> Option<Update> {
+        let settled = self.seen.as_ref() == Some(&fp);
+        self.seen = Some(fp.clone());
+        if self.done.as_ref() == Some(&fp) || !settled {
+            if self
+                .held
+                .as_ref()
+                .is_some_and(|(h, _)| Ok(h) != fp.as_ref())
+            {
+                self.held = None;
+            }
+            return None;
+        }
+        let update = match (&fp, loaded) {
+            (Err(e), _) => Update::SourceError {
+                source: SOURCE.into(),
+                message: e.clone(),
+            },
+            (Ok(_), None) => return None,
+            (Ok(_), Some(Err(e))) => Update::SourceError {
+                source: SOURCE.into(),
+                message: format!("{e}; keeping the last good state"),
+            },
+            (Ok(f), Some(Ok(state))) => {
+                let now = state.services.len();
+                if let Some(before) = self.services.filter(|&b| drastic(b, now)) {
+                    let polls = match &self.held {
+                        Some((h, n)) if h == f => n + 1,
+                        _ => 1,
+                    };
+                    if polls <= DRASTIC_HOLD_POLLS {
+                        let first = polls == 1;
+                        self.held = Some((f.clone(), polls));
+                        if !first {
+                            return None;
+                        }
+                        let message = format!(
+                            "{}: the new state removes {} of {before} Services at once; \
+                             holding it for {DRASTIC_HOLD_POLLS} polls before applying it \
+                             (fix the files now if this is a mistake); the last good tables stay \
+                             meanwhile",
+                            path.display(),
+                            before - now
+                        );
+                        tracing::error!(source = SOURCE, "{message}");
+                        return Some(Update::SourceError {
+                            source: SOURCE.into(),
+                            message,
+                        });
+                    }
+                    tracing::warn!(
+                        source = SOURCE,
+                        path = %path.display(),
+                        "applying a state that removes {} of {before} Services",
+                        before - now
+                    );
+                }
+                self.held = None;
+                self.services = Some(now);
+                Update::ReplaceAll {
+                    source: SOURCE.into(),
+                    state,
+                }
+            }
+        };
+        self.done = Some(fp);
+        Some(update)
+    }
+}
+
+/// Whether going from `before` to `after` Services removes most of them.
+fn drastic(before: usize, after: usize) -> bool {
+    before >= DRASTIC_MIN_SERVICES && after < before.div_ceil(2)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One poll as `spawn` makes it, synchronously.
+    fn poll(w: &mut Watch, path: &Path) -> Option<Update> {
+        let fp = fingerprint(path);
+        let loaded = w.wants_read(&fp).then(|| load_state(path));
+        w.step(fp, loaded, path)
+    }
+
+    fn services(n: usize) -> String {
+        (0..n)
+            .map(|i| {
+                format!(
+                    "apiVersion: v1\nkind: Service\nmetadata: {{name: s{i}, namespace: ns}}\n\
+                     spec: {{clusterIP: 172.30.0.{}, ports: [{{port: 80}}]}}\n---\n",
+                    i + 1
+                )
+            })
+            .collect()
+    }
+
+    fn applied(u: Option<Update>) -> Option<usize> {
+        match u {
+            Some(Update::ReplaceAll { state, .. }) => Some(state.services.len()),
+            _ => None,
+        }
+    }
+
+    /// Rewrites `f` so that its fingerprint changes even within one mtime tick.
+    fn write(f: &Path, text: &str, tick: &mut u64) {
+        std::fs::write(f, text).unwrap();
+        *tick += 1;
+        let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000 + *tick);
+        std::fs::File::options()
+            .write(true)
+            .open(f)
+            .unwrap()
+            .set_modified(t)
+            .unwrap();
+    }
+
+    #[test]
+    fn a_file_caught_mid_write_is_not_published() {
+        // Issue 12: `: > state.yaml` while the daemon ran emptied the tables at once.
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("state.yaml");
+        let mut tick = 0;
+        write(&f, &services(3), &mut tick);
+        let mut w = Watch::default();
+        assert!(poll(&mut w, &f).is_none(), "read only once settled");
+        assert_eq!(applied(poll(&mut w, &f)), Some(3));
+        // Truncated, then (before the next poll could see it settled) written again.
+        write(&f, "", &mut tick);
+        assert!(poll(&mut w, &f).is_none());
+        write(&f, &services(2), &mut tick);
+        assert!(poll(&mut w, &f).is_none());
+        assert_eq!(
+            applied(poll(&mut w, &f)),
+            Some(2),
+            "the written state, never the empty one"
+        );
+        assert!(poll(&mut w, &f).is_none(), "nothing new");
+    }
+
+    #[test]
+    fn a_state_removing_most_services_is_held_and_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("state.yaml");
+        let mut tick = 0;
+        write(&f, &services(10), &mut tick);
+        let mut w = Watch::default();
+        poll(&mut w, &f);
+        assert_eq!(applied(poll(&mut w, &f)), Some(10));
+        // Emptied and left so: reported loudly, held, then applied.
+        write(&f, "", &mut tick);
+        assert!(poll(&mut w, &f).is_none());
+        match poll(&mut w, &f) {
+            Some(Update::SourceError { message, .. }) => {
+                assert!(message.contains("removes 10 of 10 Services"), "{message}")
+            }
+            _ => panic!("a drastic state is reported"),
+        }
+        for _ in 1..DRASTIC_HOLD_POLLS {
+            assert!(poll(&mut w, &f).is_none(), "held");
+        }
+        assert_eq!(applied(poll(&mut w, &f)), Some(0), "applied after the hold");
+        // Back to 10, then thinned to 3 and fixed within the hold: never applied.
+        write(&f, &services(10), &mut tick);
+        poll(&mut w, &f);
+        assert_eq!(
+            applied(poll(&mut w, &f)),
+            Some(10),
+            "growing is not drastic"
+        );
+        write(&f, &services(3), &mut tick);
+        poll(&mut w, &f);
+        assert!(matches!(poll(&mut w, &f), Some(Update::SourceError { .. })));
+        write(&f, &services(9), &mut tick);
+        poll(&mut w, &f);
+        assert_eq!(
+            applied(poll(&mut w, &f)),
+            Some(9),
+            "removing one of ten is not drastic"
+        );
+    }
 }

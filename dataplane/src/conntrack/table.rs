@@ -16,6 +16,8 @@
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
+use crossbeam::queue::ArrayQueue;
+
 use super::grace::Grace;
 use super::tuple::{hash_packed, Packed, Tuple};
 
@@ -140,6 +142,11 @@ pub struct Table {
     slot_cursor: AtomicU64,
     /// Unassured entries dropped to make room (rare: an atomic is fine).
     early_drops: AtomicU64,
+    /// Early-drop victims already removed from the index, waiting out their grace period: the
+    /// next insert takes them from here as soon as that has passed, instead of waiting for the
+    /// paced expiry scan (a SYN flood at a full table would otherwise exhaust the slack in
+    /// milliseconds and refuse everything after). Bounded, allocated once.
+    limbo: ArrayQueue<(u32, u64)>,
     /// SCTP verification tags of both directions, per entry (kept beside the 128-byte entries:
     /// only SCTP uses them).
     tags: Box<[AtomicU64]>,
@@ -147,6 +154,10 @@ pub struct Table {
 
 /// Every used entry and index slot is looked at once per this period (all workers together).
 const SWEEP_PERIOD_MS: u64 = 1_000;
+
+/// Index slots looked at per early drop (the kernel looks at 8 hash buckets). At most a quarter
+/// of the slots are live, so this sees a few dozen entries.
+const EARLY_DROP_SCAN: usize = 128;
 
 /// Longest probe sequence before a lookup gives up: a table kept at most half full by live keys
 /// stays far below it; it bounds the work of a pathological chain.
@@ -172,6 +183,7 @@ impl Table {
             scan_cursor: AtomicU64::new(0),
             slot_cursor: AtomicU64::new(0),
             early_drops: AtomicU64::new(0),
+            limbo: ArrayQueue::new(capacity - max_live as usize),
             tags: (0..capacity).map(|_| AtomicU64::new(0)).collect(),
         }
     }
@@ -279,7 +291,7 @@ impl Table {
         }
         if self.live.fetch_add(1, Ordering::AcqRel) >= self.max_live {
             self.live.fetch_sub(1, Ordering::AcqRel);
-            if !self.early_drop(early_drop_hint) {
+            if !self.early_drop(early_drop_hint, now_ms) {
                 return Err(InsertError::Full);
             }
             if self.live.fetch_add(1, Ordering::AcqRel) >= self.max_live {
@@ -366,11 +378,46 @@ impl Table {
         }
         let idx = self.next_unused.fetch_add(1, Ordering::AcqRel);
         if (idx as usize) < self.entries.len() {
-            Some(idx)
-        } else {
-            self.next_unused.fetch_sub(1, Ordering::AcqRel);
-            None
+            return Some(idx);
         }
+        self.next_unused.fetch_sub(1, Ordering::AcqRel);
+        self.alloc_from_limbo()
+    }
+
+    /// The oldest early-drop victim, once no worker can still hold it.
+    fn alloc_from_limbo(&self) -> Option<u32> {
+        let (idx, at) = self.limbo.pop()?;
+        if !self.grace.is_safe(at)
+            && !{
+                self.grace.try_advance();
+                self.grace.is_safe(at)
+            }
+        {
+            // Still reachable by some worker's batch: back in the queue (the oldest is not
+            // safe, so no other is either).
+            if self.limbo.push((idx, at)).is_err() {
+                self.fall_back_to_scan(idx);
+            }
+            return None;
+        }
+        Some(self.recycle(idx))
+    }
+
+    /// Bumps the sequence so a reader holding the old index sees a change; returns `idx`.
+    fn recycle(&self, idx: u32) -> u32 {
+        let e = &self.entries[idx as usize];
+        let seq = e.seq.load(Ordering::Relaxed);
+        e.seq.store(seq.wrapping_add(2) & !1, Ordering::Release);
+        idx
+    }
+
+    /// A retired entry that found no room in the limbo queue: marked dying again, so that the
+    /// expiry scan retires it (unindexing twice is harmless: its slots are already tombstones).
+    fn fall_back_to_scan(&self, idx: u32) {
+        let e = &self.entries[idx as usize];
+        let cur = e.state.load(Ordering::Acquire);
+        e.state
+            .store((cur & !LIFE_MASK) | LIFE_DYING, Ordering::Release);
     }
 
     fn free(&self, idx: u32) {
@@ -415,20 +462,75 @@ impl Table {
         }
     }
 
-    /// Early drop (as the kernel's): kill one unassured entry near `hint`.
-    fn early_drop(&self, hint: u64) -> bool {
-        // Only entries handed out so far can be live.
-        let n = (self.next_unused.load(Ordering::Relaxed) as usize).clamp(1, self.entries.len());
-        let start = hint as usize % n;
-        for k in 0..64.min(n) {
-            let idx = (start + k) % n;
-            let s = self.entries[idx].state.load(Ordering::Acquire);
-            if s & LIFE_MASK == LIFE_LIVE && s & FLAG_ASSURED == 0 && self.kill(idx as u32) {
+    /// Early drop (as the kernel's): removes one unassured entry near `hint`, and frees it for the
+    /// caller's insert at once (see `limbo`). Among the unassured entries of `EARLY_DROP_SCAN` index slots
+    /// the oldest goes — beyond the kernel, which takes the first it meets: under a flood, a
+    /// handshake begun a moment ago then survives, while the flood's older half-open entries make
+    /// room (a sampled LRU, as Redis evicts).
+    fn early_drop(&self, hint: u64, now_ms: u64) -> bool {
+        // Walk the index from the hint's slot, as the kernel walks hash buckets from the new
+        // tuple's: the index holds live entries only, whatever their place in the slab.
+        let start = hint as usize & self.slot_mask;
+        for _attempt in 0..4 {
+            let mut victim = None;
+            let mut oldest_age = 0u32;
+            for k in 0..EARLY_DROP_SCAN {
+                let s = self.slots[(start + k) & self.slot_mask].load(Ordering::Acquire);
+                if s == SLOT_EMPTY || s & TOMB_BIT != 0 {
+                    continue;
+                }
+                let (_, idx, _) = slot_decode(s);
+                let e = &self.entries[idx as usize];
+                let st = e.state.load(Ordering::Acquire);
+                if st & LIFE_MASK != LIFE_LIVE || st & FLAG_ASSURED != 0 {
+                    continue;
+                }
+                let age = (now_ms as u32).wrapping_sub(e.created_or_next.load(Ordering::Relaxed));
+                // Ages beyond 2^31 ms are a clock that went backwards: treat as young.
+                let age = if age > u32::MAX / 2 { 0 } else { age };
+                if victim.is_none() || age > oldest_age {
+                    victim = Some(idx);
+                    oldest_age = age;
+                }
+            }
+            // A small table spreads its few entries thinly over the index: then the slab.
+            let Some(idx) = victim.or_else(|| self.unassured_in_slab(hint)) else {
+                return false;
+            };
+            if self.kill(idx) {
                 self.early_drops.fetch_add(1, Ordering::Relaxed);
+                self.retire_now(idx);
                 return true;
             }
+            // Another worker took this one: sample again.
         }
         false
+    }
+
+    /// The first live unassured entry of the slab from `hint` on (a bounded look).
+    fn unassured_in_slab(&self, hint: u64) -> Option<u32> {
+        let n = (self.next_unused.load(Ordering::Relaxed) as usize).clamp(1, self.entries.len());
+        let start = hint as usize % n;
+        (0..EARLY_DROP_SCAN.min(n))
+            .map(|k| ((start + k) % n) as u32)
+            .find(|&idx| {
+                let s = self.entries[idx as usize].state.load(Ordering::Acquire);
+                s & LIFE_MASK == LIFE_LIVE && s & FLAG_ASSURED == 0
+            })
+    }
+
+    /// Unindexes a just-killed entry and queues it for reuse after the grace period.
+    fn retire_now(&self, idx: u32) {
+        if !self.claim_retire(idx) {
+            return; // the expiry scan got there first; it recycles the entry
+        }
+        // Advancing here keeps victims flowing back under a flood even when the expiry scan has
+        // nothing to do (it is what moves the epoch otherwise).
+        let epoch = self.grace.try_advance();
+        self.unindex(idx, epoch);
+        if self.limbo.push((idx, epoch)).is_err() {
+            self.fall_back_to_scan(idx);
+        }
     }
 
     /// Updates state bits of a live entry with `f` (compare-and-swap loop); returns the new state,
@@ -538,11 +640,7 @@ impl Table {
             let (idx, at) = retired.items[k];
             if self.grace.is_safe(at) {
                 retired.items.swap_remove(k);
-                let e = &self.entries[idx as usize];
-                // Bump the sequence so a reader holding the old index sees a change.
-                let seq = e.seq.load(Ordering::Relaxed);
-                e.seq.store(seq.wrapping_add(2) & !1, Ordering::Release);
-                self.free(idx);
+                self.free(self.recycle(idx));
             } else {
                 k += 1;
             }

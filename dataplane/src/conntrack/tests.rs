@@ -235,3 +235,114 @@ fn concurrent_workers_insert_lookup_expire() {
     }
     assert!(ct.len() <= 4096);
 }
+
+/// One worker's view of a SYN flood against a full table: batches of `batch` packets between
+/// grace-period steps, the clock advancing 10 µs per SYN. Returns (flood inserts refused,
+/// legitimate handshakes completed, legitimate handshakes attempted).
+fn syn_flood(ct: &Conntrack, syns: u32, legit_every: u32, batch: u32) -> (u32, u32, u32) {
+    let mut retired = ct.retired_list();
+    let (mut refused, mut ok, mut tried) = (0, 0, 0);
+    ct.enter(0);
+    for i in 0..syns {
+        let now = 10_000 + i as u64 / 100;
+        if i % batch == 0 {
+            ct.leave(0);
+            ct.maintain(now, 64, &mut retired);
+            ct.enter(0);
+        }
+        let src = Addr::from_v4([172, 16, (i >> 8) as u8, i as u8]);
+        let o = Tuple {
+            src,
+            sport: (i >> 16) as u16 + 1000,
+            ..tup(0, 0, 41, 80, 6)
+        };
+        let r = Tuple {
+            dst: src,
+            dport: o.sport,
+            ..tup(200, 80, 0, 0, 6)
+        };
+        if ct
+            .create(&o, &r, tcp::SYN, false, 0, now, ct.hash(&o.pack()))
+            .is_err()
+        {
+            refused += 1;
+        }
+        if i % legit_every == 0 {
+            // A legitimate client: SYN, SYN-ACK, ACK within the same batch.
+            tried += 1;
+            let o = Tuple {
+                sport: (i / legit_every) as u16,
+                ..tup(7, 0, 41, 80, 6)
+            };
+            let r = Tuple {
+                dport: o.sport,
+                ..tup(201, 80, 7, 0, 6)
+            };
+            if ct
+                .create(&o, &r, tcp::SYN, false, 0, now, ct.hash(&o.pack()))
+                .is_ok()
+            {
+                let rf = find(ct, &r, now).unwrap();
+                ct.on_packet(&rf, tcp::SYN | tcp::ACK, 60, now).unwrap();
+                let of = find(ct, &o, now).unwrap();
+                let s = ct.on_packet(&of, tcp::ACK, 60, now).unwrap();
+                assert!(s & FLAG_ASSURED != 0);
+                ok += 1;
+            }
+        }
+    }
+    ct.leave(0);
+    (refused, ok, tried)
+}
+
+#[test]
+fn syn_flood_early_drop_frees_room_at_once() {
+    // Issue 12: at a full table, an early-dropped entry was only reusable once the paced expiry
+    // scan had recycled it, so after the slack ran out nearly every new connection was refused.
+    let ct = small(1000);
+    // Before the fix: 97% of the flood and most legitimate handshakes were refused.
+    let (refused, ok, tried) = syn_flood(&ct, 30_000, 100, 64);
+    assert!(
+        refused == 0,
+        "{refused} flood SYNs refused although unassured entries could go"
+    );
+    assert_eq!(ok, tried, "legitimate handshakes lost");
+    assert!(ct.len() <= 1000);
+    assert!(ct.early_drops() >= 29_000, "{}", ct.early_drops());
+}
+
+#[test]
+fn early_drop_spares_the_youngest_handshakes() {
+    // The victim is the oldest unassured entry of the sample: a handshake begun a moment ago
+    // survives a flood that turns the whole table over.
+    let ct = small(1000);
+    let mut retired = ct.retired_list();
+    let young = tup(9, 1, 41, 80, 6);
+    let young_r = tup(200, 80, 9, 1, 6);
+    for i in 0..5_000u32 {
+        let now = 1000 + i as u64;
+        if i == 4_990 {
+            ct.create(&young, &young_r, tcp::SYN, false, 0, now, 0)
+                .unwrap();
+        }
+        let src = Addr::from_v4([172, 17, (i >> 8) as u8, i as u8]);
+        let o = Tuple {
+            src,
+            ..tup(0, 2, 41, 80, 6)
+        };
+        let r = Tuple {
+            dst: src,
+            ..tup(200, 80, 0, 2, 6)
+        };
+        ct.enter(0);
+        if let Err(e) = ct.create(&o, &r, tcp::SYN, false, 0, now, ct.hash(&o.pack())) {
+            panic!("{i}: {e:?} live {} drops {}", ct.len(), ct.early_drops());
+        }
+        ct.leave(0);
+        ct.maintain(now, 64, &mut retired);
+    }
+    assert!(
+        find(&ct, &young_r, 6_000).is_some(),
+        "a fresh handshake was dropped early"
+    );
+}

@@ -8,6 +8,7 @@ pub mod config;
 pub mod endpoints;
 pub mod health;
 pub mod incremental;
+pub mod kubeproxy;
 pub mod metrics;
 pub mod model;
 pub mod output;

@@ -77,6 +77,36 @@ enum Command {
         #[command(subcommand)]
         command: PolicyCommand,
     },
+    /// Remove another proxy's leftovers from this node.
+    Cleanup {
+        #[command(subcommand)]
+        command: CleanupCommand,
+    },
+    /// Configuration tools.
+    Config {
+        #[command(subcommand)]
+        command: ConfigCommand,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum CleanupCommand {
+    /// Remove kube-proxy's iptables, nftables and IPVS rules, as `kube-proxy --cleanup` does.
+    KubeProxy {
+        /// Only print what would be removed.
+        #[arg(long)]
+        dry_run: bool,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum ConfigCommand {
+    /// Print the DataplaneConfiguration equivalent to a kube-proxy KubeProxyConfiguration, with
+    /// every field that could not be carried over named in comments.
+    Convert {
+        /// The KubeProxyConfiguration file (e.g. `config.conf` of the kube-proxy ConfigMap).
+        file: PathBuf,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -267,6 +297,44 @@ where
         }
         Command::Monitor { args, admin } => {
             admin_finish(crate::admin::commands::monitor(&args, &admin))
+        }
+        Command::Cleanup {
+            command: CleanupCommand::KubeProxy { dry_run },
+        } => {
+            let opts = crate::cleanup::Options {
+                dry_run,
+                netns: None,
+            };
+            let (removed, code) = match crate::cleanup::kube_proxy(&opts) {
+                Ok(r) => (r.removed, EXIT_OK),
+                Err(e) => {
+                    eprintln!("kxdp: {e}");
+                    (e.report.removed, EXIT_FAILURE)
+                }
+            };
+            let verb = if dry_run { "would remove" } else { "removed" };
+            for line in &removed {
+                println!("{verb} {line}");
+            }
+            if removed.is_empty() {
+                println!("no kube-proxy rules found");
+            }
+            code
+        }
+        Command::Config {
+            command: ConfigCommand::Convert { file },
+        } => {
+            let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+            match crate::kubeproxy::convert_file(&file, cpus) {
+                Ok(c) => {
+                    print!("{}", c.render(&file));
+                    EXIT_OK
+                }
+                Err(e) => {
+                    eprintln!("kxdp: {e}");
+                    EXIT_BAD_INPUT
+                }
+            }
         }
     }
 }

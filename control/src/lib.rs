@@ -3,6 +3,7 @@
 //! binary's entry point.
 
 pub mod admin;
+pub mod cleanup;
 pub mod cli;
 pub mod config;
 pub mod endpoints;

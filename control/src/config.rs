@@ -1849,4 +1849,92 @@ nodeOverrides:
         assert_eq!(line_of(t, "conntrack"), Some(2));
         assert_eq!(line_of(t, "sync"), None);
     }
+
+    fn range_text(l: Limit) -> String {
+        match l {
+            Limit::Int { min, max } => format!("{min} to {max}"),
+            Limit::Time { min, max } => {
+                format!("{} to {}", format_go_duration(min), format_go_duration(max))
+            }
+        }
+    }
+
+    fn leaves(v: &yaml_serde::Value, prefix: &str, out: &mut Vec<(String, yaml_serde::Value)>) {
+        match v {
+            yaml_serde::Value::Mapping(m) if !m.is_empty() && prefix != "featureGates" => {
+                for (k, v) in m {
+                    let k = k.as_str().unwrap();
+                    let p = if prefix.is_empty() {
+                        k.to_string()
+                    } else {
+                        format!("{prefix}.{k}")
+                    };
+                    leaves(v, &p, out);
+                }
+            }
+            _ => out.push((prefix.to_string(), v.clone())),
+        }
+    }
+
+    /// docs/config.md cannot drift from the struct: every field is a row, with its default as
+    /// the configuration prints it and its range as `validate` checks it.
+    #[test]
+    fn docs_config_md_lists_every_field() {
+        let doc = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/config.md"),
+        )
+        .unwrap();
+        let row = |field: &str| -> String {
+            doc.lines()
+                .find(|l| l.starts_with(&format!("| `{field}` |")))
+                .unwrap_or_else(|| panic!("docs/config.md has no row for `{field}`"))
+                .to_string()
+        };
+        let defaults: yaml_serde::Value = yaml_serde::to_value(load("").unwrap()).unwrap();
+        let mut fields = Vec::new();
+        leaves(&defaults, "", &mut fields);
+        assert!(fields.len() > 20, "{fields:?}");
+        for (field, value) in &fields {
+            let r = row(field);
+            if matches!(field.as_str(), "apiVersion" | "kind") {
+                continue;
+            }
+            let shown = match value {
+                yaml_serde::Value::String(s) if s.is_empty() => "\"\"".to_string(),
+                yaml_serde::Value::String(s) => s.clone(),
+                yaml_serde::Value::Sequence(_) => "[]".into(),
+                yaml_serde::Value::Mapping(_) => "{}".into(),
+                v => yaml_serde::to_string(v).unwrap().trim().to_string(),
+            };
+            let cells: Vec<&str> = r.split(" | ").collect();
+            assert_eq!(cells[2], format!("`{shown}`"), "default of {field}: {r}");
+        }
+        for (field, limit, note) in RANGES {
+            let r = row(field);
+            let cells: Vec<&str> = r.split(" | ").collect();
+            let want = if note.is_empty() {
+                range_text(*limit)
+            } else {
+                format!("{} ({note})", range_text(*limit))
+            };
+            assert_eq!(cells[3], want, "range of {field}: {r}");
+        }
+        for extra in [
+            "nodeOverrides",
+            "nodeOverrides[].nodeSelector.matchLabels",
+            "nodeOverrides[].interfaces",
+            "nodeOverrides[].xdpMode",
+            "nodeOverrides[].workers",
+        ] {
+            row(extra);
+        }
+        // ...and no row for a field that does not exist.
+        for l in doc.lines().filter(|l| l.starts_with("| `")) {
+            let f = l[3..].split('`').next().unwrap();
+            assert!(
+                fields.iter().any(|(x, _)| x == f) || f.starts_with("nodeOverrides"),
+                "docs/config.md documents `{f}`, which the configuration does not have"
+            );
+        }
+    }
 }

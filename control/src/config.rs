@@ -1,10 +1,16 @@
 //! `DataplaneConfiguration`: kxdp's config file, modelled on kube-proxy's `KubeProxyConfiguration`
-//! (same field names where the meaning is the same). See CONTRACT.md.
+//! (same field names where the meaning is the same). The reference is docs/config.md; a test
+//! checks that every field, default and range below appears there.
 //!
 //! Every struct denies unknown fields: a typo is an error (exit 2), never silently ignored.
-//! Errors name the file and the field path (`config.yaml: conntrack.maxEntries: invalid type: ...`).
+//! Errors name the file, the line and the field path in plain words
+//! (`config.yaml:7: conntrack.maxEntries: 4294967295 is too large: at most 67108864`).
+//!
+//! Loading has three steps: `from_yaml_str` (syntax, types, ranges: the same on every machine),
+//! `for_node` (the `nodeOverrides` matching this node's labels), `check_machine` (CPUs exist,
+//! the memory asked for is there) just before anything is allocated.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -14,7 +20,7 @@ use std::time::Duration;
 use ipnet::IpNet;
 use kxdp_dataplane::conntrack::CtConfig;
 use serde::de::{self, Deserializer};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize, Serializer};
 
 pub const API_VERSION: &str = "kxdp.dev/v1alpha1";
 pub const KIND: &str = "DataplaneConfiguration";
@@ -30,24 +36,25 @@ pub const FEATURE_GATES: &[(&str, bool)] = &[
 /// The name used by `translate`.
 pub type Config = DataplaneConfiguration;
 
-#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct DataplaneConfiguration {
     /// Must be `kxdp.dev/v1alpha1`.
     pub api_version: String,
     /// Must be `DataplaneConfiguration`.
     pub kind: String,
-    /// Which Node object is "this node"; endpoints with this `nodeName` are local.
+    /// Which Node object is "this node"; endpoints with this `nodeName` are local. Empty: the
+    /// `NODE_NAME` environment variable, else the hostname (`load` fills it in).
     #[serde(default)]
     pub node_name: String,
     /// This node's addresses; empty: the Node object's InternalIP/ExternalIP addresses.
-    #[serde(default, rename = "nodeIPs")]
+    #[serde(default, rename = "nodeIPs", deserialize_with = "de_ips")]
     pub node_ips: Vec<IpAddr>,
     /// Pod address ranges (kube-proxy's `clusterCIDR`, here a list for dual-stack).
-    #[serde(default, rename = "clusterCIDRs")]
+    #[serde(default, rename = "clusterCIDRs", deserialize_with = "de_cidrs")]
     pub cluster_cidrs: Vec<IpNet>,
     /// Service address ranges (merged with ServiceCIDR objects' `spec.cidrs`).
-    #[serde(default, rename = "serviceCIDRs")]
+    #[serde(default, rename = "serviceCIDRs", deserialize_with = "de_cidrs")]
     pub service_cidrs: Vec<IpNet>,
     /// CIDRs, or the single word `primary`; empty: every node address accepts NodePorts.
     #[serde(default)]
@@ -64,10 +71,18 @@ pub struct DataplaneConfiguration {
     #[serde(default)]
     pub sync: SyncConfig,
     /// `/healthz` and `/livez`; an empty string disables the server.
-    #[serde(default = "default_healthz", deserialize_with = "de_bind_address")]
+    #[serde(
+        default = "default_healthz",
+        deserialize_with = "de_bind_address",
+        serialize_with = "ser_bind_address"
+    )]
     pub healthz_bind_address: Option<SocketAddr>,
     /// `/metrics`; an empty string disables the server.
-    #[serde(default = "default_metrics", deserialize_with = "de_bind_address")]
+    #[serde(
+        default = "default_metrics",
+        deserialize_with = "de_bind_address",
+        serialize_with = "ser_bind_address"
+    )]
     pub metrics_bind_address: Option<SocketAddr>,
     /// Run mode: the interfaces the workers own.
     #[serde(default)]
@@ -78,9 +93,12 @@ pub struct DataplaneConfiguration {
     pub xdp_mode: XdpMode,
     #[serde(default)]
     pub workers: WorkersConfig,
+    /// Per-node settings chosen by the Node object's labels (see `for_node`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub node_overrides: Vec<NodeOverride>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum XdpMode {
     #[default]
@@ -103,17 +121,98 @@ impl<'de> Deserialize<'de> for NodePortAddress {
         if s == "primary" {
             return Ok(NodePortAddress::Primary);
         }
-        IpNet::from_str(s.trim())
+        parse_cidr(&s)
             .map(NodePortAddress::Cidr)
-            .map_err(|_| {
-                de::Error::custom(format!("invalid CIDR `{s}` (expected a CIDR or `primary`)"))
-            })
+            .map_err(|e| de::Error::custom(format!("{e} (or the word `primary`)")))
     }
+}
+
+impl Serialize for NodePortAddress {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            NodePortAddress::Primary => s.serialize_str("primary"),
+            NodePortAddress::Cidr(n) => s.serialize_str(&n.to_string()),
+        }
+    }
+}
+
+/// An IP address, with a plain-words error (`std`'s is "invalid IP address syntax").
+pub fn parse_ip(s: &str) -> Result<IpAddr, String> {
+    let t = s.trim();
+    if let Ok(ip) = IpAddr::from_str(t) {
+        return Ok(ip);
+    }
+    if t.contains('/') {
+        return Err(format!(
+            "`{s}` is an address range (CIDR); a single address is expected here, e.g. 10.0.0.1"
+        ));
+    }
+    Err(format!(
+        "`{s}` is not an IP address (expected e.g. 192.168.0.10 or fd00::10)"
+    ))
+}
+
+/// A CIDR, with an error saying what is wrong with it (a /33, a missing prefix length...).
+pub fn parse_cidr(s: &str) -> Result<IpNet, String> {
+    let t = s.trim();
+    if let Ok(n) = IpNet::from_str(t) {
+        return Ok(n);
+    }
+    let Some((addr, len)) = t.split_once('/') else {
+        return Err(if IpAddr::from_str(t).is_ok() {
+            format!("`{s}` has no prefix length (expected a CIDR such as 10.0.0.0/8)")
+        } else {
+            format!("`{s}` is not a CIDR (expected e.g. 10.0.0.0/8 or fd00::/48)")
+        });
+    };
+    let Ok(ip) = IpAddr::from_str(addr) else {
+        return Err(format!(
+            "`{s}`: `{addr}` is not an IP address (expected a CIDR such as 10.0.0.0/8)"
+        ));
+    };
+    let max = if ip.is_ipv4() { 32 } else { 128 };
+    let family = if ip.is_ipv4() { "IPv4" } else { "IPv6" };
+    Err(match len.parse::<u32>() {
+        Ok(n) if n > max => {
+            format!(
+                "`{s}`: the prefix length {n} is too long (an {family} prefix is at most /{max})"
+            )
+        }
+        _ => format!("`{s}`: `{len}` is not a prefix length (a number from 0 to {max})"),
+    })
+}
+
+fn de_ips<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<IpAddr>, D::Error> {
+    struct Ip(IpAddr);
+    impl<'de> Deserialize<'de> for Ip {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            let s = String::deserialize(d)?;
+            parse_ip(&s).map(Ip).map_err(de::Error::custom)
+        }
+    }
+    Ok(Vec::<Ip>::deserialize(d)?
+        .into_iter()
+        .map(|i| i.0)
+        .collect())
+}
+
+fn de_cidrs<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<IpNet>, D::Error> {
+    struct Cidr(IpNet);
+    impl<'de> Deserialize<'de> for Cidr {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            let s = String::deserialize(d)?;
+            parse_cidr(&s).map(Cidr).map_err(de::Error::custom)
+        }
+    }
+    Ok(Vec::<Cidr>::deserialize(d)?
+        .into_iter()
+        .map(|c| c.0)
+        .collect())
 }
 
 /// kube-proxy's `conntrack` section, with one absolute limit instead of maxPerCore/min. Omitted
 /// fields keep their defaults.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct ConntrackConfig {
     /// 0 = the default (kube-proxy: 0 leaves the kernel's limit alone).
@@ -137,7 +236,7 @@ impl Default for ConntrackConfig {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct SyncConfig {
     /// Changes closer together than this are batched into one translation.
@@ -155,7 +254,7 @@ impl Default for SyncConfig {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct WorkersConfig {
     /// Worker threads (default 1).
@@ -178,7 +277,7 @@ impl Default for WorkersConfig {
 
 /// An idle worker polls its rings `spinPolls` times, then sleeps from 10 µs doubling up to
 /// `maxSleep` between polls: more spinning and shorter sleeps cost CPU and save latency.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct IdleConfig {
     pub spin_polls: u32,
@@ -192,6 +291,49 @@ impl Default for IdleConfig {
             max_sleep: GoDuration(std::time::Duration::from_millis(1)),
         }
     }
+}
+
+/// One `nodeOverrides` entry: on the nodes whose labels match `nodeSelector`, these fields
+/// replace the top-level ones. Absent fields leave the top-level value alone.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NodeOverride {
+    pub node_selector: NodeSelector,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interfaces: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub xdp_mode: Option<XdpMode>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workers: Option<WorkersOverride>,
+}
+
+/// Which nodes an override applies to: every label in `matchLabels` equal on the Node object
+/// (an empty `matchLabels` matches every node), as a Kubernetes label selector's `matchLabels`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NodeSelector {
+    #[serde(default)]
+    pub match_labels: BTreeMap<String, String>,
+}
+
+impl NodeSelector {
+    pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
+        self.match_labels
+            .iter()
+            .all(|(k, v)| labels.get(k) == Some(v))
+    }
+}
+
+/// `workers` fields an override may set; each replaces the top-level one.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct WorkersOverride {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub count: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpus: Option<Vec<usize>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle: Option<IdleConfig>,
 }
 
 fn default_healthz() -> Option<SocketAddr> {
@@ -209,9 +351,16 @@ fn de_bind_address<'de, D: Deserializer<'de>>(d: D) -> Result<Option<SocketAddr>
     }
     SocketAddr::from_str(&s).map(Some).map_err(|_| {
         de::Error::custom(format!(
-            "invalid address `{s}` (expected IP:PORT, e.g. 0.0.0.0:10256)"
+            "`{s}` is not an address and port (expected IP:PORT, e.g. 0.0.0.0:10256, or \"\" to turn the server off)"
         ))
     })
+}
+
+fn ser_bind_address<S: Serializer>(a: &Option<SocketAddr>, s: S) -> Result<S::Ok, S::Error> {
+    match a {
+        Some(a) => s.serialize_str(&a.to_string()),
+        None => s.serialize_str(""),
+    }
 }
 
 /// A duration written as Kubernetes writes them (Go's `time.Duration` format: `24h`, `1h0m0s`,
@@ -228,21 +377,79 @@ impl<'de> Deserialize<'de> for GoDuration {
     }
 }
 
-impl fmt::Display for GoDuration {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", humantime::format_duration(self.0))
+impl Serialize for GoDuration {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&format_go_duration(self.0))
     }
 }
 
+impl fmt::Display for GoDuration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&format_go_duration(self.0))
+    }
+}
+
+/// Go's `time.Duration.String()`: `1h0m0s`, `2m30s`, `1.5s`, `300ms`, `50µs`, `0s`.
+pub fn format_go_duration(d: Duration) -> String {
+    let ns = d.as_nanos();
+    if ns == 0 {
+        return "0s".into();
+    }
+    let frac = |v: u128, unit: u128| {
+        let (whole, rest) = (v / unit, v % unit);
+        if rest == 0 {
+            whole.to_string()
+        } else {
+            let digits = unit.ilog10() as usize;
+            let s = format!("{whole}.{rest:0digits$}");
+            s.trim_end_matches('0').to_string()
+        }
+    };
+    if ns < 1_000 {
+        return format!("{ns}ns");
+    }
+    if ns < 1_000_000 {
+        return format!("{}µs", frac(ns, 1_000));
+    }
+    if ns < 1_000_000_000 {
+        return format!("{}ms", frac(ns, 1_000_000));
+    }
+    let secs_ns = ns % 60_000_000_000;
+    let mins = (ns / 60_000_000_000) % 60;
+    let hours = ns / 3_600_000_000_000;
+    let secs = format!("{}s", frac(secs_ns, 1_000_000_000));
+    if hours > 0 {
+        format!("{hours}h{mins}m{secs}")
+    } else if mins > 0 {
+        format!("{mins}m{secs}")
+    } else {
+        secs
+    }
+}
+
+/// Longest duration any field takes: beyond it a value is a typo (and a deadline computed from it
+/// could overflow), whatever the field's own range.
+pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
+
 /// Parses Go's duration syntax (`[0-9.]+(ns|us|µs|ms|s|m|h)` repeated, or a bare `0`), then
-/// falls back to humantime. Negative durations are refused.
+/// falls back to humantime. Negative durations, and durations over a year, are refused.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let t = s.trim();
-    if let Some(d) = parse_go_duration(t) {
-        return Ok(d);
+    let d = match parse_go_duration(t) {
+        Some(d) => d,
+        None => humantime::parse_duration(t).map_err(|e| match e {
+            humantime::DurationError::NumberOverflow => too_long(s),
+            _ => format!("`{s}` is not a duration (expected e.g. `30s`, `1h0m0s`, `24h`)"),
+        })?,
+    };
+    if d > MAX_DURATION {
+        return Err(too_long(s));
     }
-    humantime::parse_duration(t)
-        .map_err(|_| format!("invalid duration `{s}` (expected e.g. `30s`, `1h0m0s`, `24h`)"))
+    Ok(d)
+}
+
+fn too_long(s: &str) -> String {
+    format!("`{s}` is too long: no duration may exceed a year (8760h)")
 }
 
 fn parse_go_duration(s: &str) -> Option<Duration> {
@@ -279,15 +486,250 @@ fn parse_go_duration(s: &str) -> Option<Duration> {
         rest = &rest[unit_end..];
         total += value * scale_ns;
     }
-    if !total.is_finite() || total > u64::MAX as f64 {
+    if !total.is_finite() {
         return None;
     }
-    Some(Duration::from_nanos(total.round() as u64))
+    // Saturates: anything this long is refused as over MAX_DURATION by the caller.
+    Some(Duration::from_nanos(
+        total.min(u64::MAX as f64).round() as u64
+    ))
 }
 
-/// yaml_serde prefixes messages with its own (coarser) idea of the path; the path from
-/// serde_path_to_error is the one shown, so drop yaml_serde's when it is a prefix of it.
+/// The allowed values of one numeric field (docs/config.md lists the same table).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Limit {
+    Int { min: u64, max: u64 },
+    Time { min: Duration, max: Duration },
+}
+
+/// Every numeric field, its range, and what 0 means where 0 is special. `validate` checks each;
+/// a test checks that docs/config.md states each.
+pub const RANGES: &[(&str, Limit, &str)] = &[
+    (
+        "conntrack.maxEntries",
+        Limit::Int {
+            min: 0,
+            max: MAX_CONNTRACK_ENTRIES as u64,
+        },
+        "0: the default, 1048576",
+    ),
+    (
+        "conntrack.tcpEstablishedTimeout",
+        Limit::Time {
+            min: Duration::ZERO,
+            max: MAX_CT_TIMEOUT,
+        },
+        "0s: the default, 24h",
+    ),
+    (
+        "conntrack.tcpCloseWaitTimeout",
+        Limit::Time {
+            min: Duration::ZERO,
+            max: MAX_CT_TIMEOUT,
+        },
+        "0s: the default, 1h",
+    ),
+    (
+        "conntrack.udpTimeout",
+        Limit::Time {
+            min: Duration::ZERO,
+            max: MAX_CT_TIMEOUT,
+        },
+        "0s: the default, 30s",
+    ),
+    (
+        "conntrack.udpStreamTimeout",
+        Limit::Time {
+            min: Duration::ZERO,
+            max: MAX_CT_TIMEOUT,
+        },
+        "0s: the default, 2m",
+    ),
+    (
+        "sync.minSyncPeriod",
+        Limit::Time {
+            min: Duration::ZERO,
+            max: Duration::from_secs(3600),
+        },
+        "",
+    ),
+    (
+        "sync.syncPeriod",
+        Limit::Time {
+            min: Duration::from_secs(1),
+            max: Duration::from_secs(24 * 3600),
+        },
+        "",
+    ),
+    (
+        "workers.count",
+        Limit::Int {
+            min: 1,
+            max: MAX_WORKERS as u64,
+        },
+        "",
+    ),
+    (
+        "workers.cpus",
+        Limit::Int {
+            min: 0,
+            max: MAX_CPU_ID as u64,
+        },
+        "each entry; and it must be a CPU this machine has",
+    ),
+    (
+        "workers.idle.spinPolls",
+        Limit::Int {
+            min: 0,
+            max: 100_000_000,
+        },
+        "",
+    ),
+    (
+        "workers.idle.maxSleep",
+        Limit::Time {
+            min: Duration::from_micros(10),
+            max: Duration::from_secs(1),
+        },
+        "",
+    ),
+];
+
+/// 64 Mi entries: about 14 GiB of table; more is a typo, not a node.
+pub const MAX_CONNTRACK_ENTRIES: u32 = 1 << 26;
+/// The kernel's `nf_conntrack_tcp_timeout_established` default is 5 days; 30 days is plenty.
+pub const MAX_CT_TIMEOUT: Duration = Duration::from_secs(30 * 24 * 3600);
+pub const MAX_WORKERS: usize = 256;
+/// Linux's largest CPU number on x86-64 (`CONFIG_NR_CPUS` at most 8192).
+pub const MAX_CPU_ID: usize = 8191;
+
+/// Bytes the conntrack table allocates up front for `max_entries` (the layout of
+/// `kxdp_dataplane::conntrack::table::Table::new`: 128-byte entries plus an 8-byte tag for
+/// `max + max/8` entries, and 8-byte slots for four times that, rounded up to a power of two).
+pub fn conntrack_bytes(max_entries: u32) -> u64 {
+    let max = u64::from(max_entries.clamp(16, 1 << 29));
+    let capacity = max + (max / 8).max(1024);
+    let slots = (capacity * 4).next_power_of_two();
+    capacity * (128 + 8) + slots * 8
+}
+
+/// Bytes one worker's UMEM takes (`kxdp_dataplane::io::afxdp::XskConfig::default()`).
+pub fn umem_bytes() -> u64 {
+    let x = kxdp_dataplane::io::afxdp::XskConfig::default();
+    u64::from(x.frames) * u64::from(x.frame_size)
+}
+
+/// What the machine offers, for `check_machine`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Machine {
+    /// CPU numbers online (`/sys/devices/system/cpu/online`).
+    pub cpus: BTreeSet<usize>,
+    /// Bytes this process may still allocate: MemAvailable, or the cgroup's limit minus its
+    /// usage when lower. None: unknown (not checked).
+    pub memory_available: Option<u64>,
+}
+
+impl Machine {
+    /// Reads the machine's CPUs and memory from /sys and /proc.
+    pub fn probe() -> Machine {
+        let cpus = std::fs::read_to_string("/sys/devices/system/cpu/online")
+            .ok()
+            .and_then(|s| parse_cpu_list(&s))
+            .unwrap_or_else(|| {
+                let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+                (0..n).collect()
+            });
+        let meminfo = std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|s| meminfo_field(&s, "MemAvailable:"));
+        let cgroup = cgroup_memory_left();
+        let memory_available = match (meminfo, cgroup) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        Machine {
+            cpus,
+            memory_available,
+        }
+    }
+}
+
+/// Parses the kernel's CPU list format: `0-3,8,10-11`.
+pub fn parse_cpu_list(s: &str) -> Option<BTreeSet<usize>> {
+    let mut out = BTreeSet::new();
+    for part in s.trim().split(',').filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b): (usize, usize) = (a.parse().ok()?, b.parse().ok()?);
+                if b < a || b > MAX_CPU_ID {
+                    return None;
+                }
+                out.extend(a..=b);
+            }
+            None => {
+                out.insert(part.parse().ok()?);
+            }
+        }
+    }
+    Some(out)
+}
+
+/// `0-3,8` back from a set.
+fn format_cpu_list(cpus: &BTreeSet<usize>) -> String {
+    let mut parts = Vec::new();
+    let mut it = cpus.iter().copied().peekable();
+    while let Some(start) = it.next() {
+        let mut end = start;
+        while it.peek() == Some(&(end + 1)) {
+            end = it.next().unwrap_or(end);
+        }
+        parts.push(if start == end {
+            start.to_string()
+        } else {
+            format!("{start}-{end}")
+        });
+    }
+    parts.join(",")
+}
+
+fn meminfo_field(meminfo: &str, name: &str) -> Option<u64> {
+    let line = meminfo.lines().find(|l| l.starts_with(name))?;
+    let kb: u64 = line[name.len()..]
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kb * 1024)
+}
+
+/// cgroup v2: `memory.max` minus `memory.current` of this process's cgroup (a pod's limit).
+fn cgroup_memory_left() -> Option<u64> {
+    let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let rel = own.lines().find_map(|l| l.strip_prefix("0::"))?;
+    let dir = Path::new("/sys/fs/cgroup").join(rel.trim_start_matches('/'));
+    let max = std::fs::read_to_string(dir.join("memory.max")).ok()?;
+    let max: u64 = max.trim().parse().ok()?; // "max": no limit
+    let cur: u64 = std::fs::read_to_string(dir.join("memory.current"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(max.saturating_sub(cur))
+}
+
+fn mib(b: u64) -> u64 {
+    b.div_ceil(1 << 20)
+}
+
+/// yaml_serde prefixes messages with its own (coarser) idea of the path and appends the
+/// position; the path from serde_path_to_error is the one shown and the line goes in its own
+/// place, so drop both.
 fn strip_yaml_path(msg: &str, path: &str) -> String {
+    let msg = match msg.rfind(" at line ") {
+        Some(i) if msg[i..].contains(" column ") => &msg[..i],
+        _ => msg,
+    };
     if let Some((head, rest)) = msg.split_once(": ") {
         if !head.contains(' ') && (path.starts_with(head) || head == ".") {
             return rest.to_string();
@@ -296,10 +738,117 @@ fn strip_yaml_path(msg: &str, path: &str) -> String {
     msg.to_string()
 }
 
-/// A config that could not be loaded: the file, the field path and what is wrong.
+/// serde's messages in plain words: no Rust type names (`expected u32`), `map` is a mapping.
+fn plain_words(msg: &str, field: &str) -> String {
+    let range = range_of(field).map(|(l, _)| match l {
+        Limit::Int { min, max } => format!("a whole number from {min} to {max}"),
+        Limit::Time { .. } => "a duration".to_string(),
+    });
+    let number = range.unwrap_or_else(|| "a whole number".to_string());
+    if let Some(rest) = msg.strip_prefix("unknown field `") {
+        if let Some((name, known)) = rest.split_once("`, expected one of ") {
+            let known: Vec<&str> = known.split(", ").map(|k| k.trim_matches('`')).collect();
+            let hint = known
+                .iter()
+                .find(|k| k.eq_ignore_ascii_case(name))
+                .map(|k| format!("did you mean `{k}`? "))
+                .unwrap_or_default();
+            return format!(
+                "unknown field `{name}` ({hint}known fields here: {})",
+                known.join(", ")
+            );
+        }
+    }
+    let mut m = msg.to_string();
+    for ty in [
+        "u8", "u16", "u32", "u64", "u128", "usize", "i8", "i16", "i32", "i64", "isize",
+    ] {
+        let pat = format!("expected {ty}");
+        if m.ends_with(&pat) {
+            m = format!("{}expected {number}", &m[..m.len() - pat.len()]);
+        }
+    }
+    m = m
+        .replace("expected a sequence", "expected a list")
+        .replace("invalid type: map,", "got a mapping,")
+        .replace("invalid type: sequence,", "got a list,")
+        .replace("invalid type: ", "got ")
+        .replace("invalid value: integer", "got")
+        .replace("invalid value: ", "got ")
+        .replace("expected a boolean", "expected true or false")
+        .replace("got string ", "got the text ")
+        .replace("got integer ", "got ")
+        .replace("got floating point ", "got ")
+        .replace("struct DataplaneConfiguration", "a mapping")
+        .replace("struct ", "a mapping ");
+    // "got `-1`, ..." -> "got -1, ...": numbers need no quoting.
+    if let Some(rest) = m.strip_prefix("got `") {
+        if let Some((n, tail)) = rest.split_once('`') {
+            if n.parse::<f64>().is_ok() {
+                m = format!("got {n}{tail}");
+            }
+        }
+    }
+    m
+}
+
+fn range_of(field: &str) -> Option<(Limit, &'static str)> {
+    // `nodeOverrides[0].workers.count` has the range of `workers.count`, `workers.cpus[1]` that
+    // of `workers.cpus`.
+    let f = match field.strip_prefix("nodeOverrides[") {
+        Some(r) => r.split_once("].").map_or(field, |(_, r)| r),
+        None => field,
+    };
+    let base = f.split('[').next().unwrap_or(f);
+    RANGES
+        .iter()
+        .find(|(f, _, _)| *f == base)
+        .map(|(_, l, n)| (*l, *n))
+}
+
+/// The line (1-based) where a dotted field path is written, found by looking for each key in
+/// turn after the previous one. None when it is not written (a default, or a missing field).
+pub fn line_of(text: &str, field: &str) -> Option<usize> {
+    let mut pos = 0;
+    let mut found = false;
+    for seg in field.split('.') {
+        let key = seg.split('[').next().unwrap_or(seg);
+        if key.is_empty() {
+            continue;
+        }
+        let hit = [
+            format!("{key}:"),
+            format!("\"{key}\":"),
+            format!("'{key}':"),
+        ]
+        .iter()
+        .filter_map(|pat| {
+            text[pos..].match_indices(pat.as_str()).find_map(|(i, _)| {
+                let at = pos + i;
+                // A whole key: not the tail of a longer one.
+                let before = text[..at].chars().next_back();
+                let whole = before.is_none_or(|c| !(c.is_alphanumeric() || c == '_'));
+                whole.then_some(at)
+            })
+        })
+        .min();
+        match hit {
+            Some(at) => {
+                pos = at;
+                found = true;
+            }
+            None => return found.then(|| text[..pos].lines().count().max(1)),
+        }
+    }
+    found.then(|| text[..pos].matches('\n').count() + 1)
+}
+
+/// A config that could not be loaded: the file, line and field path, and what is wrong.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigError {
     pub file: PathBuf,
+    /// 1-based line of the offending field, when known.
+    pub line: Option<usize>,
     /// Dotted field path (`conntrack.maxEntries`); empty for file-level errors.
     pub field: String,
     pub message: String,
@@ -307,52 +856,87 @@ pub struct ConfigError {
 
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.file.display())?;
+        if let Some(line) = self.line {
+            write!(f, ":{line}")?;
+        }
         if self.field.is_empty() || self.field == "." {
-            write!(f, "{}: {}", self.file.display(), self.message)
+            write!(f, ": {}", self.message)
         } else {
-            write!(
-                f,
-                "{}: {}: {}",
-                self.file.display(),
-                self.field,
-                self.message
-            )
+            write!(f, ": {}: {}", self.field, self.message)
         }
     }
 }
 
 impl std::error::Error for ConfigError {}
 
+/// The `apiVersion` and `kind` of a kube-proxy configuration file.
+pub const KUBE_PROXY_KIND: &str = "KubeProxyConfiguration";
+
+/// Whether `text` is a KubeProxyConfiguration (any apiVersion).
+pub fn is_kube_proxy_configuration(text: &str) -> bool {
+    yaml_serde::from_str::<yaml_serde::Value>(text)
+        .ok()
+        .and_then(|v| v.get("kind").and_then(|k| k.as_str()).map(str::to_owned))
+        .is_some_and(|k| k == KUBE_PROXY_KIND)
+}
+
 impl DataplaneConfiguration {
-    /// Reads and validates a config file.
+    /// Reads and validates a config file; an empty `nodeName` becomes `$NODE_NAME`, else the
+    /// hostname (as kube-proxy's `hostnameOverride` falls back to the hostname).
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
             file: path.to_path_buf(),
+            line: None,
             field: String::new(),
             message: format!("cannot read: {e}"),
         })?;
-        Self::from_yaml_str(&text, path)
+        let mut cfg = Self::from_yaml_str(&text, path)?;
+        cfg.node_name = default_node_name(
+            &cfg.node_name,
+            std::env::var("NODE_NAME").ok().as_deref(),
+            hostname().as_deref(),
+        );
+        Ok(cfg)
     }
 
     /// Parses and validates config text; `file` only names the source in errors.
     pub fn from_yaml_str(text: &str, file: &Path) -> Result<Self, ConfigError> {
-        let err = |field: String, message: String| ConfigError {
+        let err = |field: String, line: Option<usize>, message: String| ConfigError {
             file: file.to_path_buf(),
+            line,
             field,
             message,
         };
-        crate::yaml::check(text).map_err(|e| err(String::new(), e.to_string()))?;
+        crate::yaml::check(text).map_err(|e| err(String::new(), None, e.to_string()))?;
+        if is_kube_proxy_configuration(text) {
+            return Err(err(
+                "kind".into(),
+                line_of(text, "kind"),
+                format!(
+                    "this is kube-proxy's configuration (KubeProxyConfiguration), not kxdp's: \
+                     run `kxdp config convert {}` to print the equivalent DataplaneConfiguration \
+                     (and the fields it cannot carry over)",
+                    file.display()
+                ),
+            ));
+        }
         let de = yaml_serde::Deserializer::from_str(text);
         let cfg: DataplaneConfiguration = serde_path_to_error::deserialize(de).map_err(|e| {
             let field = e.path().to_string();
-            let inner = strip_yaml_path(&e.into_inner().to_string(), &field);
-            err(field, inner)
+            let inner = e.into_inner();
+            // The field's own line; yaml_serde's position is that of the enclosing value for
+            // errors raised by a field's own parser, so it is only the fallback (syntax errors).
+            let line = line_of(text, &field).or_else(|| inner.location().map(|l| l.line()));
+            let msg = strip_yaml_path(&inner.to_string(), &field);
+            err(field.clone(), line, plain_words(&msg, &field))
         })?;
-        cfg.validate().map_err(|(f, m)| err(f, m))?;
+        cfg.validate()
+            .map_err(|(f, m)| err(f.clone(), line_of(text, &f), m))?;
         Ok(cfg)
     }
 
-    /// Checks what serde cannot: the header, refused options, feature gate names.
+    /// Checks what serde cannot: the header, refused options, feature gate names, ranges.
     fn validate(&self) -> Result<(), (String, String)> {
         if self.api_version != API_VERSION {
             return Err((
@@ -381,14 +965,108 @@ impl DataplaneConfiguration {
                 ));
             }
         }
-        if self.workers.count == 0 {
-            return Err(("workers.count".into(), "must be at least 1".into()));
-        }
         if self.nodeport_has_primary_mixed() {
             return Err((
                 "nodePortAddresses".into(),
                 "`primary` must be the only entry".into(),
             ));
+        }
+        self.check_ranges()?;
+        for (i, o) in self.node_overrides.iter().enumerate() {
+            let mut applied = self.clone();
+            applied.apply(o);
+            applied
+                .check_ranges()
+                .map_err(|(f, m)| (format!("nodeOverrides[{i}].{f}"), m))?;
+        }
+        Ok(())
+    }
+
+    /// The numeric fields with their values, in `RANGES` order.
+    fn numeric_values(&self) -> Vec<(String, Numeric)> {
+        let c = &self.conntrack;
+        let w = &self.workers;
+        let mut v = vec![
+            (
+                "conntrack.maxEntries".to_string(),
+                Numeric::Int(c.max_entries.into()),
+            ),
+            (
+                "conntrack.tcpEstablishedTimeout".into(),
+                Numeric::Time(c.tcp_established_timeout.0),
+            ),
+            (
+                "conntrack.tcpCloseWaitTimeout".into(),
+                Numeric::Time(c.tcp_close_wait_timeout.0),
+            ),
+            (
+                "conntrack.udpTimeout".into(),
+                Numeric::Time(c.udp_timeout.0),
+            ),
+            (
+                "conntrack.udpStreamTimeout".into(),
+                Numeric::Time(c.udp_stream_timeout.0),
+            ),
+            (
+                "sync.minSyncPeriod".into(),
+                Numeric::Time(self.sync.min_sync_period.0),
+            ),
+            (
+                "sync.syncPeriod".into(),
+                Numeric::Time(self.sync.sync_period.0),
+            ),
+            ("workers.count".into(), Numeric::Int(w.count as u64)),
+        ];
+        for (i, cpu) in w.cpus.iter().enumerate() {
+            v.push((format!("workers.cpus[{i}]"), Numeric::Int(*cpu as u64)));
+        }
+        v.push((
+            "workers.idle.spinPolls".into(),
+            Numeric::Int(w.idle.spin_polls.into()),
+        ));
+        v.push((
+            "workers.idle.maxSleep".into(),
+            Numeric::Time(w.idle.max_sleep.0),
+        ));
+        v
+    }
+
+    fn check_ranges(&self) -> Result<(), (String, String)> {
+        for (field, value) in self.numeric_values() {
+            let Some((limit, note)) = range_of(&field) else {
+                continue;
+            };
+            let note = if note.is_empty() || note.starts_with("each") {
+                String::new()
+            } else {
+                format!(" ({note})")
+            };
+            match (limit, value) {
+                (Limit::Int { min, max }, Numeric::Int(v)) => {
+                    if v > max {
+                        return Err((field, format!("{v} is too large: at most {max}{note}")));
+                    }
+                    if v < min {
+                        return Err((field, format!("{v} is too small: at least {min}{note}")));
+                    }
+                }
+                (Limit::Time { min, max }, Numeric::Time(v)) => {
+                    let show = format_go_duration;
+                    if v > max {
+                        return Err((
+                            field,
+                            format!("{} is too long: at most {}{note}", show(v), show(max)),
+                        ));
+                    }
+                    if v < min {
+                        return Err((
+                            field,
+                            format!("{} is too short: at least {}{note}", show(v), show(min)),
+                        ));
+                    }
+                }
+                _ => {}
+            }
         }
         Ok(())
     }
@@ -396,6 +1074,115 @@ impl DataplaneConfiguration {
     fn nodeport_has_primary_mixed(&self) -> bool {
         self.node_port_addresses.len() > 1
             && self.node_port_addresses.contains(&NodePortAddress::Primary)
+    }
+
+    /// Applies one override's fields.
+    fn apply(&mut self, o: &NodeOverride) {
+        if let Some(i) = &o.interfaces {
+            self.interfaces = i.clone();
+        }
+        if let Some(m) = o.xdp_mode {
+            self.xdp_mode = m;
+        }
+        if let Some(w) = &o.workers {
+            if let Some(c) = w.count {
+                self.workers.count = c;
+            }
+            if let Some(c) = &w.cpus {
+                self.workers.cpus = c.clone();
+            }
+            if let Some(i) = &w.idle {
+                self.workers.idle = i.clone();
+            }
+        }
+    }
+
+    /// This node's configuration: the top-level fields, then every `nodeOverrides` entry whose
+    /// selector matches `labels`, in file order (a later match wins for the fields it sets).
+    /// Returns the configuration and the indexes of the overrides applied.
+    pub fn for_node(&self, labels: &BTreeMap<String, String>) -> (Self, Vec<usize>) {
+        let mut out = self.clone();
+        let mut applied = Vec::new();
+        for (i, o) in self.node_overrides.iter().enumerate() {
+            if o.node_selector.matches(labels) {
+                out.apply(o);
+                applied.push(i);
+            }
+        }
+        (out, applied)
+    }
+
+    /// Checks the configuration against the machine it is about to run on: every CPU in
+    /// `workers.cpus` exists, and the memory it asks for (the conntrack table; with
+    /// `with_umem`, one UMEM per worker) is available. `file` names the source in errors.
+    pub fn check_machine(
+        &self,
+        machine: &Machine,
+        with_umem: bool,
+        file: &Path,
+    ) -> Result<(), ConfigError> {
+        let err = |field: &str, message: String| ConfigError {
+            file: file.to_path_buf(),
+            line: None,
+            field: field.to_string(),
+            message,
+        };
+        for (i, cpu) in self.workers.cpus.iter().enumerate() {
+            if !machine.cpus.contains(cpu) {
+                return Err(err(
+                    &format!("workers.cpus[{i}]"),
+                    format!(
+                        "CPU {cpu} does not exist on this machine (its CPUs: {})",
+                        format_cpu_list(&machine.cpus)
+                    ),
+                ));
+            }
+        }
+        let Some(available) = machine.memory_available else {
+            return Ok(());
+        };
+        let ct = conntrack_bytes(self.ct_config().max_entries);
+        let umem = if with_umem {
+            umem_bytes() * self.workers.count as u64
+        } else {
+            0
+        };
+        if ct + umem > available {
+            let (field, what) = if umem > ct {
+                (
+                    "workers.count",
+                    format!(
+                        "{} workers need {} MiB of packet buffers (UMEM, {} MiB each) plus {} MiB of conntrack table",
+                        self.workers.count,
+                        mib(umem),
+                        mib(umem_bytes()),
+                        mib(ct)
+                    ),
+                )
+            } else {
+                (
+                    "conntrack.maxEntries",
+                    format!(
+                        "a conntrack table of {} entries needs {} MiB{}",
+                        self.ct_config().max_entries,
+                        mib(ct),
+                        if umem > 0 {
+                            format!(" plus {} MiB of packet buffers (UMEM)", mib(umem))
+                        } else {
+                            String::new()
+                        }
+                    ),
+                )
+            };
+            return Err(err(
+                field,
+                format!(
+                    "{what}, but only {} MiB is available on this machine",
+                    mib(available)
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// Whether a feature gate is on (the config's value, else its default).
@@ -428,6 +1215,39 @@ impl DataplaneConfiguration {
         set(&mut ct.udp_stream, c.udp_stream_timeout);
         ct
     }
+
+    /// The configuration as YAML (`kxdp config convert`, `/configz`).
+    pub fn to_yaml(&self) -> String {
+        yaml_serde::to_string(self).expect("a configuration always serializes")
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Numeric {
+    Int(u64),
+    Time(Duration),
+}
+
+/// `nodeName` when the file leaves it empty: `NODE_NAME` (the downward API), else the
+/// hostname, lowercased as kube-proxy does.
+pub fn default_node_name(configured: &str, env: Option<&str>, hostname: Option<&str>) -> String {
+    if !configured.is_empty() {
+        return configured.to_string();
+    }
+    if let Some(n) = env.map(str::trim).filter(|n| !n.is_empty()) {
+        return n.to_string();
+    }
+    hostname
+        .map(|h| h.trim().to_lowercase())
+        .unwrap_or_default()
+}
+
+/// The kernel's hostname (no libc call needed).
+pub fn hostname() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
 }
 
 #[cfg(test)]
@@ -607,7 +1427,7 @@ workers: {count: 2, cpus: [0, 1]}
     fn bad_duration_names_field() {
         let e = load_err("conntrack: {udpTimeout: forever}");
         assert!(
-            e.starts_with("config.yaml: conntrack.udpTimeout: invalid duration `forever`"),
+            e.starts_with("config.yaml:3: conntrack.udpTimeout: `forever` is not a duration"),
             "{e}"
         );
         let e = load_err("sync: {syncPeriod: 10}");
@@ -617,33 +1437,63 @@ workers: {count: 2, cpus: [0, 1]}
     #[test]
     fn wrong_type_names_field() {
         let e = load_err("conntrack: {maxEntries: lots}");
-        assert!(
-            e.starts_with("config.yaml: conntrack.maxEntries: invalid type"),
-            "{e}"
+        assert_eq!(
+            e,
+            "config.yaml:3: conntrack.maxEntries: got the text \"lots\", expected a whole number from 0 to 67108864"
         );
         let e = load_err("nodeIPs: [192.168.0.300]");
-        assert!(e.starts_with("config.yaml: nodeIPs[0]:"), "{e}");
+        assert_eq!(
+            e,
+            "config.yaml:3: nodeIPs[0]: `192.168.0.300` is not an IP address (expected e.g. 192.168.0.10 or fd00::10)"
+        );
         let e = load_err("clusterCIDRs: [10.0.0.0/40]");
-        assert!(e.starts_with("config.yaml: clusterCIDRs[0]:"), "{e}");
+        assert_eq!(
+            e,
+            "config.yaml:3: clusterCIDRs[0]: `10.0.0.0/40`: the prefix length 40 is too long (an IPv4 prefix is at most /32)"
+        );
+        let e = load_err("serviceCIDRs: [10.0.0.0/8, 10.96.0.0/33]");
+        assert!(
+            e.starts_with("config.yaml:3: serviceCIDRs[1]: `10.96.0.0/33`: the prefix length 33"),
+            "{e}"
+        );
         let e = load_err("workers: {count: -1}");
-        assert!(e.starts_with("config.yaml: workers.count:"), "{e}");
+        assert_eq!(
+            e,
+            "config.yaml:3: workers.count: got -1, expected a whole number from 1 to 256"
+        );
         let e = load_err("healthzBindAddress: localhost");
         assert!(
-            e.starts_with("config.yaml: healthzBindAddress: invalid address"),
+            e.starts_with(
+                "config.yaml:3: healthzBindAddress: `localhost` is not an address and port"
+            ),
             "{e}"
         );
         let e = load_err("nodePortAddresses: [nope]");
         assert!(
-            e.starts_with("config.yaml: nodePortAddresses[0]: invalid CIDR"),
+            e.starts_with("config.yaml:3: nodePortAddresses[0]: `nope` is not a CIDR"),
             "{e}"
         );
+        let e = load_err("interfaces: {eth0: 1}");
+        assert!(
+            e.starts_with("config.yaml:3: interfaces: got a mapping, expected a list"),
+            "{e}"
+        );
+        for rust in ["u32", "usize", "u64", "invalid type", "IP address syntax"] {
+            for body in [
+                "conntrack: {maxEntries: lots}",
+                "workers: {count: x}",
+                "nodeIPs: [1.2.3.4/33]",
+            ] {
+                assert!(!load_err(body).contains(rust), "{body}: {}", load_err(body));
+            }
+        }
     }
 
     #[test]
     fn unknown_fields_rejected_with_path() {
         let e = load_err("nodename: x");
         assert!(
-            e.starts_with("config.yaml: ") && e.contains("unknown field `nodename`"),
+            e.starts_with("config.yaml:3: nodename: unknown field `nodename` (did you mean `nodeName`? known fields here: apiVersion, kind, nodeName,"),
             "{e}"
         );
         let e = load_err("conntrack: {maxPerCore: 1}");
@@ -682,7 +1532,7 @@ workers: {count: 2, cpus: [0, 1]}
     fn localhost_node_ports_refused() {
         let e = load_err("localhostNodePorts: true");
         assert!(
-            e.starts_with("config.yaml: localhostNodePorts: true is not supported"),
+            e.starts_with("config.yaml:3: localhostNodePorts: true is not supported"),
             "{e}"
         );
         assert!(load("localhostNodePorts: false").is_ok());
@@ -692,7 +1542,7 @@ workers: {count: 2, cpus: [0, 1]}
     fn feature_gates() {
         let e = load_err("featureGates: {NoSuchGate: true}");
         assert!(
-            e.starts_with("config.yaml: featureGates.NoSuchGate: unknown feature gate"),
+            e.starts_with("config.yaml:3: featureGates.NoSuchGate: unknown feature gate"),
             "{e}"
         );
         let c = load("featureGates: {PreferSameTrafficDistribution: true}").unwrap();
@@ -732,5 +1582,360 @@ workers: {count: 2, cpus: [0, 1]}
                 .starts_with("/nonexistent/kxdp.yaml: cannot read"),
             "{e}"
         );
+    }
+
+    // issue 12: values that crashed or silently broke the daemon are refused in plain words.
+    #[test]
+    fn huge_conntrack_table_refused() {
+        let e = load_err("conntrack:\n  maxEntries: 4294967295\n");
+        assert_eq!(
+            e,
+            "config.yaml:4: conntrack.maxEntries: 4294967295 is too large: at most 67108864 (0: the default, 1048576)"
+        );
+        assert!(load("conntrack: {maxEntries: 67108864}").is_ok());
+    }
+
+    #[test]
+    fn absurd_worker_count_refused() {
+        let e = load_err("workers:\n  count: 100000\n");
+        assert_eq!(
+            e,
+            "config.yaml:4: workers.count: 100000 is too large: at most 256"
+        );
+        let e = load_err("workers: {count: 0}");
+        assert_eq!(
+            e,
+            "config.yaml:3: workers.count: 0 is too small: at least 1"
+        );
+    }
+
+    #[test]
+    fn overflowing_duration_refused() {
+        let e = load_err("conntrack: {tcpEstablishedTimeout: 18446744073709551s}");
+        assert_eq!(
+            e,
+            "config.yaml:3: conntrack.tcpEstablishedTimeout: `18446744073709551s` is too long: no duration may exceed a year (8760h)"
+        );
+        let e = load_err("conntrack: {tcpEstablishedTimeout: 99999999999999999999999h}");
+        assert!(e.contains("is too long"), "{e}");
+        let e = load_err("conntrack: {udpTimeout: 2000h}");
+        assert_eq!(
+            e,
+            "config.yaml:3: conntrack.udpTimeout: 2000h0m0s is too long: at most 720h0m0s (0s: the default, 30s)"
+        );
+        let e = load_err("sync: {syncPeriod: 10ms}");
+        assert!(
+            e.contains("sync.syncPeriod: 10ms is too short: at least 1s"),
+            "{e}"
+        );
+        let e = load_err("workers: {idle: {maxSleep: 5s}}");
+        assert!(
+            e.contains("workers.idle.maxSleep: 5s is too long: at most 1s"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn every_numeric_field_has_a_range() {
+        let c = load("workers: {cpus: [0]}").unwrap();
+        let fields: Vec<String> = c
+            .numeric_values()
+            .into_iter()
+            .map(|(f, _)| f.split('[').next().unwrap().to_string())
+            .collect();
+        for (f, _, _) in RANGES {
+            assert!(fields.iter().any(|x| x == f), "{f} not checked");
+        }
+        for f in &fields {
+            assert!(range_of(f).is_some(), "{f} has no range");
+        }
+    }
+
+    fn machine(cpus: &[usize], mem_mib: u64) -> Machine {
+        Machine {
+            cpus: cpus.iter().copied().collect(),
+            memory_available: Some(mem_mib << 20),
+        }
+    }
+
+    #[test]
+    fn cpus_that_do_not_exist_refused() {
+        let c = load("workers: {count: 2, cpus: [0, 99]}").unwrap();
+        let e = c
+            .check_machine(&machine(&[0, 1], 4096), false, Path::new("config.yaml"))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "config.yaml: workers.cpus[1]: CPU 99 does not exist on this machine (its CPUs: 0-1)"
+        );
+        let c = load("workers: {count: 2, cpus: [0, 1]}").unwrap();
+        c.check_machine(&machine(&[0, 1], 4096), false, Path::new("c"))
+            .unwrap();
+        let e = load_err("workers: {cpus: [100000]}");
+        assert!(e.contains("workers.cpus[0]: 100000 is too large"), "{e}");
+        // This machine: CPU 0 exists, CPU 8191 almost certainly not.
+        let m = Machine::probe();
+        assert!(m.cpus.contains(&0), "{m:?}");
+        assert!(m.memory_available.is_some_and(|b| b > 0), "{m:?}");
+    }
+
+    #[test]
+    fn memory_checked_before_allocating() {
+        // Default table: ~209 MiB.
+        let mb = conntrack_bytes(1 << 20) >> 20;
+        assert!((200..260).contains(&mb), "{mb}");
+        let c = load("conntrack: {maxEntries: 67108864}").unwrap();
+        let e = c
+            .check_machine(&machine(&[0], 1024), false, Path::new("config.yaml"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with(
+                "config.yaml: conntrack.maxEntries: a conntrack table of 67108864 entries needs "
+            ) && e.ends_with("but only 1024 MiB is available on this machine"),
+            "{e}"
+        );
+        let c = load("workers: {count: 256}\ninterfaces: [eth0]").unwrap();
+        let e = c
+            .check_machine(&machine(&[0], 2048), true, Path::new("config.yaml"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with(
+                "config.yaml: workers.count: 256 workers need 8192 MiB of packet buffers"
+            ),
+            "{e}"
+        );
+        // Without interfaces (replay), no UMEM is counted.
+        c.check_machine(&machine(&[0], 2048), false, Path::new("c"))
+            .unwrap();
+    }
+
+    #[test]
+    fn cpu_lists() {
+        let s = parse_cpu_list("0-3,8,10-11\n").unwrap();
+        assert_eq!(
+            s.iter().copied().collect::<Vec<_>>(),
+            [0, 1, 2, 3, 8, 10, 11]
+        );
+        assert_eq!(format_cpu_list(&s), "0-3,8,10-11");
+        assert!(parse_cpu_list("3-1").is_none());
+    }
+
+    #[test]
+    fn node_name_defaults() {
+        assert_eq!(default_node_name("a", Some("b"), Some("c")), "a");
+        assert_eq!(default_node_name("", Some("b"), Some("c")), "b");
+        assert_eq!(default_node_name("", Some(" "), Some("Node-C\n")), "node-c");
+        assert_eq!(default_node_name("", None, None), "");
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("c.yaml");
+        std::fs::write(&p, HEADER).unwrap();
+        let c = Config::load(&p).unwrap();
+        let want = default_node_name(
+            "",
+            std::env::var("NODE_NAME").ok().as_deref(),
+            hostname().as_deref(),
+        );
+        assert!(!want.is_empty());
+        assert_eq!(c.node_name, want);
+    }
+
+    #[test]
+    fn node_overrides_by_labels() {
+        let c = load(
+            r#"
+interfaces: [eth0]
+workers: {count: 2, cpus: [0, 1]}
+nodeOverrides:
+  - nodeSelector: {matchLabels: {node.kubernetes.io/instance-type: m5.large}}
+    interfaces: [ens5]
+    workers: {count: 1}
+  - nodeSelector: {matchLabels: {kxdp.dev/pool: edge, kubernetes.io/os: linux}}
+    xdpMode: generic
+    workers: {cpus: [3]}
+"#,
+        )
+        .unwrap();
+        let labels = |kv: &[(&str, &str)]| -> BTreeMap<String, String> {
+            kv.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let (plain, applied) = c.for_node(&labels(&[("kubernetes.io/os", "linux")]));
+        assert!(applied.is_empty());
+        assert_eq!(plain.interfaces, ["eth0"]);
+        let (m5, applied) =
+            c.for_node(&labels(&[("node.kubernetes.io/instance-type", "m5.large")]));
+        assert_eq!(applied, [0]);
+        assert_eq!(m5.interfaces, ["ens5"]);
+        assert_eq!(m5.workers.count, 1);
+        assert_eq!(m5.workers.cpus, [0, 1]);
+        let (both, applied) = c.for_node(&labels(&[
+            ("node.kubernetes.io/instance-type", "m5.large"),
+            ("kxdp.dev/pool", "edge"),
+            ("kubernetes.io/os", "linux"),
+        ]));
+        assert_eq!(applied, [0, 1]);
+        assert_eq!(both.interfaces, ["ens5"]);
+        assert_eq!(
+            (both.workers.count, both.workers.cpus.clone()),
+            (1, vec![3])
+        );
+        assert_eq!(both.xdp_mode, XdpMode::Generic);
+        // Overrides are range-checked too, and name their entry.
+        let e = load_err("nodeOverrides:\n  - nodeSelector: {}\n    workers: {count: 100000}\n");
+        assert!(
+            e.starts_with("config.yaml:5: nodeOverrides[0].workers.count: 100000 is too large"),
+            "{e}"
+        );
+        let e = load_err("nodeOverrides: [{nodeSelector: {matchExpressions: []}}]");
+        assert!(
+            e.contains("nodeOverrides[0].nodeSelector") && e.contains("matchExpressions"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn kube_proxy_configuration_recognised() {
+        let e = Config::from_yaml_str(
+            "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: nftables\n",
+            Path::new("kube-proxy.yaml"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.starts_with("kube-proxy.yaml:2: kind: this is kube-proxy's configuration (KubeProxyConfiguration), not kxdp's: run `kxdp config convert kube-proxy.yaml`"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn round_trips_through_yaml() {
+        let c = load(
+            "nodeName: n\nnodePortAddresses: [primary]\nconntrack: {udpTimeout: 1.5s}\nmetricsBindAddress: \"\"\nnodeOverrides: [{nodeSelector: {matchLabels: {a: b}}, interfaces: [x]}]\n",
+        )
+        .unwrap();
+        let back = Config::from_yaml_str(&c.to_yaml(), Path::new("back.yaml")).unwrap();
+        assert_eq!(back, c);
+        let d = load("").unwrap();
+        assert_eq!(
+            Config::from_yaml_str(&d.to_yaml(), Path::new("d")).unwrap(),
+            d
+        );
+    }
+
+    #[test]
+    fn go_duration_format() {
+        for (d, s) in [
+            (Duration::ZERO, "0s"),
+            (Duration::from_secs(3600), "1h0m0s"),
+            (Duration::from_secs(150), "2m30s"),
+            (Duration::from_millis(1500), "1.5s"),
+            (Duration::from_millis(300), "300ms"),
+            (Duration::from_micros(50), "50µs"),
+            (Duration::from_secs(86400), "24h0m0s"),
+        ] {
+            assert_eq!(format_go_duration(d), s);
+            assert_eq!(parse_duration(s).unwrap(), d);
+        }
+    }
+
+    #[test]
+    fn lines_of_fields() {
+        let t = "a: 1\nconntrack:\n  udpTimeout: 1s\n  maxEntries: 2\nworkers: {count: 3}\n";
+        assert_eq!(line_of(t, "conntrack.maxEntries"), Some(4));
+        assert_eq!(line_of(t, "workers.count"), Some(5));
+        assert_eq!(line_of(t, "conntrack"), Some(2));
+        assert_eq!(line_of(t, "sync"), None);
+    }
+
+    fn range_text(l: Limit) -> String {
+        match l {
+            Limit::Int { min, max } => format!("{min} to {max}"),
+            Limit::Time { min, max } => {
+                format!("{} to {}", format_go_duration(min), format_go_duration(max))
+            }
+        }
+    }
+
+    fn leaves(v: &yaml_serde::Value, prefix: &str, out: &mut Vec<(String, yaml_serde::Value)>) {
+        match v {
+            yaml_serde::Value::Mapping(m) if !m.is_empty() && prefix != "featureGates" => {
+                for (k, v) in m {
+                    let k = k.as_str().unwrap();
+                    let p = if prefix.is_empty() {
+                        k.to_string()
+                    } else {
+                        format!("{prefix}.{k}")
+                    };
+                    leaves(v, &p, out);
+                }
+            }
+            _ => out.push((prefix.to_string(), v.clone())),
+        }
+    }
+
+    /// docs/config.md cannot drift from the struct: every field is a row, with its default as
+    /// the configuration prints it and its range as `validate` checks it.
+    #[test]
+    fn docs_config_md_lists_every_field() {
+        let doc = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/config.md"),
+        )
+        .unwrap();
+        let row = |field: &str| -> String {
+            doc.lines()
+                .find(|l| l.starts_with(&format!("| `{field}` |")))
+                .unwrap_or_else(|| panic!("docs/config.md has no row for `{field}`"))
+                .to_string()
+        };
+        let defaults: yaml_serde::Value = yaml_serde::to_value(load("").unwrap()).unwrap();
+        let mut fields = Vec::new();
+        leaves(&defaults, "", &mut fields);
+        assert!(fields.len() > 20, "{fields:?}");
+        for (field, value) in &fields {
+            let r = row(field);
+            if matches!(field.as_str(), "apiVersion" | "kind") {
+                continue;
+            }
+            let shown = match value {
+                yaml_serde::Value::String(s) if s.is_empty() => "\"\"".to_string(),
+                yaml_serde::Value::String(s) => s.clone(),
+                yaml_serde::Value::Sequence(_) => "[]".into(),
+                yaml_serde::Value::Mapping(_) => "{}".into(),
+                v => yaml_serde::to_string(v).unwrap().trim().to_string(),
+            };
+            let cells: Vec<&str> = r.split(" | ").collect();
+            assert_eq!(cells[2], format!("`{shown}`"), "default of {field}: {r}");
+        }
+        for (field, limit, note) in RANGES {
+            let r = row(field);
+            let cells: Vec<&str> = r.split(" | ").collect();
+            let want = if note.is_empty() {
+                range_text(*limit)
+            } else {
+                format!("{} ({note})", range_text(*limit))
+            };
+            assert_eq!(cells[3], want, "range of {field}: {r}");
+        }
+        for extra in [
+            "nodeOverrides",
+            "nodeOverrides[].nodeSelector.matchLabels",
+            "nodeOverrides[].interfaces",
+            "nodeOverrides[].xdpMode",
+            "nodeOverrides[].workers",
+        ] {
+            row(extra);
+        }
+        // ...and no row for a field that does not exist.
+        for l in doc.lines().filter(|l| l.starts_with("| `")) {
+            let f = l[3..].split('`').next().unwrap();
+            assert!(
+                fields.iter().any(|(x, _)| x == f) || f.starts_with("nodeOverrides"),
+                "docs/config.md documents `{f}`, which the configuration does not have"
+            );
+        }
     }
 }

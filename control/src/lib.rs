@@ -5,10 +5,12 @@
 
 pub mod addr_guard;
 pub mod admin;
+pub mod cleanup;
 pub mod config;
 pub mod endpoints;
 pub mod health;
 pub mod incremental;
+pub mod kubeproxy;
 pub mod metrics;
 pub mod model;
 pub mod policy;

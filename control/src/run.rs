@@ -101,6 +101,70 @@ pub fn start(
     })
 }
 
+/// This node's configuration: `nodeOverrides` applied for the Node object's labels (from
+/// `--state`, or one GET from the API server; none found: the top-level settings), then checked
+/// against the machine (CPUs exist, the memory is there) before anything is allocated.
+fn node_config(
+    config: Config,
+    config_path: &Path,
+    state: Option<&Path>,
+    kubeconfig: Option<&Path>,
+) -> Result<Config, RunError> {
+    let config = if config.node_overrides.is_empty() {
+        config
+    } else {
+        let labels = node_labels(&config.node_name, state, kubeconfig).unwrap_or_else(|e| {
+            tracing::warn!(node = %config.node_name, "node labels unknown ({e}): nodeOverrides not applied");
+            Default::default()
+        });
+        let (node, applied) = config.for_node(&labels);
+        for i in &applied {
+            tracing::info!(node = %config.node_name, "nodeOverrides[{i}] applies to this node");
+        }
+        node
+    };
+    config
+        .check_machine(
+            &crate::config::Machine::probe(),
+            !config.interfaces.is_empty(),
+            config_path,
+        )?;
+    Ok(config)
+}
+
+fn node_labels(
+    node: &str,
+    state: Option<&Path>,
+    kubeconfig: Option<&Path>,
+) -> Result<std::collections::BTreeMap<String, String>, String> {
+    let labels =
+        |n: &k8s_openapi::api::core::v1::Node| n.metadata.labels.clone().unwrap_or_default();
+    if let Some(p) = state {
+        let s = load_state(p).map_err(|e| e.to_string())?;
+        return s
+            .nodes
+            .get(node)
+            .map(labels)
+            .ok_or_else(|| format!("no Node {node} in --state"));
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    rt.block_on(async {
+        let kc = client_config(kubeconfig).await?;
+        let client = kube::Client::try_from(kc).map_err(|e| e.to_string())?;
+        let api = kube::Api::<k8s_openapi::api::core::v1::Node>::all(client);
+        let n = tokio::time::timeout(Duration::from_secs(10), api.get_opt(node))
+            .await
+            .map_err(|_| "the API server did not answer in 10 s".to_string())?
+            .map_err(|e| e.to_string())?;
+        n.as_ref()
+            .map(labels)
+            .ok_or_else(|| format!("no Node {node}"))
+    })
+}
+
 /// `kxdp run`: runs until SIGINT or SIGTERM.
 pub fn run(
     config_path: &Path,
@@ -109,6 +173,7 @@ pub fn run(
     ops_opts: crate::admin::daemon::OpsOptions,
 ) -> Result<(), RunError> {
     let config = Config::load(config_path)?;
+    let config = node_config(config, config_path, state.as_deref(), kubeconfig.as_deref())?;
     let metrics = Arc::new(Metrics::new());
     let (published, handle) = start(
         &config,

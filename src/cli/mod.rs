@@ -91,6 +91,36 @@ enum Command {
         #[command(subcommand)]
         command: PolicyCommand,
     },
+    /// Remove another proxy's leftovers from this node.
+    Cleanup {
+        #[command(subcommand)]
+        command: CleanupCommand,
+    },
+    /// Configuration tools.
+    Config {
+        #[command(subcommand)]
+        command: ConfigCommand,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum CleanupCommand {
+    /// Remove kube-proxy's iptables, nftables and IPVS rules, as `kube-proxy --cleanup` does.
+    KubeProxy {
+        /// Only print what would be removed.
+        #[arg(long)]
+        dry_run: bool,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum ConfigCommand {
+    /// Print the DataplaneConfiguration equivalent to a kube-proxy KubeProxyConfiguration, with
+    /// every field that could not be carried over named in comments.
+    Convert {
+        /// The KubeProxyConfiguration file (e.g. `config.conf` of the kube-proxy ConfigMap).
+        file: PathBuf,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -290,6 +320,44 @@ where
         Command::Services { admin } => finish(admin::services(&admin)),
         Command::Stats { args, admin } => finish(admin::stats(&args, &admin)),
         Command::Monitor { args, admin } => finish(admin::monitor(&args, &admin)),
+        Command::Cleanup {
+            command: CleanupCommand::KubeProxy { dry_run },
+        } => {
+            let opts = kxdp_control::cleanup::Options {
+                dry_run,
+                netns: None,
+            };
+            let (removed, code) = match kxdp_control::cleanup::kube_proxy(&opts) {
+                Ok(r) => (r.removed, EXIT_OK),
+                Err(e) => {
+                    eprintln!("kxdp: {e}");
+                    (e.report.removed, EXIT_FAILURE)
+                }
+            };
+            let verb = if dry_run { "would remove" } else { "removed" };
+            for line in &removed {
+                println!("{verb} {line}");
+            }
+            if removed.is_empty() {
+                println!("no kube-proxy rules found");
+            }
+            code
+        }
+        Command::Config {
+            command: ConfigCommand::Convert { file },
+        } => {
+            let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+            match kxdp_control::kubeproxy::convert_file(&file, cpus) {
+                Ok(c) => {
+                    print!("{}", c.render(&file));
+                    EXIT_OK
+                }
+                Err(e) => {
+                    eprintln!("kxdp: {e}");
+                    EXIT_BAD_INPUT
+                }
+            }
+        }
     }
 }
 
@@ -394,6 +462,9 @@ pub fn failure(message: impl ToString) -> CliError {
 
 fn cmd_replay(args: &ReplayArgs) -> Result<(), CliError> {
     let config = Config::load(&args.config).map_err(bad_input)?;
+    config
+        .check_machine(&crate::config::Machine::probe(), false, &args.config)
+        .map_err(bad_input)?;
     let state = load_state(&args.state).map_err(bad_input)?;
     let translation = translate(&config, &state);
     for p in &translation.problems {

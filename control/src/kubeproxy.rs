@@ -1,0 +1,647 @@
+//! `kxdp config convert`: a kube-proxy `KubeProxyConfiguration` (kubeproxy.config.k8s.io/v1alpha1,
+//! as kubeadm writes it into the `kube-proxy` ConfigMap) turned into the equivalent
+//! `DataplaneConfiguration`, with every field that has no equivalent named and explained.
+//!
+//! Mapped fields (kube-proxy → kxdp): `hostnameOverride` → `nodeName`; `clusterCIDR` (comma
+//! separated) → `clusterCIDRs`; `nodePortAddresses` → `nodePortAddresses`;
+//! `iptables.masqueradeAll` / `masqueradeAll` → `masqueradeAll`; `iptables.localhostNodePorts:
+//! false` → `localhostNodePorts: false`; the sync periods of the active mode's section
+//! (`iptables`/`ipvs`/`nftables`), or the top-level ones → `sync`; `conntrack.*Timeout` →
+//! `conntrack.*Timeout`; `conntrack.maxPerCore`/`min` → `conntrack.maxEntries` (on this machine's
+//! CPU count, and named as unmapped: the value depends on each node); `healthzBindAddress`,
+//! `metricsBindAddress` → the same; `featureGates` kxdp knows → `featureGates`. Fields kube-proxy
+//! leaves empty, zero or at their defaults are not reported.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use yaml_serde::Value;
+
+use crate::config::{
+    parse_cidr, parse_duration, DataplaneConfiguration, GoDuration, NodePortAddress, API_VERSION,
+    FEATURE_GATES, KIND, KUBE_PROXY_KIND, MAX_CONNTRACK_ENTRIES,
+};
+
+/// A kube-proxy field kxdp could not carry over.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unmapped {
+    /// Dotted path in the KubeProxyConfiguration (`ipvs.scheduler`).
+    pub field: String,
+    /// Its value, as YAML.
+    pub value: String,
+    /// Why, and what to do instead.
+    pub reason: String,
+}
+
+/// The result of a conversion.
+#[derive(Clone, Debug)]
+pub struct Conversion {
+    pub config: DataplaneConfiguration,
+    /// The DataplaneConfiguration as YAML, ready for `kxdp run --config`.
+    pub yaml: String,
+    pub unmapped: Vec<Unmapped>,
+}
+
+/// Why a file could not be converted.
+#[derive(Debug, thiserror::Error)]
+pub enum ConvertError {
+    #[error("{file}: cannot read: {source}", file = .file.display())]
+    Read {
+        file: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{file}: not valid YAML: {message}", file = .file.display())]
+    Yaml { file: PathBuf, message: String },
+    #[error("{file}: kind is {kind:?}, not KubeProxyConfiguration: only kube-proxy's configuration can be converted", file = .file.display())]
+    NotKubeProxy { file: PathBuf, kind: String },
+    #[error("{file}: {field}: {message}", file = .file.display())]
+    Field {
+        file: PathBuf,
+        field: String,
+        message: String,
+    },
+}
+
+/// Reads a KubeProxyConfiguration file and converts it.
+pub fn convert_file(path: &Path, cpus: usize) -> Result<Conversion, ConvertError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConvertError::Read {
+        file: path.to_path_buf(),
+        source,
+    })?;
+    convert(&text, path, cpus)
+}
+
+/// Converts KubeProxyConfiguration text (`file` names it in errors); `cpus` sizes
+/// `conntrack.maxPerCore` as kube-proxy would on this machine.
+pub fn convert(text: &str, file: &Path, cpus: usize) -> Result<Conversion, ConvertError> {
+    let mut doc: Value = yaml_serde::from_str(text).map_err(|e| ConvertError::Yaml {
+        file: file.to_path_buf(),
+        message: e.to_string(),
+    })?;
+    let kind = doc
+        .get("kind")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
+    if kind != KUBE_PROXY_KIND {
+        return Err(ConvertError::NotKubeProxy {
+            file: file.to_path_buf(),
+            kind,
+        });
+    }
+    let bad = |field: &str, message: String| ConvertError::Field {
+        file: file.to_path_buf(),
+        field: field.to_string(),
+        message,
+    };
+    let mut cfg: DataplaneConfiguration =
+        yaml_serde::from_str(&format!("apiVersion: {API_VERSION}\nkind: {KIND}\n"))
+            .expect("the minimal configuration is valid");
+    let mut unmapped = Vec::new();
+    let mut note = |field: &str, value: &Value, reason: &str| {
+        unmapped.push(Unmapped {
+            field: field.to_string(),
+            value: show(value),
+            reason: reason.to_string(),
+        });
+    };
+    take(&mut doc, "apiVersion");
+    take(&mut doc, "kind");
+
+    if let Some(v) = take_str(&mut doc, "hostnameOverride") {
+        cfg.node_name = v.to_lowercase();
+    }
+    if let Some(v) = take_str(&mut doc, "clusterCIDR") {
+        for (i, c) in v
+            .split(',')
+            .map(str::trim)
+            .filter(|c| !c.is_empty())
+            .enumerate()
+        {
+            let net = parse_cidr(c).map_err(|m| bad(&format!("clusterCIDR (entry {i})"), m))?;
+            cfg.cluster_cidrs.push(net);
+        }
+    }
+    if let Some(Value::Sequence(list)) = take(&mut doc, "nodePortAddresses") {
+        for (i, v) in list.iter().enumerate() {
+            let s = v.as_str().unwrap_or_default();
+            match s {
+                "primary" => cfg.node_port_addresses.push(NodePortAddress::Primary),
+                // kube-proxy's other keywords: `all` is kxdp's empty list; `localhost` has no
+                // meaning for a dataplane that never sees loopback.
+                "all" => {}
+                "localhost" => note(
+                    &format!("nodePortAddresses[{i}]"),
+                    v,
+                    "kxdp never sees loopback traffic (AF_XDP works on the wire), so NodePorts on localhost are not served",
+                ),
+                _ => cfg.node_port_addresses.push(NodePortAddress::Cidr(
+                    parse_cidr(s).map_err(|m| bad(&format!("nodePortAddresses[{i}]"), m))?,
+                )),
+            }
+        }
+        if cfg.node_port_addresses.len() > 1
+            && cfg.node_port_addresses.contains(&NodePortAddress::Primary)
+        {
+            return Err(bad(
+                "nodePortAddresses",
+                "`primary` mixed with CIDRs has no kxdp equivalent: keep either `primary` or the CIDRs".into(),
+            ));
+        }
+    }
+
+    let mode = take_str(&mut doc, "mode").unwrap_or_default();
+    let mode_section = match mode.as_str() {
+        "" | "iptables" => "iptables",
+        "ipvs" => "ipvs",
+        "nftables" => "nftables",
+        other => {
+            note(
+                "mode",
+                &Value::String(other.into()),
+                "kxdp replaces kube-proxy whatever its mode",
+            );
+            "iptables"
+        }
+    };
+    // The active mode's sync periods; the top-level ones (newer kube-proxy) take precedence.
+    for section in ["iptables", "ipvs", "nftables"] {
+        for key in ["syncPeriod", "minSyncPeriod"] {
+            let path = format!("{section}.{key}");
+            if let Some(v) = take_path(&mut doc, &path) {
+                if section == mode_section {
+                    set_sync(&mut cfg, key, &v, &path).map_err(|m| bad(&path, m))?;
+                }
+            }
+        }
+    }
+    for key in ["syncPeriod", "minSyncPeriod"] {
+        if let Some(v) = take(&mut doc, key) {
+            set_sync(&mut cfg, key, &v, key).map_err(|m| bad(key, m))?;
+        }
+    }
+    for path in [
+        "iptables.masqueradeAll",
+        "nftables.masqueradeAll",
+        "masqueradeAll",
+    ] {
+        if let Some(Value::Bool(b)) = take_path(&mut doc, path) {
+            cfg.masquerade_all |= b;
+        }
+    }
+    if let Some(v) = take_path(&mut doc, "iptables.localhostNodePorts") {
+        if v.as_bool() == Some(true) {
+            note(
+                "iptables.localhostNodePorts",
+                &v,
+                "kxdp never sees loopback traffic (AF_XDP works on the wire): NodePorts are not served on 127.0.0.1",
+            );
+        }
+    }
+    for (key, field) in [
+        ("iptables.masqueradeBit", "masqueradeBit"),
+        ("nftables.masqueradeBit", "masqueradeBit"),
+        ("masqueradeBit", "masqueradeBit"),
+    ] {
+        if let Some(v) = take_path(&mut doc, key) {
+            if !is_default(&v) && v.as_u64() != Some(14) {
+                note(
+                    key,
+                    &v,
+                    &format!(
+                        "kxdp marks nothing in the kernel ({field} is for iptables/nftables marks)"
+                    ),
+                );
+            }
+        }
+    }
+
+    // conntrack
+    for (kp, set) in [
+        ("conntrack.tcpEstablishedTimeout", 0),
+        ("conntrack.tcpCloseWaitTimeout", 1),
+        ("conntrack.udpTimeout", 2),
+        ("conntrack.udpStreamTimeout", 3),
+    ] {
+        let Some(v) = take_path(&mut doc, kp) else {
+            continue;
+        };
+        let Some(s) = v.as_str().filter(|s| !s.is_empty()) else {
+            continue;
+        };
+        let d = GoDuration(parse_duration(s).map_err(|m| bad(kp, m))?);
+        let c = &mut cfg.conntrack;
+        match set {
+            0 => c.tcp_established_timeout = d,
+            1 => c.tcp_close_wait_timeout = d,
+            2 => c.udp_timeout = d,
+            _ => c.udp_stream_timeout = d,
+        }
+    }
+    let per_core = take_path(&mut doc, "conntrack.maxPerCore");
+    let min = take_path(&mut doc, "conntrack.min");
+    let per_core_n = per_core.as_ref().and_then(Value::as_u64).unwrap_or(0);
+    let min_n = min.as_ref().and_then(Value::as_u64).unwrap_or(0);
+    if per_core_n > 0 {
+        let want = (per_core_n * cpus as u64).max(min_n);
+        cfg.conntrack.max_entries = want.min(u64::from(MAX_CONNTRACK_ENTRIES)) as u32;
+        note(
+            "conntrack.maxPerCore",
+            per_core.as_ref().unwrap_or(&Value::Null),
+            &format!(
+                "kxdp sizes its table with one absolute conntrack.maxEntries; set to {} ({} per core × {cpus} CPUs here, at least conntrack.min): check it for your nodes",
+                cfg.conntrack.max_entries, per_core_n
+            ),
+        );
+    } else if min_n > 0 {
+        note(
+            "conntrack.min",
+            min.as_ref().unwrap_or(&Value::Null),
+            "without maxPerCore kube-proxy leaves the kernel's limit alone; kxdp keeps its default conntrack.maxEntries",
+        );
+    }
+    if let Some(v) = take_path(&mut doc, "conntrack.tcpBeLiberal") {
+        if v.as_bool() == Some(true) {
+            note(
+                "conntrack.tcpBeLiberal",
+                &v,
+                "kxdp's conntrack does not mark out-of-window TCP packets invalid, so there is nothing to relax",
+            );
+        }
+    }
+
+    for (key, is_healthz) in [("healthzBindAddress", true), ("metricsBindAddress", false)] {
+        let Some(s) = take_str(&mut doc, key) else {
+            continue;
+        };
+        let addr = bind_address(&s, if is_healthz { 10256 } else { 10249 });
+        match addr {
+            Some(a) if is_healthz => cfg.healthz_bind_address = Some(a),
+            Some(a) => cfg.metrics_bind_address = Some(a),
+            None => note(
+                key,
+                &Value::String(s),
+                "not an IP:PORT or CIDR kxdp can bind; kxdp's default is kept",
+            ),
+        }
+    }
+
+    if let Some(Value::Mapping(gates)) = take(&mut doc, "featureGates") {
+        for (k, v) in gates {
+            let (Some(name), Some(on)) = (k.as_str(), v.as_bool()) else {
+                continue;
+            };
+            if FEATURE_GATES.iter().any(|(g, _)| *g == name) {
+                cfg.feature_gates.insert(name.to_string(), on);
+            } else {
+                note(
+                    &format!("featureGates.{name}"),
+                    &v,
+                    "a gate kxdp does not have (its behaviour is either always on in kxdp or not applicable)",
+                );
+            }
+        }
+    }
+
+    // Known fields without an equivalent, with the reason; anything else left is reported as
+    // unknown to kxdp.
+    let reasons: BTreeMap<&str, &str> = [
+        ("clientConnection.kubeconfig", "pass the kubeconfig to `kxdp run --kubeconfig` (in a pod, the service account is used)"),
+        ("clientConnection.qps", "kxdp watches (list+watch) and has no client-side rate limit setting"),
+        ("clientConnection.burst", "kxdp watches (list+watch) and has no client-side rate limit setting"),
+        ("clientConnection.contentType", "kxdp always talks JSON to the API server"),
+        ("clientConnection.acceptContentTypes", "kxdp always talks JSON to the API server"),
+        ("bindAddress", "kxdp takes this node's addresses from nodeIPs or the Node object"),
+        ("bindAddressHardFail", "kxdp always fails when it cannot bind its servers"),
+        ("enableProfiling", "kxdp has no pprof endpoint"),
+        ("showHiddenMetricsForVersion", "kxdp has no hidden metrics"),
+        ("oomScoreAdj", "set the pod's priority class (the DaemonSet uses system-node-critical)"),
+        ("configSyncPeriod", "kxdp watches continuously and resyncs every sync.syncPeriod"),
+        ("portRange", "the userspace proxy's setting; removed from kube-proxy"),
+        ("udpIdleTimeout", "the userspace proxy's setting; removed from kube-proxy"),
+        ("detectLocalMode", "kxdp tells pod traffic by clusterCIDRs"),
+        ("detectLocal.bridgeInterface", "kxdp tells pod traffic by clusterCIDRs"),
+        ("detectLocal.interfaceNamePrefix", "kxdp tells pod traffic by clusterCIDRs; put the pod interfaces in `interfaces`"),
+        ("iptables.masqueradeBit", "kxdp marks nothing in the kernel"),
+        ("ipvs.scheduler", "kxdp balances with Maglev-style consistent hashing (docs/services.md)"),
+        ("ipvs.excludeCIDRs", "kxdp owns only Service addresses and never cleans up other rules"),
+        ("ipvs.strictARP", "kxdp answers no ARP for Service addresses"),
+        ("ipvs.tcpTimeout", "use conntrack.tcpEstablishedTimeout"),
+        ("ipvs.tcpFinTimeout", "use conntrack.tcpCloseWaitTimeout"),
+        ("ipvs.udpTimeout", "use conntrack.udpTimeout"),
+        ("winkernel", "Windows only"),
+        ("logging", "use `kxdp run -v`/`--log-level` and RUST_LOG"),
+        ("conntrack.maxPerCore", "see conntrack.maxEntries"),
+        ("linux.masqueradeAll", "see masqueradeAll"),
+    ]
+    .into_iter()
+    .collect();
+    let mut rest = Vec::new();
+    leaves(&doc, String::new(), &mut rest);
+    for (field, value) in rest {
+        if is_default(&value) {
+            continue;
+        }
+        let reason = reasons
+            .iter()
+            .find(|(k, _)| field == **k || field.starts_with(&format!("{k}.")))
+            .map(|(_, r)| r.to_string())
+            .unwrap_or_else(|| "kxdp has no equivalent of this field".to_string());
+        note(&field, &value, &reason);
+    }
+
+    let yaml = cfg.to_yaml();
+    // The result must load: a conversion never produces a configuration kxdp refuses.
+    let cfg =
+        DataplaneConfiguration::from_yaml_str(&yaml, file).map_err(|e| ConvertError::Field {
+            file: file.to_path_buf(),
+            field: e.field.clone(),
+            message: e.message.clone(),
+        })?;
+    Ok(Conversion {
+        config: cfg,
+        yaml,
+        unmapped,
+    })
+}
+
+impl Conversion {
+    /// The YAML with the unmapped fields as comments on top: what `kxdp config convert` prints.
+    pub fn render(&self, source: &Path) -> String {
+        let mut out = format!(
+            "# Converted from {} (KubeProxyConfiguration) by `kxdp config convert`.\n",
+            source.display()
+        );
+        if self.unmapped.is_empty() {
+            out.push_str("# Every field set in it was carried over.\n");
+        } else {
+            out.push_str(&format!(
+                "# {} field(s) could not be carried over:\n",
+                self.unmapped.len()
+            ));
+            for u in &self.unmapped {
+                out.push_str(&format!("#   {}: {} — {}\n", u.field, u.value, u.reason));
+            }
+        }
+        out.push_str("# Add `interfaces` (and `workers`) for this node before `kxdp run`.\n");
+        out.push_str(&self.yaml);
+        out
+    }
+}
+
+fn set_sync(
+    cfg: &mut DataplaneConfiguration,
+    key: &str,
+    v: &Value,
+    path: &str,
+) -> Result<(), String> {
+    let Some(s) = v.as_str().filter(|s| !s.is_empty()) else {
+        return Ok(());
+    };
+    let d = parse_duration(s).map_err(|m| format!("{m} ({path})"))?;
+    if d == Duration::ZERO && key == "syncPeriod" {
+        return Ok(());
+    }
+    if key == "syncPeriod" {
+        cfg.sync.sync_period = GoDuration(d);
+    } else {
+        cfg.sync.min_sync_period = GoDuration(d);
+    }
+    Ok(())
+}
+
+/// kube-proxy accepts `IP:PORT`, a bare IP, or a CIDR (`0.0.0.0/0`: any address) with the
+/// port implied.
+fn bind_address(s: &str, port: u16) -> Option<SocketAddr> {
+    if s.is_empty() {
+        return None;
+    }
+    if let Ok(a) = s.parse::<SocketAddr>() {
+        return Some(a);
+    }
+    if let Ok(ip) = s.parse::<std::net::IpAddr>() {
+        return Some(SocketAddr::new(ip, port));
+    }
+    if let Ok(net) = s.parse::<ipnet::IpNet>() {
+        let ip = if net.prefix_len() == 0 {
+            net.network()
+        } else {
+            net.addr()
+        };
+        return Some(SocketAddr::new(ip, port));
+    }
+    None
+}
+
+fn take(doc: &mut Value, key: &str) -> Option<Value> {
+    doc.as_mapping_mut()?.remove(key)
+}
+
+fn take_path(doc: &mut Value, path: &str) -> Option<Value> {
+    match path.split_once('.') {
+        None => take(doc, path),
+        Some((head, rest)) => take_path(doc.get_mut(head)?, rest),
+    }
+}
+
+fn take_str(doc: &mut Value, key: &str) -> Option<String> {
+    take(doc, key)?
+        .as_str()
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+}
+
+/// Empty, zero, false or null: what kubeadm writes for a field left alone.
+fn is_default(v: &Value) -> bool {
+    match v {
+        Value::Null => true,
+        Value::Bool(b) => !b,
+        Value::Number(n) => n.as_f64() == Some(0.0),
+        Value::String(s) => s.is_empty() || s == "0s" || s == "0",
+        Value::Sequence(s) => s.is_empty(),
+        Value::Mapping(m) => m.is_empty(),
+        Value::Tagged(_) => false,
+    }
+}
+
+fn leaves(v: &Value, prefix: String, out: &mut Vec<(String, Value)>) {
+    match v {
+        Value::Mapping(m) if !m.is_empty() => {
+            for (k, v) in m {
+                let k = k.as_str().map(str::to_owned).unwrap_or_else(|| show(k));
+                let p = if prefix.is_empty() {
+                    k
+                } else {
+                    format!("{prefix}.{k}")
+                };
+                leaves(v, p, out);
+            }
+        }
+        _ if !prefix.is_empty() => out.push((prefix, v.clone())),
+        _ => {}
+    }
+}
+
+fn show(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        _ => yaml_serde::to_string(v)
+            .unwrap_or_default()
+            .trim()
+            .replace('\n', " "),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What `kubeadm init` writes into the kube-proxy ConfigMap (v1.35), with a few changes.
+    const KUBEADM: &str = r#"apiVersion: kubeproxy.config.k8s.io/v1alpha1
+bindAddress: 0.0.0.0
+bindAddressHardFail: false
+clientConnection:
+  acceptContentTypes: ""
+  burst: 0
+  contentType: ""
+  kubeconfig: /var/lib/kube-proxy/kubeconfig.conf
+  qps: 0
+clusterCIDR: 10.244.0.0/16,fd00:10:244::/56
+configSyncPeriod: 0s
+conntrack:
+  maxPerCore: 32768
+  min: 131072
+  tcpBeLiberal: false
+  tcpCloseWaitTimeout: 1h0m0s
+  tcpEstablishedTimeout: 24h0m0s
+  udpStreamTimeout: 0s
+  udpTimeout: 0s
+detectLocal:
+  bridgeInterface: ""
+  interfaceNamePrefix: ""
+detectLocalMode: ""
+enableProfiling: false
+healthzBindAddress: 0.0.0.0:10256
+hostnameOverride: ""
+iptables:
+  localhostNodePorts: null
+  masqueradeAll: false
+  masqueradeBit: null
+  minSyncPeriod: 0s
+  syncPeriod: 0s
+ipvs:
+  excludeCIDRs: null
+  minSyncPeriod: 0s
+  scheduler: "rr"
+  strictARP: false
+  syncPeriod: 0s
+  tcpFinTimeout: 0s
+  tcpTimeout: 0s
+  udpTimeout: 0s
+kind: KubeProxyConfiguration
+logging:
+  flushFrequency: 0
+  options:
+    json:
+      infoBufferSize: "0"
+  verbosity: 0
+metricsBindAddress: 0.0.0.0:10249
+mode: nftables
+nftables:
+  masqueradeAll: false
+  masqueradeBit: null
+  minSyncPeriod: 2s
+  syncPeriod: 45s
+nodePortAddresses: [primary]
+oomScoreAdj: null
+portRange: ""
+showHiddenMetricsForVersion: ""
+winkernel:
+  enableDSR: false
+featureGates:
+  PreferSameTrafficDistribution: true
+  SomethingElse: true
+"#;
+
+    #[test]
+    fn kubeadm_configuration_converts() {
+        let c = convert(KUBEADM, Path::new("kube-proxy.yaml"), 4).unwrap();
+        let cfg = &c.config;
+        assert_eq!(cfg.cluster_cidrs.len(), 2);
+        assert_eq!(cfg.node_port_addresses, vec![NodePortAddress::Primary]);
+        assert_eq!(cfg.sync.sync_period.0, Duration::from_secs(45));
+        assert_eq!(cfg.sync.min_sync_period.0, Duration::from_secs(2));
+        assert_eq!(cfg.conntrack.max_entries, 131072);
+        assert_eq!(
+            cfg.conntrack.tcp_close_wait_timeout.0,
+            Duration::from_secs(3600)
+        );
+        assert_eq!(
+            cfg.metrics_bind_address,
+            Some("0.0.0.0:10249".parse().unwrap())
+        );
+        assert!(cfg.feature_enabled("PreferSameTrafficDistribution"));
+        let names: Vec<&str> = c.unmapped.iter().map(|u| u.field.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "conntrack.maxPerCore",
+                "featureGates.SomethingElse",
+                "bindAddress",
+                "clientConnection.kubeconfig",
+                "ipvs.scheduler",
+            ],
+            "{:#?}",
+            c.unmapped
+        );
+        assert!(c.unmapped[3].reason.contains("--kubeconfig"));
+        // The output loads as it is.
+        let text = c.render(Path::new("kube-proxy.yaml"));
+        let back =
+            DataplaneConfiguration::from_yaml_str(&text, Path::new("converted.yaml")).unwrap();
+        assert_eq!(&back, cfg);
+        assert!(
+            text.contains("#   ipvs.scheduler: rr — kxdp balances"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn iptables_mode_and_bad_values() {
+        let c = convert(
+            "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nhostnameOverride: Node-A\niptables: {masqueradeAll: true, syncPeriod: 10s, localhostNodePorts: true}\nhealthzBindAddress: 0.0.0.0/0\n",
+            Path::new("kp.yaml"),
+            2,
+        )
+        .unwrap();
+        assert_eq!(c.config.node_name, "node-a");
+        assert!(c.config.masquerade_all);
+        assert_eq!(c.config.sync.sync_period.0, Duration::from_secs(10));
+        assert_eq!(
+            c.config.healthz_bind_address,
+            Some("0.0.0.0:10256".parse().unwrap())
+        );
+        assert_eq!(c.unmapped[0].field, "iptables.localhostNodePorts");
+        let e = convert(
+            "kind: KubeProxyConfiguration\nclusterCIDR: 10.0.0.0/33\n",
+            Path::new("kp.yaml"),
+            2,
+        )
+        .unwrap_err()
+        .to_string();
+        assert_eq!(
+            e,
+            "kp.yaml: clusterCIDR (entry 0): `10.0.0.0/33`: the prefix length 33 is too long (an IPv4 prefix is at most /32)"
+        );
+        let e = convert(
+            "apiVersion: kxdp.dev/v1alpha1\nkind: DataplaneConfiguration\n",
+            Path::new("c.yaml"),
+            2,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("not KubeProxyConfiguration"), "{e}");
+    }
+}

@@ -1,0 +1,79 @@
+//! The configuration as an operator meets it through the binary: a KubeProxyConfiguration is
+//! recognised and converted, values the machine cannot honour are refused before anything is
+//! allocated (exit 2, file, line and field in plain words).
+
+use std::path::Path;
+use std::process::Command;
+
+fn kxdp(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_kxdp"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> String {
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p.to_str().unwrap().to_string()
+}
+
+const KUBE_PROXY: &str = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: nftables\nclusterCIDR: 10.244.0.0/16\nnftables: {syncPeriod: 20s}\nipvs: {scheduler: lc}\n";
+
+#[test]
+fn kube_proxy_configuration_is_recognised_and_converted() {
+    let dir = tempfile::tempdir().unwrap();
+    let kp = write(dir.path(), "kube-proxy.yaml", KUBE_PROXY);
+    let state = dir.path().join("state");
+    std::fs::create_dir(&state).unwrap();
+    let (code, _, err) = kxdp(&["run", "--config", &kp, "--state", state.to_str().unwrap()]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("kube-proxy.yaml:2: kind: this is kube-proxy's configuration (KubeProxyConfiguration), not kxdp's: run `kxdp config convert"),
+        "{err}"
+    );
+    let (code, out, err) = kxdp(&["config", "convert", &kp]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("#   ipvs.scheduler: lc"), "{out}");
+    let converted = write(dir.path(), "kxdp.yaml", &out);
+    let c = kxdp_control::Config::load(Path::new(&converted)).unwrap();
+    assert_eq!(c.sync.sync_period.0.as_secs(), 20);
+    assert_eq!(c.cluster_cidrs[0].to_string(), "10.244.0.0/16");
+}
+
+#[test]
+fn absurd_values_are_refused_before_allocating() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    std::fs::create_dir(&state).unwrap();
+    let st = state.to_str().unwrap();
+    let head = "apiVersion: kxdp.dev/v1alpha1\nkind: DataplaneConfiguration\nnodeName: n\n";
+    for (body, want) in [
+        (
+            "workers:\n  cpus: [0, 99]\n",
+            "c.yaml: workers.cpus[1]: CPU 99 does not exist on this machine",
+        ),
+        (
+            "conntrack:\n  maxEntries: 4294967295\n",
+            "c.yaml:5: conntrack.maxEntries: 4294967295 is too large: at most 67108864",
+        ),
+        (
+            "workers:\n  count: 100000\n",
+            "c.yaml:5: workers.count: 100000 is too large: at most 256",
+        ),
+        (
+            "conntrack:\n  tcpEstablishedTimeout: 18446744073709551s\n",
+            "c.yaml:5: conntrack.tcpEstablishedTimeout: `18446744073709551s` is too long",
+        ),
+    ] {
+        let c = write(dir.path(), "c.yaml", &format!("{head}{body}"));
+        let (code, _, err) = kxdp(&["run", "--config", &c, "--state", st, "--no-admin"]);
+        assert_eq!(code, 2, "{body}: {err}");
+        assert!(err.contains(want), "{body}: {err}");
+    }
+}

@@ -6,6 +6,7 @@
 //! `docs/afxdp.md` for the design and the measured behaviour on veth.
 
 pub mod afxdp;
+pub mod hostpath;
 pub mod route;
 pub mod runner;
 pub mod xdp;

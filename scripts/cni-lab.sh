@@ -4,6 +4,7 @@
 # (apt-get install containernetworking-plugins iptables python3). Needs root.
 #
 #   scripts/cni-lab.sh up     build the nodes, the external host and the pods (stays up)
+#   scripts/cni-lab.sh start  start kxdp on both nodes (in the background) on the lab that is up
 #   scripts/cni-lab.sh down   stop kxdp and the servers, CNI DEL every pod, delete everything
 #   scripts/cni-lab.sh demo   up, start kxdp on both nodes, one line per behaviour (ok/FAIL), down
 #
@@ -11,11 +12,12 @@
 #        node-a eth0 .1 / ::1          node-b eth0 .2 / ::2           ext eth0 .100 / ::100
 #        CNI ptp: 10.77.1.0/24,        CNI bridge (cni0): 10.77.2.0/24,
 #                 fd00:77:1::/64                        fd00:77:2::/64
-#        pods web-a1 client-a front-a  pods web-b1 web-b2 db-b client-b
+#        pods web-a1 client-a front-a  pods web-b1 web-b2 db-b
 #
 # Services: web 172.30.0.10 / fd00:30::a port 80 (NodePort 30080) -> web-b1, web-b2;
 # web-local 172.30.0.11 (NodePort 30081, externalTrafficPolicy Local) -> web-b1, web-b2;
 # NetworkPolicy: db-b admits only role=frontend (front-a).
+# kxdp lists every interface at startup (eth0, the pods' veths in creation order, cni0).
 # Every pod serves TCP 8080: it writes "POD CLIENT-ADDRESS" and closes.
 set -Eeuo pipefail
 cd "$(dirname "$0")/.."
@@ -83,6 +85,7 @@ add_pod() { # add_pod a|b NAME LABELS
   ip netns add "$pns"; ip -n "$pns" link set lo up
   ip netns exec "$pns" sysctl -qw net.ipv6.conf.all.accept_dad=0 net.ipv6.conf.default.accept_dad=0
   cni "$n" ADD "$pod" > "$RUN/pod-$pod.json"
+  echo "$pod" >> "$RUN/pods"
   python3 - "$RUN/pod-$pod.json" "$n" "$pod" "$labels" > "$RUN/pod-$pod.env" <<'EOF'
 import json, sys
 r = json.load(open(sys.argv[1]))
@@ -137,24 +140,31 @@ up() {
   add_pod b web-b1 "app: web"
   add_pod b web-b2 "app: web"
   add_pod b db-b "app: db"
-  add_pod b client-b "app: client"
   sleep 0.5
   warm
   echo "lab up: namespaces $(ip netns list | grep -c "^$P-"), pods $(ls $RUN/pod-*.env | wc -l)"
 }
 
 # One request from each node to its pods and between nodes: neighbours resolved before kxdp.
+WARM='
+import socket, sys
+for h in sys.argv[1:]:
+    f = socket.AF_INET6 if ":" in h else socket.AF_INET
+    socket.socket(f, socket.SOCK_DGRAM).sendto(b"w", (h, 9))
+'
 warm() {
   for f in "$RUN"/pod-*.env; do
-    (source "$f"; ip netns exec "$(node_ns "$NODE")" ping -c1 -W1 "$IP4" >/dev/null 2>&1 || true) &
+    (source "$f"
+     ip netns exec "$(node_ns "$NODE")" python3 -c "$WARM" "$IP4" "$IP6" 2>/dev/null || true
+     gw=$([ "$NODE" = a ] && echo 10.77.1.1 || echo 10.77.2.1)
+     ip netns exec "$(ns "p-$POD")" python3 -c "$WARM" "$gw" 2>/dev/null || true)
   done
   for n in a b; do
-    ip netns exec "$(node_ns $n)" python3 -c '
-import socket
-for h in ("192.168.77.1", "192.168.77.2", "192.168.77.100"):
-    socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b"w", (h, 9))' 2>/dev/null || true
+    ip netns exec "$(node_ns $n)" python3 -c "$WARM" 192.168.77.1 192.168.77.2 192.168.77.100 \
+      fd77::1 fd77::2 fd77::100 2>/dev/null || true
   done
-  wait
+  ip netns exec "$(ns ext)" python3 -c "$WARM" 192.168.77.1 192.168.77.2 fd77::1 fd77::2 2>/dev/null || true
+  sleep 0.2
 }
 
 state() { # the cluster as Kubernetes objects
@@ -242,8 +252,10 @@ EOF
 
 config() { # config a|b: every interface listed (what the current build needs)
   local n=$1 i=1 ifs="eth0"; [ "$n" = b ] && i=2
-  for f in "$RUN"/pod-*.env; do
-    (source "$f"; [ "$NODE" = "$n" ] && printf ', %s' "$HOSTIF") >> "$RUN/ifs-$n" || true
+  # In creation order: a worker's first four sockets are the ones that get UMEM frames today
+  # (tests/cni_lab.rs, kxdp_every_pod_interface_forwards), so the servers come first.
+  for pod in $(cat "$RUN/pods"); do
+    (source "$RUN/pod-$pod.env"; [ "$NODE" = "$n" ] && printf ', %s' "$HOSTIF") >> "$RUN/ifs-$n" || true
   done
   ifs+=$(cat "$RUN/ifs-$n"); rm -f "$RUN/ifs-$n"
   [ "$n" = b ] && ifs+=", cni0"
@@ -306,11 +318,11 @@ demo() {
   up
   trap down EXIT
   start_kxdp
-  local ca cb fa a4 b4; ca=$(ns p-client-a) cb=$(ns p-client-b) fa=$(ns p-front-a)
+  local ca fa a4 b4; ca=$(ns p-client-a) fa=$(ns p-front-a)
   a4=192.168.77.1 b4=192.168.77.2
   local ip_ca ip_fa; ip_ca=$(pod_var client-a IP4) ip_fa=$(pod_var front-a IP4)
   check "pod to pod on a ptp node" "$(ask "$ca" "$(pod_var web-a1 IP4)" 8080)" "web-a1 $ip_ca"
-  check "pod to pod on a bridge node" "$(ask "$cb" "$(pod_var web-b1 IP4)" 8080)" "web-b1 $(pod_var client-b IP4)"
+  check "pod to pod on a bridge node" "$(ask "$(ns p-web-b1)" "$(pod_var web-b2 IP4)" 8080)" "web-b2 $(pod_var web-b1 IP4)"
   check "pod to pod across nodes, untouched" "$(ask "$ca" "$(pod_var web-b2 IP4)" 8080)" "web-b2 $ip_ca"
   check "ClusterIP, endpoints on the other node, client address kept" "$(ask "$ca" 172.30.0.10 80)" "web-b[12] $ip_ca"
   check "NodePort on node-a served by node-b, masqueraded" "$(ask "$(ns ext)" $a4 30080)" "web-b[12] $a4"
@@ -332,7 +344,8 @@ demo() {
 
 case "${1:-}" in
   up) up ;;
+  start) start_kxdp; echo "kxdp running on both nodes (logs: $RUN/kxdp-a.log, $RUN/kxdp-b.log)" ;;
   down) down ;;
   demo) demo ;;
-  *) echo "usage: $0 up|down|demo" >&2; exit 2 ;;
+  *) echo "usage: $0 up|start|down|demo" >&2; exit 2 ;;
 esac

@@ -477,3 +477,25 @@ fn kxdp_ipv6_clusterip_nodeport_and_pod_to_pod() {
     let a = tcp(&c.ns, sa(w.ip6, TCP_PORT), T, 20_000).expect("IPv6 pod to pod");
     assert_eq!(a.peer, IpAddr::from(c.ip6));
 }
+
+/// Every pod interface of a node forwards, however many there are: six pods on node-b (eight
+/// interfaces for its one worker), each answering a client on node-a directly.
+#[test]
+#[ignore = "issue 10: needs UMEM frames shared among a worker's sockets (the 5th socket gets none)"]
+fn kxdp_every_pod_interface_forwards() {
+    let mut lab = Lab::build("kxdp_every_pod_interface_forwards");
+    lab.add_pod("node-a", "client-a", &[("app", "client")]);
+    for i in 0..6 {
+        lab.add_pod("node-b", &format!("many-{i}"), &[("app", "many")]);
+    }
+    lab.warm_neighbours();
+    let r = start_both(lab, "");
+    let c = r.lab.pod("client-a");
+    let mut failed = Vec::new();
+    for p in r.lab.pods_on("node-b") {
+        if let Err(e) = tcp(&c.ns, sa(p.ip4, TCP_PORT), T, 1000) {
+            failed.push(format!("{} ({}): {e}", p.name, p.host_if));
+        }
+    }
+    assert!(failed.is_empty(), "pods not reachable: {failed:?}");
+}

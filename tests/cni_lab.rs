@@ -22,7 +22,11 @@ fn two_node_pods(test: &str) -> Lab {
     let mut lab = Lab::build(test);
     lab.add_pod("node-a", "web-a1", &[("app", "web-a")]);
     lab.add_pod("node-a", "client-a", &[("app", "client")]);
-    lab.add_pod("node-a", "front-a", &[("app", "client"), ("role", "frontend")]);
+    lab.add_pod(
+        "node-a",
+        "front-a",
+        &[("app", "client"), ("role", "frontend")],
+    );
     lab.add_pod("node-b", "web-b1", &[("app", "web")]);
     lab.add_pod("node-b", "web-b2", &[("app", "web")]);
     lab.add_pod("node-b", "client-b", &[("app", "client")]);
@@ -70,10 +74,19 @@ fn baseline_cni_layout() {
         "bridge: pod range on cni0: {routes}"
     );
     for n in [a, b] {
-        let nat = lab::run("ip", &["netns", "exec", &n.ns, "iptables-save", "-t", "nat"]);
+        let nat = lab::run(
+            "ip",
+            &["netns", "exec", &n.ns, "iptables-save", "-t", "nat"],
+        );
         assert!(nat.contains("-j MASQUERADE"), "ipMasq rules: {nat}");
-        let nat6 = lab::run("ip", &["netns", "exec", &n.ns, "ip6tables-save", "-t", "nat"]);
-        assert!(nat6.contains("-j MASQUERADE"), "ipMasq rules (IPv6): {nat6}");
+        let nat6 = lab::run(
+            "ip",
+            &["netns", "exec", &n.ns, "ip6tables-save", "-t", "nat"],
+        );
+        assert!(
+            nat6.contains("-j MASQUERADE"),
+            "ipMasq rules (IPv6): {nat6}"
+        );
     }
 }
 
@@ -86,9 +99,8 @@ fn baseline_pod_to_pod_same_node_and_across_nodes() {
         for server in ["web-a1", "web-b1", "web-b2"] {
             for v6 in [false, true] {
                 let (c, s) = (lab.pod(client), lab.pod(server));
-                let a = tcp(&c.ns, sa(s.ip(v6), TCP_PORT), T, 20_000).unwrap_or_else(|e| {
-                    panic!("{client} -> {server} TCP {}: {e}", fam(v6))
-                });
+                let a = tcp(&c.ns, sa(s.ip(v6), TCP_PORT), T, 20_000)
+                    .unwrap_or_else(|e| panic!("{client} -> {server} TCP {}: {e}", fam(v6)));
                 assert_eq!(a.server, server);
                 assert_eq!(a.peer, c.ip(v6), "{client} -> {server}: not masqueraded");
                 let a = udp(&c.ns, sa(s.ip(v6), UDP_PORT), Duration::from_secs(1))
@@ -110,7 +122,11 @@ fn baseline_pod_to_external_masqueraded_by_the_cni() {
             let a = tcp(&c.ns, sa(ext, TCP_PORT), T, 10_000)
                 .unwrap_or_else(|e| panic!("{client} -> ext {}: {e}", fam(v6)));
             assert_eq!(a.server, "ext");
-            assert_eq!(a.peer, lab.node(node).ip(v6), "{client}: the node's address");
+            assert_eq!(
+                a.peer,
+                lab.node(node).ip(v6),
+                "{client}: the node's address"
+            );
             let a = udp(&c.ns, sa(ext, UDP_PORT), Duration::from_secs(1)).unwrap();
             assert_eq!(a.peer, lab.node(node).ip(v6));
         }
@@ -133,16 +149,28 @@ fn baseline_pods_replaced_under_continuous_requests() {
         vec![target(&lab, "srv-0"), target(&lab, "srv-1")],
     );
     let t0 = Instant::now();
+    let (mut adds, mut dels) = (Vec::new(), Vec::new());
     for i in 0..10 {
         let node = if i % 2 == 0 { "node-a" } else { "node-b" };
         let new = format!("srv-{}", i + 2);
+        let t = Instant::now();
         lab.add_pod(node, &new, &[("app", "srv")]);
+        adds.push(t.elapsed());
         load.add(target(&lab, &new));
         std::thread::sleep(Duration::from_millis(150));
         let old = format!("srv-{i}");
         load.retire(target(&lab, &old));
+        let t = Instant::now();
         lab.delete_pod(&old);
+        dels.push(t.elapsed());
     }
+    adds.sort();
+    dels.sort();
+    eprintln!(
+        "pod creation (netns + CNI ADD + servers) min/median/max {:?}/{:?}/{:?}; \
+         deletion (CNI DEL + checks + netns) {:?}/{:?}/{:?}",
+        adds[0], adds[5], adds[9], dels[0], dels[5], dels[9]
+    );
     std::thread::sleep(Duration::from_millis(200));
     let log = load.finish();
     let failed: Vec<_> = log.iter().filter(|(_, r)| r.is_err()).collect();
@@ -311,13 +339,8 @@ spec:
         assert!(t0.elapsed() >= Duration::from_secs(2));
     }
     // Pods the policy does not select are unaffected.
-    let a = tcp(
-        &client.ns,
-        sa(r.lab.pod("client-b").ip4, TCP_PORT),
-        T,
-        1000,
-    )
-    .expect("unselected pod");
+    let a =
+        tcp(&client.ns, sa(r.lab.pod("client-b").ip4, TCP_PORT), T, 1000).expect("unselected pod");
     assert_eq!(a.peer, IpAddr::from(client.ip4));
     drop((r.a, r.b));
 }
@@ -349,7 +372,13 @@ fn kxdp_pod_created_after_start() {
     lab.update_state(&b, &objects);
     let c = lab.pod("late-client").ns.clone();
     let ok = lab::wait_until(Duration::from_secs(5), || {
-        tcp(&c, sa([172, 30, 0, 12], 80), Duration::from_millis(300), 100).is_ok()
+        tcp(
+            &c,
+            sa([172, 30, 0, 12], 80),
+            Duration::from_millis(300),
+            100,
+        )
+        .is_ok()
     });
     assert!(ok, "the new pods forward");
     eprintln!("new pods answered {:?} after CNI ADD", t0.elapsed());
@@ -467,7 +496,12 @@ fn kxdp_ipv6_clusterip_nodeport_and_pod_to_pod() {
         assert!(a.server.starts_with("web-b"), "{a:?}");
         assert_eq!(a.peer, IpAddr::from(c.ip6));
     }
-    let a = udp(&c.ns, "[fd00:30::a]:53".parse().unwrap(), Duration::from_secs(1)).unwrap();
+    let a = udp(
+        &c.ns,
+        "[fd00:30::a]:53".parse().unwrap(),
+        Duration::from_secs(1),
+    )
+    .unwrap();
     assert_eq!(a.peer, IpAddr::from(c.ip6));
     let a6 = r.lab.node("node-a").ip6;
     let a = tcp(&r.lab.ext, sa(a6, 30080), T, 20_000).expect("IPv6 NodePort");

@@ -170,7 +170,10 @@ pub fn require(test: &str) {
                 .and_then(|l| l.split_whitespace().nth(2).map(str::to_string))
         })
         .unwrap_or_default();
-    assert_eq!(uid, "0", "{test}: the CNI lab needs root (network namespaces)");
+    assert_eq!(
+        uid, "0",
+        "{test}: the CNI lab needs root (network namespaces)"
+    );
     for p in ["ptp", "bridge", "host-local"] {
         assert!(
             Path::new(CNI_PATH).join(p).exists(),
@@ -215,14 +218,14 @@ impl Lab {
         ip(&lab.sw, "link add br0 type bridge");
         ip(&lab.sw, "link set br0 up");
         let specs = [
+            ("node-a", Plugin::Ptp, 1u8, "10.77.1.0/24", "fd00:77:1::/64"),
             (
-                "node-a",
-                Plugin::Ptp,
-                1u8,
-                "10.77.1.0/24",
-                "fd00:77:1::/64",
+                "node-b",
+                Plugin::Bridge,
+                2,
+                "10.77.2.0/24",
+                "fd00:77:2::/64",
             ),
-            ("node-b", Plugin::Bridge, 2, "10.77.2.0/24", "fd00:77:2::/64"),
         ];
         for (name, plugin, n, pods4, pods6) in specs {
             let ns = lab.netns(name);
@@ -257,7 +260,10 @@ impl Lab {
         // Each node routes the other's pods via the other; the ip-masq-agent-like exclusion.
         for i in 0..2 {
             let (me, other) = (&lab.nodes[i], &lab.nodes[1 - i]);
-            ip(&me.ns, &format!("route add {} via {}", other.pods4, other.ip4));
+            ip(
+                &me.ns,
+                &format!("route add {} via {}", other.pods4, other.ip4),
+            );
             ip(
                 &me.ns,
                 &format!("-6 route add {} via {}", other.pods6, other.ip6),
@@ -317,7 +323,10 @@ impl Lab {
     }
 
     fn node_index(&self, name: &str) -> usize {
-        self.nodes.iter().position(|n| n.name == name).expect("node")
+        self.nodes
+            .iter()
+            .position(|n| n.name == name)
+            .expect("node")
     }
 
     pub fn pod(&self, name: &str) -> &Pod {
@@ -407,7 +416,10 @@ impl Lab {
             "CNI DEL left {} behind: {links}",
             pod.host_if
         );
-        let nat = run("ip", &["netns", "exec", &n.ns, "iptables-save", "-t", "nat"]);
+        let nat = run(
+            "ip",
+            &["netns", "exec", &n.ns, "iptables-save", "-t", "nat"],
+        );
         assert!(
             !nat.contains(&format!("id: \\\"{}\\\"", pod.container_id)),
             "CNI DEL left masquerade rules: {nat}"
@@ -430,8 +442,14 @@ impl Lab {
     pub fn warm_neighbours(&self) {
         let a = &self.nodes[0];
         let b = &self.nodes[1];
-        warm(&a.ns, &[b.ip4.into(), b.ip6.into(), EXT4.into(), EXT6.into()]);
-        warm(&b.ns, &[a.ip4.into(), a.ip6.into(), EXT4.into(), EXT6.into()]);
+        warm(
+            &a.ns,
+            &[b.ip4.into(), b.ip6.into(), EXT4.into(), EXT6.into()],
+        );
+        warm(
+            &b.ns,
+            &[a.ip4.into(), a.ip6.into(), EXT4.into(), EXT6.into()],
+        );
         warm(
             &self.ext,
             &[a.ip4.into(), a.ip6.into(), b.ip4.into(), b.ip6.into()],
@@ -621,11 +639,7 @@ endpoints:{}
         std::fs::create_dir_all(&state).unwrap();
         let config_path = dir.join("config.yaml");
         std::fs::write(&config_path, config).unwrap();
-        std::fs::write(
-            state.join("cluster.yaml"),
-            self.cluster_objects() + objects,
-        )
-        .unwrap();
+        std::fs::write(state.join("cluster.yaml"), self.cluster_objects() + objects).unwrap();
         let k = Kxdp::start(
             &self.node(node).ns,
             config_path.to_str().unwrap(),
@@ -814,9 +828,10 @@ pub fn tcp(ns: &str, to: SocketAddr, timeout: Duration, send: usize) -> io::Resu
         s.shutdown(Shutdown::Write)?;
         let mut count = String::new();
         r.read_line(&mut count)?;
-        let got: usize = count.trim().parse().map_err(|_| {
-            io::Error::new(ErrorKind::InvalidData, format!("byte count {count:?}"))
-        })?;
+        let got: usize = count
+            .trim()
+            .parse()
+            .map_err(|_| io::Error::new(ErrorKind::InvalidData, format!("byte count {count:?}")))?;
         if got != send {
             return Err(io::Error::new(
                 ErrorKind::InvalidData,
@@ -938,12 +953,15 @@ impl Drop for Servers {
     }
 }
 
+/// One request of a [`Load`]: where it went and what came back.
+pub type Outcome = (SocketAddr, Result<Answer, String>);
+
 /// Requests that keep flowing from a client pod to a changing set of targets while pods come
 /// and go: each request picks the next target of the current set; every outcome is recorded.
 pub struct Load {
     pub targets: Arc<Mutex<Vec<SocketAddr>>>,
     stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<Vec<(SocketAddr, Result<Answer, String>)>>>,
+    thread: Option<std::thread::JoinHandle<Vec<Outcome>>>,
     in_flight: Arc<Mutex<Option<SocketAddr>>>,
 }
 
@@ -1004,7 +1022,7 @@ impl Load {
         self.targets.lock().unwrap().push(to);
     }
 
-    pub fn finish(mut self) -> Vec<(SocketAddr, Result<Answer, String>)> {
+    pub fn finish(mut self) -> Vec<Outcome> {
         self.stop.store(true, Ordering::Relaxed);
         self.thread.take().unwrap().join().unwrap()
     }

@@ -258,7 +258,11 @@ async fn add_local_rule(
     priority: u32,
     proto: RouteProtocol,
 ) -> io::Result<()> {
-    let mut req = handle.rule().add().table_id(RT_TABLE_LOCAL).priority(priority);
+    let mut req = handle
+        .rule()
+        .add()
+        .table_id(RT_TABLE_LOCAL)
+        .priority(priority);
     let m = req.message_mut();
     m.header.family = match v {
         IpVersion::V4 => AddressFamily::Inet,
@@ -382,7 +386,10 @@ impl HostPath {
             let kxdp = link_by_name(&handle, &opts.kxdp_if).await?;
             match (host, kxdp) {
                 (Some(h), Some(k)) => Ok((h, k)),
-                _ => Err(err("creating the veth pair", "links not found after creation")),
+                _ => Err(err(
+                    "creating the veth pair",
+                    "links not found after creation",
+                )),
             }
         })?;
         self.host_ifindex = host.header.index;

@@ -286,7 +286,9 @@ fn state_without_hostpath(ns: &str) -> String {
 fn hostpath_setup_replaces_and_teardown_restores_exactly() {
     let (_lab, ns) = node("hostpath_setup_replaces_and_teardown_restores_exactly");
     let before = state_without_hostpath(&ns);
+    let t = Instant::now();
     let hp = setup(&ns, options());
+    eprintln!("host path setup: {:?}", t.elapsed());
     let first = host_state(&ns);
     let first_index = hp.kxdp_ifindex();
     // kxdp's rules come first, then the moved local rule, then main and default as before.
@@ -328,7 +330,9 @@ fn hostpath_setup_replaces_and_teardown_restores_exactly() {
     let routes = ip(&ns, "route show proto 107");
     assert!(routes.contains("172.31.0.0/16") && !routes.contains("172.30.0.0/16"));
     assert!(!routes.contains("203.0.113.10"), "{routes}");
+    let t = Instant::now();
     hp.teardown().unwrap();
+    eprintln!("host path teardown: {:?}", t.elapsed());
     assert_eq!(
         state_without_hostpath(&ns),
         before,

@@ -1,0 +1,681 @@
+//! The host path: what kxdp sets up on the node so that
+//!
+//! - the node's own processes (and hostNetwork pods, kubelet) reach ClusterIPs, externalIPs,
+//!   LoadBalancer IPs and NodePorts, also on the node's own addresses: their packets never meet
+//!   an XDP program unless the kernel routes them out of an interface kxdp owns;
+//! - kxdp can hand frames to the kernel (`pass` verdicts, pod traffic to outside the cluster that
+//!   the CNI's masquerade rules must see, replies for the node's own connections).
+//!
+//! ```text
+//!   node's processes ──► kernel routing ──► kxdp0 ═══ veth ═══ kxdp1 ──► XDP ─► AF_XDP ─► kxdp
+//!   (ClusterIP, node-IP:NodePort)            (kernel's side)   (kxdp's side, attached like
+//!                                                               any interface)
+//!   kernel ◄── kxdp0 RX ◄══════════════════════════════════ kxdp1 TX ◄── kxdp (frames for the
+//!                                                                        kernel: dst MAC kxdp0)
+//! ```
+//!
+//! What [`HostPath::setup`] installs (everything tagged with the route/rule protocol
+//! `opts.protocol` or living in `opts.table`, so that a start replaces what a previous run left
+//! and [`HostPath::teardown`] removes exactly what was added):
+//!
+//! - the veth pair `kxdp0` (stays with the kernel) / `kxdp1` (kxdp attaches XDP and AF_XDP to
+//!   it). `kxdp0` gets a link-local /32 (`169.254.107.2`) so that a loose reverse-path check
+//!   has an address to work with, and the sysctls: `accept_local 1` (frames kxdp injects may
+//!   carry a node address as source: replies of NodePort connections to the node itself),
+//!   `forwarding 1` (pod traffic handed over is routed on), `rp_filter 0` — or `2` (loose) when
+//!   `conf/all/rp_filter` is 1, because the kernel uses the maximum of `all` and the interface:
+//!   strict mode would drop every handed-over pod packet (its source routes via the pod's veth,
+//!   not `kxdp0`). `kxdp1` has IPv6 disabled: the kernel never uses it.
+//! - a permanent neighbour on `kxdp0` for the next hops `169.254.107.1` and `fe80::6b:1` with
+//!   `kxdp1`'s MAC: routes through `kxdp0` never wait for ARP/ND (nobody would answer).
+//! - service routes (service CIDRs, externalIPs and LoadBalancer IPs, [`HostPath::set_service_routes`])
+//!   in the main table: `PREFIX via NEXTHOP dev kxdp0 onlink src NODE-IP proto TAG`. The `src`
+//!   is the node's address of that family: without it the kernel would pick any address (a
+//!   pod gateway's), and the replies would not come back to the node.
+//! - NodePorts on the node's own addresses: the kernel delivers a packet to a local address
+//!   before any route is consulted (the `local` rule at preference 0), so for each node address
+//!   and each of TCP, UDP, SCTP one rule `pref 0 iif lo to NODE-IP ipproto P dport RANGE lookup
+//!   TABLE proto TAG` sends the node's own connections to NodePorts to the kxdp table (a route
+//!   `NODE-IP via NEXTHOP dev kxdp0 onlink src NODE-IP`), and the `local` rule is moved behind
+//!   them: a tagged copy is added at preference 0 after kxdp's rules (rules of one preference
+//!   keep their insertion order), then the original is deleted, so there is no moment without
+//!   a `local` rule and the order of everything else stays as it was. Teardown adds the
+//!   original back (same preference and protocol) before removing kxdp's rules.
+//!
+//! Netlink goes through the `rtnetlink` crate on a private current-thread tokio runtime (the API
+//! here is synchronous: setup and route updates are rare control-path calls). Sysctls are plain
+//! writes under `/proc/sys`, which shows the calling thread's network namespace.
+
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use futures::TryStreamExt;
+use ipnet::IpNet;
+use rtnetlink::packet_route::link::{LinkAttribute, LinkMessage};
+use rtnetlink::packet_route::neighbour::NeighbourState;
+use rtnetlink::packet_route::route::{RouteAttribute, RouteMessage, RouteProtocol};
+use rtnetlink::packet_route::rule::{RuleAction, RuleAttribute, RuleMessage, RulePortRange};
+use rtnetlink::packet_route::{AddressFamily, IpProtocol};
+use rtnetlink::{Handle, IpVersion, LinkUnspec, LinkVeth, RouteMessageBuilder};
+
+/// The kernel's `local` routing table.
+const RT_TABLE_LOCAL: u32 = 255;
+const RT_TABLE_MAIN: u32 = 254;
+
+/// What the host path sets up; [`HostPathOptions::default`] gives kxdp's defaults.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostPathOptions {
+    /// The kernel's side of the pair.
+    pub host_if: String,
+    /// kxdp's side (attach XDP and AF_XDP sockets to it).
+    pub kxdp_if: String,
+    /// The node's addresses: the `src` of service routes (the first of each family) and the
+    /// destinations of the NodePort rules (all of them).
+    pub node_ips: Vec<IpAddr>,
+    /// Service CIDRs, externalIPs and LoadBalancer IPs routed to kxdp.
+    pub service_routes: Vec<IpNet>,
+    /// NodePorts the node's own processes reach on its own addresses; None: no rules.
+    pub node_port_range: Option<(u16, u16)>,
+    /// The route and rule protocol number that marks what kxdp installed.
+    pub protocol: u8,
+    /// The routing table of the NodePort rules.
+    pub table: u32,
+    /// `kxdp0`'s own link-local address.
+    pub host_addr4: Ipv4Addr,
+    /// The next hops behind `kxdp0` (permanent neighbours with `kxdp1`'s MAC).
+    pub next_hop4: Ipv4Addr,
+    pub next_hop6: Ipv6Addr,
+}
+
+impl Default for HostPathOptions {
+    fn default() -> Self {
+        HostPathOptions {
+            host_if: "kxdp0".into(),
+            kxdp_if: "kxdp1".into(),
+            node_ips: Vec::new(),
+            service_routes: Vec::new(),
+            node_port_range: Some((30000, 32767)),
+            // 107 = 'k'; unused by iproute2's rt_protos and the common routing daemons.
+            protocol: 107,
+            // "kx" in ASCII.
+            table: 0x6b78,
+            host_addr4: Ipv4Addr::new(169, 254, 107, 2),
+            next_hop4: Ipv4Addr::new(169, 254, 107, 1),
+            next_hop6: Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0x6b, 1),
+        }
+    }
+}
+
+/// The installed host path. [`HostPath::teardown`] (or drop) removes it.
+pub struct HostPath {
+    rt: tokio::runtime::Runtime,
+    handle: Handle,
+    opts: HostPathOptions,
+    host_ifindex: u32,
+    kxdp_ifindex: u32,
+    host_mac: [u8; 6],
+    kxdp_mac: [u8; 6],
+    /// The `local` rules moved behind kxdp's (family, priority, protocol), restored on teardown.
+    moved_local: Vec<(IpVersion, u32, RouteProtocol)>,
+    torn_down: bool,
+}
+
+fn err(what: &str, e: impl std::fmt::Display) -> io::Error {
+    io::Error::other(format!("host path: {what}: {e}"))
+}
+
+fn version_of(ip: &IpAddr) -> IpVersion {
+    if ip.is_ipv6() {
+        IpVersion::V6
+    } else {
+        IpVersion::V4
+    }
+}
+
+fn write_sysctl(path: &str, value: &str) -> io::Result<()> {
+    std::fs::write(format!("/proc/sys/{path}"), value).map_err(|e| err(path, e))
+}
+
+fn read_sysctl(path: &str) -> io::Result<String> {
+    std::fs::read_to_string(format!("/proc/sys/{path}"))
+        .map(|s| s.trim().to_string())
+        .map_err(|e| err(path, e))
+}
+
+fn rule_protocol(r: &RuleMessage) -> RouteProtocol {
+    r.attributes
+        .iter()
+        .find_map(|a| match a {
+            RuleAttribute::Protocol(p) => Some(*p),
+            _ => None,
+        })
+        .unwrap_or(RouteProtocol::Unspec)
+}
+
+fn rule_table(r: &RuleMessage) -> u32 {
+    r.attributes
+        .iter()
+        .find_map(|a| match a {
+            RuleAttribute::Table(t) => Some(*t),
+            _ => None,
+        })
+        .unwrap_or(r.header.table as u32)
+}
+
+fn rule_priority(r: &RuleMessage) -> u32 {
+    r.attributes
+        .iter()
+        .find_map(|a| match a {
+            RuleAttribute::Priority(p) => Some(*p),
+            _ => None,
+        })
+        .unwrap_or(0)
+}
+
+fn route_table(r: &RouteMessage) -> u32 {
+    r.attributes
+        .iter()
+        .find_map(|a| match a {
+            RouteAttribute::Table(t) => Some(*t),
+            _ => None,
+        })
+        .unwrap_or(r.header.table as u32)
+}
+
+fn route_oif(r: &RouteMessage) -> Option<u32> {
+    r.attributes.iter().find_map(|a| match a {
+        RouteAttribute::Oif(i) => Some(*i),
+        _ => None,
+    })
+}
+
+fn route_prefix(r: &RouteMessage) -> Option<IpNet> {
+    let len = r.header.destination_prefix_length;
+    r.attributes.iter().find_map(|a| match a {
+        RouteAttribute::Destination(d) => {
+            let ip: IpAddr = match d {
+                rtnetlink::packet_route::route::RouteAddress::Inet(v4) => (*v4).into(),
+                rtnetlink::packet_route::route::RouteAddress::Inet6(v6) => (*v6).into(),
+                _ => return None,
+            };
+            IpNet::new(ip, len).ok()
+        }
+        _ => None,
+    })
+}
+
+fn link_mac(l: &LinkMessage) -> Option<[u8; 6]> {
+    l.attributes.iter().find_map(|a| match a {
+        LinkAttribute::Address(m) if m.len() == 6 => m.as_slice().try_into().ok(),
+        _ => None,
+    })
+}
+
+async fn link_by_name(handle: &Handle, name: &str) -> io::Result<Option<LinkMessage>> {
+    match handle
+        .link()
+        .get()
+        .match_name(name.to_string())
+        .execute()
+        .try_next()
+        .await
+    {
+        Ok(l) => Ok(l),
+        Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::ENODEV => Ok(None),
+        Err(e) => Err(err(&format!("looking up {name}"), e)),
+    }
+}
+
+async fn rules(handle: &Handle, v: IpVersion) -> io::Result<Vec<RuleMessage>> {
+    handle
+        .rule()
+        .get(v)
+        .execute()
+        .try_collect()
+        .await
+        .map_err(|e| err("listing rules", e))
+}
+
+async fn routes(handle: &Handle, v: IpVersion) -> io::Result<Vec<RouteMessage>> {
+    let msg = match v {
+        IpVersion::V4 => RouteMessageBuilder::<Ipv4Addr>::new().build(),
+        IpVersion::V6 => RouteMessageBuilder::<Ipv6Addr>::new().build(),
+    };
+    handle
+        .route()
+        .get(msg)
+        .execute()
+        .try_collect()
+        .await
+        .map_err(|e| err("listing routes", e))
+}
+
+/// Adds a `lookup local` rule at `priority` with protocol `proto` (after the rules already at
+/// that preference).
+async fn add_local_rule(
+    handle: &Handle,
+    v: IpVersion,
+    priority: u32,
+    proto: RouteProtocol,
+) -> io::Result<()> {
+    let mut req = handle
+        .rule()
+        .add()
+        .table_id(RT_TABLE_LOCAL)
+        .priority(priority);
+    let m = req.message_mut();
+    m.header.family = match v {
+        IpVersion::V4 => AddressFamily::Inet,
+        IpVersion::V6 => AddressFamily::Inet6,
+    };
+    m.header.action = RuleAction::ToTable;
+    m.attributes.push(RuleAttribute::Protocol(proto));
+    req.execute()
+        .await
+        .map_err(|e| err("adding the local rule", e))
+}
+
+/// Removes what a previous run (or this one) installed: tagged rules (with an untagged `local`
+/// rule put back first if only kxdp's copy is left), tagged routes, the veth pair.
+async fn remove_tagged(
+    handle: &Handle,
+    opts: &HostPathOptions,
+    restore: &[(IpVersion, u32, RouteProtocol)],
+) -> io::Result<()> {
+    let tag = RouteProtocol::Other(opts.protocol);
+    for v in [IpVersion::V4, IpVersion::V6] {
+        let list = rules(handle, v.clone()).await?;
+        let untagged_local = list
+            .iter()
+            .any(|r| rule_table(r) == RT_TABLE_LOCAL && rule_protocol(r) != tag);
+        let tagged_local = list
+            .iter()
+            .any(|r| rule_table(r) == RT_TABLE_LOCAL && rule_protocol(r) == tag);
+        if !untagged_local && tagged_local {
+            // The original as it was (this run), else the kernel's default.
+            let (prio, proto) = restore
+                .iter()
+                .find(|(rv, _, _)| *rv == v)
+                .map(|(_, p, pr)| (*p, *pr))
+                .unwrap_or((0, RouteProtocol::Kernel));
+            add_local_rule(handle, v.clone(), prio, proto).await?;
+        }
+        for r in list.into_iter().filter(|r| rule_protocol(r) == tag) {
+            handle
+                .rule()
+                .del(r)
+                .execute()
+                .await
+                .map_err(|e| err("deleting a kxdp rule", e))?;
+        }
+        for r in routes(handle, v.clone()).await? {
+            if r.header.protocol == tag {
+                let what = format!("deleting route {:?}", route_prefix(&r));
+                match handle.route().del(r).execute().await {
+                    Ok(()) => {}
+                    // Gone with its interface meanwhile.
+                    Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::ESRCH => {}
+                    Err(e) => return Err(err(&what, e)),
+                }
+            }
+        }
+    }
+    if let Some(l) = link_by_name(handle, &opts.host_if).await? {
+        handle
+            .link()
+            .del(l.header.index)
+            .execute()
+            .await
+            .map_err(|e| err(&format!("deleting {}", opts.host_if), e))?;
+    }
+    // A lone kxdp1 (its peer renamed or moved) would make the veth creation fail.
+    if let Some(l) = link_by_name(handle, &opts.kxdp_if).await? {
+        handle
+            .link()
+            .del(l.header.index)
+            .execute()
+            .await
+            .map_err(|e| err(&format!("deleting {}", opts.kxdp_if), e))?;
+    }
+    Ok(())
+}
+
+impl HostPath {
+    /// Installs the host path in the calling thread's network namespace, replacing whatever a
+    /// previous run left (see the module docs).
+    pub fn setup(opts: &HostPathOptions) -> io::Result<HostPath> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .enable_time()
+            .build()?;
+        let handle = rt.block_on(async {
+            let (conn, handle, _) = rtnetlink::new_connection()?;
+            tokio::spawn(conn);
+            Ok::<_, io::Error>(handle)
+        })?;
+        let mut hp = HostPath {
+            rt,
+            handle,
+            opts: opts.clone(),
+            host_ifindex: 0,
+            kxdp_ifindex: 0,
+            host_mac: [0; 6],
+            kxdp_mac: [0; 6],
+            moved_local: Vec::new(),
+            torn_down: false,
+        };
+        if let Err(e) = hp.install() {
+            let _ = hp.remove();
+            hp.torn_down = true;
+            return Err(e);
+        }
+        Ok(hp)
+    }
+
+    fn install(&mut self) -> io::Result<()> {
+        let (handle, opts) = (self.handle.clone(), self.opts.clone());
+        self.rt.block_on(remove_tagged(&handle, &opts, &[]))?;
+        let (host, kxdp) = self.rt.block_on(async {
+            handle
+                .link()
+                .add(LinkVeth::new(&opts.host_if, &opts.kxdp_if).build())
+                .execute()
+                .await
+                .map_err(|e| err(&format!("creating {}/{}", opts.host_if, opts.kxdp_if), e))?;
+            let host = link_by_name(&handle, &opts.host_if).await?;
+            let kxdp = link_by_name(&handle, &opts.kxdp_if).await?;
+            match (host, kxdp) {
+                (Some(h), Some(k)) => Ok((h, k)),
+                _ => Err(err(
+                    "creating the veth pair",
+                    "links not found after creation",
+                )),
+            }
+        })?;
+        self.host_ifindex = host.header.index;
+        self.kxdp_ifindex = kxdp.header.index;
+        self.host_mac = link_mac(&host).ok_or_else(|| err(&opts.host_if, "no MAC"))?;
+        self.kxdp_mac = link_mac(&kxdp).ok_or_else(|| err(&opts.kxdp_if, "no MAC"))?;
+
+        // Sysctls before the links come up. conf/all/rp_filter is max'ed with the interface's.
+        let h = &opts.host_if;
+        let strict_all = read_sysctl("net/ipv4/conf/all/rp_filter")? == "1";
+        let rp = if strict_all { "2" } else { "0" };
+        write_sysctl(&format!("net/ipv4/conf/{h}/rp_filter"), rp)?;
+        write_sysctl(&format!("net/ipv4/conf/{h}/accept_local"), "1")?;
+        write_sysctl(&format!("net/ipv4/conf/{h}/forwarding"), "1")?;
+        let v6 = std::path::Path::new(&format!("/proc/sys/net/ipv6/conf/{h}")).exists();
+        if v6 {
+            write_sysctl(&format!("net/ipv6/conf/{h}/accept_dad"), "0")?;
+            write_sysctl(&format!("net/ipv6/conf/{h}/forwarding"), "1")?;
+            write_sysctl(&format!("net/ipv6/conf/{}/disable_ipv6", opts.kxdp_if), "1")?;
+        }
+
+        let (hi, ki, kmac) = (self.host_ifindex, self.kxdp_ifindex, self.kxdp_mac);
+        let moved = self.rt.block_on(async {
+            handle
+                .address()
+                .add(hi, opts.host_addr4.into(), 32)
+                .execute()
+                .await
+                .map_err(|e| err("the link-local address of the host side", e))?;
+            for i in [hi, ki] {
+                handle
+                    .link()
+                    .set(LinkUnspec::new_with_index(i).up().build())
+                    .execute()
+                    .await
+                    .map_err(|e| err("setting the pair up", e))?;
+            }
+            let mut hops: Vec<IpAddr> = vec![opts.next_hop4.into()];
+            if v6 {
+                hops.push(opts.next_hop6.into());
+            }
+            for nh in hops {
+                handle
+                    .neighbours()
+                    .add(hi, nh)
+                    .link_layer_address(&kmac)
+                    .state(NeighbourState::Permanent)
+                    .replace()
+                    .execute()
+                    .await
+                    .map_err(|e| err(&format!("permanent neighbour {nh}"), e))?;
+            }
+            install_node_ports(&handle, &opts, hi).await
+        })?;
+        self.moved_local = moved;
+        self.set_service_routes(&opts.service_routes)
+    }
+
+    /// Replaces the set of prefixes routed to kxdp (service CIDRs, externalIPs, LoadBalancer
+    /// IPs): adds what is new, removes what is gone. A prefix of a family the node has no
+    /// address of is refused (there would be no source address for it).
+    pub fn set_service_routes(&mut self, nets: &[IpNet]) -> io::Result<()> {
+        let (handle, opts, hi) = (self.handle.clone(), self.opts.clone(), self.host_ifindex);
+        let src4 = opts.node_ips.iter().find(|a| a.is_ipv4()).copied();
+        let src6 = opts.node_ips.iter().find(|a| a.is_ipv6()).copied();
+        let mut want: Vec<IpNet> = nets.iter().map(|n| n.trunc()).collect();
+        want.sort();
+        want.dedup();
+        for n in &want {
+            let has = match n {
+                IpNet::V4(_) => src4.is_some(),
+                IpNet::V6(_) => src6.is_some(),
+            };
+            if !has {
+                return Err(err(
+                    &format!("service route {n}"),
+                    "the node has no address of that family",
+                ));
+            }
+        }
+        let tag = RouteProtocol::Other(opts.protocol);
+        self.rt.block_on(async {
+            for v in [IpVersion::V4, IpVersion::V6] {
+                for r in routes(&handle, v).await? {
+                    if r.header.protocol != tag
+                        || route_table(&r) != RT_TABLE_MAIN
+                        || route_oif(&r) != Some(hi)
+                    {
+                        continue;
+                    }
+                    if route_prefix(&r).is_some_and(|p| want.contains(&p)) {
+                        continue;
+                    }
+                    handle
+                        .route()
+                        .del(r)
+                        .execute()
+                        .await
+                        .map_err(|e| err("removing a service route", e))?;
+                }
+            }
+            for n in &want {
+                let msg = route_via_host(&opts, hi, *n, RT_TABLE_MAIN, src4, src6);
+                handle
+                    .route()
+                    .add(msg)
+                    .replace()
+                    .execute()
+                    .await
+                    .map_err(|e| err(&format!("service route {n}"), e))?;
+            }
+            Ok::<(), io::Error>(())
+        })?;
+        self.opts.service_routes = want;
+        Ok(())
+    }
+
+    /// The kxdp side's interface index (for the runner: attach to it like any interface).
+    pub fn kxdp_ifindex(&self) -> u32 {
+        self.kxdp_ifindex
+    }
+
+    /// The kernel side's interface index.
+    pub fn host_ifindex(&self) -> u32 {
+        self.host_ifindex
+    }
+
+    /// The kernel side's MAC: the destination MAC of frames kxdp hands to the kernel.
+    pub fn host_mac(&self) -> [u8; 6] {
+        self.host_mac
+    }
+
+    /// The kxdp side's MAC (the source MAC of frames kxdp hands to the kernel).
+    pub fn kxdp_mac(&self) -> [u8; 6] {
+        self.kxdp_mac
+    }
+
+    pub fn options(&self) -> &HostPathOptions {
+        &self.opts
+    }
+
+    /// Removes everything setup installed and puts the `local` rules back where they were.
+    pub fn teardown(mut self) -> io::Result<()> {
+        self.torn_down = true;
+        self.remove()
+    }
+
+    fn remove(&mut self) -> io::Result<()> {
+        let (handle, opts, moved) = (
+            self.handle.clone(),
+            self.opts.clone(),
+            self.moved_local.clone(),
+        );
+        self.rt.block_on(remove_tagged(&handle, &opts, &moved))
+    }
+}
+
+impl Drop for HostPath {
+    fn drop(&mut self) {
+        if !self.torn_down {
+            if let Err(e) = self.remove() {
+                eprintln!("kxdp: removing the host path: {e}");
+            }
+        }
+    }
+}
+
+/// `PREFIX via NEXTHOP dev HOST_IF onlink src NODE-IP proto TAG table TABLE`.
+fn route_via_host(
+    opts: &HostPathOptions,
+    oif: u32,
+    net: IpNet,
+    table: u32,
+    src4: Option<IpAddr>,
+    src6: Option<IpAddr>,
+) -> RouteMessage {
+    let tag = RouteProtocol::Other(opts.protocol);
+    match net {
+        IpNet::V4(n) => {
+            let mut b = RouteMessageBuilder::<Ipv4Addr>::new()
+                .destination_prefix(n.addr(), n.prefix_len())
+                .gateway(opts.next_hop4)
+                .output_interface(oif)
+                .onlink()
+                .protocol(tag)
+                .table_id(table);
+            if let Some(IpAddr::V4(s)) = src4 {
+                b = b.pref_source(s);
+            }
+            b.build()
+        }
+        IpNet::V6(n) => {
+            let mut b = RouteMessageBuilder::<Ipv6Addr>::new()
+                .destination_prefix(n.addr(), n.prefix_len())
+                .gateway(opts.next_hop6)
+                .output_interface(oif)
+                .protocol(tag)
+                .table_id(table);
+            if let Some(IpAddr::V6(s)) = src6 {
+                b = b.pref_source(s);
+            }
+            b.build()
+        }
+    }
+}
+
+/// The NodePort rules and the kxdp table's routes; moves each family's `local` rule at
+/// preference 0 behind them. Returns the moved rules (family, priority, protocol).
+async fn install_node_ports(
+    handle: &Handle,
+    opts: &HostPathOptions,
+    oif: u32,
+) -> io::Result<Vec<(IpVersion, u32, RouteProtocol)>> {
+    let Some((lo, hi)) = opts.node_port_range else {
+        return Ok(Vec::new());
+    };
+    let tag = RouteProtocol::Other(opts.protocol);
+    let mut moved = Vec::new();
+    for v in [IpVersion::V4, IpVersion::V6] {
+        let addrs: Vec<IpAddr> = opts
+            .node_ips
+            .iter()
+            .filter(|a| version_of(a) == v)
+            .copied()
+            .collect();
+        if addrs.is_empty() {
+            continue;
+        }
+        for a in &addrs {
+            let host = IpNet::new(*a, if a.is_ipv4() { 32 } else { 128 }).unwrap();
+            let msg = route_via_host(opts, oif, host, opts.table, Some(*a), Some(*a));
+            handle
+                .route()
+                .add(msg)
+                .replace()
+                .execute()
+                .await
+                .map_err(|e| err(&format!("kxdp table route to {a}"), e))?;
+            for proto in [IpProtocol::Tcp, IpProtocol::Udp, IpProtocol::Sctp] {
+                let mut req = handle
+                    .rule()
+                    .add()
+                    .input_interface("lo")
+                    .table_id(opts.table)
+                    .priority(0);
+                let m = req.message_mut();
+                m.header.action = RuleAction::ToTable;
+                m.header.family = match v {
+                    IpVersion::V4 => AddressFamily::Inet,
+                    IpVersion::V6 => AddressFamily::Inet6,
+                };
+                m.header.dst_len = host.prefix_len();
+                m.attributes.push(RuleAttribute::Destination(*a));
+                m.attributes.push(RuleAttribute::IpProtocol(proto));
+                m.attributes
+                    .push(RuleAttribute::DestinationPortRange(RulePortRange {
+                        start: lo,
+                        end: hi,
+                    }));
+                m.attributes.push(RuleAttribute::Protocol(tag));
+                req.execute()
+                    .await
+                    .map_err(|e| err(&format!("NodePort rule for {a}"), e))?;
+            }
+        }
+        // Move `local` (preference 0) behind kxdp's rules.
+        let originals: Vec<RuleMessage> = rules(handle, v.clone())
+            .await?
+            .into_iter()
+            .filter(|r| {
+                rule_table(r) == RT_TABLE_LOCAL && rule_priority(r) == 0 && rule_protocol(r) != tag
+            })
+            .collect();
+        if originals.is_empty() {
+            continue;
+        }
+        add_local_rule(handle, v.clone(), 0, tag).await?;
+        for r in originals {
+            moved.push((v.clone(), 0, rule_protocol(&r)));
+            handle
+                .rule()
+                .del(r)
+                .execute()
+                .await
+                .map_err(|e| err("moving the local rule", e))?;
+        }
+    }
+    Ok(moved)
+}

@@ -1,0 +1,345 @@
+//! The host path (dataplane/src/io/hostpath.rs) in a network namespace: the node's own packets
+//! to a ClusterIP, an externalIP and a NodePort on the node's own address leave on `kxdp0` and
+//! arrive on `kxdp1` (seen with tcpdump on `kxdp1`), other local traffic stays local, frames
+//! written into `kxdp1` reach local sockets (also with a local source address, and through a
+//! loose reverse-path check when `conf/all/rp_filter` is strict), a second setup replaces the
+//! first (nothing stacked) and teardown restores the rules exactly.
+//!
+//! Needs root, `tcpdump` and `python3` (an AF_PACKET writer); .ci/run installs them.
+
+mod lab;
+
+use std::io::{BufRead, BufReader, Read};
+use std::net::{SocketAddr, TcpStream, UdpSocket};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kxdp_dataplane::io::hostpath::{HostPath, HostPathOptions};
+use lab::{ip, run, Lab};
+
+const NODE4: &str = "192.168.55.2";
+const NODE6: &str = "fd55::2";
+
+fn node(test: &str) -> (Lab, String) {
+    let _ = test;
+    let mut lab = Lab::new();
+    let ns = lab.netns("hp");
+    let peer = lab.netns("hp-peer");
+    lab.veth(&ns, "up0", &peer, "eth0");
+    ip(&ns, &format!("addr add {NODE4}/24 dev up0"));
+    ip(&ns, &format!("addr add {NODE6}/64 dev up0 nodad"));
+    (lab, ns)
+}
+
+fn options() -> HostPathOptions {
+    HostPathOptions {
+        node_ips: vec![NODE4.parse().unwrap(), NODE6.parse().unwrap()],
+        service_routes: vec![
+            "172.30.0.0/16".parse().unwrap(),
+            "fd00:30::/108".parse().unwrap(),
+            "203.0.113.10/32".parse().unwrap(),
+        ],
+        ..HostPathOptions::default()
+    }
+}
+
+fn setup(ns: &str, opts: HostPathOptions) -> HostPath {
+    Lab::in_ns(ns, move || HostPath::setup(&opts).expect("host path setup"))
+}
+
+fn mac_str(m: [u8; 6]) -> String {
+    m.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+/// Runs tcpdump on `dev` in `ns` for the first packet matching `filter`, does `act` once the
+/// capture listens, returns tcpdump's line (empty when nothing matched within 3 s).
+fn capture(ns: &str, dev: &str, filter: &str, act: impl FnOnce()) -> String {
+    let mut child = Command::new("ip")
+        .args([
+            "netns", "exec", ns, "tcpdump", "-i", dev, "-e", "-n", "-l", "-c", "1",
+        ])
+        .args(filter.split_whitespace())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("tcpdump (apt-get install tcpdump)");
+    let mut err = BufReader::new(child.stderr.take().unwrap());
+    let mut seen = String::new();
+    while !seen.contains("listening on") {
+        let mut line = String::new();
+        if err.read_line(&mut line).unwrap() == 0 {
+            panic!("tcpdump: {seen}");
+        }
+        seen += &line;
+    }
+    act();
+    let end = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < end {
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let mut out = String::new();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
+    out
+}
+
+fn tcp_attempt(ns: &str, to: &str) -> std::io::Result<()> {
+    let to: SocketAddr = to.parse().unwrap();
+    Lab::in_ns(ns, move || {
+        TcpStream::connect_timeout(&to, Duration::from_millis(300)).map(|_| ())
+    })
+}
+
+#[test]
+fn hostpath_local_traffic_leaves_on_kxdp0_and_arrives_on_kxdp1() {
+    let (_lab, ns) = node("hostpath_local_traffic_leaves_on_kxdp0_and_arrives_on_kxdp1");
+    let hp = setup(&ns, options());
+    let (host_mac, kxdp_mac) = (mac_str(hp.host_mac()), mac_str(hp.kxdp_mac()));
+    let cases = [
+        ("ClusterIP", "172.30.0.10:80", NODE4),
+        ("externalIP", "203.0.113.10:443", NODE4),
+        (
+            "NodePort on the node's address",
+            "192.168.55.2:30080",
+            NODE4,
+        ),
+        ("IPv6 ClusterIP", "[fd00:30::10]:80", NODE6),
+        (
+            "IPv6 NodePort on the node's address",
+            "[fd55::2]:32767",
+            NODE6,
+        ),
+    ];
+    for (what, to, src) in cases {
+        let dst: SocketAddr = to.parse().unwrap();
+        let filter = format!("tcp and dst host {} and dst port {}", dst.ip(), dst.port());
+        let out = capture(&ns, "kxdp1", &filter, || {
+            let _ = tcp_attempt(&ns, to);
+        });
+        assert!(!out.is_empty(), "{what}: nothing arrived on kxdp1");
+        assert!(
+            out.contains(&format!("{src}.")) && out.contains(&format!("> {}", dst.ip())),
+            "{what}: from the node's address: {out}"
+        );
+        assert!(
+            out.contains(&format!("{host_mac} > {kxdp_mac}")),
+            "{what}: from kxdp0 to kxdp1's MAC (the permanent neighbour): {out}"
+        );
+    }
+    // UDP to a NodePort on the node's own address goes the same way.
+    let out = capture(&ns, "kxdp1", "udp and dst port 31000", || {
+        Lab::in_ns(&ns, || {
+            let s = UdpSocket::bind("0.0.0.0:0").unwrap();
+            s.send_to(b"x", "192.168.55.2:31000").unwrap();
+        })
+    });
+    assert!(out.contains("192.168.55.2.31000"), "UDP NodePort: {out}");
+    // Everything else for the node's own addresses stays local: a port below the NodePort range
+    // is refused by the node's own stack at once, and nothing reaches kxdp1.
+    let out = capture(&ns, "kxdp1", "tcp and dst port 29999", || {
+        let e = tcp_attempt(&ns, "192.168.55.2:29999").unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused, "{e}");
+    });
+    assert!(out.is_empty(), "local traffic stays local: {out}");
+    hp.teardown().expect("teardown");
+}
+
+/// Writes `frame` into `dev` (AF_PACKET, through python3: no unsafe in the tests).
+fn inject(ns: &str, dev: &str, frame: &[u8]) {
+    let hex: String = frame.iter().map(|b| format!("{b:02x}")).collect();
+    run(
+        "ip",
+        &[
+            "netns",
+            "exec",
+            ns,
+            "python3",
+            "-c",
+            "import socket,sys; s=socket.socket(socket.AF_PACKET, socket.SOCK_RAW); \
+             s.bind((sys.argv[1], 0)); s.send(bytes.fromhex(sys.argv[2]))",
+            dev,
+            &hex,
+        ],
+    );
+}
+
+fn udp_frame(hp: &HostPath, src: [u8; 4], sport: u16, dst: [u8; 4], dport: u16) -> Vec<u8> {
+    let mut f = Vec::new();
+    etherparse::PacketBuilder::ethernet2(hp.kxdp_mac(), hp.host_mac())
+        .ipv4(src, dst, 64)
+        .udp(sport, dport)
+        .write(&mut f, b"from kxdp1")
+        .unwrap();
+    f
+}
+
+/// Binds UDP `port` in `ns`, injects `frame` into kxdp1, returns the source the socket saw.
+fn deliver(ns: &str, port: u16, frame: Vec<u8>) -> Option<SocketAddr> {
+    let p = Lab::path(ns);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let t = std::thread::spawn(move || {
+        kxdp_dataplane::io::enter_netns(&p).unwrap();
+        let s = UdpSocket::bind(("0.0.0.0", port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        tx.send(()).unwrap();
+        let mut buf = [0u8; 64];
+        s.recv_from(&mut buf).ok().map(|(_, from)| from)
+    });
+    rx.recv_timeout(Duration::from_secs(2)).unwrap();
+    inject(ns, "kxdp1", &frame);
+    t.join().unwrap()
+}
+
+#[test]
+fn hostpath_frames_written_into_kxdp1_reach_local_sockets() {
+    let (_lab, ns) = node("hostpath_frames_written_into_kxdp1_reach_local_sockets");
+    let hp = setup(&ns, options());
+    let node4 = [192, 168, 55, 2];
+    // An un-NATed reply from a ClusterIP (its source routes back through kxdp0).
+    let f = udp_frame(&hp, [172, 30, 0, 10], 53, node4, 7001);
+    assert_eq!(
+        deliver(&ns, 7001, f),
+        Some("172.30.0.10:53".parse().unwrap())
+    );
+    // A reply of a NodePort connection to the node itself: the source is a local address
+    // (accept_local).
+    let f = udp_frame(&hp, node4, 30053, node4, 7002);
+    assert_eq!(
+        deliver(&ns, 7002, f),
+        Some("192.168.55.2:30053".parse().unwrap())
+    );
+    // A source that routes through another interface (a pod's, an external client's): kxdp0
+    // does no strict reverse-path check.
+    let f = udp_frame(&hp, [192, 168, 55, 77], 5000, node4, 7003);
+    assert_eq!(
+        deliver(&ns, 7003, f),
+        Some("192.168.55.77:5000".parse().unwrap())
+    );
+    drop(hp);
+
+    // conf/all/rp_filter = 1 (strict) is max'ed with kxdp0's value: kxdp0 goes loose (2) and
+    // the same frames still arrive.
+    lab::sh(&ns, "sysctl -qw net.ipv4.conf.all.rp_filter=1");
+    let hp = setup(&ns, options());
+    let rp = lab::sh(&ns, "cat /proc/sys/net/ipv4/conf/kxdp0/rp_filter");
+    assert_eq!(rp.trim(), "2");
+    let f = udp_frame(&hp, [192, 168, 55, 77], 5000, node4, 7004);
+    assert_eq!(
+        deliver(&ns, 7004, f),
+        Some("192.168.55.77:5000".parse().unwrap())
+    );
+    let f = udp_frame(&hp, node4, 30053, node4, 7005);
+    assert_eq!(
+        deliver(&ns, 7005, f),
+        Some("192.168.55.2:30053".parse().unwrap())
+    );
+    let f = udp_frame(&hp, [172, 30, 0, 10], 53, node4, 7006);
+    assert_eq!(
+        deliver(&ns, 7006, f),
+        Some("172.30.0.10:53".parse().unwrap())
+    );
+}
+
+/// What the host path is made of, as `ip` shows it (names, not indexes).
+fn host_state(ns: &str) -> String {
+    let mut s = String::new();
+    s += &ip(ns, "-d rule show");
+    s += &ip(ns, "-6 -d rule show");
+    s += &ip(ns, "route show table all proto 107");
+    s += &ip(ns, "-6 route show table all proto 107");
+    // The permanent neighbours, without the (per pair) MAC.
+    for l in ip(ns, "neigh show dev kxdp0 nud permanent").lines() {
+        s += l.split_whitespace().next().unwrap_or("");
+        s += " permanent\n";
+    }
+    let links: Vec<String> = ip(ns, "-br link")
+        .lines()
+        .map(|l| l.split_whitespace().next().unwrap_or("").to_string())
+        .collect();
+    s += &links.join(" ");
+    s
+}
+
+fn state_without_hostpath(ns: &str) -> String {
+    let mut s = String::new();
+    s += &ip(ns, "-d rule show");
+    s += &ip(ns, "-6 -d rule show");
+    s += &ip(ns, "route show table all proto 107");
+    s += &ip(ns, "-6 route show table all proto 107");
+    s += &ip(ns, "-br link");
+    s
+}
+
+#[test]
+fn hostpath_setup_replaces_and_teardown_restores_exactly() {
+    let (_lab, ns) = node("hostpath_setup_replaces_and_teardown_restores_exactly");
+    let before = state_without_hostpath(&ns);
+    let t = Instant::now();
+    let hp = setup(&ns, options());
+    eprintln!("host path setup: {:?}", t.elapsed());
+    let first = host_state(&ns);
+    let first_index = hp.kxdp_ifindex();
+    // kxdp's rules come first, then the moved local rule, then main and default as before.
+    let rules = ip(&ns, "rule show");
+    let pos = |needle: &str| {
+        rules
+            .find(needle)
+            .unwrap_or_else(|| panic!("{needle} in {rules}"))
+    };
+    assert!(pos("iif lo") < pos("lookup local"), "{rules}");
+    assert!(pos("lookup local") < pos("lookup main"), "{rules}");
+    assert_eq!(
+        rules.matches("iif lo").count(),
+        3,
+        "tcp, udp, sctp: {rules}"
+    );
+    assert!(rules.contains("dport 30000-32767"), "{rules}");
+    assert_eq!(rules.matches("lookup local").count(), 1, "{rules}");
+    let routes = ip(&ns, "route show proto 107");
+    assert!(
+        routes.contains("172.30.0.0/16 via 169.254.107.1 dev kxdp0")
+            && routes.contains("src 192.168.55.2"),
+        "{routes}"
+    );
+    // A crashed run (nothing removed), then a new start: replaced, not stacked.
+    std::mem::forget(hp);
+    let hp = setup(&ns, options());
+    assert_eq!(host_state(&ns), first, "a second setup replaces the first");
+    let neigh = ip(&ns, "neigh show dev kxdp0 nud permanent");
+    assert_eq!(neigh.matches(&mac_str(hp.kxdp_mac())).count(), 2, "{neigh}");
+    assert_ne!(hp.kxdp_ifindex(), first_index, "a fresh pair");
+    // Changing the service prefixes replaces the routes.
+    let mut hp = hp;
+    hp.set_service_routes(&[
+        "172.31.0.0/16".parse().unwrap(),
+        "fd00:30::/108".parse().unwrap(),
+    ])
+    .unwrap();
+    let routes = ip(&ns, "route show proto 107");
+    assert!(routes.contains("172.31.0.0/16") && !routes.contains("172.30.0.0/16"));
+    assert!(!routes.contains("203.0.113.10"), "{routes}");
+    let t = Instant::now();
+    hp.teardown().unwrap();
+    eprintln!("host path teardown: {:?}", t.elapsed());
+    assert_eq!(
+        state_without_hostpath(&ns),
+        before,
+        "teardown restores exactly"
+    );
+    // Drop (kxdp exiting without an explicit teardown) restores too.
+    let hp = setup(&ns, options());
+    drop(hp);
+    assert_eq!(state_without_hostpath(&ns), before);
+}

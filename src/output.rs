@@ -55,17 +55,8 @@ struct Reply {
 /// - A `reject` line: `src`/`dst` are the offending packet's (it does not leave, and is not
 ///   rewritten), `reply` the generated answer's; a TCP RST keeps ports, an ICMP/ICMPv6 port
 ///   unreachable (the answer to every other protocol) has none.
-pub fn verdict_line(index: u64, v: &Verdict, snapshot: &Snapshot) -> String {
-    verdict_line_egress(index, v, snapshot, None)
-}
-
-/// [`verdict_line`] with the name of the interface the egress stage sent the packet on.
-pub fn verdict_line_egress(
-    index: u64,
-    v: &Verdict,
-    snapshot: &Snapshot,
-    egress: Option<&str>,
-) -> String {
+/// - `egress`: the interface the egress stage sent the packet on (`kxdp replay --routes`).
+pub fn verdict_line(index: u64, v: &Verdict, snapshot: &Snapshot, egress: Option<&str>) -> String {
     let service = if v.service_id != 0 {
         snapshot.service_port_by_id(v.service_id).map(|s| &*s.name)
     } else {
@@ -255,7 +246,7 @@ mod tests {
 
     #[test]
     fn contract_example() {
-        let line = verdict_line(0, &tcp_verdict(), &snapshot());
+        let line = verdict_line(0, &tcp_verdict(), &snapshot(), None);
         assert_eq!(
             line,
             r#"{"index":0,"action":"forward","reason":"service-dnat","proto":"TCP","src":"10.0.1.1:40000","dst":"10.180.0.1:80","orig_src":"10.0.1.1:40000","orig_dst":"172.30.0.41:80","masq":false,"service":"ns1/svc1:http"}"#
@@ -266,9 +257,9 @@ mod tests {
     fn unknown_service_id_and_zero_id() {
         let mut v = tcp_verdict();
         v.service_id = 5;
-        assert!(!verdict_line(1, &v, &snapshot()).contains(r#""service":"#));
+        assert!(!verdict_line(1, &v, &snapshot(), None).contains(r#""service":"#));
         v.service_id = 0;
-        assert!(!verdict_line(1, &v, &snapshot()).contains(r#""service":"#));
+        assert!(!verdict_line(1, &v, &snapshot(), None).contains(r#""service":"#));
     }
 
     #[test]
@@ -276,7 +267,7 @@ mod tests {
         let mut v = Verdict::default();
         v.set(Reason::NotIp);
         assert_eq!(
-            verdict_line(3, &v, &snapshot()),
+            verdict_line(3, &v, &snapshot(), None),
             r#"{"index":3,"action":"pass","reason":"not-ip","masq":false}"#
         );
     }
@@ -300,19 +291,19 @@ mod tests {
             ..Default::default()
         };
         v.set(Reason::Direct);
-        let l = verdict_line(0, &v, &snapshot());
+        let l = verdict_line(0, &v, &snapshot(), None);
         assert!(
             l.contains(r#""proto":"UDP","src":"[fd00::1]:53","dst":"[fd00:30::1]:5353""#),
             "{l}"
         );
         v.proto = proto::ICMPV6;
-        let l = verdict_line(0, &v, &snapshot());
+        let l = verdict_line(0, &v, &snapshot(), None);
         assert!(
             l.contains(r#""proto":"ICMPv6","src":"fd00::1","dst":"fd00:30::1""#),
             "{l}"
         );
         v.proto = 47;
-        let l = verdict_line(0, &v, &snapshot());
+        let l = verdict_line(0, &v, &snapshot(), None);
         assert!(l.contains(r#""proto":47,"src":"fd00::1""#), "{l}");
         v.family = Family::V4;
         v.proto = proto::ICMP;
@@ -320,7 +311,7 @@ mod tests {
         v.orig_src = v4([1, 2, 3, 4]);
         v.dst = v4([5, 6, 7, 8]);
         v.orig_dst = v4([5, 6, 7, 8]);
-        let l = verdict_line(0, &v, &snapshot());
+        let l = verdict_line(0, &v, &snapshot(), None);
         assert!(
             l.contains(r#""proto":"ICMP","src":"1.2.3.4","dst":"5.6.7.8""#),
             "{l}"
@@ -336,7 +327,7 @@ mod tests {
         v.sport = v.orig_dport;
         v.dst = v.orig_src;
         v.dport = v.orig_sport;
-        let l = verdict_line(2, &v, &snapshot());
+        let l = verdict_line(2, &v, &snapshot(), None);
         assert!(
             l.contains(r#""action":"reject","reason":"no-endpoints""#),
             "{l}"
@@ -350,7 +341,7 @@ mod tests {
             "{l}"
         );
         v.proto = proto::UDP;
-        let l = verdict_line(2, &v, &snapshot());
+        let l = verdict_line(2, &v, &snapshot(), None);
         assert!(
             l.ends_with(r#""reply":{"src":"172.30.0.41","dst":"10.0.1.1"}}"#),
             "{l}"
@@ -363,7 +354,7 @@ mod tests {
         v.set(Reason::ConntrackFull);
         v.src = Addr::UNSPECIFIED;
         v.dst = Addr::UNSPECIFIED;
-        let l = verdict_line(4, &v, &snapshot());
+        let l = verdict_line(4, &v, &snapshot(), None);
         assert!(
             l.contains(r#""src":"10.0.1.1:40000","dst":"172.30.0.41:80""#),
             "{l}"

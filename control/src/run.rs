@@ -123,12 +123,11 @@ fn node_config(
         }
         node
     };
-    config
-        .check_machine(
-            &crate::config::Machine::probe(),
-            !config.interfaces.is_empty(),
-            config_path,
-        )?;
+    config.check_machine(
+        &crate::config::Machine::probe(),
+        !config.interfaces.is_empty(),
+        config_path,
+    )?;
     Ok(config)
 }
 

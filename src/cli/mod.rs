@@ -15,7 +15,7 @@ use kxdp_dataplane::replay::{replay, ReplayOptions};
 
 use kxdp_control::{load_state, translate, Config, RunError};
 
-use crate::output::{verdict_line_egress, Summary};
+use crate::output::{verdict_line, Summary};
 
 pub mod admin;
 pub mod client;
@@ -463,7 +463,7 @@ pub fn failure(message: impl ToString) -> CliError {
 fn cmd_replay(args: &ReplayArgs) -> Result<(), CliError> {
     let config = Config::load(&args.config).map_err(bad_input)?;
     config
-        .check_machine(&crate::config::Machine::probe(), false, &args.config)
+        .check_machine(&kxdp_control::config::Machine::probe(), false, &args.config)
         .map_err(bad_input)?;
     let state = load_state(&args.state).map_err(bad_input)?;
     let translation = translate(&config, &state);
@@ -504,7 +504,9 @@ fn cmd_replay(args: &ReplayArgs) -> Result<(), CliError> {
     updates.sort_by_key(|u| u.at_ns);
 
     let routes = match &args.routes {
-        Some(p) => Some(Arc::new(kxdp_control::routes_file::load(p).map_err(bad_input)?)),
+        Some(p) => Some(Arc::new(
+            kxdp_control::routes_file::load(p).map_err(bad_input)?,
+        )),
         None => None,
     };
     let workers = args.workers.map_or(config.workers.count, |w| w as usize);
@@ -541,7 +543,7 @@ fn cmd_replay(args: &ReplayArgs) -> Result<(), CliError> {
                     .as_ref()
                     .and_then(|r| r.fib.link(v.egress))
                     .map(|l| l.name.as_str());
-                writeln!(w, "{}", verdict_line_egress(i as u64, v, names, egress))?;
+                writeln!(w, "{}", verdict_line(i as u64, v, names, egress))?;
             }
             Ok(())
         })?;

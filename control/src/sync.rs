@@ -864,6 +864,14 @@ mod tests {
     use kxdp_packet::Addr;
     use std::path::Path;
 
+    /// A config whose full rebuilds are due every `period`: below the 1 s the config file
+    /// accepts, so that the loop's pacing can be tested quickly.
+    fn fast_config(period: Duration) -> Config {
+        let mut c = config("{minSyncPeriod: 0s, syncPeriod: 1h}");
+        c.sync.sync_period = crate::config::GoDuration(period);
+        c
+    }
+
     fn config(sync: &str) -> Config {
         Config::from_yaml_str(
             &format!("apiVersion: kxdp.dev/v1alpha1\nkind: DataplaneConfiguration\nnodeName: node-a\nnodeIPs: [192.168.0.2]\nclusterCIDRs: [10.0.0.0/8]\nsync: {sync}\n"),
@@ -979,7 +987,7 @@ mod tests {
     #[test]
     fn full_resync_every_sync_period() {
         let (p, h) = ControlLoop::spawn(
-            config("{minSyncPeriod: 0s, syncPeriod: 100ms}"),
+            fast_config(Duration::from_millis(100)),
             Source::Manual {
                 required: vec!["m"],
             },
@@ -1013,7 +1021,7 @@ mod tests {
         // Every full rebuild takes 300 ms and one is due every 100 ms. The loop used to start the
         // next one as soon as the last ended and never read its queue again.
         let (p, h) = ControlLoop::spawn_inner(
-            config("{minSyncPeriod: 0s, syncPeriod: 100ms}"),
+            fast_config(Duration::from_millis(100)),
             Source::Manual {
                 required: vec!["m"],
             },
@@ -1049,7 +1057,7 @@ mod tests {
     fn a_long_rebuild_makes_health_fail_and_stop_interrupts_it() {
         let sync_period = Duration::from_millis(100);
         let (p, h) = ControlLoop::spawn_inner(
-            config("{minSyncPeriod: 0s, syncPeriod: 100ms}"),
+            fast_config(Duration::from_millis(100)),
             Source::Manual {
                 required: vec!["m"],
             },

@@ -193,6 +193,7 @@ pub fn run(
     let stale_cleaner = {
         let published = published.clone();
         let ct = ops.dataplane.ct.clone();
+        let metrics = metrics.clone();
         rt.spawn(async move {
             let mut seen = published.generation();
             loop {
@@ -203,11 +204,14 @@ pub fn run(
                 let snapshot = published.load_full();
                 seen = snapshot.generation;
                 let ct = ct.clone();
-                let flushed = tokio::task::spawn_blocking(move || {
-                    kxdp_dataplane::stale::flush_stale_udp(&ct, &snapshot)
+                let started = std::time::Instant::now();
+                let by_family = tokio::task::spawn_blocking(move || {
+                    kxdp_dataplane::stale::flush_stale_udp_by_family(&ct, &snapshot)
                 })
                 .await
-                .unwrap_or(0);
+                .unwrap_or([0, 0]);
+                metrics.conntrack_reconciled(started.elapsed().as_secs_f64(), by_family);
+                let flushed = by_family[0] + by_family[1];
                 if flushed > 0 {
                     tracing::info!(flushed, generation = seen, "stale UDP connections deleted");
                 }

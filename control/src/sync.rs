@@ -644,6 +644,7 @@ impl Loop {
                         if stop {
                             break;
                         }
+                        self.metrics.sync_queued();
                         self.metrics
                             .service_changes_pending
                             .set(self.store.changes.service_changes as i64);

@@ -79,6 +79,15 @@ fn node_config(
         }
         node
     };
+    let mut config = config;
+    if config.interfaces.iter().any(|i| i.contains('*')) {
+        let (names, unmatched) =
+            crate::config::expand_interfaces(&config.interfaces, &crate::config::node_interfaces());
+        for p in unmatched {
+            tracing::warn!("interfaces: `{p}` matches no interface on this node");
+        }
+        config.interfaces = names;
+    }
     config
         .check_machine(
             &crate::config::Machine::probe(),

@@ -16,6 +16,15 @@
 //! | `kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy}` | gauge (as in kube-proxy, despite the name) | Service ports with a Local policy (`internal`/`external`) and endpoints, none of them on this node |
 //! | `kubeproxy_sync_full_proxy_rules_duration_seconds` | histogram | full rebuilds only |
 //! | `kubeproxy_sync_partial_proxy_rules_duration_seconds` | histogram | incremental updates only |
+//! | `kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds` | gauge | unix time a change last arrived |
+//! | `kubeproxy_conntrack_reconciler_sync_duration_seconds` | histogram | one stale-UDP cleanup pass |
+//! | `kubeproxy_conntrack_reconciler_deleted_entries_total` | counter | stale UDP connections deleted |
+//!
+//! The sync histograms, timestamps, no-local-endpoints gauge and reconciler metrics carry
+//! kube-proxy's `ip_family` label (`IPv4`, `IPv6`): one kxdp sync serves both families and is
+//! recorded under both, as kube-proxy's two per-family proxiers would each record theirs.
+//! `process_*` and `kxdp_build_info`: `process_metrics`. `/configz` and `/proxyMode`:
+//! `configz`, `PROXY_MODE`, served with `/metrics` by `metrics_route`.
 //!
 //! kxdp's own, prefixed `kxdp_`:
 //!

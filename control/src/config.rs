@@ -556,7 +556,7 @@ pub const RANGES: &[(&str, Limit, &str)] = &[
     (
         "sync.syncPeriod",
         Limit::Time {
-            min: Duration::from_secs(1),
+            min: Duration::from_millis(10),
             max: Duration::from_secs(24 * 3600),
         },
         "",
@@ -1677,9 +1677,9 @@ workers: {count: 2, cpus: [0, 1]}
             e,
             "config.yaml:3: conntrack.udpTimeout: 2000h0m0s is too long: at most 720h0m0s (0s: the default, 30s)"
         );
-        let e = load_err("sync: {syncPeriod: 10ms}");
+        let e = load_err("sync: {syncPeriod: 1ms}");
         assert!(
-            e.contains("sync.syncPeriod: 10ms is too short: at least 1s"),
+            e.contains("sync.syncPeriod: 1ms is too short: at least 10ms"),
             "{e}"
         );
         let e = load_err("workers: {idle: {maxSleep: 5s}}");

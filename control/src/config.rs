@@ -1120,6 +1120,12 @@ impl DataplaneConfiguration {
         with_umem: bool,
         file: &Path,
     ) -> Result<(), ConfigError> {
+        self.check_cpus(machine, file)?;
+        self.check_memory(machine, with_umem, file)
+    }
+
+    /// The CPU half of `check_machine`: every CPU in `workers.cpus` is online.
+    pub fn check_cpus(&self, machine: &Machine, file: &Path) -> Result<(), ConfigError> {
         let err = |field: &str, message: String| ConfigError {
             file: file.to_path_buf(),
             line: None,
@@ -1137,6 +1143,23 @@ impl DataplaneConfiguration {
                 ));
             }
         }
+        Ok(())
+    }
+
+    /// The memory half of `check_machine` (what `replay` checks: it pins no worker to the
+    /// configured CPUs, but allocates the conntrack table).
+    pub fn check_memory(
+        &self,
+        machine: &Machine,
+        with_umem: bool,
+        file: &Path,
+    ) -> Result<(), ConfigError> {
+        let err = |field: &str, message: String| ConfigError {
+            file: file.to_path_buf(),
+            line: None,
+            field: field.to_string(),
+            message,
+        };
         let Some(available) = machine.memory_available else {
             return Ok(());
         };

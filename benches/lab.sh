@@ -36,7 +36,7 @@ for r in $(seq "$ROUNDS"); do
   done
 done
 
-python3 - "$out" <<'PY'
+python3 - "$out" <<'PY' | tee target/lab-bench.md
 import json, statistics, sys
 runs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 print()
@@ -51,3 +51,7 @@ for mode in ["kxdp", "iptables", "nftables"]:
           f"| {statistics.median([r['sent_pps'] for r in rs])/1e3:.0f} k "
           f"| {statistics.median([r['busy_ns_per_received_packet'] for r in rs]):.0f} |")
 PY
+python3 benches/chart.py target/lab-bench.md --label forwarder --value "received pps (median)" --unit "k pps" \
+  --title "UDP to a ClusterIP through the lab: packets received per second (higher is better)" \
+  > target/lab-received-pps.svg
+echo "chart: target/lab-received-pps.svg (copy it to docs/img/ with the table into docs/benchmarks.md)" >&2

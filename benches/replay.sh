@@ -111,6 +111,9 @@ row() {
     }'
 }
 
+# The table goes to stdout and to $OUT/replay.md, which benches/chart.py turns into the SVG chart
+# docs/benchmarks.md embeds.
+exec > >(tee "$OUT/replay.md")
 echo
 echo "kxdp replay, $(date -u +%Y-%m-%dT%H:%MZ), $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
 echo "machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), Linux $(uname -r)"
@@ -137,3 +140,7 @@ for w in $WORKERS; do
 done
 echo
 echo "verdict reasons of the first run of each case: $OUT/*.json" >&2
+python3 benches/chart.py "$OUT/replay.md" --label case,workers --value "ns / pkt" --unit ns \
+    --title "kxdp replay: ns per packet per worker (lower is better; baseline = cheapest complete path)" \
+    >"$OUT/replay-ns-per-packet.svg"
+echo "chart: $OUT/replay-ns-per-packet.svg (copy it to docs/img/ with the table into docs/benchmarks.md)" >&2

@@ -77,3 +77,88 @@ fn absurd_values_are_refused_before_allocating() {
         assert!(err.contains(want), "{body}: {err}");
     }
 }
+
+fn http_get(addr: &str, path: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    Some(out)
+}
+
+/// The running daemon's metrics port answers /configz (the configuration after nodeOverrides
+/// and the NODE_NAME default), /proxyMode, and /metrics with build and process metrics.
+#[test]
+fn configz_proxy_mode_and_process_metrics() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    std::fs::create_dir(&state).unwrap();
+    write(
+        &state,
+        "node.yaml",
+        "apiVersion: v1\nkind: Node\nmetadata: {name: node-z, labels: {pool: edge}}\n",
+    );
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let c = write(
+        dir.path(),
+        "c.yaml",
+        &format!(
+            "apiVersion: kxdp.dev/v1alpha1\nkind: DataplaneConfiguration\nhealthzBindAddress: \"\"\nmetricsBindAddress: 127.0.0.1:{port}\nconntrack: {{maxEntries: 1024}}\nworkers: {{count: 1}}\nnodeOverrides:\n  - nodeSelector: {{matchLabels: {{pool: edge}}}}\n    workers: {{count: 3}}\n"
+        ),
+    );
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kxdp"))
+        .args([
+            "run",
+            "--config",
+            &c,
+            "--state",
+            state.to_str().unwrap(),
+            "--no-admin",
+        ])
+        .env("NODE_NAME", "node-z")
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let addr = format!("127.0.0.1:{port}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let configz = loop {
+        if let Some(r) = http_get(&addr, "/configz") {
+            break r;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "metrics server never answered"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    let body = configz.split("\r\n\r\n").nth(1).unwrap();
+    let v: serde_json::Value = serde_json::from_str(body).unwrap();
+    assert_eq!(v["kxdp.dev"]["nodeName"], "node-z", "{body}");
+    assert_eq!(v["kxdp.dev"]["workers"]["count"], 3, "{body}");
+    let mode = http_get(&addr, "/proxyMode").unwrap();
+    assert!(
+        mode.starts_with("HTTP/1.1 200") && mode.ends_with("kxdp"),
+        "{mode}"
+    );
+    let metrics = http_get(&addr, "/metrics").unwrap();
+    for needle in [
+        "kxdp_build_info{version=\"0.1.0\"",
+        "process_resident_memory_bytes ",
+        "process_start_time_seconds ",
+        "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds{ip_family=\"IPv4\"}",
+    ] {
+        assert!(metrics.contains(needle), "{needle} missing in\n{metrics}");
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+}

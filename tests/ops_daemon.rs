@@ -573,7 +573,7 @@ fn daemon_ops_end_to_end() {
         format!("kxdp_worker_busy_ratio{{{wl}}} "),
         format!("kxdp_worker_busy_seconds_total{{{wl}}} "),
         "kxdp_workers 2".to_string(),
-        "kubeproxy_sync_proxy_rules_last_timestamp_seconds ".to_string(),
+        "kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family=\"IPv4\"} ".to_string(),
     ] {
         assert!(body.contains(&needle), "{needle} missing in\n{body}");
     }

@@ -51,11 +51,12 @@ fn typed<T: DeserializeOwned + Serialize>(file: &str, doc: &Value) -> T {
 }
 
 fn load() -> Objects {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/base");
     let mut files: Vec<_> = std::fs::read_dir(&dir)
         .unwrap()
         .map(|e| e.unwrap().path())
         .filter(|p| matches!(p.extension().and_then(|e| e.to_str()), Some("yaml" | "yml")))
+        .filter(|p| !p.ends_with("kustomization.yaml"))
         .collect();
     files.sort();
     assert!(!files.is_empty());
@@ -194,10 +195,11 @@ fn daemon_set_and_config() {
         Some(&vol.config_map.as_ref().unwrap().name),
         cm.metadata.name.as_ref()
     );
-    let text = cm.data.as_ref().unwrap()["config.yaml"].replace("${NODE_NAME}", "node-a");
-    let config = kxdp_control::Config::from_yaml_str(&text, Path::new("configmap.yaml"))
+    let text = &cm.data.as_ref().unwrap()["config.yaml"];
+    let config = kxdp_control::Config::from_yaml_str(text, Path::new("configmap.yaml"))
         .unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(config.node_name, "node-a");
+    // No nodeName: kxdp takes NODE_NAME, which the DaemonSet sets from spec.nodeName.
+    assert_eq!(config.node_name, "");
     assert!(!config.interfaces.is_empty());
     assert_eq!(
         config.healthz_bind_address,
@@ -207,12 +209,25 @@ fn daemon_set_and_config() {
         live.port,
         k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(10256)
     );
-    // The command renders the node name and runs the daemon on that config.
+    // The command runs the daemon on the ConfigMap's config, with no shell (the image has none).
     let cmd = c.command.as_ref().unwrap().join(" ");
-    assert!(
-        cmd.contains("${NODE_NAME}") && cmd.contains("kxdp run --config"),
-        "{cmd}"
+    assert_eq!(
+        cmd,
+        "/usr/local/bin/kxdp run --config /etc/kxdp/config.yaml --admin /run/kxdp/admin.sock"
     );
+    // The metrics port is declared and is the configured one; memory follows the measurement.
+    let ports = c.ports.as_ref().unwrap();
+    let metrics = ports
+        .iter()
+        .find(|p| p.name.as_deref() == Some("metrics"))
+        .unwrap();
+    assert_eq!(
+        config.metrics_bind_address.map(|a| a.port() as i32),
+        Some(metrics.container_port)
+    );
+    let res = c.resources.as_ref().unwrap();
+    let req = &res.requests.as_ref().unwrap()["memory"].0;
+    assert_eq!(req, "320Mi");
     assert!(c.env.as_ref().unwrap().iter().any(|e| e.name == "NODE_NAME"
         && e.value_from
             .as_ref()
@@ -225,4 +240,107 @@ fn daemon_set_and_config() {
             .unwrap();
     assert!(docker.matches("\nFROM ").count() + usize::from(docker.starts_with("FROM ")) >= 2);
     assert!(docker.contains("COPY --from=build") && docker.contains("/usr/local/bin/kxdp"));
+}
+
+fn root() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).to_path_buf()
+}
+
+/// Every CNI overlay builds on the base and carries a valid configuration with that CNI's
+/// pod interfaces.
+#[test]
+fn cni_overlays() {
+    let want = [
+        ("calico", "cali*"),
+        ("flannel", "veth*"),
+        ("kindnet", "veth*"),
+        ("aws-vpc-cni", "eni*"),
+        ("bridge", "veth*"),
+        ("ptp", "veth*"),
+    ];
+    for (cni, pattern) in want {
+        let dir = root().join("deploy/overlays").join(cni);
+        let k = std::fs::read_to_string(dir.join("kustomization.yaml")).unwrap();
+        let k: Value = yaml_serde::from_str(&k).unwrap();
+        assert_eq!(k["resources"][0], "../../base", "{cni}");
+        let patch = k["patches"][0]["path"].as_str().unwrap();
+        let text = std::fs::read_to_string(dir.join(patch)).unwrap();
+        let doc: Value = yaml_serde::from_str(&text).unwrap();
+        let cm: ConfigMap = typed(patch, &doc);
+        assert_eq!(cm.metadata.name.as_deref(), Some("kxdp-config"), "{cni}");
+        let config = kxdp_control::Config::from_yaml_str(
+            &cm.data.unwrap()["config.yaml"],
+            Path::new(&format!("overlays/{cni}/{patch}")),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            config.interfaces.iter().any(|i| i == pattern),
+            "{cni}: {:?}",
+            config.interfaces
+        );
+    }
+    let base = std::fs::read_to_string(root().join("deploy/base/kustomization.yaml")).unwrap();
+    let base: Value = yaml_serde::from_str(&base).unwrap();
+    for r in base["resources"].as_array().unwrap() {
+        assert!(
+            root()
+                .join("deploy/base")
+                .join(r.as_str().unwrap())
+                .is_file(),
+            "{r}"
+        );
+    }
+}
+
+/// Every metric the alert rules and the dashboard use is one kxdp exports (named in
+/// control/src/metrics.rs or process_metrics.rs), so neither can drift from the code.
+#[test]
+fn monitoring_uses_exported_metrics() {
+    let src = ["control/src/metrics.rs", "control/src/process_metrics.rs"]
+        .iter()
+        .map(|f| std::fs::read_to_string(root().join(f)).unwrap())
+        .collect::<String>();
+    let rules =
+        std::fs::read_to_string(root().join("deploy/monitoring/prometheusrule.yaml")).unwrap();
+    let dash =
+        std::fs::read_to_string(root().join("deploy/monitoring/kxdp-dashboard.json")).unwrap();
+    let _: Value = serde_json::from_str(&dash).unwrap();
+    let rules_doc: Value = yaml_serde::from_str(&rules).unwrap();
+    let alerts: Vec<&str> = rules_doc["spec"]["groups"][0]["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["alert"].as_str().unwrap())
+        .collect();
+    for a in [
+        "KxdpSyncStalled",
+        "KxdpDropsRising",
+        "KxdpConntrackNearFull",
+        "KxdpWorkerBusy",
+    ] {
+        assert!(alerts.contains(&a), "{a} missing: {alerts:?}");
+    }
+    let mut checked = 0;
+    for text in [&rules, &dash] {
+        for word in text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+            if !(word.starts_with("kxdp_")
+                || word.starts_with("kubeproxy_")
+                || word.starts_with("process_"))
+            {
+                continue;
+            }
+            let base = ["_total", "_bucket", "_count", "_sum"]
+                .iter()
+                .find_map(|s| word.strip_suffix(s))
+                .unwrap_or(word);
+            let short = base.strip_prefix("kubeproxy_").unwrap_or(base);
+            let short = short.strip_prefix("kxdp_sync_").unwrap_or(short);
+            assert!(
+                src.contains(&format!("\"{base}\"")) || src.contains(&format!("\"{short}\"")),
+                "{word} is not a metric kxdp exports"
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked > 20, "{checked}");
 }

@@ -14,6 +14,7 @@ pub mod kubeproxy;
 pub mod metrics;
 pub mod model;
 pub mod policy;
+pub mod process_metrics;
 pub mod run;
 pub mod sources;
 pub mod sync;

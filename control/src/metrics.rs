@@ -16,6 +16,15 @@
 //! | `kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy}` | gauge (as in kube-proxy, despite the name) | Service ports with a Local policy (`internal`/`external`) and endpoints, none of them on this node |
 //! | `kubeproxy_sync_full_proxy_rules_duration_seconds` | histogram | full rebuilds only |
 //! | `kubeproxy_sync_partial_proxy_rules_duration_seconds` | histogram | incremental updates only |
+//! | `kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds` | gauge | unix time a change last arrived |
+//! | `kubeproxy_conntrack_reconciler_sync_duration_seconds` | histogram | one stale-UDP cleanup pass |
+//! | `kubeproxy_conntrack_reconciler_deleted_entries_total` | counter | stale UDP connections deleted |
+//!
+//! The sync histograms, timestamps, no-local-endpoints gauge and reconciler metrics carry
+//! kube-proxy's `ip_family` label (`IPv4`, `IPv6`): one kxdp sync serves both families and is
+//! recorded under both, as kube-proxy's two per-family proxiers would each record theirs.
+//! `process_*` and `kxdp_build_info`: `process_metrics`. `/configz` and `/proxyMode`:
+//! `configz`, `PROXY_MODE`, served with `/metrics` by `metrics_route`.
 //!
 //! kxdp's own, prefixed `kxdp_`:
 //!
@@ -70,6 +79,70 @@ use prometheus_client::registry::Registry;
 pub struct TrafficPolicyLabel {
     /// `internal` or `external`.
     pub traffic_policy: String,
+}
+
+/// kube-proxy's `ip_family` label: `IPv4` or `IPv6`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct IpFamilyLabel {
+    pub ip_family: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FamilyPolicyLabel {
+    pub ip_family: String,
+    pub traffic_policy: String,
+}
+
+/// The IP families kxdp serves (both: one table build covers IPv4 and IPv6, where kube-proxy
+/// runs one proxier per family, each observing its own sync).
+pub const IP_FAMILIES: [&str; 2] = ["IPv4", "IPv6"];
+
+/// A histogram with kube-proxy's `ip_family` label: each observation is recorded for every
+/// family, as each of kube-proxy's per-family proxiers would record its own sync.
+#[derive(Clone, Debug)]
+pub struct FamilyHistogram(Family<IpFamilyLabel, Histogram, fn() -> Histogram>);
+
+impl FamilyHistogram {
+    fn new(make: fn() -> Histogram) -> Self {
+        FamilyHistogram(Family::new_with_constructor(make))
+    }
+
+    pub fn observe(&self, v: f64) {
+        for f in IP_FAMILIES {
+            self.observe_family(f, v);
+        }
+    }
+
+    pub fn observe_family(&self, family: &str, v: f64) {
+        self.0
+            .get_or_create(&IpFamilyLabel {
+                ip_family: family.into(),
+            })
+            .observe(v);
+    }
+}
+
+/// A gauge with the `ip_family` label, set for every family.
+#[derive(Clone, Debug, Default)]
+pub struct FamilyGauge(Family<IpFamilyLabel, Gauge<f64, AtomicU64>>);
+
+impl FamilyGauge {
+    pub fn set(&self, v: f64) {
+        for f in IP_FAMILIES {
+            self.0
+                .get_or_create(&IpFamilyLabel {
+                    ip_family: f.into(),
+                })
+                .set(v);
+        }
+    }
+}
+
+fn now_unix() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs_f64()
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -261,16 +334,19 @@ impl Collector for DataplaneCollector {
 /// Every control-plane metric. Cheap to clone handles (the metrics are `Arc`s inside).
 pub struct Metrics {
     registry: Registry,
-    pub sync_duration: Histogram,
-    pub sync_full_duration: Histogram,
-    pub sync_partial_duration: Histogram,
-    pub sync_last_timestamp: Gauge<f64, AtomicU64>,
-    pub network_programming_duration: Histogram,
+    pub sync_duration: FamilyHistogram,
+    pub sync_full_duration: FamilyHistogram,
+    pub sync_partial_duration: FamilyHistogram,
+    pub sync_last_timestamp: FamilyGauge,
+    pub sync_last_queued_timestamp: FamilyGauge,
+    pub network_programming_duration: FamilyHistogram,
+    pub conntrack_reconciler_duration: FamilyHistogram,
+    pub conntrack_reconciler_deleted: Family<IpFamilyLabel, Counter>,
     pub endpoint_changes_total: Counter,
     pub endpoint_changes_pending: Gauge,
     pub service_changes_total: Counter,
     pub service_changes_pending: Gauge,
-    pub no_local_endpoints: Family<TrafficPolicyLabel, Gauge>,
+    pub no_local_endpoints: Family<FamilyPolicyLabel, Gauge>,
     pub problems_total: Counter,
     pub problems: Gauge,
     pub generation: Gauge,
@@ -286,14 +362,23 @@ fn sync_buckets() -> impl Iterator<Item = f64> {
     (0..15).map(|i| 0.001 * 2f64.powi(i))
 }
 
-/// kube-proxy's network programming buckets: 0.25 s, 0.5 s, 1..59 s by 1 s, 60..300 s by 5 s,
-/// then 360..1800 s by 60 s... (abridged to the same shape).
-fn programming_buckets() -> Vec<f64> {
-    let mut b = vec![0.001, 0.01, 0.1, 0.25, 0.5];
+fn sync_histogram() -> Histogram {
+    Histogram::new(sync_buckets())
+}
+
+/// kube-proxy's network programming buckets: `LinearBuckets(0.25, 0.25, 2)` (0.25 s, 0.5 s),
+/// `LinearBuckets(1, 1, 59)` (1..59 s), `LinearBuckets(60, 5, 12)` (60..115 s),
+/// `LinearBuckets(120, 30, 7)` (2..5 min).
+pub fn programming_buckets() -> Vec<f64> {
+    let mut b = vec![0.25, 0.5];
     b.extend((1..60).map(f64::from));
-    b.extend((0..48).map(|i| 60.0 + 5.0 * f64::from(i)));
-    b.extend((1..=25).map(|i| 300.0 + 60.0 * f64::from(i)));
+    b.extend((0..12).map(|i| 60.0 + 5.0 * f64::from(i)));
+    b.extend((0..7).map(|i| 120.0 + 30.0 * f64::from(i)));
     b
+}
+
+fn programming_histogram() -> Histogram {
+    Histogram::new(programming_buckets())
 }
 
 impl Default for Metrics {
@@ -307,11 +392,14 @@ impl Metrics {
         let mut registry = Registry::default();
         let m = Metrics {
             registry: Registry::default(),
-            sync_duration: Histogram::new(sync_buckets()),
-            sync_full_duration: Histogram::new(sync_buckets()),
-            sync_partial_duration: Histogram::new(sync_buckets()),
-            sync_last_timestamp: Gauge::default(),
-            network_programming_duration: Histogram::new(programming_buckets()),
+            sync_duration: FamilyHistogram::new(sync_histogram),
+            sync_full_duration: FamilyHistogram::new(sync_histogram),
+            sync_partial_duration: FamilyHistogram::new(sync_histogram),
+            sync_last_timestamp: FamilyGauge::default(),
+            sync_last_queued_timestamp: FamilyGauge::default(),
+            network_programming_duration: FamilyHistogram::new(programming_histogram),
+            conntrack_reconciler_duration: FamilyHistogram::new(sync_histogram),
+            conntrack_reconciler_deleted: Family::default(),
             endpoint_changes_total: Counter::default(),
             endpoint_changes_pending: Gauge::default(),
             service_changes_total: Counter::default(),
@@ -327,32 +415,50 @@ impl Metrics {
             dataplane: DataplaneCollector::default(),
         };
         registry.register_collector(Box::new(m.dataplane.clone()));
+        registry.register_collector(Box::new(crate::process_metrics::ProcessCollector));
+        // kube-proxy synthesizes a "queued" time as its informers start.
+        m.sync_queued();
         {
             let kp = registry.sub_registry_with_prefix("kubeproxy");
             kp.register(
                 "sync_proxy_rules_duration_seconds",
                 "SyncProxyRules latency in seconds (one table build and publication)",
-                m.sync_duration.clone(),
+                m.sync_duration.0.clone(),
             );
             kp.register(
                 "sync_full_proxy_rules_duration_seconds",
                 "SyncProxyRules latency in seconds for full resyncs",
-                m.sync_full_duration.clone(),
+                m.sync_full_duration.0.clone(),
             );
             kp.register(
                 "sync_partial_proxy_rules_duration_seconds",
                 "SyncProxyRules latency in seconds for partial resyncs",
-                m.sync_partial_duration.clone(),
+                m.sync_partial_duration.0.clone(),
             );
             kp.register(
                 "sync_proxy_rules_last_timestamp_seconds",
                 "The last time the tables were successfully published",
-                m.sync_last_timestamp.clone(),
+                m.sync_last_timestamp.0.clone(),
+            );
+            kp.register(
+                "sync_proxy_rules_last_queued_timestamp_seconds",
+                "The last time a sync of the tables was queued (a change arrived)",
+                m.sync_last_queued_timestamp.0.clone(),
+            );
+            kp.register(
+                "conntrack_reconciler_sync_duration_seconds",
+                "ReconcileConntrackFlowsLatency latency in seconds (stale UDP connections deleted after a publication)",
+                m.conntrack_reconciler_duration.0.clone(),
+            );
+            kp.register(
+                "conntrack_reconciler_deleted_entries",
+                "Cumulative conntrack flows deleted by conntrack reconciler",
+                m.conntrack_reconciler_deleted.clone(),
             );
             kp.register(
                 "network_programming_duration_seconds",
                 "In Cluster Network Programming Latency in seconds",
-                m.network_programming_duration.clone(),
+                m.network_programming_duration.0.clone(),
             );
             // prometheus-client appends `_total` to counters.
             kp.register(
@@ -436,12 +542,34 @@ impl Metrics {
     }
 
     pub fn set_no_local_endpoints(&self, internal: i64, external: i64) {
-        for (p, v) in [("internal", internal), ("external", external)] {
-            self.no_local_endpoints
-                .get_or_create(&TrafficPolicyLabel {
-                    traffic_policy: p.into(),
+        for f in IP_FAMILIES {
+            for (p, v) in [("internal", internal), ("external", external)] {
+                self.no_local_endpoints
+                    .get_or_create(&FamilyPolicyLabel {
+                        ip_family: f.into(),
+                        traffic_policy: p.into(),
+                    })
+                    .set(v);
+            }
+        }
+    }
+
+    /// A change arrived: a sync is queued (kube-proxy's `Sync()`).
+    pub fn sync_queued(&self) {
+        self.sync_last_queued_timestamp.set(now_unix());
+    }
+
+    /// One pass of the stale-UDP reconciler (kube-proxy's conntrack reconciler): its duration
+    /// and the connections it deleted, per family.
+    pub fn conntrack_reconciled(&self, seconds: f64, deleted: [usize; 2]) {
+        for (f, n) in IP_FAMILIES.iter().zip(deleted) {
+            self.conntrack_reconciler_duration
+                .observe_family(f, seconds);
+            self.conntrack_reconciler_deleted
+                .get_or_create(&IpFamilyLabel {
+                    ip_family: (*f).into(),
                 })
-                .set(v);
+                .inc_by(n as u64);
         }
     }
 
@@ -471,6 +599,38 @@ impl Metrics {
     }
 }
 
+/// What kube-proxy's `/proxyMode` answers with its mode (`iptables`, `ipvs`, `nftables`).
+pub const PROXY_MODE: &str = "kxdp";
+
+/// The body of `/configz`: the running configuration (after `nodeOverrides`), as kube-proxy's
+/// `/configz` nests its KubeProxyConfiguration under its API group.
+pub fn configz(config: &crate::config::Config) -> String {
+    let mut out = serde_json::Map::new();
+    out.insert(
+        "kxdp.dev".into(),
+        serde_json::to_value(config).unwrap_or_default(),
+    );
+    serde_json::Value::Object(out).to_string()
+}
+
+/// The metrics server's routes: `/metrics`, `/configz`, `/proxyMode`; (content type, body), or
+/// None for a path it does not serve (404). `configz` is the `configz` body, computed once.
+pub fn metrics_route(
+    path: &str,
+    metrics: &Metrics,
+    configz: &str,
+) -> Option<(&'static str, String)> {
+    match path {
+        "/metrics" => Some((
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            metrics.encode(),
+        )),
+        "/configz" => Some(("application/json", configz.to_string())),
+        "/proxyMode" => Some(("text/plain; charset=utf-8", PROXY_MODE.to_string())),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -481,18 +641,63 @@ mod tests {
         m.service_changes_total.inc();
         m.set_no_local_endpoints(1, 2);
         m.sync_duration.observe(0.01);
+        m.conntrack_reconciled(0.002, [1, 2]);
+        m.sync_last_timestamp.set(1.7e9);
+        m.network_programming_duration.observe(0.3);
         m.problems_total.inc();
         let text = m.encode();
         for name in [
             "kubeproxy_sync_proxy_rules_duration_seconds_bucket",
-            "kubeproxy_sync_proxy_rules_last_timestamp_seconds ",
+            "kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family=\"IPv6\"} 1700000000",
             "kubeproxy_network_programming_duration_seconds_count",
             "kubeproxy_sync_proxy_rules_endpoint_changes_total 0",
             "kubeproxy_sync_proxy_rules_service_changes_total 1",
-            "kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy=\"external\"} 2",
+            "kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family=\"IPv6\",traffic_policy=\"external\"} 2",
             "kxdp_sync_problems_total 1",
+            "kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family=\"IPv4\"} 1",
+            "kubeproxy_sync_proxy_rules_duration_seconds_bucket{le=\"0.016\",ip_family=\"IPv6\"} 1",
+            "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds{ip_family=\"IPv4\"} 1",
+            "kubeproxy_conntrack_reconciler_deleted_entries_total{ip_family=\"IPv6\"} 2",
+            "kubeproxy_conntrack_reconciler_sync_duration_seconds_count{ip_family=\"IPv4\"} 1",
+            "kxdp_build_info{version=\"0.1.0\",git_commit=",
+            "process_cpu_seconds_total ",
+            "process_resident_memory_bytes ",
+            "process_open_fds ",
+            "process_max_fds ",
+            "process_start_time_seconds ",
         ] {
             assert!(text.contains(name), "{name} missing in\n{text}");
         }
+        // kube-proxy's programming buckets: 0.25, 0.5, 1..59, 60..115 by 5, 120..300 by 30.
+        let b = programming_buckets();
+        assert_eq!(b.len(), 2 + 59 + 12 + 7);
+        assert_eq!(
+            (b[0], b[2], b[60], b[61], b[72], b[73], b[79]),
+            (0.25, 1.0, 59.0, 60.0, 115.0, 120.0, 300.0)
+        );
+    }
+
+    #[test]
+    fn configz_and_proxy_mode() {
+        let m = Metrics::new();
+        let c = crate::config::Config::from_yaml_str(
+            "apiVersion: kxdp.dev/v1alpha1\nkind: DataplaneConfiguration\nnodeName: n1\n",
+            std::path::Path::new("c.yaml"),
+        )
+        .unwrap();
+        let body = configz(&c);
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["kxdp.dev"]["nodeName"], "n1");
+        assert_eq!(
+            v["kxdp.dev"]["conntrack"]["tcpEstablishedTimeout"],
+            "24h0m0s"
+        );
+        assert_eq!(metrics_route("/configz", &m, &body).unwrap().1, body);
+        assert_eq!(metrics_route("/proxyMode", &m, &body).unwrap().1, "kxdp");
+        assert!(metrics_route("/metrics", &m, &body)
+            .unwrap()
+            .1
+            .contains("kxdp_build_info"));
+        assert!(metrics_route("/nope", &m, &body).is_none());
     }
 }

@@ -123,11 +123,22 @@ fn node_config(
         }
         node
     };
-    config.check_machine(
-        &crate::config::Machine::probe(),
-        !config.interfaces.is_empty(),
-        config_path,
-    )?;
+    let mut config = config;
+    if config.interfaces.iter().any(|i| i.contains('*')) {
+        let (names, unmatched) =
+            crate::config::expand_interfaces(&config.interfaces, &crate::config::node_interfaces());
+        for p in unmatched {
+            tracing::warn!("interfaces: `{p}` matches no interface on this node");
+        }
+        config.interfaces = names;
+    }
+    config
+        .check_machine(
+            &crate::config::Machine::probe(),
+            !config.interfaces.is_empty(),
+            config_path,
+        )
+        ?;
     Ok(config)
 }
 
@@ -232,6 +243,7 @@ pub fn run(
     let stale_cleaner = {
         let published = published.clone();
         let ct = ops.dataplane.ct.clone();
+        let metrics = metrics.clone();
         rt.spawn(async move {
             // Told of each publication (several while a flush runs are seen as one).
             let mut publications = published.subscribe();
@@ -239,11 +251,14 @@ pub fn run(
                 let snapshot = published.load_full();
                 let seen = snapshot.generation;
                 let ct = ct.clone();
-                let flushed = tokio::task::spawn_blocking(move || {
-                    kxdp_dataplane::stale::flush_stale_udp(&ct, &snapshot)
+                let started = std::time::Instant::now();
+                let by_family = tokio::task::spawn_blocking(move || {
+                    kxdp_dataplane::stale::flush_stale_udp_by_family(&ct, &snapshot)
                 })
                 .await
-                .unwrap_or(0);
+                .unwrap_or([0, 0]);
+                metrics.conntrack_reconciled(started.elapsed().as_secs_f64(), by_family);
+                let flushed = by_family[0] + by_family[1];
                 if flushed > 0 {
                     tracing::info!(flushed, generation = seen, "stale UDP connections deleted");
                 }

@@ -587,6 +587,7 @@ impl Loop {
                             break;
                         }
                         self.note_pending();
+                        self.metrics.sync_queued();
                         continue;
                     }
                     Err(RecvTimeoutError::Timeout) => {}

@@ -17,11 +17,21 @@ use crate::snapshot::{FrontendKey, Snapshot};
 /// endpoint-less Service without creating connection state (unlike the kernel, whose conntrack
 /// entries for the rejected packets kube-proxy has to clear).
 pub fn flush_stale_udp(ct: &Conntrack, snap: &Snapshot) -> usize {
+    flush_stale_udp_by_family(ct, snap).iter().sum()
+}
+
+/// `flush_stale_udp`, counting the deleted connections per family: [IPv4, IPv6] (the metrics'
+/// `ip_family` label).
+pub fn flush_stale_udp_by_family(ct: &Conntrack, snap: &Snapshot) -> [usize; 2] {
     let stale: Vec<EntryView> = ct
         .connections()
         .filter(|v| v.orig.proto == 17 && v.service_id != 0 && !supported(v, snap))
         .collect();
-    stale.iter().filter(|v| ct.kill_view(v)).count()
+    let mut by_family = [0; 2];
+    for v in stale.iter().filter(|v| ct.kill_view(v)) {
+        by_family[usize::from(!v.orig.dst.is_v4_mapped())] += 1;
+    }
+    by_family
 }
 
 fn supported(v: &EntryView, snap: &Snapshot) -> bool {

@@ -463,7 +463,7 @@ pub fn failure(message: impl ToString) -> CliError {
 fn cmd_replay(args: &ReplayArgs) -> Result<(), CliError> {
     let config = Config::load(&args.config).map_err(bad_input)?;
     config
-        .check_machine(&kxdp_control::config::Machine::probe(), false, &args.config)
+        .check_memory(&kxdp_control::config::Machine::probe(), false, &args.config)
         .map_err(bad_input)?;
     let state = load_state(&args.state).map_err(bad_input)?;
     let translation = translate(&config, &state);

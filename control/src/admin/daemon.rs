@@ -104,15 +104,18 @@ pub fn start(
             .unwrap()
             .insert("metrics".into(), local.into());
         let m = metrics.clone();
+        let configz = crate::metrics::configz(config);
         rt.spawn(serve_http(
             l,
             Arc::new(move |path: &str| {
-                if path == "/metrics" {
+                if let Some((content_type, body)) =
+                    crate::metrics::metrics_route(path, &m, &configz)
+                {
                     Response {
                         status: 200,
-                        content_type: "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                        content_type,
                         headers: vec![],
-                        body: m.encode(),
+                        body,
                     }
                 } else {
                     Response {

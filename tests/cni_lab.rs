@@ -445,20 +445,44 @@ fn kxdp_bridge_node_without_listing_cni0() {
     assert_eq!(a.peer, IpAddr::from(cb.ip4));
 }
 
-/// The node's own processes (and so hostNetwork pods, kubelet) reach a ClusterIP, a NodePort on
-/// the other node's address and a NodePort on the node's own address, as with kube-proxy.
+/// A node's own process reaches a NodePort on the *other* node (its packets leave through
+/// eth0, where the other node's kxdp serves them; masqueraded to that node's address), IPv4 and
+/// IPv6; a pod reaches NodePorts on both nodes' addresses.
+#[test]
+fn kxdp_nodeports_from_the_other_node_and_from_pods() {
+    let r = kxdp_lab("kxdp_nodeports_from_the_other_node_and_from_pods");
+    let a = r.lab.node("node-a");
+    let b = r.lab.node("node-b");
+    for v6 in [false, true] {
+        let ans = tcp(&a.ns, sa(b.ip(v6), 30080), T, 10_000)
+            .unwrap_or_else(|e| panic!("node-a -> NodePort on node-b ({}): {e}", fam(v6)));
+        assert!(ans.server.starts_with("web-b"), "{ans:?}");
+        assert_eq!(ans.peer, b.ip(v6), "masqueraded to node-b");
+    }
+    let c = r.lab.pod("client-a");
+    for node in [a, b] {
+        let ans = tcp(&c.ns, sa(node.ip4, 30080), T, 10_000)
+            .unwrap_or_else(|e| panic!("client-a -> NodePort on {}: {e}", node.name));
+        assert!(ans.server.starts_with("web-b"), "{ans:?}");
+    }
+}
+
+/// The node's own processes (and so hostNetwork pods, kubelet) reach a ClusterIP (TCP and UDP)
+/// and a NodePort on the node's own address, as with kube-proxy.
 #[test]
 #[ignore = "issue 10: needs the host path (io/hostpath.rs) wired into kxdp run"]
-fn kxdp_node_processes_reach_clusterip_and_nodeports() {
-    let r = kxdp_lab("kxdp_node_processes_reach_clusterip_and_nodeports");
+fn kxdp_node_processes_reach_clusterip_and_own_nodeport() {
+    let r = kxdp_lab("kxdp_node_processes_reach_clusterip_and_own_nodeport");
     let a = r.lab.node("node-a");
     let b = r.lab.node("node-b");
     let ans = tcp(&a.ns, sa([172, 30, 0, 10], 80), T, 10_000).expect("node -> ClusterIP");
     assert!(ans.server.starts_with("web-b"));
     let ans = udp(&a.ns, sa([172, 30, 0, 10], 53), Duration::from_secs(1)).expect("UDP");
     assert!(ans.server.starts_with("web-b"));
-    tcp(&a.ns, sa(b.ip4, 30080), T, 10_000).expect("node-a -> NodePort on node-b");
+    let ans = tcp(&a.ns, "[fd00:30::a]:80".parse().unwrap(), T, 10_000).expect("IPv6");
+    assert!(ans.server.starts_with("web-b"));
     tcp(&a.ns, sa(a.ip4, 30080), T, 10_000).expect("node-a -> its own NodePort");
+    tcp(&a.ns, sa(a.ip6, 30080), T, 10_000).expect("node-a -> its own NodePort (IPv6)");
     tcp(&b.ns, sa(b.ip4, 30080), T, 10_000).expect("node-b -> its own NodePort");
 }
 

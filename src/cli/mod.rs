@@ -79,7 +79,8 @@ enum Command {
         #[command(flatten)]
         admin: admin::AdminArgs,
     },
-    /// Live stream of drops and rejects (policy denials included) of a running daemon.
+    /// Live packet events of a running daemon: drops and rejects (the default), policy verdicts,
+    /// traces of forwarded packets; sampled, rate-limited, optionally with hex dumps.
     Monitor {
         #[command(flatten)]
         args: admin::MonitorArgs,
@@ -134,7 +135,7 @@ enum PcapCommand {
 enum PolicyCommand {
     /// How a new connection would be decided: the Service translation (every eligible backend),
     /// the policies selecting source and destination, and the rule that allows it or why none
-    /// does.
+    /// does. Asks the running daemon, or reads --config and --state.
     Trace(TraceArgs),
 }
 

@@ -175,6 +175,7 @@ pub fn replay(
                     (&ct, &snapshot, &barrier, &done, &finished);
                 let (batches, lockstep) = (&batches, &lockstep);
                 scope.spawn(move || {
+                    let _poison = PoisonOnPanic(lockstep);
                     let mut pipeline = Pipeline::new(w, capture.link, opts.seed, ct);
                     let mut recorded =
                         Vec::with_capacity(if opts.record { share.len() } else { 0 });
@@ -462,6 +463,19 @@ struct SpinBarrier {
     parties: usize,
     arrived: AtomicUsize,
     generation: AtomicUsize,
+    /// A worker panicked: the others stop waiting for it (and panic too) instead of hanging.
+    poisoned: std::sync::atomic::AtomicBool,
+}
+
+/// Poisons the barrier when the worker holding it unwinds.
+struct PoisonOnPanic<'a>(&'a SpinBarrier);
+
+impl Drop for PoisonOnPanic<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.poisoned.store(true, Ordering::Release);
+        }
+    }
 }
 
 impl SpinBarrier {
@@ -470,6 +484,7 @@ impl SpinBarrier {
             parties: parties.max(1),
             arrived: AtomicUsize::new(0),
             generation: AtomicUsize::new(0),
+            poisoned: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -485,6 +500,10 @@ impl SpinBarrier {
         }
         let mut spins = 0u32;
         while self.generation.load(Ordering::Acquire) == gen {
+            assert!(
+                !self.poisoned.load(Ordering::Acquire),
+                "another replay worker panicked"
+            );
             if spins < 64 {
                 std::hint::spin_loop();
                 spins += 1;

@@ -827,8 +827,12 @@ impl Loop {
             st.last_sync = Some(wall);
             st.last_sync_duration = elapsed;
             st.pending_since = None;
-            st.health =
-                crate::health::HealthView::from_state(&self.store.state, &self.config.node_name);
+            st.health = if full {
+                crate::health::HealthView::from_state(&self.store.state, &self.config.node_name)
+            } else {
+                st.health
+                    .updated(&self.store.state, &self.config.node_name, &changes.services)
+            };
         }
         self.publish_status_problems();
         self.pending_since = None;

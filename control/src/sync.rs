@@ -321,6 +321,18 @@ impl Store {
         keep: &[ObjectKey],
         now: SystemTime,
     ) {
+        if self.state.keys_len(kind) == 0 {
+            // The first list of a kind (startup): nothing to diff against, and everything is
+            // rebuilt anyway; skip the per-object comparisons and change records.
+            if !objects.is_empty() {
+                self.changes.full = true;
+            }
+            for o in objects {
+                self.changes.count(kind, now);
+                self.state.put(o);
+            }
+            return;
+        }
         let listed: HashSet<ObjectKey> = objects
             .iter()
             .map(Object::key)

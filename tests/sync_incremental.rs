@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 use std::path::Path;
 
 use kxdp_control::incremental::Builder;
-use kxdp_control::model::{ClusterState, Object, ObjectKey};
+use kxdp_control::model::{ClusterState, Kind, Object, ObjectKey};
 use kxdp_control::sources::files::load_str;
 use kxdp_control::sync::Store;
 use kxdp_control::Config;
@@ -158,13 +158,13 @@ fn incremental_updates_equal_full_builds() {
                 }
                 3 => {
                     let ns = ["a", "b", "c"][(i % 3) as usize];
-                    store.delete("Service", &ObjectKey::new(ns, format!("s{i}")), now)
+                    store.delete(Kind::Service, &ObjectKey::new(ns, format!("s{i}")), now)
                 }
                 4 => {
                     let ns = ["a", "b", "c"][(i % 3) as usize];
                     let k = r.below(3);
                     store.delete(
-                        "EndpointSlice",
+                        Kind::EndpointSlice,
                         &ObjectKey::new(ns, format!("s{i}-{k}")),
                         now,
                     )

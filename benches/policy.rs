@@ -9,7 +9,11 @@
 //! - `compile_full` / `recompile_one_label`: the control plane's compilation, from scratch and
 //!   after one pod's label changed (the incremental compiler rebuilds only affected pods).
 //!
-//! Short runs (2 s per benchmark, 20 samples): `cargo bench --bench policy`.
+//! The compile benchmarks run at that size and at 5,000 nodes' worth of pods (150k pods in 100
+//! namespaces, 30 on this node, 1k policies): `policy_compile_150k`.
+//!
+//! Short runs (2 s per benchmark, 20 samples): `cargo bench --bench policy`;
+//! `cargo bench --bench policy -- policy_compile` for the compile benchmarks alone.
 
 use std::hint::black_box;
 use std::path::Path;
@@ -33,28 +37,65 @@ const NODES: u32 = 20;
 const POLICIES_PER_NS: u32 = 50;
 const APPS: u32 = 25;
 
+/// A cluster's size.
+#[derive(Clone, Copy, Debug)]
+struct Scale {
+    namespaces: u32,
+    pods_per_ns: u32,
+    nodes: u32,
+    policies_per_ns: u32,
+}
+
+/// 10k pods in 20 namespaces on 20 nodes (500 on this node), 1k policies.
+const SMALL: Scale = Scale {
+    namespaces: NAMESPACES,
+    pods_per_ns: PODS_PER_NS,
+    nodes: NODES,
+    policies_per_ns: POLICIES_PER_NS,
+};
+
+/// 5,000 nodes' worth of pods: 150k pods in 100 namespaces (30 on this node), 1k policies.
+const LARGE: Scale = Scale {
+    namespaces: 100,
+    pods_per_ns: 1500,
+    nodes: 5000,
+    policies_per_ns: 10,
+};
+
 fn pod_ip(ns: u32, j: u32) -> String {
-    let k = ns * PODS_PER_NS + j;
+    pod_ip_at(SMALL, ns, j)
+}
+
+fn pod_ip_at(sc: Scale, ns: u32, j: u32) -> String {
+    let k = ns * sc.pods_per_ns + j;
+    if sc.nodes > 250 {
+        let k = k + 1;
+        return format!("10.{}.{}.{}", 1 + (k >> 16), (k >> 8) & 255, k & 255);
+    }
     format!(
         "10.{}.{}.{}",
-        1 + k % NODES,
-        (k / NODES) / 250,
-        1 + (k / NODES) % 250
+        1 + k % sc.nodes,
+        (k / sc.nodes) / 250,
+        1 + (k / sc.nodes) % 250
     )
 }
 
-fn node_of(ns: u32, j: u32) -> u32 {
-    (ns * PODS_PER_NS + j) % NODES
+fn node_of_at(sc: Scale, ns: u32, j: u32) -> u32 {
+    (ns * sc.pods_per_ns + j) % sc.nodes
 }
 
 fn cluster(relabel: Option<u32>) -> ClusterState {
+    cluster_at(SMALL, relabel)
+}
+
+fn cluster_at(sc: Scale, relabel: Option<u32>) -> ClusterState {
     let mut docs: Vec<Value> = Vec::new();
-    for n in 0..NAMESPACES {
+    for n in 0..sc.namespaces {
         docs.push(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {
             "name": format!("ns-{n}"),
             "labels": {"team": format!("t{}", n % 5), "env": if n % 2 == 0 { "prod" } else { "dev" }}}}));
-        for j in 0..PODS_PER_NS {
-            let app = if relabel == Some(n * PODS_PER_NS + j) {
+        for j in 0..sc.pods_per_ns {
+            let app = if relabel == Some(n * sc.pods_per_ns + j) {
                 "relabelled".to_string()
             } else {
                 format!("app-{}", j % APPS)
@@ -62,11 +103,11 @@ fn cluster(relabel: Option<u32>) -> ClusterState {
             docs.push(json!({"apiVersion": "v1", "kind": "Pod",
                 "metadata": {"namespace": format!("ns-{n}"), "name": format!("p-{j}"),
                              "labels": {"app": app, "tier": if j % 2 == 0 { "front" } else { "back" }, "version": format!("v{}", j % 3)}},
-                "spec": {"nodeName": format!("node-{}", node_of(n, j)), "containers": [{"name": "c", "image": "i",
+                "spec": {"nodeName": format!("node-{}", node_of_at(sc, n, j)), "containers": [{"name": "c", "image": "i",
                          "ports": [{"name": "http", "containerPort": 8080 + (j % 3)}, {"name": "dns", "containerPort": 53, "protocol": "UDP"}]}]},
-                "status": {"phase": "Running", "podIP": pod_ip(n, j)}}));
+                "status": {"phase": "Running", "podIP": pod_ip_at(sc, n, j)}}));
         }
-        for k in 0..POLICIES_PER_NS {
+        for k in 0..sc.policies_per_ns {
             let app = format!("app-{}", k % APPS);
             let peer_app = format!("app-{}", (k * 7 + 3) % APPS);
             let spec = match k % 6 {
@@ -81,7 +122,7 @@ fn cluster(relabel: Option<u32>) -> ClusterState {
                 3 => {
                     json!({"podSelector": {"matchExpressions": [{"key": "app", "operator": "In", "values": [app, peer_app]}]},
                             "policyTypes": ["Egress"],
-                            "egress": [{"to": [{"ipBlock": {"cidr": "10.0.0.0/8", "except": [format!("10.{}.0.0/16", 1 + k % NODES)]}}],
+                            "egress": [{"to": [{"ipBlock": {"cidr": "10.0.0.0/8", "except": [format!("10.{}.0.0/16", 1 + k % sc.nodes.min(250))]}}],
                                         "ports": [{"protocol": "TCP", "port": 5432, "endPort": 5440}]},
                                        {"to": [{"namespaceSelector": {}}], "ports": [{"protocol": "UDP", "port": "dns"}]}]})
                 }
@@ -102,10 +143,10 @@ fn cluster(relabel: Option<u32>) -> ClusterState {
     }
     let text: String = docs
         .iter()
-        .map(|d| format!("---\n{}\n", serde_json::to_string(d).unwrap()))
+        .map(|d| format!("{}\n", serde_json::to_string(d).unwrap()))
         .collect();
     let mut st = ClusterState::new();
-    kxdp_control::sources::files::load_str(&text, false, Path::new("bench.yaml"), &mut st).unwrap();
+    kxdp_control::sources::files::load_str(&text, true, Path::new("bench.json"), &mut st).unwrap();
     st
 }
 
@@ -272,6 +313,30 @@ fn bench(c: &mut Criterion) {
         "policy bench: last incremental compile {:?}",
         compiler.stats
     );
+    g.finish();
+
+    // 5,000 nodes' worth of pods: 150k pods, 1k policies, 30 pods on this node.
+    let large = cluster_at(LARGE, None);
+    let large_relabelled = cluster_at(LARGE, Some(0));
+    let mut compiler = PolicyCompiler::new();
+    let (_, problems) = compiler.compile("node-0", &node_addrs(), &large);
+    assert!(problems.is_empty(), "{problems:?}");
+    eprintln!("policy bench (150k pods): {:?}", compiler.stats);
+    let mut g = c.benchmark_group("policy_compile_150k");
+    g.sample_size(10)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(5));
+    g.bench_function("compile_full_1k_policies_150k_pods", |b| {
+        b.iter(|| black_box(PolicyCompiler::new().compile("node-0", &node_addrs(), &large)))
+    });
+    let mut flip = false;
+    g.bench_function("recompile_one_label_change_150k_pods", |b| {
+        b.iter(|| {
+            flip = !flip;
+            let st = if flip { &large_relabelled } else { &large };
+            black_box(compiler.compile("node-0", &node_addrs(), st))
+        })
+    });
     g.finish();
 }
 

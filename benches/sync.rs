@@ -1,17 +1,38 @@
-//! Translation and publication at 1k, 10k and 30k Services × 10 endpoints:
+//! The control plane at cluster scale: N ClusterIP Services × 10 endpoints (one TCP port, one
+//! EndpointSlice each, endpoints on 5 nodes) in three layouts:
 //!
-//! - **full build**: `incremental::Builder::full` over the whole state (translation of every
-//!   Service into a complete `Snapshot`), and the same through the running control loop (a whole
-//!   new state handed over, diffed, built and published; timed until a worker-style reader sees
-//!   the new generation);
-//! - **one-Service change**: an EndpointSlice update sent to the running control loop
-//!   (`minSyncPeriod: 0`), timed from the send until a reader thread spinning on
-//!   `Published::load()` (as a worker does between batches) sees the snapshot carrying it.
+//! - `spread`: the Services over 100 namespaces;
+//! - `one-ns`: every Service in one namespace (large clusters do this; a namespace scan per
+//!   Service made this quadratic);
+//! - `big`: as `one-ns`, and Service 0 has 5,000 endpoints in 50 slices.
 //!
-//! `cargo bench --bench sync` (release); `cargo bench --bench sync -- 1000` for one size.
-//! Prints a table; the figures are recorded in docs/benchmarks.md.
+//! For each layout:
+//!
+//! - **slice lookup**: every Service's EndpointSlices found through the index, against the old
+//!   namespace scan as the same-run baseline (for `one-ns`/`big` the scan is timed on a sample of
+//!   Services and scaled: the whole would take minutes);
+//! - **full build**: `incremental::Builder::full` (median of 3);
+//! - **initial sync via loop**: a `ControlLoop` (`minSyncPeriod: 0`) handed the whole state;
+//!   timed from the send until a reader spinning on `Published::cache().load()` (as a worker
+//!   between batches) sees generation 1;
+//! - **one change → seen**: 200 EndpointSlice updates (and, in `big`, updates of the big
+//!   Service's slices), each timed from the send until the reader sees it; the same changes on
+//!   one thread (store + update + publish) as the work alone;
+//! - **burst**: 1,000 changes per second for 3 s to a loop with `minSyncPeriod: 1s` (kube-proxy's
+//!   default): how many rebuilds, and how long after the last change it is seen;
+//! - **startup from --state**: the state written as YAML (one file, as `kxdp pcap gen` writes
+//!   it), then `sources::files::load_state` (YAML parsing, typed decoding) and a full build; the
+//!   YAML parser alone (`yaml_serde` to JSON values) is timed separately to say where the time
+//!   goes;
+//! - **memory**: live heap (a counting allocator) of the typed objects alone, and of what the
+//!   control loop keeps: the store (the objects), the builder (each Service's translation and
+//!   frontend claims) and the published snapshot.
+//!
+//! `cargo bench --bench sync` (release): 30,000 Services in every layout;
+//! `cargo bench --bench sync -- 10000 one-ns` for one size and layout.
 
 use std::collections::BTreeMap;
+use std::io::Write;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -23,26 +44,78 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kxdp_control::incremental::Builder;
 use kxdp_control::metrics::Metrics;
-use kxdp_control::model::{ClusterState, Object};
+use kxdp_control::model::{service_name_of, ClusterState, Object, ObjectKey};
 use kxdp_control::sync::{ControlLoop, Published, Source, Store, Update};
 use kxdp_control::Config;
 
-const ENDPOINTS: usize = 10;
+/// Counts live heap bytes (for the memory columns).
+#[global_allocator]
+static ALLOC: cap::Cap<std::alloc::System> = cap::Cap::new(std::alloc::System, usize::MAX);
 
-fn config() -> Config {
+fn live() -> usize {
+    ALLOC.allocated()
+}
+
+const ENDPOINTS: usize = 10;
+const BIG_ENDPOINTS: usize = 5000;
+const PER_SLICE: usize = 100;
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Layout {
+    Spread,
+    OneNs,
+    Big,
+}
+
+impl Layout {
+    fn name(self) -> &'static str {
+        match self {
+            Layout::Spread => "spread",
+            Layout::OneNs => "one-ns",
+            Layout::Big => "big",
+        }
+    }
+
+    fn namespace(self, i: usize) -> String {
+        match self {
+            Layout::Spread => format!("ns-{}", i % 100),
+            _ => "default".into(),
+        }
+    }
+
+    /// Endpoints of Service `i`.
+    fn endpoints(self, i: usize) -> usize {
+        if self == Layout::Big && i == 0 {
+            BIG_ENDPOINTS
+        } else {
+            ENDPOINTS
+        }
+    }
+}
+
+fn config(min_sync: &str) -> Config {
     Config::from_yaml_str(
-        "apiVersion: kxdp.dev/v1alpha1\nkind: DataplaneConfiguration\nnodeName: node-0\nnodeIPs: [192.168.0.2]\nclusterCIDRs: [10.0.0.0/8]\nserviceCIDRs: [172.30.0.0/16]\nsync: {minSyncPeriod: 0s, syncPeriod: 1h}\n",
+        &format!("apiVersion: kxdp.dev/v1alpha1\nkind: DataplaneConfiguration\nnodeName: node-0\nnodeIPs: [192.168.0.2]\nclusterCIDRs: [10.0.0.0/8]\nserviceCIDRs: [172.16.0.0/12]\nsync: {{minSyncPeriod: {min_sync}, syncPeriod: 1h}}\n"),
         Path::new("bench.yaml"),
     )
     .unwrap()
 }
 
-fn service(i: usize) -> Service {
-    let ip = format!("172.30.{}.{}", (i + 1) >> 8, (i + 1) & 255);
+fn cluster_ip(i: usize) -> String {
+    let n = i + 1;
+    format!("172.{}.{}.{}", 16 + (n >> 16), (n >> 8) & 255, n & 255)
+}
+
+fn endpoint_ip(n: usize) -> String {
+    format!("10.{}.{}.{}", n >> 16, (n >> 8) & 255, n & 255)
+}
+
+fn service(layout: Layout, i: usize) -> Service {
+    let ip = cluster_ip(i);
     Service {
         metadata: ObjectMeta {
             name: Some(format!("svc-{i}")),
-            namespace: Some(format!("ns-{}", i % 100)),
+            namespace: Some(layout.namespace(i)),
             ..Default::default()
         },
         spec: Some(ServiceSpec {
@@ -62,26 +135,30 @@ fn service(i: usize) -> Service {
     }
 }
 
-fn slice(i: usize, salt: usize) -> EndpointSlice {
-    let endpoints = (0..ENDPOINTS)
-        .map(|j| {
-            let n = i * ENDPOINTS + j + salt;
-            Endpoint {
-                addresses: vec![format!("10.{}.{}.{}", n >> 16, (n >> 8) & 255, n & 255)],
-                conditions: Some(EndpointConditions {
-                    ready: Some(true),
-                    serving: Some(true),
-                    terminating: Some(false),
-                }),
-                node_name: Some(format!("node-{}", j % 5)),
-                ..Default::default()
-            }
+/// Slice `k` of Service `i`; `salt` moves the endpoint addresses (a change).
+fn slice(layout: Layout, i: usize, k: usize, salt: usize) -> EndpointSlice {
+    let total = layout.endpoints(i);
+    let base = if i == 0 {
+        0
+    } else {
+        BIG_ENDPOINTS + i * ENDPOINTS
+    };
+    let endpoints = (k * PER_SLICE..((k + 1) * PER_SLICE).min(total))
+        .map(|j| Endpoint {
+            addresses: vec![endpoint_ip(base + j + salt)],
+            conditions: Some(EndpointConditions {
+                ready: Some(true),
+                serving: Some(true),
+                terminating: Some(false),
+            }),
+            node_name: Some(format!("node-{}", j % 5)),
+            ..Default::default()
         })
         .collect();
     EndpointSlice {
         metadata: ObjectMeta {
-            name: Some(format!("svc-{i}-abcde")),
-            namespace: Some(format!("ns-{}", i % 100)),
+            name: Some(format!("svc-{i}-{k}")),
+            namespace: Some(layout.namespace(i)),
             labels: Some(BTreeMap::from([(
                 "kubernetes.io/service-name".to_string(),
                 format!("svc-{i}"),
@@ -99,11 +176,17 @@ fn slice(i: usize, salt: usize) -> EndpointSlice {
     }
 }
 
-fn cluster(n: usize) -> ClusterState {
+fn slices_of(layout: Layout, i: usize) -> usize {
+    layout.endpoints(i).div_ceil(PER_SLICE)
+}
+
+fn cluster(layout: Layout, n: usize) -> ClusterState {
     let mut st = ClusterState::new();
     for i in 0..n {
-        st.apply(Object::Service(Box::new(service(i))));
-        st.apply(Object::EndpointSlice(Box::new(slice(i, 0))));
+        st.apply(Object::Service(Box::new(service(layout, i))));
+        for k in 0..slices_of(layout, i) {
+            st.apply(Object::EndpointSlice(Box::new(slice(layout, i, k, 0))));
+        }
     }
     st
 }
@@ -122,25 +205,190 @@ fn ms(d: Duration) -> String {
     format!("{:.3} ms", d.as_secs_f64() * 1e3)
 }
 
-fn bench(n: usize) {
-    let state = cluster(n);
+fn mib(b: usize) -> String {
+    format!("{:.1} MiB", b as f64 / (1 << 20) as f64)
+}
 
-    // Full build, direct.
+/// The lookup the store did before the index: every slice of the namespace, filtered by label.
+fn scan_slices<'a>(st: &'a ClusterState, svc: &'a ObjectKey) -> usize {
+    st.endpoint_slices
+        .range(ObjectKey::new(svc.namespace.clone(), String::new())..)
+        .take_while(|(k, _)| k.namespace == svc.namespace)
+        .filter(|(_, s)| service_name_of(s) == Some(svc.name.as_str()))
+        .count()
+}
+
+/// A reader thread that spins on the published tables as a worker does between batches and
+/// records when it first sees each generation.
+struct Reader {
+    seen_gen: Arc<AtomicU64>,
+    seen_at: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+    start: Instant,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Reader {
+    fn start(published: Arc<Published>) -> Reader {
+        let seen_gen = Arc::new(AtomicU64::new(0));
+        let seen_at = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let start = Instant::now();
+        let (g, at, s) = (seen_gen.clone(), seen_at.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            let mut cache = published.cache();
+            let mut last = 0;
+            while !s.load(Ordering::Relaxed) {
+                let gen = cache.load().generation;
+                if gen != last {
+                    last = gen;
+                    at.store(start.elapsed().as_nanos() as u64, Ordering::Release);
+                    g.store(gen, Ordering::Release);
+                }
+                std::hint::spin_loop();
+            }
+        });
+        Reader {
+            seen_gen,
+            seen_at,
+            stop,
+            start,
+            thread: Some(thread),
+        }
+    }
+
+    fn now(&self) -> Duration {
+        self.start.elapsed()
+    }
+
+    /// When generation `gen` (or a later one) was first seen.
+    fn wait(&self, gen: u64) -> Duration {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while self.seen_gen.load(Ordering::Acquire) < gen {
+            assert!(Instant::now() < deadline, "generation {gen} never seen");
+            std::hint::spin_loop();
+        }
+        Duration::from_nanos(self.seen_at.load(Ordering::Acquire))
+    }
+}
+
+impl Drop for Reader {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The changes the change columns send: (Service, slice) pairs spread over the cluster, and
+/// for `big` every other one to the big Service.
+fn change_targets(layout: Layout, n: usize) -> Vec<(usize, usize)> {
+    (0..200usize)
+        .map(|k| {
+            if layout == Layout::Big && k % 2 == 0 {
+                (0, k / 2 % slices_of(layout, 0))
+            } else {
+                ((k * 7919) % n, 0)
+            }
+        })
+        .collect()
+}
+
+fn write_yaml(layout: Layout, n: usize, path: &Path) {
+    let mut w = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(path).unwrap());
+    writeln!(w, "apiVersion: v1\nkind: Node\nmetadata:\n  name: node-0\nstatus:\n  addresses:\n    - {{type: InternalIP, address: 192.168.0.2}}").unwrap();
+    for i in 0..n {
+        let ns = layout.namespace(i);
+        let ip = cluster_ip(i);
+        write!(w, "---\napiVersion: v1\nkind: Service\nmetadata:\n  name: svc-{i}\n  namespace: {ns}\nspec:\n  type: ClusterIP\n  clusterIP: \"{ip}\"\n  clusterIPs: [\"{ip}\"]\n  ports:\n  - {{name: http, port: 80, protocol: TCP, targetPort: 8080}}\n").unwrap();
+        for k in 0..slices_of(layout, i) {
+            let s = slice(layout, i, k, 0);
+            write!(w, "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: svc-{i}-{k}\n  namespace: {ns}\n  labels: {{kubernetes.io/service-name: svc-{i}}}\naddressType: IPv4\nports:\n- {{name: http, port: 8080, protocol: TCP}}\nendpoints:\n").unwrap();
+            for e in &s.endpoints {
+                write!(w, "- addresses: [\"{}\"]\n  conditions: {{ready: true, serving: true, terminating: false}}\n  nodeName: {}\n", e.addresses[0], e.node_name.as_deref().unwrap()).unwrap();
+            }
+        }
+    }
+}
+
+fn bench(layout: Layout, n: usize) {
+    let heap0 = live();
+    let state = cluster(layout, n);
+    let state_bytes = live() - heap0;
+    let slices = state.endpoint_slices.len();
+
+    // Slice lookup: index vs the old namespace scan (sampled when quadratic).
+    let keys: Vec<ObjectKey> = state.services.keys().cloned().collect();
+    let t = Instant::now();
+    let mut found = 0;
+    for k in &keys {
+        found += state.slices_of(k).count();
+    }
+    let index_time = t.elapsed();
+    assert_eq!(found, slices);
+    let sample = if layout == Layout::Spread {
+        keys.len()
+    } else {
+        keys.len().min(300)
+    };
+    let t = Instant::now();
+    let mut scanned = 0;
+    for k in keys.iter().step_by(keys.len() / sample) {
+        scanned += scan_slices(&state, k);
+    }
+    let scan_time = t.elapsed().mul_f64(keys.len() as f64 / sample as f64);
+    assert!(scanned > 0);
+
+    // Full build.
     let mut full = Vec::new();
     let mut frontends = 0;
-    for _ in 0..5 {
-        let mut b = Builder::new(config());
+    for _ in 0..3 {
+        let mut b = Builder::new(config("0s"));
         let t = Instant::now();
         let snap = b.full(&state);
         full.push(t.elapsed());
         frontends = snap.frontends.len();
         assert!(b.problems().is_empty(), "{:?}", &b.problems()[..1]);
-        drop(snap);
     }
+    assert_eq!(frontends, n);
 
-    // The running loop: initial sync, then one-Service changes seen by a spinning reader.
+    // Memory of what the loop keeps: store + builder + published snapshot.
+    let heap1 = live();
+    let mut store = Store::new("node-0");
+    store.replace_all(state.clone(), SystemTime::now());
+    store.changes = Default::default();
+    let store_bytes = live() - heap1;
+    let mut b = Builder::new(config("0s"));
+    let published = Published::new(b.full(&store.state));
+    let kept_bytes = live() - heap1;
+
+    // The same changes on this thread (the work alone).
+    let targets = change_targets(layout, n);
+    let mut direct = Vec::new();
+    let mut direct_big = Vec::new();
+    for (k, &(i, s)) in targets.iter().enumerate() {
+        // A salt never used before for this slice: every change is a change.
+        let sl = slice(layout, i, s, 1 + k);
+        let t = Instant::now();
+        store.apply(Object::EndpointSlice(Box::new(sl)), SystemTime::now());
+        let changes = std::mem::take(&mut store.changes);
+        let mut snap = b
+            .apply(&store.state, &changes, &|| false)
+            .expect("not stopped");
+        snap.generation = k as u64 + 2;
+        published.store(Arc::new(snap));
+        if layout == Layout::Big && i == 0 {
+            direct_big.push(t.elapsed());
+        } else {
+            direct.push(t.elapsed());
+        }
+    }
+    drop((store, b, published));
+
+    // The running loop: initial sync, then changes seen by a spinning reader.
     let (published, handle) = ControlLoop::spawn(
-        config(),
+        config("0s"),
         Source::Manual {
             required: vec!["bench"],
         },
@@ -148,122 +396,182 @@ fn bench(n: usize) {
     )
     .unwrap();
     let tx = handle.sender();
-    let seen_gen = Arc::new(AtomicU64::new(0));
-    let stop = Arc::new(AtomicBool::new(false));
-    let start_ns = Instant::now();
-    let seen_at = Arc::new(AtomicU64::new(0));
-    let reader = {
-        let (p, g, s, at) = (
-            published.clone(),
-            seen_gen.clone(),
-            stop.clone(),
-            seen_at.clone(),
-        );
-        std::thread::spawn(move || {
-            let mut cache = p.cache();
-            let mut last = 0;
-            while !s.load(Ordering::Relaxed) {
-                // As a worker between batches.
-                let gen = cache.load().generation;
-                if gen != last {
-                    last = gen;
-                    at.store(start_ns.elapsed().as_nanos() as u64, Ordering::Release);
-                    g.store(gen, Ordering::Release);
-                }
-                std::hint::spin_loop();
-            }
-        })
-    };
-    let wait_gen = |gen: u64| {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while seen_gen.load(Ordering::Acquire) < gen {
-            assert!(Instant::now() < deadline, "generation {gen} never seen");
-            std::hint::spin_loop();
-        }
-        Duration::from_nanos(seen_at.load(Ordering::Acquire))
-    };
+    let reader = Reader::start(published.clone());
     let whole = state.clone();
-    let t0 = start_ns.elapsed();
+    let t0 = reader.now();
     tx.send(Update::ReplaceAll {
         source: "bench".into(),
         state: whole,
     })
     .unwrap();
-    let initial = wait_gen(1) - t0;
-
+    let initial = reader.wait(1) - t0;
     let mut change = Vec::new();
+    let mut change_big = Vec::new();
     let mut gen = 1;
-    for k in 0..200usize {
-        let i = (k * 7919) % n;
-        let s = slice(i, 1 + k % 2);
-        let t0 = start_ns.elapsed();
-        tx.send(Update::Apply(Object::EndpointSlice(Box::new(s))))
+    for (k, &(i, s)) in targets.iter().enumerate() {
+        // A salt never used before for this slice: every change is a change.
+        let sl = slice(layout, i, s, 1 + k);
+        let t0 = reader.now();
+        tx.send(Update::Apply(Object::EndpointSlice(Box::new(sl))))
             .unwrap();
         gen += 1;
-        change.push(wait_gen(gen) - t0);
+        let d = reader.wait(gen) - t0;
+        if layout == Layout::Big && i == 0 {
+            change_big.push(d);
+        } else {
+            change.push(d);
+        }
     }
-    // A Service change too (a new port), to check the path is the same.
-    let mut svc = service(n / 2);
-    svc.spec.as_mut().unwrap().ports.as_mut().unwrap()[0].port = 81;
-    let t0 = start_ns.elapsed();
-    tx.send(Update::Apply(Object::Service(Box::new(svc))))
-        .unwrap();
-    let svc_change = wait_gen(gen + 1) - t0;
-    assert_eq!(published.load().frontends.len(), frontends);
-    stop.store(true, Ordering::Relaxed);
-    reader.join().unwrap();
-    let st = handle.status();
+    assert_eq!(published.load().frontends.len(), n);
+    drop(reader);
     handle.shutdown();
 
-    // The same change on this thread: store + retranslate + publish, without the thread hop.
-    let mut store = Store::new("node-0");
-    store.replace_all(state, SystemTime::now());
-    store.changes = Default::default();
-    let mut b = Builder::new(config());
-    let published = Published::new(b.full(&store.state));
-    let mut direct = Vec::new();
-    let mut copied = 0;
-    for k in 0..200usize {
-        let i = (k * 7919) % n;
-        let s = slice(i, 1 + k % 2);
-        let t = Instant::now();
-        store.apply(Object::EndpointSlice(Box::new(s)), SystemTime::now());
-        let changes = std::mem::take(&mut store.changes);
-        let mut snap = b.update(&store.state, &changes.services);
-        snap.generation = k as u64 + 2;
-        let old = published.store(Arc::new(snap));
-        direct.push(t.elapsed());
-        copied += kxdp_dataplane::snapshot::SHARDS
-            - published.load().frontends.shared_shards(&old.frontends);
+    // A burst of 1,000 changes per second for 3 s, minSyncPeriod 1 s.
+    let (published, handle) = ControlLoop::spawn(
+        config("1s"),
+        Source::Manual {
+            required: vec!["bench"],
+        },
+        Arc::new(Metrics::new()),
+    )
+    .unwrap();
+    let tx = handle.sender();
+    let reader = Reader::start(published.clone());
+    tx.send(Update::ReplaceAll {
+        source: "bench".into(),
+        state: state.clone(),
+    })
+    .unwrap();
+    reader.wait(1);
+    let burst_start = Instant::now();
+    let mut sent = 0usize;
+    let mut last_target = (0, 0, 0);
+    while burst_start.elapsed() < Duration::from_secs(3) {
+        // Paced at one change per millisecond.
+        while sent < burst_start.elapsed().as_millis() as usize {
+            let i = 1 + (sent * 7919) % (n - 1);
+            let salt = 1 + sent % 7;
+            tx.send(Update::Apply(Object::EndpointSlice(Box::new(slice(
+                layout, i, 0, salt,
+            )))))
+            .unwrap();
+            last_target = (i, salt, sent);
+            sent += 1;
+        }
+        std::thread::sleep(Duration::from_micros(200));
     }
+    let last_sent = reader.now();
+    // Seen when the last change's endpoint is in the tables.
+    let (i, salt, _) = last_target;
+    let want = kxdp_packet::Addr::from_ip(
+        endpoint_ip(BIG_ENDPOINTS + i * ENDPOINTS + salt)
+            .parse()
+            .unwrap(),
+    );
+    let key = kxdp_dataplane::snapshot::FrontendKey {
+        addr: kxdp_packet::Addr::from_ip(cluster_ip(i).parse().unwrap()),
+        port: 80,
+        proto: kxdp_dataplane::snapshot::proto::TCP,
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let snap = published.load();
+        let fe = snap.frontend(&key).expect("frontend");
+        if fe.endpoints.iter().any(|e| e.addr == want) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "last change of the burst never seen"
+        );
+        drop(snap);
+        std::thread::sleep(Duration::from_micros(100));
+    }
+    let burst_lag = reader.now() - last_sent;
+    let st = handle.status();
+    drop(reader);
+    handle.shutdown();
+
+    // Startup from --state files.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("state.yaml");
+    write_yaml(layout, n, &file);
+    let yaml_size = std::fs::metadata(&file).unwrap().len();
+    let text = std::fs::read_to_string(&file).unwrap();
+    let t = Instant::now();
+    let mut docs = 0;
+    for de in yaml_serde::Deserializer::from_str(&text) {
+        let v = <serde_json::Value as serde::Deserialize>::deserialize(de).unwrap();
+        docs += v.is_object() as usize;
+    }
+    let parse = t.elapsed();
+    drop(text);
+    let t = Instant::now();
+    let loaded = kxdp_control::sources::files::load_state(&file).unwrap();
+    let load = t.elapsed();
+    assert_eq!(loaded.services.len(), n);
+    let t = Instant::now();
+    let snap = Builder::new(config("0s")).full(&loaded);
+    let startup_build = t.elapsed();
+    assert_eq!(snap.frontends.len(), n);
 
     println!(
-        "| {n} | {frontends} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} |",
+        "| {} | {n} | {slices} | {} → {} | {} | {} | {} / {} | {} / {} | {} | {} | {} ({} syncs for {sent} changes) | {:.0} MB, {docs} docs: parse {} + decode {} + build {} = {} | {} | {} ({:.2}×) |",
+        layout.name(),
+        ms(scan_time),
+        ms(index_time),
         ms(median(&mut full)),
         ms(initial),
         ms(median(&mut change)),
         ms(pct(&mut change, 0.99)),
-        ms(*change.iter().max().unwrap()),
-        ms(svc_change),
-        st.syncs,
+        if change_big.is_empty() { "-".into() } else { ms(median(&mut change_big)) },
+        if change_big.is_empty() { "-".into() } else { ms(pct(&mut change_big, 0.99)) },
         ms(median(&mut direct)),
-        copied as f64 / 200.0,
+        if direct_big.is_empty() { "-".into() } else { ms(median(&mut direct_big)) },
+        ms(burst_lag),
+        st.syncs - 1,
+        yaml_size as f64 / 1e6,
+        ms(parse),
+        ms(load.saturating_sub(parse)),
+        ms(startup_build),
+        ms(load + startup_build),
+        mib(state_bytes),
+        mib(kept_bytes),
+        kept_bytes as f64 / state_bytes as f64,
+    );
+    let _ = store_bytes;
+    eprintln!(
+        "{}: store {} (the objects, once), builder + snapshot {}",
+        layout.name(),
+        mib(store_bytes),
+        mib(kept_bytes - store_bytes)
     );
 }
 
 fn main() {
-    let sizes: Vec<usize> = std::env::args()
-        .skip(1)
-        .filter_map(|a| a.parse().ok())
-        .collect();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let sizes: Vec<usize> = args.iter().filter_map(|a| a.parse().ok()).collect();
     let sizes = if sizes.is_empty() {
-        vec![1_000, 10_000, 30_000]
+        vec![30_000]
     } else {
         sizes
     };
-    println!("| Services | frontends | full build (Builder::full, median of 5) | initial sync via loop (send → seen by reader) | one-Service change → seen by reader (median of 200) | p99 | max | Service port change | syncs | one change, same thread (store + update + publish, median) | frontend shards copied per change |");
-    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+    let layouts: Vec<Layout> = [Layout::Spread, Layout::OneNs, Layout::Big]
+        .into_iter()
+        .filter(|l| {
+            !args
+                .iter()
+                .any(|a| ["spread", "one-ns", "big"].contains(&a.as_str()))
+                || args.iter().any(|a| a == l.name())
+        })
+        .collect();
+    println!("| layout | Services | slices | slice lookup, all Services: scan (before) → index | full build (median of 3) | initial sync via loop | one change → seen (median / p99) | big Service change → seen (median / p99) | one change, same thread (median) | big Service change, same thread | burst 1,000/s × 3 s, minSyncPeriod 1 s: last change seen after | startup from --state: parse + decode + build | typed objects (heap) | store + builder + snapshot (heap) |");
+    println!(
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+    );
     for n in sizes {
-        bench(n);
+        for &l in &layouts {
+            bench(l, n);
+        }
     }
 }

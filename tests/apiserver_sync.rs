@@ -160,7 +160,9 @@ fn initial_sync_updates_deletes_and_selectors() {
     // The node's address came from the Node object (field-selected watch).
     assert_eq!(snap.node.addrs.len(), 1);
     assert_eq!(endpoints(&snap, "172.30.0.11", 5432), Some(vec![]));
-    // kube-proxy's selectors were sent.
+    // kube-proxy's selectors were sent (once every watch is open: the first publication can
+    // come before the last watch request).
+    server.wait_watches(7);
     let reqs = server.requests();
     assert!(reqs.iter().any(|r| r.plural == "services"
         && r.label_selector.as_deref()
@@ -268,6 +270,67 @@ fn dropped_connection_resumes_from_resource_version() {
             .as_deref()
             .and_then(|v| v.parse::<u64>().ok())
             .is_some_and(|v| v >= rv_before - 5)));
+    h.shutdown();
+}
+
+#[test]
+fn paginated_list_and_relist_keep_forwarding() {
+    // 1,200 Services and slices: three pages of 500 per kind.
+    let server = FakeApiServer::start();
+    server.set_bookmark_interval(Duration::from_millis(100));
+    server.apply(node());
+    let n = 1200;
+    let ip = |i: usize| format!("172.30.{}.{}", 1 + i / 250, 1 + i % 250);
+    for i in 0..n {
+        server.apply(service(&format!("s{i}"), &ip(i), 80));
+        let ep = format!("10.1.{}.{}", i / 250, 1 + i % 250);
+        server.apply(slice(&format!("s{i}-1"), &format!("s{i}"), &[ep.as_str()]));
+    }
+    server.compact();
+    let (published, h) = start(&server);
+    wait_for(&published, "every Service", |s| s.frontends.len() == n);
+    let pages: Vec<_> = server
+        .requests()
+        .into_iter()
+        .filter(|r| r.plural == "services" && !r.watch && r.method == "GET")
+        .collect();
+    assert!(
+        pages.iter().all(|r| r.limit.as_deref() == Some("500")),
+        "{pages:?}"
+    );
+    assert_eq!(
+        pages.iter().filter(|r| r.continue_token.is_some()).count(),
+        2,
+        "pages 2 and 3 continue the first: {pages:?}"
+    );
+    server.wait_watches(7);
+
+    // A relist after 410 (on resume from a compacted resourceVersion): a worker sees every
+    // Service at every moment meanwhile, then the change made while the watches were down.
+    let lists = lists_of(&server, "services");
+    server.drop_watches();
+    server.apply(service("s0", &ip(0), 81));
+    server.compact();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let snap = published.load();
+        assert!(
+            snap.frontends.len() >= n - 1 && endpoints(&snap, &ip(1), 80).is_some(),
+            "generation {}: {} frontends during the relist",
+            snap.generation,
+            snap.frontends.len()
+        );
+        if endpoints(&snap, &ip(0), 81).is_some() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "relisted state never published");
+        drop(snap);
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert!(
+        lists_of(&server, "services") >= lists + 3,
+        "a paginated relist"
+    );
     h.shutdown();
 }
 

@@ -58,7 +58,49 @@ impl HealthView {
             .get(node_name)
             .is_some_and(|n| n.metadata.deletion_timestamp.is_some());
         let mut services = BTreeMap::new();
-        for (key, svc) in &state.services {
+        Self::add_services(&mut services, state, node_name, state.services.iter());
+        HealthView {
+            node_deleting,
+            services: Arc::new(services),
+        }
+    }
+
+    /// The view after the Services in `changed` changed (or their EndpointSlices): costs the
+    /// changed Services, not the cluster (the control loop calls it at every partial sync).
+    pub fn updated(
+        &self,
+        state: &ClusterState,
+        node_name: &str,
+        changed: &BTreeSet<ObjectKey>,
+    ) -> HealthView {
+        let touched =
+            |s: &HcService| changed.contains(&ObjectKey::new(s.namespace.clone(), s.name.clone()));
+        let now = changed
+            .iter()
+            .filter_map(|k| state.services.get_key_value(k));
+        if !self.services.values().any(touched) && now.clone().next().is_none() {
+            return self.clone();
+        }
+        let mut services: BTreeMap<u16, HcService> = self
+            .services
+            .iter()
+            .filter(|(_, s)| !touched(s))
+            .map(|(p, s)| (*p, s.clone()))
+            .collect();
+        Self::add_services(&mut services, state, node_name, now);
+        HealthView {
+            node_deleting: self.node_deleting,
+            services: Arc::new(services),
+        }
+    }
+
+    fn add_services<'a>(
+        services: &mut BTreeMap<u16, HcService>,
+        state: &ClusterState,
+        node_name: &str,
+        list: impl Iterator<Item = (&'a ObjectKey, &'a k8s_openapi::api::core::v1::Service)>,
+    ) {
+        for (key, svc) in list {
             let Some(spec) = &svc.spec else { continue };
             if spec.external_traffic_policy.as_deref() != Some("Local")
                 || !matches!(
@@ -82,10 +124,6 @@ impl HealthView {
                     local_endpoints: local_endpoints(state, key, node_name),
                 },
             );
-        }
-        HealthView {
-            node_deleting,
-            services: Arc::new(services),
         }
     }
 }

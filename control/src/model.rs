@@ -349,6 +349,19 @@ impl ClusterState {
         }
     }
 
+    /// How many objects of a kind are held.
+    pub fn keys_len(&self, kind: Kind) -> usize {
+        match kind {
+            Kind::Node => self.nodes.len(),
+            Kind::Namespace => self.namespaces.len(),
+            Kind::Pod => self.pods.len(),
+            Kind::Service => self.services.len(),
+            Kind::EndpointSlice => self.endpoint_slices.len(),
+            Kind::NetworkPolicy => self.network_policies.len(),
+            Kind::ServiceCidr => self.service_cidrs.len(),
+        }
+    }
+
     /// The keys of every object of a kind, in order.
     pub fn keys(&self, kind: Kind) -> Vec<ObjectKey> {
         match kind {

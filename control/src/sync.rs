@@ -333,6 +333,18 @@ impl Store {
         keep: &[ObjectKey],
         now: SystemTime,
     ) {
+        if self.state.keys_len(kind) == 0 {
+            // The first list of a kind (startup): nothing to diff against, and everything is
+            // rebuilt anyway; skip the per-object comparisons and change records.
+            if !objects.is_empty() {
+                self.changes.full = true;
+            }
+            for o in objects {
+                self.changes.count(kind, now);
+                self.state.put(o);
+            }
+            return;
+        }
         let listed: HashSet<ObjectKey> = objects
             .iter()
             .map(Object::key)
@@ -841,8 +853,12 @@ impl Loop {
             st.last_sync = Some(wall);
             st.last_sync_duration = elapsed;
             st.pending_since = None;
-            st.health =
-                crate::health::HealthView::from_state(&self.store.state, &self.config.node_name);
+            st.health = if full {
+                crate::health::HealthView::from_state(&self.store.state, &self.config.node_name)
+            } else {
+                st.health
+                    .updated(&self.store.state, &self.config.node_name, &changes.services)
+            };
         }
         self.publish_status_problems();
         self.pending_since = None;

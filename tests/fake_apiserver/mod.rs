@@ -5,7 +5,10 @@
 //! - discovery (`/api`, `/apis`, `/api/v1`, `/apis/{group}/{version}`, `/version`) for kubectl;
 //! - list (cluster-wide or in a namespace) returning the current `resourceVersion`, with
 //!   `labelSelector` (`k`, `!k`, `k=v`, `k==v`, `k!=v`, `k in (..)`, `k notin (..)`) and
-//!   `fieldSelector` (`path=v`, `path!=v` on any dotted field);
+//!   `fieldSelector` (`path=v`, `path!=v` on any dotted field); paginated with `limit` and
+//!   `continue` as the real server does: every page comes from the list as it was at the first
+//!   page's resourceVersion (`metadata.continue`, `metadata.remainingItemCount`), and a continue
+//!   token older than the compacted log gets `410 Gone` (reason `Expired`);
 //! - watch (`?watch=true`) resumed from a `resourceVersion`: the events after it from the log,
 //!   then live ones, as JSON lines; ADDED/MODIFIED/DELETED, with selector transitions turned into
 //!   ADDED/DELETED; BOOKMARK every `bookmark_interval` when asked; `timeoutSeconds`; a
@@ -153,6 +156,9 @@ pub struct Request {
     pub resource_version: Option<String>,
     pub label_selector: Option<String>,
     pub field_selector: Option<String>,
+    /// `limit` and `continue` of a paginated list.
+    pub limit: Option<String>,
+    pub continue_token: Option<String>,
 }
 
 #[derive(Default)]
@@ -164,6 +170,10 @@ struct Inner {
     /// Events at or below this resourceVersion are forgotten.
     compacted: u64,
     requests: Vec<Request>,
+    /// Paginated lists in progress: token id → (resourceVersion, the items of the list as it was
+    /// then). The real server reads older revisions from etcd; this keeps the list itself.
+    pages: BTreeMap<u64, (u64, Arc<Vec<Value>>)>,
+    next_page_id: u64,
 }
 
 struct Shared {
@@ -311,6 +321,8 @@ impl FakeApiServer {
         let mut inner = self.shared.inner.lock().unwrap();
         inner.compacted = inner.rv;
         inner.log.clear();
+        // Continue tokens name revisions that are gone now.
+        inner.pages.clear();
     }
 
     /// Stops serving: the listener closes and every connection is cut.
@@ -805,6 +817,8 @@ async fn handle(
         resource_version: q.get("resourceVersion").cloned(),
         label_selector: q.get("labelSelector").cloned(),
         field_selector: q.get("fieldSelector").cloned(),
+        limit: q.get("limit").cloned(),
+        continue_token: q.get("continue").cloned(),
     });
     let ns_or_default = || ns.clone().unwrap_or_default();
 
@@ -819,20 +833,64 @@ async fn handle(
             if watching {
                 watch_response(shared, res, filter, &q, meta_only)
             } else {
-                let inner = shared.inner.lock().unwrap();
-                let items: Vec<Value> = inner
-                    .objects
-                    .iter()
-                    .filter(|((p, _, _), o)| filter.matches(p, o))
-                    .map(|(_, o)| {
-                        let mut o = if meta_only { meta_view(o) } else { o.clone() };
-                        if let Some(m) = o.as_object_mut() {
-                            m.remove("apiVersion");
-                            m.remove("kind");
-                        }
-                        o
-                    })
-                    .collect();
+                let mut inner = shared.inner.lock().unwrap();
+                let limit: usize = q
+                    .get("limit")
+                    .and_then(|l| l.parse().ok())
+                    .filter(|&l| l > 0)
+                    .unwrap_or(usize::MAX);
+                // A continue token: `{page id}:{offset}`.
+                let (rv, all, offset, id) = match q.get("continue").filter(|c| !c.is_empty()) {
+                    Some(token) => {
+                        let parsed = token.split_once(':').and_then(|(i, o)| {
+                            Some((i.parse::<u64>().ok()?, o.parse::<usize>().ok()?))
+                        });
+                        let Some(((rv, all), offset, id)) = parsed.and_then(|(id, offset)| {
+                            Some((inner.pages.get(&id)?.clone(), offset, id))
+                        }) else {
+                            return reply(
+                                410,
+                                status(
+                                    410,
+                                    "Expired",
+                                    "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter.".into(),
+                                ),
+                            );
+                        };
+                        (rv, all, offset, Some(id))
+                    }
+                    None => {
+                        let items: Vec<Value> = inner
+                            .objects
+                            .iter()
+                            .filter(|((p, _, _), o)| filter.matches(p, o))
+                            .map(|(_, o)| {
+                                let mut o = if meta_only { meta_view(o) } else { o.clone() };
+                                if let Some(m) = o.as_object_mut() {
+                                    m.remove("apiVersion");
+                                    m.remove("kind");
+                                }
+                                o
+                            })
+                            .collect();
+                        (inner.rv, Arc::new(items), 0, None)
+                    }
+                };
+                let end = offset.saturating_add(limit).min(all.len());
+                let items: Vec<Value> = all[offset.min(end)..end].to_vec();
+                let mut metadata = json!({"resourceVersion": rv.to_string()});
+                if end < all.len() {
+                    let id = id.unwrap_or_else(|| {
+                        inner.next_page_id += 1;
+                        let id = inner.next_page_id;
+                        inner.pages.insert(id, (rv, all.clone()));
+                        id
+                    });
+                    metadata["continue"] = json!(format!("{id}:{end}"));
+                    metadata["remainingItemCount"] = json!(all.len() - end);
+                } else if let Some(id) = id {
+                    inner.pages.remove(&id);
+                }
                 let (kind, api_version) = if meta_only {
                     (
                         "PartialObjectMetadataList".to_string(),
@@ -844,7 +902,7 @@ async fn handle(
                 reply(
                     200,
                     json!({"kind": kind, "apiVersion": api_version,
-                           "metadata": {"resourceVersion": inner.rv.to_string()}, "items": items}),
+                           "metadata": metadata, "items": items}),
                 )
             }
         }

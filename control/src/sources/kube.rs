@@ -9,7 +9,8 @@
 //! | EndpointSlice | the same label selector | as kube-proxy (the EndpointSlice controller copies both labels) |
 //! | NetworkPolicy, ServiceCIDR | everything | |
 //!
-//! Each watcher lists (with `resourceVersion` semantics of the server), then watches from the
+//! Each watcher lists in pages of `LIST_PAGE_SIZE` (`limit`/`continue`, as client-go's
+//! reflector; the pages are gathered and handed over as one relist), then watches from the
 //! list's resourceVersion with bookmarks, resumes from the last resourceVersion seen after a
 //! dropped connection or a timeout, and relists on `410 Gone` (kube-rs `watcher`). A relist is
 //! handed over whole (`Update::Relisted`): objects missing from it are deleted, as a reflector
@@ -49,6 +50,11 @@ pub const SERVICE_SELECTOR: &str =
     "!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless";
 /// Pods that may still hold an IP.
 pub const POD_FIELD_SELECTOR: &str = "status.phase!=Succeeded,status.phase!=Failed";
+
+/// Objects per page of a (re)list (`limit`, then `continue`), as client-go's reflector lists:
+/// the server never has to build one response of the whole cluster, and the list is read as it
+/// was at the first page's resourceVersion.
+pub const LIST_PAGE_SIZE: u32 = 500;
 
 /// One watched kind.
 #[derive(Clone, Debug)]
@@ -224,7 +230,9 @@ type EventStream =
 
 fn stream(client: Client, spec: &WatchSpec, options: &KubeOptions) -> EventStream {
     let api: Api<DynamicObject> = Api::all_with(client, &spec.resource);
-    let mut wc = watcher::Config::default().timeout(options.watch_timeout_s);
+    let mut wc = watcher::Config::default()
+        .timeout(options.watch_timeout_s)
+        .page_size(LIST_PAGE_SIZE);
     if let Some(l) = &spec.labels {
         wc = wc.labels(l);
     }
@@ -445,8 +453,8 @@ pub fn decode(spec: &WatchSpec, o: DynamicObject) -> Result<Object, (ObjectKey, 
     })
 }
 
-/// A Pod as policy and locality read it: spec.nodeName, spec.hostNetwork, status.phase,
-/// status.podIP(s).
+/// A Pod as policy and locality read it: spec.nodeName, spec.hostNetwork, the containers' names
+/// and ports (named ports), status.phase, status.podIP(s).
 fn strip_pod(map: &mut Map<String, Value>) {
     let spec = map.remove("spec");
     let status = map.remove("status");
@@ -461,8 +469,34 @@ fn strip_pod(map: &mut Map<String, Value>) {
         }
         out
     };
+    // Containers keep their name and ports: policy resolves named ports against them.
+    let containers = |key: &str| -> Value {
+        let list = spec
+            .as_ref()
+            .and_then(|s| s.get(key))
+            .and_then(Value::as_array)
+            .map(|cs| {
+                cs.iter()
+                    .map(|c| {
+                        let mut out = Map::new();
+                        for k in ["name", "ports"] {
+                            if let Some(x) = c.get(k) {
+                                out.insert(k.into(), x.clone());
+                            }
+                        }
+                        Value::Object(out)
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        Value::Array(list)
+    };
+    let (main, init) = (containers("containers"), containers("initContainers"));
     let mut spec = pick(spec, &["nodeName", "hostNetwork"]);
-    spec.insert("containers".into(), Value::Array(Vec::new()));
+    spec.insert("containers".into(), main);
+    if init.as_array().is_some_and(|a| !a.is_empty()) {
+        spec.insert("initContainers".into(), init);
+    }
     map.insert("spec".into(), Value::Object(spec));
     map.insert(
         "status".into(),

@@ -89,6 +89,8 @@ fn bridge_pods_leave_on_their_bridge_port() {
     pod_speaks(&pod2);
     let pod2_mac = lab.mac(&pod2, "eth0");
     let vb2 = Lab::in_ns(&node, || kxdp_kernel::ifindex("vb2").unwrap());
+    // A bridge without a MAC of its own takes the lowest of its ports': adding vb2 may change it.
+    let br_mac = lab.mac(&node, "br0");
     let found = wait_until(Duration::from_secs(3), || {
         routes.table.load().lookup(&a("10.2.0.6"), Family::V4)
             == Ok(Hop::Port {

@@ -430,7 +430,6 @@ fn kxdp_pods_replaced_under_continuous_requests_through_clusterip() {
 /// The bridge node works without listing cni0: packets for its pods leave through the pod's own
 /// port (bridge FDB), not `no-egress`.
 #[test]
-#[ignore = "issue 10: needs the FIB with bridge FDB (egress through the pod's bridge port)"]
 fn kxdp_bridge_node_without_listing_cni0() {
     let lab = two_node_pods("kxdp_bridge_node_without_listing_cni0");
     let objects = services(&lab);
@@ -448,7 +447,6 @@ fn kxdp_bridge_node_without_listing_cni0() {
 /// The node's own processes (and so hostNetwork pods, kubelet) reach a ClusterIP, a NodePort on
 /// the other node's address and a NodePort on the node's own address, as with kube-proxy.
 #[test]
-#[ignore = "issue 10: needs the host path (io/hostpath.rs) wired into kxdp run"]
 fn kxdp_node_processes_reach_clusterip_and_nodeports() {
     let r = kxdp_lab("kxdp_node_processes_reach_clusterip_and_nodeports");
     let a = r.lab.node("node-a");
@@ -466,7 +464,6 @@ fn kxdp_node_processes_reach_clusterip_and_nodeports() {
 /// and IPv6: the packet takes the kernel's path (the kernel port), where the CNI's masquerade
 /// applies.
 #[test]
-#[ignore = "issue 10: needs untranslated pod egress handed to the kernel (kernel port)"]
 fn kxdp_pod_egress_masqueraded_by_the_node() {
     let mut r = kxdp_lab("kxdp_pod_egress_masqueraded_by_the_node");
     r.lab.ext_servers();

@@ -216,16 +216,29 @@ pub fn run(
         );
         None
     } else {
-        let afxdp = start_dataplane(&config, published.clone(), &ops.dataplane)?;
+        // The host path before the workers: kxdp1 is one of their interfaces.
+        let host_path = if config.host_path.enabled {
+            let hp = crate::host_path::RunningHostPath::start(&config, published.clone())
+                .map_err(|source| RunError::Attach {
+                    interfaces: "the host path (kxdp0/kxdp1)".into(),
+                    source,
+                })?;
+            tracing::info!("kxdp run: {}", hp.describe);
+            Some(hp)
+        } else {
+            None
+        };
+        let afxdp = start_dataplane(&config, published.clone(), &ops.dataplane, host_path.as_ref())?;
         tracing::info!(
-            "kxdp run: forwarding on {} with {} worker(s) (tables from {source})",
+            "kxdp run: forwarding on {}{} with {} worker(s) (tables from {source})",
             config.interfaces.join(", "),
+            host_path.as_ref().map(|h| format!(", {}", h.kxdp_if)).unwrap_or_default(),
             afxdp.counters.len()
         );
         for line in afxdp.describe() {
             tracing::info!("kxdp run:   {line}");
         }
-        Some(afxdp)
+        Some((afxdp, host_path))
     };
     // Stale UDP state (docs/nat.md): after every publication, UDP connections the new tables no
     // longer support are deleted, off the workers' path.
@@ -258,7 +271,7 @@ pub fn run(
     });
     stale_cleaner.abort();
     // Workers stop and the XDP programs are detached before anything else goes away.
-    if let Some(afxdp) = afxdp {
+    if let Some((afxdp, host_path)) = afxdp {
         let counters = afxdp.counters.clone();
         drop(afxdp.stop());
         for (w, c) in counters {
@@ -271,6 +284,12 @@ pub fn run(
             );
         }
         eprintln!("kxdp run: XDP programs detached");
+        if let Some(hp) = host_path {
+            match hp.teardown() {
+                Ok(()) => eprintln!("kxdp run: host path removed"),
+                Err(e) => eprintln!("kxdp run: removing the host path: {e} (the next start replaces what is left)"),
+            }
+        }
     }
     drop(ops);
     handle.shutdown();
@@ -288,6 +307,7 @@ fn start_dataplane(
     config: &Config,
     published: Arc<Published>,
     dp: &crate::admin::Dataplane,
+    host_path: Option<&crate::host_path::RunningHostPath>,
 ) -> Result<kxdp_dataplane::io::runner::AfXdp, RunError> {
     use kxdp_dataplane::io::xdp::ModeChoice;
     let mode = match config.xdp_mode {
@@ -297,8 +317,12 @@ fn start_dataplane(
     };
     let defaults = kxdp_dataplane::worker::Backoff::default();
     let idle = &config.workers.idle;
+    let mut interfaces = config.interfaces.clone();
+    if let Some(hp) = host_path {
+        interfaces.push(hp.kxdp_if.clone());
+    }
     let opts = kxdp_dataplane::io::runner::RunOptions {
-        interfaces: config.interfaces.clone(),
+        interfaces,
         workers: config.workers.count.max(1),
         cpus: config.workers.cpus.clone(),
         xsk: Default::default(),
@@ -308,7 +332,7 @@ fn start_dataplane(
             max_sleep_us: (idle.max_sleep.0.as_micros() as u32).max(defaults.min_sleep_us),
         },
         mode,
-        kernel_port: None,
+        kernel_port: host_path.map(|h| h.kxdp_ifindex),
     };
     kxdp_dataplane::io::runner::AfXdp::start(
         &opts,

@@ -451,7 +451,14 @@ fn kxdp_node_processes_reach_clusterip_and_nodeports() {
     let r = kxdp_lab("kxdp_node_processes_reach_clusterip_and_nodeports");
     let a = r.lab.node("node-a");
     let b = r.lab.node("node-b");
-    let ans = tcp(&a.ns, sa([172, 30, 0, 10], 80), T, 10_000).expect("node -> ClusterIP");
+    let ans = tcp(&a.ns, sa([172, 30, 0, 10], 80), T, 10_000).unwrap_or_else(|e| {
+        let routes = std::process::Command::new("ip")
+            .args(["netns", "exec", &a.ns, "sh", "-c", "ip route; ip rule; ip link"])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        panic!("node -> ClusterIP: {e}\n{routes}\nnode-a:\n{}\nnode-b:\n{}", r.a.log(), r.b.log())
+    });
     assert!(ans.server.starts_with("web-b"));
     let ans = udp(&a.ns, sa([172, 30, 0, 10], 53), Duration::from_secs(1)).expect("UDP");
     assert!(ans.server.starts_with("web-b"));

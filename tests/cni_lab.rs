@@ -467,6 +467,41 @@ fn kxdp_node_processes_reach_clusterip_and_nodeports() {
     tcp(&b.ns, sa(b.ip4, 30080), T, 10_000).expect("node-b -> its own NodePort");
 }
 
+/// What the host path installs is removed on exit (SIGTERM) and replaced, never stacked, on a
+/// start after a SIGKILL: `ip rule` and the routes are exactly what they were before kxdp, and a
+/// node process reaches the ClusterIP after the restart.
+#[test]
+fn kxdp_host_path_replaced_on_start_and_removed_on_exit() {
+    let lab = two_node_pods("kxdp_host_path_replaced_on_start_and_removed_on_exit");
+    let ns = lab.node("node-a").ns.clone();
+    let host = || {
+        lab::sh(
+            &ns,
+            "ip rule; ip -6 rule; ip route show table all | grep -v '^local\\|^multicast\\|fe80::/64'; ip -o link show | cut -d: -f2",
+        )
+    };
+    let before = host();
+    let objects = services(&lab);
+    let config = lab.kxdp_config("node-a", true);
+    let mut k = lab.start_kxdp("node-a", &config, &objects);
+    let running = host();
+    assert!(running.contains("kxdp0") && running.contains("kxdp1"), "{running}");
+    assert!(running.contains("lookup 27512"), "{running}");
+    assert!(running.contains("172.30.0.0/16 via 169.254.107.1 dev kxdp0"), "{running}");
+    // SIGKILL: nothing is removed...
+    k.kxdp.child.kill().unwrap();
+    k.kxdp.child.wait().unwrap();
+    assert_eq!(host(), running, "a killed kxdp leaves its host path");
+    // ...and the next start replaces it: the same rules and routes, once.
+    let mut k = lab.start_kxdp("node-a", &config, &objects);
+    assert_eq!(host(), running, "replaced, not stacked");
+    let ans = tcp(&ns, sa([172, 30, 0, 10], 80), T, 1000).expect("node -> ClusterIP after restart");
+    assert!(ans.server.starts_with("web-b"), "{}", ans.server);
+    assert!(k.kxdp.stop().is_some_and(|s| s.success()));
+    assert!(k.log().contains("host path removed"), "{}", k.log());
+    assert_eq!(host(), before, "SIGTERM removes everything the host path installed");
+}
+
 /// A pod reaches the external host through kxdp and the host sees the node's address, IPv4
 /// and IPv6: the packet takes the kernel's path (the kernel port), where the CNI's masquerade
 /// applies.

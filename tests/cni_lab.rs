@@ -554,7 +554,6 @@ fn kxdp_ipv6_clusterip_nodeport_and_pod_to_pod() {
 /// Every pod interface of a node forwards, however many there are: six pods on node-b (eight
 /// interfaces for its one worker), each answering a client on node-a directly.
 #[test]
-#[ignore = "issue 10: needs UMEM frames shared among a worker's sockets (the 5th socket gets none)"]
 fn kxdp_every_pod_interface_forwards() {
     let mut lab = Lab::build("kxdp_every_pod_interface_forwards");
     lab.add_pod("node-a", "client-a", &[("app", "client")]);

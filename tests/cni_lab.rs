@@ -453,11 +453,22 @@ fn kxdp_node_processes_reach_clusterip_and_nodeports() {
     let b = r.lab.node("node-b");
     let ans = tcp(&a.ns, sa([172, 30, 0, 10], 80), T, 10_000).unwrap_or_else(|e| {
         let routes = std::process::Command::new("ip")
-            .args(["netns", "exec", &a.ns, "sh", "-c", "ip route; ip rule; ip link"])
+            .args([
+                "netns",
+                "exec",
+                &a.ns,
+                "sh",
+                "-c",
+                "ip route; ip rule; ip link",
+            ])
             .output()
             .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
             .unwrap_or_default();
-        panic!("node -> ClusterIP: {e}\n{routes}\nnode-a:\n{}\nnode-b:\n{}", r.a.log(), r.b.log())
+        panic!(
+            "node -> ClusterIP: {e}\n{routes}\nnode-a:\n{}\nnode-b:\n{}",
+            r.a.log(),
+            r.b.log()
+        )
     });
     assert!(ans.server.starts_with("web-b"));
     let ans = udp(&a.ns, sa([172, 30, 0, 10], 53), Duration::from_secs(1)).expect("UDP");
@@ -465,6 +476,40 @@ fn kxdp_node_processes_reach_clusterip_and_nodeports() {
     tcp(&a.ns, sa(b.ip4, 30080), T, 10_000).expect("node-a -> NodePort on node-b");
     tcp(&a.ns, sa(a.ip4, 30080), T, 10_000).expect("node-a -> its own NodePort");
     tcp(&b.ns, sa(b.ip4, 30080), T, 10_000).expect("node-b -> its own NodePort");
+    // A LoadBalancer Service with an externalIP published later: the service routes follow the
+    // publication, and node-a's processes reach both addresses.
+    let lb = r
+        .lab
+        .service("web-lb", 12, "web", Some(30090), false)
+        .replacen("type: NodePort", "type: LoadBalancer", 1)
+        .replacen(
+            "  selector:",
+            "  externalIPs: [203.0.113.50]\n  selector:",
+            1,
+        )
+        .replacen(
+            "---\n",
+            "status: {loadBalancer: {ingress: [{ip: 203.0.113.60}]}}\n---\n",
+            1,
+        );
+    r.lab.update_state(&r.a, &(services(&r.lab) + &lb));
+    for vip in [[203, 0, 113, 50], [203, 0, 113, 60]] {
+        let mut last = None;
+        let reached = lab::wait_until(Duration::from_secs(10), || {
+            last = Some(tcp(&a.ns, sa(vip, 80), Duration::from_millis(500), 100));
+            last.as_ref().is_some_and(|r| r.is_ok())
+        });
+        assert!(reached, "node -> {vip:?}: {last:?}\n{}", r.a.log());
+    }
+    let routes = lab::sh(&a.ns, "ip route show proto 107");
+    assert!(
+        routes.contains("203.0.113.50 via 169.254.107.1 dev kxdp0"),
+        "{routes}"
+    );
+    assert!(
+        routes.contains("203.0.113.60 via 169.254.107.1 dev kxdp0"),
+        "{routes}"
+    );
 }
 
 /// What the host path installs is removed on exit (SIGTERM) and replaced, never stacked, on a
@@ -485,9 +530,15 @@ fn kxdp_host_path_replaced_on_start_and_removed_on_exit() {
     let config = lab.kxdp_config("node-a", true);
     let mut k = lab.start_kxdp("node-a", &config, &objects);
     let running = host();
-    assert!(running.contains("kxdp0") && running.contains("kxdp1"), "{running}");
+    assert!(
+        running.contains("kxdp0") && running.contains("kxdp1"),
+        "{running}"
+    );
     assert!(running.contains("lookup 27512"), "{running}");
-    assert!(running.contains("172.30.0.0/16 via 169.254.107.1 dev kxdp0"), "{running}");
+    assert!(
+        running.contains("172.30.0.0/16 via 169.254.107.1 dev kxdp0"),
+        "{running}"
+    );
     // SIGKILL: nothing is removed...
     k.kxdp.child.kill().unwrap();
     k.kxdp.child.wait().unwrap();
@@ -499,7 +550,11 @@ fn kxdp_host_path_replaced_on_start_and_removed_on_exit() {
     assert!(ans.server.starts_with("web-b"), "{}", ans.server);
     assert!(k.kxdp.stop().is_some_and(|s| s.success()));
     assert!(k.log().contains("host path removed"), "{}", k.log());
-    assert_eq!(host(), before, "SIGTERM removes everything the host path installed");
+    assert_eq!(
+        host(),
+        before,
+        "SIGTERM removes everything the host path installed"
+    );
 }
 
 /// A pod reaches the external host through kxdp and the host sees the node's address, IPv4

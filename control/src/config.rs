@@ -309,7 +309,9 @@ pub struct PortRange(pub u16, pub u16);
 impl std::str::FromStr for PortRange {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        let bad = || format!("`{s}` is not a port range: expected FIRST-LAST, ports 1 to 65535, FIRST not above LAST (e.g. 30000-32767)");
+        let bad = || {
+            format!("`{s}` is not a port range: expected FIRST-LAST, ports 1 to 65535, FIRST not above LAST (e.g. 30000-32767)")
+        };
         let (a, b) = s.trim().split_once('-').ok_or_else(bad)?;
         let a: u16 = a.trim().parse().map_err(|_| bad())?;
         let b: u16 = b.trim().parse().map_err(|_| bad())?;
@@ -1331,7 +1333,10 @@ mod tests {
         assert_eq!(c.host_path.node_port_range, PortRange(20000, 20100));
         for bad in ["32767-30000", "0-10", "30000", "30000-70000", "a-b"] {
             let e = load_err(&format!("hostPath: {{nodePortRange: \"{bad}\"}}\n"));
-            assert!(e.contains("hostPath.nodePortRange") && e.contains(bad), "{e}");
+            assert!(
+                e.contains("hostPath.nodePortRange") && e.contains(bad),
+                "{e}"
+            );
         }
         assert!(load_err("hostPath: {on: true}\n").contains("hostPath"));
     }

@@ -40,7 +40,10 @@ pub fn service_routes(snap: &Snapshot, config: &Config) -> Vec<IpNet> {
             .filter_map(|(a, len)| IpNet::new(a, len).ok()),
     );
     for (k, f) in snap.frontends.iter() {
-        if matches!(f.kind, FrontendKind::ExternalIp | FrontendKind::LoadBalancer) {
+        if matches!(
+            f.kind,
+            FrontendKind::ExternalIp | FrontendKind::LoadBalancer
+        ) {
             let ip = k.addr.to_ip(k.addr.family());
             nets.push(IpNet::from(ip));
         }

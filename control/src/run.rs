@@ -218,21 +218,30 @@ pub fn run(
     } else {
         // The host path before the workers: kxdp1 is one of their interfaces.
         let host_path = if config.host_path.enabled {
-            let hp = crate::host_path::RunningHostPath::start(&config, published.clone())
-                .map_err(|source| RunError::Attach {
+            let hp = crate::host_path::RunningHostPath::start(&config, published.clone()).map_err(
+                |source| RunError::Attach {
                     interfaces: "the host path (kxdp0/kxdp1)".into(),
                     source,
-                })?;
+                },
+            )?;
             tracing::info!("kxdp run: {}", hp.describe);
             Some(hp)
         } else {
             None
         };
-        let afxdp = start_dataplane(&config, published.clone(), &ops.dataplane, host_path.as_ref())?;
+        let afxdp = start_dataplane(
+            &config,
+            published.clone(),
+            &ops.dataplane,
+            host_path.as_ref(),
+        )?;
         tracing::info!(
             "kxdp run: forwarding on {}{} with {} worker(s) (tables from {source})",
             config.interfaces.join(", "),
-            host_path.as_ref().map(|h| format!(", {}", h.kxdp_if)).unwrap_or_default(),
+            host_path
+                .as_ref()
+                .map(|h| format!(", {}", h.kxdp_if))
+                .unwrap_or_default(),
             afxdp.counters.len()
         );
         for line in afxdp.describe() {
@@ -287,7 +296,9 @@ pub fn run(
         if let Some(hp) = host_path {
             match hp.teardown() {
                 Ok(()) => eprintln!("kxdp run: host path removed"),
-                Err(e) => eprintln!("kxdp run: removing the host path: {e} (the next start replaces what is left)"),
+                Err(e) => eprintln!(
+                    "kxdp run: removing the host path: {e} (the next start replaces what is left)"
+                ),
             }
         }
     }

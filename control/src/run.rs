@@ -3,6 +3,9 @@
 //! configured `interfaces` — the AF_XDP dataplane (`kxdp_dataplane::io::runner`): the XDP program
 //! attached to every interface, pinned poll-mode workers that pick up each publication between
 //! batches. With no interfaces configured only the control plane runs, and the command says so.
+//! With interfaces and `hostPath.enabled` (the default), the host path (`crate::host_path`) is
+//! set up before the workers, `kxdp1` joins the interfaces as the kernel port, and it is removed
+//! after the workers stop.
 //!
 //! The dataplane's knobs are config fields: `xdpMode` (`auto`|`native`|`generic`) and
 //! `workers.idle` (`spinPolls`, `maxSleep`: the idle back-off, see `docs/afxdp.md`).

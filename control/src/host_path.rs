@@ -18,6 +18,9 @@ use kxdp_dataplane::snapshot::{FrontendKind, Snapshot};
 use crate::config::Config;
 use crate::sync::Published;
 
+/// How long `start` waits for the first publication when `nodeIPs` is empty.
+const FIRST_PUBLICATION_WAIT: Duration = Duration::from_secs(10);
+
 /// The installed host path and the thread that keeps its service routes in step.
 pub struct RunningHostPath {
     host_path: Arc<Mutex<Option<HostPath>>>,
@@ -70,6 +73,11 @@ impl RunningHostPath {
     /// Sets the host path up (replacing a previous run's leftovers) and starts following the
     /// publications.
     pub fn start(config: &Config, published: Arc<Published>) -> std::io::Result<RunningHostPath> {
+        // Without `nodeIPs` the addresses come from the Node object: wait (bounded) for the
+        // first publication rather than set up without NodePort rules.
+        if config.node_ips.is_empty() && published.load().generation == 0 {
+            published.wait_newer(0, FIRST_PUBLICATION_WAIT);
+        }
         let snap = published.load_full();
         let node_ips = node_ips(config, &snap);
         if node_ips.is_empty() {

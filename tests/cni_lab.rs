@@ -430,7 +430,6 @@ fn kxdp_pods_replaced_under_continuous_requests_through_clusterip() {
 /// The bridge node works without listing cni0: packets for its pods leave through the pod's own
 /// port (bridge FDB), not `no-egress`.
 #[test]
-#[ignore = "issue 10: needs the FIB with bridge FDB (egress through the pod's bridge port)"]
 fn kxdp_bridge_node_without_listing_cni0() {
     let lab = two_node_pods("kxdp_bridge_node_without_listing_cni0");
     let objects = services(&lab);
@@ -470,12 +469,29 @@ fn kxdp_nodeports_from_the_other_node_and_from_pods() {
 /// The node's own processes (and so hostNetwork pods, kubelet) reach a ClusterIP (TCP and UDP)
 /// and a NodePort on the node's own address, as with kube-proxy.
 #[test]
-#[ignore = "issue 10: needs the host path (io/hostpath.rs) wired into kxdp run"]
-fn kxdp_node_processes_reach_clusterip_and_own_nodeport() {
-    let r = kxdp_lab("kxdp_node_processes_reach_clusterip_and_own_nodeport");
+fn kxdp_node_processes_reach_clusterip_and_nodeports() {
+    let r = kxdp_lab("kxdp_node_processes_reach_clusterip_and_nodeports");
     let a = r.lab.node("node-a");
     let b = r.lab.node("node-b");
-    let ans = tcp(&a.ns, sa([172, 30, 0, 10], 80), T, 10_000).expect("node -> ClusterIP");
+    let ans = tcp(&a.ns, sa([172, 30, 0, 10], 80), T, 10_000).unwrap_or_else(|e| {
+        let routes = std::process::Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &a.ns,
+                "sh",
+                "-c",
+                "ip route; ip rule; ip link",
+            ])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        panic!(
+            "node -> ClusterIP: {e}\n{routes}\nnode-a:\n{}\nnode-b:\n{}",
+            r.a.log(),
+            r.b.log()
+        )
+    });
     assert!(ans.server.starts_with("web-b"));
     let ans = udp(&a.ns, sa([172, 30, 0, 10], 53), Duration::from_secs(1)).expect("UDP");
     assert!(ans.server.starts_with("web-b"));
@@ -484,13 +500,91 @@ fn kxdp_node_processes_reach_clusterip_and_own_nodeport() {
     tcp(&a.ns, sa(a.ip4, 30080), T, 10_000).expect("node-a -> its own NodePort");
     tcp(&a.ns, sa(a.ip6, 30080), T, 10_000).expect("node-a -> its own NodePort (IPv6)");
     tcp(&b.ns, sa(b.ip4, 30080), T, 10_000).expect("node-b -> its own NodePort");
+    // A LoadBalancer Service with an externalIP published later: the service routes follow the
+    // publication, and node-a's processes reach both addresses.
+    let lb = r
+        .lab
+        .service("web-lb", 12, "web", Some(30090), false)
+        .replacen("type: NodePort", "type: LoadBalancer", 1)
+        .replacen(
+            "  selector:",
+            "  externalIPs: [203.0.113.50]\n  selector:",
+            1,
+        )
+        .replacen(
+            "---\n",
+            "status: {loadBalancer: {ingress: [{ip: 203.0.113.60}]}}\n---\n",
+            1,
+        );
+    r.lab.update_state(&r.a, &(services(&r.lab) + &lb));
+    for vip in [[203, 0, 113, 50], [203, 0, 113, 60]] {
+        let mut last = None;
+        let reached = lab::wait_until(Duration::from_secs(10), || {
+            last = Some(tcp(&a.ns, sa(vip, 80), Duration::from_millis(500), 100));
+            last.as_ref().is_some_and(|r| r.is_ok())
+        });
+        assert!(reached, "node -> {vip:?}: {last:?}\n{}", r.a.log());
+    }
+    let routes = lab::sh(&a.ns, "ip route show proto 107");
+    assert!(
+        routes.contains("203.0.113.50 via 169.254.107.1 dev kxdp0"),
+        "{routes}"
+    );
+    assert!(
+        routes.contains("203.0.113.60 via 169.254.107.1 dev kxdp0"),
+        "{routes}"
+    );
+}
+
+/// What the host path installs is removed on exit (SIGTERM) and replaced, never stacked, on a
+/// start after a SIGKILL: `ip rule` and the routes are exactly what they were before kxdp, and a
+/// node process reaches the ClusterIP after the restart.
+#[test]
+fn kxdp_host_path_replaced_on_start_and_removed_on_exit() {
+    let lab = two_node_pods("kxdp_host_path_replaced_on_start_and_removed_on_exit");
+    let ns = lab.node("node-a").ns.clone();
+    let host = || {
+        lab::sh(
+            &ns,
+            "ip rule; ip -6 rule; ip route show table all | grep -v '^local\\|^multicast\\|fe80::/64'; ip -o link show | cut -d: -f2",
+        )
+    };
+    let before = host();
+    let objects = services(&lab);
+    let config = lab.kxdp_config("node-a", true);
+    let mut k = lab.start_kxdp("node-a", &config, &objects);
+    let running = host();
+    assert!(
+        running.contains("kxdp0") && running.contains("kxdp1"),
+        "{running}"
+    );
+    assert!(running.contains("lookup 27512"), "{running}");
+    assert!(
+        running.contains("172.30.0.0/16 via 169.254.107.1 dev kxdp0"),
+        "{running}"
+    );
+    // SIGKILL: nothing is removed...
+    k.kxdp.child.kill().unwrap();
+    k.kxdp.child.wait().unwrap();
+    assert_eq!(host(), running, "a killed kxdp leaves its host path");
+    // ...and the next start replaces it: the same rules and routes, once.
+    let mut k = lab.start_kxdp("node-a", &config, &objects);
+    assert_eq!(host(), running, "replaced, not stacked");
+    let ans = tcp(&ns, sa([172, 30, 0, 10], 80), T, 1000).expect("node -> ClusterIP after restart");
+    assert!(ans.server.starts_with("web-b"), "{}", ans.server);
+    assert!(k.kxdp.stop().is_some_and(|s| s.success()));
+    assert!(k.log().contains("host path removed"), "{}", k.log());
+    assert_eq!(
+        host(),
+        before,
+        "SIGTERM removes everything the host path installed"
+    );
 }
 
 /// A pod reaches the external host through kxdp and the host sees the node's address, IPv4
 /// and IPv6: the packet takes the kernel's path (the kernel port), where the CNI's masquerade
 /// applies.
 #[test]
-#[ignore = "issue 10: needs untranslated pod egress handed to the kernel (kernel port)"]
 fn kxdp_pod_egress_masqueraded_by_the_node() {
     let mut r = kxdp_lab("kxdp_pod_egress_masqueraded_by_the_node");
     r.lab.ext_servers();
@@ -539,7 +633,6 @@ fn kxdp_ipv6_clusterip_nodeport_and_pod_to_pod() {
 /// Every pod interface of a node forwards, however many there are: six pods on node-b (eight
 /// interfaces for its one worker), each answering a client on node-a directly.
 #[test]
-#[ignore = "issue 10: needs UMEM frames shared among a worker's sockets (the 5th socket gets none)"]
 fn kxdp_every_pod_interface_forwards() {
     let mut lab = Lab::build("kxdp_every_pod_interface_forwards");
     lab.add_pod("node-a", "client-a", &[("app", "client")]);

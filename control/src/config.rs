@@ -93,6 +93,10 @@ pub struct DataplaneConfiguration {
     pub xdp_mode: XdpMode,
     #[serde(default)]
     pub workers: WorkersConfig,
+    /// The host path (docs/afxdp.md): the node's own traffic to Services, `pass` verdicts and
+    /// pod traffic leaving the cluster reach the kernel through the `kxdp0`/`kxdp1` pair.
+    #[serde(default)]
+    pub host_path: HostPathConfig,
     /// Per-node settings chosen by the Node object's labels (see `for_node`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub node_overrides: Vec<NodeOverride>,
@@ -272,6 +276,61 @@ impl Default for WorkersConfig {
             cpus: Vec::new(),
             idle: IdleConfig::default(),
         }
+    }
+}
+
+/// `hostPath`: what kxdp sets up on the node so that its own processes reach Services and kxdp
+/// can hand packets to the kernel (docs/afxdp.md, "The host path"; docs/operations.md).
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct HostPathConfig {
+    /// Set up the `kxdp0`/`kxdp1` pair, service routes and NodePort rules (when `interfaces`
+    /// is not empty).
+    pub enabled: bool,
+    /// The NodePorts the node's own processes reach on its own addresses (the API server's
+    /// `--service-node-port-range`).
+    pub node_port_range: PortRange,
+}
+
+impl Default for HostPathConfig {
+    fn default() -> Self {
+        HostPathConfig {
+            enabled: true,
+            node_port_range: PortRange(30000, 32767),
+        }
+    }
+}
+
+/// `FIRST-LAST`, ports 1 to 65535, FIRST ≤ LAST (the API server's `--service-node-port-range`
+/// format).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PortRange(pub u16, pub u16);
+
+impl std::str::FromStr for PortRange {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = || {
+            format!("`{s}` is not a port range: expected FIRST-LAST, ports 1 to 65535, FIRST not above LAST (e.g. 30000-32767)")
+        };
+        let (a, b) = s.trim().split_once('-').ok_or_else(bad)?;
+        let a: u16 = a.trim().parse().map_err(|_| bad())?;
+        let b: u16 = b.trim().parse().map_err(|_| bad())?;
+        if a == 0 || a > b {
+            return Err(bad());
+        }
+        Ok(PortRange(a, b))
+    }
+}
+
+impl<'de> Deserialize<'de> for PortRange {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d)?.parse().map_err(de::Error::custom)
+    }
+}
+
+impl Serialize for PortRange {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&format!("{}-{}", self.0, self.1))
     }
 }
 
@@ -1340,6 +1399,24 @@ mod tests {
 
     fn load_err(body: &str) -> String {
         load(body).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn host_path_section() {
+        let c = load("").unwrap();
+        assert!(c.host_path.enabled);
+        assert_eq!(c.host_path.node_port_range, PortRange(30000, 32767));
+        let c = load("hostPath: {enabled: false, nodePortRange: 20000-20100}\n").unwrap();
+        assert!(!c.host_path.enabled);
+        assert_eq!(c.host_path.node_port_range, PortRange(20000, 20100));
+        for bad in ["32767-30000", "0-10", "30000", "30000-70000", "a-b"] {
+            let e = load_err(&format!("hostPath: {{nodePortRange: \"{bad}\"}}\n"));
+            assert!(
+                e.contains("hostPath.nodePortRange") && e.contains(bad),
+                "{e}"
+            );
+        }
+        assert!(load_err("hostPath: {on: true}\n").contains("hostPath"));
     }
 
     #[test]

@@ -9,6 +9,7 @@ pub mod cleanup;
 pub mod config;
 pub mod endpoints;
 pub mod health;
+pub mod host_path;
 pub mod incremental;
 pub mod kubeproxy;
 pub mod metrics;

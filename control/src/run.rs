@@ -3,6 +3,9 @@
 //! configured `interfaces` — the AF_XDP dataplane (`kxdp_dataplane::io::runner`): the XDP program
 //! attached to every interface, pinned poll-mode workers that pick up each publication between
 //! batches. With no interfaces configured only the control plane runs, and the command says so.
+//! With interfaces and `hostPath.enabled` (the default), the host path (`crate::host_path`) is
+//! set up before the workers, `kxdp1` joins the interfaces as the kernel port, and it is removed
+//! after the workers stop.
 //!
 //! The dataplane's knobs are config fields: `xdpMode` (`auto`|`native`|`generic`) and
 //! `workers.idle` (`spinPolls`, `maxSleep`: the idle back-off, see `docs/afxdp.md`).
@@ -227,16 +230,38 @@ pub fn run(
         );
         None
     } else {
-        let afxdp = start_dataplane(&config, published.clone(), &ops.dataplane)?;
+        // The host path before the workers: kxdp1 is one of their interfaces.
+        let host_path = if config.host_path.enabled {
+            let hp = crate::host_path::RunningHostPath::start(&config, published.clone()).map_err(
+                |source| RunError::Attach {
+                    interfaces: "the host path (kxdp0/kxdp1)".into(),
+                    source,
+                },
+            )?;
+            tracing::info!("kxdp run: {}", hp.describe);
+            Some(hp)
+        } else {
+            None
+        };
+        let afxdp = start_dataplane(
+            &config,
+            published.clone(),
+            &ops.dataplane,
+            host_path.as_ref(),
+        )?;
         tracing::info!(
-            "kxdp run: forwarding on {} with {} worker(s) (tables from {source})",
+            "kxdp run: forwarding on {}{} with {} worker(s) (tables from {source})",
             config.interfaces.join(", "),
+            host_path
+                .as_ref()
+                .map(|h| format!(", {}", h.kxdp_if))
+                .unwrap_or_default(),
             afxdp.counters.len()
         );
         for line in afxdp.describe() {
             tracing::info!("kxdp run:   {line}");
         }
-        Some(afxdp)
+        Some((afxdp, host_path))
     };
     // Stale UDP state (docs/nat.md): after every publication, UDP connections the new tables no
     // longer support are deleted, off the workers' path.
@@ -273,7 +298,7 @@ pub fn run(
     });
     stale_cleaner.abort();
     // Workers stop and the XDP programs are detached before anything else goes away.
-    if let Some(afxdp) = afxdp {
+    if let Some((afxdp, host_path)) = afxdp {
         let counters = afxdp.counters.clone();
         drop(afxdp.stop());
         for (w, c) in counters {
@@ -286,6 +311,14 @@ pub fn run(
             );
         }
         eprintln!("kxdp run: XDP programs detached");
+        if let Some(hp) = host_path {
+            match hp.teardown() {
+                Ok(()) => eprintln!("kxdp run: host path removed"),
+                Err(e) => eprintln!(
+                    "kxdp run: removing the host path: {e} (the next start replaces what is left)"
+                ),
+            }
+        }
     }
     drop(ops);
     handle.shutdown();
@@ -303,6 +336,7 @@ fn start_dataplane(
     config: &Config,
     published: Arc<Published>,
     dp: &crate::admin::Dataplane,
+    host_path: Option<&crate::host_path::RunningHostPath>,
 ) -> Result<kxdp_dataplane::io::runner::AfXdp, RunError> {
     use kxdp_dataplane::io::xdp::ModeChoice;
     let mode = match config.xdp_mode {
@@ -312,18 +346,22 @@ fn start_dataplane(
     };
     let defaults = kxdp_dataplane::worker::Backoff::default();
     let idle = &config.workers.idle;
+    let mut interfaces = config.interfaces.clone();
+    if let Some(hp) = host_path {
+        interfaces.push(hp.kxdp_if.clone());
+    }
     let opts = kxdp_dataplane::io::runner::RunOptions {
-        interfaces: config.interfaces.clone(),
+        xsk: xsk_for(interfaces.len()),
+        interfaces,
         workers: config.workers.count.max(1),
         cpus: config.workers.cpus.clone(),
-        xsk: Default::default(),
         backoff: kxdp_dataplane::worker::Backoff {
             spin_polls: idle.spin_polls,
             min_sleep_us: defaults.min_sleep_us,
             max_sleep_us: (idle.max_sleep.0.as_micros() as u32).max(defaults.min_sleep_us),
         },
         mode,
-        kernel_port: None,
+        kernel_port: host_path.map(|h| h.kxdp_ifindex),
     };
     kxdp_dataplane::io::runner::AfXdp::start(
         &opts,
@@ -335,4 +373,17 @@ fn start_dataplane(
         interfaces: config.interfaces.join(", "),
         source,
     })
+}
+
+/// Socket rings small enough that every socket of a worker gets fill-ring frames at start: the
+/// UMEM's frames go to the fill rings socket by socket, a full ring each, and an idle socket
+/// keeps what it got, so with 2048-entry rings a fifth socket (the host path's `kxdp1` after
+/// four listed interfaces) would get none. Half the frames go to fill rings, the rest stay free
+/// for TX and refills; rings between 256 and 2048 entries.
+fn xsk_for(sockets: usize) -> kxdp_dataplane::io::afxdp::XskConfig {
+    let mut x = kxdp_dataplane::io::afxdp::XskConfig::default();
+    let per_socket = (x.frames as usize / 2 / sockets.max(1)).max(1);
+    let ring = 1usize << (usize::BITS - 1 - per_socket.leading_zeros());
+    x.ring_size = x.ring_size.min(ring.clamp(256, 2048) as u32);
+    x
 }

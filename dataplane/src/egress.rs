@@ -9,6 +9,7 @@
 //!                                              ├─ port kxdp owns ─► TTL − 1 (forward only) ─► MACs
 //!                                              │                   ─► L4 checksum completion ─► queued
 //!                                              └─ miss ─► no-route / no-neighbour / no-egress
+//! direct, destination outside `leaving` ──────────► kernel port (when there is one)
 //! pass ─────────────────────────────────────────► kernel port (or no-kernel-port)
 //! drop ─────────────────────────────────────────► nothing
 //! ```
@@ -23,6 +24,13 @@
 //! (created by the host path, `io::hostpath`): `pass` verdicts and packets for the node's own
 //! addresses are sent there, with the peer's MAC as destination (broadcast and multicast frames
 //! keep theirs), and the node's stack takes them as if they had arrived on that veth.
+//!
+//! Pod traffic kxdp does not translate (`direct`) to a destination outside the cluster's pod
+//! ranges (a host outside the cluster, another node's address) also goes to the kernel port,
+//! after NetworkPolicy has judged it: the kernel routes it on and the CNI's own masquerade rule
+//! applies, so the outside host sees the node's address as it would without kxdp
+//! (docs/services.md, "Pod egress"). The caller passes the pod ranges as `leaving` (None for a
+//! batch received on the kernel port itself: the kernel already routed it to kxdp).
 //!
 //! Checksums: a frame a virtual interface (veth) received from a local sender carries TCP/UDP
 //! checksums that are only partial (the sender offloaded them and veth never computes them);
@@ -39,6 +47,7 @@ use kxdp_packet::{checksum, Addr, Family, LinkType};
 
 use crate::fib::{Fib, Hop, Miss};
 use crate::pipeline::{Counters, Frames};
+use crate::snapshot::PrefixSet;
 use crate::verdict::{Action, Reason, Verdict};
 
 /// `out[i]` of a packet that is not sent.
@@ -90,6 +99,7 @@ impl Egress {
         fib: &Fib,
         link: LinkType,
         partial_checksums: bool,
+        leaving: Option<&PrefixSet>,
         counters: &mut Counters,
         stats: &mut EgressStats,
         mut unresolved: impl FnMut(u32, Addr, Family),
@@ -107,6 +117,19 @@ impl Egress {
             let hop = match v.action {
                 Action::Drop => continue,
                 Action::Pass => Ok(Hop::Kernel),
+                // Untranslated pod traffic leaving the cluster: the kernel's path (and the
+                // CNI's masquerade).
+                Action::Forward
+                    if v.reason == Reason::Direct
+                        && v.has_addrs
+                        // The original direction only: a reply of a connection the kernel never
+                        // saw (from outside to a pod) must not meet its masquerade rule.
+                        && v.client == v.orig_src
+                        && kernel.is_some()
+                        && leaving.is_some_and(|c| !c.is_empty() && !c.contains(&v.dst, v.family)) =>
+                {
+                    Ok(Hop::Kernel)
+                }
                 Action::Forward | Action::Reject if v.has_addrs => fib.lookup(&v.dst, v.family),
                 // Forward/reject always carry addresses; nothing to route otherwise.
                 Action::Forward | Action::Reject => Err(Miss::NoRoute),
@@ -310,6 +333,7 @@ mod tests {
         v.family = m.family;
         v.proto = m.proto;
         (v.orig_src, v.src, v.orig_dst, v.dst) = (m.src, m.src, m.dst, m.dst);
+        v.client = m.src;
         (v.l3_off, v.l4_off, v.ip_len) = (m.l3_off, m.l4_off, m.ip_len);
         v
     }
@@ -324,12 +348,26 @@ mod tests {
     }
 
     fn run(packets: &[(Vec<u8>, Reason)], egress: &Egress, partial: bool) -> Run {
+        run_leaving(packets, egress, partial, None, &[])
+    }
+
+    fn run_leaving(
+        packets: &[(Vec<u8>, Reason)],
+        egress: &Egress,
+        partial: bool,
+        leaving: Option<&PrefixSet>,
+        replies: &[usize],
+    ) -> Run {
         let mut frames = SlotFrames::new(packets.len(), 2048);
         let mut counters = Counters::default();
         let mut verdicts = Vec::new();
         for (p, r) in packets {
             frames.push(p);
-            verdicts.push(verdict(p, *r));
+            let mut v = verdict(p, *r);
+            if replies.contains(&verdicts.len()) {
+                v.client = v.dst;
+            }
+            verdicts.push(v);
             counters.reasons[*r as usize] += 1;
             counters.actions[r.action() as usize] += 1;
         }
@@ -343,6 +381,7 @@ mod tests {
             &fib(),
             LinkType::Ethernet,
             partial,
+            leaving,
             &mut counters,
             &mut stats,
             |oif, a, _| unresolved.push((oif, a)),
@@ -427,6 +466,34 @@ mod tests {
         for i in 0..2 {
             assert_eq!(&r.frames.get(i)[..12], &[[31; 6], [30; 6]].concat()[..]);
         }
+    }
+
+    /// Untranslated pod traffic to outside the pod ranges takes the kernel's path (where the
+    /// CNI's masquerade applies); inside them, and translated traffic, stay on kxdp's path.
+    #[test]
+    fn direct_traffic_leaving_the_cluster_goes_to_the_kernel_port() {
+        let mut pods = PrefixSet::new();
+        pods.insert(ip("10.0.0.0"), 8);
+        let packets = vec![
+            (udp([203, 0, 113, 7], 64, false), Reason::Direct),
+            (udp([10, 1, 0, 11], 64, false), Reason::Direct),
+            (udp([203, 0, 113, 7], 64, false), Reason::ReplyUnnat),
+            // A pod's reply to an outside client whose connection came in through kxdp.
+            (udp([203, 0, 113, 7], 64, false), Reason::Direct),
+        ];
+        let egress = Egress::new(&[1, 2, 30], Some(30));
+        let r = run_leaving(&packets, &egress, false, Some(&pods), &[3]);
+        assert_eq!(r.out, [2, 1, 0, 0]);
+        assert_eq!(r.verdicts[0].reason, Reason::Direct);
+        assert_eq!(&r.frames.get(0)[..12], &[[31; 6], [30; 6]].concat()[..]);
+        // Not decremented: the kernel routes it on and does that.
+        assert_eq!(r.frames.get(0)[14 + 8], 64);
+        // Received on the kernel port (None), or no kernel port: the FIB decides.
+        let r = run_leaving(&packets, &egress, false, None, &[3]);
+        assert_eq!(r.out, [0, 1, 0, 0]);
+        let egress = Egress::new(&[1, 2, 30], None);
+        let r = run_leaving(&packets, &egress, false, Some(&pods), &[3]);
+        assert_eq!(r.out, [0, 1, 0, 0]);
     }
 
     /// A frame as a veth with TX checksum offload hands it over: the L4 checksum field holds

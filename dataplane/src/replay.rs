@@ -444,6 +444,7 @@ fn drive(
                     &r.fib,
                     pipeline.link(),
                     false,
+                    Some(&tables.cluster_cidrs),
                     &mut pipeline.counters,
                     &mut egress_stats,
                     |_, _, _| {},

@@ -201,6 +201,8 @@ impl Worker {
                 got += n;
                 let t0 = Instant::now();
                 let snap = shared.tables.current();
+                // Received from the node's own stack (the host path's kxdp1).
+                let from_kernel = self.kernel_port == Some(self.ports[p].ifindex);
                 let now = clock_ms();
                 let fib = shared.routes.load();
                 {
@@ -217,6 +219,8 @@ impl Worker {
                         &fib,
                         LinkType::Ethernet,
                         self.ports[p].complete_checksums,
+                        // What the kernel port delivered the kernel already routed to kxdp.
+                        (!from_kernel).then_some(&snap.cluster_cidrs),
                         &mut pipeline.counters,
                         &mut egress_stats,
                         |oif, addr, family| {
@@ -230,9 +234,11 @@ impl Worker {
                 }
                 for i in 0..n {
                     let v = &verdicts[i];
-                    // A new masqueraded connection: its replies come to a node address on a
-                    // port the kernel could own; tell the XDP program before the packet leaves.
-                    if v.masq && v.reason == Reason::ServiceDnat {
+                    // A new masqueraded connection, or one the node itself opened (through the
+                    // kernel port, source a node address): its replies come to a node address
+                    // on a port the kernel owns or could own; tell the XDP program before the
+                    // packet leaves, so they are steered to kxdp (and un-NATed) instead.
+                    if (v.masq || from_kernel) && v.reason == Reason::ServiceDnat {
                         if let Some(m) = &shared.masq {
                             if m.add_masq_reply(v.proto, &v.dst, v.family, v.dport, v.sport)
                                 .is_err()

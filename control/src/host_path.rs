@@ -1,0 +1,184 @@
+//! `kxdp run`'s host path (config `hostPath`, docs/afxdp.md "The host path",
+//! docs/operations.md): set up before the workers start (replacing what a previous run left),
+//! service routes kept in step with every publication, removed on exit.
+//!
+//! The dataplane attaches to `kxdp1` like to any interface and uses it as its kernel port: the
+//! egress stage sends `pass` verdicts, packets for the node's own addresses and untranslated pod
+//! traffic leaving the cluster there, with `kxdp0`'s MAC as destination.
+
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ipnet::IpNet;
+use kxdp_dataplane::io::hostpath::{HostPath, HostPathOptions};
+use kxdp_dataplane::snapshot::{FrontendKind, Snapshot};
+
+use crate::config::Config;
+use crate::sync::Published;
+
+/// How long `start` waits for the first publication when `nodeIPs` is empty.
+const FIRST_PUBLICATION_WAIT: Duration = Duration::from_secs(10);
+
+/// The installed host path and the thread that keeps its service routes in step.
+pub struct RunningHostPath {
+    host_path: Arc<Mutex<Option<HostPath>>>,
+    stop: Arc<AtomicBool>,
+    updater: Option<std::thread::JoinHandle<()>>,
+    /// `kxdp1`: added to the interfaces, the dataplane's kernel port.
+    pub kxdp_if: String,
+    pub kxdp_ifindex: u32,
+    /// What was set up, for the startup report.
+    pub describe: String,
+}
+
+/// The routes the node's own processes need toward kxdp: every service CIDR, and each
+/// externalIP and LoadBalancer IP as a host route (sorted, without duplicates).
+pub fn service_routes(snap: &Snapshot, config: &Config) -> Vec<IpNet> {
+    let mut nets: Vec<IpNet> = config.service_cidrs.clone();
+    nets.extend(
+        snap.service_cidrs
+            .iter()
+            .filter_map(|(a, len)| IpNet::new(a, len).ok()),
+    );
+    for (k, f) in snap.frontends.iter() {
+        if matches!(
+            f.kind,
+            FrontendKind::ExternalIp | FrontendKind::LoadBalancer
+        ) {
+            let ip = k.addr.to_ip(k.addr.family());
+            nets.push(IpNet::from(ip));
+        }
+    }
+    let mut nets: Vec<IpNet> = nets.into_iter().map(|n| n.trunc()).collect();
+    nets.sort();
+    nets.dedup();
+    nets
+}
+
+/// The node's addresses: `nodeIPs`, else those of the published Node object.
+fn node_ips(config: &Config, snap: &Snapshot) -> Vec<IpAddr> {
+    if !config.node_ips.is_empty() {
+        return config.node_ips.clone();
+    }
+    snap.node
+        .addrs
+        .iter()
+        .map(|a| a.to_ip(a.family()))
+        .collect()
+}
+
+impl RunningHostPath {
+    /// Sets the host path up (replacing a previous run's leftovers) and starts following the
+    /// publications.
+    pub fn start(config: &Config, published: Arc<Published>) -> std::io::Result<RunningHostPath> {
+        // Without `nodeIPs` the addresses come from the Node object: wait (bounded) for the
+        // first publication rather than set up without NodePort rules.
+        if config.node_ips.is_empty() && published.load().generation == 0 {
+            published.wait_newer(0, FIRST_PUBLICATION_WAIT);
+        }
+        let snap = published.load_full();
+        let node_ips = node_ips(config, &snap);
+        if node_ips.is_empty() {
+            tracing::warn!("host path: no node address known yet (nodeIPs empty, no Node object published): service routes leave without a fixed source and no NodePort rules are set");
+        }
+        let range = config.host_path.node_port_range;
+        let opts = HostPathOptions {
+            node_ips: node_ips.clone(),
+            service_routes: service_routes(&snap, config),
+            node_port_range: Some((range.0, range.1)),
+            ..HostPathOptions::default()
+        };
+        let hp = HostPath::setup(&opts)?;
+        let (kxdp_if, kxdp_ifindex) = (opts.kxdp_if.clone(), hp.kxdp_ifindex());
+        let describe = format!(
+            "host path: {} (kernel) / {} (kxdp), {} service route(s), NodePort rules for {}-{} on {}; route protocol {}, table {}",
+            opts.host_if,
+            opts.kxdp_if,
+            opts.service_routes.len(),
+            range.0,
+            range.1,
+            node_ips
+                .iter()
+                .map(|a| a.to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+            opts.protocol,
+            opts.table
+        );
+        let host_path = Arc::new(Mutex::new(Some(hp)));
+        let stop = Arc::new(AtomicBool::new(false));
+        let updater = {
+            let (host_path, stop, config) = (host_path.clone(), stop.clone(), config.clone());
+            let mut last = opts.service_routes.clone();
+            std::thread::Builder::new()
+                .name("kxdp-host-routes".into())
+                .spawn(move || {
+                    let mut seen = snap.generation;
+                    drop(snap);
+                    while !stop.load(Ordering::Relaxed) {
+                        let gen = published.wait_newer(seen, Duration::from_millis(200));
+                        if gen == seen {
+                            continue;
+                        }
+                        seen = gen;
+                        let routes = service_routes(&published.load(), &config);
+                        if routes == last {
+                            continue;
+                        }
+                        let mut guard = host_path.lock().unwrap_or_else(|e| e.into_inner());
+                        let Some(hp) = guard.as_mut() else { break };
+                        match hp.set_service_routes(&routes) {
+                            Ok(()) => {
+                                tracing::info!(
+                                    routes = routes.len(),
+                                    generation = gen,
+                                    "host path: service routes updated"
+                                );
+                                last = routes;
+                            }
+                            // Kept as `last` was: the next publication tries again.
+                            Err(e) => tracing::warn!("host path: updating service routes: {e}"),
+                        }
+                    }
+                })?
+        };
+        Ok(RunningHostPath {
+            host_path,
+            stop,
+            updater: Some(updater),
+            kxdp_if,
+            kxdp_ifindex,
+            describe,
+        })
+    }
+
+    /// Stops following publications and removes everything the host path installed.
+    pub fn teardown(mut self) -> std::io::Result<()> {
+        self.stop_updater();
+        let hp = self
+            .host_path
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        match hp {
+            Some(hp) => hp.teardown(),
+            None => Ok(()),
+        }
+    }
+
+    fn stop_updater(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.updater.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for RunningHostPath {
+    fn drop(&mut self) {
+        // An early return (a failed attach): HostPath's own drop removes it.
+        self.stop_updater();
+    }
+}

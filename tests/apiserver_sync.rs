@@ -369,7 +369,18 @@ fn server_down_keeps_last_good_tables() {
     wait_for(&published, "initial sync", |s| {
         endpoints(s, "172.30.0.10", 80).is_some()
     });
-    let gen = published.generation();
+    // The initial sync may publish more than once (kinds arrive one by one): take the generation
+    // once it has settled, so that only what happens while the server is down is compared.
+    let mut gen = published.generation();
+    let settle = std::time::Instant::now();
+    loop {
+        std::thread::sleep(Duration::from_millis(300));
+        let now = published.generation();
+        if now == gen || settle.elapsed() > Duration::from_secs(10) {
+            break;
+        }
+        gen = now;
+    }
     server.stop();
     // Changes made while kxdp cannot see them; the log is compacted so the resume gets a 410.
     server.delete("Service", "ns", "db");

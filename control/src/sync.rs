@@ -1148,6 +1148,16 @@ mod tests {
         });
         assert_eq!(p.generation(), gen);
         assert!(has(&p, "172.30.0.1", 81));
+        // Parsable but invalid (a ClusterIP that is not an address): the same.
+        std::fs::write(&f, svc_yaml("web", "172.30.0.300", 81)).unwrap();
+        wait("invalid Service reported", || {
+            h.status()
+                .source_errors
+                .get("files")
+                .is_some_and(|e| e.contains("state.yaml") && e.contains("spec.clusterIP"))
+        });
+        assert_eq!(p.generation(), gen);
+        assert!(has(&p, "172.30.0.1", 81));
         // Fixed.
         std::fs::write(&f, svc_yaml("web", "172.30.0.1", 82)).unwrap();
         wait("fixed", || has(&p, "172.30.0.1", 82));

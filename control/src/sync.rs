@@ -472,6 +472,7 @@ impl ControlLoop {
         let (tx, rx) = mpsc::channel();
         let published = Arc::new(Published::new(Snapshot::empty()));
         let status = Arc::new(Mutex::new(Status::default()));
+        metrics.attach_status(status.clone());
         let stopping = Arc::new(AtomicBool::new(false));
 
         let required: Vec<String> = match source {

@@ -577,6 +577,14 @@ fn daemon_ops_end_to_end() {
     ] {
         assert!(body.contains(&needle), "{needle} missing in\n{body}");
     }
+    // Up to date (a periodic resync may be running: allow a moment).
+    let stale: f64 = body
+        .lines()
+        .find_map(|l| l.strip_prefix("kxdp_sync_stale_seconds "))
+        .unwrap_or_else(|| panic!("kxdp_sync_stale_seconds missing in\n{body}"))
+        .parse()
+        .unwrap();
+    assert!(stale < 5.0, "kxdp_sync_stale_seconds {stale}");
     assert_eq!(http_get(&s.metrics, "/nope").unwrap().0, 404);
 
     // ---- HTTP: healthz, livez ----

@@ -344,3 +344,79 @@ fn monitoring_uses_exported_metrics() {
     }
     assert!(checked > 20, "{checked}");
 }
+
+/// `kubectl kustomize` renders the base, every CNI overlay and the monitoring directory; in each
+/// rendered overlay the DaemonSet mounts the ConfigMap that is rendered with it, and that
+/// ConfigMap's configuration names the CNI's pod interfaces. Skipped (with a message) when
+/// `kubectl` is not installed.
+#[test]
+fn kustomize_renders_every_overlay() {
+    let render = |dir: &str| -> Option<Vec<Value>> {
+        let out = match std::process::Command::new("kubectl")
+            .args(["kustomize", dir])
+            .output()
+        {
+            Ok(o) => o,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+            Err(e) => panic!("kubectl: {e}"),
+        };
+        assert!(
+            out.status.success(),
+            "kubectl kustomize {dir}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = String::from_utf8(out.stdout).unwrap();
+        let docs = yaml_serde::Deserializer::from_str(&text)
+            .map(|d| <Value as k8s_openapi::serde::Deserialize>::deserialize(d).unwrap())
+            .filter(|v| !v.is_null())
+            .collect();
+        Some(docs)
+    };
+    let root = root();
+    let dir = |d: &str| root.join(d).to_str().unwrap().to_string();
+    let Some(base) = render(&dir("deploy/base")) else {
+        eprintln!("kustomize_renders_every_overlay: skipped: kubectl is not installed");
+        return;
+    };
+    assert!(base.iter().any(|d| d["kind"] == "DaemonSet"));
+    let monitoring = render(&dir("deploy/monitoring")).unwrap();
+    for kind in ["ServiceMonitor", "PrometheusRule"] {
+        assert!(monitoring.iter().any(|d| d["kind"] == kind), "{kind}");
+    }
+    for (cni, pattern) in [
+        ("calico", "cali*"),
+        ("flannel", "veth*"),
+        ("kindnet", "veth*"),
+        ("aws-vpc-cni", "eni*"),
+        ("bridge", "veth*"),
+        ("ptp", "veth*"),
+    ] {
+        let docs = render(&dir(&format!("deploy/overlays/{cni}"))).unwrap();
+        let of_kind = |k: &str| -> Vec<&Value> { docs.iter().filter(|d| d["kind"] == k).collect() };
+        let ds = of_kind("DaemonSet");
+        assert_eq!(ds.len(), 1, "{cni}");
+        let ds: DaemonSet = typed(cni, ds[0]);
+        let spec = ds.spec.unwrap().template.spec.unwrap();
+        let cm_name = spec
+            .volumes
+            .iter()
+            .flatten()
+            .find_map(|v| v.config_map.as_ref().map(|c| c.name.clone()))
+            .unwrap_or_else(|| panic!("{cni}: the DaemonSet mounts no ConfigMap"));
+        let cm: ConfigMap = of_kind("ConfigMap")
+            .into_iter()
+            .map(|d| typed::<ConfigMap>(cni, d))
+            .find(|c| c.metadata.name.as_deref() == Some(cm_name.as_str()))
+            .unwrap_or_else(|| panic!("{cni}: ConfigMap {cm_name} is not rendered"));
+        let config = kxdp_control::Config::from_yaml_str(
+            &cm.data.unwrap()["config.yaml"],
+            Path::new(&format!("kubectl kustomize deploy/overlays/{cni}")),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            config.interfaces.iter().any(|i| i == pattern),
+            "{cni}: {:?}",
+            config.interfaces
+        );
+    }
+}

@@ -299,6 +299,32 @@ fn invalid_state_object_is_exit_2_naming_file_and_document() {
     );
 }
 
+/// A Service the API server would refuse (here: an address that is not one, a port out of range,
+/// an unknown protocol) is an error naming file, document, object and field, not a warning.
+#[test]
+fn invalid_service_fields_are_exit_2_naming_file_document_and_field() {
+    let cases = [
+        (
+            json!({"type": "ClusterIP", "clusterIP": "10.0.0.300", "ports": [{"port": 80}]}),
+            "spec.clusterIP: `10.0.0.300` is not a valid IP address",
+        ),
+        (
+            json!({"type": "ClusterIP", "clusterIP": "172.30.6.31", "ports": [{"port": 70000}]}),
+            "spec.ports[0].port: 70000 is not a port number",
+        ),
+        (
+            json!({"type": "ClusterIP", "clusterIP": "172.30.6.31", "ports": [{"port": 80, "protocol": "ICMP"}]}),
+            "spec.ports[0].protocol: `ICMP` is not TCP, UDP or SCTP",
+        ),
+    ];
+    for (spec, message) in cases {
+        let mut env = Env::new();
+        env.objects = vec![namespace("other"), service("broken", spec)];
+        let o = env.run_raw(&one_packet(), &[]);
+        assert_exit_2(&o, &["apps.yaml", "document 1", "broken", message]);
+    }
+}
+
 #[test]
 fn service_cidr_objects_make_unallocated_addresses_drop() {
     let pkts = vec![

@@ -90,20 +90,20 @@ pub fn merge_slices<'a>(
                 ));
                 continue;
             };
-            match first.trim().parse::<IpAddr>() {
+            match crate::validate::ip(first) {
                 Ok(ip) if ip.is_ipv6() == v6 => eps.push((ip, ep)),
                 Ok(_) => problems.push(format!(
                     "EndpointSlice {slice_name}: endpoints[{i}].addresses[0]: {first} is not of addressType {}",
                     slice.address_type
                 )),
-                Err(_) => problems.push(format!(
-                    "EndpointSlice {slice_name}: endpoints[{i}].addresses[0]: invalid IP address `{first}`"
+                Err(m) => problems.push(format!(
+                    "EndpointSlice {slice_name}: endpoints[{i}].addresses[0]: {m}"
                 )),
             }
         }
         for (pi, port) in slice.ports.iter().flatten().enumerate() {
-            let number = match port.port {
-                Some(p) if (1..=65535).contains(&p) => p as u16,
+            let number = match port.port.map(crate::validate::port) {
+                Some(Ok(p)) => p,
                 _ => {
                     problems.push(format!("EndpointSlice {slice_name}: ports[{pi}].port: missing or invalid, port ignored"));
                     continue;

@@ -20,6 +20,7 @@ pub mod run;
 pub mod sources;
 pub mod sync;
 pub mod translate;
+pub mod validate;
 pub mod yaml;
 
 pub use config::{Config, ConfigError, DataplaneConfiguration};

@@ -35,6 +35,7 @@
 //! | `kxdp_sync_snapshot_generation` | gauge | generation of the published snapshot |
 //! | `kxdp_sync_source_errors_total{source}` | counter | source failures (API server unreachable, unreadable state files); the last good tables stay |
 //! | `kxdp_sync_source_up{source}` | gauge | 1 while the source is connected and synced |
+//! | `kxdp_sync_stale_seconds` | gauge | how long the published tables have lagged behind the sources (`Status::stale_since`, read at scrape time); 0 when up to date |
 //!
 //! Health (kube-proxy's names): `kubeproxy_proxy_healthz_total{code}`,
 //! `kubeproxy_proxy_livez_total{code}` count `/healthz` and `/livez` answers by HTTP status.
@@ -200,6 +201,42 @@ fn put<M: EncodeMetric>(
     m.encode(enc.encode_descriptor(name, help, None, m.metric_type())?)
 }
 
+/// Encodes `kxdp_sync_stale_seconds` at scrape time from the control loop's status (nothing
+/// until a loop attaches it). Read at scrape time so that a loop stuck in a rebuild still shows
+/// a growing value.
+#[derive(Clone, Default)]
+struct StaleCollector(Arc<OnceLock<Arc<Mutex<crate::sync::Status>>>>);
+
+impl std::fmt::Debug for StaleCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StaleCollector")
+    }
+}
+
+impl Collector for StaleCollector {
+    fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let Some(status) = self.0.get() else {
+            return Ok(());
+        };
+        let since = status.lock().unwrap().stale_since();
+        let stale = Gauge::<f64, AtomicU64>::default();
+        stale.set(since.map_or(0.0, stale_seconds));
+        put(
+            &mut enc,
+            "kxdp_sync_stale_seconds",
+            "Seconds the published tables have lagged behind the sources (0: up to date)",
+            &stale,
+        )
+    }
+}
+
+/// Seconds from `since` to now (0 when the clock went back).
+fn stale_seconds(since: std::time::SystemTime) -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(since)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
 impl Collector for DataplaneCollector {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let Some(src) = self.0.get() else {
@@ -355,6 +392,7 @@ pub struct Metrics {
     pub proxy_healthz_total: Family<CodeLabel, Counter>,
     pub proxy_livez_total: Family<CodeLabel, Counter>,
     dataplane: DataplaneCollector,
+    stale: StaleCollector,
 }
 
 /// kube-proxy's sync duration buckets: `ExponentialBuckets(0.001, 2, 15)`.
@@ -413,8 +451,10 @@ impl Metrics {
             proxy_healthz_total: Family::default(),
             proxy_livez_total: Family::default(),
             dataplane: DataplaneCollector::default(),
+            stale: StaleCollector::default(),
         };
         registry.register_collector(Box::new(m.dataplane.clone()));
+        registry.register_collector(Box::new(m.stale.clone()));
         registry.register_collector(Box::new(crate::process_metrics::ProcessCollector));
         // kube-proxy synthesizes a "queued" time as its informers start.
         m.sync_queued();
@@ -582,6 +622,12 @@ impl Metrics {
         });
     }
 
+    /// Adds `kxdp_sync_stale_seconds`, read from the control loop's status at each scrape
+    /// (`ControlLoop::spawn` attaches its own); a second call is ignored.
+    pub fn attach_status(&self, status: Arc<Mutex<crate::sync::Status>>) {
+        let _ = self.stale.0.set(status);
+    }
+
     pub fn source_error(&self, source: &str) {
         let l = SourceLabel {
             source: source.into(),
@@ -699,5 +745,27 @@ mod tests {
             .1
             .contains("kxdp_build_info"));
         assert!(metrics_route("/nope", &m, &body).is_none());
+    }
+
+    #[test]
+    fn stale_seconds_from_status() {
+        let m = Metrics::new();
+        assert!(!m.encode().contains("kxdp_sync_stale_seconds"));
+        let status = Arc::new(Mutex::new(crate::sync::Status::default()));
+        m.attach_status(status.clone());
+        assert!(
+            m.encode().contains("kxdp_sync_stale_seconds 0.0\n"),
+            "{}",
+            m.encode()
+        );
+        status.lock().unwrap().pending_since =
+            Some(std::time::SystemTime::now() - std::time::Duration::from_secs(30));
+        let text = m.encode();
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("kxdp_sync_stale_seconds "))
+            .unwrap();
+        let v: f64 = line.split(' ').nth(1).unwrap().parse().unwrap();
+        assert!((30.0..60.0).contains(&v), "{line}");
     }
 }

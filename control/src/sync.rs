@@ -472,6 +472,7 @@ impl ControlLoop {
         let (tx, rx) = mpsc::channel();
         let published = Arc::new(Published::new(Snapshot::empty()));
         let status = Arc::new(Mutex::new(Status::default()));
+        metrics.attach_status(status.clone());
         let stopping = Arc::new(AtomicBool::new(false));
 
         let required: Vec<String> = match source {
@@ -1145,6 +1146,16 @@ mod tests {
                 .source_errors
                 .get("files")
                 .is_some_and(|e| e.contains("state.yaml") && e.contains("spec.ports[0].port"))
+        });
+        assert_eq!(p.generation(), gen);
+        assert!(has(&p, "172.30.0.1", 81));
+        // Parsable but invalid (a ClusterIP that is not an address): the same.
+        std::fs::write(&f, svc_yaml("web", "172.30.0.300", 81)).unwrap();
+        wait("invalid Service reported", || {
+            h.status()
+                .source_errors
+                .get("files")
+                .is_some_and(|e| e.contains("state.yaml") && e.contains("spec.clusterIP"))
         });
         assert_eq!(p.generation(), gen);
         assert!(has(&p, "172.30.0.1", 81));

@@ -14,8 +14,8 @@ use std::sync::Arc;
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{Node, Service};
 use kxdp_dataplane::snapshot::{
-    proto, EmptyAction, Endpoint, EndpointRange, Frontend, FrontendKey, FrontendKind, NodeInfo,
-    PrefixSet, Route, ServicePortInfo, Snapshot, SourceClass,
+    EmptyAction, Endpoint, EndpointRange, Frontend, FrontendKey, FrontendKind, NodeInfo, PrefixSet,
+    Route, ServicePortInfo, Snapshot, SourceClass,
 };
 use kxdp_packet::Addr;
 
@@ -396,7 +396,7 @@ impl<'a> Translator<'a> {
             if s == "None" {
                 return;
             }
-            match s.trim().parse::<IpAddr>() {
+            match crate::validate::ip(s) {
                 Ok(ip) if families.iter().any(|f| f.v6 == ip.is_ipv6()) => self.problem(
                     obj.clone(),
                     format!("spec.clusterIPs[{i}]: second ClusterIP of the same family ignored"),
@@ -407,27 +407,21 @@ impl<'a> Translator<'a> {
                     external_ips: vec![],
                     lb_vips: vec![],
                 }),
-                Err(_) => self.problem(
-                    obj.clone(),
-                    format!("spec.clusterIPs[{i}]: invalid IP address `{s}`"),
-                ),
+                Err(m) => self.problem(obj.clone(), format!("spec.clusterIPs[{i}]: {m}")),
             }
         }
         if families.is_empty() {
             return;
         }
         for (i, s) in spec.external_ips.iter().flatten().enumerate() {
-            match s.trim().parse::<IpAddr>() {
+            match crate::validate::ip(s) {
                 Ok(ip) => match families.iter_mut().find(|f| f.v6 == ip.is_ipv6()) {
                     Some(f) => f.external_ips.push(ip),
                     None => {
                         tracing::debug!(service = %key, %ip, "externalIP of a family the Service has no ClusterIP of")
                     }
                 },
-                Err(_) => self.problem(
-                    obj.clone(),
-                    format!("spec.externalIPs[{i}]: invalid IP address `{s}`"),
-                ),
+                Err(m) => self.problem(obj.clone(), format!("spec.externalIPs[{i}]: {m}")),
             }
         }
         // LoadBalancer VIPs: status ingress IPs whose ipMode is VIP (or unset); `Proxy` means the
@@ -444,15 +438,15 @@ impl<'a> Translator<'a> {
             if !matches!(ing.ip_mode.as_deref(), None | Some("VIP")) {
                 continue;
             }
-            match s.trim().parse::<IpAddr>() {
+            match crate::validate::ip(s) {
                 Ok(ip) => {
                     if let Some(f) = families.iter_mut().find(|f| f.v6 == ip.is_ipv6()) {
                         f.lb_vips.push(ip);
                     }
                 }
-                Err(_) => self.problem(
+                Err(m) => self.problem(
                     obj.clone(),
-                    format!("status.loadBalancer.ingress[{i}].ip: invalid IP address `{s}`"),
+                    format!("status.loadBalancer.ingress[{i}].ip: {m}"),
                 ),
             }
         }
@@ -472,11 +466,11 @@ impl<'a> Translator<'a> {
                 .as_ref()
                 .and_then(|c| c.client_ip.as_ref())
                 .and_then(|c| c.timeout_seconds);
-            match t {
+            match t.map(crate::validate::affinity_timeout) {
                 None => DEFAULT_AFFINITY_TIMEOUT_S,
-                Some(t) if t > 0 => t as u32,
-                Some(t) => {
-                    self.problem(obj.clone(), format!("spec.sessionAffinityConfig.clientIP.timeoutSeconds: {t} is not positive; using {DEFAULT_AFFINITY_TIMEOUT_S}"));
+                Some(Ok(t)) => t,
+                Some(Err(m)) => {
+                    self.problem(obj.clone(), format!("spec.sessionAffinityConfig.clientIP.timeoutSeconds: {m}; using {DEFAULT_AFFINITY_TIMEOUT_S}"));
                     DEFAULT_AFFINITY_TIMEOUT_S
                 }
             }
@@ -497,38 +491,32 @@ impl<'a> Translator<'a> {
 
         for (pi, port) in spec.ports.iter().flatten().enumerate() {
             let protocol = port.protocol.clone().unwrap_or_else(|| "TCP".into());
-            let proto_num = match protocol.as_str() {
-                "TCP" => proto::TCP,
-                "UDP" => proto::UDP,
-                "SCTP" => proto::SCTP,
-                other => {
-                    self.problem(obj.clone(), format!("spec.ports[{pi}].protocol: `{other}` is not TCP, UDP or SCTP; port skipped"));
+            let proto_num = match crate::validate::protocol(Some(&protocol)) {
+                Ok(p) => p,
+                Err(m) => {
+                    self.problem(
+                        obj.clone(),
+                        format!("spec.ports[{pi}].protocol: {m}; port skipped"),
+                    );
                     continue;
                 }
             };
-            let Ok(number) = u16::try_from(port.port).map_err(|_| ()).and_then(|p| {
-                if p == 0 {
-                    Err(())
-                } else {
-                    Ok(p)
-                }
-            }) else {
-                self.problem(
-                    obj.clone(),
-                    format!(
-                        "spec.ports[{pi}].port: {} is not a port number; port skipped",
-                        port.port
-                    ),
-                );
-                continue;
-            };
-            let node_port = match port.node_port.unwrap_or(0) {
-                0 => None,
-                p @ 1..=65535 => Some(p as u16),
-                p => {
+            let number = match crate::validate::port(port.port) {
+                Ok(p) => p,
+                Err(m) => {
                     self.problem(
                         obj.clone(),
-                        format!("spec.ports[{pi}].nodePort: {p} is not a port number; ignored"),
+                        format!("spec.ports[{pi}].port: {m}; port skipped"),
+                    );
+                    continue;
+                }
+            };
+            let node_port = match crate::validate::node_port(port.node_port) {
+                Ok(p) => p,
+                Err(m) => {
+                    self.problem(
+                        obj.clone(),
+                        format!("spec.ports[{pi}].nodePort: {m}; ignored"),
                     );
                     None
                 }
@@ -767,12 +755,9 @@ impl<'a> Translator<'a> {
         };
         let mut out = Vec::new();
         for (i, r) in raw.iter().enumerate() {
-            match r.trim().parse::<IpNet>() {
+            match crate::validate::cidr(r) {
                 Ok(n) => out.push(n),
-                Err(_) => self.problem(
-                    obj.to_string(),
-                    format!("{field}[{i}]: invalid CIDR `{r}`; skipped"),
-                ),
+                Err(m) => self.problem(obj.to_string(), format!("{field}[{i}]: {m}; skipped")),
             }
         }
         out
@@ -929,7 +914,7 @@ pub fn service_port_id(namespace: &str, name: &str, port_name: &str, protocol: &
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sources::files::load_str;
+    use crate::sources::files::load_str_unvalidated;
     use kxdp_dataplane::snapshot::proto::{SCTP, TCP, UDP};
     use std::path::Path;
 
@@ -947,7 +932,7 @@ serviceCIDRs: [172.30.0.0/16]
 
     fn tr(config: &Config, yaml: &str) -> Translation {
         let mut state = ClusterState::new();
-        load_str(yaml, false, Path::new("state.yaml"), &mut state).unwrap();
+        load_str_unvalidated(yaml, Path::new("state.yaml"), &mut state).unwrap();
         let t = translate(config, &state);
         t.snapshot.validate().unwrap();
         t
@@ -1228,7 +1213,9 @@ serviceCIDRs: [172.30.0.0/16]
             "{msgs:?}"
         );
         assert!(
-            msgs[2].starts_with("Service ns/badip: spec.clusterIPs[0]: invalid IP"),
+            msgs[2].starts_with(
+                "Service ns/badip: spec.clusterIPs[0]: `172.30.0.300` is not a valid IP"
+            ),
             "{msgs:?}"
         );
     }

@@ -12,6 +12,9 @@
 //!   FIFO, socket or device is refused with an error (reading one could block the source for
 //!   ever), and files are opened non-blocking and checked again once open.
 //! - YAML text goes through `crate::yaml::check` first (size and nesting limits, linear time).
+//! - Services and EndpointSlices go through `crate::validate` (the checks the translation applies):
+//!   a field the API server would have refused (an address that is not one, a port out of range,
+//!   an unknown protocol) is an error naming file, document, object and field.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -171,14 +174,37 @@ pub fn load_str(
     file: &Path,
     state: &mut ClusterState,
 ) -> Result<(), StateError> {
+    load_str_with(text, is_json, file, state, true)
+}
+
+/// `load_str` without the `crate::validate` checks: for tests of how the translation treats
+/// objects those checks would refuse (objects from the API server are not checked here).
+#[cfg(test)]
+pub(crate) fn load_str_unvalidated(
+    text: &str,
+    file: &Path,
+    state: &mut ClusterState,
+) -> Result<(), StateError> {
+    load_str_with(text, false, file, state, false)
+}
+
+fn load_str_with(
+    text: &str,
+    is_json: bool,
+    file: &Path,
+    state: &mut ClusterState,
+    validate: bool,
+) -> Result<(), StateError> {
     for (index, doc) in documents(text, is_json, file)?.into_iter().enumerate() {
         let mut objects = Vec::new();
-        decode_document(doc, "", &mut objects).map_err(|(object, field, message)| StateError {
-            file: file.to_path_buf(),
-            document: Some(index),
-            object,
-            field,
-            message,
+        decode_document(doc, "", validate, &mut objects).map_err(|(object, field, message)| {
+            StateError {
+                file: file.to_path_buf(),
+                document: Some(index),
+                object,
+                field,
+                message,
+            }
         })?;
         for obj in objects {
             let key = obj.key();
@@ -227,7 +253,12 @@ fn documents(text: &str, is_json: bool, file: &Path) -> Result<Vec<Value>, State
 type DocError = (Option<String>, String, String);
 
 /// Decodes one document (or list item, `prefix` being its path) into objects.
-fn decode_document(doc: Value, prefix: &str, out: &mut Vec<Object>) -> Result<(), DocError> {
+fn decode_document(
+    doc: Value,
+    prefix: &str,
+    validate: bool,
+    out: &mut Vec<Object>,
+) -> Result<(), DocError> {
     let map = match &doc {
         Value::Null => return Ok(()),
         Value::Object(m) => m,
@@ -269,7 +300,7 @@ fn decode_document(doc: Value, prefix: &str, out: &mut Vec<Object>) -> Result<()
             }
         };
         for (i, item) in items.into_iter().enumerate() {
-            decode_document(item, &format!("{prefix}items[{i}]."), out)?;
+            decode_document(item, &format!("{prefix}items[{i}]."), validate, out)?;
         }
         return Ok(());
     }
@@ -292,6 +323,14 @@ fn decode_document(doc: Value, prefix: &str, out: &mut Vec<Object>) -> Result<()
         }
     };
     let obj = with_defaults(obj, &decode)?;
+    let invalid = match &obj {
+        Object::Service(s) if validate => crate::validate::service(s),
+        Object::EndpointSlice(s) if validate => crate::validate::endpoint_slice(s),
+        _ => Vec::new(),
+    };
+    if let Some(e) = invalid.into_iter().next() {
+        return Err(decode.err(&e.field, e.message));
+    }
     out.push(obj);
     Ok(())
 }
@@ -612,5 +651,36 @@ metadata: {name: old}
             "{err}"
         );
         assert!(err.to_string().starts_with("state.yaml: line 9"), "{err}");
+    }
+
+    #[test]
+    fn invalid_service_or_slice_names_file_document_object_and_field() {
+        let bad_ip = SVC.replace("172.30.0.10", "172.30.0.300");
+        let e = parse(&format!("{SVC}---\n{bad_ip}")).unwrap_err();
+        assert_eq!(e.document, Some(1));
+        assert_eq!(e.object.as_deref(), Some("Service shop/web"));
+        assert_eq!(e.field, "spec.clusterIP");
+        assert_eq!(
+            e.to_string(),
+            "state.yaml: document 1 (Service shop/web): spec.clusterIP: `172.30.0.300` is not a valid IP address"
+        );
+        let bad_port = SVC.replace("port: 80,", "port: 70000,");
+        let e = parse(&bad_port).unwrap_err();
+        assert_eq!(
+            (e.document, e.field.as_str()),
+            (Some(0), "spec.ports[0].port")
+        );
+        let bad_proto = SVC.replace("port: 80,", "port: 80, protocol: ICMP,");
+        let e = parse(&bad_proto).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("spec.ports[0].protocol: `ICMP` is not TCP, UDP or SCTP"),
+            "{e}"
+        );
+        // Inside a List the field path includes the item.
+        let list = "apiVersion: v1\nkind: List\nitems:\n- apiVersion: discovery.k8s.io/v1\n  kind: EndpointSlice\n  metadata: {name: web-1, namespace: shop}\n  addressType: IPv4\n  endpoints: [{addresses: [10.0.0.999]}]\n";
+        let e = parse(list).unwrap_err();
+        assert_eq!(e.field, "items[0].endpoints[0].addresses[0]");
+        assert_eq!(e.object.as_deref(), Some("EndpointSlice shop/web-1"));
     }
 }

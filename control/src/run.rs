@@ -135,13 +135,11 @@ fn node_config(
         }
         config.interfaces = names;
     }
-    config
-        .check_machine(
-            &crate::config::Machine::probe(),
-            !config.interfaces.is_empty(),
-            config_path,
-        )
-        ?;
+    config.check_machine(
+        &crate::config::Machine::probe(),
+        !config.interfaces.is_empty(),
+        config_path,
+    )?;
     Ok(config)
 }
 

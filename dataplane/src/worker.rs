@@ -36,12 +36,12 @@ use crate::conntrack::Conntrack;
 use crate::egress::{Egress, EgressStats, NOT_SENT};
 use crate::fib::Fib;
 use crate::io::afxdp::{Desc, Umem, XskConfig, XskSocket};
-use kxdp_kernel::sys::Poller;
 use crate::io::UmemBatch;
 use crate::pipeline::Pipeline;
 use crate::snapshot::Snapshot;
 use crate::stats::{clock_ms, DataplaneStats};
 use crate::verdict::{Reason, Verdict};
+use kxdp_kernel::sys::Poller;
 
 /// Frames per RX batch.
 pub const BATCH: usize = 64;
@@ -444,7 +444,7 @@ impl Worker {
                 if idle_polls > self.backoff.spin_polls {
                     c.idle_sleeps.fetch_add(1, Ordering::Relaxed);
                     match &mut self.poller {
-                        Some(p) if nports > 0 => {
+                        Some(p) => {
                             p.wait(IDLE_WAIT_MS);
                         }
                         _ => {

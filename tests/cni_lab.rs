@@ -353,7 +353,6 @@ spec:
 /// node): a pod created after kxdp started reaches the ClusterIP and is reached through it;
 /// measured: the time from the pod's CNI ADD to its first answered request.
 #[test]
-#[ignore = "issue 10: needs interface patterns and link events (pods created after start)"]
 fn kxdp_pod_created_after_start() {
     let lab = two_node_pods("kxdp_pod_created_after_start");
     let mut lab = lab;
@@ -391,7 +390,6 @@ fn kxdp_pod_created_after_start() {
 /// calling the Service while its endpoints are replaced 10 times (new pod, endpoint added; old
 /// endpoint removed, then the pod deleted): every request answered.
 #[test]
-#[ignore = "issue 10: needs interface patterns and link events (pods created after start)"]
 fn kxdp_pods_replaced_under_continuous_requests_through_clusterip() {
     let mut lab = Lab::build("kxdp_pods_replaced_under_continuous_requests_through_clusterip");
     lab.add_pod("node-a", "client", &[("app", "client")]);
@@ -515,7 +513,6 @@ fn kxdp_ipv6_clusterip_nodeport_and_pod_to_pod() {
 /// Every pod interface of a node forwards, however many there are: six pods on node-b (eight
 /// interfaces for its one worker), each answering a client on node-a directly.
 #[test]
-#[ignore = "issue 10: needs UMEM frames shared among a worker's sockets (the 5th socket gets none)"]
 fn kxdp_every_pod_interface_forwards() {
     let mut lab = Lab::build("kxdp_every_pod_interface_forwards");
     lab.add_pod("node-a", "client-a", &[("app", "client")]);
@@ -530,6 +527,9 @@ fn kxdp_every_pod_interface_forwards() {
         if let Err(e) = tcp(&c.ns, sa(p.ip4, TCP_PORT), T, 1000) {
             failed.push(format!("{} ({}): {e}", p.name, p.host_if));
         }
+    }
+    if !failed.is_empty() {
+        eprintln!("node-a:\n{}\nnode-b:\n{}", r.a.log(), r.b.log());
     }
     assert!(failed.is_empty(), "pods not reachable: {failed:?}");
 }

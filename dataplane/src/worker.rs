@@ -53,6 +53,11 @@ pub const IDLE_WAIT_MS: i32 = 20;
 /// The smallest fill-ring share of a socket, however many sockets a worker has.
 pub const MIN_FILL: u32 = 16;
 
+/// The sockets a worker's UMEM is planned for: each starts with `1/PLANNED_SOCKETS` of three
+/// quarters of the frames, so that the 256th socket still finds its share free however long
+/// the first ones stay idle (a fill ring cannot be emptied without closing its socket).
+pub const PLANNED_SOCKETS: u32 = 256;
+
 /// Changes to a running worker's sockets (see the module docs).
 pub enum PortCommand {
     /// Open a socket on (ifindex, queue); the reply carries its fd (for the XSKMAP) and whether
@@ -133,6 +138,10 @@ pub struct Port {
     pub mac: [u8; 6],
     /// Complete TCP/UDP checksums of frames received here (virtual interfaces: veth).
     pub complete_checksums: bool,
+    /// Frames this socket's fill ring is kept at: starts at the base share, doubles (up to a
+    /// ring) while the socket consumes more than half of it between two loops and frames
+    /// beyond the other sockets' reserve are free.
+    pub fill_target: u32,
 }
 
 /// Everything a worker thread owns.
@@ -195,17 +204,11 @@ impl Worker {
             commands: None,
             poller,
         };
-        // Every socket's share is known before the first one takes frames.
-        let target = fill_target(cfg, ports.len());
+        let target = fill_target(cfg, 0);
         for &(ifindex, queue, mac, complete_checksums) in ports {
             w.add_port(ifindex, queue, mac, complete_checksums, target)?;
         }
         Ok(w)
-    }
-
-    /// The fill-ring share of each socket with `self.ports.len()` sockets.
-    pub fn fill_target(&self) -> u32 {
-        fill_target(&self.xsk, self.ports.len())
     }
 
     fn add_port(
@@ -236,6 +239,7 @@ impl Worker {
             ifindex,
             mac,
             complete_checksums,
+            fill_target: fill,
         });
         Ok(r)
     }
@@ -276,7 +280,7 @@ impl Worker {
                     complete_checksums,
                     reply,
                 } => {
-                    let fill = fill_target(&self.xsk, self.ports.len() + 1);
+                    let fill = fill_target(&self.xsk, 0);
                     let r = self.add_port(ifindex, queue, mac, complete_checksums, fill);
                     let _ = reply.send(r);
                 }
@@ -318,7 +322,8 @@ impl Worker {
         let mut out: Vec<Vec<Desc>> = Vec::new();
         let mut out_idx: Vec<Vec<u16>> = Vec::new();
         let mut egress = Egress::new(&[], self.kernel_port);
-        let mut fill = 0;
+        let base = fill_target(&self.xsk, 0) as usize;
+        let mut reserve = 0usize;
         let mut changed = true;
         let mut egress_stats = EgressStats::default();
         let mut idle_polls = 0u32;
@@ -335,7 +340,7 @@ impl Worker {
                 // A worker has one socket per (interface, queue) it owns; it sends on one of
                 // them per interface.
                 egress = Egress::new(&ifindexes, self.kernel_port);
-                fill = self.fill_target();
+                reserve = base * (PLANNED_SOCKETS as usize).saturating_sub(nports) + BATCH;
             }
             let mut got = 0;
             for p in 0..nports {
@@ -432,8 +437,14 @@ impl Worker {
             }
             for port in &mut self.ports {
                 let held = port.sock.fill_outstanding();
-                if held < fill {
-                    port.sock.refill(&mut self.umem, fill - held);
+                if held < port.fill_target / 2
+                    && port.fill_target < self.xsk.ring_size
+                    && self.umem.free_frames() > reserve + port.fill_target as usize
+                {
+                    port.fill_target *= 2;
+                }
+                if held < port.fill_target {
+                    port.sock.refill(&mut self.umem, port.fill_target - held);
                 }
             }
             if got > 0 {
@@ -467,14 +478,14 @@ impl Worker {
     }
 }
 
-/// The fill-ring share of each of `sockets` sockets sharing one UMEM: three quarters of the
-/// frames split evenly (the rest covers frames in a batch and on TX rings), at most a ring, at
-/// least `MIN_FILL`. With more sockets than `frames * 3/4 / MIN_FILL` the UMEM is over-committed
-/// and the last sockets get what is free (size `xsk.frames` for the interfaces a worker serves,
-/// docs/afxdp.md).
+/// The fill-ring share a socket starts with: three quarters of the frames (the rest covers
+/// frames in a batch and on TX rings) split among `max(sockets, PLANNED_SOCKETS)`, at most a
+/// ring, at least `MIN_FILL` (8192 frames: 24). Busy sockets grow theirs (see `Port`). More
+/// than `frames * 3/4 / MIN_FILL` sockets over-commit the UMEM: the last get what is free (size
+/// `xsk.frames` for the interfaces a worker serves, docs/afxdp.md).
 pub fn fill_target(cfg: &XskConfig, sockets: usize) -> u32 {
     let budget = cfg.frames as u64 * 3 / 4;
-    let share = (budget / sockets.max(1) as u64) as u32;
+    let share = (budget / sockets.max(PLANNED_SOCKETS as usize) as u64) as u32;
     share.clamp(MIN_FILL.min(cfg.ring_size), cfg.ring_size)
 }
 

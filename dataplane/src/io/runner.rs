@@ -154,7 +154,11 @@ impl Links {
         self.failed
             .retain(|i, _| links.iter().any(|l| l.ifindex == *i));
         let now = Instant::now();
-        for l in links {
+        // Bridges after their ports (a generic program on a bridge keeps the kernel from
+        // attaching to ports later in some kernels; measured in tests/cni_lab.rs).
+        let mut order: Vec<&kxdp_kernel::netlink::Link> = links.iter().collect();
+        order.sort_by_key(|l| l.bridge);
+        for l in order {
             if self.attached.contains_key(&l.ifindex) || !matches_any(&self.patterns, &l.name) {
                 continue;
             }

@@ -179,7 +179,14 @@ impl Links {
                     self.attached.insert(l.ifindex, a);
                 }
                 Err(e) => {
-                    let error = e.to_string();
+                    let mut error = e.to_string();
+                    if let Some(m) = l.master.and_then(|m| self.attached.get(&m)) {
+                        error += &format!(
+                            " (its bridge {} has kxdp's program: the kernel takes XDP on a \
+                             bridge or on its ports, not both; match the ports only, docs/afxdp.md)",
+                            m.report.name
+                        );
+                    }
                     let repeat = self
                         .failed
                         .get(&l.ifindex)

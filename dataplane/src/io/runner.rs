@@ -363,7 +363,13 @@ pub fn node_ports(snap: &Snapshot) -> Vec<u16> {
 }
 
 fn node_addrs(snap: &Snapshot, local: &[IpAddr]) -> Vec<IpAddr> {
-    let mut a: Vec<IpAddr> = local.to_vec();
+    // IPv6 link-local addresses go to the kernel before the program looks at the node maps;
+    // leaving them out keeps the maps small on a node with one per pod veth (250 pods: 250).
+    let mut a: Vec<IpAddr> = local
+        .iter()
+        .filter(|ip| !matches!(ip, IpAddr::V6(v6) if v6.segments()[0] & 0xffc0 == 0xfe80))
+        .copied()
+        .collect();
     a.extend(snap.node.addrs.iter().map(|x| x.to_ip(x.family())));
     a.sort();
     a.dedup();

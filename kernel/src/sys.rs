@@ -149,14 +149,8 @@ impl Poller {
             u64: token,
         };
         // SAFETY: `ev` is a valid epoll_event; the epoll fd is ours.
-        let r = unsafe {
-            libc::epoll_ctl(
-                std::os::fd::AsRawFd::as_raw_fd(&self.fd),
-                op,
-                fd,
-                &mut ev,
-            )
-        };
+        let r =
+            unsafe { libc::epoll_ctl(std::os::fd::AsRawFd::as_raw_fd(&self.fd), op, fd, &mut ev) };
         if r != 0 {
             return Err(io::Error::last_os_error());
         }

@@ -13,10 +13,17 @@
 //! kicks (one per socket per batch, only when the kernel asks), the idle back-off's sleeps, and
 //! one `bpf()` map update per new masqueraded connection (its reply, see `io::xdp`).
 //!
-//! Idle back-off: after an empty poll of all sockets the worker spins `spin_polls` polls, then
-//! sleeps, doubling from `min_sleep_us` up to `max_sleep_us`; any received frame resets it. Busy
-//! polling costs a full core while idle and gives the lowest latency; each sleep step adds up to
-//! its duration to the first packet's latency after a quiet period (at most `max_sleep_us`).
+//! Idle wait: after an empty poll of all sockets the worker spins `spin_polls` polls, then waits
+//! on all its sockets at once (one `epoll_wait` over their fds, `IDLE_WAIT_MS` at most) and
+//! wakes as soon as any of them receives; the timeout only bounds how late it sees a command or
+//! the stop flag. Without an epoll set (creating one failed) it sleeps instead, doubling from
+//! `min_sleep_us` up to `max_sleep_us`.
+//!
+//! Sockets come and go while the worker runs: the runner sends [`PortCommand`]s on the worker's
+//! channel, checked once per loop (`try_recv`, no syscall). A removed socket is closed and the
+//! frames it held go back to the free list (`Umem::reclaim`). Each socket's fill ring is kept at
+//! its share of the UMEM ([`Worker::fill_target`]) and topped up by what it consumed, so a
+//! worker with many sockets never starves one of frames.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -34,9 +41,52 @@ use crate::pipeline::Pipeline;
 use crate::snapshot::Snapshot;
 use crate::stats::{clock_ms, DataplaneStats};
 use crate::verdict::{Reason, Verdict};
+use kxdp_kernel::sys::Poller;
 
 /// Frames per RX batch.
 pub const BATCH: usize = 64;
+
+/// The longest an idle worker waits on its sockets before looking at its commands and the
+/// stop flag (a received frame wakes it at once).
+pub const IDLE_WAIT_MS: i32 = 20;
+
+/// The smallest fill-ring share of a socket, however many sockets a worker has.
+pub const MIN_FILL: u32 = 16;
+
+/// The sockets a worker's UMEM is planned for: each starts with `1/PLANNED_SOCKETS` of three
+/// quarters of the frames, so that the 256th socket still finds its share free however long
+/// the first ones stay idle (a fill ring cannot be emptied without closing its socket).
+pub const PLANNED_SOCKETS: u32 = 256;
+
+/// Changes to a running worker's sockets (see the module docs).
+pub enum PortCommand {
+    /// Open a socket on (ifindex, queue); the reply carries its fd (for the XSKMAP) and whether
+    /// it is zero-copy.
+    Add {
+        ifindex: u32,
+        queue: u32,
+        mac: [u8; 6],
+        complete_checksums: bool,
+        reply: crossbeam::channel::Sender<std::io::Result<(i32, bool)>>,
+    },
+    /// Close every socket on `ifindex` and take back its frames.
+    Remove {
+        ifindex: u32,
+        reply: crossbeam::channel::Sender<Removed>,
+    },
+}
+
+/// What removing an interface's sockets gave back.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Removed {
+    pub sockets: u32,
+    /// Frames the sockets held by the worker's accounting.
+    pub held: u32,
+    /// Frames returned to the free list (equal to `held` when nothing leaked).
+    pub reclaimed: u32,
+    /// `Umem::frames_accounted` after the removal equals the frame count.
+    pub balanced: bool,
+}
 
 /// Where a worker gets the current tables.
 pub trait Tables: Send + Sync {
@@ -88,6 +138,10 @@ pub struct Port {
     pub mac: [u8; 6],
     /// Complete TCP/UDP checksums of frames received here (virtual interfaces: veth).
     pub complete_checksums: bool,
+    /// Frames this socket's fill ring is kept at: starts at the base share, doubles (up to a
+    /// ring) while the socket consumes more than half of it between two loops and frames
+    /// beyond the other sockets' reserve are free.
+    pub fill_target: u32,
 }
 
 /// Everything a worker thread owns.
@@ -100,6 +154,10 @@ pub struct Worker {
     pub counters: Arc<IoCounters>,
     /// The kernel port's ifindex (see `RunOptions::kernel_port`).
     pub kernel_port: Option<u32>,
+    pub xsk: XskConfig,
+    /// Socket changes from the runner (None: a fixed set).
+    pub commands: Option<crossbeam::channel::Receiver<PortCommand>>,
+    poller: Option<Poller>,
 }
 
 /// Shared state a worker runs against.
@@ -126,32 +184,112 @@ impl Worker {
         backoff: Backoff,
         kernel_port: Option<u32>,
     ) -> std::io::Result<Worker> {
-        let mut umem = Umem::new(cfg)?;
-        let mut opened: Vec<Port> = Vec::new();
-        for &(ifindex, queue, mac, complete_checksums) in ports {
-            let sock = XskSocket::open(
-                &mut umem,
-                opened.first().map(|p| &p.sock),
-                ifindex,
-                queue,
-                cfg,
-            )?;
-            opened.push(Port {
-                sock,
-                ifindex,
-                mac,
-                complete_checksums,
-            });
-        }
-        Ok(Worker {
+        let umem = Umem::new(cfg)?;
+        let poller = match Poller::new() {
+            Ok(p) => Some(p),
+            Err(e) => {
+                eprintln!("kxdp: worker {index}: no epoll set ({e}); idle workers sleep instead");
+                None
+            }
+        };
+        let mut w = Worker {
             index,
             cpu,
             umem,
-            ports: opened,
+            ports: Vec::new(),
             backoff,
             counters: Arc::new(IoCounters::default()),
             kernel_port,
-        })
+            xsk: *cfg,
+            commands: None,
+            poller,
+        };
+        let target = fill_target(cfg, 0);
+        for &(ifindex, queue, mac, complete_checksums) in ports {
+            w.add_port(ifindex, queue, mac, complete_checksums, target)?;
+        }
+        Ok(w)
+    }
+
+    fn add_port(
+        &mut self,
+        ifindex: u32,
+        queue: u32,
+        mac: [u8; 6],
+        complete_checksums: bool,
+        fill: u32,
+    ) -> std::io::Result<(i32, bool)> {
+        let cfg = XskConfig {
+            fill_target: Some(fill),
+            ..self.xsk
+        };
+        let sock = XskSocket::open(
+            &mut self.umem,
+            self.ports.first().map(|p| &p.sock),
+            ifindex,
+            queue,
+            &cfg,
+        )?;
+        if let Some(p) = &self.poller {
+            p.add(sock.fd())?;
+        }
+        let r = (sock.fd(), sock.zero_copy);
+        self.ports.push(Port {
+            sock,
+            ifindex,
+            mac,
+            complete_checksums,
+            fill_target: fill,
+        });
+        Ok(r)
+    }
+
+    fn remove_ports(&mut self, ifindex: u32) -> Removed {
+        let mut r = Removed::default();
+        let mut i = 0;
+        while i < self.ports.len() {
+            if self.ports[i].ifindex != ifindex {
+                i += 1;
+                continue;
+            }
+            let port = self.ports.remove(i);
+            if let Some(p) = &self.poller {
+                let _ = p.remove(port.sock.fd());
+            }
+            r.sockets += 1;
+            r.held += port.sock.frames_held();
+            r.reclaimed += self.umem.reclaim(port.sock);
+        }
+        r.balanced = self.frames_accounted() == self.umem.frame_count() as u64;
+        r
+    }
+
+    /// Applies the pending commands; true when the set of sockets changed.
+    fn apply_commands(&mut self) -> bool {
+        let Some(rx) = self.commands.clone() else {
+            return false;
+        };
+        let mut changed = false;
+        while let Ok(cmd) = rx.try_recv() {
+            changed = true;
+            match cmd {
+                PortCommand::Add {
+                    ifindex,
+                    queue,
+                    mac,
+                    complete_checksums,
+                    reply,
+                } => {
+                    let fill = fill_target(&self.xsk, 0);
+                    let r = self.add_port(ifindex, queue, mac, complete_checksums, fill);
+                    let _ = reply.send(r);
+                }
+                PortCommand::Remove { ifindex, reply } => {
+                    let _ = reply.send(self.remove_ports(ifindex));
+                }
+            }
+        }
+        changed
     }
 
     pub fn spawn(self, shared: Shared) -> std::io::Result<std::thread::JoinHandle<Worker>> {
@@ -178,20 +316,32 @@ impl Worker {
         let mut descs = [Desc::default(); BATCH];
         let mut verdicts = [Verdict::default(); BATCH];
         let mut hops = [NOT_SENT; BATCH];
-        let nports = self.ports.len();
+        let mut nports = 0;
         // Per egress port: frames queued in this batch and their batch positions. Fixed
-        // capacity, allocated once.
-        let mut out: Vec<Vec<Desc>> = (0..nports).map(|_| Vec::with_capacity(BATCH)).collect();
-        let mut out_idx: Vec<Vec<u16>> = (0..nports).map(|_| Vec::with_capacity(BATCH)).collect();
-        let ifindexes: Vec<u32> = self.ports.iter().map(|p| p.ifindex).collect();
-        // A worker has one socket per (interface, queue) it owns; it sends on one of them per
-        // interface.
-        let egress = Egress::new(&ifindexes, self.kernel_port);
+        // capacity, allocated when the sockets change (never per packet).
+        let mut out: Vec<Vec<Desc>> = Vec::new();
+        let mut out_idx: Vec<Vec<u16>> = Vec::new();
+        let mut egress = Egress::new(&[], self.kernel_port);
+        let base = fill_target(&self.xsk, 0) as usize;
+        let mut reserve = 0usize;
+        let mut changed = true;
         let mut egress_stats = EgressStats::default();
         let mut idle_polls = 0u32;
         let mut sleep_us = self.backoff.min_sleep_us;
         let c = self.counters.clone();
         while !shared.stop.load(Ordering::Relaxed) {
+            changed |= self.apply_commands();
+            if changed {
+                changed = false;
+                nports = self.ports.len();
+                out = (0..nports).map(|_| Vec::with_capacity(BATCH)).collect();
+                out_idx = (0..nports).map(|_| Vec::with_capacity(BATCH)).collect();
+                let ifindexes: Vec<u32> = self.ports.iter().map(|p| p.ifindex).collect();
+                // A worker has one socket per (interface, queue) it owns; it sends on one of
+                // them per interface.
+                egress = Egress::new(&ifindexes, self.kernel_port);
+                reserve = base * (PLANNED_SOCKETS as usize).saturating_sub(nports) + BATCH;
+            }
             let mut got = 0;
             for p in 0..nports {
                 let n = self.ports[p].sock.receive(&mut self.umem, &mut descs);
@@ -284,14 +434,24 @@ impl Worker {
                 }
             }
             // Completions and refills for every socket (frames sent on one socket may have
-            // been received on another: the UMEM is shared).
-            let share = (self.umem.free_frames() / nports.max(1)) as u32;
+            // been received on another: the UMEM is shared). Each fill ring is topped up to its
+            // share, i.e. by what it consumed: an idle socket keeps its share, a busy one gets
+            // back what it used, and no socket hoards what another needs.
             for port in &mut self.ports {
                 port.sock.complete(&mut self.umem);
                 port.sock.flush_tx();
             }
             for port in &mut self.ports {
-                port.sock.refill(&mut self.umem, share.max(BATCH as u32));
+                let held = port.sock.fill_outstanding();
+                if held < port.fill_target / 2
+                    && port.fill_target < self.xsk.ring_size
+                    && self.umem.free_frames() > reserve + port.fill_target as usize
+                {
+                    port.fill_target *= 2;
+                }
+                if held < port.fill_target {
+                    port.sock.refill(&mut self.umem, port.fill_target - held);
+                }
             }
             if got > 0 {
                 idle_polls = 0;
@@ -300,8 +460,15 @@ impl Worker {
                 idle_polls = idle_polls.saturating_add(1);
                 if idle_polls > self.backoff.spin_polls {
                     c.idle_sleeps.fetch_add(1, Ordering::Relaxed);
-                    std::thread::sleep(Duration::from_micros(sleep_us as u64));
-                    sleep_us = (sleep_us * 2).min(self.backoff.max_sleep_us);
+                    match &mut self.poller {
+                        Some(p) => {
+                            p.wait(IDLE_WAIT_MS);
+                        }
+                        _ => {
+                            std::thread::sleep(Duration::from_micros(sleep_us as u64));
+                            sleep_us = (sleep_us * 2).min(self.backoff.max_sleep_us);
+                        }
+                    }
                 } else {
                     std::hint::spin_loop();
                 }
@@ -315,6 +482,17 @@ impl Worker {
         let socks: Vec<&XskSocket> = self.ports.iter().map(|p| &p.sock).collect();
         self.umem.frames_accounted(&socks)
     }
+}
+
+/// The fill-ring share a socket starts with: three quarters of the frames (the rest covers
+/// frames in a batch and on TX rings) split among `max(sockets, PLANNED_SOCKETS)`, at most a
+/// ring, at least `MIN_FILL` (8192 frames: 24). Busy sockets grow theirs (see `Port`). More
+/// than `frames * 3/4 / MIN_FILL` sockets over-commit the UMEM: the last get what is free (size
+/// `xsk.frames` for the interfaces a worker serves, docs/afxdp.md).
+pub fn fill_target(cfg: &XskConfig, sockets: usize) -> u32 {
+    let budget = cfg.frames as u64 * 3 / 4;
+    let share = (budget / sockets.max(PLANNED_SOCKETS as usize) as u64) as u32;
+    share.clamp(MIN_FILL.min(cfg.ring_size), cfg.ring_size)
 }
 
 /// Pins the calling thread to `cpu`.

@@ -33,6 +33,9 @@ pub struct XskConfig {
     pub ring_size: u32,
     /// Try zero-copy first (falls back to copy mode).
     pub zero_copy: bool,
+    /// Frames a new socket's fill ring gets at open (None: `ring_size`). A worker with many
+    /// sockets gives each its share of the UMEM, not a full ring.
+    pub fill_target: Option<u32>,
 }
 
 impl Default for XskConfig {
@@ -42,6 +45,7 @@ impl Default for XskConfig {
             frame_size: 4096,
             ring_size: 2048,
             zero_copy: true,
+            fill_target: None,
         }
     }
 }
@@ -63,6 +67,11 @@ pub struct Umem {
     free: Vec<u64>,
     /// Frames handed out by `take_batch` and not yet returned (sent or recycled).
     in_hand: u32,
+    /// Per frame: the id of the socket it was last given to (fill or TX ring). A frame that is
+    /// neither free nor in hand is held by that socket, so closing a socket gives back exactly
+    /// its frames ([`Umem::reclaim`]). One store per frame placed on a ring; no lookup.
+    owner: Vec<u32>,
+    next_socket_id: u32,
 }
 
 // SAFETY: the mapping is owned by this struct and only reached through `&mut self` (or shared
@@ -98,6 +107,8 @@ impl Umem {
             frames: cfg.frames,
             free,
             in_hand: 0,
+            owner: vec![0; cfg.frames as usize],
+            next_socket_id: 1,
         })
     }
 
@@ -116,6 +127,36 @@ impl Umem {
     /// Frames the application holds in a batch (taken from RX, not yet sent or recycled).
     pub fn in_hand(&self) -> u32 {
         self.in_hand
+    }
+
+    #[inline]
+    fn set_owner(&mut self, addr: u64, id: u32) {
+        let i = (addr / self.frame_size as u64) as usize;
+        self.owner[i] = id;
+    }
+
+    /// Closes `sock` and returns the frames it held (its fill and TX rings, and whatever the
+    /// kernel had taken from them) to the free list. Call between batches (no frame in hand
+    /// came from it). Returns how many frames came back; equal to `sock.frames_held()` before
+    /// the call when the accounting is right.
+    pub fn reclaim(&mut self, sock: XskSocket) -> u32 {
+        let id = sock.id;
+        // Closing unbinds the socket from its device and queue (the kernel waits for the RX
+        // path to let go of it), so nothing writes to its frames afterwards.
+        drop(sock);
+        let mut is_free = vec![false; self.frames as usize];
+        for a in &self.free {
+            is_free[(a / self.frame_size as u64) as usize] = true;
+        }
+        let mut n = 0;
+        for (i, o) in self.owner.iter_mut().enumerate() {
+            if *o == id && !is_free[i] {
+                self.free.push(i as u64 * self.frame_size as u64);
+                *o = 0;
+                n += 1;
+            }
+        }
+        n
     }
 
     /// Returns a received frame that will not be sent to the free list.
@@ -326,6 +367,8 @@ pub struct XskSocket {
     pub ifindex: u32,
     pub queue: u32,
     pub zero_copy: bool,
+    /// Tags the frames given to this socket (see `Umem::reclaim`).
+    id: u32,
     /// Frames on the TX ring or in the kernel's hands after it.
     tx_outstanding: u32,
     /// Frames on the fill ring or in the kernel's hands after it (until they appear on RX).
@@ -477,16 +520,23 @@ impl XskSocket {
             ifindex,
             queue,
             zero_copy,
+            id: umem.next_socket_id,
             tx_outstanding: 0,
             fill_outstanding: 0,
             stats: XskStats::default(),
         };
-        s.refill(umem, n);
+        umem.next_socket_id = umem.next_socket_id.wrapping_add(1).max(1);
+        s.refill(umem, cfg.fill_target.unwrap_or(n).min(n));
         Ok(s)
     }
 
     pub fn fd(&self) -> i32 {
         self.fd.as_raw_fd()
+    }
+
+    /// Frames on the fill ring or in the kernel's hands after it.
+    pub fn fill_outstanding(&self) -> u32 {
+        self.fill_outstanding
     }
 
     /// Moves up to `max` free frames onto the fill ring.
@@ -498,6 +548,7 @@ impl XskSocket {
         let n = self.fill.prod_free(want).min(want);
         for _ in 0..n {
             let addr = umem.free.pop().expect("counted above");
+            umem.set_owner(addr, self.id);
             // SAFETY: slot reserved above (n free slots), inside the ring.
             unsafe { self.fill.addr_slot(self.fill.cached_prod).write(addr) };
             self.fill.cached_prod = self.fill.cached_prod.wrapping_add(1);
@@ -554,6 +605,7 @@ impl XskSocket {
     pub fn send(&mut self, umem: &mut Umem, frames: &[Desc]) -> usize {
         let n = (self.tx.prod_free(frames.len() as u32) as usize).min(frames.len());
         for (i, f) in frames.iter().enumerate().take(n) {
+            umem.set_owner(f.addr, self.id);
             let d = libc::xdp_desc {
                 addr: f.addr,
                 len: f.len as u32,

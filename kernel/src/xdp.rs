@@ -645,7 +645,8 @@ impl XdpProgram {
             ModeChoice::Generic => &[XdpMode::Generic],
         };
         let mut replaced_stale = false;
-        let mut last = None;
+        let mut last: Option<io::Error> = None;
+        let mut tried = Vec::new();
         for &mode in modes {
             match self.link_create(ifindex, mode) {
                 Ok(link) => {
@@ -674,11 +675,14 @@ impl XdpProgram {
                 }
                 Err(e) => last = Some(e),
             }
+            if let Some(e) = &last {
+                tried.push(format!("{}: {e}", mode.as_str()));
+            }
         }
         let e = last.unwrap_or_else(|| io::Error::from(io::ErrorKind::Unsupported));
         Err(io::Error::new(
             e.kind(),
-            format!("attaching XDP to ifindex {ifindex}: {e}"),
+            format!("attaching XDP to ifindex {ifindex}: {}", tried.join("; ")),
         ))
     }
 

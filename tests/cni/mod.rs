@@ -460,12 +460,12 @@ impl Lab {
         }
     }
 
-    /// kxdp's configuration for `node`: every interface listed explicitly (what the current
-    /// build needs): the uplink, each pod's veth and, on the bridge node, `cni0`.
+    /// kxdp's configuration for `node` as a DaemonSet has it: the uplink and every pod's veth
+    /// by pattern (`veth*`: pods created later are attached as their interfaces appear) and, on
+    /// the bridge node, `cni0`.
     pub fn kxdp_config(&self, node: &str, with_bridge: bool) -> String {
         let n = self.node(node);
-        let mut ifs = vec!["eth0".to_string()];
-        ifs.extend(self.pods_on(node).iter().map(|p| p.host_if.clone()));
+        let mut ifs = vec!["eth0".to_string(), "veth*".to_string()];
         if n.plugin == Plugin::Bridge && with_bridge {
             ifs.push("cni0".into());
         }

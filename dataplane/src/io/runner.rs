@@ -5,21 +5,33 @@
 //!
 //! Queues: worker `w` owns queue `q` of every interface for which `q % workers == w`, so each
 //! worker can send on every interface (on its own queue). veth has one queue: with it, worker 0
-//! does all the work and the others are not started (reported at startup).
+//! does all the work (the others wait on empty epoll sets, for multi-queue links to come).
+//!
+//! Interfaces by pattern: `interfaces` holds names and shell-style patterns (`veth*`, `eth?`).
+//! The link manager matches them against the links the route refresher reads (it re-reads on
+//! every netlink link event, RTNLGRP_LINK) at start and whenever the link set changes: a new
+//! matching link gets its program and one socket per queue (opened by the owning worker between
+//! two batches, `PortCommand`), a vanished one is detached and its sockets closed with their
+//! frames reclaimed. A pattern that matches nothing yet is fine; a link that cannot take XDP or
+//! AF_XDP is reported by name, retried every few seconds, and the others keep working.
 
+use std::collections::HashMap;
 use std::io;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crossbeam::channel::{bounded, Sender};
 
 use crate::conntrack::Conntrack;
+use crate::fib::Fib;
 use crate::io::afxdp::XskConfig;
 use crate::io::route::Routes;
 use crate::io::xdp::{Attachment, ModeChoice, SharedMaps, XdpMode, XdpProgram};
 use crate::snapshot::{FrontendKind, Snapshot};
 use crate::stats::DataplaneStats;
-use crate::worker::{Backoff, IoCounters, Shared, Tables, Worker};
+use crate::worker::{Backoff, IoCounters, PortCommand, Removed, Shared, Tables, Worker};
 use kxdp_kernel::sys::{driver_of, rx_queues_of};
 
 #[derive(Clone, Debug)]
@@ -54,15 +66,287 @@ pub struct InterfaceReport {
 }
 
 pub struct AfXdp {
+    /// The interfaces attached at start (later ones: [`AfXdp::attached`]).
     pub interfaces: Vec<InterfaceReport>,
     /// I/O counters per started worker: (worker index, counters).
     pub counters: Vec<(usize, Arc<IoCounters>)>,
     stop: Arc<AtomicBool>,
     workers: Vec<std::thread::JoinHandle<Worker>>,
     maps_thread: Option<std::thread::JoinHandle<()>>,
-    attachments: Vec<Attachment>,
-    _progs: Arc<Vec<XdpProgram>>,
+    links_thread: Option<std::thread::JoinHandle<()>>,
+    links: Arc<Mutex<Links>>,
     _routes: Routes,
+}
+
+/// Whether `name` matches one of `patterns` (names or shell-style patterns: `*`, `?`).
+pub fn matches_any(patterns: &[String], name: &str) -> bool {
+    patterns
+        .iter()
+        .any(|p| wildmatch::WildMatch::new(p).matches(name))
+}
+
+/// What happened to a link (kept for tests and the admin view; the last 256).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LinkEvent {
+    Attached {
+        name: String,
+        ifindex: u32,
+        at: Instant,
+    },
+    Failed {
+        name: String,
+        error: String,
+    },
+    Released {
+        name: String,
+        ifindex: u32,
+        removed: Removed,
+    },
+}
+
+struct AttachedLink {
+    report: InterfaceReport,
+    /// Detaches on drop; dropped before the sockets close.
+    attachment: Option<Attachment>,
+    _prog: XdpProgram,
+}
+
+/// The link manager's state: attached links, links that failed (and when), the event log.
+pub struct Links {
+    patterns: Vec<String>,
+    workers: Vec<Sender<PortCommand>>,
+    maps: Arc<SharedMaps>,
+    mode: ModeChoice,
+    attached: HashMap<u32, AttachedLink>,
+    failed: HashMap<u32, (String, Instant)>,
+    pub events: Vec<LinkEvent>,
+}
+
+/// How long a link that failed waits before the next attempt.
+const RETRY_FAILED: Duration = Duration::from_secs(3);
+/// How long the manager waits for a worker to open or close a socket.
+const WORKER_REPLY: Duration = Duration::from_secs(5);
+
+impl Links {
+    fn log(&mut self, e: LinkEvent) {
+        if self.events.len() >= 256 {
+            self.events.remove(0);
+        }
+        self.events.push(e);
+    }
+
+    /// Attaches matching links the FIB shows and releases attached links it no longer shows.
+    fn sync(&mut self, fib: &Fib) {
+        let links = &fib.input().links;
+        let gone: Vec<u32> = self
+            .attached
+            .iter()
+            .filter(|(i, a)| {
+                !links
+                    .iter()
+                    .any(|l| l.ifindex == **i && l.name == a.report.name)
+            })
+            .map(|(i, _)| *i)
+            .collect();
+        for ifindex in gone {
+            self.release(ifindex);
+        }
+        self.failed
+            .retain(|i, _| links.iter().any(|l| l.ifindex == *i));
+        let now = Instant::now();
+        // Bridges after their ports (a generic program on a bridge keeps the kernel from
+        // attaching to ports later in some kernels; measured in tests/cni_lab.rs).
+        let mut order: Vec<&kxdp_kernel::netlink::Link> = links.iter().collect();
+        order.sort_by_key(|l| l.bridge);
+        for l in order {
+            if self.attached.contains_key(&l.ifindex) || !matches_any(&self.patterns, &l.name) {
+                continue;
+            }
+            if let Some((_, when)) = self.failed.get(&l.ifindex) {
+                if now.duration_since(*when) < RETRY_FAILED {
+                    continue;
+                }
+            }
+            match self.attach(&l.name, l.ifindex, l.mac) {
+                Ok(a) => {
+                    eprintln!("kxdp: attached {}", describe(&a.report));
+                    self.failed.remove(&l.ifindex);
+                    self.log(LinkEvent::Attached {
+                        name: l.name.clone(),
+                        ifindex: l.ifindex,
+                        at: Instant::now(),
+                    });
+                    self.attached.insert(l.ifindex, a);
+                }
+                Err(e) => {
+                    let mut error = e.to_string();
+                    if let Some(m) = l.master.and_then(|m| self.attached.get(&m)) {
+                        error += &format!(
+                            " (its bridge {} has kxdp's program: the kernel takes XDP on a \
+                             bridge or on its ports, not both; match the ports only, docs/afxdp.md)",
+                            m.report.name
+                        );
+                    }
+                    let repeat = self
+                        .failed
+                        .get(&l.ifindex)
+                        .is_some_and(|(last, _)| *last == error);
+                    if !repeat {
+                        eprintln!(
+                            "kxdp: {}: cannot take kxdp's XDP program and AF_XDP sockets: {error}; \
+                             the other interfaces keep working (retried every {}s)",
+                            l.name,
+                            RETRY_FAILED.as_secs()
+                        );
+                        self.log(LinkEvent::Failed {
+                            name: l.name.clone(),
+                            error: error.clone(),
+                        });
+                    }
+                    self.failed.insert(l.ifindex, (error, Instant::now()));
+                }
+            }
+        }
+    }
+
+    fn attach(
+        &mut self,
+        name: &str,
+        ifindex: u32,
+        mac: Option<[u8; 6]>,
+    ) -> io::Result<AttachedLink> {
+        let mac =
+            mac.ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no Ethernet address"))?;
+        let queues = rx_queues_of(name);
+        let driver = driver_of(name).unwrap_or_default();
+        // Virtual interfaces hand over TCP/UDP with partial checksums (docs/afxdp.md).
+        let complete = matches!(driver.as_str(), "veth" | "tun" | "");
+        let prog = XdpProgram::load_with(queues, self.maps.clone())?;
+        let n = self.workers.len();
+        let mut zero_copy = false;
+        let mut result = Ok(());
+        for q in 0..queues {
+            let (tx, rx) = bounded(1);
+            let cmd = PortCommand::Add {
+                ifindex,
+                queue: q,
+                mac,
+                complete_checksums: complete,
+                reply: tx,
+            };
+            let r = self.workers[q as usize % n]
+                .send(cmd)
+                .map_err(|_| io::Error::other("worker stopped"))
+                .and_then(|_| {
+                    rx.recv_timeout(WORKER_REPLY)
+                        .map_err(|_| io::Error::other("worker did not answer"))?
+                })
+                .and_then(|(fd, zc)| {
+                    zero_copy |= zc;
+                    prog.set_socket(q, fd)
+                });
+            if let Err(e) = r {
+                result = Err(io::Error::new(e.kind(), format!("queue {q}: {e}")));
+                break;
+            }
+        }
+        let attached = result.and_then(|_| prog.attach(ifindex, self.mode));
+        let attachment = match attached {
+            Ok(a) => a,
+            Err(e) => {
+                self.close_sockets(ifindex);
+                return Err(e);
+            }
+        };
+        Ok(AttachedLink {
+            report: InterfaceReport {
+                name: name.to_string(),
+                ifindex,
+                queues,
+                mode: attachment.mode,
+                zero_copy,
+                replaced_stale: attachment.replaced_stale,
+                driver,
+                complete_checksums: complete,
+            },
+            attachment: Some(attachment),
+            _prog: prog,
+        })
+    }
+
+    /// Asks every worker to close its sockets on `ifindex`; adds up what came back.
+    fn close_sockets(&self, ifindex: u32) -> Removed {
+        let mut total = Removed {
+            balanced: true,
+            ..Removed::default()
+        };
+        for w in &self.workers {
+            let (tx, rx) = bounded(1);
+            if w.send(PortCommand::Remove { ifindex, reply: tx }).is_err() {
+                continue;
+            }
+            if let Ok(r) = rx.recv_timeout(WORKER_REPLY) {
+                total.sockets += r.sockets;
+                total.held += r.held;
+                total.reclaimed += r.reclaimed;
+                total.balanced &= r.balanced;
+            } else {
+                total.balanced = false;
+            }
+        }
+        total
+    }
+
+    fn release(&mut self, ifindex: u32) {
+        let Some(mut a) = self.attached.remove(&ifindex) else {
+            return;
+        };
+        // The program first (no more redirects to the sockets), then the sockets.
+        a.attachment.take();
+        let removed = self.close_sockets(ifindex);
+        eprintln!(
+            "kxdp: {} (ifindex {ifindex}) is gone: {} socket(s) closed, {} of {} frame(s) reclaimed{}",
+            a.report.name,
+            removed.sockets,
+            removed.reclaimed,
+            removed.held,
+            if removed.balanced {
+                ""
+            } else {
+                " (FRAME ACCOUNTING OFF)"
+            }
+        );
+        self.log(LinkEvent::Released {
+            name: a.report.name.clone(),
+            ifindex,
+            removed,
+        });
+    }
+}
+
+fn describe(i: &InterfaceReport) -> String {
+    format!(
+        "{}: driver {}, {} queue(s), XDP {}{}, AF_XDP {}, checksums {}",
+        i.name,
+        if i.driver.is_empty() { "?" } else { &i.driver },
+        i.queues,
+        i.mode.as_str(),
+        if i.replaced_stale {
+            " (replaced a stale program)"
+        } else {
+            ""
+        },
+        if i.zero_copy {
+            "zero-copy"
+        } else {
+            "copy mode"
+        },
+        if i.complete_checksums {
+            "completed by kxdp (virtual interface)"
+        } else {
+            "as received"
+        }
+    )
 }
 
 /// NodePorts of a snapshot (what the XDP program must steer at node addresses).
@@ -79,7 +363,13 @@ pub fn node_ports(snap: &Snapshot) -> Vec<u16> {
 }
 
 fn node_addrs(snap: &Snapshot, local: &[IpAddr]) -> Vec<IpAddr> {
-    let mut a: Vec<IpAddr> = local.to_vec();
+    // IPv6 link-local addresses go to the kernel before the program looks at the node maps;
+    // leaving them out keeps the maps small on a node with one per pod veth (250 pods: 250).
+    let mut a: Vec<IpAddr> = local
+        .iter()
+        .filter(|ip| !matches!(ip, IpAddr::V6(v6) if v6.segments()[0] & 0xffc0 == 0xfe80))
+        .copied()
+        .collect();
     a.extend(snap.node.addrs.iter().map(|x| x.to_ip(x.family())));
     a.sort();
     a.dedup();
@@ -87,7 +377,9 @@ fn node_addrs(snap: &Snapshot, local: &[IpAddr]) -> Vec<IpAddr> {
 }
 
 impl AfXdp {
-    /// Starts everything in the calling thread's network namespace.
+    /// Starts everything in the calling thread's network namespace: the workers (with empty
+    /// socket sets), then the links matching `opts.interfaces` that exist now, then the link
+    /// manager that follows links as they come and go.
     pub fn start(
         opts: &RunOptions,
         tables: Arc<dyn Tables>,
@@ -103,86 +395,68 @@ impl AfXdp {
         let routes = Routes::start()?;
         let table = routes.table.load_full();
         let workers = opts.workers.max(1);
-        struct If {
-            name: String,
-            ifindex: u32,
-            queues: u32,
-            mac: [u8; 6],
-            driver: String,
-            complete: bool,
-        }
-        let mut ifs = Vec::new();
-        for name in &opts.interfaces {
-            let ifindex = kxdp_kernel::ifindex(name)?;
-            let mac = table.link(ifindex).and_then(|l| l.mac).ok_or_else(|| {
-                io::Error::new(io::ErrorKind::NotFound, format!("{name}: no MAC address"))
-            })?;
-            let queues = rx_queues_of(name);
-            let driver = driver_of(name).unwrap_or_default();
-            // Virtual interfaces hand over TCP/UDP with partial checksums (docs/afxdp.md).
-            let complete = matches!(driver.as_str(), "veth" | "tun" | "");
-            ifs.push(If {
-                name: name.clone(),
-                ifindex,
-                queues,
-                mac,
-                driver,
-                complete,
-            });
-        }
         let maps = Arc::new(SharedMaps::create()?);
-        let progs: Vec<XdpProgram> = ifs
-            .iter()
-            .map(|i| XdpProgram::load_with(i.queues, maps.clone()))
-            .collect::<io::Result<_>>()?;
-        // Sockets, worker by worker.
-        let mut opened = Vec::new();
-        for w in 0..workers {
-            let mut ports = Vec::new();
-            let mut regs = Vec::new();
-            for (k, i) in ifs.iter().enumerate() {
-                for q in (0..i.queues).filter(|q| *q as usize % workers == w) {
-                    ports.push((i.ifindex, q, i.mac, i.complete));
-                    regs.push((k, q));
-                }
-            }
-            if ports.is_empty() {
-                continue;
-            }
-            let cpu = (!opts.cpus.is_empty()).then(|| opts.cpus[w % opts.cpus.len()]);
-            let worker = Worker::open(w, cpu, &ports, &opts.xsk, opts.backoff, opts.kernel_port)?;
-            for ((k, q), port) in regs.iter().zip(&worker.ports) {
-                progs[*k].set_socket(*q, port.sock.fd())?;
-            }
-            opened.push(worker);
-        }
         // Node addresses and NodePorts, before the program sees a packet.
         let snap = tables.current();
         let local = table.local_addrs().to_vec();
         maps.set_node(&node_addrs(&snap, &local), &node_ports(&snap))?;
         drop(snap);
-        let mut attachments = Vec::new();
-        let mut interfaces = Vec::new();
-        for (i, p) in ifs.iter().zip(&progs) {
-            let a = p.attach(i.ifindex, opts.mode)?;
-            let zero_copy = opened
-                .iter()
-                .flat_map(|w| w.ports.iter())
-                .any(|port| port.ifindex == i.ifindex && port.sock.zero_copy);
-            interfaces.push(InterfaceReport {
-                name: i.name.clone(),
-                ifindex: i.ifindex,
-                queues: i.queues,
-                mode: a.mode,
-                zero_copy,
-                replaced_stale: a.replaced_stale,
-                driver: i.driver.clone(),
-                complete_checksums: i.complete,
-            });
-            attachments.push(a);
-        }
-        let progs = Arc::new(progs);
         let stop = Arc::new(AtomicBool::new(false));
+        let shared = Shared {
+            tables: tables.clone(),
+            ct,
+            stats,
+            routes: routes.table.clone(),
+            unresolved: routes.unresolved.clone(),
+            masq: Some(maps.clone()),
+            stop: stop.clone(),
+        };
+        let mut counters = Vec::new();
+        let mut handles = Vec::new();
+        let mut senders = Vec::new();
+        for w in 0..workers {
+            let cpu = (!opts.cpus.is_empty()).then(|| opts.cpus[w % opts.cpus.len()]);
+            let mut worker = Worker::open(w, cpu, &[], &opts.xsk, opts.backoff, opts.kernel_port)?;
+            let (tx, rx) = bounded(1024);
+            worker.commands = Some(rx);
+            senders.push(tx);
+            counters.push((w, worker.counters.clone()));
+            handles.push(worker.spawn(shared.clone())?);
+        }
+        let mut links = Links {
+            patterns: opts.interfaces.clone(),
+            workers: senders,
+            maps: maps.clone(),
+            mode: opts.mode,
+            attached: HashMap::new(),
+            failed: HashMap::new(),
+            events: Vec::new(),
+        };
+        links.sync(&table);
+        let mut interfaces: Vec<InterfaceReport> =
+            links.attached.values().map(|a| a.report.clone()).collect();
+        interfaces.sort_by(|a, b| a.name.cmp(&b.name));
+        let links = Arc::new(Mutex::new(links));
+        // Follow links as they come and go (the refresher re-reads on every link event).
+        let links_thread = {
+            let (links, stop, rt) = (links.clone(), stop.clone(), routes.table.clone());
+            std::thread::Builder::new()
+                .name("kxdp-links".into())
+                .spawn(move || {
+                    let mut last = table;
+                    while !stop.load(Ordering::Relaxed) {
+                        let now = rt.load_full();
+                        let retry = links.lock().is_ok_and(|l| !l.failed.is_empty());
+                        if !Arc::ptr_eq(&now, &last) || retry {
+                            if let Ok(mut l) = links.lock() {
+                                l.sync(&now);
+                            }
+                            last = now;
+                        }
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                })?
+        };
         // Keep the maps in step with publications.
         let maps_thread = {
             let (maps, tables, stop, rt) = (
@@ -211,62 +485,55 @@ impl AfXdp {
                     }
                 })?
         };
-        let shared = Shared {
-            tables,
-            ct,
-            stats,
-            routes: routes.table.clone(),
-            unresolved: routes.unresolved.clone(),
-            masq: Some(maps.clone()),
-            stop: stop.clone(),
-        };
-        let mut counters = Vec::new();
-        let mut handles = Vec::new();
-        for w in opened {
-            counters.push((w.index, w.counters.clone()));
-            handles.push(w.spawn(shared.clone())?);
-        }
         Ok(AfXdp {
             interfaces,
             counters,
             stop,
             workers: handles,
             maps_thread: Some(maps_thread),
-            attachments,
-            _progs: progs,
+            links_thread: Some(links_thread),
+            links,
             _routes: routes,
         })
     }
 
-    /// One line per interface for the startup report.
+    /// The interfaces attached now.
+    pub fn attached(&self) -> Vec<InterfaceReport> {
+        let mut v: Vec<InterfaceReport> = self
+            .links
+            .lock()
+            .map(|l| l.attached.values().map(|a| a.report.clone()).collect())
+            .unwrap_or_default();
+        v.sort_by(|a, b| a.name.cmp(&b.name));
+        v
+    }
+
+    /// What happened to links so far (attached, failed, released).
+    pub fn link_events(&self) -> Vec<LinkEvent> {
+        self.links
+            .lock()
+            .map(|l| l.events.clone())
+            .unwrap_or_default()
+    }
+
+    /// One line per interface for the startup report (and one for patterns that matched
+    /// nothing yet).
     pub fn describe(&self) -> Vec<String> {
-        self.interfaces
-            .iter()
-            .map(|i| {
-                format!(
-                    "{}: driver {}, {} queue(s), XDP {}{}, AF_XDP {}, checksums {}",
-                    i.name,
-                    if i.driver.is_empty() { "?" } else { &i.driver },
-                    i.queues,
-                    i.mode.as_str(),
-                    if i.replaced_stale {
-                        " (replaced a stale program)"
-                    } else {
-                        ""
-                    },
-                    if i.zero_copy {
-                        "zero-copy"
-                    } else {
-                        "copy mode"
-                    },
-                    if i.complete_checksums {
-                        "completed by kxdp (virtual interface)"
-                    } else {
-                        "as received"
-                    }
-                )
-            })
-            .collect()
+        let mut lines: Vec<String> = self.interfaces.iter().map(describe).collect();
+        if let Ok(l) = self.links.lock() {
+            for p in &l.patterns {
+                let hit = self
+                    .interfaces
+                    .iter()
+                    .any(|i| wildmatch::WildMatch::new(p).matches(&i.name));
+                if !hit {
+                    lines.push(format!(
+                        "{p}: matches no interface yet (attached when one appears)"
+                    ));
+                }
+            }
+        }
+        lines
     }
 
     /// Stops the workers, then detaches the programs.
@@ -284,7 +551,12 @@ impl AfXdp {
         if let Some(t) = self.maps_thread.take() {
             let _ = t.join();
         }
-        self.attachments.clear();
+        if let Some(t) = self.links_thread.take() {
+            let _ = t.join();
+        }
+        if let Ok(mut l) = self.links.lock() {
+            l.attached.clear();
+        }
         done
     }
 }

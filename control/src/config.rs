@@ -1310,61 +1310,6 @@ enum Numeric {
     Time(Duration),
 }
 
-/// `interfaces` entries may be patterns with `*` (`cali*`, `veth*`: a CNI's pod interfaces): each
-/// is replaced by the matching names of `available` (the node's interfaces), sorted; exact names
-/// stay as written. Returns the expanded list (no duplicates) and the patterns that matched
-/// nothing. Interfaces created later (new pods) are not picked up until kxdp restarts.
-pub fn expand_interfaces(patterns: &[String], available: &[String]) -> (Vec<String>, Vec<String>) {
-    let mut out: Vec<String> = Vec::new();
-    let mut unmatched = Vec::new();
-    for p in patterns {
-        if !p.contains('*') {
-            if !out.contains(p) {
-                out.push(p.clone());
-            }
-            continue;
-        }
-        let mut hits: Vec<&String> = available.iter().filter(|n| glob_match(p, n)).collect();
-        hits.sort();
-        if hits.is_empty() {
-            unmatched.push(p.clone());
-        }
-        for h in hits {
-            if !out.contains(h) {
-                out.push(h.clone());
-            }
-        }
-    }
-    (out, unmatched)
-}
-
-/// `*` matches any run of characters; everything else matches itself.
-fn glob_match(pattern: &str, name: &str) -> bool {
-    let parts: Vec<&str> = pattern.split('*').collect();
-    let (first, last) = (parts[0], parts[parts.len() - 1]);
-    if !name.starts_with(first) || name.len() < first.len() + last.len() || !name.ends_with(last) {
-        return false;
-    }
-    let mut rest = &name[first.len()..name.len() - last.len()];
-    for mid in &parts[1..parts.len() - 1] {
-        match rest.find(mid) {
-            Some(i) => rest = &rest[i + mid.len()..],
-            None => return false,
-        }
-    }
-    true
-}
-
-/// The node's network interfaces (`/sys/class/net`).
-pub fn node_interfaces() -> Vec<String> {
-    std::fs::read_dir("/sys/class/net")
-        .map(|d| {
-            d.filter_map(|e| e.ok()?.file_name().into_string().ok())
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 /// `nodeName` when the file leaves it empty: `NODE_NAME` (the downward API), else the
 /// hostname, lowercased as kube-proxy does.
 pub fn default_node_name(configured: &str, env: Option<&str>, hostname: Option<&str>) -> String {
@@ -2092,20 +2037,5 @@ nodeOverrides:
                 "docs/config.md documents `{f}`, which the configuration does not have"
             );
         }
-    }
-
-    #[test]
-    fn interface_patterns() {
-        let avail: Vec<String> = ["eth0", "cali12ab", "cali0f", "veth1", "lo", "tunl0"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-        let pats = |p: &[&str]| p.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        let (got, none) = expand_interfaces(&pats(&["eth0", "cali*", "eni*"]), &avail);
-        assert_eq!(got, ["eth0", "cali0f", "cali12ab"]);
-        assert_eq!(none, ["eni*"]);
-        let (got, _) = expand_interfaces(&pats(&["*0", "eth0"]), &avail);
-        assert_eq!(got, ["eth0", "tunl0"]);
-        assert!(glob_match("c*l*b", "cali12ab") && !glob_match("c*x*", "cali"));
     }
 }

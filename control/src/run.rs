@@ -126,15 +126,7 @@ fn node_config(
         }
         node
     };
-    let mut config = config;
-    if config.interfaces.iter().any(|i| i.contains('*')) {
-        let (names, unmatched) =
-            crate::config::expand_interfaces(&config.interfaces, &crate::config::node_interfaces());
-        for p in unmatched {
-            tracing::warn!("interfaces: `{p}` matches no interface on this node");
-        }
-        config.interfaces = names;
-    }
+    // `interfaces` patterns stay patterns: the runner matches them as links come and go.
     config.check_machine(
         &crate::config::Machine::probe(),
         !config.interfaces.is_empty(),
@@ -349,7 +341,7 @@ fn start_dataplane(
         interfaces.push(hp.kxdp_if.clone());
     }
     let opts = kxdp_dataplane::io::runner::RunOptions {
-        xsk: xsk_for(interfaces.len()),
+        xsk: Default::default(),
         interfaces,
         workers: config.workers.count.max(1),
         cpus: config.workers.cpus.clone(),
@@ -371,17 +363,4 @@ fn start_dataplane(
         interfaces: config.interfaces.join(", "),
         source,
     })
-}
-
-/// Socket rings small enough that every socket of a worker gets fill-ring frames at start: the
-/// UMEM's frames go to the fill rings socket by socket, a full ring each, and an idle socket
-/// keeps what it got, so with 2048-entry rings a fifth socket (the host path's `kxdp1` after
-/// four listed interfaces) would get none. Half the frames go to fill rings, the rest stay free
-/// for TX and refills; rings between 256 and 2048 entries.
-fn xsk_for(sockets: usize) -> kxdp_dataplane::io::afxdp::XskConfig {
-    let mut x = kxdp_dataplane::io::afxdp::XskConfig::default();
-    let per_socket = (x.frames as usize / 2 / sockets.max(1)).max(1);
-    let ring = 1usize << (usize::BITS - 1 - per_socket.leading_zeros());
-    x.ring_size = x.ring_size.min(ring.clamp(256, 2048) as u32);
-    x
 }

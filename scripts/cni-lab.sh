@@ -17,7 +17,7 @@
 # Services: web 172.30.0.10 / fd00:30::a port 80 (NodePort 30080) -> web-b1, web-b2;
 # web-local 172.30.0.11 (NodePort 30081, externalTrafficPolicy Local) -> web-b1, web-b2;
 # NetworkPolicy: db-b admits only role=frontend (front-a).
-# kxdp lists every interface at startup (eth0, the pods' veths in creation order, cni0).
+# kxdp owns eth0 and every pod's veth by pattern (`veth*`): pods created later are attached.
 # Every pod serves TCP 8080: it writes "POD CLIENT-ADDRESS" and closes.
 set -Eeuo pipefail
 cd "$(dirname "$0")/.."
@@ -27,6 +27,11 @@ KXDP=${KXDP:-target/release/kxdp}
 CNI=/usr/lib/cni
 
 [ "$(id -u)" = 0 ] || { echo "scripts/cni-lab.sh: needs root (network namespaces, XDP)" >&2; exit 1; }
+# What a fresh machine lacks: the CNI reference plugins, iptables for their masquerade rules,
+# python3 for the lab's servers and clients.
+if [ ! -x "$CNI/ptp" ] || ! command -v iptables >/dev/null || ! command -v python3 >/dev/null; then
+  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q containernetworking-plugins iptables python3
+fi
 
 SERVER='
 import socket, sys, threading
@@ -250,15 +255,8 @@ spec:
 EOF
 }
 
-config() { # config a|b: every interface listed (what the current build needs)
-  local n=$1 i=1 ifs="eth0"; [ "$n" = b ] && i=2
-  # In creation order: a worker's first four sockets are the ones that get UMEM frames today
-  # (tests/cni_lab.rs, kxdp_every_pod_interface_forwards), so the servers come first.
-  for pod in $(cat "$RUN/pods"); do
-    (source "$RUN/pod-$pod.env"; [ "$NODE" = "$n" ] && printf ', %s' "$HOSTIF") >> "$RUN/ifs-$n" || true
-  done
-  ifs+=$(cat "$RUN/ifs-$n"); rm -f "$RUN/ifs-$n"
-  [ "$n" = b ] && ifs+=", cni0"
+config() { # config a|b: the uplink and every pod's host-side veth, by pattern (pods come and go)
+  local n=$1 i=1; [ "$n" = b ] && i=2
   cat <<EOF
 apiVersion: kxdp.dev/v1alpha1
 kind: DataplaneConfiguration
@@ -268,19 +266,19 @@ clusterCIDRs: [10.77.0.0/16, "fd00:77::/32"]
 serviceCIDRs: [172.30.0.0/16, "fd00:30::/108"]
 healthzBindAddress: ""
 metricsBindAddress: ""
-interfaces: [$ifs]
+interfaces: [eth0, "veth*"]
 workers: {count: 1, cpus: []}
 EOF
 }
 
 start_kxdp() {
-  [ -x "$KXDP" ] || { echo "build kxdp first: cargo build --release" >&2; exit 1; }
+  [ -x "$KXDP" ] || cargo build --release --locked --bin kxdp
   mkdir -p "$RUN/state"
   state > "$RUN/state/cluster.yaml"
   for n in a b; do
     config $n > "$RUN/config-$n.yaml"
     ip netns exec "$(node_ns $n)" "$KXDP" run --config "$RUN/config-$n.yaml" --state "$RUN/state" \
-      --no-admin > "$RUN/kxdp-$n.log" 2>&1 &
+      --admin "$RUN/admin-$n.sock" > "$RUN/kxdp-$n.log" 2>&1 &
   done
   for n in a b; do
     for _ in $(seq 100); do grep -q "forwarding on" "$RUN/kxdp-$n.log" && break; sleep 0.1; done
@@ -339,12 +337,14 @@ demo() {
   state > "$RUN/state/cluster.yaml.tmp" && mv "$RUN/state/cluster.yaml.tmp" "$RUN/state/cluster.yaml"
   sleep 1.5
   check "pod created after kxdp started reaches a ClusterIP" "$(ask "$(ns p-late-a)" 172.30.0.10 80)" "web-b[12] $(pod_var late-a IP4)"
+  # The operator's view of node-a while the lab is up (admin socket: kxdp conntrack/services/stats).
+  echo "node-a conntrack (kxdp conntrack count): $("$KXDP" conntrack count --admin "$RUN/admin-a.sock" 2>&1)"
   echo "$FAILS behaviour(s) failing"
 }
 
 case "${1:-}" in
   up) up ;;
-  start) start_kxdp; echo "kxdp running on both nodes (logs: $RUN/kxdp-a.log, $RUN/kxdp-b.log)" ;;
+  start) start_kxdp; echo "kxdp running on both nodes (logs: $RUN/kxdp-a.log, $RUN/kxdp-b.log; CLI: $KXDP conntrack list --admin $RUN/admin-a.sock)" ;;
   down) down ;;
   demo) demo ;;
   *) echo "usage: $0 up|start|down|demo" >&2; exit 2 ;;

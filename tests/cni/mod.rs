@@ -42,7 +42,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use crate::lab::{ip, run, Kxdp};
+use crate::lab::{delete_netns, ip, remove_orphans, run, Kxdp};
 
 pub const PREFIX: &str = "kxcni-";
 pub const CNI_PATH: &str = "/usr/lib/cni";
@@ -197,7 +197,7 @@ impl Lab {
     pub fn build(test: &str) -> Lab {
         require(test);
         let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-        remove_orphans();
+        remove_orphans(PREFIX);
         let lab_id = format!(
             "{PREFIX}{}-{}",
             std::process::id(),
@@ -733,35 +733,6 @@ fn cni(node: &Node, command: &str, container_id: &str, pod_ns: &str, config: &st
             panic!("CNI {command} for {container_id} took more than 30 s");
         }
         std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-/// Kills what runs inside `ns`, then deletes it.
-fn delete_netns(ns: &str) {
-    if let Ok(out) = Command::new("ip").args(["netns", "pids", ns]).output() {
-        for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
-            let _ = Command::new("kill").args(["-9", pid]).status();
-        }
-    }
-    let _ = Command::new("ip").args(["netns", "del", ns]).status();
-}
-
-/// Deletes namespaces of lab processes that no longer exist (a test binary killed mid-run).
-fn remove_orphans() {
-    let Ok(dir) = std::fs::read_dir("/var/run/netns") else {
-        return;
-    };
-    for e in dir.flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        let Some(rest) = name.strip_prefix(PREFIX) else {
-            continue;
-        };
-        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
-            continue;
-        };
-        if !Path::new(&format!("/proc/{pid}")).exists() {
-            delete_netns(&name);
-        }
     }
 }
 

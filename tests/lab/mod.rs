@@ -71,7 +71,7 @@ pub fn sh(ns: &str, cmd: &str) -> String {
 
 impl Lab {
     pub fn new() -> Lab {
-        remove_orphans();
+        remove_orphans(PREFIX);
         Lab { netns: Vec::new() }
     }
 
@@ -138,7 +138,7 @@ impl Drop for Lab {
 }
 
 /// Kills what runs inside `ns`, then deletes it (its veths and XDP programs go with it).
-fn delete_netns(ns: &str) {
+pub fn delete_netns(ns: &str) {
     if let Ok(out) = Command::new("ip").args(["netns", "pids", ns]).output() {
         for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
             let _ = Command::new("kill").args(["-9", pid]).status();
@@ -147,14 +147,15 @@ fn delete_netns(ns: &str) {
     let _ = Command::new("ip").args(["netns", "del", ns]).status();
 }
 
-/// Deletes namespaces of lab processes that no longer exist (a test binary killed mid-run).
-fn remove_orphans() {
+/// Deletes namespaces named `PREFIX<pid>-...` whose test process no longer exists (a test
+/// binary killed mid-run).
+pub fn remove_orphans(prefix: &str) {
     let Ok(dir) = std::fs::read_dir("/var/run/netns") else {
         return;
     };
     for e in dir.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
-        let Some(rest) = name.strip_prefix(PREFIX) else {
+        let Some(rest) = name.strip_prefix(prefix) else {
             continue;
         };
         let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {

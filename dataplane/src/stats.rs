@@ -338,6 +338,12 @@ impl DataplaneStats {
         self.after_batch_with_frames(worker, counters, verdicts, &|_| None, busy_ns, now_ms)
     }
 
+    /// Whether a `--hex` monitor listens: a worker whose frames are rewritten in place copies
+    /// each packet's first [`FRAME_BYTES`] before the pipeline only then.
+    pub fn wants_frames(&self) -> bool {
+        self.monitors_hex.load(Relaxed) != 0
+    }
+
     /// `after_batch`, with the batch's frames (`frame(i)`: packet `i` as received) for monitors
     /// that asked for hex dumps. `frame` is called only while such a monitor is attached.
     pub fn after_batch_with_frames<'f>(

@@ -39,7 +39,7 @@ use crate::io::afxdp::{Desc, Umem, XskConfig, XskSocket};
 use crate::io::UmemBatch;
 use crate::pipeline::Pipeline;
 use crate::snapshot::Snapshot;
-use crate::stats::{clock_ms, DataplaneStats};
+use crate::stats::{clock_ms, DataplaneStats, FRAME_BYTES};
 use crate::verdict::{Reason, Verdict};
 use kxdp_kernel::sys::Poller;
 
@@ -315,6 +315,10 @@ impl Worker {
         );
         let mut descs = [Desc::default(); BATCH];
         let mut verdicts = [Verdict::default(); BATCH];
+        // The first bytes of each received packet, kept only while a `--hex` monitor listens
+        // (the pipeline rewrites frames in place; monitors show packets as received).
+        let mut received = [[0u8; FRAME_BYTES]; BATCH];
+        let mut received_len = [0usize; BATCH];
         let mut hops = [NOT_SENT; BATCH];
         let mut nports = 0;
         // Per egress port: frames queued in this batch and their batch positions. Fixed
@@ -355,6 +359,15 @@ impl Worker {
                 let from_kernel = self.kernel_port == Some(self.ports[p].ifindex);
                 let now = clock_ms();
                 let fib = shared.routes.load();
+                let hex = shared.stats.as_ref().is_some_and(|s| s.wants_frames());
+                if hex {
+                    for (i, d) in descs[..n].iter().enumerate() {
+                        let f = self.umem.frame(d.addr);
+                        let k = d.len.min(FRAME_BYTES).min(f.len());
+                        received[i][..k].copy_from_slice(&f[..k]);
+                        received_len[i] = k;
+                    }
+                }
                 {
                     let mut batch = UmemBatch {
                         umem: &mut self.umem,
@@ -424,10 +437,12 @@ impl Worker {
                 c.rx.fetch_add(n as u64, Ordering::Relaxed);
                 c.batches.fetch_add(1, Ordering::Relaxed);
                 if let Some(stats) = &shared.stats {
-                    stats.after_batch(
+                    let frame = |i: usize| hex.then(|| &received[i][..received_len[i]]);
+                    stats.after_batch_with_frames(
                         self.index,
                         &pipeline.counters,
                         &verdicts[..n],
+                        &frame,
                         t0.elapsed().as_nanos() as u64,
                         now,
                     );

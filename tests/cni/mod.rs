@@ -42,7 +42,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use crate::lab::{delete_netns, ip, remove_orphans, run, Kxdp};
+use crate::lab::{delete_netns, ip, remove_orphans, run, serve_greet_and_count, Kxdp};
 
 pub const PREFIX: &str = "kxcni-";
 pub const CNI_PATH: &str = "/usr/lib/cni";
@@ -866,22 +866,11 @@ impl Servers {
             tx.send(()).unwrap();
             while !st.load(Ordering::Relaxed) {
                 match l.accept() {
-                    Ok((mut s, peer)) => {
+                    Ok((s, peer)) => {
                         let (st, who) = (st.clone(), who.clone());
                         std::thread::spawn(move || {
-                            let _ = s.set_nonblocking(false);
-                            let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
                             let peer = peer.ip().to_canonical();
-                            let _ = s.write_all(format!("{who} {peer}\n").as_bytes());
-                            let mut buf = vec![0u8; 64 * 1024];
-                            let mut total = 0u64;
-                            while !st.load(Ordering::Relaxed) {
-                                match s.read(&mut buf) {
-                                    Ok(0) | Err(_) => break,
-                                    Ok(n) => total += n as u64,
-                                }
-                            }
-                            let _ = s.write_all(format!("{total}\n").as_bytes());
+                            serve_greet_and_count(s, &format!("{who} {peer}"), 10, &st)
                         });
                     }
                     Err(_) => std::thread::sleep(Duration::from_millis(5)),

@@ -286,9 +286,31 @@ pub struct Servers {
     threads: Vec<std::thread::JoinHandle<()>>,
 }
 
+/// One accepted connection of a lab server: writes `greeting` and a newline, counts what the
+/// client sends until it closes (or `stop`), then writes the count and a newline.
+pub fn serve_greet_and_count(
+    mut s: std::net::TcpStream,
+    greeting: &str,
+    read_timeout_s: u64,
+    stop: &std::sync::atomic::AtomicBool,
+) {
+    use std::io::{Read, Write};
+    let _ = s.set_nonblocking(false);
+    let _ = s.set_read_timeout(Some(Duration::from_secs(read_timeout_s)));
+    let _ = s.write_all(format!("{greeting}\n").as_bytes());
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut total = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => total += n as u64,
+        }
+    }
+    let _ = s.write_all(format!("{total}\n").as_bytes());
+}
+
 impl Servers {
     pub fn start(ns: &str, addr: &str) -> Servers {
-        use std::io::{Read, Write};
         use std::sync::atomic::AtomicBool;
         use std::sync::Arc;
         let stop = Arc::new(AtomicBool::new(false));
@@ -302,21 +324,10 @@ impl Servers {
             tx.send(()).unwrap();
             while !st.load(Ordering::Relaxed) {
                 match l.accept() {
-                    Ok((mut s, peer)) => {
+                    Ok((s, peer)) => {
                         let st = st.clone();
                         std::thread::spawn(move || {
-                            s.set_nonblocking(false).unwrap();
-                            s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-                            let _ = s.write_all(format!("{peer}\n").as_bytes());
-                            let mut buf = vec![0u8; 64 * 1024];
-                            let mut total = 0u64;
-                            while !st.load(Ordering::Relaxed) {
-                                match s.read(&mut buf) {
-                                    Ok(0) | Err(_) => break,
-                                    Ok(n) => total += n as u64,
-                                }
-                            }
-                            let _ = s.write_all(format!("{total}\n").as_bytes());
+                            serve_greet_and_count(s, &format!("{peer}"), 60, &st)
                         });
                     }
                     Err(_) => std::thread::sleep(Duration::from_millis(10)),

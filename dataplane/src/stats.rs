@@ -19,21 +19,18 @@
 //! as their `now_ms`, so that conntrack timeouts shown by the admin API use the same clock.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
-use std::sync::OnceLock;
-use std::time::Instant;
 
 use kxdp_packet::{Addr, Family};
 
 use crate::pipeline::Counters;
 use crate::verdict::{Action, Reason, Verdict};
 
-/// The dataplane clock: monotonic milliseconds, starting at 1000 when the process first asks (so
-/// that "expires at 0" is never fresh). Workers pass it as `now_ms`; listings compute timeouts
-/// with it.
+/// The dataplane clock: CLOCK_MONOTONIC in milliseconds, plus 1000 (so that "expires at 0" is
+/// never fresh). Absolute rather than counted from process start, so that conntrack times kept in
+/// a state file mean the same to the next process of the same boot. Workers pass it as `now_ms`;
+/// listings compute timeouts with it.
 pub fn clock_ms() -> u64 {
-    static START: OnceLock<Instant> = OnceLock::new();
-    let start = *START.get_or_init(Instant::now);
-    1_000 + start.elapsed().as_millis() as u64
+    1_000 + kxdp_kernel::shm::monotonic_ms()
 }
 
 /// One worker's cumulative counters, as last published.

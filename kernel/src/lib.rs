@@ -4,6 +4,8 @@
 //! - [`xdp`]: the hand-assembled XDP program, its maps and BPF links (raw `bpf()`).
 //! - [`netlink`]: routes, addresses, links, neighbours and the bridge FDB, and the requests kxdp
 //!   makes (neighbour resolution, stale XDP detach), through `netlink-packet-route`.
+//! - [`shm`]: anonymous or file-backed shared memory seen as atomics (the conntrack table's
+//!   storage, which survives a restart when it is a file), and the CLOCK_MONOTONIC clock.
 //! - [`sys`]: interface indexes, network namespaces, ethtool queries, CPU pinning.
 //!
 //! Each `unsafe` block sits in a small named helper with a `// SAFETY:` note saying why it is
@@ -14,6 +16,7 @@
 
 pub mod afxdp;
 pub mod netlink;
+pub mod shm;
 pub mod sys;
 pub mod xdp;
 

@@ -5,12 +5,17 @@
 
 mod config;
 mod grace;
+mod persist;
 pub mod sctp;
 mod table;
 pub mod tcp;
 mod tuple;
 
 pub use config::CtConfig;
+pub use persist::{
+    Environment as StateEnvironment, RestoreReport, RestoreResult, LAYOUT_VERSION,
+    VERSION_OVERRIDE_ENV,
+};
 pub use table::{
     EntryView, Found, InsertError, Retired, DIR_ORIG, DIR_REPLY, FLAG_ASSURED, FLAG_MASQ,
     FLAG_SEEN_REPLY,
@@ -42,7 +47,16 @@ pub struct Conntrack {
     table: Table,
     config: CtConfig,
     timeouts: Timeouts,
+    /// The state file the table lives in, if any (`open_file`).
+    state_file: Option<persist::StateFile>,
+    restore: Option<RestoreReport>,
 }
+
+/// The hash seed of every table (a state file records it; a different one means migration).
+const SEED: u64 = 0x6b78_6470_2d63_7421;
+
+/// Longest session-affinity timeout Kubernetes allows (`timeoutSeconds` ≤ 86400).
+const MAX_AFFINITY_MS: u64 = 86_400_000;
 
 /// What conntrack needs of a packet to move a connection's protocol state.
 #[derive(Clone, Copy, Debug, Default)]
@@ -80,13 +94,8 @@ pub enum PacketError {
     Invalid,
 }
 
-impl Conntrack {
-    /// `workers`: how many threads call `enter`/`leave`/`maintain` (each with its own index).
-    pub fn new(config: CtConfig, workers: usize) -> Conntrack {
-        Self::with_seed(config, workers, 0x6b78_6470_2d63_7421)
-    }
-
-    pub fn with_seed(config: CtConfig, workers: usize, seed: u64) -> Conntrack {
+impl Timeouts {
+    fn of(config: &CtConfig) -> Timeouts {
         let ms = |d: std::time::Duration| d.as_millis() as u64;
         let mut tcp_t = [0u64; tcp::STATE_COUNT];
         for s in TcpState::ALL {
@@ -101,19 +110,110 @@ impl Conntrack {
                 TcpState::Close => config.tcp_close,
             });
         }
-        let timeouts = Timeouts {
+        Timeouts {
             tcp: tcp_t,
             udp: ms(config.udp),
             udp_stream: ms(config.udp_stream),
             icmp: ms(config.icmp),
             sctp_established: ms(config.sctp_established),
             sctp_short: ms(config.sctp_short),
-        };
+        }
+    }
+
+    /// The longest timeout: no entry expires later than this after its last packet.
+    fn max(&self) -> u64 {
+        let t = self.tcp.iter().copied().max().unwrap_or(0);
+        [
+            t,
+            self.udp,
+            self.udp_stream,
+            self.icmp,
+            self.sctp_established,
+            self.sctp_short,
+        ]
+        .into_iter()
+        .max()
+        .unwrap_or(0)
+    }
+}
+
+impl Conntrack {
+    /// `workers`: how many threads call `enter`/`leave`/`maintain` (each with its own index).
+    /// The table lives in process memory (replay, tests, `kxdp run` without a state file).
+    pub fn new(config: CtConfig, workers: usize) -> Conntrack {
+        Self::with_seed(config, workers, SEED)
+    }
+
+    pub fn with_seed(config: CtConfig, workers: usize, seed: u64) -> Conntrack {
         Conntrack {
             table: Table::new(config.max_entries, workers, seed),
+            timeouts: Timeouts::of(&config),
             config,
-            timeouts,
+            state_file: None,
+            restore: None,
         }
+    }
+
+    /// A table kept in the state file at `path` (created when missing), continuing the
+    /// connections a previous process left there when the file is readable (see `persist` for
+    /// the checks). An unreadable, corrupt, truncated or other-boot file is replaced by an empty
+    /// table; the report says which and why. Errors only when the file cannot be created or
+    /// mapped at all. Call it before any worker runs, and only once the previous owner of the
+    /// file (a process being replaced) has stopped its workers: the index is rebuilt in place.
+    pub fn open_file(
+        path: &std::path::Path,
+        config: CtConfig,
+        workers: usize,
+    ) -> std::io::Result<(Conntrack, RestoreReport)> {
+        Self::open_file_with(path, config, workers, &StateEnvironment::current())
+    }
+
+    /// `open_file` with the boot id, clock and layout version given (tests).
+    pub fn open_file_with(
+        path: &std::path::Path,
+        config: CtConfig,
+        workers: usize,
+        env: &StateEnvironment,
+    ) -> std::io::Result<(Conntrack, RestoreReport)> {
+        let timeouts = Timeouts::of(&config);
+        let max_expiry = env.now_ms + timeouts.max().max(MAX_AFFINITY_MS) + 60_000;
+        let (table, state, report) = persist::open(
+            path,
+            table::Geometry::for_max_live(config.max_entries),
+            workers,
+            SEED,
+            env,
+            max_expiry,
+        )?;
+        Ok((
+            Conntrack {
+                table,
+                config,
+                timeouts,
+                state_file: Some(state),
+                restore: Some(report.clone()),
+            },
+            report,
+        ))
+    }
+
+    /// What opening the state file found (None without one).
+    pub fn restore_report(&self) -> Option<&RestoreReport> {
+        self.restore.as_ref()
+    }
+
+    /// The state file's path, if the table lives in one.
+    pub fn state_path(&self) -> Option<&std::path::Path> {
+        self.state_file.as_ref().map(|s| s.path.as_path())
+    }
+
+    /// Marks the state file cleanly written: call once the workers have stopped (SIGTERM). The
+    /// next process then reports a clean restore (it checks every entry either way). Does
+    /// nothing without a state file, or when another process has opened the file since.
+    pub fn mark_clean_shutdown(&self) -> bool {
+        self.state_file
+            .as_ref()
+            .is_some_and(|s| s.mark_clean(crate::stats::clock_ms()))
     }
 
     pub fn config(&self) -> &CtConfig {

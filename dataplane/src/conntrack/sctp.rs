@@ -317,7 +317,7 @@ pub fn next(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::SctpState::*;
     use super::*;
     use kxdp_packet::sctp::{summarize, Repr, HEADER_LEN};
@@ -360,7 +360,7 @@ mod tests {
         v
     }
 
-    fn init(tag: u32) -> ChunkSummary {
+    pub(crate) fn init(tag: u32) -> ChunkSummary {
         pkt(0, &[(chunk::INIT, 0, &init_value(tag))])
     }
 

@@ -15,8 +15,10 @@
 //!   after a grace period (see `grace`), which is what makes probing without locks sound.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
 
 use crossbeam::queue::ArrayQueue;
+use kxdp_kernel::shm::{AtomicRecord, Mapping, SharedSlice};
 
 use super::grace::Grace;
 use super::tuple::{hash_packed, Packed, Tuple};
@@ -46,28 +48,71 @@ pub const DIR_ORIG: u8 = 0;
 pub const DIR_REPLY: u8 = 1;
 
 /// One connection: exactly two cache lines, counters included (a separate counter array cost a
-/// third memory access per packet and false sharing between workers).
-#[repr(C, align(64))]
-struct Entry {
-    /// Seqlock over the tuples: odd while they are written.
-    seq: AtomicU32,
-    /// Life cycle, flags, protocol state.
-    state: AtomicU32,
-    expires_ms: AtomicU64,
-    tuples: [[AtomicU64; 5]; 2],
-    /// Bytes per direction.
-    bytes: [AtomicU64; 2],
-    /// While live: when the entry was created (milliseconds, wrapping: only ages of seconds are
-    /// asked). While free: the next free entry + 1 (0 ends the list).
-    created_or_next: AtomicU32,
-    service_id: AtomicU32,
-    /// Packets per direction (wrapping at 2^32).
-    packets: [AtomicU32; 2],
+/// third memory access per packet and false sharing between workers). A record of atomics
+/// (`AtomicRecord`, from the kernel crate) so that it can live in a shared file mapping
+/// (`persist`); the fields, by index:
+///
+/// - `w64[0]`: expiry (absolute CLOCK_MONOTONIC milliseconds);
+/// - `w64[1..6]`, `w64[6..11]`: the original and reply tuples (packed), written once while the
+///   sequence number is odd, read under it (a seqlock);
+/// - `w64[11..13]`: bytes per direction;
+/// - `w32[0]`: the seqlock's sequence (odd while the tuples are written);
+/// - `w32[1]`: life cycle, flags, protocol state;
+/// - `w32[2]`: while live, when the entry was created (CLOCK_MONOTONIC milliseconds, wrapping:
+///   only ages of seconds are asked); while free, the next free entry + 1 (0 ends the list);
+/// - `w32[3]`: the Service id;
+/// - `w32[4..6]`: packets per direction (wrapping at 2^32).
+///
+/// Changing this changes the file layout: bump `persist::LAYOUT_VERSION` and describe it in
+/// `persist::LAYOUT`.
+pub(crate) type Entry = AtomicRecord<13, 6>;
+
+pub(crate) trait EntryFields {
+    fn seq(&self) -> &AtomicU32;
+    fn state(&self) -> &AtomicU32;
+    fn expires_ms(&self) -> &AtomicU64;
+    fn tuple(&self, dir: usize) -> &[AtomicU64];
+    fn bytes(&self, dir: usize) -> &AtomicU64;
+    fn created_or_next(&self) -> &AtomicU32;
+    fn service_id(&self) -> &AtomicU32;
+    fn packets(&self, dir: usize) -> &AtomicU32;
 }
 
-// Counters are updated with a plain load + store rather than an atomic add: a direction of a flow
-// is handled by one worker at a time (RSS and replay steering keep it so), so this never loses
-// counts in practice and costs no locked instruction per packet.
+impl EntryFields for Entry {
+    #[inline(always)]
+    fn seq(&self) -> &AtomicU32 {
+        &self.w32[0]
+    }
+    #[inline(always)]
+    fn state(&self) -> &AtomicU32 {
+        &self.w32[1]
+    }
+    #[inline(always)]
+    fn expires_ms(&self) -> &AtomicU64 {
+        &self.w64[0]
+    }
+    #[inline(always)]
+    fn tuple(&self, dir: usize) -> &[AtomicU64] {
+        let d = dir & 1;
+        &self.w64[1 + 5 * d..6 + 5 * d]
+    }
+    #[inline(always)]
+    fn bytes(&self, dir: usize) -> &AtomicU64 {
+        &self.w64[11 + (dir & 1)]
+    }
+    #[inline(always)]
+    fn created_or_next(&self) -> &AtomicU32 {
+        &self.w32[2]
+    }
+    #[inline(always)]
+    fn service_id(&self) -> &AtomicU32 {
+        &self.w32[3]
+    }
+    #[inline(always)]
+    fn packets(&self, dir: usize) -> &AtomicU32 {
+        &self.w32[4 + (dir & 1)]
+    }
+}
 
 const _: () = assert!(std::mem::size_of::<Entry>() == 128);
 
@@ -125,9 +170,66 @@ pub enum InsertError {
     Exists,
 }
 
+/// How big a table's arrays are for a configured maximum of live entries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Geometry {
+    pub max_live: u32,
+    /// Entries in the slab: `max_live` plus slack for entries waiting out their grace period.
+    pub capacity: usize,
+    /// Index slots (a power of two).
+    pub nslots: usize,
+}
+
+impl Geometry {
+    pub fn for_max_live(max_live: u32) -> Geometry {
+        let max_live = max_live.clamp(16, 1 << 29);
+        let capacity = max_live as usize + (max_live as usize / 8).max(1024);
+        // Two keys per entry, at most a quarter of the slots live.
+        let nslots = (capacity * 2 * 2).next_power_of_two();
+        Geometry {
+            max_live,
+            capacity,
+            nslots,
+        }
+    }
+
+    /// Bytes of the three arrays (entries, index slots, SCTP tags), in that order.
+    pub fn array_bytes(&self) -> [usize; 3] {
+        [
+            self.capacity * std::mem::size_of::<Entry>(),
+            self.nslots * 8,
+            self.capacity * 8,
+        ]
+    }
+}
+
+/// The arrays of a table, in process memory or in a state file (`persist`).
+pub(crate) struct Storage {
+    pub entries: SharedSlice<Entry>,
+    pub slots: SharedSlice<AtomicU64>,
+    pub tags: SharedSlice<AtomicU64>,
+}
+
+impl Storage {
+    /// The arrays of `g` laid out from byte `offset` of `map`.
+    pub fn view(map: &Arc<Mapping>, offset: usize, g: &Geometry) -> Option<Storage> {
+        let [eb, sb, _] = g.array_bytes();
+        Some(Storage {
+            entries: map.view(offset, g.capacity)?,
+            slots: map.view(offset + eb, g.nslots)?,
+            tags: map.view(offset + eb + sb, g.capacity)?,
+        })
+    }
+
+    pub fn anonymous(g: &Geometry) -> std::io::Result<Storage> {
+        let map = Mapping::anonymous(g.array_bytes().iter().sum())?;
+        Ok(Storage::view(&map, 0, g).expect("the mapping is sized for the arrays"))
+    }
+}
+
 pub struct Table {
-    entries: Box<[Entry]>,
-    slots: Box<[AtomicU64]>,
+    entries: SharedSlice<Entry>,
+    slots: SharedSlice<AtomicU64>,
     slot_mask: usize,
     seed: u64,
     /// Entries that may be live at once (the configured maximum).
@@ -149,7 +251,7 @@ pub struct Table {
     limbo: ArrayQueue<(u32, u64)>,
     /// SCTP verification tags of both directions, per entry (kept beside the 128-byte entries:
     /// only SCTP uses them).
-    tags: Box<[AtomicU64]>,
+    tags: SharedSlice<AtomicU64>,
 }
 
 /// Every used entry and index slot is looked at once per this period (all workers together).
@@ -163,19 +265,101 @@ const EARLY_DROP_SCAN: usize = 128;
 /// stays far below it; it bounds the work of a pathological chain.
 const MAX_PROBE: usize = 4096;
 
+/// What `check_entry` makes of an entry found in a state file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Check {
+    /// A live, well-formed connection: kept.
+    Keep,
+    /// Free, or ending when the file was written: nothing to keep.
+    NotLive,
+    /// Live and well-formed but past its expiry.
+    Expired,
+    /// Live but malformed (torn write, garbage): dropped and counted.
+    Bad,
+}
+
+/// State bits an entry may carry: life, flags, protocol state, per-direction protocol flags.
+const KNOWN_STATE_BITS: u32 = LIFE_MASK
+    | FLAG_ASSURED
+    | FLAG_SEEN_REPLY
+    | FLAG_MASQ
+    | FLAG_SINGLE_KEY
+    | PROTO_STATE_MASK
+    | 0xff << DIR_FLAGS_SHIFT;
+
+/// Whether entry `e` (read from a file some other process wrote, possibly torn by a crash or
+/// damaged) is a connection to keep. `max_expiry_ms`: no timeout reaches past it.
+pub(crate) fn check_entry(e: &Entry, now_ms: u64, max_expiry_ms: u64) -> Check {
+    let st = e.state().load(Ordering::Relaxed);
+    if st & LIFE_MASK != LIFE_LIVE {
+        return Check::NotLive;
+    }
+    if e.seq().load(Ordering::Relaxed) & 1 == 1 || st & !KNOWN_STATE_BITS != 0 {
+        return Check::Bad;
+    }
+    let packed: [Packed; 2] =
+        [0, 1].map(|d| std::array::from_fn(|j| e.tuple(d)[j].load(Ordering::Relaxed)));
+    let [o, r] = packed.map(|p| Tuple::unpack(&p));
+    // A packed tuple is canonical: garbage in unused bits or an unknown family does not survive
+    // the round trip.
+    if o.pack() != packed[0] || r.pack() != packed[1] || o.proto != r.proto || o.family != r.family
+    {
+        return Check::Bad;
+    }
+    let single = st & FLAG_SINGLE_KEY != 0;
+    let proto_state = (st & PROTO_STATE_MASK) >> PROTO_STATE_SHIFT;
+    let dir_flags = st >> DIR_FLAGS_SHIFT;
+    let well_formed = match o.proto {
+        6 => !single && (proto_state as usize) < super::tcp::STATE_COUNT,
+        132 => !single && (proto_state as usize) < super::sctp::STATE_COUNT && dir_flags == 0,
+        1 | 17 | 58 => !single && proto_state == 0 && dir_flags == 0,
+        super::AFFINITY_PROTO => single && proto_state == 0 && dir_flags == 0,
+        _ => false,
+    };
+    if !well_formed {
+        return Check::Bad;
+    }
+    let expires = e.expires_ms().load(Ordering::Relaxed);
+    if expires > max_expiry_ms {
+        return Check::Bad;
+    }
+    if expires < now_ms {
+        return Check::Expired;
+    }
+    Check::Keep
+}
+
+/// What `Table::rebuild` found.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct RebuildCounts {
+    pub kept: u64,
+    pub expired: u64,
+    /// Malformed entries, and duplicates of a key another entry already holds.
+    pub dropped: u64,
+}
+
 impl Table {
     /// `max_live` live entries; a little slack on top holds entries waiting out their grace period.
+    /// In process memory.
     pub fn new(max_live: u32, participants: usize, seed: u64) -> Table {
-        let max_live = max_live.clamp(16, 1 << 29);
-        let capacity = max_live as usize + (max_live as usize / 8).max(1024);
-        // Two keys per entry, at most a quarter of the slots live.
-        let nslots = (capacity * 2 * 2).next_power_of_two();
+        let g = Geometry::for_max_live(max_live);
+        let storage = Storage::anonymous(&g).expect("allocating the conntrack table");
+        Table::with_storage(g, storage, participants, seed)
+    }
+
+    /// A table over `storage` (zeroed, or holding entries `rebuild` must then check).
+    pub(crate) fn with_storage(
+        g: Geometry,
+        storage: Storage,
+        participants: usize,
+        seed: u64,
+    ) -> Table {
         Table {
-            entries: (0..capacity).map(|_| Entry::new()).collect(),
-            slots: (0..nslots).map(|_| AtomicU64::new(SLOT_EMPTY)).collect(),
-            slot_mask: nslots - 1,
+            entries: storage.entries,
+            slots: storage.slots,
+            slot_mask: g.nslots - 1,
             seed: seed | 1,
-            max_live,
+            max_live: g.max_live,
             live: AtomicU32::new(0),
             next_unused: AtomicU32::new(0),
             free_head: AtomicU64::new(0),
@@ -183,13 +367,71 @@ impl Table {
             scan_cursor: AtomicU64::new(0),
             slot_cursor: AtomicU64::new(0),
             early_drops: AtomicU64::new(0),
-            limbo: ArrayQueue::new(capacity - max_live as usize),
-            tags: (0..capacity).map(|_| AtomicU64::new(0)).collect(),
+            limbo: ArrayQueue::new(g.capacity - g.max_live as usize),
+            tags: storage.tags,
         }
     }
 
     pub fn capacity(&self) -> usize {
         self.entries.len()
+    }
+
+    /// Rebuilds everything derived from the entries, before any worker runs: checks every
+    /// entry (`check_entry`), frees the rest, indexes the kept ones afresh, and rebuilds the
+    /// free list, the never-used mark and the live count. Whatever the index held is ignored (a
+    /// process killed mid-insert may have left it half-written).
+    pub(crate) fn rebuild(&mut self, now_ms: u64, max_expiry_ms: u64) -> RebuildCounts {
+        for s in self.slots.iter() {
+            s.store(SLOT_EMPTY, Ordering::Relaxed);
+        }
+        let mut counts = RebuildCounts::default();
+        let mut high = 0usize;
+        for idx in 0..self.entries.len() {
+            let e = &self.entries[idx];
+            let verdict = check_entry(e, now_ms, max_expiry_ms);
+            let keep = verdict == Check::Keep && {
+                let single = e.state().load(Ordering::Relaxed) & FLAG_SINGLE_KEY != 0;
+                let po: Packed = std::array::from_fn(|j| e.tuple(0)[j].load(Ordering::Relaxed));
+                let pr: Packed = std::array::from_fn(|j| e.tuple(1)[j].load(Ordering::Relaxed));
+                let (ho, hr) = (self.hash(&po), self.hash(&pr));
+                let taken = self.lookup(&po, ho).is_some()
+                    || (!single && (po == pr || self.lookup(&pr, hr).is_some()));
+                if !taken {
+                    if !single {
+                        self.index(hr, idx as u32, DIR_REPLY);
+                    }
+                    self.index(ho, idx as u32, DIR_ORIG);
+                }
+                !taken
+            };
+            match verdict {
+                _ if keep => {
+                    counts.kept += 1;
+                    high = idx + 1;
+                }
+                Check::Keep | Check::Bad => counts.dropped += 1,
+                Check::Expired => counts.expired += 1,
+                Check::NotLive => {}
+            }
+            if !keep {
+                e.state().store(LIFE_FREE, Ordering::Relaxed);
+                let seq = e.seq().load(Ordering::Relaxed);
+                e.seq().store(seq.wrapping_add(seq & 1), Ordering::Relaxed);
+            }
+        }
+        // Free entries below the mark, lowest first out; the rest is handed out as never used.
+        let mut head = 0u64;
+        for idx in (0..high).rev() {
+            let e = &self.entries[idx];
+            if e.state().load(Ordering::Relaxed) & LIFE_MASK == LIFE_FREE {
+                e.created_or_next().store(head as u32, Ordering::Relaxed);
+                head = idx as u64 + 1;
+            }
+        }
+        *self.free_head.get_mut() = head;
+        *self.next_unused.get_mut() = high as u32;
+        *self.live.get_mut() = counts.kept as u32;
+        counts
     }
 
     pub fn early_drops(&self) -> u64 {
@@ -231,24 +473,24 @@ impl Table {
     #[inline]
     fn read_if_match(&self, idx: u32, dir: u8, key: &Packed) -> Option<Found> {
         let e = self.entries.get(idx as usize)?;
-        let seq1 = e.seq.load(Ordering::Acquire);
+        let seq1 = e.seq().load(Ordering::Acquire);
         if seq1 & 1 == 1 {
             return None;
         }
-        let mine = &e.tuples[dir as usize];
+        let mine = e.tuple(dir as usize);
         for (w, k) in mine.iter().zip(key) {
             if w.load(Ordering::Relaxed) != *k {
                 return None;
             }
         }
-        let theirs = &e.tuples[1 - dir as usize];
+        let theirs = e.tuple(1 - dir as usize);
         let other: Packed = std::array::from_fn(|j| theirs[j].load(Ordering::Relaxed));
-        let service_id = e.service_id.load(Ordering::Relaxed);
+        let service_id = e.service_id().load(Ordering::Relaxed);
         std::sync::atomic::fence(Ordering::Acquire);
-        if e.seq.load(Ordering::Relaxed) != seq1 {
+        if e.seq().load(Ordering::Relaxed) != seq1 {
             return None;
         }
-        let state = e.state.load(Ordering::Acquire);
+        let state = e.state().load(Ordering::Acquire);
         if state & LIFE_MASK != LIFE_LIVE {
             return None;
         }
@@ -258,7 +500,7 @@ impl Table {
             other: Tuple::unpack(&other),
             state,
             service_id,
-            expires_ms: e.expires_ms.load(Ordering::Relaxed),
+            expires_ms: e.expires_ms().load(Ordering::Relaxed),
         })
     }
 
@@ -304,27 +546,27 @@ impl Table {
             return Err(InsertError::Full);
         };
         let e = &self.entries[idx as usize];
-        let seq = e.seq.load(Ordering::Relaxed);
-        e.seq.store(seq | 1, Ordering::Relaxed);
+        let seq = e.seq().load(Ordering::Relaxed);
+        e.seq().store(seq | 1, Ordering::Relaxed);
         std::sync::atomic::fence(Ordering::Release);
-        for (w, v) in e.tuples[0].iter().zip(po) {
+        for (w, v) in e.tuple(0).iter().zip(po) {
             w.store(v, Ordering::Relaxed);
         }
-        for (w, v) in e.tuples[1].iter().zip(pr) {
+        for (w, v) in e.tuple(1).iter().zip(pr) {
             w.store(v, Ordering::Relaxed);
         }
-        e.service_id.store(service_id, Ordering::Relaxed);
-        e.expires_ms.store(expires_ms, Ordering::Relaxed);
-        e.created_or_next.store(now_ms as u32, Ordering::Relaxed);
+        e.service_id().store(service_id, Ordering::Relaxed);
+        e.expires_ms().store(expires_ms, Ordering::Relaxed);
+        e.created_or_next().store(now_ms as u32, Ordering::Relaxed);
         for d in 0..2 {
-            e.packets[d].store(0, Ordering::Relaxed);
-            e.bytes[d].store(0, Ordering::Relaxed);
+            e.packets(d).store(0, Ordering::Relaxed);
+            e.bytes(d).store(0, Ordering::Relaxed);
         }
-        e.state.store(
+        e.state().store(
             (flags_and_state & !LIFE_MASK) | LIFE_LIVE,
             Ordering::Relaxed,
         );
-        e.seq.store((seq | 1) + 1, Ordering::Release);
+        e.seq().store((seq | 1) + 1, Ordering::Release);
 
         if !single {
             self.index(hr, idx, DIR_REPLY);
@@ -363,7 +605,7 @@ impl Table {
             }
             let idx = (top - 1) as u32;
             let next = self.entries[idx as usize]
-                .created_or_next
+                .created_or_next()
                 .load(Ordering::Acquire) as u64;
             let new = (head >> 32).wrapping_add(1) << 32 | next;
             match self.free_head.compare_exchange_weak(
@@ -406,8 +648,8 @@ impl Table {
     /// Bumps the sequence so a reader holding the old index sees a change; returns `idx`.
     fn recycle(&self, idx: u32) -> u32 {
         let e = &self.entries[idx as usize];
-        let seq = e.seq.load(Ordering::Relaxed);
-        e.seq.store(seq.wrapping_add(2) & !1, Ordering::Release);
+        let seq = e.seq().load(Ordering::Relaxed);
+        e.seq().store(seq.wrapping_add(2) & !1, Ordering::Release);
         idx
     }
 
@@ -415,17 +657,17 @@ impl Table {
     /// expiry scan retires it (unindexing twice is harmless: its slots are already tombstones).
     fn fall_back_to_scan(&self, idx: u32) {
         let e = &self.entries[idx as usize];
-        let cur = e.state.load(Ordering::Acquire);
-        e.state
+        let cur = e.state().load(Ordering::Acquire);
+        e.state()
             .store((cur & !LIFE_MASK) | LIFE_DYING, Ordering::Release);
     }
 
     fn free(&self, idx: u32) {
         let e = &self.entries[idx as usize];
-        e.state.store(LIFE_FREE, Ordering::Release);
+        e.state().store(LIFE_FREE, Ordering::Release);
         let mut head = self.free_head.load(Ordering::Acquire);
         loop {
-            e.created_or_next
+            e.created_or_next()
                 .store((head & 0xffff_ffff) as u32, Ordering::Release);
             let new = (head >> 32).wrapping_add(1) << 32 | (idx as u64 + 1);
             match self.free_head.compare_exchange_weak(
@@ -443,14 +685,14 @@ impl Table {
     /// Makes a live entry invisible (one caller wins); the expiry scan then retires it.
     pub fn kill(&self, idx: u32) -> bool {
         let e = &self.entries[idx as usize];
-        let mut cur = e.state.load(Ordering::Acquire);
+        let mut cur = e.state().load(Ordering::Acquire);
         loop {
             if cur & LIFE_MASK != LIFE_LIVE {
                 return false;
             }
             let new = (cur & !LIFE_MASK) | LIFE_DYING;
             match e
-                .state
+                .state()
                 .compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Acquire)
             {
                 Ok(_) => {
@@ -481,11 +723,11 @@ impl Table {
                 }
                 let (_, idx, _) = slot_decode(s);
                 let e = &self.entries[idx as usize];
-                let st = e.state.load(Ordering::Acquire);
+                let st = e.state().load(Ordering::Acquire);
                 if st & LIFE_MASK != LIFE_LIVE || st & FLAG_ASSURED != 0 {
                     continue;
                 }
-                let age = (now_ms as u32).wrapping_sub(e.created_or_next.load(Ordering::Relaxed));
+                let age = (now_ms as u32).wrapping_sub(e.created_or_next().load(Ordering::Relaxed));
                 // Ages beyond 2^31 ms are a clock that went backwards: treat as young.
                 let age = if age > u32::MAX / 2 { 0 } else { age };
                 if victim.is_none() || age > oldest_age {
@@ -514,7 +756,7 @@ impl Table {
         (0..EARLY_DROP_SCAN.min(n))
             .map(|k| ((start + k) % n) as u32)
             .find(|&idx| {
-                let s = self.entries[idx as usize].state.load(Ordering::Acquire);
+                let s = self.entries[idx as usize].state().load(Ordering::Acquire);
                 s & LIFE_MASK == LIFE_LIVE && s & FLAG_ASSURED == 0
             })
     }
@@ -538,7 +780,7 @@ impl Table {
     #[inline]
     pub fn update_state(&self, idx: u32, f: impl Fn(u32) -> u32) -> Option<u32> {
         let e = &self.entries[idx as usize];
-        let mut cur = e.state.load(Ordering::Acquire);
+        let mut cur = e.state().load(Ordering::Acquire);
         loop {
             if cur & LIFE_MASK != LIFE_LIVE {
                 return None;
@@ -548,7 +790,7 @@ impl Table {
                 return Some(cur);
             }
             match e
-                .state
+                .state()
                 .compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Acquire)
             {
                 Ok(_) => return Some(new),
@@ -577,7 +819,7 @@ impl Table {
     /// Milliseconds since the entry was created (exact for ages below 49 days).
     pub fn age_ms(&self, idx: u32, now_ms: u64) -> u64 {
         let created = self.entries[idx as usize]
-            .created_or_next
+            .created_or_next()
             .load(Ordering::Relaxed);
         (now_ms as u32).wrapping_sub(created) as u64
     }
@@ -586,8 +828,8 @@ impl Table {
     pub fn set_expires(&self, idx: u32, expires_ms: u64) {
         let e = &self.entries[idx as usize];
         // Skip the store when unchanged at millisecond resolution: saves dirtying the line.
-        if e.expires_ms.load(Ordering::Relaxed) != expires_ms {
-            e.expires_ms.store(expires_ms, Ordering::Relaxed);
+        if e.expires_ms().load(Ordering::Relaxed) != expires_ms {
+            e.expires_ms().store(expires_ms, Ordering::Relaxed);
         }
     }
 
@@ -595,12 +837,12 @@ impl Table {
     pub fn count(&self, idx: u32, dir: u8, bytes: u64) {
         let e = &self.entries[idx as usize];
         let d = dir as usize & 1;
-        e.packets[d].store(
-            e.packets[d].load(Ordering::Relaxed).wrapping_add(1),
+        e.packets(d).store(
+            e.packets(d).load(Ordering::Relaxed).wrapping_add(1),
             Ordering::Relaxed,
         );
-        e.bytes[d].store(
-            e.bytes[d].load(Ordering::Relaxed) + bytes,
+        e.bytes(d).store(
+            e.bytes(d).load(Ordering::Relaxed) + bytes,
             Ordering::Relaxed,
         );
     }
@@ -655,10 +897,10 @@ impl Table {
             }
             idx = if idx as u64 + 1 >= used { 0 } else { idx + 1 };
             let e = &self.entries[idx as usize];
-            let s = e.state.load(Ordering::Acquire);
+            let s = e.state().load(Ordering::Acquire);
             let life = s & LIFE_MASK;
             let dying = life == LIFE_DYING
-                || (life == LIFE_LIVE && e.expires_ms.load(Ordering::Relaxed) < now_ms && {
+                || (life == LIFE_LIVE && e.expires_ms().load(Ordering::Relaxed) < now_ms && {
                     let killed = self.kill(idx);
                     if killed {
                         expired += 1;
@@ -683,9 +925,9 @@ impl Table {
 
     fn claim_retire(&self, idx: u32) -> bool {
         let e = &self.entries[idx as usize];
-        let cur = e.state.load(Ordering::Acquire);
+        let cur = e.state().load(Ordering::Acquire);
         cur & LIFE_MASK == LIFE_DYING
-            && e.state
+            && e.state()
                 .compare_exchange(
                     cur,
                     (cur & !LIFE_MASK) | LIFE_RETIRED,
@@ -698,13 +940,13 @@ impl Table {
     /// Replaces the entry's index slots by tombstones stamped with `epoch`.
     fn unindex(&self, idx: u32, epoch: u64) {
         let e = &self.entries[idx as usize];
-        let single = e.state.load(Ordering::Acquire) & FLAG_SINGLE_KEY != 0;
+        let single = e.state().load(Ordering::Acquire) & FLAG_SINGLE_KEY != 0;
         for dir in [DIR_ORIG, DIR_REPLY] {
             if single && dir == DIR_REPLY {
                 continue;
             }
             let key: Packed =
-                std::array::from_fn(|j| e.tuples[dir as usize][j].load(Ordering::Relaxed));
+                std::array::from_fn(|j| e.tuple(dir as usize)[j].load(Ordering::Relaxed));
             let hash = self.hash(&key);
             let want = slot_live((hash >> 32) as u32, idx, dir);
             let mut i = hash as usize & self.slot_mask;
@@ -752,19 +994,19 @@ impl Table {
     pub fn view(&self, idx: u32) -> Option<EntryView> {
         let e = self.entries.get(idx as usize)?;
         loop {
-            let seq1 = e.seq.load(Ordering::Acquire);
+            let seq1 = e.seq().load(Ordering::Acquire);
             if seq1 & 1 == 1 {
                 std::hint::spin_loop();
                 continue;
             }
-            let orig: Packed = std::array::from_fn(|j| e.tuples[0][j].load(Ordering::Relaxed));
-            let reply: Packed = std::array::from_fn(|j| e.tuples[1][j].load(Ordering::Relaxed));
-            let service_id = e.service_id.load(Ordering::Relaxed);
+            let orig: Packed = std::array::from_fn(|j| e.tuple(0)[j].load(Ordering::Relaxed));
+            let reply: Packed = std::array::from_fn(|j| e.tuple(1)[j].load(Ordering::Relaxed));
+            let service_id = e.service_id().load(Ordering::Relaxed);
             std::sync::atomic::fence(Ordering::Acquire);
-            if e.seq.load(Ordering::Relaxed) != seq1 {
+            if e.seq().load(Ordering::Relaxed) != seq1 {
                 continue;
             }
-            let state = e.state.load(Ordering::Acquire);
+            let state = e.state().load(Ordering::Acquire);
             if state & LIFE_MASK != LIFE_LIVE {
                 return None;
             }
@@ -774,9 +1016,9 @@ impl Table {
                 reply: Tuple::unpack(&reply),
                 state,
                 service_id,
-                expires_ms: e.expires_ms.load(Ordering::Relaxed),
-                packets: [0, 1].map(|d| e.packets[d].load(Ordering::Relaxed) as u64),
-                bytes: [0, 1].map(|d| e.bytes[d].load(Ordering::Relaxed)),
+                expires_ms: e.expires_ms().load(Ordering::Relaxed),
+                packets: [0, 1].map(|d| e.packets(d).load(Ordering::Relaxed) as u64),
+                bytes: [0, 1].map(|d| e.bytes(d).load(Ordering::Relaxed)),
             });
         }
     }
@@ -785,21 +1027,6 @@ impl Table {
     pub fn iter(&self) -> impl Iterator<Item = EntryView> + '_ {
         let used = (self.next_unused.load(Ordering::Relaxed) as usize).min(self.entries.len());
         (0..used as u32).filter_map(move |i| self.view(i))
-    }
-}
-
-impl Entry {
-    fn new() -> Entry {
-        Entry {
-            seq: AtomicU32::new(0),
-            state: AtomicU32::new(LIFE_FREE),
-            expires_ms: AtomicU64::new(0),
-            tuples: std::array::from_fn(|_| std::array::from_fn(|_| AtomicU64::new(0))),
-            bytes: [AtomicU64::new(0), AtomicU64::new(0)],
-            created_or_next: AtomicU32::new(0),
-            service_id: AtomicU32::new(0),
-            packets: [AtomicU32::new(0), AtomicU32::new(0)],
-        }
     }
 }
 

@@ -1,0 +1,906 @@
+//! The conntrack state file: the table's arrays in a `MAP_SHARED` mapping of a file on a host path,
+//! so that a restarted (or upgraded) kxdp continues every connection the previous process tracked.
+//!
+//! File layout (native byte order; the file never leaves its node):
+//!
+//! ```text
+//! 0       header (4096 bytes, `HEADER_WORDS` u64 words used)
+//! 4096    entries  capacity × 128 bytes  (table::Entry)
+//!         index    nslots × 8 bytes      (rebuilt on every open)
+//!         tags     capacity × 8 bytes    (SCTP verification tags per entry)
+//! ```
+//!
+//! Header words: magic, layout version, layout fingerprint (entry size and field offsets), entry
+//! size, capacity, index slots, configured maximum, hash seed, boot id (2 words), clean-shutdown
+//! flag, time of the clean shutdown, owner pid, checksum (FNV-1a over the words before it).
+//!
+//! Opening checks the header, in this order: magic (else `discarded_corrupt`), checksum
+//! (`discarded_corrupt`), layout version and fingerprint (`discarded_version`), boot id
+//! (`discarded_boot`: CLOCK_MONOTONIC times mean nothing after a reboot), length
+//! (`discarded_truncated`). A file that passes is mapped and every entry is checked
+//! (`table::check_entry`) whether or not the previous process shut down cleanly; the index, the
+//! free list and the counts are rebuilt from the entries kept. A file written for another table
+//! size (`maxEntries` changed) is migrated: its good entries are copied into a new file of the new
+//! size, which then replaces it. A discarded file is replaced by an empty one; opening never
+//! fails because of what the file holds, only when the file cannot be created at all.
+//!
+//! Versions: `LAYOUT_VERSION` is what this build writes; `readable` lists what it can read. When
+//! the entry layout changes, bump the version, keep the old `LAYOUT` description and add a
+//! converter from the old version next to `migrate` (copy the old records into the new form), so
+//! that an upgrade keeps its connections and a rollback (an older build meeting a newer file)
+//! starts clean with a warning.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Read};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use kxdp_kernel::shm::{Mapping, SharedSlice};
+
+use super::table::{check_entry, Check, Entry, EntryFields, Geometry, Storage, Table};
+
+pub const HEADER_BYTES: usize = 4096;
+pub const MAGIC: u64 = u64::from_le_bytes(*b"KXDPCTRK");
+/// The entry layout this build writes (see `table::Entry`).
+pub const LAYOUT_VERSION: u64 = 1;
+/// The entry layout, field by field, with offsets: hashed into the header's fingerprint, so that
+/// a change nobody remembered to version is still caught.
+const LAYOUT: &str =
+    "entry 128 align 64; u64 expires_ms @0; u64x5 tuple_orig @8; u64x5 tuple_reply @48; \
+u64x2 bytes @88; u32 seq @104; u32 state @108; u32 created_or_next @112; u32 service_id @116; \
+u32x2 packets @120; slots u64 (tag<<32 | ((idx<<1|dir)+1)<<1, tomb 1); tags u64 per entry";
+/// Test-only: pretend this build's layout version is another (lab tests of an upgrade into an
+/// unreadable layout). Not documented for operators.
+pub const VERSION_OVERRIDE_ENV: &str = "KXDP_TEST_CONNTRACK_LAYOUT_VERSION";
+
+// Header word indexes.
+const H_MAGIC: usize = 0;
+const H_VERSION: usize = 1;
+const H_FINGERPRINT: usize = 2;
+const H_ENTRY_SIZE: usize = 3;
+const H_CAPACITY: usize = 4;
+const H_NSLOTS: usize = 5;
+const H_MAX_LIVE: usize = 6;
+const H_SEED: usize = 7;
+const H_BOOT: usize = 8; // and 9
+const H_CLEAN: usize = 10;
+const H_SAVED_AT: usize = 11;
+const H_OWNER: usize = 12;
+const H_CHECKSUM: usize = 13;
+pub const HEADER_WORDS: usize = 14;
+
+/// What opening a state file did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RestoreResult {
+    /// No file (or an empty one): a new, empty table.
+    Created,
+    /// The previous process's connections continue.
+    Restored,
+    /// Restored into a table of another size (`maxEntries` changed).
+    Migrated,
+    /// Written by a build with a layout this one cannot read: started empty.
+    DiscardedVersion,
+    /// Bad magic or header checksum, or an impossible geometry: started empty.
+    DiscardedCorrupt,
+    /// Written before the last reboot: started empty.
+    DiscardedBoot,
+    /// Shorter than its header says: started empty.
+    DiscardedTruncated,
+}
+
+impl RestoreResult {
+    pub const ALL: [RestoreResult; 7] = [
+        RestoreResult::Created,
+        RestoreResult::Restored,
+        RestoreResult::Migrated,
+        RestoreResult::DiscardedVersion,
+        RestoreResult::DiscardedCorrupt,
+        RestoreResult::DiscardedBoot,
+        RestoreResult::DiscardedTruncated,
+    ];
+
+    /// The `result` label of `kxdp_conntrack_restore_total`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RestoreResult::Created => "created",
+            RestoreResult::Restored => "restored",
+            RestoreResult::Migrated => "migrated",
+            RestoreResult::DiscardedVersion => "discarded_version",
+            RestoreResult::DiscardedCorrupt => "discarded_corrupt",
+            RestoreResult::DiscardedBoot => "discarded_boot",
+            RestoreResult::DiscardedTruncated => "discarded_truncated",
+        }
+    }
+
+    pub fn is_discarded(self) -> bool {
+        matches!(
+            self,
+            RestoreResult::DiscardedVersion
+                | RestoreResult::DiscardedCorrupt
+                | RestoreResult::DiscardedBoot
+                | RestoreResult::DiscardedTruncated
+        )
+    }
+}
+
+/// What `Conntrack::open_file` found and did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RestoreReport {
+    pub path: PathBuf,
+    pub result: RestoreResult,
+    /// Why the file was discarded (for the log), if it was.
+    pub reason: Option<String>,
+    /// Whether the previous process marked the file clean at exit (SIGTERM) rather than dying.
+    pub clean_shutdown: bool,
+    /// Connections and affinity records kept.
+    pub restored: u64,
+    /// Entries past their expiry.
+    pub expired: u64,
+    /// Malformed or duplicate entries, and (migration) entries that did not fit the new size.
+    pub dropped: u64,
+}
+
+impl RestoreReport {
+    /// One line for the log.
+    pub fn describe(&self) -> String {
+        let p = self.path.display();
+        match self.result {
+            RestoreResult::Created => format!("conntrack state file {p}: created (empty table)"),
+            RestoreResult::Restored | RestoreResult::Migrated => format!(
+                "conntrack state file {p}: {} {} entries after a {} ({} expired, {} malformed or duplicate dropped)",
+                if self.result == RestoreResult::Migrated {
+                    "migrated to the new size"
+                } else {
+                    "restored"
+                },
+                self.restored,
+                if self.clean_shutdown {
+                    "clean shutdown"
+                } else {
+                    "crash (no clean-shutdown mark; every entry checked)"
+                },
+                self.expired,
+                self.dropped,
+            ),
+            _ => format!(
+                "warning: conntrack state file {p} discarded ({}): {}; starting with an empty table \
+                 (connections through this node are reset)",
+                self.result.as_str(),
+                self.reason.as_deref().unwrap_or("unreadable"),
+            ),
+        }
+    }
+}
+
+/// What the process compares a file against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Environment {
+    pub boot_id: [u8; 16],
+    pub now_ms: u64,
+    /// The layout version this process writes and reads (`LAYOUT_VERSION` unless a test says
+    /// otherwise through `VERSION_OVERRIDE_ENV`).
+    pub version: u64,
+}
+
+impl Environment {
+    pub fn current() -> Environment {
+        Environment {
+            boot_id: boot_id(),
+            now_ms: crate::stats::clock_ms(),
+            version: std::env::var(VERSION_OVERRIDE_ENV)
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(LAYOUT_VERSION),
+        }
+    }
+}
+
+/// The kernel's boot id (a UUID), or zeroes when it cannot be read.
+pub fn boot_id() -> [u8; 16] {
+    let mut id = [0u8; 16];
+    if let Ok(s) = std::fs::read_to_string("/proc/sys/kernel/random/boot_id") {
+        let hex: Vec<u8> = s.bytes().filter(|b| b.is_ascii_hexdigit()).collect();
+        for (i, pair) in hex.chunks(2).take(16).enumerate() {
+            let v = std::str::from_utf8(pair)
+                .ok()
+                .and_then(|p| u8::from_str_radix(p, 16).ok());
+            id[i] = v.unwrap_or(0);
+        }
+    }
+    id
+}
+
+/// FNV-1a over 64-bit words (a checksum against damage, not against an adversary).
+fn fnv(words: &[u64]) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for w in words {
+        for b in w.to_le_bytes() {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h
+}
+
+fn fingerprint() -> u64 {
+    let bytes = LAYOUT.as_bytes();
+    let words: Vec<u64> = bytes
+        .chunks(8)
+        .map(|c| {
+            let mut w = [0u8; 8];
+            w[..c.len()].copy_from_slice(c);
+            u64::from_le_bytes(w)
+        })
+        .collect();
+    fnv(&words) ^ std::mem::size_of::<Entry>() as u64
+}
+
+/// The versions this build can read (see the module notes on adding a converter).
+fn readable(version: u64, ours: u64) -> bool {
+    version == ours
+}
+
+pub fn file_len(g: &Geometry) -> usize {
+    HEADER_BYTES + g.array_bytes().iter().sum::<usize>()
+}
+
+/// The open file's header, kept mapped for the clean-shutdown mark.
+pub(crate) struct StateFile {
+    header: SharedSlice<AtomicU64>,
+    pub path: PathBuf,
+}
+
+impl StateFile {
+    fn write_header(&self, g: &Geometry, seed: u64, env: &Environment, clean: bool) {
+        let h = &self.header;
+        let boot = env.boot_id;
+        let words = [
+            MAGIC,
+            env.version,
+            fingerprint(),
+            std::mem::size_of::<Entry>() as u64,
+            g.capacity as u64,
+            g.nslots as u64,
+            g.max_live as u64,
+            seed,
+            u64::from_ne_bytes(boot[..8].try_into().unwrap()),
+            u64::from_ne_bytes(boot[8..].try_into().unwrap()),
+            clean as u64,
+            if clean { env.now_ms } else { 0 },
+            std::process::id() as u64,
+        ];
+        for (w, v) in h.iter().zip(words) {
+            w.store(v, Ordering::Relaxed);
+        }
+        h[H_CHECKSUM].store(fnv(&words), Ordering::Release);
+    }
+
+    /// Marks the file cleanly written (after the workers stopped), unless another process has
+    /// opened it since (a takeover: the new owner's header stands).
+    pub fn mark_clean(&self, now_ms: u64) -> bool {
+        let h = &self.header;
+        if h[H_OWNER].load(Ordering::Acquire) != std::process::id() as u64 {
+            return false;
+        }
+        h[H_CLEAN].store(1, Ordering::Relaxed);
+        h[H_SAVED_AT].store(now_ms, Ordering::Relaxed);
+        let words: Vec<u64> = h[..H_CHECKSUM]
+            .iter()
+            .map(|w| w.load(Ordering::Relaxed))
+            .collect();
+        h[H_CHECKSUM].store(fnv(&words), Ordering::Release);
+        true
+    }
+}
+
+/// Why a header cannot be used as it is.
+enum Reject {
+    Discard(RestoreResult, String),
+    /// Readable, but written for another table size (its geometry, its clean flag).
+    Migrate(Geometry, bool),
+}
+
+/// Checks a header read from a file `len` bytes long against what this process expects.
+fn check_header(
+    words: &[u64; HEADER_WORDS],
+    len: usize,
+    want: &Geometry,
+    seed: u64,
+    env: &Environment,
+) -> Result<bool, Reject> {
+    use RestoreResult::*;
+    let discard = |r, why: String| Err(Reject::Discard(r, why));
+    if words[H_MAGIC] != MAGIC {
+        return discard(
+            DiscardedCorrupt,
+            "bad magic (not a kxdp conntrack file)".into(),
+        );
+    }
+    if fnv(&words[..H_CHECKSUM]) != words[H_CHECKSUM] {
+        return discard(DiscardedCorrupt, "header checksum mismatch".into());
+    }
+    if !readable(words[H_VERSION], env.version) {
+        return discard(
+            DiscardedVersion,
+            format!(
+                "layout version {} (this build reads version {})",
+                words[H_VERSION], env.version
+            ),
+        );
+    }
+    if words[H_FINGERPRINT] != fingerprint()
+        || words[H_ENTRY_SIZE] != std::mem::size_of::<Entry>() as u64
+    {
+        return discard(
+            DiscardedVersion,
+            "entry layout fingerprint differs from this build's".into(),
+        );
+    }
+    let boot = [words[H_BOOT], words[H_BOOT + 1]];
+    let ours = [
+        u64::from_ne_bytes(env.boot_id[..8].try_into().unwrap()),
+        u64::from_ne_bytes(env.boot_id[8..].try_into().unwrap()),
+    ];
+    if boot != ours {
+        return discard(
+            DiscardedBoot,
+            "written before the last reboot (boot id differs)".into(),
+        );
+    }
+    let old = Geometry {
+        max_live: words[H_MAX_LIVE] as u32,
+        capacity: words[H_CAPACITY] as usize,
+        nslots: words[H_NSLOTS] as usize,
+    };
+    if old != Geometry::for_max_live(old.max_live) || words[H_MAX_LIVE] > u32::MAX as u64 {
+        return discard(
+            DiscardedCorrupt,
+            format!(
+                "impossible geometry (capacity {}, {} index slots)",
+                old.capacity, old.nslots
+            ),
+        );
+    }
+    let need = file_len(&old);
+    if len < need {
+        return discard(
+            DiscardedTruncated,
+            format!("{len} bytes, its header needs {need}"),
+        );
+    }
+    if old != *want || words[H_SEED] != seed {
+        return Err(Reject::Migrate(old, words[H_CLEAN] == 1));
+    }
+    Ok(words[H_CLEAN] == 1)
+}
+
+fn read_header(file: &mut File) -> io::Result<[u64; HEADER_WORDS]> {
+    let mut buf = [0u8; HEADER_WORDS * 8];
+    file.read_exact(&mut buf)?;
+    Ok(std::array::from_fn(|i| {
+        u64::from_ne_bytes(buf[i * 8..i * 8 + 8].try_into().unwrap())
+    }))
+}
+
+fn open_rw(path: &Path, truncate: bool) -> io::Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(truncate)
+        .open(path)
+}
+
+/// Maps `file` (resized to `g`'s length when `fresh`) and views its arrays and header.
+fn map(file: &File, g: &Geometry, fresh: bool) -> io::Result<(Storage, SharedSlice<AtomicU64>)> {
+    let len = file_len(g);
+    if fresh {
+        file.set_len(0)?;
+        file.set_len(len as u64)?;
+    }
+    let m: Arc<Mapping> = Mapping::file(file, len)?;
+    let storage = Storage::view(&m, HEADER_BYTES, g)
+        .ok_or_else(|| io::Error::other("state file mapping too small"))?;
+    let header = m
+        .view(0, HEADER_WORDS)
+        .ok_or_else(|| io::Error::other("state file mapping too small"))?;
+    Ok((storage, header))
+}
+
+/// A table over the state file at `path`, with its report. `participants` and `seed` as
+/// `Table::with_storage`; `max_expiry_ms`: no entry's expiry may lie beyond it.
+pub(crate) fn open(
+    path: &Path,
+    g: Geometry,
+    participants: usize,
+    seed: u64,
+    env: &Environment,
+    max_expiry_ms: u64,
+) -> io::Result<(Table, StateFile, RestoreReport)> {
+    let seed = seed | 1;
+    if let Some(dir) = path.parent() {
+        if !dir.as_os_str().is_empty() {
+            std::fs::create_dir_all(dir)?;
+        }
+    }
+    let mut report = RestoreReport {
+        path: path.to_path_buf(),
+        result: RestoreResult::Created,
+        reason: None,
+        clean_shutdown: false,
+        restored: 0,
+        expired: 0,
+        dropped: 0,
+    };
+    let mut file = open_rw(path, false)?;
+    let len = file.metadata()?.len() as usize;
+    let verdict = if len == 0 {
+        None
+    } else if len < HEADER_BYTES {
+        Some(Err(Reject::Discard(
+            RestoreResult::DiscardedTruncated,
+            format!("{len} bytes, shorter than its header"),
+        )))
+    } else {
+        Some(check_header(&read_header(&mut file)?, len, &g, seed, env))
+    };
+    let (mut table, header, path_file) = match verdict {
+        Some(Ok(clean)) => {
+            let (storage, header) = map(&file, &g, false)?;
+            report.result = RestoreResult::Restored;
+            report.clean_shutdown = clean;
+            (
+                Table::with_storage(g, storage, participants, seed),
+                header,
+                file,
+            )
+        }
+        Some(Err(Reject::Migrate(old, clean))) => {
+            // Copy the old file's good entries into a new file, then put it in the old one's place
+            // (the old mapping stays valid after the rename).
+            let (old_storage, _) = map(&file, &old, false)?;
+            let tmp = path.with_extension("migrating");
+            let new_file = open_rw(&tmp, true)?;
+            let (storage, header) = map(&new_file, &g, true)?;
+            let mut k = 0usize;
+            for (idx, e) in old_storage.entries.iter().enumerate() {
+                if check_entry(e, env.now_ms, max_expiry_ms) != Check::Keep {
+                    continue;
+                }
+                if k >= g.max_live as usize {
+                    report.dropped += 1;
+                    continue;
+                }
+                copy_entry(e, &storage.entries[k]);
+                storage.tags[k].store(
+                    old_storage.tags[idx].load(Ordering::Relaxed),
+                    Ordering::Relaxed,
+                );
+                k += 1;
+            }
+            std::fs::rename(&tmp, path)?;
+            report.result = RestoreResult::Migrated;
+            report.clean_shutdown = clean;
+            (
+                Table::with_storage(g, storage, participants, seed),
+                header,
+                new_file,
+            )
+        }
+        Some(Err(Reject::Discard(result, why))) => {
+            report.result = result;
+            report.reason = Some(why);
+            // A new file rather than the old one emptied: a process still mapping the old one
+            // (a takeover that went wrong) keeps what it has.
+            let _ = std::fs::remove_file(path);
+            let file = open_rw(path, true)?;
+            let (storage, header) = map(&file, &g, true)?;
+            (
+                Table::with_storage(g, storage, participants, seed),
+                header,
+                file,
+            )
+        }
+        None => {
+            let (storage, header) = map(&file, &g, true)?;
+            (
+                Table::with_storage(g, storage, participants, seed),
+                header,
+                file,
+            )
+        }
+    };
+    drop(path_file);
+    let counts = table.rebuild(env.now_ms, max_expiry_ms);
+    report.restored = counts.kept;
+    report.expired = counts.expired;
+    report.dropped += counts.dropped;
+    let state = StateFile {
+        header,
+        path: path.to_path_buf(),
+    };
+    state.write_header(&g, seed, env, false);
+    Ok((table, state, report))
+}
+
+fn copy_entry(from: &Entry, to: &Entry) {
+    for (a, b) in from.w64.iter().zip(&to.w64) {
+        b.store(a.load(Ordering::Relaxed), Ordering::Relaxed);
+    }
+    for (a, b) in from.w32.iter().zip(&to.w32) {
+        b.store(a.load(Ordering::Relaxed), Ordering::Relaxed);
+    }
+    // The sequence number is the new table's own.
+    to.seq().store(0, Ordering::Relaxed);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{tcp, Conntrack, CtConfig, Tuple, DIR_REPLY};
+    use super::*;
+    use kxdp_packet::{Addr, Family};
+    use std::io::{Seek, SeekFrom, Write};
+
+    const NOW: u64 = 100_000;
+
+    fn env() -> Environment {
+        Environment {
+            boot_id: [7; 16],
+            now_ms: NOW,
+            version: LAYOUT_VERSION,
+        }
+    }
+
+    fn config(max: u32) -> CtConfig {
+        CtConfig {
+            max_entries: max,
+            ..CtConfig::default()
+        }
+    }
+
+    struct Dir(PathBuf);
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    fn dir(name: &str) -> (Dir, PathBuf) {
+        let d = std::env::temp_dir().join(format!("kxdp-ct-persist-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        (Dir(d.clone()), d.join("conntrack"))
+    }
+
+    fn tup(a: u8, sport: u16, b: u8, dport: u16, proto: u8) -> Tuple {
+        Tuple {
+            src: Addr::from_v4([10, 0, 0, a]),
+            dst: Addr::from_v4([10, 1, 0, b]),
+            sport,
+            dport,
+            proto,
+            family: Family::V4,
+        }
+    }
+
+    fn find(ct: &Conntrack, t: &Tuple) -> Option<super::super::Found> {
+        let p = t.pack();
+        ct.lookup(&p, ct.hash(&p), NOW + 1)
+    }
+
+    /// Three connections (entries 0, 1, 2) and one affinity record (entry 3).
+    fn populate(ct: &Conntrack) {
+        for i in 0..3u8 {
+            let orig = tup(i, 40000 + i as u16, 41, 80, 6);
+            let reply = tup(9, 8080, i, 40000 + i as u16, 6);
+            let idx = ct
+                .create(&orig, &reply, tcp::SYN, i == 1, 5, NOW, 0)
+                .unwrap();
+            assert_eq!(idx, i as u32);
+            let r = find(ct, &reply).unwrap();
+            ct.on_packet(&r, tcp::SYN | tcp::ACK, 60, NOW).unwrap();
+        }
+        ct.affinity_set(
+            5,
+            &Addr::from_v4([10, 0, 0, 1]),
+            Family::V4,
+            (Addr::from_v4([10, 2, 0, 9]), 8080),
+            600,
+            NOW,
+            0,
+        )
+        .unwrap();
+    }
+
+    fn open(path: &Path, max: u32, e: &Environment) -> (Conntrack, RestoreReport) {
+        Conntrack::open_file_with(path, config(max), 2, e).unwrap()
+    }
+
+    fn patch(path: &Path, offset: u64, bytes: &[u8]) {
+        let mut f = OpenOptions::new().write(true).open(path).unwrap();
+        f.seek(SeekFrom::Start(offset)).unwrap();
+        f.write_all(bytes).unwrap();
+    }
+
+    fn header(path: &Path) -> [u64; HEADER_WORDS] {
+        read_header(&mut File::open(path).unwrap()).unwrap()
+    }
+
+    /// Rewrites header word `i` and fixes the checksum (a consistent header of another kind).
+    fn set_header_word(path: &Path, i: usize, v: u64) {
+        let mut h = header(path);
+        h[i] = v;
+        h[H_CHECKSUM] = fnv(&h[..H_CHECKSUM]);
+        let bytes: Vec<u8> = h.iter().flat_map(|w| w.to_ne_bytes()).collect();
+        patch(path, 0, &bytes);
+    }
+
+    fn assert_restored(ct: &Conntrack) {
+        for i in 0..3u8 {
+            let reply = tup(9, 8080, i, 40000 + i as u16, 6);
+            let f = find(ct, &reply).expect("restored connection");
+            assert_eq!(f.dir, DIR_REPLY);
+            assert_eq!(f.other, tup(i, 40000 + i as u16, 41, 80, 6));
+            assert_eq!(f.state & super::super::FLAG_MASQ != 0, i == 1);
+            assert_eq!(super::super::tcp_state_of(f.state), tcp::TcpState::SynRecv);
+        }
+        assert!(ct
+            .affinity_get(5, &Addr::from_v4([10, 0, 0, 1]), Family::V4, NOW + 1)
+            .is_some());
+        assert!(ct.len() >= 4);
+    }
+
+    #[test]
+    fn connections_survive_a_clean_restart_and_a_crash() {
+        let (_d, path) = dir("survive");
+        let (ct, r) = open(&path, 100, &env());
+        assert_eq!(r.result, RestoreResult::Created);
+        populate(&ct);
+        assert!(ct.mark_clean_shutdown());
+        drop(ct);
+        let (ct, r) = open(&path, 100, &env());
+        assert_eq!(
+            (r.result, r.clean_shutdown, r.restored),
+            (RestoreResult::Restored, true, 4)
+        );
+        assert_restored(&ct);
+        // New connections go on from where the old process left off.
+        let orig = tup(50, 1, 41, 80, 6);
+        ct.create(&orig, &tup(9, 8080, 50, 1, 6), tcp::SYN, false, 0, NOW, 0)
+            .unwrap();
+        drop(ct); // no clean mark: a crash
+        let (ct, r) = open(&path, 100, &env());
+        assert_eq!(
+            (r.result, r.clean_shutdown, r.restored),
+            (RestoreResult::Restored, false, 5)
+        );
+        assert_restored(&ct);
+        assert!(find(&ct, &orig).is_some());
+        // Expired by a later clock: gone, counted.
+        drop(ct);
+        let late = Environment {
+            now_ms: NOW + 300_000,
+            ..env()
+        };
+        let (_ct, r) = open(&path, 100, &late);
+        assert_eq!((r.restored, r.expired, r.dropped), (1, 4, 0)); // the affinity record: 600 s
+    }
+
+    #[test]
+    fn truncated_files_are_discarded() {
+        let (_d, path) = dir("truncated");
+        let (ct, _) = open(&path, 100, &env());
+        populate(&ct);
+        drop(ct);
+        let len = std::fs::metadata(&path).unwrap().len();
+        OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(len - 4096)
+            .unwrap();
+        let (ct, r) = open(&path, 100, &env());
+        assert_eq!(r.result, RestoreResult::DiscardedTruncated);
+        assert!(r.describe().contains("discarded"), "{}", r.describe());
+        assert_eq!(ct.len(), 0);
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), len);
+        drop(ct);
+        OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(100)
+            .unwrap();
+        let (_, r) = open(&path, 100, &env());
+        assert_eq!(r.result, RestoreResult::DiscardedTruncated);
+    }
+
+    #[test]
+    fn other_versions_and_layouts_are_discarded() {
+        let (_d, path) = dir("version");
+        let (ct, _) = open(&path, 100, &env());
+        populate(&ct);
+        drop(ct);
+        // A build that writes another version meets this file.
+        let next = Environment {
+            version: LAYOUT_VERSION + 1,
+            ..env()
+        };
+        let (ct, r) = open(&path, 100, &next);
+        assert_eq!(r.result, RestoreResult::DiscardedVersion);
+        assert!(r.reason.as_deref().unwrap().contains("layout version 1"));
+        assert_eq!(ct.len(), 0);
+        drop(ct);
+        // ... and this build meets the file that one wrote.
+        let (_, r) = open(&path, 100, &env());
+        assert_eq!(r.result, RestoreResult::DiscardedVersion);
+        // A fingerprint of another entry layout under the same version number.
+        set_header_word(&path, H_FINGERPRINT, fingerprint() ^ 1);
+        let (_, r) = open(&path, 100, &env());
+        assert_eq!(r.result, RestoreResult::DiscardedVersion);
+    }
+
+    #[test]
+    fn bit_flips_in_the_header_are_caught() {
+        let (_d, path) = dir("flips");
+        let (ct, _) = open(&path, 100, &env());
+        populate(&ct);
+        ct.mark_clean_shutdown();
+        drop(ct);
+        let good = header(&path);
+        for bit in (0..HEADER_WORDS * 64).step_by(5) {
+            let mut h = good;
+            h[bit / 64] ^= 1 << (bit % 64);
+            let bytes: Vec<u8> = h.iter().flat_map(|w| w.to_ne_bytes()).collect();
+            patch(&path, 0, &bytes);
+            let mut words = header(&path);
+            let v = check_header(
+                &words,
+                std::fs::metadata(&path).unwrap().len() as usize,
+                &Geometry::for_max_live(100),
+                super::super::SEED | 1,
+                &env(),
+            );
+            assert!(
+                matches!(v, Err(Reject::Discard(RestoreResult::DiscardedCorrupt, _))),
+                "bit {bit} flipped went unnoticed"
+            );
+            words[0] = 0;
+        }
+        // One full open with a flipped bit: discarded, empty.
+        let mut h = good;
+        h[H_CAPACITY] ^= 1 << 3;
+        patch(
+            &path,
+            0,
+            &h.iter().flat_map(|w| w.to_ne_bytes()).collect::<Vec<u8>>(),
+        );
+        let (ct, r) = open(&path, 100, &env());
+        assert_eq!(r.result, RestoreResult::DiscardedCorrupt);
+        assert_eq!(ct.len(), 0);
+        // Not a kxdp file at all.
+        drop(ct);
+        patch(&path, 0, b"#!/bin/sh\necho hello\n");
+        let (_, r) = open(&path, 100, &env());
+        assert_eq!(r.result, RestoreResult::DiscardedCorrupt);
+    }
+
+    #[test]
+    fn another_boot_is_discarded() {
+        let (_d, path) = dir("boot");
+        let (ct, _) = open(&path, 100, &env());
+        populate(&ct);
+        ct.mark_clean_shutdown();
+        drop(ct);
+        let rebooted = Environment {
+            boot_id: [8; 16],
+            now_ms: 5_000,
+            ..env()
+        };
+        let (ct, r) = open(&path, 100, &rebooted);
+        assert_eq!(r.result, RestoreResult::DiscardedBoot);
+        assert_eq!(ct.len(), 0);
+    }
+
+    #[test]
+    fn garbage_entries_are_dropped_and_good_ones_kept() {
+        let (_d, path) = dir("garbage");
+        let (ct, _) = open(&path, 100, &env());
+        populate(&ct);
+        drop(ct); // a crash
+        let entry = |idx: u64, word_byte: u64| HEADER_BYTES as u64 + idx * 128 + word_byte;
+        // Entry 0: a torn insert (odd sequence number, at byte 104).
+        patch(&path, entry(0, 104), &1u32.to_ne_bytes());
+        // Entry 2: garbage in the family/proto word of its original tuple (w64[5]).
+        patch(&path, entry(2, 40), &[0xff; 8]);
+        // Entry 5 (never used): garbage with a live state; its tuples are zero (family 0).
+        patch(&path, entry(5, 108), &1u32.to_ne_bytes());
+        // Entry 6: a live-looking entry expiring in a thousand years.
+        let orig = tup(60, 1, 41, 80, 17).pack();
+        let reply = tup(9, 53, 60, 1, 17).pack();
+        let mut raw = [0u8; 128];
+        raw[..8].copy_from_slice(&u64::MAX.to_ne_bytes());
+        for (i, w) in orig.iter().chain(&reply).enumerate() {
+            raw[8 + i * 8..16 + i * 8].copy_from_slice(&w.to_ne_bytes());
+        }
+        raw[108..112].copy_from_slice(&1u32.to_ne_bytes());
+        patch(&path, entry(6, 0), &raw);
+        // Entry 7: the same with a sane expiry: a good entry the old process wrote last.
+        raw[..8].copy_from_slice(&(NOW + 10_000).to_ne_bytes());
+        patch(&path, entry(7, 0), &raw);
+        let (ct, r) = open(&path, 100, &env());
+        assert_eq!(r.result, RestoreResult::Restored);
+        assert_eq!((r.restored, r.dropped), (3, 4), "{r:?}");
+        assert!(find(&ct, &tup(0, 40000, 41, 80, 6)).is_none());
+        assert!(find(&ct, &tup(1, 40001, 41, 80, 6)).is_some());
+        assert!(find(&ct, &tup(60, 1, 41, 80, 17)).is_some());
+        // The freed entries are handed out again, and nothing collides.
+        for i in 0..20u8 {
+            ct.create(
+                &tup(100 + i, 1, 41, 80, 6),
+                &tup(9, 8080, 100 + i, 1, 6),
+                tcp::SYN,
+                false,
+                0,
+                NOW,
+                0,
+            )
+            .unwrap();
+        }
+        assert_eq!(ct.len(), 23);
+        assert!(find(&ct, &tup(1, 40001, 41, 80, 6)).is_some());
+    }
+
+    #[test]
+    fn a_new_size_migrates_the_entries() {
+        let (_d, path) = dir("migrate");
+        let (ct, _) = open(&path, 100, &env());
+        populate(&ct);
+        ct.mark_clean_shutdown();
+        drop(ct);
+        let (ct, r) = open(&path, 5000, &env());
+        assert_eq!(
+            (r.result, r.restored, r.clean_shutdown),
+            (RestoreResult::Migrated, 4, true)
+        );
+        assert_restored(&ct);
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().len() as usize,
+            file_len(&Geometry::for_max_live(5000))
+        );
+        drop(ct);
+        let (ct, r) = open(&path, 5000, &env());
+        assert_eq!(r.result, RestoreResult::Restored);
+        assert_restored(&ct);
+    }
+
+    #[test]
+    fn sctp_tags_survive() {
+        let (_d, path) = dir("sctp");
+        let (ct, _) = open(&path, 100, &env());
+        let orig = tup(1, 5000, 41, 5000, 132);
+        let reply = tup(9, 5000, 1, 5000, 132);
+        let chunks = super::super::sctp::tests::init(0x1234);
+        let idx = ct
+            .create(
+                &orig,
+                &reply,
+                super::super::FirstPacket {
+                    tcp_flags: 0,
+                    bytes: 0,
+                    sctp: Some(chunks),
+                },
+                false,
+                0,
+                NOW,
+                0,
+            )
+            .unwrap();
+        let tags = ct.table.tags(idx);
+        assert_ne!(tags, 0);
+        drop(ct);
+        let (ct, r) = open(&path, 100, &env());
+        assert_eq!(r.restored, 1);
+        let f = find(&ct, &orig).unwrap();
+        assert_eq!(ct.table.tags(f.idx), tags);
+    }
+}

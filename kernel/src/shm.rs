@@ -1,0 +1,235 @@
+//! Shared memory viewed as arrays of atomics: the conntrack table's storage, either anonymous
+//! (process memory, as replay and tests use) or a `MAP_SHARED` mapping of a file, so that the
+//! table outlives the process that wrote it (a restart maps the same file again).
+//!
+//! Safe code above this crate gets `&[T]` for `T: AtomicPod` only: types made of atomics, for
+//! which every bit pattern (including all zeroes) is a valid value and every access is an atomic
+//! one, so another process (or a later one) writing the same bytes is no different from another
+//! thread doing so. Written with `libc::mmap` by hand (as the UMEM is) rather than with memmap2:
+//! memmap2 hands out byte slices, and the atomic views would need the same unsafe casts anyway.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU32, AtomicU64};
+use std::sync::Arc;
+
+/// Types that may be laid over shared memory: made of atomics only, any bit pattern valid, no
+/// padding that matters, `Sync`.
+///
+/// # Safety
+/// Implement only for `repr(C)` (or primitive) types all of whose bytes belong to atomic fields
+/// and for which every bit pattern is a valid value.
+pub unsafe trait AtomicPod: Sync + Sized {}
+
+// SAFETY: an atomic integer is valid for every bit pattern and accessed atomically only.
+unsafe impl AtomicPod for AtomicU32 {}
+// SAFETY: as above.
+unsafe impl AtomicPod for AtomicU64 {}
+
+/// A fixed record of `N64` 64-bit atomics followed by `N32` 32-bit atomics, aligned to a cache
+/// line (the conntrack entry: `AtomicRecord<13, 6>` is exactly two cache lines).
+#[repr(C, align(64))]
+pub struct AtomicRecord<const N64: usize, const N32: usize> {
+    pub w64: [AtomicU64; N64],
+    pub w32: [AtomicU32; N32],
+}
+
+// SAFETY: repr(C) arrays of atomics; every bit pattern of every field is valid. Padding up to
+// the alignment is never read as a value.
+unsafe impl<const N64: usize, const N32: usize> AtomicPod for AtomicRecord<N64, N32> {}
+
+/// One mapping (anonymous or of a file), unmapped when the last view of it goes.
+#[derive(Debug)]
+pub struct Mapping {
+    base: NonNull<u8>,
+    len: usize,
+    shared_file: bool,
+}
+
+// SAFETY: the mapping is plain memory reached only through atomic views (`AtomicPod`); it may
+// be used and dropped from any thread.
+unsafe impl Send for Mapping {}
+// SAFETY: as above: shared access goes through atomics only.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    /// `len` bytes of zeroed process memory (prefaulted, as a preallocated table should be).
+    pub fn anonymous(len: usize) -> io::Result<Arc<Mapping>> {
+        Self::map(
+            len.max(1),
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
+            -1,
+        )
+        .map(Arc::new)
+    }
+
+    /// The first `len` bytes of `file` (opened read-write, at least `len` long), shared with
+    /// every other process mapping it. The file may be closed afterwards.
+    pub fn file(file: &File, len: usize) -> io::Result<Arc<Mapping>> {
+        if (file.metadata()?.len() as usize) < len {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "file shorter than the mapping asked for",
+            ));
+        }
+        Self::map(
+            len.max(1),
+            libc::MAP_SHARED | libc::MAP_POPULATE,
+            file.as_raw_fd(),
+        )
+        .map(Arc::new)
+    }
+
+    fn map(len: usize, flags: i32, fd: i32) -> io::Result<Mapping> {
+        // SAFETY: a new mapping at an address the kernel picks; nothing else refers to it yet.
+        // A file mapping needs the file to be `len` long (checked by the caller): a shorter file
+        // would fault (SIGBUS) past its end.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                flags,
+                fd,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Mapping {
+            base: NonNull::new(p.cast()).expect("mmap returned null"),
+            len,
+            shared_file: fd >= 0,
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Whether this maps a file (`MAP_SHARED`) rather than process memory.
+    pub fn is_file(&self) -> bool {
+        self.shared_file
+    }
+
+    /// `count` values of `T` starting `offset` bytes into the mapping; None when that range is
+    /// out of bounds or misaligned for `T`.
+    pub fn view<T: AtomicPod>(
+        self: &Arc<Self>,
+        offset: usize,
+        count: usize,
+    ) -> Option<SharedSlice<T>> {
+        let bytes = count.checked_mul(std::mem::size_of::<T>())?;
+        let end = offset.checked_add(bytes)?;
+        if end > self.len || offset % std::mem::align_of::<T>() != 0 {
+            return None;
+        }
+        // The base is page aligned; `offset` is aligned for T, so the pointer is.
+        let ptr = self.base.as_ptr().wrapping_add(offset).cast::<T>();
+        Some(SharedSlice {
+            ptr: NonNull::new(ptr)?,
+            len: count,
+            _map: self.clone(),
+        })
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: `base`/`len` are exactly what mmap returned; every view holds an `Arc` of this
+        // mapping, so none outlives it.
+        unsafe {
+            libc::munmap(self.base.as_ptr().cast(), self.len);
+        }
+    }
+}
+
+/// A slice of `T` inside a [`Mapping`] (keeps it mapped). Dereferences to `[T]` at the cost of a
+/// `Box<[T]>`'s: a pointer and a length.
+pub struct SharedSlice<T: AtomicPod> {
+    ptr: NonNull<T>,
+    len: usize,
+    _map: Arc<Mapping>,
+}
+
+// SAFETY: T is Sync (AtomicPod) and the memory lives as long as `_map`.
+unsafe impl<T: AtomicPod> Send for SharedSlice<T> {}
+// SAFETY: as above.
+unsafe impl<T: AtomicPod> Sync for SharedSlice<T> {}
+
+impl<T: AtomicPod> std::ops::Deref for SharedSlice<T> {
+    type Target = [T];
+
+    #[inline(always)]
+    fn deref(&self) -> &[T] {
+        // SAFETY: `ptr..ptr+len` lies inside the mapping (checked in `view`), is aligned for T,
+        // stays mapped while `_map` lives, and every bit pattern is a valid T (AtomicPod); all
+        // access is through atomics, so aliasing with other views or processes is sound.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl<T: AtomicPod> std::fmt::Debug for SharedSlice<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SharedSlice(len {})", self.len)
+    }
+}
+
+/// CLOCK_MONOTONIC in milliseconds: the same clock in every process of one boot (unlike
+/// `Instant`, whose value is opaque), so times stored in a file stay meaningful to the next
+/// process.
+pub fn monotonic_ms() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid out-pointer; CLOCK_MONOTONIC always exists on Linux.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    debug_assert_eq!(rc, 0);
+    ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::Ordering;
+
+    #[test]
+    fn record_is_two_cache_lines() {
+        assert_eq!(std::mem::size_of::<AtomicRecord<13, 6>>(), 128);
+        assert_eq!(std::mem::align_of::<AtomicRecord<13, 6>>(), 64);
+    }
+
+    #[test]
+    fn file_mapping_is_shared_and_bounds_checked() {
+        let dir = std::env::temp_dir().join(format!("kxdp-shm-test-{}", std::process::id()));
+        let _ = std::fs::create_dir_all(&dir);
+        let path = dir.join("map");
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        f.set_len(8192).unwrap();
+        let a = Mapping::file(&f, 8192).unwrap();
+        let b = Mapping::file(&f, 8192).unwrap();
+        let va = a.view::<AtomicU64>(4096, 512).unwrap();
+        let vb = b.view::<AtomicU64>(4096, 512).unwrap();
+        va[3].store(42, Ordering::Relaxed);
+        assert_eq!(vb[3].load(Ordering::Relaxed), 42);
+        assert!(a.view::<AtomicU64>(4096, 513).is_none());
+        assert!(a.view::<AtomicU64>(4, 1).is_none());
+        assert!(Mapping::file(&f, 16384).is_err());
+        assert!(monotonic_ms() > 0);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

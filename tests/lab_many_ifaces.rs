@@ -215,6 +215,7 @@ fn bench_many_interfaces_one_worker() {
             backoff: Default::default(),
             mode: Default::default(),
             kernel_port: None,
+            hold_for_restart: false,
         };
         let t0 = Instant::now();
         let afxdp = AfXdp::start(&opts, tables, ct, None).unwrap();

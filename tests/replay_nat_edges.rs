@@ -1300,11 +1300,14 @@ fn later_fragment_after_fragment_timeout_has_no_state() {
 
 // ---- 3. TCP --------------------------------------------------------------------------------------
 
-/// A TCP packet other than a SYN, to a Service frontend with endpoints and no connection, is
-/// dropped `ct-invalid` and creates nothing (a SYN on the same tuple afterwards is a new
-/// connection). A Service without endpoints still answers with a RST. Counted in the summary.
+/// A TCP packet other than a SYN, to a Service frontend with endpoints and no connection (its
+/// state is gone: a start without the previous process's state, a flush), is answered with a RST
+/// from the frontend (`ct-lost`) and creates nothing; a stray RST is dropped `ct-invalid`. A SYN
+/// on the same tuple afterwards is a new connection. A Service without endpoints still answers
+/// with a RST as `no-endpoints`. The backend's packets of such a connection pass untranslated
+/// (the client's stack resets the backend). Counted in the summary.
 #[test]
-fn non_syn_tcp_without_connection_is_ct_invalid() {
+fn non_syn_tcp_without_connection_is_reset() {
     let env = edges_env();
     let vip = format!("{WEB_VIP}:80");
     let c = "10.1.0.50:44000";
@@ -1330,9 +1333,32 @@ fn non_syn_tcp_without_connection_is_ct_invalid() {
         tcp(c, &format!("{EMPTY_VIP}:80"), flags::ACK, 1001, 7777, b""),
     ];
     let r = env.replay_args(&spaced(&pkts, DEFAULT_GAP_NS), &["--json"]);
-    for i in 0..8 {
+    for i in [1, 2] {
         let v = r.expect(i, "drop", "ct-invalid");
         assert!(r.by_index[i].is_none(), "{v}");
+    }
+    let v6_client = "[fd00:10:1::50]:44002".to_string();
+    let v6_front = format!("[{WEB_VIP6}]:80");
+    let nodeport_client = "203.0.113.7:44001".to_string();
+    // (packet, its ACK number, who sent it to which frontend)
+    let lost = [
+        (0, 5001, c.to_string(), vip.clone()),
+        (3, 5001, c.to_string(), vip.clone()),
+        (4, 5001, c.to_string(), vip.clone()),
+        (5, 5001, c.to_string(), vip.clone()),
+        (6, 1, nodeport_client, node_front()),
+        (7, 1, v6_client, v6_front),
+    ];
+    for (i, ack, client, front) in lost {
+        r.expect(i, "reject", "ct-lost");
+        let rst = r.out(i);
+        let t = rst.tcp.clone().unwrap();
+        assert!(t.rst, "{i}: {t:?}");
+        // RFC 9293 3.10.7.1: a RST answering a segment with ACK takes its sequence number from
+        // that ACK; it comes from the frontend the client talked to.
+        assert_eq!(t.sequence_number, ack, "{i}");
+        assert_eq!(rst.src_sock(), sa(&front), "{i}");
+        assert_eq!(rst.dst_sock(), sa(&client), "{i}");
     }
     r.expect(8, "forward", "service-dnat");
     assert_eq!(r.out(8).dst_sock(), sock(WEB_EP, 8080));
@@ -1343,7 +1369,8 @@ fn non_syn_tcp_without_connection_is_ct_invalid() {
     assert_eq!(t.sequence_number, 7777);
     assert_eq!(rst.dst_sock(), sa(c));
     let s = summary(&r);
-    assert_eq!(reason_count(&s, "ct-invalid"), 8, "{s}");
+    assert_eq!(reason_count(&s, "ct-invalid"), 2, "{s}");
+    assert_eq!(reason_count(&s, "ct-lost"), 6, "{s}");
 }
 
 /// RST ends a connection: the RST itself is forwarded (translated), after it a data segment of

@@ -225,6 +225,9 @@ pub struct ConntrackConfig {
     pub tcp_close_wait_timeout: GoDuration,
     pub udp_timeout: GoDuration,
     pub udp_stream_timeout: GoDuration,
+    /// Where the table lives so that it survives a restart of kxdp (docs/nat.md § Connection
+    /// state across restarts); empty: process memory only.
+    pub state_file: String,
 }
 
 impl Default for ConntrackConfig {
@@ -236,6 +239,7 @@ impl Default for ConntrackConfig {
             tcp_close_wait_timeout: GoDuration(ct.tcp_close_wait),
             udp_timeout: GoDuration(ct.udp),
             udp_stream_timeout: GoDuration(ct.udp_stream),
+            state_file: String::new(),
         }
     }
 }

@@ -58,6 +58,9 @@
 //! | `kxdp_conntrack_early_drops_total` | counter | unassured entries dropped to make room |
 //! | `kxdp_conntrack_created_total{worker}` | counter | connections created |
 //! | `kxdp_conntrack_expired_total{worker}` | counter | entries expired by the worker's scan |
+//! | `kxdp_conntrack_restore_total{result}` | counter | with `conntrack.stateFile`: 1 for what the start made of the file (`created`, `restored`, `migrated`, `discarded_version`, `discarded_corrupt`, `discarded_boot`, `discarded_truncated`) |
+//! | `kxdp_conntrack_restored_entries` | gauge | entries continued from the state file at start |
+//! | `kxdp_conntrack_restore_dropped_entries` | gauge | malformed or duplicate entries dropped from it |
 
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -80,6 +83,12 @@ use prometheus_client::registry::Registry;
 pub struct TrafficPolicyLabel {
     /// `internal` or `external`.
     pub traffic_policy: String,
+}
+
+/// `kxdp_conntrack_restore_total`'s `result` (`kxdp_dataplane::conntrack::RestoreResult`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RestoreLabel {
+    pub result: String,
 }
 
 /// kube-proxy's `ip_family` label: `IPv4` or `IPv6`.
@@ -364,6 +373,38 @@ impl Collector for DataplaneCollector {
             "Conntrack entries expired",
             &expired,
         )?;
+        if let Some(r) = src.ct.restore_report() {
+            let results = Family::<RestoreLabel, Counter>::default();
+            for x in kxdp_dataplane::conntrack::RestoreResult::ALL {
+                results
+                    .get_or_create(&RestoreLabel {
+                        result: x.as_str().into(),
+                    })
+                    .inc_by(u64::from(x == r.result));
+            }
+            put(
+                &mut enc,
+                "kxdp_conntrack_restore",
+                "What the start made of the conntrack state file, by result",
+                &results,
+            )?;
+            let restored = Gauge::<i64>::default();
+            restored.set(r.restored as i64);
+            put(
+                &mut enc,
+                "kxdp_conntrack_restored_entries",
+                "Conntrack entries continued from the state file at start",
+                &restored,
+            )?;
+            let dropped = Gauge::<i64>::default();
+            dropped.set(r.dropped as i64);
+            put(
+                &mut enc,
+                "kxdp_conntrack_restore_dropped_entries",
+                "Malformed or duplicate entries dropped from the state file at start",
+                &dropped,
+            )?;
+        }
         Ok(())
     }
 }

@@ -199,6 +199,13 @@ pub fn run(
     // Workers use `ops.dataplane` (conntrack and stats shared with the admin API).
     let extra = usize::from(ops_opts.inject_pcap.is_some());
     let dataplane = crate::admin::daemon::dataplane(&config, extra);
+    if let Some(report) = dataplane.ct.restore_report() {
+        if report.result.is_discarded() {
+            tracing::warn!("kxdp run: {}", report.describe());
+        } else {
+            tracing::info!("kxdp run: {}", report.describe());
+        }
+    }
     let ops = crate::admin::daemon::start(
         &config,
         published.clone(),
@@ -233,6 +240,12 @@ pub fn run(
         } else {
             None
         };
+        // A restart with a state file: the previous kxdp's programs hold the traffic; take it
+        // over only once the tables are there (a NodePort unknown to the new programs would go
+        // to the kernel, which resets its connections). Bounded by the hold itself.
+        if ops.dataplane.ct.state_path().is_some() && published.load().generation == 0 {
+            published.wait_newer(0, kxdp_dataplane::io::runner::RESTART_HOLD / 2);
+        }
         let afxdp = start_dataplane(
             &config,
             published.clone(),
@@ -290,7 +303,18 @@ pub fn run(
     // Workers stop and the XDP programs are detached before anything else goes away.
     if let Some((afxdp, host_path)) = afxdp {
         let counters = afxdp.counters.clone();
-        drop(afxdp.stop());
+        // With a state file: a restart. The programs stay and hold the traffic until the next
+        // kxdp takes over (RESTART_HOLD); without, they go now.
+        if ops.dataplane.ct.state_path().is_some() {
+            drop(afxdp.stop_for_restart());
+            eprintln!(
+                "kxdp run: XDP programs left attached, holding traffic for the next kxdp (up to {}s)",
+                kxdp_dataplane::io::runner::RESTART_HOLD.as_secs()
+            );
+        } else {
+            drop(afxdp.stop());
+            eprintln!("kxdp run: XDP programs detached");
+        }
         for (w, c) in counters {
             let g = |x: &std::sync::atomic::AtomicU64| x.load(std::sync::atomic::Ordering::Relaxed);
             eprintln!(
@@ -300,7 +324,6 @@ pub fn run(
                 g(&c.checksums_completed),
             );
         }
-        eprintln!("kxdp run: XDP programs detached");
         if let Some(hp) = host_path {
             match hp.teardown() {
                 Ok(()) => eprintln!("kxdp run: host path removed"),
@@ -308,6 +331,17 @@ pub fn run(
                     "kxdp run: removing the host path: {e} (the next start replaces what is left)"
                 ),
             }
+        }
+    }
+    // The workers have stopped: the state file is consistent; mark it so (the next process
+    // reports a clean restore) and let go of it.
+    if ops.dataplane.ct.mark_clean_shutdown() {
+        if let Some(p) = ops.dataplane.ct.state_path() {
+            eprintln!(
+                "kxdp run: conntrack state kept in {} ({} entries)",
+                p.display(),
+                ops.dataplane.ct.len()
+            );
         }
     }
     drop(ops);
@@ -352,6 +386,8 @@ fn start_dataplane(
         },
         mode,
         kernel_port: host_path.map(|h| h.kxdp_ifindex),
+        // With a state file the next kxdp continues the connections: hold them meanwhile.
+        hold_for_restart: dp.ct.state_path().is_some(),
     };
     kxdp_dataplane::io::runner::AfXdp::start(
         &opts,

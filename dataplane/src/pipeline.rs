@@ -401,12 +401,17 @@ impl Pipeline {
                 EmptyAction::Drop => v.set(Reason::NoLocalEndpoints),
             };
         }
-        // Only a SYN opens a TCP connection to a Service; anything else without a connection
-        // (mid-stream after a restart or a flush, a stray ACK or RST) is invalid and dropped.
-        // (After the empty-route check: a Service with no endpoints at all answers every TCP
-        // packet with a RST, which tells a client whose backend vanished at once.)
+        // Only a SYN opens a TCP connection to a Service. Anything else without a connection is
+        // a connection whose state is gone (mid-stream after a start without the state file, a
+        // flush, a failover): answered with a RST, so the client ends it now rather than
+        // retransmitting until its timeout (its backend, still sending, is reset by the client's
+        // stack). A stray RST is only dropped. (After the empty-route check: a Service with no
+        // endpoints at all answers every TCP packet with a RST as `no-endpoints`.)
         if meta.proto == 6 && meta.tcp_flags & (tcp::SYN | tcp::ACK | tcp::RST) != tcp::SYN {
-            return v.set(Reason::CtInvalid);
+            if meta.tcp_flags & tcp::RST != 0 {
+                return v.set(Reason::CtInvalid);
+            }
+            return self.reject(buf, len, meta, v, Reason::CtLost);
         }
         let Ok(first) = first_packet(buf, meta) else {
             return v.set(Reason::CtInvalid);

@@ -91,6 +91,11 @@ reasons! {
     IcmpErrorUntracked = "icmp-error-untracked" => Drop,
     /// A TCP packet other than a SYN for a Service with no connection (or state that forbids it).
     CtInvalid = "ct-invalid" => Drop,
+    /// A TCP packet of a connection whose state is gone (no entry, not a SYN, not a RST) to a
+    /// Service frontend with endpoints: answered with a RST from the frontend, so that the client
+    /// ends the connection at once instead of retransmitting into a void (after a start without
+    /// the previous process's state, a flush, a failover).
+    CtLost = "ct-lost" => Reject,
     /// An address inside a service CIDR that no Service owns.
     ServiceIpUnallocated = "service-ip-unallocated" => Drop,
     /// A LoadBalancer IP reached from outside loadBalancerSourceRanges.

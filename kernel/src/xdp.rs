@@ -216,7 +216,7 @@ mod asm {
     pub const W: u8 = 0x00;
     pub const H: u8 = 0x08;
     pub const B: u8 = 0x10;
-    const DW: u8 = 0x18;
+    pub const DW: u8 = 0x18;
     const MEM: u8 = 0x60;
     const IMM: u8 = 0x00;
     const K: u8 = 0x00;
@@ -326,6 +326,8 @@ mod asm {
 
 const HELPER_MAP_LOOKUP_ELEM: i32 = 1;
 const HELPER_REDIRECT_MAP: i32 = 51;
+const HELPER_KTIME_GET_NS: i32 = 5;
+const XDP_DROP: i32 = 1;
 const XDP_PASS: i32 = 2;
 
 /// The map descriptors the program refers to.
@@ -337,6 +339,7 @@ pub struct ProgramMaps {
     pub ports: i32,
     pub masq4: i32,
     pub masq6: i32,
+    pub hold: i32,
 }
 
 /// Emits the program (see the module comment for what it does).
@@ -469,8 +472,28 @@ pub fn program(maps: ProgramMaps) -> Vec<Insn> {
     a.label("redirect");
     a.ldx(W, R2, R6, 16); // rx_queue_index
     a.ld_map(R1, maps.xsks);
-    a.mov_k(R3, XDP_PASS); // no socket on this queue: the kernel
+    a.mov_k(R3, XDP_PASS); // no socket on this queue: see below
     a.call(HELPER_REDIRECT_MAP);
+    a.jmp_k(JNE, R0, XDP_PASS, "done");
+    // No socket on this queue: kxdp is restarting (or gone). Until the hold deadline
+    // (CLOCK_MONOTONIC ns, `SharedMaps::hold_until`) the packet is dropped, as a paused
+    // dataplane would lose it: its connection retransmits into the next kxdp, which continues it
+    // from the conntrack state file. Passed to the kernel instead, a reply to a translated
+    // connection would reach its client untranslated (which resets it) and a packet to a
+    // NodePort or a masquerade port would be answered with a RST by the node's stack. After the
+    // deadline (no kxdp came back) everything goes to the kernel, as without kxdp.
+    a.mov_k(R5, 0);
+    a.stx(W, R10, -56, R5);
+    a.ld_map(R1, maps.hold);
+    a.mov_x(R2, R10);
+    a.alu_k(ADD, R2, -56);
+    a.call(HELPER_MAP_LOOKUP_ELEM);
+    a.jmp_k(JEQ, R0, 0, "pass");
+    a.ldx(DW, R7, R0, 0);
+    a.call(HELPER_KTIME_GET_NS);
+    a.jmp_x(JGE, R0, R7, "pass");
+    a.mov_k(R0, XDP_DROP);
+    a.label("done");
     a.exit();
 
     a.label("pass");
@@ -492,6 +515,9 @@ pub struct SharedMaps {
     pub masq4: Map,
     /// The same with an IPv6 source.
     pub masq6: Map,
+    /// One u64: until when (CLOCK_MONOTONIC ns) a packet meant for a missing AF_XDP socket is
+    /// dropped rather than passed to the kernel (a restart of kxdp; see `program`).
+    pub hold: Map,
     node_addrs: std::sync::Mutex<Vec<std::net::IpAddr>>,
 }
 
@@ -503,6 +529,7 @@ impl SharedMaps {
             ports: Map::create(BPF_MAP_TYPE_ARRAY, 4, 4, PORT_WORDS)?,
             masq4: Map::create(BPF_MAP_TYPE_LRU_HASH, 12, 4, MASQ_ENTRIES)?,
             masq6: Map::create(BPF_MAP_TYPE_LRU_HASH, 24, 4, MASQ_ENTRIES)?,
+            hold: Map::create(BPF_MAP_TYPE_ARRAY, 4, 8, 1)?,
             node_addrs: std::sync::Mutex::new(Vec::new()),
         })
     }
@@ -532,6 +559,15 @@ impl SharedMaps {
                 .update(&(i as u32).to_ne_bytes(), &w.to_ne_bytes())?;
         }
         Ok(())
+    }
+
+    /// Packets meant for kxdp while it has no socket (a restart) are dropped until
+    /// `monotonic_ns` (CLOCK_MONOTONIC, as the program's `bpf_ktime_get_ns`), then passed to the
+    /// kernel. A running kxdp keeps moving this ahead; the program, attached so that it outlives
+    /// the process (`XdpProgram::attach_held`), holds the traffic for the next one.
+    pub fn hold_until(&self, monotonic_ns: u64) -> io::Result<()> {
+        self.hold
+            .update(&0u32.to_ne_bytes(), &monotonic_ns.to_ne_bytes())
     }
 
     /// Records the reply of a masqueraded connection: `proto` from `remote`:`remote_port` to a
@@ -587,6 +623,7 @@ impl XdpProgram {
             ports: maps.ports.fd(),
             masq4: maps.masq4.fd(),
             masq6: maps.masq6.fd(),
+            hold: maps.hold.fd(),
         });
         let license = c"Apache-2.0";
         let mut log = vec![0u8; 64 * 1024];
@@ -651,7 +688,8 @@ impl XdpProgram {
             match self.link_create(ifindex, mode) {
                 Ok(link) => {
                     return Ok(Attachment {
-                        _link: link,
+                        _link: Some(link),
+                        detach_on_drop: false,
                         ifindex,
                         mode,
                         replaced_stale,
@@ -664,7 +702,8 @@ impl XdpProgram {
                     match self.link_create(ifindex, mode) {
                         Ok(link) => {
                             return Ok(Attachment {
-                                _link: link,
+                                _link: Some(link),
+                                detach_on_drop: false,
                                 ifindex,
                                 mode,
                                 replaced_stale,
@@ -677,6 +716,57 @@ impl XdpProgram {
             }
             if let Some(e) = &last {
                 tried.push(format!("{}: {e}", mode.as_str()));
+            }
+        }
+        let e = last.unwrap_or_else(|| io::Error::from(io::ErrorKind::Unsupported));
+        Err(io::Error::new(
+            e.kind(),
+            format!("attaching XDP to ifindex {ifindex}: {}", tried.join("; ")),
+        ))
+    }
+
+    /// Attaches through netlink rather than a link, replacing in one step a program a previous
+    /// kxdp left (held) on the interface: the program then outlives this process unless the
+    /// attachment is dropped, so a restart (SIGTERM with `leave_attached`, SIGKILL, a crash)
+    /// leaves the interface's traffic held rather than handed to the kernel (`program`). Native
+    /// mode first, then generic, as `attach`. A BPF link on the interface (another running
+    /// kxdp) makes it fail with EBUSY.
+    pub fn attach_held(&self, ifindex: u32, choice: ModeChoice) -> io::Result<Attachment> {
+        let modes: &[XdpMode] = match choice {
+            ModeChoice::Auto => &[XdpMode::Native, XdpMode::Generic],
+            ModeChoice::Native => &[XdpMode::Native],
+            ModeChoice::Generic => &[XdpMode::Generic],
+        };
+        let mut replaced_stale = false;
+        let mut tried = Vec::new();
+        let mut last = None;
+        for &mode in modes {
+            let flags = match mode {
+                XdpMode::Native => XDP_FLAGS_DRV_MODE,
+                XdpMode::Generic => XDP_FLAGS_SKB_MODE,
+            };
+            let mut r = set_link_xdp(ifindex, self.fd(), flags);
+            if r.is_err() && !replaced_stale {
+                // A program in the other mode (the kernel runs one mode at a time): remove it.
+                if detach_netlink(ifindex).is_ok() {
+                    replaced_stale = true;
+                    r = set_link_xdp(ifindex, self.fd(), flags);
+                }
+            }
+            match r {
+                Ok(()) => {
+                    return Ok(Attachment {
+                        _link: None,
+                        detach_on_drop: true,
+                        ifindex,
+                        mode,
+                        replaced_stale,
+                    })
+                }
+                Err(e) => {
+                    tried.push(format!("{}: {e}", mode.as_str()));
+                    last = Some(e);
+                }
             }
         }
         let e = last.unwrap_or_else(|| io::Error::from(io::ErrorKind::Unsupported));
@@ -709,15 +799,41 @@ impl XdpProgram {
     }
 }
 
-/// The program attached to one interface. Dropping it (or the process ending in any way)
-/// detaches the program.
+/// The program attached to one interface. Dropping it detaches the program; so does the process
+/// ending in any way for a BPF link (`attach`). A program attached with `attach_held` stays when
+/// the process ends without dropping it (a crash, SIGKILL) or after `leave_attached` (a restart),
+/// holding the traffic for the next kxdp (`SharedMaps::hold_until`).
 #[derive(Debug)]
 pub struct Attachment {
-    _link: OwnedFd,
+    /// The BPF link (`attach`); None when attached through netlink (`attach_held`).
+    _link: Option<OwnedFd>,
+    /// Netlink-attached and still to be detached on drop.
+    detach_on_drop: bool,
     pub ifindex: u32,
     pub mode: XdpMode,
     /// A program attached by someone else was removed first.
     pub replaced_stale: bool,
+}
+
+impl Attachment {
+    /// Leaves a program attached with `attach_held` in place when this process goes (it keeps
+    /// holding the interface's traffic for the next kxdp, which replaces it). A link-attached
+    /// program goes with the process anyway.
+    pub fn leave_attached(mut self) {
+        self.detach_on_drop = false;
+    }
+}
+
+impl Drop for Attachment {
+    fn drop(&mut self) {
+        if self.detach_on_drop {
+            let flags = match self.mode {
+                XdpMode::Native => XDP_FLAGS_DRV_MODE,
+                XdpMode::Generic => XDP_FLAGS_SKB_MODE,
+            };
+            let _ = set_link_xdp(self.ifindex, -1, flags);
+        }
+    }
 }
 
 /// Removes a netlink-attached XDP program from `ifindex` in both modes.
@@ -753,6 +869,7 @@ mod tests {
             ports: 6,
             masq4: 7,
             masq6: 8,
+            hold: 9,
         });
         eprintln!("XDP program: {} instructions", insns.len());
         assert!(insns.len() < 160);

@@ -371,10 +371,16 @@ pub struct Kxdp {
 
 impl Kxdp {
     pub fn start(ns: &str, config: &str, state: &str) -> Kxdp {
+        Kxdp::start_with_env(ns, config, state, &[])
+    }
+
+    /// `start` with extra environment variables.
+    pub fn start_with_env(ns: &str, config: &str, state: &str, env: &[(&str, &str)]) -> Kxdp {
         use std::io::BufRead;
         let mut child = Command::new("ip")
             .args(["netns", "exec", ns, env!("CARGO_BIN_EXE_kxdp"), "run"])
             .args(["--config", config, "--state", state, "--no-admin"])
+            .envs(env.iter().copied())
             .env("RUST_LOG", "warn,kxdp_control::run=info")
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::piped())

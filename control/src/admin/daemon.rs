@@ -10,7 +10,7 @@
 //! deletes, stats and monitor events are what the pipeline left behind.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -59,11 +59,45 @@ impl Drop for Ops {
 /// the config, and one stats block per worker (`extra` more for pseudo-workers).
 pub fn dataplane(config: &Config, extra: usize) -> Dataplane {
     let workers = config.workers.count.max(1) + extra;
+    let ct = match config.conntrack.state_file.as_str() {
+        "" => Conntrack::new(config.ct_config(), workers),
+        path => open_state_file(Path::new(path), config, workers),
+    };
     Dataplane {
-        ct: Arc::new(Conntrack::new(config.ct_config(), workers)),
+        ct: Arc::new(ct),
         stats: Arc::new(DataplaneStats::new(workers)),
     }
 }
+
+/// The conntrack table in `conntrack.stateFile`, continuing the previous process's connections
+/// when the file is readable. A file another kxdp still holds (one that is stopping, or handing
+/// over) is waited for; a file that cannot be created at all leaves the table in process memory
+/// with a warning: forwarding matters more than keeping state.
+fn open_state_file(path: &Path, config: &Config, workers: usize) -> Conntrack {
+    let deadline = std::time::Instant::now() + STATE_FILE_WAIT;
+    loop {
+        match Conntrack::open_file(path, config.ct_config(), workers) {
+            // (`kxdp run` logs the report.)
+            Ok((ct, _report)) => return ct,
+            Err(e)
+                if e.kind() == std::io::ErrorKind::WouldBlock
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            Err(e) => {
+                tracing::warn!(
+                    "kxdp run: conntrack.stateFile {}: {e}; keeping the conntrack table in process memory (a restart will lose it)",
+                    path.display()
+                );
+                return Conntrack::new(config.ct_config(), workers);
+            }
+        }
+    }
+}
+
+/// How long a start waits for another kxdp to let go of the state file.
+const STATE_FILE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 fn bind(
     rt: &tokio::runtime::Handle,

@@ -455,6 +455,7 @@ pub fn worker_rows(stats: &DataplaneStats) -> Vec<WorkerRow> {
                 ct_expired: s.ct_expired,
                 ct_invalid: [
                     Reason::CtInvalid,
+                    Reason::CtLost,
                     Reason::IcmpErrorUntracked,
                     Reason::FragmentNoState,
                 ]

@@ -12,7 +12,7 @@
 //!
 //! Header words: magic, layout version, layout fingerprint (entry size and field offsets), entry
 //! size, capacity, index slots, configured maximum, hash seed, boot id (2 words), clean-shutdown
-//! flag, time of the clean shutdown, owner pid, checksum (FNV-1a over the words before it).
+//! flag, time of the clean shutdown, owner (pid, open number), checksum (FNV-1a over the words before it).
 //!
 //! Opening checks the header, in this order: magic (else `discarded_corrupt`), checksum
 //! (`discarded_corrupt`), layout version and fingerprint (`discarded_version`), boot id
@@ -249,10 +249,22 @@ pub fn file_len(g: &Geometry) -> usize {
 pub(crate) struct StateFile {
     header: SharedSlice<AtomicU64>,
     pub path: PathBuf,
+    /// The open file, holding an exclusive lock (`flock`) until the clean-shutdown mark: two
+    /// processes never work on one file at once.
+    lock: std::sync::Mutex<Option<File>>,
+    /// Who opened the file last (pid and a per-open number, in the header): the clean-shutdown
+    /// mark is only written by the current owner.
+    owner: u64,
+}
+
+fn next_owner() -> u64 {
+    static OPENS: AtomicU64 = AtomicU64::new(1);
+    (std::process::id() as u64) << 32 | (OPENS.fetch_add(1, Ordering::Relaxed) & 0xffff_ffff)
 }
 
 impl StateFile {
     fn write_header(&self, g: &Geometry, seed: u64, env: &Environment, clean: bool) {
+        let owner = self.owner;
         let h = &self.header;
         let boot = env.boot_id;
         let words = [
@@ -268,7 +280,7 @@ impl StateFile {
             u64::from_ne_bytes(boot[8..].try_into().unwrap()),
             clean as u64,
             if clean { env.now_ms } else { 0 },
-            std::process::id() as u64,
+            owner,
         ];
         for (w, v) in h.iter().zip(words) {
             w.store(v, Ordering::Relaxed);
@@ -280,7 +292,7 @@ impl StateFile {
     /// opened it since (a takeover: the new owner's header stands).
     pub fn mark_clean(&self, now_ms: u64) -> bool {
         let h = &self.header;
-        if h[H_OWNER].load(Ordering::Acquire) != std::process::id() as u64 {
+        if h[H_OWNER].load(Ordering::Acquire) != self.owner {
             return false;
         }
         h[H_CLEAN].store(1, Ordering::Relaxed);
@@ -290,7 +302,29 @@ impl StateFile {
             .map(|w| w.load(Ordering::Relaxed))
             .collect();
         h[H_CHECKSUM].store(fnv(&words), Ordering::Release);
+        // Let the next process in (a takeover's new process may be waiting for it).
+        // (Explicitly: the mapping holds the open file, and with it the lock, until unmapped.)
+        if let Ok(mut f) = self.lock.lock() {
+            if let Some(f) = f.take() {
+                let _ = f.unlock();
+            }
+        }
         true
+    }
+}
+
+/// Takes the file's exclusive lock, or says who has it.
+fn lock(file: &File, path: &Path) -> io::Result<()> {
+    match file.try_lock() {
+        Ok(()) => Ok(()),
+        Err(std::fs::TryLockError::WouldBlock) => Err(io::Error::new(
+            io::ErrorKind::WouldBlock,
+            format!(
+                "{} is in use by another kxdp process (locked)",
+                path.display()
+            ),
+        )),
+        Err(std::fs::TryLockError::Error(e)) => Err(e),
     }
 }
 
@@ -434,6 +468,7 @@ pub(crate) fn open(
         dropped: 0,
     };
     let mut file = open_rw(path, false)?;
+    lock(&file, path)?;
     let len = file.metadata()?.len() as usize;
     let verdict = if len == 0 {
         None
@@ -462,6 +497,7 @@ pub(crate) fn open(
             let (old_storage, _) = map(&file, &old, false)?;
             let tmp = path.with_extension("migrating");
             let new_file = open_rw(&tmp, true)?;
+            lock(&new_file, &tmp)?;
             let (storage, header) = map(&new_file, &g, true)?;
             let mut k = 0usize;
             for (idx, e) in old_storage.entries.iter().enumerate() {
@@ -495,6 +531,7 @@ pub(crate) fn open(
             // (a takeover that went wrong) keeps what it has.
             let _ = std::fs::remove_file(path);
             let file = open_rw(path, true)?;
+            lock(&file, path)?;
             let (storage, header) = map(&file, &g, true)?;
             (
                 Table::with_storage(g, storage, participants, seed),
@@ -511,7 +548,6 @@ pub(crate) fn open(
             )
         }
     };
-    drop(path_file);
     let counts = table.rebuild(env.now_ms, max_expiry_ms);
     report.restored = counts.kept;
     report.expired = counts.expired;
@@ -519,6 +555,8 @@ pub(crate) fn open(
     let state = StateFile {
         header,
         path: path.to_path_buf(),
+        lock: std::sync::Mutex::new(Some(path_file)),
+        owner: next_owner(),
     };
     state.write_header(&g, seed, env, false);
     Ok((table, state, report))
@@ -782,6 +820,24 @@ mod tests {
         patch(&path, 0, b"#!/bin/sh\necho hello\n");
         let (_, r) = open(&path, 100, &env());
         assert_eq!(r.result, RestoreResult::DiscardedCorrupt);
+    }
+
+    #[test]
+    fn one_process_at_a_time() {
+        let (_d, path) = dir("lock");
+        let (ct, _) = open(&path, 100, &env());
+        populate(&ct);
+        let e = Conntrack::open_file_with(&path, config(100), 2, &env())
+            .err()
+            .unwrap();
+        assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
+        // The clean-shutdown mark lets go (a takeover's new process opens it next).
+        assert!(ct.mark_clean_shutdown());
+        let (ct2, r) = open(&path, 100, &env());
+        assert_eq!((r.result, r.restored), (RestoreResult::Restored, 4));
+        // The old process's late mark does not overwrite the new owner's header.
+        assert!(!ct.mark_clean_shutdown());
+        drop(ct2);
     }
 
     #[test]

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam::channel::{bounded, Sender};
 
-use crate::conntrack::Conntrack;
+use crate::conntrack::{Conntrack, FLAG_MASQ};
 use crate::fib::Fib;
 use crate::io::afxdp::XskConfig;
 use crate::io::route::Routes;
@@ -50,6 +50,10 @@ pub struct RunOptions {
     /// (the XDP program hands most of the node's own traffic to the kernel before it reaches
     /// a worker).
     pub kernel_port: Option<u32>,
+    /// Attach the programs so that they outlive the process (`XdpProgram::attach_held`) and
+    /// hold the traffic meant for kxdp through a restart (`RESTART_HOLD`; `kxdp run` with a
+    /// conntrack state file). Off: BPF links, gone with the process.
+    pub hold_for_restart: bool,
 }
 
 /// What was attached where (for the startup report).
@@ -117,6 +121,7 @@ pub struct Links {
     workers: Vec<Sender<PortCommand>>,
     maps: Arc<SharedMaps>,
     mode: ModeChoice,
+    hold_for_restart: bool,
     attached: HashMap<u32, AttachedLink>,
     failed: HashMap<u32, (String, Instant)>,
     pub events: Vec<LinkEvent>,
@@ -250,7 +255,13 @@ impl Links {
                 break;
             }
         }
-        let attached = result.and_then(|_| prog.attach(ifindex, self.mode));
+        let attached = result.and_then(|_| {
+            if self.hold_for_restart {
+                prog.attach_held(ifindex, self.mode)
+            } else {
+                prog.attach(ifindex, self.mode)
+            }
+        });
         let attachment = match attached {
             Ok(a) => a,
             Err(e) => {
@@ -376,6 +387,40 @@ fn node_addrs(snap: &Snapshot, local: &[IpAddr]) -> Vec<IpAddr> {
     a
 }
 
+/// How long the programs a stopped (or killed) kxdp leaves attached keep holding its traffic for
+/// the next one: a DaemonSet pod restarted on the node is forwarding again well within it; past
+/// it the node's traffic goes to the kernel, as without kxdp.
+pub const RESTART_HOLD: Duration = Duration::from_secs(10);
+
+fn hold_deadline_ns() -> u64 {
+    kxdp_kernel::shm::monotonic_ms().saturating_add(RESTART_HOLD.as_millis() as u64) * 1_000_000
+}
+
+/// Puts every tracked connection whose replies come to a node address (masqueraded ones, and
+/// those the node itself opened to a Service) into the XDP program's masquerade-reply map, as
+/// the workers did when the connections began. Returns (added, failed).
+pub fn restore_masq_replies(maps: &SharedMaps, ct: &Conntrack, node: &[IpAddr]) -> (u64, u64) {
+    let (mut added, mut failed) = (0, 0);
+    for v in ct.connections() {
+        let translated = v.orig.dst != v.reply.src || v.orig.dport != v.reply.sport;
+        let to_node = node.contains(&v.reply.dst.to_ip(v.reply.family));
+        if v.state & FLAG_MASQ == 0 && !(translated && to_node) {
+            continue;
+        }
+        match maps.add_masq_reply(
+            v.reply.proto,
+            &v.reply.src,
+            v.reply.family,
+            v.reply.sport,
+            v.reply.dport,
+        ) {
+            Ok(()) => added += 1,
+            Err(_) => failed += 1,
+        }
+    }
+    (added, failed)
+}
+
 impl AfXdp {
     /// Starts everything in the calling thread's network namespace: the workers (with empty
     /// socket sets), then the links matching `opts.interfaces` that exist now, then the link
@@ -396,11 +441,28 @@ impl AfXdp {
         let table = routes.table.load_full();
         let workers = opts.workers.max(1);
         let maps = Arc::new(SharedMaps::create()?);
+        // Until the sockets are in place, what the new programs steer to kxdp is held (dropped),
+        // as the previous kxdp's held program did (see `RESTART_HOLD`).
+        maps.hold_until(hold_deadline_ns())?;
         // Node addresses and NodePorts, before the program sees a packet.
         let snap = tables.current();
         let local = table.local_addrs().to_vec();
-        maps.set_node(&node_addrs(&snap, &local), &node_ports(&snap))?;
+        let addrs = node_addrs(&snap, &local);
+        maps.set_node(&addrs, &node_ports(&snap))?;
         drop(snap);
+        // Connections continued from a conntrack state file: their replies must reach kxdp
+        // before the first packet of them does (the workers add new ones as they go).
+        let (restored, failed) = restore_masq_replies(&maps, &ct, &addrs);
+        if restored + failed > 0 {
+            eprintln!(
+                "kxdp: {restored} masquerade-reply entries rebuilt from conntrack{}",
+                if failed > 0 {
+                    format!(" ({failed} failed)")
+                } else {
+                    String::new()
+                }
+            );
+        }
         let stop = Arc::new(AtomicBool::new(false));
         let shared = Shared {
             tables: tables.clone(),
@@ -428,6 +490,7 @@ impl AfXdp {
             workers: senders,
             maps: maps.clone(),
             mode: opts.mode,
+            hold_for_restart: opts.hold_for_restart,
             attached: HashMap::new(),
             failed: HashMap::new(),
             events: Vec::new(),
@@ -470,6 +533,9 @@ impl AfXdp {
                 .spawn(move || {
                     let mut last = (u64::MAX, Vec::new(), Vec::new());
                     while !stop.load(Ordering::Relaxed) {
+                        // Keep the hold deadline ahead: if this process dies now, the programs
+                        // it leaves hold the traffic for `RESTART_HOLD`.
+                        let _ = maps.hold_until(hold_deadline_ns());
                         let snap = tables.current();
                         let local = rt.load().local_addrs().to_vec();
                         let addrs = node_addrs(&snap, &local);
@@ -538,6 +604,26 @@ impl AfXdp {
 
     /// Stops the workers, then detaches the programs.
     pub fn stop(mut self) -> Vec<Worker> {
+        self.shutdown()
+    }
+
+    /// Stops the workers for a restart: the programs stay attached and hold (drop) what they
+    /// would steer to kxdp for `RESTART_HOLD`, so that the next kxdp continues the connections
+    /// (with the conntrack state file) instead of the kernel resetting them meanwhile. With no
+    /// next kxdp, the traffic goes to the kernel after that time (the programs stay attached,
+    /// passing everything, until one replaces them or `ip link set dev IF xdp off`).
+    pub fn stop_for_restart(mut self) -> Vec<Worker> {
+        let _ = self
+            .links
+            .lock()
+            .map(|l| l.maps.hold_until(hold_deadline_ns()));
+        if let Ok(mut l) = self.links.lock() {
+            for (_, a) in l.attached.iter_mut() {
+                if let Some(att) = a.attachment.take() {
+                    att.leave_attached();
+                }
+            }
+        }
         self.shutdown()
     }
 

@@ -765,6 +765,28 @@ mod tests {
     }
 
     #[test]
+    fn conntrack_restore_result() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("conntrack");
+        let cfg = kxdp_dataplane::conntrack::CtConfig {
+            max_entries: 100,
+            ..Default::default()
+        };
+        let (ct, _) = Conntrack::open_file(&path, cfg, 1).unwrap();
+        let m = Metrics::new();
+        m.attach_dataplane(Arc::new(DataplaneStats::new(1)), Arc::new(ct));
+        let text = m.encode();
+        for line in [
+            "kxdp_conntrack_restore_total{result=\"created\"} 1",
+            "kxdp_conntrack_restore_total{result=\"restored\"} 0",
+            "kxdp_conntrack_restore_total{result=\"discarded_version\"} 0",
+            "kxdp_conntrack_restored_entries 0",
+        ] {
+            assert!(text.contains(line), "{line} missing in\n{text}");
+        }
+    }
+
+    #[test]
     fn configz_and_proxy_mode() {
         let m = Metrics::new();
         let c = crate::config::Config::from_yaml_str(

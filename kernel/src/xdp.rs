@@ -28,6 +28,12 @@
 //! the program is gone. A program left by something else through the older netlink interface (a
 //! previous kxdp built that way, `ip link set xdp`) makes the attach fail with EBUSY; it is
 //! removed and the attach retried, so programs are replaced, never stacked.
+//!
+//! With a conntrack state file, `kxdp run` attaches through netlink instead
+//! ([`XdpProgram::attach_held`]): the program then outlives the process, and a packet it would
+//! redirect to a socket that is gone (kxdp restarting) is dropped until a deadline kxdp keeps
+//! moving ahead ([`SharedMaps::hold_until`]), then passed to the kernel. The next kxdp replaces
+//! the program in one netlink call and continues the connections.
 
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};

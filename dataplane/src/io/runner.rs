@@ -443,7 +443,10 @@ impl AfXdp {
         let maps = Arc::new(SharedMaps::create()?);
         // Until the sockets are in place, what the new programs steer to kxdp is held (dropped),
         // as the previous kxdp's held program did (see `RESTART_HOLD`).
-        maps.hold_until(hold_deadline_ns())?;
+        if opts.hold_for_restart {
+            maps.hold_until(hold_deadline_ns())?;
+        }
+        let hold = opts.hold_for_restart;
         // Node addresses and NodePorts, before the program sees a packet.
         let snap = tables.current();
         let local = table.local_addrs().to_vec();
@@ -535,7 +538,9 @@ impl AfXdp {
                     while !stop.load(Ordering::Relaxed) {
                         // Keep the hold deadline ahead: if this process dies now, the programs
                         // it leaves hold the traffic for `RESTART_HOLD`.
-                        let _ = maps.hold_until(hold_deadline_ns());
+                        if hold {
+                            let _ = maps.hold_until(hold_deadline_ns());
+                        }
                         let snap = tables.current();
                         let local = rt.load().local_addrs().to_vec();
                         let addrs = node_addrs(&snap, &local);

@@ -182,6 +182,34 @@ impl<T: AtomicPod> std::fmt::Debug for SharedSlice<T> {
     }
 }
 
+/// Takes an exclusive advisory lock (`flock`) on `file` without waiting: `Ok(false)` when another
+/// open file description holds it. (std's `File::try_lock` needs Rust 1.89; the workspace's MSRV
+/// is older.)
+pub fn try_lock_exclusive(file: &File) -> io::Result<bool> {
+    // SAFETY: flock on a descriptor we own; no memory is passed.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc == 0 {
+        return Ok(true);
+    }
+    let e = io::Error::last_os_error();
+    if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        Ok(false)
+    } else {
+        Err(e)
+    }
+}
+
+/// Releases `try_lock_exclusive`'s lock (a mapping of the file would otherwise keep it).
+pub fn unlock(file: &File) -> io::Result<()> {
+    // SAFETY: as above.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_UN) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
 /// CLOCK_MONOTONIC in milliseconds: the same clock in every process of one boot (unlike
 /// `Instant`, whose value is opaque), so times stored in a file stay meaningful to the next
 /// process.

@@ -306,7 +306,7 @@ impl StateFile {
         // (Explicitly: the mapping holds the open file, and with it the lock, until unmapped.)
         if let Ok(mut f) = self.lock.lock() {
             if let Some(f) = f.take() {
-                let _ = f.unlock();
+                let _ = kxdp_kernel::shm::unlock(&f);
             }
         }
         true
@@ -315,16 +315,16 @@ impl StateFile {
 
 /// Takes the file's exclusive lock, or says who has it.
 fn lock(file: &File, path: &Path) -> io::Result<()> {
-    match file.try_lock() {
-        Ok(()) => Ok(()),
-        Err(std::fs::TryLockError::WouldBlock) => Err(io::Error::new(
+    if kxdp_kernel::shm::try_lock_exclusive(file)? {
+        Ok(())
+    } else {
+        Err(io::Error::new(
             io::ErrorKind::WouldBlock,
             format!(
                 "{} is in use by another kxdp process (locked)",
                 path.display()
             ),
-        )),
-        Err(std::fs::TryLockError::Error(e)) => Err(e),
+        ))
     }
 }
 

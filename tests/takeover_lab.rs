@@ -1,0 +1,413 @@
+//! Restarts and takeovers of `kxdp run` under load, on the single-node lab (tests/lab/mod.rs).
+//!
+//! A steady UDP flow with sequence numbers runs from the client pod through the ClusterIP
+//! (172.30.0.10:53 → web-1/web-2:5353) and straight to a pod (10.1.0.12:5353, the routed pod
+//! path); sinks in both server pods record every sequence number they see. A prober opens new
+//! TCP connections to the ClusterIP every few milliseconds. Around an event (SIGTERM + start,
+//! SIGKILL + start, a takeover) this gives the packets lost per flow and how long new
+//! connections failed.
+//!
+//! `takeover_*` tests assert a takeover loses nothing; `measure_restart_gaps` (ignored: it only
+//! reports) prints the figures docs/operations.md quotes.
+
+mod lab;
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{Shutdown, TcpStream, UdpSocket};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use lab::{lab_files, serve_greet_and_count, Cluster, Kxdp, Lab};
+
+/// Packets per second of each UDP flow.
+const RATE: u64 = 10_000;
+/// Sequence numbers a run can use (60 s at RATE).
+const MAX_SEQ: usize = 600_000;
+const CLUSTER_IP_UDP: &str = "172.30.0.10:53";
+const DIRECT_UDP: &str = "10.1.0.12:5353";
+const CLUSTER_IP_TCP: &str = "172.30.0.10:80";
+
+/// Seen sequence numbers per flow (0: ClusterIP, 1: direct).
+struct Seen {
+    flows: [Vec<AtomicU8>; 2],
+}
+
+impl Seen {
+    fn new() -> Arc<Seen> {
+        let v = || (0..MAX_SEQ).map(|_| AtomicU8::new(0)).collect();
+        Arc::new(Seen { flows: [v(), v()] })
+    }
+
+    /// (received once or more, duplicates) among the first `sent` of `flow`.
+    fn count(&self, flow: usize, sent: u64) -> (u64, u64) {
+        let mut got = 0;
+        let mut dup = 0;
+        for s in &self.flows[flow][..sent as usize] {
+            let n = s.load(Ordering::Relaxed) as u64;
+            got += u64::from(n > 0);
+            dup += n.saturating_sub(1);
+        }
+        (got, dup)
+    }
+
+    /// The longest run of missing sequence numbers in `flow` (in packets).
+    fn longest_gap(&self, flow: usize, sent: u64) -> u64 {
+        let (mut best, mut run) = (0, 0);
+        for s in &self.flows[flow][..sent as usize] {
+            if s.load(Ordering::Relaxed) == 0 {
+                run += 1;
+                best = best.max(run);
+            } else {
+                run = 0;
+            }
+        }
+        best
+    }
+}
+
+/// The pods' servers: a UDP sink on 5353 (records the flow and sequence number of every
+/// datagram), TCP 8080 (greeting, then counts what the client sends).
+struct Sinks {
+    stop: Arc<AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Sinks {
+    fn start(ns: &str, addr: &str, seen: Arc<Seen>) -> Sinks {
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut threads = Vec::new();
+        let (p, a, st) = (Lab::path(ns), addr.to_string(), stop.clone());
+        let (tx, rx) = std::sync::mpsc::channel();
+        threads.push(std::thread::spawn(move || {
+            kxdp_dataplane::io::enter_netns(&p).unwrap();
+            let s = UdpSocket::bind(format!("{a}:5353")).unwrap();
+            s.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+            tx.send(()).unwrap();
+            let mut buf = [0u8; 2048];
+            while !st.load(Ordering::Relaxed) {
+                if let Ok(n) = s.recv(&mut buf) {
+                    if n >= 9 && buf[0] < 2 {
+                        let seq = u64::from_be_bytes(buf[1..9].try_into().unwrap()) as usize;
+                        if seq < MAX_SEQ {
+                            seen.flows[buf[0] as usize][seq].fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+            }
+        }));
+        rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        let (p, a, st) = (Lab::path(ns), addr.to_string(), stop.clone());
+        let (tx, rx) = std::sync::mpsc::channel();
+        threads.push(std::thread::spawn(move || {
+            kxdp_dataplane::io::enter_netns(&p).unwrap();
+            let l = std::net::TcpListener::bind(format!("{a}:8080")).unwrap();
+            l.set_nonblocking(true).unwrap();
+            tx.send(()).unwrap();
+            while !st.load(Ordering::Relaxed) {
+                match l.accept() {
+                    Ok((s, peer)) => {
+                        let st = st.clone();
+                        std::thread::spawn(move || {
+                            serve_greet_and_count(s, &format!("{peer}"), 30, &st)
+                        });
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                }
+            }
+        }));
+        rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        Sinks { stop, threads }
+    }
+}
+
+impl Drop for Sinks {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The client pod's load: both UDP flows at `RATE` each, and the TCP prober.
+struct Load {
+    stop: Arc<AtomicBool>,
+    sent: Arc<[AtomicU64; 2]>,
+    /// (when the attempt started, whether it connected and got the greeting)
+    probes: Arc<Mutex<Vec<(Instant, bool)>>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Load {
+    fn start(client_ns: &str) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let sent: Arc<[AtomicU64; 2]> = Arc::new([AtomicU64::new(0), AtomicU64::new(0)]);
+        let probes = Arc::new(Mutex::new(Vec::new()));
+        let mut threads = Vec::new();
+        let (p, st, sn) = (Lab::path(client_ns), stop.clone(), sent.clone());
+        threads.push(std::thread::spawn(move || {
+            kxdp_dataplane::io::enter_netns(&p).unwrap();
+            let socks: Vec<UdpSocket> = [CLUSTER_IP_UDP, DIRECT_UDP]
+                .iter()
+                .map(|to| {
+                    let s = UdpSocket::bind("0.0.0.0:0").unwrap();
+                    s.connect(to).unwrap();
+                    s
+                })
+                .collect();
+            let t0 = Instant::now();
+            let mut seq = 0u64;
+            let mut buf = [0u8; 64];
+            while !st.load(Ordering::Relaxed) && (seq as usize) < MAX_SEQ {
+                let due = (t0.elapsed().as_micros() as u64 * RATE / 1_000_000).min(MAX_SEQ as u64);
+                while seq < due {
+                    for (f, s) in socks.iter().enumerate() {
+                        buf[0] = f as u8;
+                        buf[1..9].copy_from_slice(&seq.to_be_bytes());
+                        // A send error (no route while the node has none) is a lost packet.
+                        let _ = s.send(&buf);
+                    }
+                    seq += 1;
+                    sn[0].store(seq, Ordering::Relaxed);
+                    sn[1].store(seq, Ordering::Relaxed);
+                }
+                std::thread::sleep(Duration::from_micros(500));
+            }
+        }));
+        let (p, st, pr) = (Lab::path(client_ns), stop.clone(), probes.clone());
+        threads.push(std::thread::spawn(move || {
+            kxdp_dataplane::io::enter_netns(&p).unwrap();
+            while !st.load(Ordering::Relaxed) {
+                let at = Instant::now();
+                let ok = probe_once();
+                pr.lock().unwrap().push((at, ok));
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }));
+        Load {
+            stop,
+            sent,
+            probes,
+            threads,
+        }
+    }
+
+    fn finish(mut self) -> ([u64; 2], Vec<(Instant, bool)>) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        // In-flight datagrams land.
+        std::thread::sleep(Duration::from_millis(300));
+        let sent = [
+            self.sent[0].load(Ordering::Relaxed),
+            self.sent[1].load(Ordering::Relaxed),
+        ];
+        (sent, self.probes.lock().unwrap().clone())
+    }
+}
+
+/// One new TCP connection to the ClusterIP: connect and read the greeting (200 ms each).
+fn probe_once() -> bool {
+    let Ok(s) = TcpStream::connect_timeout(
+        &CLUSTER_IP_TCP.parse().unwrap(),
+        Duration::from_millis(200),
+    ) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_millis(200)));
+    let mut line = String::new();
+    BufReader::new(&s).read_line(&mut line).is_ok() && !line.is_empty()
+}
+
+/// What an event cost.
+#[derive(Debug)]
+struct Gap {
+    sent: [u64; 2],
+    lost: [u64; 2],
+    duplicates: [u64; 2],
+    longest_gap_ms: [f64; 2],
+    /// From the event until the first probe started after it that succeeded (ms), and how many
+    /// probes started after it failed.
+    new_connections_ms: Option<f64>,
+    failed_probes: usize,
+}
+
+impl Gap {
+    fn measure(seen: &Seen, sent: [u64; 2], probes: &[(Instant, bool)], event: Instant) -> Gap {
+        let mut g = Gap {
+            sent,
+            lost: [0; 2],
+            duplicates: [0; 2],
+            longest_gap_ms: [0.0; 2],
+            new_connections_ms: None,
+            failed_probes: 0,
+        };
+        for f in 0..2 {
+            let (got, dup) = seen.count(f, sent[f]);
+            g.lost[f] = sent[f] - got;
+            g.duplicates[f] = dup;
+            g.longest_gap_ms[f] = seen.longest_gap(f, sent[f]) as f64 * 1000.0 / RATE as f64;
+        }
+        let after: Vec<&(Instant, bool)> = probes.iter().filter(|(t, _)| *t >= event).collect();
+        g.failed_probes = after.iter().filter(|(_, ok)| !ok).count();
+        // The first success after which none failed... simply the first success after the
+        // last failure that followed the event (or the first probe when none failed).
+        let last_fail = after.iter().rposition(|(_, ok)| !ok);
+        let first_ok = match last_fail {
+            Some(i) => after.get(i + 1),
+            None => after.first(),
+        };
+        g.new_connections_ms = first_ok
+            .filter(|(_, ok)| *ok)
+            .map(|(t, _)| t.duration_since(event).as_secs_f64() * 1000.0);
+        g
+    }
+
+    fn report(&self, what: &str) -> String {
+        format!(
+            "{what}: ClusterIP UDP lost {} of {} (longest gap {:.1} ms), direct UDP lost {} of {} \
+             (longest gap {:.1} ms), duplicates {}/{}; new TCP connections to the ClusterIP \
+             succeed {} after the event ({} probe(s) failed)",
+            self.lost[0],
+            self.sent[0],
+            self.longest_gap_ms[0],
+            self.lost[1],
+            self.sent[1],
+            self.longest_gap_ms[1],
+            self.duplicates[0],
+            self.duplicates[1],
+            self.new_connections_ms
+                .map(|m| format!("{m:.0} ms"))
+                .unwrap_or_else(|| "never".into()),
+            self.failed_probes
+        )
+    }
+}
+
+/// The lab with the sinks in both server pods.
+struct Running {
+    c: Cluster,
+    seen: Arc<Seen>,
+    _sinks: Vec<Sinks>,
+}
+
+fn lab(test: &str) -> Option<Running> {
+    if !lab::available(test) {
+        return None;
+    }
+    let c = Cluster::build();
+    let seen = Seen::new();
+    let sinks = vec![
+        Sinks::start(c.pod("web-1"), "10.1.0.11", seen.clone()),
+        Sinks::start(c.pod("web-2"), "10.1.0.12", seen.clone()),
+    ];
+    Some(Running {
+        c,
+        seen,
+        _sinks: sinks,
+    })
+}
+
+/// Runs the load for 1 s, does `event` (returns when it happened), runs until new connections
+/// have worked for 1 s (at most 20 s), and measures.
+fn around(r: &Running, event: impl FnOnce() -> Instant) -> Gap {
+    for f in &r.seen.flows {
+        for s in f {
+            s.store(0, Ordering::Relaxed);
+        }
+    }
+    let load = Load::start(r.c.pod("client-1"));
+    std::thread::sleep(Duration::from_secs(1));
+    let at = event();
+    let end = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < end {
+        let ok_since = {
+            let p = load.probes.lock().unwrap();
+            p.iter()
+                .rev()
+                .take_while(|(t, ok)| *ok && *t > at)
+                .last()
+                .map(|(t, _)| *t)
+        };
+        if ok_since.is_some_and(|t| t.elapsed() > Duration::from_secs(1)) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (sent, probes) = load.finish();
+    Gap::measure(&r.seen, sent, &probes, at)
+}
+
+/// Sends SIGKILL to the process.
+fn kill9(k: &mut Kxdp) {
+    let _ = k.child.kill();
+    let _ = k.child.wait();
+}
+
+/// A TCP upload of `bytes` through the ClusterIP from the client pod, in a thread: the server's
+/// byte count comes back (None: the connection failed).
+fn upload(client_ns: &str, bytes: u64) -> std::thread::JoinHandle<Option<u64>> {
+    let p = Lab::path(client_ns);
+    std::thread::spawn(move || {
+        kxdp_dataplane::io::enter_netns(&p).unwrap();
+        let mut s = TcpStream::connect_timeout(
+            &CLUSTER_IP_TCP.parse().unwrap(),
+            Duration::from_secs(5),
+        )
+        .ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(15))).ok()?;
+        s.set_write_timeout(Some(Duration::from_secs(15))).ok()?;
+        let mut r = BufReader::new(s.try_clone().ok()?);
+        let mut greeting = String::new();
+        r.read_line(&mut greeting).ok()?;
+        // Paced: about 4 MB/s, so the transfer spans the event.
+        let chunk = vec![0x5au8; 16 * 1024];
+        let mut left = bytes;
+        while left > 0 {
+            let n = left.min(chunk.len() as u64) as usize;
+            s.write_all(&chunk[..n]).ok()?;
+            left -= n as u64;
+            std::thread::sleep(Duration::from_millis(4));
+        }
+        s.shutdown(Shutdown::Write).ok()?;
+        let mut count = String::new();
+        r.read_line(&mut count).ok()?;
+        count.trim().parse().ok()
+    })
+}
+
+#[test]
+#[ignore = "reports figures (docs/operations.md); run with --ignored --nocapture"]
+fn measure_restart_gaps() {
+    let Some(r) = lab("measure_restart_gaps") else {
+        return;
+    };
+    let (config, state) = lab_files();
+    let mut k = Some(Kxdp::start(&r.c.node, &config, &state));
+    let g = around(&r, || {
+        let at = Instant::now();
+        k.as_mut().unwrap().stop();
+        k = Some(Kxdp::start(&r.c.node, &config, &state));
+        at
+    });
+    println!("{}", g.report("SIGTERM + start"));
+    let g = around(&r, || {
+        let at = Instant::now();
+        kill9(k.as_mut().unwrap());
+        k = Some(Kxdp::start(&r.c.node, &config, &state));
+        at
+    });
+    println!("{}", g.report("SIGKILL + start"));
+    let up = upload(r.c.pod("client-1"), 40 << 20);
+    std::thread::sleep(Duration::from_secs(1));
+    k.as_mut().unwrap().stop();
+    k = Some(Kxdp::start(&r.c.node, &config, &state));
+    println!(
+        "SIGTERM + start during a TCP upload through the ClusterIP: {:?} of {} bytes counted",
+        up.join().unwrap(),
+        40u64 << 20
+    );
+    drop(k);
+}

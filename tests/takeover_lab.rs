@@ -20,8 +20,13 @@ use std::time::{Duration, Instant};
 
 use lab::{lab_files, serve_greet_and_count, Cluster, Kxdp, Lab};
 
-/// Packets per second of each UDP flow.
-const RATE: u64 = 10_000;
+/// Packets per second of each UDP flow: 10 000 when measuring; the tests use less, so that the
+/// debug build on a shared machine loses nothing without an event (`measure_baseline`).
+static RATE: AtomicU64 = AtomicU64::new(2_000);
+
+fn rate() -> u64 {
+    RATE.load(Ordering::Relaxed)
+}
 /// Sequence numbers a run can use (60 s at RATE).
 const MAX_SEQ: usize = 600_000;
 const CLUSTER_IP_UDP: &str = "172.30.0.10:53";
@@ -160,7 +165,11 @@ impl Load {
             let mut seq = 0u64;
             let mut buf = [0u8; 64];
             while !st.load(Ordering::Relaxed) && (seq as usize) < MAX_SEQ {
-                let due = (t0.elapsed().as_micros() as u64 * RATE / 1_000_000).min(MAX_SEQ as u64);
+                let due = (t0.elapsed().as_micros() as u64 * rate() / 1_000_000).min(MAX_SEQ as u64);
+                // At most 32 per flow at once: a sender descheduled for a while (a loaded
+                // machine) must not burst past what a veth queues (256 frames) and lose
+                // packets kxdp never saw.
+                let due = due.min(seq + 32);
                 while seq < due {
                     for (f, s) in socks.iter().enumerate() {
                         buf[0] = f as u8;
@@ -248,7 +257,7 @@ impl Gap {
             let (got, dup) = seen.count(f, sent[f]);
             g.lost[f] = sent[f] - got;
             g.duplicates[f] = dup;
-            g.longest_gap_ms[f] = seen.longest_gap(f, sent[f]) as f64 * 1000.0 / RATE as f64;
+            g.longest_gap_ms[f] = seen.longest_gap(f, sent[f]) as f64 * 1000.0 / rate() as f64;
         }
         let after: Vec<&(Instant, bool)> = probes.iter().filter(|(t, _)| *t >= event).collect();
         g.failed_probes = after.iter().filter(|(_, ok)| !ok).count();
@@ -265,11 +274,26 @@ impl Gap {
         g
     }
 
+    /// Runs of missing sequence numbers of `flow`: (first seq, count).
+    fn missing_runs(seen: &Seen, flow: usize, sent: u64) -> Vec<(u64, u64)> {
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        for (i, s) in seen.flows[flow][..sent as usize].iter().enumerate() {
+            if s.load(Ordering::Relaxed) == 0 {
+                match runs.last_mut() {
+                    Some((start, n)) if *start + *n == i as u64 => *n += 1,
+                    _ => runs.push((i as u64, 1)),
+                }
+            }
+        }
+        runs
+    }
+
     fn report(&self, what: &str) -> String {
         format!(
-            "{what}: ClusterIP UDP lost {} of {} (longest gap {:.1} ms), direct UDP lost {} of {} \
+            "{what} ({} pps per flow): ClusterIP UDP lost {} of {} (longest gap {:.1} ms), direct UDP lost {} of {} \
              (longest gap {:.1} ms), duplicates {}/{}; new TCP connections to the ClusterIP \
              succeed {} after the event ({} probe(s) failed)",
+            rate(),
             self.lost[0],
             self.sent[0],
             self.longest_gap_ms[0],
@@ -319,6 +343,14 @@ fn around(r: &Running, event: impl FnOnce() -> Instant) -> Gap {
         }
     }
     let load = Load::start(r.c.pod("client-1"));
+    let wall = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    println!(
+        "load started at {}.{:03} (s since the epoch, UTC)",
+        wall.as_secs() % 86400,
+        wall.subsec_millis()
+    );
     std::thread::sleep(Duration::from_secs(1));
     let at = event();
     let end = Instant::now() + Duration::from_secs(20);
@@ -338,6 +370,80 @@ fn around(r: &Running, event: impl FnOnce() -> Instant) -> Gap {
     }
     let (sent, probes) = load.finish();
     Gap::measure(&r.seen, sent, &probes, at)
+}
+
+/// `kxdp run` in the lab's node with a takeover socket; returns once it forwards (it logs
+/// "forwarding on", also after a takeover) and its tables are in.
+fn start_kxdp(ns: &str, socket: &std::path::Path, extra: &[&str]) -> Kxdp {
+    let (config, state) = lab_files();
+    let mut child = std::process::Command::new("ip")
+        .args(["netns", "exec", ns, env!("CARGO_BIN_EXE_kxdp"), "run"])
+        .args(["--config", &config, "--state", &state, "--no-admin"])
+        .arg("--takeover-socket")
+        .arg(socket)
+        .args(extra)
+        .env("RUST_LOG", "warn,kxdp_control::run=info")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("kxdp run");
+    let err = child.stderr.take().unwrap();
+    let log = Arc::new(Mutex::new(String::new()));
+    let (l2, (tx, rx)) = (log.clone(), std::sync::mpsc::channel());
+    std::thread::spawn(move || {
+        for line in BufReader::new(err).lines().map_while(Result::ok) {
+            if line.contains("forwarding on") {
+                let _ = tx.send(());
+            }
+            l2.lock().unwrap().push_str(&(line + "\n"));
+        }
+    });
+    let mut k = Kxdp { child, stderr: log };
+    if rx.recv_timeout(Duration::from_secs(30)).is_err() {
+        let _ = k.child.kill();
+        panic!("kxdp run did not start:\n{}", k.stderr.lock().unwrap());
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    k
+}
+
+/// Waits (bounded) for a process to exit by itself.
+fn exits_within(k: &mut Kxdp, d: Duration) -> Option<std::process::ExitStatus> {
+    let end = Instant::now() + d;
+    while Instant::now() < end {
+        if let Ok(Some(st)) = k.child.try_wait() {
+            return Some(st);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    None
+}
+
+/// A TCP upload straight to a pod (the routed pod path, no NAT).
+fn upload_to(client_ns: &str, to: &'static str, bytes: u64) -> std::thread::JoinHandle<Option<u64>> {
+    let p = Lab::path(client_ns);
+    std::thread::spawn(move || {
+        kxdp_dataplane::io::enter_netns(&p).unwrap();
+        let mut s =
+            TcpStream::connect_timeout(&to.parse().unwrap(), Duration::from_secs(5)).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(15))).ok()?;
+        s.set_write_timeout(Some(Duration::from_secs(15))).ok()?;
+        let mut r = BufReader::new(s.try_clone().ok()?);
+        let mut greeting = String::new();
+        r.read_line(&mut greeting).ok()?;
+        let chunk = vec![0x5au8; 16 * 1024];
+        let mut left = bytes;
+        while left > 0 {
+            let n = left.min(chunk.len() as u64) as usize;
+            s.write_all(&chunk[..n]).ok()?;
+            left -= n as u64;
+            std::thread::sleep(Duration::from_millis(4));
+        }
+        s.shutdown(Shutdown::Write).ok()?;
+        let mut count = String::new();
+        r.read_line(&mut count).ok()?;
+        count.trim().parse().ok()
+    })
 }
 
 /// Sends SIGKILL to the process.
@@ -384,6 +490,10 @@ fn measure_restart_gaps() {
     let Some(r) = lab("measure_restart_gaps") else {
         return;
     };
+    RATE.store(
+        std::env::var("KXDP_RATE").ok().and_then(|v| v.parse().ok()).unwrap_or(10_000),
+        Ordering::Relaxed,
+    );
     let (config, state) = lab_files();
     let mut k = Some(Kxdp::start(&r.c.node, &config, &state));
     let g = around(&r, || {
@@ -401,6 +511,7 @@ fn measure_restart_gaps() {
     });
     println!("{}", g.report("SIGKILL + start"));
     let up = upload(r.c.pod("client-1"), 40 << 20);
+    // (the upload's figure is printed below)
     std::thread::sleep(Duration::from_secs(1));
     k.as_mut().unwrap().stop();
     k = Some(Kxdp::start(&r.c.node, &config, &state));
@@ -410,4 +521,105 @@ fn measure_restart_gaps() {
         40u64 << 20
     );
     drop(k);
+}
+
+#[test]
+#[ignore = "reports the loss without any event (the lab's own loss at this rate)"]
+fn measure_baseline() {
+    let Some(r) = lab("measure_baseline") else {
+        return;
+    };
+    RATE.store(
+        std::env::var("KXDP_RATE").ok().and_then(|v| v.parse().ok()).unwrap_or(10_000),
+        Ordering::Relaxed,
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let _k = start_kxdp(&r.c.node, &dir.path().join("takeover.sock"), &[]);
+    let g = around(&r, Instant::now);
+    println!("{}", g.report("no event"));
+}
+
+#[test]
+fn takeover_loses_no_packet() {
+    let Some(r) = lab("takeover_loses_no_packet") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("takeover.sock");
+    let mut old = start_kxdp(&r.c.node, &sock, &[]);
+    let client = r.c.pod("client-1").to_string();
+    // 6 MB paced at about 4 MB/s straight to web-1: spans the takeover.
+    let direct = upload_to(&client, "10.1.0.11:8080", 6 << 20);
+    let mut new = None;
+    let g = around(&r, || {
+        let at = Instant::now();
+        new = Some(start_kxdp(&r.c.node, &sock, &[]));
+        at
+    });
+    println!("{}", g.report("takeover"));
+    let old_exit = exits_within(&mut old, Duration::from_secs(10));
+    let old_log = old.stderr.lock().unwrap().clone();
+    let new = new.unwrap();
+    let new_log = new.stderr.lock().unwrap().clone();
+    for l in old_log.lines().chain(new_log.lines()) {
+        if l.contains("handed over") || l.contains("took over") {
+            println!("{l}");
+        }
+    }
+    assert!(
+        new_log.contains("took over from pid"),
+        "the new kxdp took over:\n{new_log}"
+    );
+    assert!(
+        old_exit.is_some_and(|s| s.success()),
+        "the old kxdp exits 0 after the handover: {old_exit:?}\n{old_log}"
+    );
+    assert!(
+        old_log.contains("frames all accounted for"),
+        "every frame accounted for at the handover:\n{old_log}"
+    );
+    if g.lost != [0, 0] {
+        let m = lab::sh(
+            &r.c.node,
+            "curl -s 127.0.0.1:10249/metrics | grep -E '^kxdp_(packets|drops|xsk|io)' | grep -v ' 0$' || true",
+        );
+        println!("metrics of the new kxdp:\n{m}");
+        let runs = Gap::missing_runs(&r.seen, 1, g.sent[1]);
+        println!(
+            "direct flow: missing runs (ms after the load started, packets): {:?}; event at {} ms",
+            runs.iter()
+                .map(|(s, n)| (s * 1000 / rate(), *n))
+                .collect::<Vec<_>>(),
+            1000
+        );
+        println!("{}", lab::sh(&r.c.node, "ip -s link show vpod3; ip -s link show vpod2"));
+    }
+    assert_eq!(g.lost, [0, 0], "no packet lost: {}", g.report("takeover"));
+    // New connections keep working. A probe whose connection was opened through the old
+    // process and answered after the takeover can fail while conntrack is per process (the
+    // state file of issue 11 item 1 shares it): at most that one.
+    assert!(g.failed_probes <= 1, "{}", g.report("takeover"));
+    assert_eq!(
+        direct.join().unwrap(),
+        Some(6 << 20),
+        "every byte of the direct TCP upload delivered"
+    );
+    // The successor hands over in turn (and a takeover leaves the program attached).
+    assert!(lab::xdp_on(&r.c.node, "up0").is_some());
+    drop(new);
+}
+
+#[test]
+#[ignore = "needs the conntrack state file (issue 11 item 1, branch s3-persist); un-ignore after merging it"]
+fn takeover_keeps_clusterip_tcp_connections() {
+    let Some(r) = lab("takeover_keeps_clusterip_tcp_connections") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("takeover.sock");
+    let _old = start_kxdp(&r.c.node, &sock, &[]);
+    let up = upload(r.c.pod("client-1"), 8 << 20);
+    std::thread::sleep(Duration::from_millis(500));
+    let _new = start_kxdp(&r.c.node, &sock, &[]);
+    assert_eq!(up.join().unwrap(), Some(8 << 20), "every byte through the ClusterIP");
 }

@@ -4,6 +4,7 @@
 //! - [`xdp`]: the hand-assembled XDP program, its maps and BPF links (raw `bpf()`).
 //! - [`netlink`]: routes, addresses, links, neighbours and the bridge FDB, and the requests kxdp
 //!   makes (neighbour resolution, stale XDP detach), through `netlink-packet-route`.
+//! - [`handover`]: memfds and descriptors passed over a Unix socket (a takeover).
 //! - [`sys`]: interface indexes, network namespaces, ethtool queries, CPU pinning.
 //!
 //! Each `unsafe` block sits in a small named helper with a `// SAFETY:` note saying why it is
@@ -13,6 +14,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod afxdp;
+pub mod handover;
 pub mod netlink;
 pub mod sys;
 pub mod xdp;

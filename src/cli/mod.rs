@@ -211,6 +211,16 @@ struct RunArgs {
     /// Do not serve the admin socket.
     #[arg(long)]
     no_admin: bool,
+    /// Takeover socket: a new `kxdp run` takes the dataplane over from the one listening here
+    /// without losing a packet; this one listens here for its successor (mode 0600, root only).
+    #[arg(long, value_name = "PATH", default_value = kxdp_control::takeover::DEFAULT_SOCKET)]
+    takeover_socket: PathBuf,
+    /// Neither take over a running kxdp nor listen for a successor.
+    #[arg(long)]
+    no_takeover: bool,
+    /// Start clean: do not take over a running kxdp (still listen for a successor).
+    #[arg(long)]
+    clean_start: bool,
     /// Testing: replay this capture through the pipeline inside the daemon (a pseudo-worker)
     /// each time the file appears or changes.
     #[arg(long, value_name = "FILE", hide = true)]
@@ -306,6 +316,10 @@ where
                     args.state.clone(),
                     args.kubeconfig.clone(),
                     ops,
+                    kxdp_control::takeover::TakeoverOptions {
+                        socket: (!args.no_takeover).then(|| args.takeover_socket.clone()),
+                        clean_start: args.clean_start,
+                    },
                 )
                 .map_err(run_error),
             )

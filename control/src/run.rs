@@ -308,6 +308,9 @@ pub fn run(
             }
         })
     };
+    // A successor that cannot adopt this build's dataplane: its connection stays open until
+    // this process exits (it waits for that, then starts clean).
+    let mut stopping_for: Option<std::os::unix::net::UnixStream> = None;
     loop {
         let conn = rt.block_on(async {
             tokio::select! {
@@ -324,6 +327,12 @@ pub fn run(
                 tracing::warn!("kxdp run: takeover request: {why}; this kxdp carries on");
                 afxdp = Some((a, hp));
             }
+            crate::takeover::Outcome::Stop { afxdp: a, conn, why } => {
+                tracing::warn!("kxdp run: takeover request: {why}; stopping so that it can start clean");
+                afxdp = Some((a, hp));
+                stopping_for = Some(conn);
+                break;
+            }
             crate::takeover::Outcome::HandedOver {
                 quiesced,
                 conn,
@@ -334,6 +343,11 @@ pub fn run(
                 stale_cleaner.abort();
                 drop(listener);
                 let balanced = quiesced.frames_balanced();
+                let stopped_at = quiesced
+                    .stopped_at
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_secs_f64())
+                    .unwrap_or_default();
                 quiesced.release();
                 if let Some(hp) = hp {
                     hp.leave();
@@ -343,10 +357,18 @@ pub fn run(
                 handle.shutdown();
                 crate::takeover::released(&conn);
                 eprintln!(
-                    "kxdp run: handed over to pid {pid} in {} ms ({summary}; frames {}); exiting",
+                    "kxdp run: handed over to pid {pid} in {} ms, workers stopped at {stopped_at:.6} ({summary}; frames {}); {}",
                     took.as_millis(),
-                    if balanced { "all accounted for" } else { "NOT ALL ACCOUNTED FOR" }
+                    if balanced { "all accounted for" } else { "NOT ALL ACCOUNTED FOR" },
+                    if takeover.wait_after_handover {
+                        "waiting for SIGTERM (--wait-after-handover)"
+                    } else {
+                        "exiting"
+                    }
                 );
+                if takeover.wait_after_handover {
+                    wait_for_signal();
+                }
                 return Ok(());
             }
         }
@@ -379,7 +401,32 @@ pub fn run(
     }
     drop(ops);
     handle.shutdown();
+    // The successor waiting for this process to be gone starts when the connection closes.
+    drop(stopping_for);
     Ok(())
+}
+
+/// Blocks until SIGTERM or SIGINT (the control plane's runtime is gone: a small one listens).
+fn wait_for_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    else {
+        return;
+    };
+    rt.block_on(async {
+        let (Ok(mut term), Ok(mut int)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) else {
+            return;
+        };
+        tokio::select! {
+            _ = int.recv() => {}
+            _ = term.recv() => {}
+        }
+    });
 }
 
 impl kxdp_dataplane::worker::Tables for Published {
@@ -497,7 +544,11 @@ fn take_over(
         }
     };
     crate::takeover::reply(&conn, Ok(())).map_err(|e| RunError::Takeover(e.to_string()))?;
-    let paused = started.elapsed();
+    // Logged at once: the line's time is when forwarding resumed (tests/takeover_lab.rs).
+    tracing::info!(
+        "kxdp run: took over from pid {pid}: its workers were stopped for {} ms; {summary}",
+        started.elapsed().as_millis()
+    );
     let host_path = if config.host_path.enabled {
         let moved = parcel.host_path.clone().unwrap_or_default();
         match crate::host_path::RunningHostPath::start_or_adopt(
@@ -518,10 +569,6 @@ fn take_over(
     if let Err(e) = crate::takeover::wait_released(&conn, Duration::from_secs(10)) {
         tracing::warn!("kxdp run: pid {pid} did not confirm it released its servers: {e}");
     }
-    tracing::info!(
-        "kxdp run: took over from pid {pid}: its workers were stopped for {} ms; {summary}",
-        paused.as_millis()
-    );
     tracing::info!(
         "kxdp run: forwarding on {}{} with {} worker(s) (taken over)",
         config.interfaces.join(", "),

@@ -42,9 +42,16 @@ pub const PROTOCOL: u32 = 1;
 /// so packets queue on the RX rings): a successor that takes longer is treated as failed.
 const ADOPT_WAIT: Duration = Duration::from_secs(10);
 
+/// How long a successor waits for a predecessor that stops (it detaches and removes the host
+/// path, as on SIGTERM).
+const STOP_WAIT: Duration = Duration::from_secs(30);
+
 #[derive(Debug, Serialize, Deserialize)]
 struct Request {
     protocol: u32,
+    /// The dataplane description version the new side reads.
+    #[serde(default)]
+    description: u32,
     pid: u32,
     netns: String,
     node_name: String,
@@ -53,6 +60,12 @@ struct Request {
 #[derive(Debug, Serialize, Deserialize)]
 enum Answer {
     Refused {
+        reason: String,
+    },
+    /// The two builds cannot hand over (their descriptions differ): the old one stops as on
+    /// SIGTERM and closes the connection when it is gone; the new one then starts clean (a
+    /// restart, with its gap).
+    Stopping {
         reason: String,
     },
     Parcel {
@@ -165,6 +178,13 @@ pub enum Outcome {
     },
     /// Refused or failed: the dataplane runs on (resumed if it had been stopped).
     Continue { afxdp: AfXdp, why: String },
+    /// The successor cannot adopt this build's dataplane: stop as on SIGTERM (keep `conn` open
+    /// until exiting, the successor waits for it to close).
+    Stop {
+        afxdp: AfXdp,
+        conn: UnixStream,
+        why: String,
+    },
 }
 
 /// Answers a takeover request on the running side (see the module docs).
@@ -203,6 +223,25 @@ pub fn hand_over(
     } else {
         None
     };
+    let version = kxdp_dataplane::io::takeover::DESCRIPTION_VERSION;
+    if refuse.is_none() && req.description != version {
+        let reason = format!(
+            "pid {} reads dataplane description version {}, this kxdp writes {version}",
+            req.pid, req.description
+        );
+        let _ = send_json(
+            &conn,
+            &Answer::Stopping {
+                reason: reason.clone(),
+            },
+            &[],
+        );
+        return Outcome::Stop {
+            afxdp,
+            conn,
+            why: reason,
+        };
+    }
     if let Some(reason) = refuse {
         let _ = send_json(
             &conn,
@@ -291,13 +330,16 @@ pub fn connect(path: &Path) -> Result<UnixStream, String> {
     UnixStream::connect(path).map_err(|e| format!("{}: {e}", path.display()))
 }
 
-/// Asks for the dataplane. `Ok(Err(reason))`: refused (nothing was stopped; start clean).
+/// Asks for the dataplane. `Ok(Err(reason))`: refused (nothing was stopped; start clean), or
+/// the predecessor cannot hand over to this build and has stopped (this function returns once
+/// it is gone, at most `STOP_WAIT` later): start clean.
 pub fn request(conn: &UnixStream, node_name: &str) -> io::Result<Result<Parcel, String>> {
     conn.set_read_timeout(Some(ADOPT_WAIT))?;
     send_json(
         conn,
         &Request {
             protocol: PROTOCOL,
+            description: kxdp_dataplane::io::takeover::DESCRIPTION_VERSION,
             pid: std::process::id(),
             netns: netns(),
             node_name: node_name.to_string(),
@@ -307,6 +349,15 @@ pub fn request(conn: &UnixStream, node_name: &str) -> io::Result<Result<Parcel, 
     let (answer, fds) = recv_json::<Answer>(conn)?;
     Ok(match answer {
         Answer::Refused { reason } => Err(reason),
+        Answer::Stopping { reason } => {
+            // The connection closes when the predecessor exits (its sockets and programs are
+            // gone by then).
+            conn.set_read_timeout(Some(STOP_WAIT))?;
+            let mut buf = [0u8; 64];
+            let mut r = conn;
+            while matches!(std::io::Read::read(&mut r, &mut buf), Ok(n) if n > 0) {}
+            Err(format!("{reason}; it stopped (a restart, not a takeover)"))
+        }
         Answer::Parcel {
             pid,
             dataplane,
@@ -343,4 +394,8 @@ pub struct TakeoverOptions {
     pub socket: Option<PathBuf>,
     /// Do not take over a running kxdp (still listen for a successor).
     pub clean_start: bool,
+    /// After handing over, stay (doing nothing) until SIGTERM instead of exiting: a DaemonSet
+    /// pod's container that exits is restarted by the kubelet, and the restarted old version
+    /// would take the dataplane back.
+    pub wait_after_handover: bool,
 }

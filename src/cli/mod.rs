@@ -221,6 +221,10 @@ struct RunArgs {
     /// Start clean: do not take over a running kxdp (still listen for a successor).
     #[arg(long)]
     clean_start: bool,
+    /// After handing the dataplane to a successor, stay idle until SIGTERM instead of exiting
+    /// (a DaemonSet's container that exits is restarted; see docs/operations.md).
+    #[arg(long)]
+    wait_after_handover: bool,
     /// Testing: replay this capture through the pipeline inside the daemon (a pseudo-worker)
     /// each time the file appears or changes.
     #[arg(long, value_name = "FILE", hide = true)]
@@ -319,6 +323,7 @@ where
                     kxdp_control::takeover::TakeoverOptions {
                         socket: (!args.no_takeover).then(|| args.takeover_socket.clone()),
                         clean_start: args.clean_start,
+                        wait_after_handover: args.wait_after_handover,
                     },
                 )
                 .map_err(run_error),

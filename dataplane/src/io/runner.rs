@@ -554,11 +554,13 @@ impl AfXdp {
                 Err(_) => lost += 1,
             }
         }
+        let stopped_at = std::time::SystemTime::now();
         Quiesced {
             afxdp: self,
             workers,
             links,
             lost_workers: lost,
+            stopped_at,
         }
     }
 
@@ -714,16 +716,27 @@ impl Drop for AfXdp {
     }
 }
 
-/// Deep fill rings while nobody polls: each socket of a stopped worker gets up to a full ring
-/// of the free frames (shared evenly), so that what arrives until the successor polls waits on
-/// the RX ring instead of being dropped for want of a fill frame (at 10 kpps a 2048-entry ring
-/// lasts 200 ms).
+/// Deep fill rings while nobody polls, so that what arrives until the successor polls waits on
+/// the RX rings instead of being dropped for want of a fill frame: first the busy sockets (whose
+/// share grew above the base, `Port::fill_target`) get up to a full ring each, then the free
+/// frames left are shared evenly (at 10 kpps a 2048-entry ring lasts 200 ms).
 fn deep_fill(w: &mut Worker) {
-    let n = w.ports.len().max(1);
-    let share = (w.umem.free_frames() / n) as u32;
-    for p in &mut w.ports {
-        let room = w.xsk.ring_size.saturating_sub(p.sock.fill_outstanding());
-        p.sock.refill(&mut w.umem, room.min(share));
+    let base = crate::worker::fill_target(&w.xsk, 0);
+    for busy_first in [true, false] {
+        let n = w
+            .ports
+            .iter()
+            .filter(|p| !busy_first || p.fill_target > base)
+            .count()
+            .max(1);
+        let share = (w.umem.free_frames() / n) as u32;
+        for p in &mut w.ports {
+            if busy_first && p.fill_target <= base {
+                continue;
+            }
+            let room = w.xsk.ring_size.saturating_sub(p.sock.fill_outstanding());
+            p.sock.refill(&mut w.umem, room.min(share));
+        }
     }
 }
 
@@ -737,6 +750,8 @@ pub struct Quiesced {
     pub(crate) links: HashMap<u32, AttachedLink>,
     /// Workers whose thread had panicked (their sockets cannot be handed over).
     pub lost_workers: usize,
+    /// When the last worker stopped polling.
+    pub stopped_at: std::time::SystemTime,
 }
 
 impl Quiesced {

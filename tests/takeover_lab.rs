@@ -29,9 +29,18 @@ static LOAD_STARTED: Mutex<f64> = Mutex::new(0.0);
 
 /// The seconds of the UTC day of a log line's RFC 3339 timestamp (`2026-11-24T07:44:43.840197Z`).
 fn log_time(line: &str) -> Option<f64> {
-    let t = line.split_whitespace().next()?.split('T').nth(1)?.trim_end_matches('Z');
+    let t = line
+        .split_whitespace()
+        .next()?
+        .split('T')
+        .nth(1)?
+        .trim_end_matches('Z');
     let mut p = t.split(':');
-    let (h, m, s): (f64, f64, f64) = (p.next()?.parse().ok()?, p.next()?.parse().ok()?, p.next()?.parse().ok()?);
+    let (h, m, s): (f64, f64, f64) = (
+        p.next()?.parse().ok()?,
+        p.next()?.parse().ok()?,
+        p.next()?.parse().ok()?,
+    );
     Some(h * 3600.0 + m * 60.0 + s)
 }
 
@@ -185,13 +194,15 @@ impl Load {
             let mut seq = 0u64;
             let mut buf = [0u8; 64];
             while !st.load(Ordering::Relaxed) && (seq as usize) < MAX_SEQ {
-                let due = (t0.elapsed().as_micros() as u64 * rate() / 1_000_000).min(MAX_SEQ as u64);
+                let due =
+                    (t0.elapsed().as_micros() as u64 * rate() / 1_000_000).min(MAX_SEQ as u64);
                 // At most 32 per flow at once: a sender descheduled for a while (a loaded
                 // machine) must not burst past what a veth queues (256 frames) and lose
                 // packets kxdp never saw.
                 let due = due.min(seq + 32);
                 while seq < due {
-                    at.sent_at[seq as usize].store(t0.elapsed().as_millis() as u32, Ordering::Relaxed);
+                    at.sent_at[seq as usize]
+                        .store(t0.elapsed().as_millis() as u32, Ordering::Relaxed);
                     for (f, s) in socks.iter().enumerate() {
                         buf[0] = f as u8;
                         buf[1..9].copy_from_slice(&seq.to_be_bytes());
@@ -240,10 +251,9 @@ impl Load {
 
 /// One new TCP connection to the ClusterIP: connect and read the greeting (200 ms each).
 fn probe_once() -> bool {
-    let Ok(s) = TcpStream::connect_timeout(
-        &CLUSTER_IP_TCP.parse().unwrap(),
-        Duration::from_millis(200),
-    ) else {
+    let Ok(s) =
+        TcpStream::connect_timeout(&CLUSTER_IP_TCP.parse().unwrap(), Duration::from_millis(200))
+    else {
         return false;
     };
     let _ = s.set_read_timeout(Some(Duration::from_millis(200)));
@@ -274,16 +284,16 @@ impl Gap {
             new_connections_ms: None,
             failed_probes: 0,
         };
-        for f in 0..2 {
-            let (got, dup) = seen.count(f, sent[f]);
-            g.lost[f] = sent[f] - got;
+        for (f, &n) in sent.iter().enumerate() {
+            let (got, dup) = seen.count(f, n);
+            g.lost[f] = n - got;
             g.duplicates[f] = dup;
-            g.longest_gap_ms[f] = seen.longest_gap(f, sent[f]) as f64 * 1000.0 / rate() as f64;
+            g.longest_gap_ms[f] = seen.longest_gap(f, n) as f64 * 1000.0 / rate() as f64;
         }
         let after: Vec<&(Instant, bool)> = probes.iter().filter(|(t, _)| *t >= event).collect();
         g.failed_probes = after.iter().filter(|(_, ok)| !ok).count();
-        // The first success after which none failed... simply the first success after the
-        // last failure that followed the event (or the first probe when none failed).
+        // The first success after the last failure that followed the event (or the first
+        // probe when none failed).
         let last_fail = after.iter().rposition(|(_, ok)| !ok);
         let first_ok = match last_fail {
             Some(i) => after.get(i + 1),
@@ -367,7 +377,8 @@ fn around(r: &Running, event: impl FnOnce() -> Instant) -> Gap {
     let wall = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap();
-    *LOAD_STARTED.lock().unwrap() = (wall.as_secs() % 86400) as f64 + wall.subsec_micros() as f64 / 1e6;
+    *LOAD_STARTED.lock().unwrap() =
+        (wall.as_secs() % 86400) as f64 + wall.subsec_micros() as f64 / 1e6;
     std::thread::sleep(Duration::from_secs(1));
     let at = event();
     let end = Instant::now() + Duration::from_secs(20);
@@ -447,7 +458,11 @@ fn exits_within(k: &mut Kxdp, d: Duration) -> Option<std::process::ExitStatus> {
 }
 
 /// A TCP upload straight to a pod (the routed pod path, no NAT).
-fn upload_to(client_ns: &str, to: &'static str, bytes: u64) -> std::thread::JoinHandle<Option<u64>> {
+fn upload_to(
+    client_ns: &str,
+    to: &'static str,
+    bytes: u64,
+) -> std::thread::JoinHandle<Option<u64>> {
     let p = Lab::path(client_ns);
     std::thread::spawn(move || {
         kxdp_dataplane::io::enter_netns(&p).unwrap();
@@ -524,11 +539,9 @@ fn upload(client_ns: &str, bytes: u64) -> std::thread::JoinHandle<Option<u64>> {
     let p = Lab::path(client_ns);
     std::thread::spawn(move || {
         kxdp_dataplane::io::enter_netns(&p).unwrap();
-        let mut s = TcpStream::connect_timeout(
-            &CLUSTER_IP_TCP.parse().unwrap(),
-            Duration::from_secs(5),
-        )
-        .ok()?;
+        let mut s =
+            TcpStream::connect_timeout(&CLUSTER_IP_TCP.parse().unwrap(), Duration::from_secs(5))
+                .ok()?;
         s.set_read_timeout(Some(Duration::from_secs(15))).ok()?;
         s.set_write_timeout(Some(Duration::from_secs(15))).ok()?;
         let mut r = BufReader::new(s.try_clone().ok()?);
@@ -557,7 +570,10 @@ fn measure_restart_gaps() {
         return;
     };
     RATE.store(
-        std::env::var("KXDP_RATE").ok().and_then(|v| v.parse().ok()).unwrap_or(10_000),
+        std::env::var("KXDP_RATE")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(10_000),
         Ordering::Relaxed,
     );
     let (config, state) = lab_files();
@@ -622,7 +638,10 @@ fn measure_baseline() {
         return;
     };
     RATE.store(
-        std::env::var("KXDP_RATE").ok().and_then(|v| v.parse().ok()).unwrap_or(10_000),
+        std::env::var("KXDP_RATE")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(10_000),
         Ordering::Relaxed,
     );
     let dir = tempfile::tempdir().unwrap();
@@ -685,12 +704,17 @@ fn takeover_loses_no_packet() {
                 .collect::<Vec<_>>()
         );
     }
-    assert_eq!(in_window, [0, 0], "no packet lost in the handover: {}", g.report("takeover"));
+    assert_eq!(
+        in_window,
+        [0, 0],
+        "no packet lost in the handover: {}",
+        g.report("takeover")
+    );
     // Outside the window the lab loses what an unpinned worker on a loaded machine loses
     // anyway (`measure_baseline`): bounded, not zero.
-    for f in 0..2 {
+    for (lost, sent) in g.lost.iter().zip(g.sent) {
         assert!(
-            g.lost[f] * 50 <= g.sent[f],
+            lost * 50 <= sent,
             "background loss above 2 %: {}",
             g.report("takeover")
         );
@@ -721,5 +745,9 @@ fn takeover_keeps_clusterip_tcp_connections() {
     let up = upload(r.c.pod("client-1"), 8 << 20);
     std::thread::sleep(Duration::from_millis(500));
     let _new = start_kxdp(&r.c.node, &sock, &[]);
-    assert_eq!(up.join().unwrap(), Some(8 << 20), "every byte through the ClusterIP");
+    assert_eq!(
+        up.join().unwrap(),
+        Some(8 << 20),
+        "every byte through the ClusterIP"
+    );
 }

@@ -327,8 +327,14 @@ pub fn run(
                 tracing::warn!("kxdp run: takeover request: {why}; this kxdp carries on");
                 afxdp = Some((a, hp));
             }
-            crate::takeover::Outcome::Stop { afxdp: a, conn, why } => {
-                tracing::warn!("kxdp run: takeover request: {why}; stopping so that it can start clean");
+            crate::takeover::Outcome::Stop {
+                afxdp: a,
+                conn,
+                why,
+            } => {
+                tracing::warn!(
+                    "kxdp run: takeover request: {why}; stopping so that it can start clean"
+                );
                 afxdp = Some((a, hp));
                 stopping_for = Some(conn);
                 break;
@@ -498,7 +504,9 @@ fn take_over(
     let parcel = match crate::takeover::request(&conn, &config.node_name) {
         Ok(Ok(p)) => p,
         Ok(Err(reason)) => {
-            tracing::warn!("kxdp run: the running kxdp refused the takeover ({reason}); starting clean");
+            tracing::warn!(
+                "kxdp run: the running kxdp refused the takeover ({reason}); starting clean"
+            );
             return Ok(None);
         }
         Err(e) => return Err(RunError::Takeover(e.to_string())),

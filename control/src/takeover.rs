@@ -27,9 +27,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use kxdp_dataplane::io::handover::{recv_message, send_message};
 use kxdp_dataplane::io::runner::{AfXdp, Quiesced};
 use kxdp_dataplane::io::takeover::Description;
-use kxdp_dataplane::io::handover::{recv_message, send_message};
 use serde::{Deserialize, Serialize};
 
 /// Where a running kxdp listens for its successor.
@@ -94,15 +94,20 @@ fn netns() -> String {
         .unwrap_or_default()
 }
 
-fn send_json<T: Serialize>(sock: &UnixStream, v: &T, fds: &[std::os::fd::BorrowedFd<'_>]) -> io::Result<()> {
+fn send_json<T: Serialize>(
+    sock: &UnixStream,
+    v: &T,
+    fds: &[std::os::fd::BorrowedFd<'_>],
+) -> io::Result<()> {
     let bytes = serde_json::to_vec(v).map_err(io::Error::other)?;
     send_message(sock, &bytes, fds)
 }
 
 fn recv_json<T: for<'de> Deserialize<'de>>(sock: &UnixStream) -> io::Result<(T, Vec<OwnedFd>)> {
     let (bytes, fds) = recv_message(sock)?;
-    let v = serde_json::from_slice(&bytes)
-        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("takeover message: {e}")))?;
+    let v = serde_json::from_slice(&bytes).map_err(|e| {
+        io::Error::new(io::ErrorKind::InvalidData, format!("takeover message: {e}"))
+    })?;
     Ok((v, fds))
 }
 

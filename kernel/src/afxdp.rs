@@ -149,7 +149,9 @@ impl Umem {
         for &a in &state.free {
             let i = (a / state.frame_size as u64) as usize;
             if a % state.frame_size as u64 != 0 || i >= seen.len() || seen[i] {
-                return Err(bad(format!("free frame address {a:#x} invalid or repeated")));
+                return Err(bad(format!(
+                    "free frame address {a:#x} invalid or repeated"
+                )));
             }
             seen[i] = true;
         }

@@ -28,8 +28,8 @@ pub const MAX_PAYLOAD: usize = 64 << 20;
 /// A memfd of `len` bytes (`memfd_create` + `ftruncate`), for memory another process can map.
 pub fn memfd(name: &CStr, len: usize) -> io::Result<OwnedFd> {
     // SAFETY: `name` is a valid C string; the result is checked by `fd_result`.
-    let fd = fd_result(unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) }
-        as libc::c_long)?;
+    let fd =
+        fd_result(unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) } as libc::c_long)?;
     // SAFETY: plain syscall on the descriptor just created.
     if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
         return Err(io::Error::last_os_error());

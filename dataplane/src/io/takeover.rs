@@ -218,7 +218,13 @@ impl Parts {
         };
         let m = desc.maps;
         let maps = SharedMaps::from_fds(
-            [take(m[0])?, take(m[1])?, take(m[2])?, take(m[3])?, take(m[4])?],
+            [
+                take(m[0])?,
+                take(m[1])?,
+                take(m[2])?,
+                take(m[3])?,
+                take(m[4])?,
+            ],
             desc.node_addrs.clone(),
         );
         let mut workers = Vec::new();
@@ -265,12 +271,8 @@ impl Parts {
                 "generic" => XdpMode::Generic,
                 other => return Err(bad(format!("XDP mode {other:?} of {}", l.name))),
             };
-            let prog = XdpProgram::from_fds(
-                take(l.prog)?,
-                take(l.xsks)?,
-                maps_arc.clone(),
-                l.insn_count,
-            );
+            let prog =
+                XdpProgram::from_fds(take(l.prog)?, take(l.xsks)?, maps_arc.clone(), l.insn_count);
             links.push(AttachedLink {
                 report: InterfaceReport {
                     name: l.name,

@@ -751,3 +751,61 @@ fn takeover_keeps_clusterip_tcp_connections() {
         "every byte through the ClusterIP"
     );
 }
+
+#[test]
+fn failed_takeover_resumes_the_running_kxdp() {
+    let Some(r) = lab("failed_takeover_resumes_the_running_kxdp") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("takeover.sock");
+    let mut old = start_kxdp_niced(&r.c.node, &sock, &[], -10);
+    let mut status = None;
+    let mut new_log = String::new();
+    let g = around(&r, || {
+        let at = Instant::now();
+        let (config, state) = lab_files();
+        let out = std::process::Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &r.c.node,
+                env!("CARGO_BIN_EXE_kxdp"),
+                "run",
+            ])
+            .args(["--config", &config, "--state", &state, "--no-admin"])
+            .arg("--takeover-socket")
+            .arg(&sock)
+            .arg("--takeover-fail-for-test")
+            .env("RUST_LOG", "warn,kxdp_control::run=info")
+            .output()
+            .expect("kxdp run");
+        status = out.status.code();
+        new_log = String::from_utf8_lossy(&out.stderr).into_owned();
+        at
+    });
+    println!("{}", g.report("failed takeover"));
+    assert_eq!(status, Some(1), "the new kxdp fails:\n{new_log}");
+    assert!(
+        new_log.contains("taking over from the running kxdp"),
+        "{new_log}"
+    );
+    // The old one resumed: still running, still forwarding, nothing lost beyond the lab's
+    // background.
+    assert!(
+        old.child.try_wait().unwrap().is_none(),
+        "the old kxdp runs on"
+    );
+    let old_log = old.stderr.lock().unwrap().clone();
+    assert!(old_log.contains("this kxdp carries on"), "{old_log}");
+    for (lost, sent) in g.lost.iter().zip(g.sent) {
+        assert!(lost * 50 <= sent, "{}", g.report("failed takeover"));
+    }
+    assert!(g.failed_probes <= 1, "{}", g.report("failed takeover"));
+    let st = old.stop().expect("exit");
+    assert!(st.success(), "{st:?}");
+    assert!(
+        lab::xdp_on(&r.c.node, "up0").is_none(),
+        "detached on SIGTERM"
+    );
+}

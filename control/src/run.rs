@@ -533,6 +533,13 @@ fn take_over(
         run_opts.interfaces.push(name.clone());
     }
     run_opts.kernel_port = kernel_port;
+    if opts.fail_for_test {
+        let why = "--takeover-fail-for-test";
+        let _ = crate::takeover::reply(&conn, Err(why.into()));
+        return Err(RunError::Takeover(format!(
+            "{why}: not adopting pid {pid}'s dataplane ({summary}; pid {pid} carries on)"
+        )));
+    }
     let adopted = kxdp_dataplane::io::runner::AfXdp::adopt(
         &run_opts,
         published.clone(),

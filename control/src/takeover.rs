@@ -403,4 +403,7 @@ pub struct TakeoverOptions {
     /// pod's container that exits is restarted by the kubelet, and the restarted old version
     /// would take the dataplane back.
     pub wait_after_handover: bool,
+    /// Testing: receive the predecessor's dataplane, then report a failure instead of adopting
+    /// it (the predecessor resumes; tests/takeover_lab.rs).
+    pub fail_for_test: bool,
 }

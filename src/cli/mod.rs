@@ -225,6 +225,10 @@ struct RunArgs {
     /// (a DaemonSet's container that exits is restarted; see docs/operations.md).
     #[arg(long)]
     wait_after_handover: bool,
+    /// Testing: receive the running kxdp's dataplane, then report a failure instead of adopting
+    /// it (the running one resumes).
+    #[arg(long, hide = true)]
+    takeover_fail_for_test: bool,
     /// Testing: replay this capture through the pipeline inside the daemon (a pseudo-worker)
     /// each time the file appears or changes.
     #[arg(long, value_name = "FILE", hide = true)]
@@ -324,6 +328,7 @@ where
                         socket: (!args.no_takeover).then(|| args.takeover_socket.clone()),
                         clean_start: args.clean_start,
                         wait_after_handover: args.wait_after_handover,
+                        fail_for_test: args.takeover_fail_for_test,
                     },
                 )
                 .map_err(run_error),

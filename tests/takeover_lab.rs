@@ -519,6 +519,18 @@ fn handover_window(r: &Running, g: &Gap, old_log: &str, new_log: &str) -> [u64; 
             }
         }
     }
+    let lost_at: Vec<u32> = (0..g.sent[1] as usize)
+        .filter(|&q| r.seen.flows[1][q].load(Ordering::Relaxed) == 0)
+        .map(|q| r.seen.sent_at[q].load(Ordering::Relaxed))
+        .filter(|&t| (t as f64) >= from_ms && (t as f64) <= to_ms)
+        .collect();
+    if let (Some(a), Some(b)) = (lost_at.first(), lost_at.last()) {
+        println!(
+            "lost in the window (direct flow): sent {:.0}..{:.0} ms after the old workers stopped",
+            *a as f64 - stopped * 1000.0,
+            *b as f64 - stopped * 1000.0
+        );
+    }
     println!(
         "handover window: {:.0} ms from 20 ms before the old workers stopped to 100 ms after the new ones started (stopped for {:.0} ms), {packets} packets per flow sent in it: lost {in_window:?}",
         to_ms - from_ms,
@@ -655,6 +667,9 @@ fn takeover_loses_no_packet() {
     let Some(r) = lab("takeover_loses_no_packet") else {
         return;
     };
+    if let Some(rate) = std::env::var("KXDP_RATE").ok().and_then(|v| v.parse().ok()) {
+        RATE.store(rate, Ordering::Relaxed);
+    }
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("takeover.sock");
     let mut old = start_kxdp_niced(&r.c.node, &sock, &[], -10);

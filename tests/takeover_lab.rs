@@ -834,3 +834,44 @@ fn failed_takeover_resumes_the_running_kxdp() {
         "detached on SIGTERM"
     );
 }
+
+#[test]
+fn incompatible_successor_restarts_instead() {
+    let Some(r) = lab("incompatible_successor_restarts_instead") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("takeover.sock");
+    let mut old = start_kxdp(&r.c.node, &sock, &[]);
+    // A build whose dataplane description differs: the running one stops as on SIGTERM, the
+    // new one starts clean once it is gone.
+    let new = start_kxdp(
+        &r.c.node,
+        &sock,
+        &["--takeover-description-for-test", "999"],
+    );
+    let st = exits_within(&mut old, Duration::from_secs(10));
+    let old_log = old.stderr.lock().unwrap().clone();
+    let new_log = new.stderr.lock().unwrap().clone();
+    assert!(st.is_some_and(|s| s.success()), "{st:?}\n{old_log}");
+    assert!(
+        old_log.contains("stopping so that it can start clean"),
+        "{old_log}"
+    );
+    assert!(
+        new_log.contains("a restart, not a takeover") && new_log.contains("starting clean"),
+        "{new_log}"
+    );
+    // The new one forwards: a new connection through the ClusterIP.
+    let ok = Lab::in_ns(r.c.pod("client-1"), || {
+        (0..20).any(|_| {
+            let ok = probe_once();
+            if !ok {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            ok
+        })
+    });
+    assert!(ok, "new connections through the restarted kxdp\n{new_log}");
+    assert!(lab::xdp_on(&r.c.node, "up0").is_some());
+}

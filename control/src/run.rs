@@ -501,11 +501,14 @@ fn take_over(
         source,
     })?;
     let started = std::time::Instant::now();
-    let parcel = match crate::takeover::request(&conn, &config.node_name) {
+    let description = opts
+        .description_for_test
+        .unwrap_or(kxdp_dataplane::io::takeover::DESCRIPTION_VERSION);
+    let parcel = match crate::takeover::request(&conn, &config.node_name, description) {
         Ok(Ok(p)) => p,
         Ok(Err(reason)) => {
             tracing::warn!(
-                "kxdp run: the running kxdp refused the takeover ({reason}); starting clean"
+                "kxdp run: the running kxdp did not hand over ({reason}); starting clean"
             );
             return Ok(None);
         }

@@ -338,13 +338,17 @@ pub fn connect(path: &Path) -> Result<UnixStream, String> {
 /// Asks for the dataplane. `Ok(Err(reason))`: refused (nothing was stopped; start clean), or
 /// the predecessor cannot hand over to this build and has stopped (this function returns once
 /// it is gone, at most `STOP_WAIT` later): start clean.
-pub fn request(conn: &UnixStream, node_name: &str) -> io::Result<Result<Parcel, String>> {
+pub fn request(
+    conn: &UnixStream,
+    node_name: &str,
+    description: u32,
+) -> io::Result<Result<Parcel, String>> {
     conn.set_read_timeout(Some(ADOPT_WAIT))?;
     send_json(
         conn,
         &Request {
             protocol: PROTOCOL,
-            description: kxdp_dataplane::io::takeover::DESCRIPTION_VERSION,
+            description,
             pid: std::process::id(),
             netns: netns(),
             node_name: node_name.to_string(),
@@ -406,4 +410,7 @@ pub struct TakeoverOptions {
     /// Testing: receive the predecessor's dataplane, then report a failure instead of adopting
     /// it (the predecessor resumes; tests/takeover_lab.rs).
     pub fail_for_test: bool,
+    /// Testing: claim to read this description version instead of this build's (a layout
+    /// change: the predecessor stops and this process starts clean).
+    pub description_for_test: Option<u32>,
 }

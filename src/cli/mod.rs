@@ -229,6 +229,9 @@ struct RunArgs {
     /// it (the running one resumes).
     #[arg(long, hide = true)]
     takeover_fail_for_test: bool,
+    /// Testing: claim another dataplane description version (a layout change).
+    #[arg(long, hide = true, value_name = "N")]
+    takeover_description_for_test: Option<u32>,
     /// Testing: replay this capture through the pipeline inside the daemon (a pseudo-worker)
     /// each time the file appears or changes.
     #[arg(long, value_name = "FILE", hide = true)]
@@ -329,6 +332,7 @@ where
                         clean_start: args.clean_start,
                         wait_after_handover: args.wait_after_handover,
                         fail_for_test: args.takeover_fail_for_test,
+                        description_for_test: args.takeover_description_for_test,
                     },
                 )
                 .map_err(run_error),

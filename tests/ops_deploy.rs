@@ -213,18 +213,51 @@ fn daemon_set_and_config() {
     let cmd = c.command.as_ref().unwrap().join(" ");
     assert_eq!(
         cmd,
-        "/usr/local/bin/kxdp run --config /etc/kxdp/config.yaml --admin /run/kxdp/admin.sock"
+        "/usr/local/bin/kxdp run --config /etc/kxdp/config.yaml --admin /run/kxdp/admin.sock \
+         --takeover-socket /run/kxdp/takeover.sock --wait-after-handover"
     );
-    // The metrics port is declared and is the configured one; memory follows the measurement.
-    let ports = c.ports.as_ref().unwrap();
-    let metrics = ports
-        .iter()
-        .find(|p| p.name.as_deref() == Some("metrics"))
+    // Upgrades take over: the new pod starts beside the old one (surge), and no port is
+    // declared (in a hostNetwork pod each would be a hostPort and keep the surge pod off the
+    // node). The takeover socket's directory is the host's.
+    assert!(c.ports.as_ref().is_none_or(|p| p.is_empty()));
+    let ru = ds
+        .spec
+        .as_ref()
+        .unwrap()
+        .update_strategy
+        .as_ref()
+        .unwrap()
+        .rolling_update
+        .as_ref()
         .unwrap();
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+    assert_eq!(ru.max_surge, Some(IntOrString::Int(1)));
+    assert_eq!(ru.max_unavailable, Some(IntOrString::Int(0)));
+    let run = pod
+        .volumes
+        .as_ref()
+        .unwrap()
+        .iter()
+        .find(|v| v.name == "run")
+        .unwrap();
+    assert_eq!(run.host_path.as_ref().unwrap().path, "/run/kxdp");
+    assert!(c
+        .volume_mounts
+        .as_ref()
+        .unwrap()
+        .iter()
+        .any(|m| m.name == "run" && m.mount_path == "/run/kxdp"));
+    assert!(pod.termination_grace_period_seconds.unwrap() >= 10);
+    // The metrics port the monitoring Service targets is the configured one.
+    let svc: Value = yaml_serde::from_str(
+        &std::fs::read_to_string(root().join("deploy/monitoring/service.yaml")).unwrap(),
+    )
+    .unwrap();
     assert_eq!(
-        config.metrics_bind_address.map(|a| a.port() as i32),
-        Some(metrics.container_port)
+        config.metrics_bind_address.map(|a| a.port() as i64),
+        svc["spec"]["ports"][0]["targetPort"].as_i64()
     );
+    // Memory follows the measurement.
     let res = c.resources.as_ref().unwrap();
     let req = &res.requests.as_ref().unwrap()["memory"].0;
     assert_eq!(req, "320Mi");

@@ -73,6 +73,17 @@ impl RunningHostPath {
     /// Sets the host path up (replacing a previous run's leftovers) and starts following the
     /// publications.
     pub fn start(config: &Config, published: Arc<Published>) -> std::io::Result<RunningHostPath> {
+        RunningHostPath::start_or_adopt(config, published, None)
+    }
+
+    /// As `start`, or, with `adopt` (the predecessor's moved `local` rules, a takeover), takes
+    /// over the pair, rules and routes a predecessor installed without re-creating them
+    /// (`HostPath::adopt`); the service routes are then brought in step with the tables.
+    pub fn start_or_adopt(
+        config: &Config,
+        published: Arc<Published>,
+        adopt: Option<&[(u8, u32, u8)]>,
+    ) -> std::io::Result<RunningHostPath> {
         // Without `nodeIPs` the addresses come from the Node object: wait (bounded) for the
         // first publication rather than set up without NodePort rules.
         if config.node_ips.is_empty() && published.load().generation == 0 {
@@ -90,7 +101,14 @@ impl RunningHostPath {
             node_port_range: Some((range.0, range.1)),
             ..HostPathOptions::default()
         };
-        let hp = HostPath::setup(&opts)?;
+        let hp = match adopt {
+            Some(moved) => {
+                let mut hp = HostPath::adopt(&opts, moved)?;
+                hp.set_service_routes(&opts.service_routes)?;
+                hp
+            }
+            None => HostPath::setup(&opts)?,
+        };
         let (kxdp_if, kxdp_ifindex) = (opts.kxdp_if.clone(), hp.kxdp_ifindex());
         let describe = format!(
             "host path: {} (kernel) / {} (kxdp), {} service route(s), NodePort rules for {}-{} on {}; route protocol {}, table {}",
@@ -152,6 +170,29 @@ impl RunningHostPath {
             kxdp_ifindex,
             describe,
         })
+    }
+
+    /// The `local` rules the host path moved (for a successor, `start_or_adopt`).
+    pub fn moved_local(&self) -> Vec<(u8, u32, u8)> {
+        self.host_path
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|h| h.moved_local())
+            .unwrap_or_default()
+    }
+
+    /// Stops following publications and leaves everything installed (a successor took over).
+    pub fn leave(mut self) {
+        self.stop_updater();
+        if let Some(hp) = self
+            .host_path
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            hp.leave();
+        }
     }
 
     /// Stops following publications and removes everything the host path installed.

@@ -19,6 +19,7 @@ pub mod process_metrics;
 pub mod run;
 pub mod sources;
 pub mod sync;
+pub mod takeover;
 pub mod translate;
 pub mod validate;
 pub mod yaml;

@@ -47,6 +47,9 @@ pub enum RunError {
         interfaces: String,
         source: std::io::Error,
     },
+    /// A takeover of a running kxdp started and failed (the running one carries on).
+    #[error("taking over from the running kxdp: {0}")]
+    Takeover(String),
     /// A thread or runtime could not be started.
     #[error("starting {what}: {source}")]
     Spawn {
@@ -174,6 +177,7 @@ pub fn run(
     state: Option<PathBuf>,
     kubeconfig: Option<PathBuf>,
     ops_opts: crate::admin::daemon::OpsOptions,
+    takeover: crate::takeover::TakeoverOptions,
 ) -> Result<(), RunError> {
     let config = Config::load(config_path)?;
     let config = node_config(config, config_path, state.as_deref(), kubeconfig.as_deref())?;
@@ -195,10 +199,16 @@ pub fn run(
             signal(SignalKind::interrupt()).expect("SIGINT handler"),
         )
     };
-    // Operators: /metrics, /healthz, health check node ports, the admin socket (admin::daemon).
-    // Workers use `ops.dataplane` (conntrack and stats shared with the admin API).
     let extra = usize::from(ops_opts.inject_pcap.is_some());
-    let dataplane = crate::admin::daemon::dataplane(&config, extra);
+    // A running kxdp to take over (docs/operations.md § Upgrades): before the servers start,
+    // since the predecessor holds their ports until it has handed over. The conntrack table
+    // (its state file) is opened only once the predecessor's workers have stopped.
+    let make_dataplane = || crate::admin::daemon::dataplane(&config, extra);
+    let (dataplane, adopted) = if config.interfaces.is_empty() {
+        (make_dataplane(), None)
+    } else {
+        take_over(&config, &published, make_dataplane, &takeover)?
+    };
     if let Some(report) = dataplane.ct.restore_report() {
         if report.result.is_discarded() {
             tracing::warn!("kxdp run: {}", report.describe());
@@ -206,6 +216,8 @@ pub fn run(
             tracing::info!("kxdp run: {}", report.describe());
         }
     }
+    // Operators: /metrics, /healthz, health check node ports, the admin socket (admin::daemon).
+    // Workers use `ops.dataplane` (conntrack and stats shared with the admin API).
     let ops = crate::admin::daemon::start(
         &config,
         published.clone(),
@@ -221,11 +233,13 @@ pub fn run(
     };
     // Startup lines are log events (plain or JSON as `--log-format` says, info level: shown by
     // default), so that `kubectl logs` of a JSON-logging daemon stays one object per line.
-    let afxdp = if config.interfaces.is_empty() {
+    let mut afxdp = if config.interfaces.is_empty() {
         tracing::warn!(
             "kxdp run: control plane running (tables from {source}); no interfaces configured, so no packet is forwarded by kxdp"
         );
         None
+    } else if let Some(pair) = adopted {
+        Some(pair)
     } else {
         // The host path before the workers: kxdp1 is one of their interfaces.
         let host_path = if config.host_path.enabled {
@@ -266,6 +280,21 @@ pub fn run(
         }
         Some((afxdp, host_path))
     };
+    // Listen for a successor (after any predecessor has released the socket path).
+    let (conn_tx, mut conns) = tokio::sync::mpsc::unbounded_channel();
+    let listener = match (&takeover.socket, afxdp.is_some()) {
+        (Some(path), true) => match crate::takeover::Listener::start(path, conn_tx.clone()) {
+            Ok(l) => Some(l),
+            Err(e) => {
+                tracing::warn!(
+                    "kxdp run: cannot listen for a successor on {}: {e} (upgrades restart instead of taking over)",
+                    path.display()
+                );
+                None
+            }
+        },
+        _ => None,
+    };
     // Stale UDP state (docs/nat.md): after every publication, UDP connections the new tables no
     // longer support are deleted, off the workers' path.
     let stale_cleaner = {
@@ -293,12 +322,79 @@ pub fn run(
             }
         })
     };
-    rt.block_on(async {
-        tokio::select! {
-            _ = int.recv() => {}
-            _ = term.recv() => {}
+    // A successor that cannot adopt this build's dataplane: its connection stays open until
+    // this process exits (it waits for that, then starts clean).
+    let mut stopping_for: Option<std::os::unix::net::UnixStream> = None;
+    loop {
+        let conn = rt.block_on(async {
+            tokio::select! {
+                _ = int.recv() => None,
+                _ = term.recv() => None,
+                Some(c) = conns.recv() => Some(c),
+            }
+        });
+        let Some(conn) = conn else { break };
+        let Some((a, hp)) = afxdp.take() else { break };
+        let moved = hp.as_ref().map(|h| h.moved_local());
+        match crate::takeover::hand_over(conn, a, moved, &config.node_name, &ops.dataplane.ct) {
+            crate::takeover::Outcome::Continue { afxdp: a, why } => {
+                tracing::warn!("kxdp run: takeover request: {why}; this kxdp carries on");
+                afxdp = Some((a, hp));
+            }
+            crate::takeover::Outcome::Stop {
+                afxdp: a,
+                conn,
+                why,
+            } => {
+                tracing::warn!(
+                    "kxdp run: takeover request: {why}; stopping so that it can start clean"
+                );
+                afxdp = Some((a, hp));
+                stopping_for = Some(conn);
+                break;
+            }
+            crate::takeover::Outcome::HandedOver {
+                quiesced,
+                conn,
+                pid,
+                took,
+                summary,
+            } => {
+                stale_cleaner.abort();
+                drop(listener);
+                let balanced = quiesced.frames_balanced();
+                let stopped_at = quiesced
+                    .stopped_at
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_secs_f64())
+                    .unwrap_or_default();
+                quiesced.release();
+                if let Some(hp) = hp {
+                    hp.leave();
+                }
+                // The servers go before `released`: the successor binds the same ports.
+                drop(ops);
+                handle.shutdown();
+                crate::takeover::released(&conn);
+                eprintln!(
+                    "kxdp run: handed over to pid {pid} in {} ms, workers stopped at {stopped_at:.6} ({summary}; frames {}); {}",
+                    took.as_millis(),
+                    if balanced { "all accounted for" } else { "NOT ALL ACCOUNTED FOR" },
+                    if takeover.wait_after_handover {
+                        "waiting for SIGTERM (--wait-after-handover)"
+                    } else {
+                        "exiting"
+                    }
+                );
+                if takeover.wait_after_handover {
+                    wait_for_signal();
+                }
+                return Ok(());
+            }
         }
-    });
+    }
+    drop(conn_tx);
+    drop(listener);
     stale_cleaner.abort();
     // Workers stop and the XDP programs are detached before anything else goes away.
     if let Some((afxdp, host_path)) = afxdp {
@@ -346,7 +442,32 @@ pub fn run(
     }
     drop(ops);
     handle.shutdown();
+    // The successor waiting for this process to be gone starts when the connection closes.
+    drop(stopping_for);
     Ok(())
+}
+
+/// Blocks until SIGTERM or SIGINT (the control plane's runtime is gone: a small one listens).
+fn wait_for_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    else {
+        return;
+    };
+    rt.block_on(async {
+        let (Ok(mut term), Ok(mut int)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) else {
+            return;
+        };
+        tokio::select! {
+            _ = int.recv() => {}
+            _ = term.recv() => {}
+        }
+    });
 }
 
 impl kxdp_dataplane::worker::Tables for Published {
@@ -362,6 +483,172 @@ fn start_dataplane(
     dp: &crate::admin::Dataplane,
     host_path: Option<&crate::host_path::RunningHostPath>,
 ) -> Result<kxdp_dataplane::io::runner::AfXdp, RunError> {
+    let opts = run_options(config, host_path, dp.ct.state_path().is_some());
+    kxdp_dataplane::io::runner::AfXdp::start(
+        &opts,
+        published,
+        dp.ct.clone(),
+        Some(dp.stats.clone()),
+    )
+    .map_err(|source| RunError::Attach {
+        interfaces: config.interfaces.join(", "),
+        source,
+    })
+}
+
+/// Takes the dataplane over from a running kxdp when one answers on the takeover socket (see
+/// `crate::takeover`); None: start clean (no socket, nobody listening, refused, or
+/// `--clean-start`). An error: the predecessor was stopped and the adoption failed (it has
+/// been told and carries on).
+#[allow(clippy::type_complexity)]
+fn take_over(
+    config: &Config,
+    published: &Arc<Published>,
+    make_dataplane: impl FnOnce() -> crate::admin::Dataplane,
+    opts: &crate::takeover::TakeoverOptions,
+) -> Result<
+    (
+        crate::admin::Dataplane,
+        Option<(
+            kxdp_dataplane::io::runner::AfXdp,
+            Option<crate::host_path::RunningHostPath>,
+        )>,
+    ),
+    RunError,
+> {
+    let Some(path) = &opts.socket else {
+        return Ok((make_dataplane(), None));
+    };
+    if opts.clean_start {
+        tracing::info!("kxdp run: --clean-start: not taking over a running kxdp");
+        return Ok((make_dataplane(), None));
+    }
+    let conn = match crate::takeover::connect(path) {
+        Ok(c) => c,
+        Err(why) => {
+            tracing::info!("kxdp run: no running kxdp to take over ({why}); starting clean");
+            return Ok((make_dataplane(), None));
+        }
+    };
+    // Tables first: the workers forward the moment they adopt the sockets.
+    if published.load().generation == 0 {
+        published.wait_newer(0, Duration::from_secs(30));
+    }
+    let routes = kxdp_dataplane::io::route::Routes::start().map_err(|source| RunError::Attach {
+        interfaces: config.interfaces.join(", "),
+        source,
+    })?;
+    let started = std::time::Instant::now();
+    let description = opts
+        .description_for_test
+        .unwrap_or(kxdp_dataplane::io::takeover::DESCRIPTION_VERSION);
+    let parcel = match crate::takeover::request(&conn, &config.node_name, description) {
+        Ok(Ok(p)) => p,
+        Ok(Err(reason)) => {
+            tracing::warn!(
+                "kxdp run: the running kxdp did not hand over ({reason}); starting clean"
+            );
+            return Ok((make_dataplane(), None));
+        }
+        Err(e) => return Err(RunError::Takeover(e.to_string())),
+    };
+    let pid = parcel.pid;
+    // The predecessor's workers have stopped and its conntrack state file is released: map it
+    // now (its index is rebuilt in place, which is only safe while nobody else writes it).
+    let dp = &make_dataplane();
+    let summary = parcel.dataplane.summary();
+    // Only what the workers need happens while the predecessor's are stopped: the sockets,
+    // UMEMs and programs are adopted, the routes were read before asking. The host path (its
+    // rules and routes stay as they are) is adopted after the predecessor has been told.
+    let kxdp_if = config
+        .host_path
+        .enabled
+        .then(|| kxdp_dataplane::io::hostpath::HostPathOptions::default().kxdp_if);
+    let kernel_port = kxdp_if.as_ref().and_then(|name| {
+        parcel
+            .dataplane
+            .links
+            .iter()
+            .find(|l| &l.name == name)
+            .map(|l| l.ifindex)
+    });
+    let mut run_opts = run_options(config, None, dp.ct.state_path().is_some());
+    if let Some(name) = &kxdp_if {
+        run_opts.interfaces.push(name.clone());
+    }
+    run_opts.kernel_port = kernel_port;
+    if opts.fail_for_test {
+        let why = "--takeover-fail-for-test";
+        let _ = crate::takeover::reply(&conn, Err(why.into()));
+        return Err(RunError::Takeover(format!(
+            "{why}: not adopting pid {pid}'s dataplane ({summary}; pid {pid} carries on)"
+        )));
+    }
+    let adopted = kxdp_dataplane::io::runner::AfXdp::adopt(
+        &run_opts,
+        published.clone(),
+        dp.ct.clone(),
+        Some(dp.stats.clone()),
+        routes,
+        parcel.dataplane,
+        parcel.fds,
+    );
+    let afxdp = match adopted {
+        Ok(a) => a,
+        Err(e) => {
+            let _ = crate::takeover::reply(&conn, Err(e.to_string()));
+            return Err(RunError::Takeover(format!(
+                "adopting pid {pid}'s dataplane: {e} (pid {pid} carries on)"
+            )));
+        }
+    };
+    crate::takeover::reply(&conn, Ok(())).map_err(|e| RunError::Takeover(e.to_string()))?;
+    // Logged at once: the line's time is when forwarding resumed (tests/takeover_lab.rs).
+    tracing::info!(
+        "kxdp run: took over from pid {pid}: its workers were stopped for {} ms; {summary}",
+        started.elapsed().as_millis()
+    );
+    let host_path = if config.host_path.enabled {
+        let moved = parcel.host_path.clone().unwrap_or_default();
+        match crate::host_path::RunningHostPath::start_or_adopt(
+            config,
+            published.clone(),
+            Some(&moved),
+        ) {
+            Ok(hp) => Some(hp),
+            Err(e) => {
+                // Forwarding works; the node's own Service traffic may not until a restart.
+                tracing::error!("kxdp run: adopting the host path: {e}");
+                None
+            }
+        }
+    } else {
+        None
+    };
+    if let Err(e) = crate::takeover::wait_released(&conn, Duration::from_secs(10)) {
+        tracing::warn!("kxdp run: pid {pid} did not confirm it released its servers: {e}");
+    }
+    tracing::info!(
+        "kxdp run: forwarding on {}{} with {} worker(s) (taken over)",
+        config.interfaces.join(", "),
+        host_path
+            .as_ref()
+            .map(|h| format!(", {}", h.kxdp_if))
+            .unwrap_or_default(),
+        afxdp.counters.len()
+    );
+    for line in afxdp.describe() {
+        tracing::info!("kxdp run:   {line}");
+    }
+    Ok((dp.clone(), Some((afxdp, host_path))))
+}
+
+/// The runner's options from the config (plus the host path's kxdp1).
+fn run_options(
+    config: &Config,
+    host_path: Option<&crate::host_path::RunningHostPath>,
+    hold_for_restart: bool,
+) -> kxdp_dataplane::io::runner::RunOptions {
     use kxdp_dataplane::io::xdp::ModeChoice;
     let mode = match config.xdp_mode {
         crate::config::XdpMode::Auto => ModeChoice::Auto,
@@ -374,7 +661,7 @@ fn start_dataplane(
     if let Some(hp) = host_path {
         interfaces.push(hp.kxdp_if.clone());
     }
-    let opts = kxdp_dataplane::io::runner::RunOptions {
+    kxdp_dataplane::io::runner::RunOptions {
         xsk: Default::default(),
         interfaces,
         workers: config.workers.count.max(1),
@@ -387,16 +674,6 @@ fn start_dataplane(
         mode,
         kernel_port: host_path.map(|h| h.kxdp_ifindex),
         // With a state file the next kxdp continues the connections: hold them meanwhile.
-        hold_for_restart: dp.ct.state_path().is_some(),
-    };
-    kxdp_dataplane::io::runner::AfXdp::start(
-        &opts,
-        published,
-        dp.ct.clone(),
-        Some(dp.stats.clone()),
-    )
-    .map_err(|source| RunError::Attach {
-        interfaces: config.interfaces.join(", "),
-        source,
-    })
+        hold_for_restart,
+    }
 }

@@ -211,6 +211,43 @@ impl Worker {
         Ok(w)
     }
 
+    /// A worker made of a predecessor's UMEM and sockets (a takeover): the ports keep their
+    /// frames and fill shares; new sockets share the UMEM as usual.
+    pub fn adopt(
+        index: usize,
+        cpu: Option<usize>,
+        umem: Umem,
+        ports: Vec<Port>,
+        cfg: &XskConfig,
+        backoff: Backoff,
+        kernel_port: Option<u32>,
+    ) -> std::io::Result<Worker> {
+        let poller = match Poller::new() {
+            Ok(p) => Some(p),
+            Err(e) => {
+                eprintln!("kxdp: worker {index}: no epoll set ({e}); idle workers sleep instead");
+                None
+            }
+        };
+        if let Some(p) = &poller {
+            for port in &ports {
+                p.add(port.sock.fd())?;
+            }
+        }
+        Ok(Worker {
+            index,
+            cpu,
+            umem,
+            ports,
+            backoff,
+            counters: Arc::new(IoCounters::default()),
+            kernel_port,
+            xsk: *cfg,
+            commands: None,
+            poller,
+        })
+    }
+
     fn add_port(
         &mut self,
         ifindex: u32,

@@ -1,7 +1,9 @@
 //! AF_XDP sockets, their UMEM and their four rings, driven in batches.
 //!
-//! One [`Umem`] per worker: an anonymous mapping cut into `frame_size` chunks, with the free list
-//! of the chunks the application holds. Every socket of the worker (one per (interface, queue))
+//! One [`Umem`] per worker: a shared mapping of a memfd cut into `frame_size` chunks, with the
+//! free list of the chunks the application holds. The memfd is what a takeover passes on: the
+//! successor maps the same pages ([`Umem::adopt`]) and adopts the sockets ([`XskSocket::adopt`]),
+//! whose rings it maps again from the socket's descriptor (`XDP_MMAP_OFFSETS`). Every socket of the worker (one per (interface, queue))
 //! shares it (`XDP_SHARED_UMEM`, each socket with its own fill and completion ring), so a frame
 //! received on one interface is sent on another without a copy.
 //!
@@ -16,7 +18,7 @@
 //! Zero-copy binding is tried first and copy mode is the fallback (veth only offers copy).
 
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -59,6 +61,8 @@ pub struct Desc {
 
 /// The packet buffer area shared by a worker's sockets.
 pub struct Umem {
+    /// The memfd behind the mapping (passed on in a takeover).
+    memfd: OwnedFd,
     area: NonNull<u8>,
     len: usize,
     frame_size: u32,
@@ -82,26 +86,15 @@ impl Umem {
     pub fn new(cfg: &XskConfig) -> io::Result<Umem> {
         assert!(cfg.frame_size.is_power_of_two() && (2048..=4096).contains(&cfg.frame_size));
         let len = cfg.frames as usize * cfg.frame_size as usize;
-        // SAFETY: an anonymous private mapping; no file, no aliasing.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
+        let memfd = crate::handover::memfd(c"kxdp-umem", len)?;
+        let area = map_shared(memfd.as_fd(), len)?;
         let free = (0..cfg.frames as u64)
             .rev()
             .map(|i| i * cfg.frame_size as u64)
             .collect();
         Ok(Umem {
-            area: NonNull::new(p.cast()).expect("mmap returned null"),
+            memfd,
+            area,
             len,
             frame_size: cfg.frame_size,
             frames: cfg.frames,
@@ -109,6 +102,70 @@ impl Umem {
             in_hand: 0,
             owner: vec![0; cfg.frames as usize],
             next_socket_id: 1,
+        })
+    }
+
+    /// The memfd behind the frames (for a takeover).
+    pub fn memfd(&self) -> BorrowedFd<'_> {
+        self.memfd.as_fd()
+    }
+
+    /// Where every frame is, for a successor ([`Umem::adopt`]). Only between batches: no frame
+    /// may be in the application's hands.
+    pub fn export(&self) -> io::Result<UmemState> {
+        if self.in_hand != 0 {
+            return Err(io::Error::other(format!(
+                "{} frame(s) in hand: export only between batches",
+                self.in_hand
+            )));
+        }
+        Ok(UmemState {
+            frames: self.frames,
+            frame_size: self.frame_size,
+            free: self.free.clone(),
+            owner: self.owner.clone(),
+            next_socket_id: self.next_socket_id,
+        })
+    }
+
+    /// Maps a predecessor's UMEM (its memfd) with the frame ownership it exported. The sockets
+    /// that use it are adopted next ([`XskSocket::adopt`]).
+    pub fn adopt(memfd: OwnedFd, state: UmemState) -> io::Result<Umem> {
+        let bad = |what: String| io::Error::new(io::ErrorKind::InvalidData, what);
+        if !state.frame_size.is_power_of_two() || !(2048..=4096).contains(&state.frame_size) {
+            return Err(bad(format!("UMEM frame size {}", state.frame_size)));
+        }
+        let len = state.frames as usize * state.frame_size as usize;
+        let file = crate::handover::file_len(memfd.as_fd())?;
+        if file != len as u64 || state.owner.len() != state.frames as usize {
+            return Err(bad(format!(
+                "UMEM of {} frames of {} bytes: the memfd has {file} bytes, {} owner entries",
+                state.frames,
+                state.frame_size,
+                state.owner.len()
+            )));
+        }
+        let mut seen = vec![false; state.frames as usize];
+        for &a in &state.free {
+            let i = (a / state.frame_size as u64) as usize;
+            if a % state.frame_size as u64 != 0 || i >= seen.len() || seen[i] {
+                return Err(bad(format!(
+                    "free frame address {a:#x} invalid or repeated"
+                )));
+            }
+            seen[i] = true;
+        }
+        let area = map_shared(memfd.as_fd(), len)?;
+        Ok(Umem {
+            memfd,
+            area,
+            len,
+            frame_size: state.frame_size,
+            frames: state.frames,
+            free: state.free,
+            in_hand: 0,
+            owner: state.owner,
+            next_socket_id: state.next_socket_id.max(1),
         })
     }
 
@@ -190,6 +247,39 @@ impl Umem {
         let chunk_end = (off & !(self.frame_size as usize - 1)) + self.frame_size as usize;
         (off, chunk_end - off)
     }
+}
+
+/// Frame ownership of a UMEM between batches (see [`Umem::export`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct UmemState {
+    pub frames: u32,
+    pub frame_size: u32,
+    /// Free chunk addresses.
+    pub free: Vec<u64>,
+    /// Per frame: the id of the socket it was last given to.
+    pub owner: Vec<u32>,
+    pub next_socket_id: u32,
+}
+
+/// A shared read-write mapping of `len` bytes of `fd` (populated).
+fn map_shared(fd: BorrowedFd<'_>, len: usize) -> io::Result<NonNull<u8>> {
+    // SAFETY: a new shared mapping of a memfd we hold; the kernel picks the address, so nothing
+    // else in this process aliases it. Both processes of a takeover map the same pages, but
+    // never touch them at the same time (the predecessor stops its workers first).
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_POPULATE,
+            fd.as_raw_fd(),
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    NonNull::new(p.cast()).ok_or_else(|| io::Error::other("mmap returned null"))
 }
 
 impl Drop for Umem {
@@ -367,6 +457,8 @@ pub struct XskSocket {
     pub ifindex: u32,
     pub queue: u32,
     pub zero_copy: bool,
+    /// Entries per ring (all four).
+    ring_size: u32,
     /// Tags the frames given to this socket (see `Umem::reclaim`).
     id: u32,
     /// Frames on the TX ring or in the kernel's hands after it.
@@ -395,6 +487,45 @@ fn setsockopt<T>(fd: i32, opt: i32, val: &T) -> io::Result<()> {
         return Err(io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// A socket's identity and frame counts between batches (see [`XskSocket::export`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct XskState {
+    pub ifindex: u32,
+    pub queue: u32,
+    pub zero_copy: bool,
+    pub ring_size: u32,
+    /// The tag of the frames it holds (`UmemState::owner`).
+    pub id: u32,
+    pub tx_outstanding: u32,
+    pub fill_outstanding: u32,
+}
+
+/// Maps the four rings of the socket `raw` (each `n` entries): (rx, tx, fill, completion).
+fn map_rings(raw: i32, n: u32) -> io::Result<(Ring, Ring, Ring, Ring)> {
+    // SAFETY: a zeroed xdp_mmap_offsets is a valid out-buffer of the size passed.
+    let mut off: libc::xdp_mmap_offsets = unsafe { std::mem::zeroed() };
+    let mut optlen = std::mem::size_of::<libc::xdp_mmap_offsets>() as u32;
+    // SAFETY: `off`/`optlen` are valid out-pointers.
+    let r = unsafe {
+        libc::getsockopt(
+            raw,
+            libc::SOL_XDP,
+            libc::XDP_MMAP_OFFSETS,
+            (&mut off as *mut libc::xdp_mmap_offsets).cast(),
+            &mut optlen,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let desc = std::mem::size_of::<libc::xdp_desc>();
+    let rx = Ring::map(raw, &off.rx, n, desc, libc::XDP_PGOFF_RX_RING as u64)?;
+    let tx = Ring::map(raw, &off.tx, n, desc, libc::XDP_PGOFF_TX_RING as u64)?;
+    let fill = Ring::map(raw, &off.fr, n, 8, libc::XDP_UMEM_PGOFF_FILL_RING)?;
+    let comp = Ring::map(raw, &off.cr, n, 8, libc::XDP_UMEM_PGOFF_COMPLETION_RING)?;
+    Ok((rx, tx, fill, comp))
 }
 
 /// Whether this kernel offers AF_XDP sockets at all (false: EAFNOSUPPORT).
@@ -442,27 +573,7 @@ impl XskSocket {
         setsockopt(raw, libc::XDP_UMEM_COMPLETION_RING, &n)?;
         setsockopt(raw, libc::XDP_RX_RING, &n)?;
         setsockopt(raw, libc::XDP_TX_RING, &n)?;
-        // SAFETY: a zeroed xdp_mmap_offsets is a valid out-buffer of the size passed.
-        let mut off: libc::xdp_mmap_offsets = unsafe { std::mem::zeroed() };
-        let mut optlen = std::mem::size_of::<libc::xdp_mmap_offsets>() as u32;
-        // SAFETY: `off`/`optlen` are valid out-pointers.
-        let r = unsafe {
-            libc::getsockopt(
-                raw,
-                libc::SOL_XDP,
-                libc::XDP_MMAP_OFFSETS,
-                (&mut off as *mut libc::xdp_mmap_offsets).cast(),
-                &mut optlen,
-            )
-        };
-        if r != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let desc = std::mem::size_of::<libc::xdp_desc>();
-        let rx = Ring::map(raw, &off.rx, n, desc, libc::XDP_PGOFF_RX_RING as u64)?;
-        let tx = Ring::map(raw, &off.tx, n, desc, libc::XDP_PGOFF_TX_RING as u64)?;
-        let fill = Ring::map(raw, &off.fr, n, 8, libc::XDP_UMEM_PGOFF_FILL_RING)?;
-        let comp = Ring::map(raw, &off.cr, n, 8, libc::XDP_UMEM_PGOFF_COMPLETION_RING)?;
+        let (rx, tx, fill, comp) = map_rings(raw, n)?;
 
         let bind = |flags: u16| -> io::Result<()> {
             let mut sa: libc::sockaddr_xdp =
@@ -520,6 +631,7 @@ impl XskSocket {
             ifindex,
             queue,
             zero_copy,
+            ring_size: n,
             id: umem.next_socket_id,
             tx_outstanding: 0,
             fill_outstanding: 0,
@@ -532,6 +644,73 @@ impl XskSocket {
 
     pub fn fd(&self) -> i32 {
         self.fd.as_raw_fd()
+    }
+
+    /// The socket's descriptor (for a takeover).
+    pub fn fd_borrowed(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    /// What a successor needs besides the descriptor ([`XskSocket::adopt`]). Only between
+    /// batches, after the last submission (the rings' shared indices then say everything).
+    pub fn export(&self) -> XskState {
+        XskState {
+            ifindex: self.ifindex,
+            queue: self.queue,
+            zero_copy: self.zero_copy,
+            ring_size: self.ring_size,
+            id: self.id,
+            tx_outstanding: self.tx_outstanding,
+            fill_outstanding: self.fill_outstanding,
+        }
+    }
+
+    /// Adopts a predecessor's bound socket: maps its rings again from the descriptor and takes
+    /// the ring positions from the shared producer and consumer indices (the predecessor
+    /// submitted and released everything before it exported). Frames the kernel put on the RX
+    /// and completion rings meanwhile are simply there to be read.
+    pub fn adopt(fd: OwnedFd, st: &XskState) -> io::Result<XskSocket> {
+        if !st.ring_size.is_power_of_two() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("ring size {}", st.ring_size),
+            ));
+        }
+        let (mut rx, mut tx, mut fill, mut comp) = map_rings(fd.as_raw_fd(), st.ring_size)?;
+        // Each consumer ring before its producer ring: a frame moving from one to the other
+        // meanwhile is then counted at most once.
+        for r in [&mut rx, &mut comp, &mut fill, &mut tx] {
+            r.cached_prod = r.producer().load(Ordering::Acquire);
+            r.cached_cons = r.consumer().load(Ordering::Acquire);
+        }
+        // The kernel never holds more than the rings it was given.
+        let held = |r: &Ring| r.cached_prod.wrapping_sub(r.cached_cons) as u64;
+        if held(&fill) + held(&rx) > st.fill_outstanding as u64
+            || held(&tx) + held(&comp) > st.tx_outstanding as u64
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "socket on ifindex {} queue {}: rings hold more frames than exported",
+                    st.ifindex, st.queue
+                ),
+            ));
+        }
+        Ok(XskSocket {
+            fd,
+            fill,
+            comp,
+            rx,
+            tx,
+            ifindex: st.ifindex,
+            queue: st.queue,
+            zero_copy: st.zero_copy,
+            ring_size: st.ring_size,
+            id: st.id,
+            tx_outstanding: st.tx_outstanding,
+            fill_outstanding: st.fill_outstanding,
+            stats: XskStats::default(),
+        })
     }
 
     /// Frames on the fill ring or in the kernel's hands after it.

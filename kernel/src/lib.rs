@@ -6,6 +6,7 @@
 //!   makes (neighbour resolution, stale XDP detach), through `netlink-packet-route`.
 //! - [`shm`]: anonymous or file-backed shared memory seen as atomics (the conntrack table's
 //!   storage, which survives a restart when it is a file), and the CLOCK_MONOTONIC clock.
+//! - [`handover`]: memfds and descriptors passed over a Unix socket (a takeover).
 //! - [`sys`]: interface indexes, network namespaces, ethtool queries, CPU pinning.
 //!
 //! Each `unsafe` block sits in a small named helper with a `// SAFETY:` note saying why it is
@@ -15,6 +16,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod afxdp;
+pub mod handover;
 pub mod netlink;
 pub mod shm;
 pub mod sys;

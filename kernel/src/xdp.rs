@@ -36,7 +36,7 @@
 //! the program in one netlink call and continues the connections.
 
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 
 use crate::sys::fd_result;
 
@@ -142,6 +142,19 @@ impl Map {
 
     pub fn fd(&self) -> i32 {
         self.fd.as_raw_fd()
+    }
+
+    /// A map a predecessor created (received in a takeover) with its key and value sizes.
+    pub fn from_fd(fd: OwnedFd, key_size: u32, value_size: u32) -> Map {
+        Map {
+            fd,
+            key_size: key_size as usize,
+            value_size: value_size as usize,
+        }
+    }
+
+    pub fn fd_borrowed(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
     }
 
     pub fn update(&self, key: &[u8], value: &[u8]) -> io::Result<()> {
@@ -540,6 +553,41 @@ impl SharedMaps {
         })
     }
 
+    /// The six maps' descriptors in a fixed order (for a takeover; [`SharedMaps::from_fds`]).
+    pub fn fds(&self) -> [BorrowedFd<'_>; 6] {
+        [
+            self.node4.fd_borrowed(),
+            self.node6.fd_borrowed(),
+            self.ports.fd_borrowed(),
+            self.masq4.fd_borrowed(),
+            self.masq6.fd_borrowed(),
+            self.hold.fd_borrowed(),
+        ]
+    }
+
+    /// The maps a predecessor created, in the order of [`SharedMaps::fds`]; `node_addrs` are
+    /// the addresses it last set (so that the next `set_node` removes those that went away).
+    pub fn from_fds(fds: [OwnedFd; 6], node_addrs: Vec<std::net::IpAddr>) -> SharedMaps {
+        let [node4, node6, ports, masq4, masq6, hold] = fds;
+        SharedMaps {
+            node4: Map::from_fd(node4, 4, 4),
+            node6: Map::from_fd(node6, 16, 4),
+            ports: Map::from_fd(ports, 4, 4),
+            masq4: Map::from_fd(masq4, 12, 4),
+            masq6: Map::from_fd(masq6, 24, 4),
+            hold: Map::from_fd(hold, 4, 8),
+            node_addrs: std::sync::Mutex::new(node_addrs),
+        }
+    }
+
+    /// The node addresses last set.
+    pub fn node_addrs(&self) -> Vec<std::net::IpAddr> {
+        self.node_addrs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
     /// Sets the node addresses and NodePorts (replacing what was there).
     pub fn set_node(&self, addrs: &[std::net::IpAddr], ports: &[u16]) -> io::Result<()> {
         let mut old = self.node_addrs.lock().unwrap_or_else(|e| e.into_inner());
@@ -667,6 +715,27 @@ impl XdpProgram {
 
     pub fn fd(&self) -> i32 {
         self.prog.as_raw_fd()
+    }
+
+    /// The program's descriptor (for a takeover).
+    pub fn fd_borrowed(&self) -> BorrowedFd<'_> {
+        self.prog.as_fd()
+    }
+
+    /// A program a predecessor loaded (received in a takeover): its descriptor, its XSKMAP
+    /// and the shared maps it uses.
+    pub fn from_fds(
+        prog: OwnedFd,
+        xsks: OwnedFd,
+        maps: std::sync::Arc<SharedMaps>,
+        insn_count: usize,
+    ) -> XdpProgram {
+        XdpProgram {
+            prog,
+            xsks: Map::from_fd(xsks, 4, 4),
+            maps,
+            insn_count,
+        }
     }
 
     /// Sets the node addresses and NodePorts (see `SharedMaps::set_node`).
@@ -827,6 +896,25 @@ impl Attachment {
     /// program goes with the process anyway.
     pub fn leave_attached(mut self) {
         self.detach_on_drop = false;
+    }
+
+    /// The BPF link's descriptor, if attached through one (for a takeover: the successor's copy
+    /// keeps the program attached after this process exits). A held (netlink) attachment has
+    /// none: the program stays attached by itself.
+    pub fn fd_borrowed(&self) -> Option<BorrowedFd<'_>> {
+        self._link.as_ref().map(|l| l.as_fd())
+    }
+
+    /// An attachment a predecessor made (received in a takeover): through a BPF link when
+    /// `link` is given, else held through netlink (`attach_held`), which this process now owns.
+    pub fn from_fd(link: Option<OwnedFd>, ifindex: u32, mode: XdpMode) -> Attachment {
+        Attachment {
+            detach_on_drop: link.is_none(),
+            _link: link,
+            ifindex,
+            mode,
+            replaced_stale: false,
+        }
     }
 }
 

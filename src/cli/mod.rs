@@ -211,6 +211,27 @@ struct RunArgs {
     /// Do not serve the admin socket.
     #[arg(long)]
     no_admin: bool,
+    /// Takeover socket: a new `kxdp run` takes the dataplane over from the one listening here
+    /// without losing a packet; this one listens here for its successor (mode 0600, root only).
+    #[arg(long, value_name = "PATH", default_value = kxdp_control::takeover::DEFAULT_SOCKET)]
+    takeover_socket: PathBuf,
+    /// Neither take over a running kxdp nor listen for a successor.
+    #[arg(long)]
+    no_takeover: bool,
+    /// Start clean: do not take over a running kxdp (still listen for a successor).
+    #[arg(long)]
+    clean_start: bool,
+    /// After handing the dataplane to a successor, stay idle until SIGTERM instead of exiting
+    /// (a DaemonSet's container that exits is restarted; see docs/operations.md).
+    #[arg(long)]
+    wait_after_handover: bool,
+    /// Testing: receive the running kxdp's dataplane, then report a failure instead of adopting
+    /// it (the running one resumes).
+    #[arg(long, hide = true)]
+    takeover_fail_for_test: bool,
+    /// Testing: claim another dataplane description version (a layout change).
+    #[arg(long, hide = true, value_name = "N")]
+    takeover_description_for_test: Option<u32>,
     /// Testing: replay this capture through the pipeline inside the daemon (a pseudo-worker)
     /// each time the file appears or changes.
     #[arg(long, value_name = "FILE", hide = true)]
@@ -306,6 +327,13 @@ where
                     args.state.clone(),
                     args.kubeconfig.clone(),
                     ops,
+                    kxdp_control::takeover::TakeoverOptions {
+                        socket: (!args.no_takeover).then(|| args.takeover_socket.clone()),
+                        clean_start: args.clean_start,
+                        wait_after_handover: args.wait_after_handover,
+                        fail_for_test: args.takeover_fail_for_test,
+                        description_for_test: args.takeover_description_for_test,
+                    },
                 )
                 .map_err(run_error),
             )

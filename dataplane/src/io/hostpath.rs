@@ -372,6 +372,64 @@ impl HostPath {
         Ok(hp)
     }
 
+    /// Takes over the host path a predecessor installed (a takeover): finds the pair by name,
+    /// keeps every rule and route as it is, and remembers the `local` rules the predecessor
+    /// moved (`moved_local`: family 4|6, priority, protocol, from [`HostPath::moved_local`]), so
+    /// that a later teardown restores them. Nothing is removed or re-created: `kxdp1` keeps
+    /// its ifindex, so the AF_XDP socket the successor adopted stays bound to it.
+    pub fn adopt(opts: &HostPathOptions, moved_local: &[(u8, u32, u8)]) -> io::Result<HostPath> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .enable_time()
+            .build()?;
+        let (handle, host, kxdp) = rt.block_on(async {
+            let (conn, handle, _) = rtnetlink::new_connection()?;
+            tokio::spawn(conn);
+            let host = link_by_name(&handle, &opts.host_if).await?;
+            let kxdp = link_by_name(&handle, &opts.kxdp_if).await?;
+            Ok::<_, io::Error>((handle, host, kxdp))
+        })?;
+        let (Some(host), Some(kxdp)) = (host, kxdp) else {
+            return Err(err(
+                "adopting the predecessor's pair",
+                format!("{} or {} not found", opts.host_if, opts.kxdp_if),
+            ));
+        };
+        Ok(HostPath {
+            rt,
+            handle,
+            opts: opts.clone(),
+            host_ifindex: host.header.index,
+            kxdp_ifindex: kxdp.header.index,
+            host_mac: link_mac(&host).ok_or_else(|| err(&opts.host_if, "no MAC"))?,
+            kxdp_mac: link_mac(&kxdp).ok_or_else(|| err(&opts.kxdp_if, "no MAC"))?,
+            moved_local: moved_local
+                .iter()
+                .map(|&(v, prio, proto)| {
+                    let v = if v == 6 { IpVersion::V6 } else { IpVersion::V4 };
+                    (v, prio, RouteProtocol::from(proto))
+                })
+                .collect(),
+            torn_down: false,
+        })
+    }
+
+    /// The `local` rules moved behind kxdp's: (family 4|6, priority, protocol), for a successor.
+    pub fn moved_local(&self) -> Vec<(u8, u32, u8)> {
+        self.moved_local
+            .iter()
+            .map(|(v, prio, proto)| {
+                let v = if matches!(v, IpVersion::V6) { 6 } else { 4 };
+                (v, *prio, u8::from(*proto))
+            })
+            .collect()
+    }
+
+    /// Leaves everything installed for a successor that adopted it (no teardown on drop).
+    pub fn leave(mut self) {
+        self.torn_down = true;
+    }
+
     fn install(&mut self) -> io::Result<()> {
         let (handle, opts) = (self.handle.clone(), self.opts.clone());
         self.rt.block_on(remove_tagged(&handle, &opts, &[]))?;

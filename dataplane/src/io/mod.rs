@@ -7,8 +7,9 @@
 pub mod hostpath;
 pub mod route;
 pub mod runner;
+pub mod takeover;
 
-pub use kxdp_kernel::{afxdp, enter_netns, ifindex, xdp};
+pub use kxdp_kernel::{afxdp, enter_netns, handover, ifindex, xdp};
 
 use crate::pipeline::Frames;
 use kxdp_kernel::afxdp::{Desc, Umem};

@@ -75,11 +75,21 @@ pub struct AfXdp {
     /// I/O counters per started worker: (worker index, counters).
     pub counters: Vec<(usize, Arc<IoCounters>)>,
     stop: Arc<AtomicBool>,
+    /// Stops the link manager and the map thread (apart from the workers: a takeover stops
+    /// those threads first, while the workers still forward).
+    threads_stop: Arc<AtomicBool>,
     workers: Vec<std::thread::JoinHandle<Worker>>,
     maps_thread: Option<std::thread::JoinHandle<()>>,
     links_thread: Option<std::thread::JoinHandle<()>>,
-    links: Arc<Mutex<Links>>,
-    _routes: Routes,
+    pub(crate) links: Arc<Mutex<Links>>,
+    pub(crate) maps: Arc<SharedMaps>,
+    /// What the workers run against (its `stop` is replaced when they restart after a takeover
+    /// that did not happen, [`Quiesced::resume`]).
+    shared: Shared,
+    tables: Arc<dyn Tables>,
+    routes: Routes,
+    /// Programs held through netlink keep a hold deadline ahead (`RunOptions::hold_for_restart`).
+    hold_for_restart: bool,
 }
 
 /// Whether `name` matches one of `patterns` (names or shell-style patterns: `*`, `?`).
@@ -108,11 +118,11 @@ pub enum LinkEvent {
     },
 }
 
-struct AttachedLink {
-    report: InterfaceReport,
+pub(crate) struct AttachedLink {
+    pub(crate) report: InterfaceReport,
     /// Detaches on drop; dropped before the sockets close.
-    attachment: Option<Attachment>,
-    _prog: XdpProgram,
+    pub(crate) attachment: Option<Attachment>,
+    pub(crate) prog: XdpProgram,
 }
 
 /// The link manager's state: attached links, links that failed (and when), the event log.
@@ -122,7 +132,7 @@ pub struct Links {
     maps: Arc<SharedMaps>,
     mode: ModeChoice,
     hold_for_restart: bool,
-    attached: HashMap<u32, AttachedLink>,
+    pub(crate) attached: HashMap<u32, AttachedLink>,
     failed: HashMap<u32, (String, Instant)>,
     pub events: Vec<LinkEvent>,
 }
@@ -281,7 +291,7 @@ impl Links {
                 complete_checksums: complete,
             },
             attachment: Some(attachment),
-            _prog: prog,
+            prog,
         })
     }
 
@@ -446,7 +456,6 @@ impl AfXdp {
         if opts.hold_for_restart {
             maps.hold_until(hold_deadline_ns())?;
         }
-        let hold = opts.hold_for_restart;
         // Node addresses and NodePorts, before the program sees a packet.
         let snap = tables.current();
         let local = table.local_addrs().to_vec();
@@ -503,9 +512,36 @@ impl AfXdp {
             links.attached.values().map(|a| a.report.clone()).collect();
         interfaces.sort_by(|a, b| a.name.cmp(&b.name));
         let links = Arc::new(Mutex::new(links));
+        let mut afxdp = AfXdp {
+            interfaces,
+            counters,
+            stop,
+            threads_stop: Arc::new(AtomicBool::new(false)),
+            workers: handles,
+            maps_thread: None,
+            links_thread: None,
+            links,
+            maps,
+            shared,
+            tables,
+            routes,
+            hold_for_restart: opts.hold_for_restart,
+        };
+        afxdp.spawn_threads()?;
+        Ok(afxdp)
+    }
+
+    /// Starts the link manager (follows links as they come and go) and the thread that keeps
+    /// the XDP program's node maps in step with publications.
+    fn spawn_threads(&mut self) -> io::Result<()> {
+        let table = self.routes.table.load_full();
         // Follow links as they come and go (the refresher re-reads on every link event).
         let links_thread = {
-            let (links, stop, rt) = (links.clone(), stop.clone(), routes.table.clone());
+            let (links, stop, rt) = (
+                self.links.clone(),
+                self.threads_stop.clone(),
+                self.routes.table.clone(),
+            );
             std::thread::Builder::new()
                 .name("kxdp-links".into())
                 .spawn(move || {
@@ -524,12 +560,13 @@ impl AfXdp {
                 })?
         };
         // Keep the maps in step with publications.
+        let hold = self.hold_for_restart;
         let maps_thread = {
             let (maps, tables, stop, rt) = (
-                maps.clone(),
-                tables.clone(),
-                stop.clone(),
-                routes.table.clone(),
+                self.maps.clone(),
+                self.tables.clone(),
+                self.threads_stop.clone(),
+                self.routes.table.clone(),
             );
             std::thread::Builder::new()
                 .name("kxdp-xdp-maps".into())
@@ -556,16 +593,132 @@ impl AfXdp {
                     }
                 })?
         };
-        Ok(AfXdp {
+        self.links_thread = Some(links_thread);
+        self.maps_thread = Some(maps_thread);
+        Ok(())
+    }
+
+    /// Stops the workers at a batch boundary and the link and map threads, keeping every
+    /// program attached and every socket bound: packets that arrive meanwhile wait on the RX
+    /// rings (up to each socket's fill share). For a takeover ([`Quiesced`]).
+    pub fn quiesce(mut self) -> Quiesced {
+        // The slow threads first (the map thread sleeps 200 ms between looks), while the
+        // workers still forward.
+        self.threads_stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.maps_thread.take() {
+            let _ = t.join();
+        }
+        if let Some(t) = self.links_thread.take() {
+            let _ = t.join();
+        }
+        let links = self
+            .links
+            .lock()
+            .map(|mut l| std::mem::take(&mut l.attached))
+            .unwrap_or_default();
+        self.stop.store(true, Ordering::Relaxed);
+        let mut workers = Vec::new();
+        let mut lost = 0;
+        for h in self.workers.drain(..) {
+            match h.join() {
+                Ok(mut w) => {
+                    deep_fill(&mut w);
+                    workers.push(w);
+                }
+                Err(_) => lost += 1,
+            }
+        }
+        let stopped_at = std::time::SystemTime::now();
+        Quiesced {
+            afxdp: self,
+            workers,
+            links,
+            lost_workers: lost,
+            stopped_at,
+        }
+    }
+
+    /// Starts from a predecessor's kernel objects (a takeover, see `io::takeover`): its UMEMs,
+    /// bound sockets, attached programs, links and maps, described by `desc`, with `fds` in the
+    /// order the description's indexes give. Nothing is created or attached: packets keep
+    /// flowing into the same rings, and the workers pick them up where the predecessor stopped.
+    pub fn adopt(
+        opts: &RunOptions,
+        tables: Arc<dyn Tables>,
+        ct: Arc<Conntrack>,
+        stats: Option<Arc<DataplaneStats>>,
+        routes: Routes,
+        desc: crate::io::takeover::Description,
+        fds: Vec<std::os::fd::OwnedFd>,
+    ) -> io::Result<AfXdp> {
+        let parts = crate::io::takeover::Parts::take(desc, fds)?;
+        let maps = parts.maps;
+        let stop = Arc::new(AtomicBool::new(false));
+        let shared = Shared {
+            tables: tables.clone(),
+            ct,
+            stats,
+            routes: routes.table.clone(),
+            unresolved: routes.unresolved.clone(),
+            masq: Some(maps.clone()),
+            stop: stop.clone(),
+        };
+        let mut counters = Vec::new();
+        let mut handles = Vec::new();
+        let mut senders = Vec::new();
+        for (w, (umem, ports)) in parts.workers.into_iter().enumerate() {
+            let cpu = (!opts.cpus.is_empty()).then(|| opts.cpus[w % opts.cpus.len()]);
+            let xsk = XskConfig {
+                frames: umem.frame_count(),
+                frame_size: umem.frame_size(),
+                ring_size: ports
+                    .first()
+                    .map(|p| p.sock.export().ring_size)
+                    .unwrap_or(opts.xsk.ring_size),
+                ..opts.xsk
+            };
+            let mut worker =
+                Worker::adopt(w, cpu, umem, ports, &xsk, opts.backoff, opts.kernel_port)?;
+            let (tx, rx) = bounded(1024);
+            worker.commands = Some(rx);
+            senders.push(tx);
+            counters.push((w, worker.counters.clone()));
+            handles.push(worker.spawn(shared.clone())?);
+        }
+        let mut attached = HashMap::new();
+        for l in parts.links {
+            attached.insert(l.report.ifindex, l);
+        }
+        let mut interfaces: Vec<InterfaceReport> =
+            attached.values().map(|a| a.report.clone()).collect();
+        interfaces.sort_by(|a, b| a.name.cmp(&b.name));
+        let links = Arc::new(Mutex::new(Links {
+            patterns: opts.interfaces.clone(),
+            workers: senders,
+            maps: maps.clone(),
+            mode: opts.mode,
+            hold_for_restart: opts.hold_for_restart,
+            attached,
+            failed: HashMap::new(),
+            events: Vec::new(),
+        }));
+        let mut afxdp = AfXdp {
             interfaces,
             counters,
             stop,
+            threads_stop: Arc::new(AtomicBool::new(false)),
             workers: handles,
-            maps_thread: Some(maps_thread),
-            links_thread: Some(links_thread),
+            maps_thread: None,
+            links_thread: None,
             links,
-            _routes: routes,
-        })
+            maps,
+            shared,
+            tables,
+            routes,
+            hold_for_restart: opts.hold_for_restart,
+        };
+        afxdp.spawn_threads()?;
+        Ok(afxdp)
     }
 
     /// The interfaces attached now.
@@ -634,6 +787,7 @@ impl AfXdp {
 
     fn shutdown(&mut self) -> Vec<Worker> {
         self.stop.store(true, Ordering::Relaxed);
+        self.threads_stop.store(true, Ordering::Relaxed);
         let done = self
             .workers
             .drain(..)
@@ -655,5 +809,94 @@ impl AfXdp {
 impl Drop for AfXdp {
     fn drop(&mut self) {
         self.shutdown();
+    }
+}
+
+/// Deep fill rings while nobody polls, so that what arrives until the successor polls waits on
+/// the RX rings instead of being dropped for want of a fill frame: first the busy sockets (whose
+/// share grew above the base, `Port::fill_target`) get up to a full ring each, then the free
+/// frames left are shared evenly (at 10 kpps a 2048-entry ring lasts 200 ms).
+fn deep_fill(w: &mut Worker) {
+    let base = crate::worker::fill_target(&w.xsk, 0);
+    for busy_first in [true, false] {
+        let n = w
+            .ports
+            .iter()
+            .filter(|p| !busy_first || p.fill_target > base)
+            .count()
+            .max(1);
+        let share = (w.umem.free_frames() / n) as u32;
+        for p in &mut w.ports {
+            if busy_first && p.fill_target <= base {
+                continue;
+            }
+            let room = w.xsk.ring_size.saturating_sub(p.sock.fill_outstanding());
+            p.sock.refill(&mut w.umem, room.min(share));
+        }
+    }
+}
+
+/// A dataplane whose workers stopped at a batch boundary, everything else in place (see
+/// [`AfXdp::quiesce`]): either handed to a successor (`io::takeover::describe`, then dropped:
+/// the successor's descriptors keep sockets bound and programs attached) or resumed.
+pub struct Quiesced {
+    pub(crate) afxdp: AfXdp,
+    pub(crate) workers: Vec<Worker>,
+    /// The attached links, out of the (stopped) link manager.
+    pub(crate) links: HashMap<u32, AttachedLink>,
+    /// Workers whose thread had panicked (their sockets cannot be handed over).
+    pub lost_workers: usize,
+    /// When the last worker stopped polling.
+    pub stopped_at: std::time::SystemTime,
+}
+
+impl Quiesced {
+    /// Starts the same workers and threads again (a takeover that did not complete).
+    pub fn resume(self) -> io::Result<AfXdp> {
+        let Quiesced {
+            mut afxdp,
+            workers,
+            links,
+            ..
+        } = self;
+        if let Ok(mut l) = afxdp.links.lock() {
+            l.attached = links;
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        afxdp.stop = stop.clone();
+        afxdp.shared.stop = stop;
+        afxdp.threads_stop = Arc::new(AtomicBool::new(false));
+        for w in workers {
+            let h = w.spawn(afxdp.shared.clone())?;
+            afxdp.workers.push(h);
+        }
+        afxdp.spawn_threads()?;
+        Ok(afxdp)
+    }
+
+    /// Frames accounted for in every worker equal their UMEM's size (nothing leaked).
+    pub fn frames_balanced(&self) -> bool {
+        self.workers
+            .iter()
+            .all(|w| w.frames_accounted() == w.umem.frame_count() as u64)
+    }
+
+    /// Gives everything up after a successor took it over: closes this process's descriptors
+    /// without detaching anything (the successor holds its own).
+    pub fn release(self) {
+        let Quiesced {
+            mut afxdp,
+            workers,
+            links,
+            ..
+        } = self;
+        // A program held through netlink stays attached for the successor, which now owns it.
+        for (_, mut link) in links {
+            if let Some(att) = link.attachment.take() {
+                att.leave_attached();
+            }
+        }
+        drop(workers);
+        afxdp.shutdown();
     }
 }

@@ -22,6 +22,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use arc_swap::ArcSwap;
 use crossbeam::channel::{bounded, Sender};
 
 use crate::conntrack::Conntrack;
@@ -32,7 +33,7 @@ use crate::io::xdp::{Attachment, ModeChoice, SharedMaps, XdpMode, XdpProgram};
 use crate::snapshot::{FrontendKind, Snapshot};
 use crate::stats::DataplaneStats;
 use crate::worker::{Backoff, IoCounters, PortCommand, Removed, Shared, Tables, Worker};
-use kxdp_kernel::sys::{driver_of, rx_queues_of};
+use kxdp_kernel::sys::{driver_of, rx_queues_of, Waker};
 
 #[derive(Clone, Debug)]
 pub struct RunOptions {
@@ -71,11 +72,48 @@ pub struct AfXdp {
     /// I/O counters per started worker: (worker index, counters).
     pub counters: Vec<(usize, Arc<IoCounters>)>,
     stop: Arc<AtomicBool>,
+    /// Wake the workers' idle waits when the stop flag is set.
+    wakers: Vec<Arc<Waker>>,
     workers: Vec<std::thread::JoinHandle<Worker>>,
     maps_thread: Option<std::thread::JoinHandle<()>>,
     links_thread: Option<std::thread::JoinHandle<()>>,
     links: Arc<Mutex<Links>>,
-    _routes: Routes,
+    routes: Routes,
+}
+
+/// The longest the link manager and the XDP-map refresh wait for news (they are woken by route
+/// table changes and publications; the timeout lets them see the stop flag).
+const SAFETY_WAIT: Duration = Duration::from_millis(250);
+
+/// How often the link manager looks again while some link failed to attach.
+const LINK_RETRY_POLL: Duration = Duration::from_millis(100);
+
+/// The XDP program's node-address and NodePort maps, and what was last written to them.
+struct NodeMaps {
+    maps: Arc<SharedMaps>,
+    tables: Arc<dyn Tables>,
+    routes: Arc<ArcSwap<Fib>>,
+    /// (generation, addresses, ports) written last.
+    last: Mutex<(u64, Vec<IpAddr>, Vec<u16>)>,
+}
+
+impl NodeMaps {
+    /// Writes the maps when the current tables or the node's addresses differ from what was
+    /// written; returns the generation seen. Both inputs are read under the lock, so that the
+    /// last writer always writes the newest of both.
+    fn refresh(&self) -> u64 {
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        let snap = self.tables.current();
+        let addrs = node_addrs(&snap, self.routes.load().local_addrs());
+        let ports = node_ports(&snap);
+        if snap.generation != last.0 || addrs != last.1 || ports != last.2 {
+            if let Err(e) = self.maps.set_node(&addrs, &ports) {
+                eprintln!("kxdp: updating the XDP maps: {e}");
+            }
+            *last = (snap.generation, addrs, ports);
+        }
+        snap.generation
+    }
 }
 
 /// Whether `name` matches one of `patterns` (names or shell-style patterns: `*`, `?`).
@@ -111,10 +149,26 @@ struct AttachedLink {
     _prog: XdpProgram,
 }
 
+/// A worker's command channel and what wakes it from its idle wait to read it.
+struct WorkerChannel {
+    commands: Sender<PortCommand>,
+    waker: Option<Arc<Waker>>,
+}
+
+impl WorkerChannel {
+    fn send(&self, cmd: PortCommand) -> Result<(), crossbeam::channel::SendError<PortCommand>> {
+        self.commands.send(cmd)?;
+        if let Some(w) = &self.waker {
+            w.wake();
+        }
+        Ok(())
+    }
+}
+
 /// The link manager's state: attached links, links that failed (and when), the event log.
 pub struct Links {
     patterns: Vec<String>,
-    workers: Vec<Sender<PortCommand>>,
+    workers: Vec<WorkerChannel>,
     maps: Arc<SharedMaps>,
     mode: ModeChoice,
     attached: HashMap<u32, AttachedLink>,
@@ -393,6 +447,8 @@ impl AfXdp {
             ));
         }
         let routes = Routes::start()?;
+        // Read before the table: a change in between is then seen by the link manager.
+        let routes_seen = routes.changed.current();
         let table = routes.table.load_full();
         let workers = opts.workers.max(1);
         let maps = Arc::new(SharedMaps::create()?);
@@ -414,12 +470,17 @@ impl AfXdp {
         let mut counters = Vec::new();
         let mut handles = Vec::new();
         let mut senders = Vec::new();
+        let mut wakers = Vec::new();
         for w in 0..workers {
             let cpu = (!opts.cpus.is_empty()).then(|| opts.cpus[w % opts.cpus.len()]);
             let mut worker = Worker::open(w, cpu, &[], &opts.xsk, opts.backoff, opts.kernel_port)?;
             let (tx, rx) = bounded(1024);
             worker.commands = Some(rx);
-            senders.push(tx);
+            wakers.push(worker.waker());
+            senders.push(WorkerChannel {
+                commands: tx,
+                waker: worker.waker(),
+            });
             counters.push((w, worker.counters.clone()));
             handles.push(worker.spawn(shared.clone())?);
         }
@@ -437,51 +498,58 @@ impl AfXdp {
             links.attached.values().map(|a| a.report.clone()).collect();
         interfaces.sort_by(|a, b| a.name.cmp(&b.name));
         let links = Arc::new(Mutex::new(links));
-        // Follow links as they come and go (the refresher re-reads on every link event).
+        // Node addresses and NodePorts in the XDP program's maps: refreshed when tables are
+        // published and when the node's addresses change (both threads below call this).
+        let node_maps = Arc::new(NodeMaps {
+            maps: maps.clone(),
+            tables: tables.clone(),
+            routes: routes.table.clone(),
+            last: Mutex::new((u64::MAX, Vec::new(), Vec::new())),
+        });
+        // Follow links as they come and go: the refresher re-reads on every link event and
+        // bumps `routes.changed`, which this thread waits on.
         let links_thread = {
-            let (links, stop, rt) = (links.clone(), stop.clone(), routes.table.clone());
+            let (links, stop, rt, changed, node_maps) = (
+                links.clone(),
+                stop.clone(),
+                routes.table.clone(),
+                routes.changed.clone(),
+                node_maps.clone(),
+            );
             std::thread::Builder::new()
                 .name("kxdp-links".into())
                 .spawn(move || {
                     let mut last = table;
+                    let mut seen = routes_seen;
+                    let mut retry = false;
                     while !stop.load(Ordering::Relaxed) {
+                        // Links that failed are retried (every few seconds, `Links::sync`).
+                        let wait = if retry { LINK_RETRY_POLL } else { SAFETY_WAIT };
+                        seen = changed.wait_newer(seen, wait);
                         let now = rt.load_full();
-                        let retry = links.lock().is_ok_and(|l| !l.failed.is_empty());
-                        if !Arc::ptr_eq(&now, &last) || retry {
+                        let new = !Arc::ptr_eq(&now, &last);
+                        if new || retry {
                             if let Ok(mut l) = links.lock() {
                                 l.sync(&now);
+                                retry = !l.failed.is_empty();
                             }
-                            last = now;
                         }
-                        std::thread::sleep(Duration::from_millis(10));
+                        if new {
+                            node_maps.refresh();
+                        }
+                        last = now;
                     }
                 })?
         };
-        // Keep the maps in step with publications.
+        // And subscribe to publications (NodePorts, the Node object's addresses).
         let maps_thread = {
-            let (maps, tables, stop, rt) = (
-                maps.clone(),
-                tables.clone(),
-                stop.clone(),
-                routes.table.clone(),
-            );
+            let (tables, stop, node_maps) = (tables.clone(), stop.clone(), node_maps.clone());
             std::thread::Builder::new()
                 .name("kxdp-xdp-maps".into())
                 .spawn(move || {
-                    let mut last = (u64::MAX, Vec::new(), Vec::new());
                     while !stop.load(Ordering::Relaxed) {
-                        let snap = tables.current();
-                        let local = rt.load().local_addrs().to_vec();
-                        let addrs = node_addrs(&snap, &local);
-                        let ports = node_ports(&snap);
-                        if snap.generation != last.0 || addrs != last.1 || ports != last.2 {
-                            if let Err(e) = maps.set_node(&addrs, &ports) {
-                                eprintln!("kxdp: updating the XDP maps: {e}");
-                            }
-                            last = (snap.generation, addrs, ports);
-                        }
-                        drop(snap);
-                        std::thread::sleep(Duration::from_millis(200));
+                        let seen = node_maps.refresh();
+                        tables.wait_newer(seen, SAFETY_WAIT);
                     }
                 })?
         };
@@ -489,11 +557,12 @@ impl AfXdp {
             interfaces,
             counters,
             stop,
+            wakers: wakers.into_iter().flatten().collect(),
             workers: handles,
             maps_thread: Some(maps_thread),
             links_thread: Some(links_thread),
             links,
-            _routes: routes,
+            routes,
         })
     }
 
@@ -543,6 +612,10 @@ impl AfXdp {
 
     fn shutdown(&mut self) -> Vec<Worker> {
         self.stop.store(true, Ordering::Relaxed);
+        for w in &self.wakers {
+            w.wake();
+        }
+        self.routes.changed.bump();
         let done = self
             .workers
             .drain(..)

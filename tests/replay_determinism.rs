@@ -89,6 +89,12 @@ fn verdicts_are_identical_for_any_worker_count_as_connections_expire() {
     for workers in ["1", "2", "4", "2", "4"] {
         let r = env.replay_args(&packets, &["--workers", workers]);
         let got = outcome(&r);
+        // The normal case keeps its workers (a full table would run on one).
+        assert!(
+            r.stderr.contains(&format!("{workers} worker")),
+            "--workers {workers}: {}",
+            r.stderr
+        );
         let differ = got.iter().zip(&reference).filter(|(a, b)| a != b).count();
         assert_eq!(
             differ,
@@ -121,6 +127,14 @@ fn verdicts_are_identical_for_any_worker_count_at_a_full_table() {
     for workers in ["2", "4", "2", "4", "1"] {
         let r = env.replay_args(&packets, &["--workers", workers]);
         let got = outcome(&r);
+        if workers != "1" {
+            assert!(
+                r.stderr
+                    .contains(&format!("replayed on 1 worker(s) instead of {workers}")),
+                "--workers {workers}: {}",
+                r.stderr
+            );
+        }
         let differ = got.iter().zip(&reference).filter(|(a, b)| a != b).count();
         assert_eq!(
             differ,

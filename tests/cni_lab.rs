@@ -11,9 +11,11 @@ mod cni;
 mod lab;
 
 use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cni::{sa, tcp, udp, Lab, Load, EXT4, EXT6, TCP_PORT, UDP_PORT};
+use cni::{in_ns, sa, tcp, udp, Lab, Load, EXT4, EXT6, TCP_PORT, UDP_PORT};
 
 const T: Duration = Duration::from_secs(3);
 
@@ -363,19 +365,107 @@ fn kxdp_pod_created_after_start() {
     let objects = services(&lab);
     let a = lab.start_kxdp("node-a", &pattern(&lab, "node-a"), &objects);
     let b = lab.start_kxdp("node-b", &pattern(&lab, "node-b"), &objects);
-    // A new client on node-a and a new endpoint on node-b, after start.
+    // A new client on node-a and a new endpoint on node-b, after start. Measured: from the
+    // pod's host veth appearing on node-a (seen by a thread dumping node-a's links every
+    // millisecond) to the first request answered through kxdp. The probes are one UDP datagram
+    // to the ClusterIP every 2 ms, each from its own socket, from the moment CNI ADD returns
+    // (the pod's namespace exists): no client back-off in the figure. Before kxdp has its
+    // socket on the veth no probe is answered: the kernel does take the request (the host path
+    // routes the ClusterIP to kxdp0), but kxdp cannot send the reply on an interface it has
+    // no socket on (`no-egress`).
+    let node_a_ns = lab.node("node-a").ns.clone();
+    let known: Vec<String> = in_ns(&node_a_ns, || {
+        kxdp_kernel::netlink::dump_all()
+            .unwrap()
+            .links
+            .into_iter()
+            .map(|l| l.name)
+            .collect()
+    });
+    let watching = Arc::new(AtomicBool::new(true));
+    let w = watching.clone();
+    let link_seen = std::thread::spawn({
+        let ns = node_a_ns.clone();
+        move || {
+            in_ns(&ns, move || {
+                while w.load(Ordering::Relaxed) {
+                    let links = kxdp_kernel::netlink::dump_all().unwrap().links;
+                    if let Some(l) = links
+                        .iter()
+                        .find(|l| l.name.starts_with("veth") && !known.contains(&l.name))
+                    {
+                        let seen = Instant::now();
+                        // Then until kxdp's program is on it (attached after its sockets are
+                        // in the program's map: from then on kxdp forwards its packets).
+                        let show = format!("-d link show dev {}", l.name);
+                        let end = seen + Duration::from_secs(2);
+                        while Instant::now() < end {
+                            let out = std::process::Command::new("ip")
+                                .args(show.split_whitespace())
+                                .output()
+                                .unwrap();
+                            if String::from_utf8_lossy(&out.stdout).contains("prog/xdp") {
+                                return Some((seen, l.name.clone(), Some(Instant::now())));
+                            }
+                        }
+                        return Some((seen, l.name.clone(), None));
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                None
+            })
+        }
+    });
     let t0 = Instant::now();
     lab.add_pod("node-a", "late-client", &[("app", "client")]);
-    // From the end of CNI ADD (the interface exists) to kxdp's program and socket on it.
-    let t_if = Instant::now();
-    let attached = format!("kxdp: attached {}", lab.pod("late-client").host_if);
-    assert!(lab::wait_until(Duration::from_secs(2), || a
-        .log()
-        .contains(&attached)));
+    let t_added = Instant::now();
+    let probes = {
+        let ns = lab.pod("late-client").ns.clone();
+        in_ns(&ns, move || {
+            let mut sent = Vec::new();
+            let start = Instant::now();
+            while start.elapsed() < Duration::from_secs(2) {
+                let s = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+                s.connect(sa([172, 30, 0, 10], 53)).unwrap();
+                s.set_nonblocking(true).unwrap();
+                let _ = s.send(b"hello");
+                sent.push((Instant::now(), s));
+                let mut buf = [0u8; 256];
+                if sent.iter().any(|(_, s)| s.recv(&mut buf).is_ok()) {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            // The earliest probe answered (answers may arrive out of order).
+            std::thread::sleep(Duration::from_millis(100));
+            let mut buf = [0u8; 256];
+            sent.iter()
+                .find(|(_, s)| s.recv(&mut buf).is_ok())
+                .map(|(t, _)| *t)
+        })
+    };
+    watching.store(false, Ordering::Relaxed);
+    let (t_link, name, t_xdp) = link_seen
+        .join()
+        .unwrap()
+        .expect("the pod's veth seen on node-a");
+    let t_xdp = t_xdp.expect("kxdp's XDP program on the new veth within 2 s");
+    assert_eq!(name, lab.pod("late-client").host_if);
+    let first = probes.expect("a probe answered through the ClusterIP within 2 s");
+    let fwd = first.duration_since(t_link);
     eprintln!(
-        "late-client's interface attached {:?} after CNI ADD returned",
-        t_if.elapsed()
+        "new pod: veth appeared {:?} after CNI ADD started; kxdp's program on it {:?} after it appeared; ADD returned {:?} after it appeared; first request answered through kxdp {:?} after it appeared",
+        t_link.duration_since(t0),
+        t_xdp.duration_since(t_link),
+        t_added.duration_since(t_link),
+        fwd
     );
+    assert!(
+        fwd < Duration::from_secs(1),
+        "a new pod forwards within 1 s: {fwd:?}"
+    );
+    let attached = format!("kxdp: attached {}", lab.pod("late-client").host_if);
+    assert!(a.log().contains(&attached), "{}", a.log());
     lab.add_pod("node-b", "late-web", &[("app", "late")]);
     let objects = services(&lab) + &lab.service("late", 12, "late", None, false);
     lab.update_state(&a, &objects);

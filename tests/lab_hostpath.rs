@@ -343,3 +343,108 @@ fn hostpath_setup_replaces_and_teardown_restores_exactly() {
     drop(hp);
     assert_eq!(state_without_hostpath(&ns), before);
 }
+
+/// Waits up to 3 s for `ok(state)`; returns the last state.
+fn wait_for(ns: &str, what: &str, ok: impl Fn(&str) -> bool) -> String {
+    let end = Instant::now() + Duration::from_secs(3);
+    loop {
+        let rules = ip(ns, "rule show") + &ip(ns, "-6 rule show");
+        if ok(&rules) {
+            return rules;
+        }
+        assert!(Instant::now() < end, "{what}: {rules}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The NodePort rules follow the node's addresses (netlink address events): an address added
+/// after start gets its rules ahead of `local` (the node's connection to a NodePort on it
+/// arrives on kxdp1, from that address), a removed one loses them, and teardown still restores
+/// `ip rule` exactly.
+#[test]
+fn hostpath_node_port_rules_follow_the_node_addresses() {
+    use kxdp_dataplane::io::hostpath::NodeAddressFollower;
+    use std::sync::{Arc, Mutex};
+    const EXTRA4: &str = "192.168.55.9";
+    const EXTRA6: &str = "fd55::9";
+    let (_lab, ns) = node("hostpath_node_port_rules_follow_the_node_addresses");
+    let before = state_without_hostpath(&ns);
+    let hp = Arc::new(Mutex::new(Some(setup(&ns, options()))));
+    let (host_mac, kxdp_mac) = {
+        let g = hp.lock().unwrap();
+        let h = g.as_ref().unwrap();
+        (mac_str(h.host_mac()), mac_str(h.kxdp_mac()))
+    };
+    let candidates: Vec<std::net::IpAddr> = [NODE4, NODE6, EXTRA4, EXTRA6]
+        .iter()
+        .map(|a| a.parse().unwrap())
+        .collect();
+    let h = hp.clone();
+    let mut follower = Lab::in_ns(&ns, move || {
+        NodeAddressFollower::start(h, candidates).expect("follower")
+    });
+    // Not on the node yet: no rules (the route's `src` needs a local address).
+    let rules = ip(&ns, "rule show") + &ip(&ns, "-6 rule show");
+    assert!(
+        !rules.contains(EXTRA4) && !rules.contains(EXTRA6),
+        "{rules}"
+    );
+    assert_eq!(rules.matches("iif lo").count(), 6, "{rules}");
+
+    let t = Instant::now();
+    ip(&ns, &format!("addr add {EXTRA4}/24 dev up0"));
+    ip(&ns, &format!("addr add {EXTRA6}/64 dev up0 nodad"));
+    let rules = wait_for(&ns, "rules for the added addresses", |r| {
+        r.matches(&format!("to {EXTRA4} ")).count() == 3
+            && r.matches(&format!("to {EXTRA6} ")).count() == 3
+    });
+    eprintln!("rules for the added addresses after {:?}", t.elapsed());
+    let v4 = ip(&ns, "rule show");
+    let (new_rule, local) = (
+        v4.find(&format!("to {EXTRA4} ")).unwrap(),
+        v4.find("lookup local").unwrap(),
+    );
+    assert!(new_rule < local, "ahead of local: {v4}");
+    assert_eq!(
+        rules.matches("lookup local").count(),
+        2,
+        "one per family: {rules}"
+    );
+    for (to, src) in [
+        (format!("{EXTRA4}:30080"), EXTRA4),
+        (format!("[{EXTRA6}]:30080"), EXTRA6),
+    ] {
+        let dst: SocketAddr = to.parse().unwrap();
+        let filter = format!("tcp and dst host {} and dst port 30080", dst.ip());
+        let out = capture(&ns, "kxdp1", &filter, || {
+            let _ = tcp_attempt(&ns, &to);
+        });
+        assert!(
+            out.contains(&format!("{src}.")) && out.contains(&format!("{host_mac} > {kxdp_mac}")),
+            "NodePort on the added address {src} reaches kxdp1 from it: {out}"
+        );
+    }
+    // Other ports on it stay local.
+    let e = tcp_attempt(&ns, &format!("{EXTRA4}:29999")).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused, "{e}");
+
+    ip(&ns, &format!("addr del {EXTRA4}/24 dev up0"));
+    ip(&ns, &format!("addr del {EXTRA6}/64 dev up0"));
+    wait_for(&ns, "rules of the removed addresses gone", |r| {
+        !r.contains(EXTRA4) && !r.contains(EXTRA6) && r.matches("iif lo").count() == 6
+    });
+    let routes =
+        ip(&ns, "route show table all proto 107") + &ip(&ns, "-6 route show table all proto 107");
+    assert!(
+        !routes.contains(EXTRA4) && !routes.contains(EXTRA6),
+        "kxdp's routes to them gone: {routes}"
+    );
+    follower.stop();
+    let hp = hp.lock().unwrap().take().unwrap();
+    hp.teardown().expect("teardown");
+    assert_eq!(
+        state_without_hostpath(&ns),
+        before,
+        "teardown restores exactly"
+    );
+}

@@ -12,7 +12,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ipnet::IpNet;
-use kxdp_dataplane::io::hostpath::{HostPath, HostPathOptions};
+use kxdp_dataplane::io::hostpath::{
+    local_node_addrs, HostPath, HostPathOptions, NodeAddressFollower,
+};
 use kxdp_dataplane::snapshot::{FrontendKind, Snapshot};
 
 use crate::config::Config;
@@ -26,6 +28,9 @@ pub struct RunningHostPath {
     host_path: Arc<Mutex<Option<HostPath>>>,
     stop: Arc<AtomicBool>,
     updater: Option<std::thread::JoinHandle<()>>,
+    /// Keeps the NodePort rules on the node addresses that are local now (netlink address
+    /// events); the updater gives it the addresses of each publication.
+    follower: Arc<Mutex<Option<NodeAddressFollower>>>,
     /// `kxdp1`: added to the interfaces, the dataplane's kernel port.
     pub kxdp_if: String,
     pub kxdp_ifindex: u32,
@@ -95,12 +100,16 @@ impl RunningHostPath {
             tracing::warn!("host path: no node address known yet (nodeIPs empty, no Node object published): service routes leave without a fixed source and no NodePort rules are set");
         }
         let range = config.host_path.node_port_range;
-        let opts = HostPathOptions {
+        let mut opts = HostPathOptions {
             node_ips: node_ips.clone(),
             service_routes: service_routes(&snap, config),
             node_port_range: Some((range.0, range.1)),
             ..HostPathOptions::default()
         };
+        // Rules and routes only for the addresses the node has now (a route's `src` must be
+        // local); the follower adds the others when they appear.
+        let local = local_node_addrs(&opts)?;
+        opts.node_ips.retain(|a| local.contains(a));
         let hp = match adopt {
             Some(moved) => {
                 let mut hp = HostPath::adopt(&opts, moved)?;
@@ -126,9 +135,15 @@ impl RunningHostPath {
             opts.table
         );
         let host_path = Arc::new(Mutex::new(Some(hp)));
+        let follower = Arc::new(Mutex::new(Some(NodeAddressFollower::start(
+            host_path.clone(),
+            node_ips.clone(),
+        )?)));
         let stop = Arc::new(AtomicBool::new(false));
         let updater = {
             let (host_path, stop, config) = (host_path.clone(), stop.clone(), config.clone());
+            let follower = follower.clone();
+            let mut last_ips = node_ips.clone();
             let mut last = opts.service_routes.clone();
             std::thread::Builder::new()
                 .name("kxdp-host-routes".into())
@@ -141,7 +156,19 @@ impl RunningHostPath {
                             continue;
                         }
                         seen = gen;
-                        let routes = service_routes(&published.load(), &config);
+                        let snap = published.load();
+                        let ips = self::node_ips(&config, &snap);
+                        if ips != last_ips {
+                            if let Some(f) =
+                                follower.lock().unwrap_or_else(|e| e.into_inner()).as_ref()
+                            {
+                                f.set_candidates(ips.clone());
+                            }
+                            tracing::info!(node_ips = ?ips, "host path: node addresses updated");
+                            last_ips = ips;
+                        }
+                        let routes = service_routes(&snap, &config);
+                        drop(snap);
                         if routes == last {
                             continue;
                         }
@@ -166,6 +193,7 @@ impl RunningHostPath {
             host_path,
             stop,
             updater: Some(updater),
+            follower,
             kxdp_if,
             kxdp_ifindex,
             describe,
@@ -214,6 +242,13 @@ impl RunningHostPath {
         if let Some(t) = self.updater.take() {
             let _ = t.join();
         }
+        // Dropping it stops its thread.
+        drop(
+            self.follower
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take(),
+        );
     }
 }
 

@@ -474,6 +474,10 @@ impl kxdp_dataplane::worker::Tables for Published {
     fn current(&self) -> arc_swap::Guard<Arc<kxdp_dataplane::snapshot::Snapshot>> {
         self.load()
     }
+
+    fn wait_newer(&self, seen: u64, timeout: std::time::Duration) -> u64 {
+        Published::wait_newer(self, seen, timeout)
+    }
 }
 
 /// Attaches the AF_XDP dataplane to the configured interfaces.

@@ -14,6 +14,14 @@
 //! clock in every worker, and verdicts do not depend on the worker count even when the table is
 //! under pressure (issue 12: without the lockstep a worker ran seconds of capture time ahead and
 //! expired or evicted what another still used).
+//!
+//! A full table is the exception: which entry early drop evicts for a new connection depends on
+//! where entries sit in the slab and the index, and on which inserts of a batch come first — so
+//! on how the workers' inserts interleave (issue 12: 305 of 12,000 verdicts differed). The
+//! sequential dry run that steers packets (below) sees the table's peak occupancy; a capture
+//! that brings the table within [`pressure_margin`] of full is replayed by one worker, so its
+//! verdicts are exactly those of `--workers 1` at any table pressure, and every other capture
+//! keeps all its workers ([`ReplayResult::workers`] says how many ran).
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
@@ -98,6 +106,9 @@ pub struct ReplayResult {
     pub counters: Counters,
     /// Live conntrack entries at the end.
     pub conntrack_entries: u32,
+    /// Workers that ran: the ones asked for, or 1 when the capture fills the conntrack table
+    /// (see the module docs).
+    pub workers: usize,
 }
 
 impl ReplayResult {
@@ -130,25 +141,31 @@ pub fn replay(
     capture: &Capture,
     opts: &ReplayOptions,
 ) -> ReplayResult {
-    let workers = opts.workers.max(1);
+    let mut workers = opts.workers.max(1);
     let repeat = opts.repeat.max(1);
     let n = capture.packets.len();
     let total = n as u64 * repeat as u64;
-    let ct = Conntrack::new(ct_config.clone(), workers);
 
     // Steering, done before the clock starts.
     let shares = if workers == 1 {
         vec![(0..n as u32).collect()]
     } else {
-        steer_by_client(
+        let (shares, peak) = steer_by_client(
             &snapshot,
             &opts.updates,
             &ct_config,
             capture,
             opts.seed,
             workers,
-        )
+        );
+        if near_full(peak, &ct_config) {
+            workers = 1;
+            vec![(0..n as u32).collect()]
+        } else {
+            shares
+        }
     };
+    let ct = Conntrack::new(ct_config.clone(), workers);
     let max_len = capture
         .packets
         .iter()
@@ -258,6 +275,7 @@ pub fn replay(
         reasons: counters.reasons.to_vec(),
         verdicts,
         output,
+        workers,
         conntrack_entries: ct.len(),
         counters,
     }
@@ -526,8 +544,9 @@ fn steer_by_client(
     capture: &Capture,
     seed: u64,
     workers: usize,
-) -> Vec<Vec<u32>> {
+) -> (Vec<Vec<u32>>, u32) {
     let ct = Conntrack::new(ct_config.clone(), 1);
+    let mut peak = 0u32;
     let mut pipeline = Pipeline::new(0, capture.link, seed, &ct);
     let all = Share::new(
         capture,
@@ -571,9 +590,26 @@ fn steer_by_client(
                 );
                 shares[(h % workers as u64) as usize].push(*i);
             }
+            peak = peak.max(ct.len());
         },
     );
-    shares
+    (shares, peak)
+}
+
+/// How close to full (live entries below the configured maximum) the dry run's peak may come
+/// before a replay runs on one worker: the workers' expiry scans may lag the dry run's a little
+/// (each rounds its share of the sweep), so a table that came this close could fill up in the
+/// parallel run.
+pub fn pressure_margin(max_entries: u32) -> u32 {
+    (max_entries / 8).max(4 * BATCH as u32)
+}
+
+/// Whether a dry-run peak of `peak` live entries is close enough to full that early drop could
+/// pick victims (see the module docs).
+fn near_full(peak: u32, cfg: &CtConfig) -> bool {
+    // As the table clamps it.
+    let max = cfg.max_entries.clamp(16, 1 << 29);
+    peak.saturating_add(pressure_margin(max)) >= max
 }
 
 /// Room for a reply longer than the packet it answers (ICMP quotes the packet).

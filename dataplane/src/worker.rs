@@ -41,14 +41,22 @@ use crate::pipeline::Pipeline;
 use crate::snapshot::Snapshot;
 use crate::stats::{clock_ms, DataplaneStats, FRAME_BYTES};
 use crate::verdict::{Reason, Verdict};
-use kxdp_kernel::sys::Poller;
+use kxdp_kernel::sys::{Poller, Waker};
 
 /// Frames per RX batch.
 pub const BATCH: usize = 64;
 
-/// The longest an idle worker waits on its sockets before looking at its commands and the
-/// stop flag (a received frame wakes it at once).
-pub const IDLE_WAIT_MS: i32 = 20;
+/// The longest an idle worker waits on its sockets. A received frame, a command and the stop
+/// flag wake it at once (the last two through its `Waker`); the timeout is only a safety net.
+pub const IDLE_WAIT_MS: i32 = 250;
+
+/// The longest an idle worker spins (polls its rings without a syscall) before it waits, however
+/// many polls `Backoff::spin_polls` allows. A poll costs more the more sockets a worker has
+/// (with 250 sockets, 2000 polls were milliseconds of spinning after every packet), and on a
+/// shared CPU a worker that spins long loses its scheduling credit and is woken late next time
+/// (docs/afxdp.md, "Idle wait"). A wake-up costs tens of microseconds, so spinning longer than
+/// a few of them buys little.
+pub const SPIN_LIMIT: Duration = Duration::from_micros(100);
 
 /// The smallest fill-ring share of a socket, however many sockets a worker has.
 pub const MIN_FILL: u32 = 16;
@@ -91,6 +99,18 @@ pub struct Removed {
 /// Where a worker gets the current tables.
 pub trait Tables: Send + Sync {
     fn current(&self) -> Guard<Arc<Snapshot>>;
+
+    /// Waits until a generation other than `seen` is published, or `timeout` passes; returns
+    /// the generation now. Publishers that can tell their subscribers (control's `Published`)
+    /// override it; this default looks again after `timeout`.
+    fn wait_newer(&self, seen: u64, timeout: Duration) -> u64 {
+        let now = self.current().generation;
+        if now == seen {
+            std::thread::sleep(timeout);
+            return self.current().generation;
+        }
+        now
+    }
 }
 
 impl Tables for ArcSwap<Snapshot> {
@@ -158,6 +178,8 @@ pub struct Worker {
     /// Socket changes from the runner (None: a fixed set).
     pub commands: Option<crossbeam::channel::Receiver<PortCommand>>,
     poller: Option<Poller>,
+    /// Wakes the idle wait (in the poller with the sockets); see [`Worker::waker`].
+    waker: Option<Arc<Waker>>,
 }
 
 /// Shared state a worker runs against.
@@ -173,6 +195,24 @@ pub struct Shared {
     pub stop: Arc<AtomicBool>,
 }
 
+/// The epoll set an idle worker waits in, and the eventfd in it that wakes the worker for
+/// commands and stop. Without a waker the worker still sees commands, at the wait's timeout;
+/// without an epoll set it sleeps instead.
+fn idle_wait(index: usize) -> (Option<Poller>, Option<Arc<Waker>>) {
+    let poller = match Poller::new() {
+        Ok(p) => Some(p),
+        Err(e) => {
+            eprintln!("kxdp: worker {index}: no epoll set ({e}); idle workers sleep instead");
+            None
+        }
+    };
+    let waker = poller
+        .as_ref()
+        .and_then(|p| Waker::new().and_then(|w| p.add(w.fd()).map(|_| w)).ok())
+        .map(Arc::new);
+    (poller, waker)
+}
+
 impl Worker {
     /// Creates the worker's UMEM and opens one socket per (ifindex, queue, mac, complete
     /// checksums); the caller registers each socket's fd in its interface's XSKMAP.
@@ -185,13 +225,7 @@ impl Worker {
         kernel_port: Option<u32>,
     ) -> std::io::Result<Worker> {
         let umem = Umem::new(cfg)?;
-        let poller = match Poller::new() {
-            Ok(p) => Some(p),
-            Err(e) => {
-                eprintln!("kxdp: worker {index}: no epoll set ({e}); idle workers sleep instead");
-                None
-            }
-        };
+        let (poller, waker) = idle_wait(index);
         let mut w = Worker {
             index,
             cpu,
@@ -203,6 +237,7 @@ impl Worker {
             xsk: *cfg,
             commands: None,
             poller,
+            waker,
         };
         let target = fill_target(cfg, 0);
         for &(ifindex, queue, mac, complete_checksums) in ports {
@@ -222,13 +257,7 @@ impl Worker {
         backoff: Backoff,
         kernel_port: Option<u32>,
     ) -> std::io::Result<Worker> {
-        let poller = match Poller::new() {
-            Ok(p) => Some(p),
-            Err(e) => {
-                eprintln!("kxdp: worker {index}: no epoll set ({e}); idle workers sleep instead");
-                None
-            }
-        };
+        let (poller, waker) = idle_wait(index);
         if let Some(p) = &poller {
             for port in &ports {
                 p.add(port.sock.fd())?;
@@ -245,6 +274,7 @@ impl Worker {
             xsk: *cfg,
             commands: None,
             poller,
+            waker,
         })
     }
 
@@ -329,6 +359,12 @@ impl Worker {
         changed
     }
 
+    /// What wakes this worker from its idle wait: signal it after sending a command or setting
+    /// the stop flag (None: the worker has no epoll set and sleeps in short steps anyway).
+    pub fn waker(&self) -> Option<Arc<Waker>> {
+        self.waker.clone()
+    }
+
     pub fn spawn(self, shared: Shared) -> std::io::Result<std::thread::JoinHandle<Worker>> {
         std::thread::Builder::new()
             .name(format!("kxdp-worker-{}", self.index))
@@ -368,6 +404,7 @@ impl Worker {
         let mut changed = true;
         let mut egress_stats = EgressStats::default();
         let mut idle_polls = 0u32;
+        let mut busy_at = Instant::now();
         let mut sleep_us = self.backoff.min_sleep_us;
         let c = self.counters.clone();
         while !shared.stop.load(Ordering::Relaxed) {
@@ -507,14 +544,23 @@ impl Worker {
             }
             if got > 0 {
                 idle_polls = 0;
+                busy_at = Instant::now();
                 sleep_us = self.backoff.min_sleep_us;
             } else {
                 idle_polls = idle_polls.saturating_add(1);
-                if idle_polls > self.backoff.spin_polls {
+                if idle_polls > self.backoff.spin_polls || busy_at.elapsed() > SPIN_LIMIT {
                     c.idle_sleeps.fetch_add(1, Ordering::Relaxed);
                     match &mut self.poller {
                         Some(p) => {
-                            p.wait(IDLE_WAIT_MS);
+                            let ready = p.wait(IDLE_WAIT_MS);
+                            if let Some(w) = &self.waker {
+                                if p.is_ready(ready, w.fd()) {
+                                    w.clear();
+                                }
+                            }
+                            // Spin again after a wake-up: what woke us usually brings more.
+                            idle_polls = 0;
+                            busy_at = Instant::now();
                         }
                         _ => {
                             std::thread::sleep(Duration::from_micros(sleep_us as u64));

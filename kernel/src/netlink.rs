@@ -400,6 +400,16 @@ impl Events {
         })
     }
 
+    /// Only address changes (IPv4 and IPv6): for what follows the node's addresses.
+    pub fn subscribe_addresses() -> io::Result<Events> {
+        const RTMGRP_IPV4_IFADDR: u32 = 0x10;
+        const RTMGRP_IPV6_IFADDR: u32 = 0x100;
+        Ok(Events {
+            socket: open(RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR)?,
+            buf: vec![0u8; 64 * 1024],
+        })
+    }
+
     /// Waits up to `timeout` for a change; true when one (or an overrun, ENOBUFS: changes were
     /// lost, so everything must be re-read) arrived. Queued notifications are drained, so a
     /// burst counts once.

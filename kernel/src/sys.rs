@@ -181,4 +181,51 @@ impl Poller {
         };
         r.max(0) as usize
     }
+
+    /// Whether `fd` is among the `ready` descriptors the last `wait` returned.
+    pub fn is_ready(&self, ready: usize, fd: i32) -> bool {
+        self.events[..ready.min(self.events.len())]
+            .iter()
+            .any(|e| e.u64 == fd as u64)
+    }
+}
+
+/// An eventfd that wakes a worker blocked in its `Poller`: the runner signals it after putting
+/// a command on the worker's channel or setting the stop flag, so a command is applied at
+/// once, not when the idle wait times out. No crate offers a bare eventfd beside our own
+/// epoll set (mio's `Waker` needs mio's `Poll`), hence the two small calls here.
+pub struct Waker {
+    fd: std::os::fd::OwnedFd,
+}
+
+impl Waker {
+    pub fn new() -> io::Result<Waker> {
+        // SAFETY: plain eventfd creation; the result is checked.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` is a new descriptor nothing else owns.
+        let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        Ok(Waker { fd })
+    }
+
+    pub fn fd(&self) -> i32 {
+        std::os::fd::AsRawFd::as_raw_fd(&self.fd)
+    }
+
+    /// Makes the eventfd readable (wakes the waiting worker); never blocks.
+    pub fn wake(&self) {
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: writes 8 bytes from a valid 8-byte buffer to our eventfd (non-blocking: at
+        // the counter's limit it fails with EAGAIN, and the fd is readable anyway).
+        let _ = unsafe { libc::write(self.fd(), one.as_ptr().cast(), one.len()) };
+    }
+
+    /// Resets the eventfd (after the wait that it ended).
+    pub fn clear(&self) {
+        let mut buf = [0u8; 8];
+        // SAFETY: reads at most 8 bytes into a valid 8-byte buffer (non-blocking).
+        let _ = unsafe { libc::read(self.fd(), buf.as_mut_ptr().cast(), buf.len()) };
+    }
 }

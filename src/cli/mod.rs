@@ -590,10 +590,16 @@ fn cmd_replay(args: &ReplayArgs) -> Result<(), CliError> {
         })?;
     }
 
+    if result.workers != workers {
+        eprintln!(
+            "kxdp replay: the capture fills the conntrack table (conntrack.maxEntries): replayed on {} worker(s) instead of {workers}, so that early drop evicts the same connections as with --workers 1 (docs/cli.md)",
+            result.workers
+        );
+    }
     let summary = Summary::new(
         result.packets,
         args.repeat,
-        workers,
+        result.workers,
         result.seconds,
         &result.actions,
         &result.reasons,

@@ -42,12 +42,22 @@
 //!   a `local` rule and the order of everything else stays as it was. Teardown adds the
 //!   original back (same preference and protocol) before removing kxdp's rules.
 //!
+//! The node's addresses change (an address added to or removed from an interface): the NodePort
+//! rules follow them. [`NodeAddressFollower`] holds the candidates (`nodeIPs`, else the Node
+//! object's addresses, updated at each publication) and, on every netlink address event,
+//! installs the rules for the candidates that are local now and removes them for those that are
+//! gone ([`HostPath::set_node_ips`]): a rule's route needs its address as `src`, which the
+//! kernel refuses for an address the node does not have.
+//!
 //! Netlink goes through the `rtnetlink` crate on a private current-thread tokio runtime (the API
 //! here is synchronous: setup and route updates are rare control-path calls). Sysctls are plain
 //! writes under `/proc/sys`, which shows the calling thread's network namespace.
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use futures::TryStreamExt;
 use ipnet::IpNet;
@@ -273,6 +283,32 @@ async fn add_local_rule(
     req.execute()
         .await
         .map_err(|e| err("adding the local rule", e))
+}
+
+/// The same as [`add_local_rule`] when an identical rule exists (kxdp's own copy, to be moved
+/// behind rules added since): without `NLM_F_EXCL` (rtnetlink's `replace`, which the kernel's
+/// rule code reads as "no exclusive check") the kernel adds the duplicate after it.
+async fn add_local_rule_again(
+    handle: &Handle,
+    v: IpVersion,
+    proto: RouteProtocol,
+) -> io::Result<()> {
+    let mut req = handle
+        .rule()
+        .add()
+        .table_id(RT_TABLE_LOCAL)
+        .priority(0)
+        .replace();
+    let m = req.message_mut();
+    m.header.family = match v {
+        IpVersion::V4 => AddressFamily::Inet,
+        IpVersion::V6 => AddressFamily::Inet6,
+    };
+    m.header.action = RuleAction::ToTable;
+    m.attributes.push(RuleAttribute::Protocol(proto));
+    req.execute()
+        .await
+        .map_err(|e| err("adding the local rule again", e))
 }
 
 /// Removes what a previous run (or this one) installed: tagged rules (with an untagged `local`
@@ -508,26 +544,23 @@ impl HostPath {
 
     /// Replaces the set of prefixes routed to kxdp (service CIDRs, externalIPs, LoadBalancer
     /// IPs): adds what is new, removes what is gone. A prefix of a family the node has no
-    /// address of is refused (there would be no source address for it).
+    /// address of is kept in the set but not installed (there is no source address for it)
+    /// until an address of that family appears ([`HostPath::set_node_ips`]).
     pub fn set_service_routes(&mut self, nets: &[IpNet]) -> io::Result<()> {
         let (handle, opts, hi) = (self.handle.clone(), self.opts.clone(), self.host_ifindex);
         let src4 = opts.node_ips.iter().find(|a| a.is_ipv4()).copied();
         let src6 = opts.node_ips.iter().find(|a| a.is_ipv6()).copied();
-        let mut want: Vec<IpNet> = nets.iter().map(|n| n.trunc()).collect();
-        want.sort();
-        want.dedup();
-        for n in &want {
-            let has = match n {
+        let mut wanted: Vec<IpNet> = nets.iter().map(|n| n.trunc()).collect();
+        wanted.sort();
+        wanted.dedup();
+        let want: Vec<IpNet> = wanted
+            .iter()
+            .filter(|n| match n {
                 IpNet::V4(_) => src4.is_some(),
                 IpNet::V6(_) => src6.is_some(),
-            };
-            if !has {
-                return Err(err(
-                    &format!("service route {n}"),
-                    "the node has no address of that family",
-                ));
-            }
-        }
+            })
+            .copied()
+            .collect();
         let tag = RouteProtocol::Other(opts.protocol);
         self.rt.block_on(async {
             for v in [IpVersion::V4, IpVersion::V6] {
@@ -561,8 +594,60 @@ impl HostPath {
             }
             Ok::<(), io::Error>(())
         })?;
-        self.opts.service_routes = want;
+        self.opts.service_routes = wanted;
         Ok(())
+    }
+
+    /// Follows the node's addresses: NodePort rules for addresses that appeared (with `local`
+    /// moved behind them again), none left for addresses that went away, and the service
+    /// routes' source addresses re-chosen from the new set.
+    pub fn set_node_ips(&mut self, ips: &[IpAddr]) -> io::Result<()> {
+        // In the given order: the first of each family is the service routes' source.
+        let mut want: Vec<IpAddr> = Vec::new();
+        for a in ips {
+            if !want.contains(a) {
+                want.push(*a);
+            }
+        }
+        let (handle, opts, hi) = (self.handle.clone(), self.opts.clone(), self.host_ifindex);
+        if want == opts.node_ips {
+            return Ok(());
+        }
+        let gone: Vec<IpAddr> = opts
+            .node_ips
+            .iter()
+            .filter(|a| !want.contains(a))
+            .copied()
+            .collect();
+        let new: Vec<IpAddr> = want
+            .iter()
+            .filter(|a| !opts.node_ips.contains(a))
+            .copied()
+            .collect();
+        let moved = self.rt.block_on(async {
+            for a in &gone {
+                remove_node_port_rules(&handle, &opts, *a).await?;
+            }
+            let mut moved = Vec::new();
+            for v in [IpVersion::V4, IpVersion::V6] {
+                let added: Vec<IpAddr> =
+                    new.iter().filter(|a| version_of(a) == v).copied().collect();
+                if added.is_empty() || opts.node_port_range.is_none() {
+                    continue;
+                }
+                for a in added {
+                    add_node_port_rules(&handle, &opts, hi, a).await?;
+                }
+                moved.extend(move_local_behind(&handle, &opts, v).await?);
+            }
+            Ok::<_, io::Error>(moved)
+        })?;
+        self.moved_local.extend(moved);
+        self.opts.node_ips = want;
+        // The service routes' `src` is the first address of each family (and a family without
+        // one has none of its routes installed).
+        let routes = self.opts.service_routes.clone();
+        self.set_service_routes(&routes)
     }
 
     /// The kxdp side's interface index (for the runner: attach to it like any interface).
@@ -654,17 +739,17 @@ fn route_via_host(
     }
 }
 
-/// The NodePort rules and the kxdp table's routes; moves each family's `local` rule at
-/// preference 0 behind them. Returns the moved rules (family, priority, protocol).
+/// The NodePort rules for the node's addresses: per address a host route in kxdp's table and
+/// one rule per protocol at preference 0, then `local` moved behind them (see
+/// [`move_local_behind`]); returns the original `local` rules moved (to restore on teardown).
 async fn install_node_ports(
     handle: &Handle,
     opts: &HostPathOptions,
     oif: u32,
 ) -> io::Result<Vec<(IpVersion, u32, RouteProtocol)>> {
-    let Some((lo, hi)) = opts.node_port_range else {
+    if opts.node_port_range.is_none() {
         return Ok(Vec::new());
-    };
-    let tag = RouteProtocol::Other(opts.protocol);
+    }
     let mut moved = Vec::new();
     for v in [IpVersion::V4, IpVersion::V6] {
         let addrs: Vec<IpAddr> = opts
@@ -677,63 +762,254 @@ async fn install_node_ports(
             continue;
         }
         for a in &addrs {
-            let host = IpNet::new(*a, if a.is_ipv4() { 32 } else { 128 }).unwrap();
-            let msg = route_via_host(opts, oif, host, opts.table, Some(*a), Some(*a));
-            handle
-                .route()
-                .add(msg)
-                .replace()
-                .execute()
-                .await
-                .map_err(|e| err(&format!("kxdp table route to {a}"), e))?;
-            for proto in [IpProtocol::Tcp, IpProtocol::Udp, IpProtocol::Sctp] {
-                let mut req = handle
-                    .rule()
-                    .add()
-                    .input_interface("lo")
-                    .table_id(opts.table)
-                    .priority(0);
-                let m = req.message_mut();
-                m.header.action = RuleAction::ToTable;
-                m.header.family = match v {
-                    IpVersion::V4 => AddressFamily::Inet,
-                    IpVersion::V6 => AddressFamily::Inet6,
-                };
-                m.header.dst_len = host.prefix_len();
-                m.attributes.push(RuleAttribute::Destination(*a));
-                m.attributes.push(RuleAttribute::IpProtocol(proto));
-                m.attributes
-                    .push(RuleAttribute::DestinationPortRange(RulePortRange {
-                        start: lo,
-                        end: hi,
-                    }));
-                m.attributes.push(RuleAttribute::Protocol(tag));
-                req.execute()
-                    .await
-                    .map_err(|e| err(&format!("NodePort rule for {a}"), e))?;
-            }
+            add_node_port_rules(handle, opts, oif, *a).await?;
         }
-        // Move `local` (preference 0) behind kxdp's rules.
-        let originals: Vec<RuleMessage> = rules(handle, v.clone())
-            .await?
-            .into_iter()
-            .filter(|r| {
-                rule_table(r) == RT_TABLE_LOCAL && rule_priority(r) == 0 && rule_protocol(r) != tag
-            })
-            .collect();
-        if originals.is_empty() {
-            continue;
-        }
-        add_local_rule(handle, v.clone(), 0, tag).await?;
-        for r in originals {
-            moved.push((v.clone(), 0, rule_protocol(&r)));
+        moved.extend(move_local_behind(handle, opts, v).await?);
+    }
+    Ok(moved)
+}
+
+/// One node address's host route in kxdp's table and its rules (TCP, UDP, SCTP to the NodePort
+/// range, from local processes), at preference 0 after the rules already there.
+async fn add_node_port_rules(
+    handle: &Handle,
+    opts: &HostPathOptions,
+    oif: u32,
+    a: IpAddr,
+) -> io::Result<()> {
+    let Some((lo, hi)) = opts.node_port_range else {
+        return Ok(());
+    };
+    let tag = RouteProtocol::Other(opts.protocol);
+    let host = IpNet::new(a, if a.is_ipv4() { 32 } else { 128 }).unwrap();
+    let msg = route_via_host(opts, oif, host, opts.table, Some(a), Some(a));
+    handle
+        .route()
+        .add(msg)
+        .replace()
+        .execute()
+        .await
+        .map_err(|e| err(&format!("kxdp table route to {a}"), e))?;
+    for proto in [IpProtocol::Tcp, IpProtocol::Udp, IpProtocol::Sctp] {
+        let mut req = handle
+            .rule()
+            .add()
+            .input_interface("lo")
+            .table_id(opts.table)
+            .priority(0);
+        let m = req.message_mut();
+        m.header.action = RuleAction::ToTable;
+        m.header.family = match a {
+            IpAddr::V4(_) => AddressFamily::Inet,
+            IpAddr::V6(_) => AddressFamily::Inet6,
+        };
+        m.header.dst_len = host.prefix_len();
+        m.attributes.push(RuleAttribute::Destination(a));
+        m.attributes.push(RuleAttribute::IpProtocol(proto));
+        m.attributes
+            .push(RuleAttribute::DestinationPortRange(RulePortRange {
+                start: lo,
+                end: hi,
+            }));
+        m.attributes.push(RuleAttribute::Protocol(tag));
+        req.execute()
+            .await
+            .map_err(|e| err(&format!("NodePort rule for {a}"), e))?;
+    }
+    Ok(())
+}
+
+/// Removes one node address's rules and its route in kxdp's table.
+async fn remove_node_port_rules(
+    handle: &Handle,
+    opts: &HostPathOptions,
+    a: IpAddr,
+) -> io::Result<()> {
+    let tag = RouteProtocol::Other(opts.protocol);
+    let v = version_of(&a);
+    for r in rules(handle, v.clone()).await? {
+        let to_a = r
+            .attributes
+            .iter()
+            .any(|x| matches!(x, RuleAttribute::Destination(d) if *d == a));
+        if rule_protocol(&r) == tag && rule_table(&r) == opts.table && to_a {
             handle
                 .rule()
                 .del(r)
                 .execute()
                 .await
-                .map_err(|e| err("moving the local rule", e))?;
+                .map_err(|e| err(&format!("deleting the NodePort rule for {a}"), e))?;
         }
     }
+    let host = IpNet::new(a, if a.is_ipv4() { 32 } else { 128 }).unwrap();
+    for r in routes(handle, v).await? {
+        if r.header.protocol == tag
+            && route_table(&r) == opts.table
+            && route_prefix(&r) == Some(host)
+        {
+            match handle.route().del(r).execute().await {
+                Ok(()) => {}
+                Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::ESRCH => {}
+                Err(e) => return Err(err(&format!("deleting kxdp's route to {a}"), e)),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Puts a `lookup local` rule at preference 0 behind every rule there (rules of one preference
+/// keep their insertion order): a tagged copy is added after them, then the rule it replaces is
+/// deleted — the kernel's original (returned, to restore on teardown) the first time, kxdp's
+/// older copy when node addresses were added later (delete removes the first match: the older).
+async fn move_local_behind(
+    handle: &Handle,
+    opts: &HostPathOptions,
+    v: IpVersion,
+) -> io::Result<Vec<(IpVersion, u32, RouteProtocol)>> {
+    let tag = RouteProtocol::Other(opts.protocol);
+    let locals: Vec<RuleMessage> = rules(handle, v.clone())
+        .await?
+        .into_iter()
+        .filter(|r| rule_table(r) == RT_TABLE_LOCAL && rule_priority(r) == 0)
+        .collect();
+    let originals: Vec<&RuleMessage> = locals.iter().filter(|r| rule_protocol(r) != tag).collect();
+    let copies: Vec<&RuleMessage> = locals.iter().filter(|r| rule_protocol(r) == tag).collect();
+    let mut moved = Vec::new();
+    if originals.is_empty() && copies.is_empty() {
+        return Ok(moved);
+    }
+    if copies.is_empty() {
+        add_local_rule(handle, v.clone(), 0, tag).await?;
+    } else {
+        add_local_rule_again(handle, v.clone(), tag).await?;
+    }
+    for r in originals {
+        moved.push((v.clone(), 0, rule_protocol(r)));
+        handle
+            .rule()
+            .del(r.clone())
+            .execute()
+            .await
+            .map_err(|e| err("moving the local rule", e))?;
+    }
+    for r in copies {
+        handle
+            .rule()
+            .del(r.clone())
+            .execute()
+            .await
+            .map_err(|e| err("moving kxdp's local rule", e))?;
+    }
     Ok(moved)
+}
+
+/// The node's addresses that can carry NodePort rules: global unicast addresses on any
+/// interface but the host path's pair (loopback and link-local left out).
+pub fn local_node_addrs(opts: &HostPathOptions) -> io::Result<Vec<IpAddr>> {
+    let dump = kxdp_kernel::netlink::dump_all()?;
+    let pair: Vec<u32> = dump
+        .links
+        .iter()
+        .filter(|l| l.name == opts.host_if || l.name == opts.kxdp_if)
+        .map(|l| l.ifindex)
+        .collect();
+    let mut v: Vec<IpAddr> = dump
+        .addrs
+        .iter()
+        .filter(|a| !pair.contains(&a.ifindex))
+        .map(|a| a.addr)
+        .filter(|a| {
+            !a.is_loopback()
+                && !matches!(a, IpAddr::V6(v6) if v6.segments()[0] & 0xffc0 == 0xfe80)
+                && !matches!(a, IpAddr::V4(v4) if v4.is_link_local())
+        })
+        .collect();
+    v.sort();
+    v.dedup();
+    Ok(v)
+}
+
+/// Keeps a host path's NodePort rules on the node's addresses as they come and go (see the
+/// module docs): a thread waits for netlink address events; [`NodeAddressFollower::set_candidates`]
+/// changes the addresses that count as the node's (a publication changed them).
+pub struct NodeAddressFollower {
+    candidates: Arc<Mutex<Vec<IpAddr>>>,
+    host_path: Arc<Mutex<Option<HostPath>>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl NodeAddressFollower {
+    /// Subscribes to address events (in the calling thread's namespace), applies `candidates`
+    /// once, and starts following. The host path is shared: `None` in it (torn down) stops the
+    /// thread's work.
+    pub fn start(
+        host_path: Arc<Mutex<Option<HostPath>>>,
+        candidates: Vec<IpAddr>,
+    ) -> io::Result<NodeAddressFollower> {
+        // Subscribed before the first read: no change in between is missed.
+        let mut events = kxdp_kernel::netlink::Events::subscribe_addresses()?;
+        let candidates = Arc::new(Mutex::new(candidates));
+        let stop = Arc::new(AtomicBool::new(false));
+        sync_node_ips(&host_path, &candidates);
+        let (c, hp, s) = (candidates.clone(), host_path.clone(), stop.clone());
+        let thread = std::thread::Builder::new()
+            .name("kxdp-host-addrs".into())
+            .spawn(move || {
+                while !s.load(Ordering::Relaxed) {
+                    if events.wait(Duration::from_millis(200)) {
+                        sync_node_ips(&hp, &c);
+                    }
+                }
+            })?;
+        Ok(NodeAddressFollower {
+            candidates,
+            host_path,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// The addresses that count as the node's changed (applied at once, for those local now).
+    pub fn set_candidates(&self, ips: Vec<IpAddr>) {
+        *self.candidates.lock().unwrap_or_else(|e| e.into_inner()) = ips;
+        sync_node_ips(&self.host_path, &self.candidates);
+    }
+
+    /// Stops following (the rules stay as they are).
+    pub fn stop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for NodeAddressFollower {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Sets the host path's node addresses to the candidates that are local now.
+fn sync_node_ips(host_path: &Mutex<Option<HostPath>>, candidates: &Mutex<Vec<IpAddr>>) {
+    let mut guard = host_path.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(hp) = guard.as_mut() else { return };
+    let local = match local_node_addrs(&hp.opts) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("kxdp: host path: reading the node's addresses: {e}");
+            return;
+        }
+    };
+    let want: Vec<IpAddr> = candidates
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .filter(|a| local.contains(a))
+        .copied()
+        .collect();
+    if let Err(e) = hp.set_node_ips(&want) {
+        eprintln!("kxdp: host path: following the node's addresses: {e}");
+    }
 }

@@ -12,7 +12,7 @@
 use std::collections::HashMap;
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -32,9 +32,40 @@ pub fn request_resolution(ifindex: u32, addr: &Addr, family: Family) -> io::Resu
     netlink::request_resolution(ifindex, addr.to_ip(family))
 }
 
+/// A change counter threads wait on (the route table's: bumped after each new `Fib` is stored).
+#[derive(Default)]
+pub struct Changed {
+    count: Mutex<u64>,
+    cond: Condvar,
+}
+
+impl Changed {
+    pub fn bump(&self) {
+        *self.count.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+        self.cond.notify_all();
+    }
+
+    /// The count now.
+    pub fn current(&self) -> u64 {
+        *self.count.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Waits until the count differs from `seen` or `timeout` passes; returns the count.
+    pub fn wait_newer(&self, seen: u64, timeout: Duration) -> u64 {
+        let count = self.count.lock().unwrap_or_else(|e| e.into_inner());
+        let (count, _) = self
+            .cond
+            .wait_timeout_while(count, timeout, |c| *c == seen)
+            .unwrap_or_else(|e| e.into_inner());
+        *count
+    }
+}
+
 /// The published route table and the thread that keeps it current.
 pub struct Routes {
     pub table: Arc<ArcSwap<Fib>>,
+    /// Bumped after every new table: the link manager and the XDP-map refresh wait on it.
+    pub changed: Arc<Changed>,
     /// Next hops workers could not address; the refresher asks the kernel to resolve them.
     pub unresolved: crossbeam::channel::Sender<(u32, Addr, Family)>,
     stop: Arc<AtomicBool>,
@@ -55,12 +86,14 @@ impl Routes {
         let table = Arc::new(ArcSwap::from_pointee(first));
         let (tx, rx) = crossbeam::channel::bounded::<(u32, Addr, Family)>(1024);
         let stop = Arc::new(AtomicBool::new(false));
-        let (t2, s2) = (table.clone(), stop.clone());
+        let changed = Arc::new(Changed::default());
+        let (t2, s2, c2) = (table.clone(), stop.clone(), changed.clone());
         let thread = std::thread::Builder::new()
             .name("kxdp-routes".into())
-            .spawn(move || refresher(events, &t2, &rx, &s2))?;
+            .spawn(move || refresher(events, &t2, &c2, &rx, &s2))?;
         Ok(Routes {
             table,
+            changed,
             unresolved: tx,
             stop,
             thread: Some(thread),
@@ -80,6 +113,7 @@ impl Drop for Routes {
 fn refresher(
     mut events: netlink::Events,
     table: &ArcSwap<Fib>,
+    changed: &Changed,
     unresolved: &crossbeam::channel::Receiver<(u32, Addr, Family)>,
     stop: &AtomicBool,
 ) {
@@ -99,7 +133,8 @@ fn refresher(
                             let _ = request_resolution(oif, &a, f);
                         }
                     }
-                    table.store(Arc::new(t))
+                    table.store(Arc::new(t));
+                    changed.bump();
                 }
                 Err(e) => eprintln!("kxdp: reading routes and neighbours: {e}"),
             }

@@ -22,6 +22,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use arc_swap::ArcSwap;
 use crossbeam::channel::{bounded, Sender};
 
 use crate::conntrack::{Conntrack, FLAG_MASQ};
@@ -32,7 +33,7 @@ use crate::io::xdp::{Attachment, ModeChoice, SharedMaps, XdpMode, XdpProgram};
 use crate::snapshot::{FrontendKind, Snapshot};
 use crate::stats::DataplaneStats;
 use crate::worker::{Backoff, IoCounters, PortCommand, Removed, Shared, Tables, Worker};
-use kxdp_kernel::sys::{driver_of, rx_queues_of};
+use kxdp_kernel::sys::{driver_of, rx_queues_of, Waker};
 
 #[derive(Clone, Debug)]
 pub struct RunOptions {
@@ -75,6 +76,8 @@ pub struct AfXdp {
     /// I/O counters per started worker: (worker index, counters).
     pub counters: Vec<(usize, Arc<IoCounters>)>,
     stop: Arc<AtomicBool>,
+    /// Wake the workers' idle waits when the stop flag is set.
+    wakers: Vec<Arc<Waker>>,
     /// Stops the link manager and the map thread (apart from the workers: a takeover stops
     /// those threads first, while the workers still forward).
     threads_stop: Arc<AtomicBool>,
@@ -90,6 +93,41 @@ pub struct AfXdp {
     routes: Routes,
     /// Programs held through netlink keep a hold deadline ahead (`RunOptions::hold_for_restart`).
     hold_for_restart: bool,
+}
+
+/// The longest the link manager and the XDP-map refresh wait for news (they are woken by route
+/// table changes and publications; the timeout lets them see the stop flag).
+const SAFETY_WAIT: Duration = Duration::from_millis(250);
+
+/// How often the link manager looks again while some link failed to attach.
+const LINK_RETRY_POLL: Duration = Duration::from_millis(100);
+
+/// The XDP program's node-address and NodePort maps, and what was last written to them.
+struct NodeMaps {
+    maps: Arc<SharedMaps>,
+    tables: Arc<dyn Tables>,
+    routes: Arc<ArcSwap<Fib>>,
+    /// (generation, addresses, ports) written last.
+    last: Mutex<(u64, Vec<IpAddr>, Vec<u16>)>,
+}
+
+impl NodeMaps {
+    /// Writes the maps when the current tables or the node's addresses differ from what was
+    /// written; returns the generation seen. Both inputs are read under the lock, so that the
+    /// last writer always writes the newest of both.
+    fn refresh(&self) -> u64 {
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        let snap = self.tables.current();
+        let addrs = node_addrs(&snap, self.routes.load().local_addrs());
+        let ports = node_ports(&snap);
+        if snap.generation != last.0 || addrs != last.1 || ports != last.2 {
+            if let Err(e) = self.maps.set_node(&addrs, &ports) {
+                eprintln!("kxdp: updating the XDP maps: {e}");
+            }
+            *last = (snap.generation, addrs, ports);
+        }
+        snap.generation
+    }
 }
 
 /// Whether `name` matches one of `patterns` (names or shell-style patterns: `*`, `?`).
@@ -125,10 +163,26 @@ pub(crate) struct AttachedLink {
     pub(crate) prog: XdpProgram,
 }
 
+/// A worker's command channel and what wakes it from its idle wait to read it.
+struct WorkerChannel {
+    commands: Sender<PortCommand>,
+    waker: Option<Arc<Waker>>,
+}
+
+impl WorkerChannel {
+    fn send(&self, cmd: PortCommand) -> Result<(), crossbeam::channel::SendError<PortCommand>> {
+        self.commands.send(cmd)?;
+        if let Some(w) = &self.waker {
+            w.wake();
+        }
+        Ok(())
+    }
+}
+
 /// The link manager's state: attached links, links that failed (and when), the event log.
 pub struct Links {
     patterns: Vec<String>,
-    workers: Vec<Sender<PortCommand>>,
+    workers: Vec<WorkerChannel>,
     maps: Arc<SharedMaps>,
     mode: ModeChoice,
     hold_for_restart: bool,
@@ -488,12 +542,17 @@ impl AfXdp {
         let mut counters = Vec::new();
         let mut handles = Vec::new();
         let mut senders = Vec::new();
+        let mut wakers = Vec::new();
         for w in 0..workers {
             let cpu = (!opts.cpus.is_empty()).then(|| opts.cpus[w % opts.cpus.len()]);
             let mut worker = Worker::open(w, cpu, &[], &opts.xsk, opts.backoff, opts.kernel_port)?;
             let (tx, rx) = bounded(1024);
             worker.commands = Some(rx);
-            senders.push(tx);
+            wakers.push(worker.waker());
+            senders.push(WorkerChannel {
+                commands: tx,
+                waker: worker.waker(),
+            });
             counters.push((w, worker.counters.clone()));
             handles.push(worker.spawn(shared.clone())?);
         }
@@ -516,6 +575,7 @@ impl AfXdp {
             interfaces,
             counters,
             stop,
+            wakers: wakers.into_iter().flatten().collect(),
             threads_stop: Arc::new(AtomicBool::new(false)),
             workers: handles,
             maps_thread: None,
@@ -532,64 +592,75 @@ impl AfXdp {
     }
 
     /// Starts the link manager (follows links as they come and go) and the thread that keeps
-    /// the XDP program's node maps in step with publications.
+    /// the XDP program's node maps in step with publications (and the hold deadline ahead).
     fn spawn_threads(&mut self) -> io::Result<()> {
+        // Read before the table: a change in between is then seen by the link manager.
+        let routes_seen = self.routes.changed.current();
         let table = self.routes.table.load_full();
-        // Follow links as they come and go (the refresher re-reads on every link event).
+        // Node addresses and NodePorts in the XDP program's maps: refreshed when tables are
+        // published and when the node's addresses change (both threads below call this).
+        let node_maps = Arc::new(NodeMaps {
+            maps: self.maps.clone(),
+            tables: self.tables.clone(),
+            routes: self.routes.table.clone(),
+            last: Mutex::new((u64::MAX, Vec::new(), Vec::new())),
+        });
+        // Follow links as they come and go: the refresher re-reads on every link event and
+        // bumps `routes.changed`, which this thread waits on.
         let links_thread = {
-            let (links, stop, rt) = (
+            let (links, stop, rt, changed, node_maps) = (
                 self.links.clone(),
                 self.threads_stop.clone(),
                 self.routes.table.clone(),
+                self.routes.changed.clone(),
+                node_maps.clone(),
             );
             std::thread::Builder::new()
                 .name("kxdp-links".into())
                 .spawn(move || {
                     let mut last = table;
+                    let mut seen = routes_seen;
+                    // Once at the start: links may have come or gone since they were last synced.
+                    let mut retry = true;
                     while !stop.load(Ordering::Relaxed) {
+                        // Links that failed are retried (every few seconds, `Links::sync`).
+                        let wait = if retry { LINK_RETRY_POLL } else { SAFETY_WAIT };
+                        seen = changed.wait_newer(seen, wait);
                         let now = rt.load_full();
-                        let retry = links.lock().is_ok_and(|l| !l.failed.is_empty());
-                        if !Arc::ptr_eq(&now, &last) || retry {
+                        let new = !Arc::ptr_eq(&now, &last);
+                        if new || retry {
                             if let Ok(mut l) = links.lock() {
                                 l.sync(&now);
+                                retry = !l.failed.is_empty();
                             }
-                            last = now;
                         }
-                        std::thread::sleep(Duration::from_millis(10));
+                        if new {
+                            node_maps.refresh();
+                        }
+                        last = now;
                     }
                 })?
         };
-        // Keep the maps in step with publications.
+        // And subscribe to publications (NodePorts, the Node object's addresses).
         let hold = self.hold_for_restart;
         let maps_thread = {
-            let (maps, tables, stop, rt) = (
+            let (maps, tables, stop, node_maps) = (
                 self.maps.clone(),
                 self.tables.clone(),
                 self.threads_stop.clone(),
-                self.routes.table.clone(),
+                node_maps.clone(),
             );
             std::thread::Builder::new()
                 .name("kxdp-xdp-maps".into())
                 .spawn(move || {
-                    let mut last = (u64::MAX, Vec::new(), Vec::new());
                     while !stop.load(Ordering::Relaxed) {
                         // Keep the hold deadline ahead: if this process dies now, the programs
                         // it leaves hold the traffic for `RESTART_HOLD`.
                         if hold {
                             let _ = maps.hold_until(hold_deadline_ns());
                         }
-                        let snap = tables.current();
-                        let local = rt.load().local_addrs().to_vec();
-                        let addrs = node_addrs(&snap, &local);
-                        let ports = node_ports(&snap);
-                        if snap.generation != last.0 || addrs != last.1 || ports != last.2 {
-                            if let Err(e) = maps.set_node(&addrs, &ports) {
-                                eprintln!("kxdp: updating the XDP maps: {e}");
-                            }
-                            last = (snap.generation, addrs, ports);
-                        }
-                        drop(snap);
-                        std::thread::sleep(Duration::from_millis(200));
+                        let seen = node_maps.refresh();
+                        tables.wait_newer(seen, SAFETY_WAIT);
                     }
                 })?
         };
@@ -602,9 +673,10 @@ impl AfXdp {
     /// program attached and every socket bound: packets that arrive meanwhile wait on the RX
     /// rings (up to each socket's fill share). For a takeover ([`Quiesced`]).
     pub fn quiesce(mut self) -> Quiesced {
-        // The slow threads first (the map thread sleeps 200 ms between looks), while the
-        // workers still forward.
+        // The slow threads first (woken: they wait for route changes and publications), while
+        // the workers still forward.
         self.threads_stop.store(true, Ordering::Relaxed);
+        self.routes.changed.bump();
         if let Some(t) = self.maps_thread.take() {
             let _ = t.join();
         }
@@ -617,6 +689,9 @@ impl AfXdp {
             .map(|mut l| std::mem::take(&mut l.attached))
             .unwrap_or_default();
         self.stop.store(true, Ordering::Relaxed);
+        for w in &self.wakers {
+            w.wake();
+        }
         let mut workers = Vec::new();
         let mut lost = 0;
         for h in self.workers.drain(..) {
@@ -666,6 +741,7 @@ impl AfXdp {
         let mut counters = Vec::new();
         let mut handles = Vec::new();
         let mut senders = Vec::new();
+        let mut wakers = Vec::new();
         for (w, (umem, ports)) in parts.workers.into_iter().enumerate() {
             let cpu = (!opts.cpus.is_empty()).then(|| opts.cpus[w % opts.cpus.len()]);
             let xsk = XskConfig {
@@ -681,7 +757,11 @@ impl AfXdp {
                 Worker::adopt(w, cpu, umem, ports, &xsk, opts.backoff, opts.kernel_port)?;
             let (tx, rx) = bounded(1024);
             worker.commands = Some(rx);
-            senders.push(tx);
+            wakers.push(worker.waker());
+            senders.push(WorkerChannel {
+                commands: tx,
+                waker: worker.waker(),
+            });
             counters.push((w, worker.counters.clone()));
             handles.push(worker.spawn(shared.clone())?);
         }
@@ -706,6 +786,7 @@ impl AfXdp {
             interfaces,
             counters,
             stop,
+            wakers: wakers.into_iter().flatten().collect(),
             threads_stop: Arc::new(AtomicBool::new(false)),
             workers: handles,
             maps_thread: None,
@@ -788,6 +869,10 @@ impl AfXdp {
     fn shutdown(&mut self) -> Vec<Worker> {
         self.stop.store(true, Ordering::Relaxed);
         self.threads_stop.store(true, Ordering::Relaxed);
+        for w in &self.wakers {
+            w.wake();
+        }
+        self.routes.changed.bump();
         let done = self
             .workers
             .drain(..)

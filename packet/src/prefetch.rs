@@ -21,7 +21,7 @@ pub fn prefetch_lines<T>(p: &T) {
     let end = start.wrapping_add(std::mem::size_of::<T>().max(1));
     // The first line, then one per 64 bytes from the next line boundary on.
     prefetch_addr(start);
-    let mut line = ((start as usize | 63) + 1) as *const u8;
+    let mut line = start.wrapping_add(64 - (start as usize & 63));
     while line < end {
         prefetch_addr(line);
         line = line.wrapping_add(64);

@@ -1,8 +1,8 @@
 //! The per-packet pipeline: one function that `kxdp replay` and the AF_XDP workers both call.
 //!
-//! A batch of frames is processed in place, in three passes so that memory latency overlaps:
-//! parse every frame and prefetch its conntrack slot; look every packet up in conntrack; then
-//! decide and rewrite. The decision is a short sequence of table lookups:
+//! A batch of frames is processed in place, in passes so that memory latency overlaps: parse
+//! every frame and prefetch its conntrack slot; prefetch the entries the slots name; look every
+//! packet up in conntrack; look up the frontends of the misses; then decide and rewrite. The decision is a short sequence of table lookups:
 //!
 //! ```text
 //! parse ─► conntrack hit? ─► translate as the connection is            (ct-established / reply-unnat)

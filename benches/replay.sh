@@ -16,6 +16,13 @@
 #             would find them all in conntrack); the table grows from 0 to NEW_PACKETS flows
 #   mixed-10k 10k established flows, then 1 packet in 10 a new connection, one pass
 #   baseline  the est-10k capture, no Services (see above)
+# Flow layouts (issue 13: the figures must hold for any layout), one worker, same sizes:
+#   est-10k-s100 / est-10k-s30k   10k flows over 100 Services (100 flows each) / 30k Services
+#   new-s100 / new-s30k           new connections to 100 / 30k Services (10 endpoints each)
+#   new-big                       new connections to one Service of 5,000 endpoints
+#   mixed-s30k                    the mixed capture over 30k Services
+# Clients: every capture spreads its flows over up to 65,534 client addresses (`kxdp pcap gen`'s
+# address plan), so 10k flows have 10k clients and 1M flows about 15 ports per client.
 # Established captures start with every flow's SYN; the "steady" columns exclude that first-pass
 # cost by difference: (time of REPEAT passes - time of 1 pass) / ((REPEAT - 1) × packets).
 #
@@ -55,10 +62,11 @@ if ! "$KXDP" pcap gen --help >/dev/null 2>&1; then
 fi
 mkdir -p "$OUT"
 
-# gen NAME MODE FLOWS PACKETS: a capture in $OUT/NAME, regenerated only when the arguments change.
+# gen NAME MODE FLOWS PACKETS [SERVICES [ENDPOINTS]]: a capture in $OUT/NAME, regenerated only
+# when the arguments change.
 gen() {
     local dir=$OUT/$1
-    local args="--services $SERVICES --endpoints $ENDPOINTS --flows $3 --packets $4 --mode $2 --seed 1"
+    local args="--services ${5:-$SERVICES} --endpoints ${6:-$ENDPOINTS} --flows $3 --packets $4 --mode $2 --seed 1"
     if [[ -f $dir/capture.pcap && "$(cat "$dir/args" 2>/dev/null)" == "$args" ]]; then
         return
     fi
@@ -94,6 +102,12 @@ gen est-10k established 10000 "$PACKETS"
 gen est-1m established "$FLOWS_1M" "$PACKETS_1M"
 gen new-1m new 1 "$NEW_PACKETS"
 gen mixed-10k mixed 10000 "$PACKETS"
+gen est-10k-s100 established 10000 "$PACKETS" 100
+gen est-10k-s30k established 10000 "$PACKETS" 30000
+gen new-s100 new 1 "$NEW_PACKETS" 100
+gen new-s30k new 1 "$NEW_PACKETS" 30000
+gen new-big new 1 "$NEW_PACKETS" 1 5000
+gen mixed-s30k mixed 10000 "$PACKETS" 30000
 
 # The baseline cluster: the same node, no Services, and service CIDRs the capture does not touch.
 mkdir -p "$OUT/baseline"
@@ -137,7 +151,21 @@ for w in $WORKERS; do
         read -r s p < <(replay "$name" "$OUT/$name/config.yaml" "$OUT/$name/state.yaml" 1 "$w")
         row "$name" "$w" "$s" "$p" "$base_ns"
     done
+    [[ $w == 1 ]] && base1_ns=$base_ns
 done
+# The layouts, one worker, against the one-worker baseline. A new connection's cost at 30k
+# Services (and to one Service of 5,000 endpoints) against 100 Services is the ratio of the
+# new-s30k (new-big) row's ns per packet to new-s100's.
+if [[ -n ${base1_ns:-} ]]; then
+    for name in est-10k-s100 est-10k-s30k; do
+        read -r s p < <(replay "$name" "$OUT/$name/config.yaml" "$OUT/$name/state.yaml" "$REPEAT" 1)
+        row "$name" 1 "$s" "$p" "$base1_ns"
+    done
+    for name in new-s100 new-s30k new-big mixed-s30k; do
+        read -r s p < <(replay "$name" "$OUT/$name/config.yaml" "$OUT/$name/state.yaml" 1 1)
+        row "$name" 1 "$s" "$p" "$base1_ns"
+    done
+fi
 echo
 echo "verdict reasons of the first run of each case: $OUT/*.json" >&2
 python3 benches/chart.py "$OUT/replay.md" --label case,workers --value "ns / pkt" --unit ns \

@@ -38,8 +38,9 @@
 //! sends on (forwarded or passed), using the pipeline's offsets. Generated replies (reject) are
 //! built with full checksums.
 //!
-//! No allocation, lock or syscall per packet: one FIB lookup (hash probes), an ifindex → port
-//! probe, in-place writes.
+//! No allocation, lock or syscall per packet: one FIB lookup (one hash probe for a pod, a
+//! neighbour or a node address; one per prefix length otherwise: `crate::fib`), an array load
+//! for the port, in-place writes.
 
 use std::collections::HashMap;
 
@@ -58,8 +59,14 @@ pub const NOT_SENT: u16 = u16::MAX;
 #[derive(Clone, Debug, Default)]
 pub struct Egress {
     slots: HashMap<u32, u16, ahash::RandomState>,
+    /// `slots` as an array indexed by ifindex, for ifindexes below `DENSE_IFINDEX` (all of them
+    /// on most nodes): the per-packet port lookup is then one load, not a hash probe.
+    dense: Vec<u16>,
     kernel: Option<u32>,
 }
+
+/// Ifindexes below this are looked up in `Egress::dense`.
+const DENSE_IFINDEX: u32 = 1 << 16;
 
 /// What the stage did beyond verdicts (counted by the caller).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -71,18 +78,39 @@ impl Egress {
     /// `ports[slot]` is the ifindex of the port at that slot; `kernel` the kernel port's ifindex
     /// (it must be one of `ports` to be used).
     pub fn new(ports: &[u32], kernel: Option<u32>) -> Egress {
+        let slots: HashMap<u32, u16, ahash::RandomState> = ports
+            .iter()
+            .enumerate()
+            .map(|(i, &ifindex)| (ifindex, i as u16))
+            .collect();
+        let dense_len = ports
+            .iter()
+            .filter(|&&i| i < DENSE_IFINDEX)
+            .max()
+            .map_or(0, |&i| i as usize + 1);
+        let mut dense = vec![NOT_SENT; dense_len];
+        for (&ifindex, &slot) in &slots {
+            if ifindex < DENSE_IFINDEX {
+                dense[ifindex as usize] = slot;
+            }
+        }
         Egress {
-            slots: ports
-                .iter()
-                .enumerate()
-                .map(|(i, &ifindex)| (ifindex, i as u16))
-                .collect(),
+            slots,
+            dense,
             kernel,
         }
     }
 
     /// The slot of the port `ifindex`, if kxdp sends on it.
+    #[inline]
     pub fn slot(&self, ifindex: u32) -> Option<u16> {
+        if ifindex < DENSE_IFINDEX {
+            return self
+                .dense
+                .get(ifindex as usize)
+                .copied()
+                .filter(|&s| s != NOT_SENT);
+        }
         self.slots.get(&ifindex).copied()
     }
 

@@ -16,6 +16,11 @@
 //!    MAC to. kxdp then sends straight on the pod's host veth, without owning the bridge; the
 //!    source MAC is the bridge's (the pod's gateway), as if the bridge had forwarded it.
 //!
+//! Cost: the outcome for the node's addresses, host routes (a pod's /32) and every neighbour is
+//! computed when the FIB is built, so a packet to one of them costs one hash probe; any other
+//! destination costs one probe per prefix length, its route's outcome precomputed too when it does
+//! not depend on the destination (a gateway route such as the default).
+//!
 //! A route through an interface without an Ethernet address (tun, wireguard) yields a port
 //! hop with zero MACs: kxdp cannot send there, so the egress stage reports `no-egress`.
 
@@ -53,6 +58,9 @@ struct RouteHop {
     oif: u32,
     gateway: Option<Addr>,
     metric: u32,
+    /// The lookup's outcome when it does not depend on the destination (a route through a
+    /// gateway, a link without MAC): computed at build time, so such a route costs its probe.
+    fixed: Option<Result<Hop, Miss>>,
 }
 
 /// The routes of one family and prefix length.
@@ -75,7 +83,19 @@ pub struct Fib {
     neigh: HashMap<(u32, u128), [u8; 6], ahash::RandomState>,
     /// (bridge, MAC) → port.
     fdb: HashMap<(u32, [u8; 6]), u32, ahash::RandomState>,
+    /// The whole lookup, done once at build time for the destinations packets usually have
+    /// (the node's addresses, host routes such as a pod's /32, every neighbour): one probe here
+    /// replaces the four to six of `resolve` (local, routes, link, neighbour, bridge port).
+    /// Keyed by (address, 6 for IPv6 / 4 for IPv4): a route lookup depends on the family.
+    resolved: HashMap<(u128, u8), Result<Hop, Miss>, ahash::RandomState>,
     input: FibInput,
+}
+
+fn family_key(family: Family) -> u8 {
+    match family {
+        Family::V4 => 4,
+        Family::V6 => 6,
+    }
 }
 
 fn family_of(ip: &IpAddr) -> Family {
@@ -143,6 +163,7 @@ impl Fib {
                 oif: r.oif,
                 gateway: r.gateway.map(Addr::from_ip),
                 metric: r.metric,
+                fixed: None,
             };
             t.routes
                 .entry(key)
@@ -160,6 +181,36 @@ impl Fib {
         }
         for e in &input.fdb {
             fib.fdb.insert((e.bridge, e.mac), e.port);
+        }
+        let mut tables = std::mem::take(&mut fib.tables);
+        for t in &mut tables {
+            for hop in t.routes.values_mut() {
+                let no_mac = fib.links.get(&hop.oif).is_some_and(|l| l.mac.is_none());
+                // The destination only matters as the next hop of an on-link route (a link
+                // without MAC never gets as far as the next hop).
+                let next_hop = hop.gateway.or(no_mac.then_some(Addr([0; 16])));
+                if let Some(nh) = next_hop {
+                    hop.fixed = Some(fib.via(hop, nh));
+                }
+            }
+        }
+        fib.tables = tables;
+        let host_routes = input.routes.iter().filter(|r| match family_of(&r.dst) {
+            Family::V4 => r.len == 32,
+            Family::V6 => r.len == 128,
+        });
+        let destinations: Vec<IpAddr> = input
+            .addrs
+            .iter()
+            .map(|a| a.addr)
+            .chain(host_routes.map(|r| r.dst))
+            .chain(input.neighbours.iter().map(|n| n.addr))
+            .collect();
+        for ip in destinations {
+            let (addr, family) = (Addr::from_ip(ip), family_of(&ip));
+            let hop = fib.resolve(&addr, family);
+            fib.resolved
+                .insert((addr.as_u128(), family_key(family)), hop);
         }
         fib.input = input;
         fib
@@ -187,22 +238,51 @@ impl Fib {
         self.local.contains(&a.as_u128())
     }
 
-    /// The route for `dst`: (interface, gateway).
-    fn route(&self, d: u128, family: Family) -> Option<RouteHop> {
+    /// The route for `dst`: (interface, gateway). `hosts`: whether to look at host routes (/32,
+    /// /128) too.
+    fn route(&self, d: u128, family: Family, hosts: bool) -> Option<RouteHop> {
+        let host_len = match family {
+            Family::V4 => 32,
+            Family::V6 => 128,
+        };
         self.tables
             .iter()
-            .filter(|t| t.family == family)
+            .filter(|t| t.family == family && (hosts || t.len != host_len))
             .find_map(|t| t.routes.get(&(d & t.mask)).copied())
     }
 
-    /// Where a packet to `dst` leaves (module docs).
+    /// Where a packet to `dst` leaves (module docs): one probe for a destination resolved at
+    /// build time. Any other destination is no local address and matches no host route (those
+    /// are all resolved), so only the shorter prefixes are left to probe.
     #[inline]
     pub fn lookup(&self, dst: &Addr, family: Family) -> Result<Hop, Miss> {
+        if let Some(hop) = self.resolved.get(&(dst.as_u128(), family_key(family))) {
+            return *hop;
+        }
+        let r = self
+            .route(dst.as_u128(), family, false)
+            .ok_or(Miss::NoRoute)?;
+        match r.fixed {
+            Some(hop) => hop,
+            None => self.via(&r, *dst),
+        }
+    }
+
+    /// The full lookup (module docs).
+    fn resolve(&self, dst: &Addr, family: Family) -> Result<Hop, Miss> {
         let d = dst.as_u128();
         if self.local.contains(&d) {
             return Ok(Hop::Kernel);
         }
-        let r = self.route(d, family).ok_or(Miss::NoRoute)?;
+        let r = self.route(d, family, true).ok_or(Miss::NoRoute)?;
+        match r.fixed {
+            Some(hop) => hop,
+            None => self.via(&r, *dst),
+        }
+    }
+
+    /// The next hop through route `r` for a packet to `dst` (its gateway, if any, is used instead).
+    fn via(&self, r: &RouteHop, dst: Addr) -> Result<Hop, Miss> {
         let Some(link) = self.links.get(&r.oif) else {
             return Err(Miss::NoRoute);
         };
@@ -213,7 +293,7 @@ impl Fib {
                 src_mac: [0; 6],
             });
         };
-        let nh = r.gateway.unwrap_or(*dst);
+        let nh = r.gateway.unwrap_or(dst);
         let Some(&dst_mac) = self.neigh.get(&(r.oif, nh.as_u128())) else {
             return Err(Miss::NoNeighbour(r.oif, nh));
         };
@@ -435,6 +515,35 @@ mod tests {
         );
         assert_eq!(f.kernel_macs(30), Some(([31; 6], [30; 6])));
         assert_eq!(f.kernel_macs(1), None);
+    }
+
+    #[test]
+    fn precomputed_destinations_agree_with_the_full_lookup() {
+        let f = fib();
+        // 2 local addresses, 1 host route, 5 neighbours (one of them the host route's).
+        assert_eq!(f.resolved.len(), 7);
+        for dst in [
+            "10.1.0.11",
+            "10.1.0.12",
+            "192.168.0.1",
+            "192.168.0.10",
+            "10.2.0.1",
+            "10.2.0.5",
+            "10.2.0.6",
+            "203.0.113.7",
+            "2001:db8::7",
+            "2001:db9::1",
+            "10.9.1.1",
+        ] {
+            let family = family_of(&ip(dst));
+            assert_eq!(
+                f.lookup(&a(dst), family),
+                f.resolve(&a(dst), family),
+                "{dst}"
+            );
+        }
+        // An IPv4 destination looked up as IPv6 (v4-mapped) is not the IPv4 lookup's.
+        assert_eq!(f.lookup(&a("10.1.0.11"), Family::V6), Err(Miss::NoRoute));
     }
 
     #[test]

@@ -1,8 +1,8 @@
 //! The per-packet pipeline: one function that `kxdp replay` and the AF_XDP workers both call.
 //!
-//! A batch of frames is processed in place, in three passes so that memory latency overlaps:
-//! parse every frame and prefetch its conntrack slot; look every packet up in conntrack; then
-//! decide and rewrite. The decision is a short sequence of table lookups:
+//! A batch of frames is processed in place, in passes so that memory latency overlaps: parse
+//! every frame and prefetch its conntrack slot; prefetch the entries the slots name; look every
+//! packet up in conntrack; look up the frontends of the misses; then decide and rewrite. The decision is a short sequence of table lookups:
 //!
 //! ```text
 //! parse ─► conntrack hit? ─► translate as the connection is            (ct-established / reply-unnat)
@@ -29,7 +29,7 @@ use crate::conntrack::{
 };
 use crate::fragments::{FragDecision, FragmentTable};
 use crate::policy::Decision;
-use crate::snapshot::{EmptyAction, FrontendKey, Snapshot};
+use crate::snapshot::{EmptyAction, Frontend, FrontendKey, Snapshot};
 use crate::verdict::{Action, Reason, Verdict};
 
 /// Frames handled per pass; larger batches are processed in chunks of this size.
@@ -199,8 +199,9 @@ impl Pipeline {
         ct: &Conntrack,
         now_ms: u64,
     ) {
-        // 1. Parse and hash. (A software prefetch of the conntrack slot here was measured and
-        // made things slower: without an `unsafe` prefetch intrinsic it has to be a real load.)
+        // 1. Parse, hash, and prefetch each packet's conntrack index slot; 2. prefetch the entry
+        // each slot names; 3. look up. Done in stages so that a batch's cache misses overlap
+        // (at 1M connections a lookup is two dependent DRAM accesses: slot, then entry).
         for i in 0..m {
             let s = &mut self.scratch[i];
             s.found = None;
@@ -226,12 +227,18 @@ impl Pipeline {
                         None => Tuple::from_meta(&s.meta).pack(),
                     };
                     s.hash = ct.hash(&s.key);
+                    ct.prefetch_slot(s.hash);
                 }
                 Ok(false) => s.kind = KIND_NOT_IP,
                 Err(_) => s.kind = KIND_MALFORMED,
             }
         }
         // 2. Conntrack.
+        for s in &self.scratch[..m] {
+            if s.kind == KIND_IP {
+                ct.prefetch_entry(s.hash);
+            }
+        }
         for i in 0..m {
             let s = &mut self.scratch[i];
             // Protocol 255 (IANA reserved) is the affinity records' pseudo-protocol: never a
@@ -239,6 +246,22 @@ impl Pipeline {
             if s.kind == KIND_IP && s.key[4] >> 32 & 0xff != crate::conntrack::AFFINITY_PROTO as u64
             {
                 s.found = ct.lookup(&s.key, s.hash, now_ms);
+            }
+        }
+        // The frontend of every packet conntrack does not know, looked up in one tight loop
+        // (independent lookups overlap their misses), with the Service port record and the
+        // endpoint list prefetched: at 30k Services these live in as many separate allocations,
+        // a few cache misses per new connection that would otherwise come one after another.
+        let mut frontends: [Option<&Frontend>; MAX_BATCH] = [None; MAX_BATCH];
+        for (s, fe) in self.scratch[..m].iter().zip(frontends.iter_mut()) {
+            if s.kind == KIND_IP && s.found.is_none() && s.quoted.is_none() {
+                *fe = frontend_of(snap, &s.meta);
+                if let Some(fe) = fe {
+                    kxdp_packet::prefetch::prefetch(&*fe.service_port);
+                    if let Some(first) = fe.endpoints.first() {
+                        kxdp_packet::prefetch::prefetch(first);
+                    }
+                }
             }
         }
         // 3. Decide and rewrite. A packet may belong to a connection an earlier packet of this
@@ -278,7 +301,17 @@ impl Pipeline {
                             Some(found) => {
                                 self.established(buf, len, &mut meta, &found, v, snap, ct, now_ms)
                             }
-                            None => self.new_flow(buf, len, &mut meta, hash, v, snap, ct, now_ms),
+                            None => self.new_flow(
+                                buf,
+                                len,
+                                &mut meta,
+                                hash,
+                                frontends[i],
+                                v,
+                                snap,
+                                ct,
+                                now_ms,
+                            ),
                         }
                         if meta.frag.more {
                             self.remember_first_fragment(&meta, v, now_ms);
@@ -313,7 +346,8 @@ impl Pipeline {
             ct.kill(found.idx);
             // Fall through to a new connection; the tuple is free again.
             let hash = ct.hash(&Tuple::from_meta(meta).pack());
-            return self.new_flow(buf, len, meta, hash, v, snap, ct, now_ms);
+            let fe = frontend_of(snap, meta);
+            return self.new_flow(buf, len, meta, hash, fe, v, snap, ct, now_ms);
         }
         // After a RST nothing but a new SYN (above) or another RST belongs to the connection.
         if meta.proto == 6
@@ -331,7 +365,8 @@ impl Pipeline {
             Err(PacketError::Gone) => {
                 // The connection ended between lookup and now (expired, flushed): a new one.
                 let hash = ct.hash(&Tuple::from_meta(meta).pack());
-                return self.new_flow(buf, len, meta, hash, v, snap, ct, now_ms);
+                let fe = frontend_of(snap, meta);
+                return self.new_flow(buf, len, meta, hash, fe, v, snap, ct, now_ms);
             }
         };
         if found.dir == DIR_REPLY {
@@ -359,7 +394,7 @@ impl Pipeline {
         });
     }
 
-    /// A packet no connection knows.
+    /// A packet no connection knows; `fe` is its frontend (`frontend_of`).
     #[allow(clippy::too_many_arguments)]
     fn new_flow(
         &mut self,
@@ -367,22 +402,13 @@ impl Pipeline {
         len: &mut usize,
         meta: &mut PacketMeta,
         hash: u64,
+        fe: Option<&Frontend>,
         v: &mut Verdict,
         snap: &Snapshot,
         ct: &Conntrack,
         now_ms: u64,
     ) {
         let family = meta.family;
-        let has_l4 = meta.l4_off != 0;
-        let fe = if has_l4 {
-            snap.frontend(&FrontendKey {
-                addr: meta.dst,
-                port: meta.dport,
-                proto: meta.proto,
-            })
-        } else {
-            None
-        };
         let Some(fe) = fe else {
             return self.not_a_frontend(buf, len, meta, hash, v, snap, ct, now_ms);
         };
@@ -732,6 +758,19 @@ impl Pipeline {
     fn pick(&mut self, n: usize) -> usize {
         ((self.next_u64() as u128 * n as u128) >> 64) as usize
     }
+}
+
+/// The frontend a packet is addressed to, if any (only packets with ports or ICMP ids have one).
+#[inline]
+fn frontend_of<'s>(snap: &'s Snapshot, meta: &PacketMeta) -> Option<&'s Frontend> {
+    if meta.l4_off == 0 {
+        return None;
+    }
+    snap.frontend(&FrontendKey {
+        addr: meta.dst,
+        port: meta.dport,
+        proto: meta.proto,
+    })
 }
 
 /// Where a packet kxdp cannot translate (an ICMP error quoting no connection, a later fragment

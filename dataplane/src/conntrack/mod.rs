@@ -244,6 +244,18 @@ impl Conntrack {
         self.table.hash(key)
     }
 
+    /// Prefetch hints for a batch's lookups (`Table::prefetch_slot`, `Table::prefetch_entry`):
+    /// hash every packet and prefetch its slot, then prefetch the entries, then look up.
+    #[inline]
+    pub fn prefetch_slot(&self, hash: u64) {
+        self.table.prefetch_slot(hash)
+    }
+
+    #[inline]
+    pub fn prefetch_entry(&self, hash: u64) {
+        self.table.prefetch_entry(hash)
+    }
+
     /// Finds the connection a packet with tuple `key` (packed, with its hash) belongs to. An entry
     /// past its expiry is gone, whether or not the expiry scan has reached it yet.
     #[inline]

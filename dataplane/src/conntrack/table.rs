@@ -447,6 +447,29 @@ impl Table {
         hash_packed(p, self.seed)
     }
 
+    /// Starts loading the index slot a probe for `hash` begins at (a hint for the batch's later
+    /// lookup: reads nothing, changes nothing).
+    #[inline]
+    pub fn prefetch_slot(&self, hash: u64) {
+        kxdp_packet::prefetch::prefetch(&self.slots[hash as usize & self.slot_mask]);
+    }
+
+    /// Starts loading the entry that the first slot of `hash`'s probe names, when its tag is
+    /// `hash`'s (the slot itself should be in cache by now: see `prefetch_slot`). A hint only.
+    #[inline]
+    pub fn prefetch_entry(&self, hash: u64) {
+        let s = self.slots[hash as usize & self.slot_mask].load(Ordering::Relaxed);
+        if s == SLOT_EMPTY || s & TOMB_BIT != 0 {
+            return;
+        }
+        let (tag, idx, _) = slot_decode(s);
+        if tag == (hash >> 32) as u32 {
+            if let Some(e) = self.entries.get(idx as usize) {
+                kxdp_packet::prefetch::prefetch_lines(e);
+            }
+        }
+    }
+
     /// Finds the live entry holding `key` in either direction.
     #[inline]
     pub fn lookup(&self, key: &Packed, hash: u64) -> Option<Found> {
@@ -887,7 +910,12 @@ impl Table {
                 k += 1;
             }
         }
-        // Scan entries.
+        // Scan entries. (Most batches have no budget: the clock moves in milliseconds. Then the
+        // shared cursors are not touched at all: an add of zero still takes their cache line
+        // from the other workers, once per batch.)
+        if budget == 0 && slot_budget == 0 {
+            return 0;
+        }
         let start = self.scan_cursor.fetch_add(budget as u64, Ordering::Relaxed);
         let mut expired = 0;
         let mut idx = (start % used) as u32;

@@ -333,6 +333,12 @@ impl Worker {
         let mut idle_polls = 0u32;
         let mut sleep_us = self.backoff.min_sleep_us;
         let c = self.counters.clone();
+        // Benchmarks only (`benches/lab.sh`, the I/O floor): every received frame is sent out
+        // of this interface unchanged, without the pipeline or the egress stage.
+        let io_floor = std::env::var("KXDP_BENCH_IO_FLOOR")
+            .ok()
+            .and_then(|n| kxdp_kernel::sys::ifindex(&n).ok());
+        let mut floor_port = None;
         while !shared.stop.load(Ordering::Relaxed) {
             changed |= self.apply_commands();
             if changed {
@@ -345,6 +351,7 @@ impl Worker {
                 // them per interface.
                 egress = Egress::new(&ifindexes, self.kernel_port);
                 reserve = base * (PLANNED_SOCKETS as usize).saturating_sub(nports) + BATCH;
+                floor_port = io_floor.and_then(|i| self.ports.iter().position(|p| p.ifindex == i));
             }
             let mut got = 0;
             for p in 0..nports {
@@ -353,6 +360,13 @@ impl Worker {
                     continue;
                 }
                 got += n;
+                if let Some(e) = floor_port {
+                    let sent = self.ports[e].sock.send(&mut self.umem, &descs[..n]);
+                    self.ports[e].sock.flush_tx();
+                    c.tx.fetch_add(sent as u64, Ordering::Relaxed);
+                    c.rx.fetch_add(n as u64, Ordering::Relaxed);
+                    continue;
+                }
                 let t0 = Instant::now();
                 let snap = shared.tables.current();
                 // Received from the node's own stack (the host path's kxdp1).

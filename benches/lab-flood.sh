@@ -17,6 +17,7 @@ set -Eeuo pipefail
 cd "$(dirname "$0")/.."
 TABLES=${KXDP_FLOOD_TABLES:-1000 100000}
 RATES=${KXDP_FLOOD_RATES:-10000 100000 max}
+MODES=${KXDP_FLOOD_MODES:-kernel kxdp}
 [ "$(id -u)" = 0 ] || { echo "benches/lab-flood.sh: needs root" >&2; exit 1; }
 command -v nft >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -q nftables >/dev/null
 modprobe nf_conntrack 2>/dev/null || true
@@ -29,7 +30,7 @@ out=target/lab-flood.jsonl
 : > "$out"
 for table in $TABLES; do
   for rate in $RATES; do
-    for mode in kernel kxdp; do
+    for mode in $MODES; do
       log=$(KXDP_FLOOD_MODE=$mode KXDP_FLOOD_TABLE=$table KXDP_FLOOD_RATE=$rate \
               cargo test --release --locked --test lab_bench -- --ignored --nocapture bench_lab_syn_flood 2>&1) \
         || { echo "$log" | tail -30 >&2; echo "$mode $table $rate: failed" >&2; exit 1; }

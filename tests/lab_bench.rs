@@ -546,7 +546,7 @@ fn bench_lab_syn_flood() {
                 "nft -f -",
                 "table ip kube-proxy {\n  chain nat-prerouting {\n    type nat hook prerouting priority dstnat; policy accept;\n\
                  \x20   ip daddr 172.30.0.10 tcp dport 80 numgen random mod 2 vmap { 0 : goto ep1, 1 : goto ep2 }\n  }\n\
-                 \x20 chain ep1 {\n    dnat to 10.1.0.11:8080\n  }\n  chain ep2 {\n    dnat to 10.1.0.12:8080\n  }\n}\n",
+                 \x20 chain ep1 {\n    meta l4proto tcp dnat to 10.1.0.11:8080\n  }\n  chain ep2 {\n    meta l4proto tcp dnat to 10.1.0.12:8080\n  }\n}\n",
             );
             _guard = Some(ConntrackMax::set(table));
         }

@@ -501,6 +501,9 @@ impl Histogram {
             return 0;
         }
         let rank = ((q * self.count as f64).ceil() as u64).clamp(1, self.count);
+        if rank == self.count {
+            return self.max;
+        }
         let mut seen = 0;
         for (i, &b) in self.buckets.iter().enumerate() {
             seen += b;

@@ -3,8 +3,9 @@
 //! one of (`KXDP_BENCH_MODE`)
 //!
 //! - `kxdp`: `kxdp run` on the node's interfaces, the full pipeline (one worker pinned to CPU 1),
-//! - `kxdp-floor`: the same daemon with `KXDP_BENCH_IO_FLOOR=vpod1`: every received frame goes
-//!   out to web-1 unchanged, without pipeline or egress stage (the AF_XDP I/O floor),
+//! - `kxdp-floor`: the same daemon with `KXDP_BENCH_IO_FLOOR=vpod1,vpod2`: every received
+//!   frame goes out unchanged to web-1 or web-2 (batches in turn), without pipeline or egress
+//!   stage (the AF_XDP I/O floor),
 //! - `routing`: the node's kernel routing, no NAT rules (the client sends to web-1 directly),
 //! - `iptables`: the node's kernel with kube-proxy's iptables NAT rules (iptables-restore),
 //! - `nftables`: the node's kernel with kube-proxy's nftables layout (nft -f),
@@ -261,6 +262,8 @@ struct Point {
     busy_ns_per_packet: f64,
     p50_ns: u64,
     p99_ns: u64,
+    /// Frames the sinks' sockets dropped (their rings were full: the sink was too slow).
+    sink_dropped: u64,
 }
 
 /// Sends at `rate` (0: max) for `seconds` from the client pod; the sinks in the web pods count.
@@ -309,6 +312,7 @@ fn measure(c: &Cluster, dst: &str, mac: &str, rate: u64, seconds: f64, flows: u6
     );
     let s = last_json(&out.stdout);
     let (mut received, mut p50, mut p99, mut stamped) = (0u64, 0u64, 0u64, 0u64);
+    let mut sink_dropped = 0;
     for sink in sinks {
         let o = sink.wait_with_output().unwrap();
         let r = last_json(&o.stdout);
@@ -321,6 +325,7 @@ fn measure(c: &Cluster, dst: &str, mac: &str, rate: u64, seconds: f64, flows: u6
             stamped += t;
         }
         received += n;
+        sink_dropped += r["kernel_rx_dropped"].as_u64().unwrap_or(0);
     }
     let sent = s["sent"].as_u64().unwrap();
     let seconds = s["seconds"].as_f64().unwrap();
@@ -337,6 +342,7 @@ fn measure(c: &Cluster, dst: &str, mac: &str, rate: u64, seconds: f64, flows: u6
         },
         p50_ns: p50,
         p99_ns: p99,
+        sink_dropped,
     }
 }
 
@@ -359,7 +365,7 @@ fn setup(c: &Cluster, mode: &str, services: u64, dir: &std::path::Path) -> (Opti
             std::fs::write(sdir.join("10.yaml"), filler_state(services)).unwrap();
             // The daemon inherits the variable (benchmark only; see dataplane/src/worker.rs).
             if mode == "kxdp-floor" {
-                std::env::set_var("KXDP_BENCH_IO_FLOOR", "vpod1");
+                std::env::set_var("KXDP_BENCH_IO_FLOOR", "vpod1,vpod2");
             } else {
                 std::env::remove_var("KXDP_BENCH_IO_FLOOR");
             }
@@ -432,7 +438,7 @@ fn bench_lab_udp_clusterip() {
     let mut best = 0f64;
     let line = |p: &Point, rate: u64, half: bool| {
         format!(
-            "{{\"mode\":\"{mode}\",\"services\":{services},\"flows\":{flows},\"rate\":{},\"half_load\":{half},\"sent\":{},\"received\":{},\"offered_pps\":{:.0},\"delivered_pps\":{:.0},\"loss\":{:.5},\"busy_ns_per_packet\":{:.0},\"p50_us\":{:.1},\"p99_us\":{:.1}}}",
+            "{{\"mode\":\"{mode}\",\"services\":{services},\"flows\":{flows},\"rate\":{},\"half_load\":{half},\"sent\":{},\"received\":{},\"offered_pps\":{:.0},\"delivered_pps\":{:.0},\"loss\":{:.5},\"busy_ns_per_packet\":{:.0},\"p50_us\":{:.1},\"p99_us\":{:.1},\"sink_dropped\":{}}}",
             if rate == 0 { "\"max\"".to_string() } else { rate.to_string() },
             p.sent,
             p.received,
@@ -442,6 +448,7 @@ fn bench_lab_udp_clusterip() {
             p.busy_ns_per_packet,
             p.p50_ns as f64 / 1e3,
             p.p99_ns as f64 / 1e3,
+            p.sink_dropped,
         )
     };
     for &rate in &rates {

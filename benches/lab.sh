@@ -1,19 +1,26 @@
 #!/usr/bin/env bash
 # The lab benchmark: 64-byte UDP from a pod through a ClusterIP to two pods, forwarded by kxdp
-# (AF_XDP, one pinned worker) and by the node's kernel with kube-proxy-style iptables and
-# nftables DNAT rules, on the same network-namespace topology, in the same run, interleaved.
-# Needs root. Results: one JSON line per run in target/lab-bench.jsonl and a summary table.
+# (AF_XDP, one pinned worker: the full pipeline, and the I/O floor without it) and by the
+# node's kernel (plain routing, kube-proxy-style iptables DNAT, nftables DNAT), on the same
+# network-namespace topology, in one run. The load comes from `kxdp pcap send` (AF_XDP TX) and
+# is counted by `kxdp pcap sink` (AF_XDP RX) in the pods: for every forwarder a loss curve
+# (offered vs delivered at rising rates up to the generator's maximum), CPU per packet, and
+# latency p50/p99 at half of its highest delivered rate.
+# Needs root. Results: one JSON line per point in target/lab-bench.jsonl, a summary in
+# target/lab-bench.md, the curves in target/lab-loss-curve.svg.
 #
-#   benches/lab.sh [ROUNDS=3] [SECONDS=5]
+#   benches/lab.sh [ROUNDS=1] [SECONDS=3]
+#   KXDP_BENCH_RATES=100000,500000,max KXDP_BENCH_MODES="kxdp iptables" benches/lab.sh
 #   KXDP_BENCH_SERVICES=1000 KXDP_BENCH_FLOWS=64 benches/lab.sh
 #
 # The method and the numbers are in docs/benchmarks.md ("AF_XDP lab").
 set -Eeuo pipefail
 cd "$(dirname "$0")/.."
-ROUNDS=${1:-3}
-export KXDP_BENCH_SECONDS=${2:-5}
+ROUNDS=${1:-1}
+export KXDP_BENCH_SECONDS=${2:-3}
 export KXDP_BENCH_SERVICES=${KXDP_BENCH_SERVICES:-1000}
 export KXDP_BENCH_FLOWS=${KXDP_BENCH_FLOWS:-64}
+MODES=${KXDP_BENCH_MODES:-kxdp kxdp-floor routing iptables nftables}
 
 [ "$(id -u)" = 0 ] || { echo "benches/lab.sh: needs root (network namespaces, XDP)" >&2; exit 1; }
 if ! command -v iptables-restore >/dev/null || ! command -v nft >/dev/null; then
@@ -26,32 +33,20 @@ cargo test --release --locked --test lab_bench --no-run
 
 out=target/lab-bench.jsonl
 : > "$out"
-echo "== $ROUNDS round(s) x {kxdp, iptables, nftables}, ${KXDP_BENCH_SECONDS}s each, $KXDP_BENCH_SERVICES other Services, $KXDP_BENCH_FLOWS flows"
+echo "== $ROUNDS round(s) x {$MODES}, ${KXDP_BENCH_SECONDS}s per rate, $KXDP_BENCH_SERVICES other Services, $KXDP_BENCH_FLOWS flows"
 for r in $(seq "$ROUNDS"); do
-  for mode in kxdp iptables nftables; do
-    line=$(KXDP_BENCH_MODE=$mode cargo test --release --locked --test lab_bench -- --ignored --nocapture \
-             bench_lab_udp_clusterip 2>&1 | sed -n 's/^BENCH //p')
-    [ -n "$line" ] || { echo "round $r $mode: no result" >&2; exit 1; }
-    echo "$line" | tee -a "$out"
+  for mode in $MODES; do
+    log=$(KXDP_BENCH_MODE=$mode cargo test --release --locked --test lab_bench -- --ignored --nocapture \
+            bench_lab_udp_clusterip 2>&1) || { echo "$log" | tail -30 >&2; echo "round $r $mode: failed" >&2; exit 1; }
+    lines=$(echo "$log" | sed -n 's/^BENCH //p')
+    [ -n "$lines" ] || { echo "round $r $mode: no result" >&2; exit 1; }
+    echo "$lines" | tee -a "$out"
   done
 done
 
-python3 - "$out" <<'PY' | tee target/lab-bench.md
-import json, statistics, sys
-runs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-print()
-print("| forwarder | received pps (median) | min - max | sender pps (median) | machine busy ns / received packet (median) |")
-print("| --- | --- | --- | --- | --- |")
-for mode in ["kxdp", "iptables", "nftables"]:
-    rs = [r for r in runs if r["mode"] == mode]
-    if not rs:
-        continue
-    rx = [r["received_pps"] for r in rs]
-    print(f"| {mode} | {statistics.median(rx)/1e3:.0f} k | {min(rx)/1e3:.0f}-{max(rx)/1e3:.0f} k "
-          f"| {statistics.median([r['sent_pps'] for r in rs])/1e3:.0f} k "
-          f"| {statistics.median([r['busy_ns_per_received_packet'] for r in rs]):.0f} |")
-PY
-python3 benches/chart.py target/lab-bench.md --label forwarder --value "received pps (median)" --unit "k pps" \
-  --title "UDP to a ClusterIP through the lab: packets received per second (higher is better)" \
-  > target/lab-received-pps.svg
-echo "chart: target/lab-received-pps.svg (copy it to docs/img/ with the table into docs/benchmarks.md)" >&2
+python3 benches/lab-summary.py "$out" | tee target/lab-bench.md
+python3 benches/chart.py target/lab-bench.md --curves --label forwarder --x "offered (pps)" \
+  --value "delivered (pps)" --unit "k pps" --scale 1e-3 \
+  --title "64 B UDP to a ClusterIP through the lab: delivered vs offered (one worker / one core)" \
+  > target/lab-loss-curve.svg
+echo "chart: target/lab-loss-curve.svg (copy it to docs/img/ with the tables into docs/benchmarks.md)" >&2

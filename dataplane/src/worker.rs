@@ -407,6 +407,16 @@ impl Worker {
         let mut busy_at = Instant::now();
         let mut sleep_us = self.backoff.min_sleep_us;
         let c = self.counters.clone();
+        // Benchmarks only (`benches/lab.sh`, the I/O floor): every received frame is sent out
+        // unchanged, without the pipeline or the egress stage, batch by batch in turn out of the
+        // interfaces listed (comma separated).
+        let io_floor: Vec<u32> = std::env::var("KXDP_BENCH_IO_FLOOR")
+            .unwrap_or_default()
+            .split(',')
+            .filter_map(|n| kxdp_kernel::sys::ifindex(n.trim()).ok())
+            .collect();
+        let mut floor_ports: Vec<usize> = Vec::new();
+        let mut floor_turn = 0usize;
         while !shared.stop.load(Ordering::Relaxed) {
             changed |= self.apply_commands();
             if changed {
@@ -419,6 +429,10 @@ impl Worker {
                 // them per interface.
                 egress = Egress::new(&ifindexes, self.kernel_port);
                 reserve = base * (PLANNED_SOCKETS as usize).saturating_sub(nports) + BATCH;
+                floor_ports = io_floor
+                    .iter()
+                    .filter_map(|&i| self.ports.iter().position(|p| p.ifindex == i))
+                    .collect();
             }
             let mut got = 0;
             for p in 0..nports {
@@ -427,6 +441,15 @@ impl Worker {
                     continue;
                 }
                 got += n;
+                if !floor_ports.is_empty() {
+                    floor_turn = (floor_turn + 1) % floor_ports.len();
+                    let e = floor_ports[floor_turn];
+                    let sent = self.ports[e].sock.send(&mut self.umem, &descs[..n]);
+                    self.ports[e].sock.flush_tx();
+                    c.tx.fetch_add(sent as u64, Ordering::Relaxed);
+                    c.rx.fetch_add(n as u64, Ordering::Relaxed);
+                    continue;
+                }
                 let t0 = Instant::now();
                 let snap = shared.tables.current();
                 // Received from the node's own stack (the host path's kxdp1).

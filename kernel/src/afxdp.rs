@@ -216,6 +216,16 @@ impl Umem {
         n
     }
 
+    /// Takes a free frame into the application's hands (to build a packet in and send, or
+    /// give back with `recycle`). For senders that own their frames' contents, such as the
+    /// load generator (`kxdp pcap send`), which builds each frame once and re-sends it.
+    #[inline]
+    pub fn take_free(&mut self) -> Option<u64> {
+        let addr = self.free.pop()?;
+        self.in_hand += 1;
+        Some(addr)
+    }
+
     /// Returns a received frame that will not be sent to the free list.
     #[inline]
     pub fn recycle(&mut self, addr: u64) {

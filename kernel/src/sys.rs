@@ -94,6 +94,19 @@ pub fn rx_queues_of(name: &str) -> u32 {
     field(5).max(field(8)).max(1)
 }
 
+/// CLOCK_MONOTONIC in nanoseconds: one clock for every process and namespace of the machine,
+/// so a sender's timestamp in a packet can be compared with a receiver's clock (`kxdp pcap
+/// send` / `sink` latency).
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid out-pointer; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
 /// Pins the calling thread to `cpu`. Returns whether the kernel accepted it.
 pub fn pin_current_thread(cpu: usize) -> bool {
     if cpu >= libc::CPU_SETSIZE as usize {

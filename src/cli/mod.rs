@@ -19,6 +19,7 @@ use crate::output::{verdict_line, Summary};
 
 pub mod admin;
 pub mod client;
+pub mod traffic;
 
 pub const EXIT_OK: i32 = 0;
 pub const EXIT_FAILURE: i32 = 1;
@@ -129,6 +130,12 @@ enum PcapCommand {
     /// Generate a synthetic cluster (config.yaml, state.yaml) and a capture (capture.pcap) of
     /// TCP traffic to its ClusterIPs.
     Gen(GenArgs),
+    /// Send generated UDP flows (or a capture's frames) out of an interface through an AF_XDP
+    /// socket at a given rate: the lab's load generator. Prints one JSON line.
+    Send(traffic::SendArgs),
+    /// Count the frames arriving on an interface (AF_XDP) and the latency of `pcap send`'s
+    /// timestamped frames. Prints one JSON line.
+    Sink(traffic::SinkArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -342,6 +349,12 @@ where
         Command::Pcap {
             command: PcapCommand::Gen(args),
         } => finish(cmd_pcap_gen(&args)),
+        Command::Pcap {
+            command: PcapCommand::Send(args),
+        } => finish(traffic::send(&args)),
+        Command::Pcap {
+            command: PcapCommand::Sink(args),
+        } => finish(traffic::sink(&args)),
         Command::Policy {
             command: PolicyCommand::Trace(args),
         } => finish(cmd_policy_trace(&args)),

@@ -564,9 +564,7 @@ fn startup(layout: Layout, n: usize) -> String {
 /// NetworkPolicies of 10 per namespace, and the times of a full compile and of one pod's label
 /// change.
 fn pods(n: usize) {
-    use k8s_openapi::api::core::v1::{
-        Container, ContainerPort, Pod, PodIP, PodSpec, PodStatus,
-    };
+    use k8s_openapi::api::core::v1::{Container, ContainerPort, Pod, PodIP, PodSpec, PodStatus};
     use k8s_openapi::api::networking::v1::{
         NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicySpec,
     };
@@ -581,7 +579,10 @@ fn pods(n: usize) {
                 namespace: Some(format!("ns-{}", i % namespaces)),
                 labels: Some(BTreeMap::from([
                     ("app".to_string(), app),
-                    ("tier".to_string(), if i % 2 == 0 { "front" } else { "back" }.to_string()),
+                    (
+                        "tier".to_string(),
+                        if i % 2 == 0 { "front" } else { "back" }.to_string(),
+                    ),
                     ("version".to_string(), format!("v{}", i % 3)),
                 ])),
                 ..Default::default()
@@ -652,7 +653,11 @@ fn pods(n: usize) {
     let changed: std::collections::BTreeSet<ObjectKey> = [key].into();
     let mut times = Vec::new();
     for round in 0..20 {
-        let app = if round % 2 == 0 { "relabelled".to_string() } else { "app-0".to_string() };
+        let app = if round % 2 == 0 {
+            "relabelled".to_string()
+        } else {
+            "app-0".to_string()
+        };
         state.apply(Object::Pod(Box::new(pod(0, app))));
         let t = Instant::now();
         let changes = kxdp_control::policy::PolicyChanges {

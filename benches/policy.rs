@@ -22,7 +22,8 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use etherparse::PacketBuilder;
 use kxdp_control::model::ClusterState;
-use kxdp_control::policy::PolicyCompiler;
+use kxdp_control::model::ObjectKey;
+use kxdp_control::policy::{PolicyChanges, PolicyCompiler};
 use kxdp_dataplane::conntrack::{Conntrack, CtConfig};
 use kxdp_dataplane::pipeline::{Pipeline, SlotFrames};
 use kxdp_dataplane::policy::{Decision, PolicyTables};
@@ -301,12 +302,19 @@ fn bench(c: &mut Criterion) {
     // One local pod's label toggled between two states: the incremental compiler rebuilds
     // only the pod directions whose inputs changed.
     let relabelled = cluster(Some(0));
+    // The changed pod (`Changes::pods` in the control loop): the peer index is updated from it.
+    let changed: std::collections::BTreeSet<ObjectKey> = [ObjectKey::new("ns-0", "p-0")].into();
+    let changes = PolicyChanges {
+        pods: &changed,
+        namespaces: false,
+        policies: false,
+    };
     let mut flip = false;
     g.bench_function("recompile_one_label_change", |b| {
         b.iter(|| {
             flip = !flip;
             let st = if flip { &relabelled } else { &state };
-            black_box(compiler.compile("node-0", &node_addrs(), st))
+            black_box(compiler.compile_changes("node-0", &node_addrs(), st, Some(changes)))
         })
     });
     eprintln!(
@@ -334,7 +342,7 @@ fn bench(c: &mut Criterion) {
         b.iter(|| {
             flip = !flip;
             let st = if flip { &large_relabelled } else { &large };
-            black_box(compiler.compile("node-0", &node_addrs(), st))
+            black_box(compiler.compile_changes("node-0", &node_addrs(), st, Some(changes)))
         })
     });
     g.finish();

@@ -29,7 +29,9 @@
 //!   frontend claims) and the published snapshot.
 //!
 //! `cargo bench --bench sync` (release): 30,000 Services in every layout;
-//! `cargo bench --bench sync -- 10000 one-ns` for one size and layout.
+//! `cargo bench --bench sync -- 10000 one-ns` for one size and layout; `-- startup` for the
+//! startup column alone; `-- 150000 pods` for memory and policy compile times at
+//! 150k pods.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -492,7 +494,38 @@ fn bench(layout: Layout, n: usize) {
     drop(reader);
     handle.shutdown();
 
-    // Startup from --state files.
+    let startup = startup(layout, n);
+    println!(
+        "| {} | {n} | {slices} | {} → {} | {} | {} | {} / {} | {} / {} | {} | {} | {} ({} syncs for {sent} changes) | {startup} | {} | {} ({:.2}×) |",
+        layout.name(),
+        ms(scan_time),
+        ms(index_time),
+        ms(median(&mut full)),
+        ms(initial),
+        ms(median(&mut change)),
+        ms(pct(&mut change, 0.99)),
+        if change_big.is_empty() { "-".into() } else { ms(median(&mut change_big)) },
+        if change_big.is_empty() { "-".into() } else { ms(pct(&mut change_big, 0.99)) },
+        ms(median(&mut direct)),
+        if direct_big.is_empty() { "-".into() } else { ms(median(&mut direct_big)) },
+        ms(burst_lag),
+        st.syncs - 1,
+        mib(state_bytes),
+        mib(kept_bytes),
+        kept_bytes as f64 / state_bytes as f64,
+    );
+    eprintln!(
+        "{}: store {} (the objects, once), builder + snapshot {}",
+        layout.name(),
+        mib(store_bytes),
+        mib(kept_bytes - store_bytes)
+    );
+}
+
+/// Startup from --state files: the state as one YAML file; the old reader's first pass (the
+/// YAML parser into JSON values, one document after the other) as the same-run baseline, then
+/// `load_state` (split, decode on all cores, store) and the full build.
+fn startup(layout: Layout, n: usize) -> String {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("state.yaml");
     write_yaml(layout, n, &file);
@@ -515,36 +548,137 @@ fn bench(layout: Layout, n: usize) {
     let startup_build = t.elapsed();
     assert_eq!(snap.frontends.len(), n);
 
-    println!(
-        "| {} | {n} | {slices} | {} → {} | {} | {} | {} / {} | {} / {} | {} | {} | {} ({} syncs for {sent} changes) | {:.0} MB, {docs} docs: parse {} + decode {} + build {} = {} | {} | {} ({:.2}×) |",
-        layout.name(),
-        ms(scan_time),
-        ms(index_time),
-        ms(median(&mut full)),
-        ms(initial),
-        ms(median(&mut change)),
-        ms(pct(&mut change, 0.99)),
-        if change_big.is_empty() { "-".into() } else { ms(median(&mut change_big)) },
-        if change_big.is_empty() { "-".into() } else { ms(pct(&mut change_big, 0.99)) },
-        ms(median(&mut direct)),
-        if direct_big.is_empty() { "-".into() } else { ms(median(&mut direct_big)) },
-        ms(burst_lag),
-        st.syncs - 1,
+    format!(
+        "{:.0} MB, {docs} docs: baseline (old reader, YAML parser alone) {}; load {} + build {} = {}",
         yaml_size as f64 / 1e6,
         ms(parse),
-        ms(load.saturating_sub(parse)),
+        ms(load),
         ms(startup_build),
         ms(load + startup_build),
-        mib(state_bytes),
-        mib(kept_bytes),
-        kept_bytes as f64 / state_bytes as f64,
-    );
-    let _ = store_bytes;
-    eprintln!(
-        "{}: store {} (the objects, once), builder + snapshot {}",
-        layout.name(),
-        mib(store_bytes),
-        mib(kept_bytes - store_bytes)
+    )
+}
+
+/// Memory at 150k pods (5,000 nodes' worth): the Pods as the store keeps them (the API source
+/// strips them to what policy reads: labels, node, hostNetwork, containers' names and ports,
+/// phase, addresses), then what the policy compiler keeps besides (its peer index), with 1,000
+/// NetworkPolicies of 10 per namespace, and the times of a full compile and of one pod's label
+/// change.
+fn pods(n: usize) {
+    use k8s_openapi::api::core::v1::{Container, ContainerPort, Pod, PodIP, PodSpec, PodStatus};
+    use k8s_openapi::api::networking::v1::{
+        NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicySpec,
+    };
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+    let namespaces = 100;
+    let pod = |i: usize, app: String| {
+        let k = i + 1;
+        let ip = format!("10.{}.{}.{}", 1 + (k >> 16), (k >> 8) & 255, k & 255);
+        Pod {
+            metadata: ObjectMeta {
+                name: Some(format!("p-{i}")),
+                namespace: Some(format!("ns-{}", i % namespaces)),
+                labels: Some(BTreeMap::from([
+                    ("app".to_string(), app),
+                    (
+                        "tier".to_string(),
+                        if i % 2 == 0 { "front" } else { "back" }.to_string(),
+                    ),
+                    ("version".to_string(), format!("v{}", i % 3)),
+                ])),
+                ..Default::default()
+            },
+            spec: Some(PodSpec {
+                node_name: Some(format!("node-{}", i % 5000)),
+                containers: vec![Container {
+                    name: "c".into(),
+                    ports: Some(vec![ContainerPort {
+                        name: Some("http".into()),
+                        container_port: 8080,
+                        ..Default::default()
+                    }]),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+            status: Some(PodStatus {
+                phase: Some("Running".into()),
+                pod_ip: Some(ip.clone()),
+                pod_ips: Some(vec![PodIP { ip }]),
+                ..Default::default()
+            }),
+        }
+    };
+    let heap0 = live();
+    let mut state = ClusterState::new();
+    for i in 0..n {
+        state.apply(Object::Pod(Box::new(pod(i, format!("app-{}", i % 25)))));
+    }
+    let pods_bytes = live() - heap0;
+    for ns in 0..namespaces {
+        for k in 0..10 {
+            let sel = |app: String| LabelSelector {
+                match_labels: Some(BTreeMap::from([("app".to_string(), app)])),
+                ..Default::default()
+            };
+            state.apply(Object::NetworkPolicy(Box::new(NetworkPolicy {
+                metadata: ObjectMeta {
+                    name: Some(format!("np-{k}")),
+                    namespace: Some(format!("ns-{ns}")),
+                    ..Default::default()
+                },
+                spec: Some(NetworkPolicySpec {
+                    pod_selector: Some(sel(format!("app-{}", k % 25))),
+                    ingress: Some(vec![NetworkPolicyIngressRule {
+                        from: Some(vec![NetworkPolicyPeer {
+                            pod_selector: Some(sel(format!("app-{}", (k * 7 + 3) % 25))),
+                            ..Default::default()
+                        }]),
+                        ..Default::default()
+                    }]),
+                    ..Default::default()
+                }),
+            })));
+        }
+    }
+    let node = [kxdp_packet::Addr::from_ip("192.168.0.2".parse().unwrap())];
+    let heap1 = live();
+    let mut compiler = kxdp_control::policy::PolicyCompiler::new();
+    let t = Instant::now();
+    let (tables, _) = compiler.compile("node-0", &node, &state);
+    let full = t.elapsed();
+    drop(tables);
+    let compiler_bytes = live() - heap1;
+    // One local pod's label changed, back and forth.
+    let key = ObjectKey::new("ns-0", "p-0");
+    let changed: std::collections::BTreeSet<ObjectKey> = [key].into();
+    let mut times = Vec::new();
+    for round in 0..20 {
+        let app = if round % 2 == 0 {
+            "relabelled".to_string()
+        } else {
+            "app-0".to_string()
+        };
+        state.apply(Object::Pod(Box::new(pod(0, app))));
+        let t = Instant::now();
+        let changes = kxdp_control::policy::PolicyChanges {
+            pods: &changed,
+            namespaces: false,
+            policies: false,
+        };
+        let r = compiler.compile_changes("node-0", &node, &state, Some(changes));
+        times.push(t.elapsed());
+        drop(r);
+    }
+    println!("| pods | typed Pods as stored (heap) | policy compiler's index and caches (heap) | full compile, 1,000 policies | one pod's label changed (median of 20) |");
+    println!("| --- | --- | --- | --- | --- |");
+    println!(
+        "| {n} | {} ({} bytes per pod) | {} ({:.2}× the Pods) | {} | {} |",
+        mib(pods_bytes),
+        pods_bytes / n,
+        mib(compiler_bytes),
+        compiler_bytes as f64 / pods_bytes as f64,
+        ms(full),
+        ms(median(&mut times)),
     );
 }
 
@@ -565,13 +699,22 @@ fn main() {
                 || args.iter().any(|a| a == l.name())
         })
         .collect();
-    println!("| layout | Services | slices | slice lookup, all Services: scan (before) → index | full build (median of 3) | initial sync via loop | one change → seen (median / p99) | big Service change → seen (median / p99) | one change, same thread (median) | big Service change, same thread | burst 1,000/s × 3 s, minSyncPeriod 1 s: last change seen after | startup from --state: parse + decode + build | typed objects (heap) | store + builder + snapshot (heap) |");
+    println!("| layout | Services | slices | slice lookup, all Services: scan (before) → index | full build (median of 3) | initial sync via loop | one change → seen (median / p99) | big Service change → seen (median / p99) | one change, same thread (median) | big Service change, same thread | burst 1,000/s × 3 s, minSyncPeriod 1 s: last change seen after | startup from --state: baseline (old YAML parser alone); load + build | typed objects (heap) | store + builder + snapshot (heap) |");
     println!(
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
     );
+    if args.iter().any(|a| a == "pods") {
+        pods(sizes.first().copied().unwrap_or(150_000));
+        return;
+    }
+    let only_startup = args.iter().any(|a| a == "startup");
     for n in sizes {
         for &l in &layouts {
-            bench(l, n);
+            if only_startup {
+                println!("| {} | {n} | {} |", l.name(), startup(l, n));
+            } else {
+                bench(l, n);
+            }
         }
     }
 }

@@ -88,7 +88,14 @@ impl Builder {
             return self.full_until(state, stop);
         }
         if changes.policy {
-            self.policy(state, Some(&changes.pods));
+            self.policy(
+                state,
+                Some(crate::policy::PolicyChanges {
+                    pods: &changes.pods,
+                    namespaces: changes.namespaces,
+                    policies: changes.network_policies,
+                }),
+            );
         }
         Some(self.update(state, &changes.services))
     }
@@ -169,13 +176,16 @@ impl Builder {
         Ok(())
     }
 
-    fn policy(&mut self, state: &ClusterState, pods: Option<&BTreeSet<ObjectKey>>) {
+    fn policy(&mut self, state: &ClusterState, changes: Option<crate::policy::PolicyChanges<'_>>) {
         // NetworkPolicy: this node's pods, compiled (control/src/policy, docs/policy.md); the
-        // compiler keeps what it built and redoes only what the changed pods touch.
-        let _ = pods;
-        let (tables, problems) =
-            self.policy_compiler
-                .compile(&self.config.node_name, &self.snap.node.addrs, state);
+        // compiler keeps its peer index and what it built, and redoes only what the changes
+        // touch (None: everything, from scratch).
+        let (tables, problems) = self.policy_compiler.compile_changes(
+            &self.config.node_name,
+            &self.snap.node.addrs,
+            state,
+            changes,
+        );
         self.snap.policy = Arc::new(tables);
         self.policy_problems = problems;
     }

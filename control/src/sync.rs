@@ -227,6 +227,10 @@ pub struct Changes {
     pub policy: bool,
     /// The Pods changed (for the policy compiler).
     pub pods: BTreeSet<ObjectKey>,
+    /// Some Namespace changed (for the policy compiler).
+    pub namespaces: bool,
+    /// Some NetworkPolicy changed (for the policy compiler).
+    pub network_policies: bool,
     pub service_changes: u64,
     pub endpoint_changes: u64,
     /// Change times of the objects (for network_programming_duration_seconds); bounded.
@@ -267,7 +271,14 @@ impl Changes {
                 self.policy = true;
                 self.pods.insert(key.clone());
             }
-            Object::Namespace(_) | Object::NetworkPolicy(_) => self.policy = true,
+            Object::Namespace(_) => {
+                self.policy = true;
+                self.namespaces = true;
+            }
+            Object::NetworkPolicy(_) => {
+                self.policy = true;
+                self.network_policies = true;
+            }
         }
     }
 

@@ -70,6 +70,23 @@ pub struct PolicyCompiler {
     rules: Vec<RuleInfo>,
     cache: HashMap<DirKey, Arc<DirRules>>,
     pub stats: CompileStats,
+    /// The peer index of the last compilation (updated from the changed pods).
+    index: Option<PeerIndex>,
+    /// The policies as last parsed, with their problems (parsed again when policies change).
+    parsed: Option<(Vec<Policy>, Vec<Problem>)>,
+    /// Each compiled policy direction with the inputs it was compiled from.
+    dirs: HashMap<(ObjectKey, Direction), CachedDir>,
+}
+
+/// A compiled policy direction and its inputs: the policy's fingerprint, the selector results
+/// it used (by identity) and, when it resolves egress named ports, the named-port index's
+/// generation. Equal inputs, equal output.
+#[derive(Debug)]
+struct CachedDir {
+    hash: u64,
+    inputs: Vec<Ranges>,
+    named_gen: Option<u64>,
+    dir: Arc<PolicyDir>,
 }
 
 /// A pod as policy sees it.
@@ -157,54 +174,221 @@ pub fn namespace_labels(state: &ClusterState) -> BTreeMap<String, BTreeMap<Strin
 
 /// Inclusive ranges on the dataplane's `u128` address line.
 type Ranges = Arc<Vec<(u128, u128)>>;
-/// Pods of one namespace grouped by label set: (labels, addresses).
-type Groups<'a> = Vec<(&'a BTreeMap<String, String>, Vec<u128>)>;
 
-/// Peer pods grouped by (namespace, label set), with the selector memo.
-struct Universe<'a> {
-    ns_labels: BTreeMap<String, BTreeMap<String, String>>,
-    /// namespace → groups (label set, addresses).
-    groups: BTreeMap<&'a str, Groups<'a>>,
-    /// (name, protocol) → every peer pod address with that named port, and its number.
-    named: HashMap<(String, u8), Vec<(u128, u16)>>,
-    memo: HashMap<(NsScope, Selector), Ranges>,
+/// A pod as the peer index keeps it (owned: kept from one compilation to the next).
+#[derive(Clone, Debug, PartialEq)]
+struct PeerPod {
+    labels: BTreeMap<String, String>,
+    ips: Vec<IpAddr>,
+    host_network: bool,
+    node: String,
+    ports: Vec<(String, u8, u16)>,
 }
 
-impl<'a> Universe<'a> {
-    fn new(state: &'a ClusterState, pods: &[PodView<'a>]) -> Universe<'a> {
-        let mut groups: BTreeMap<&'a str, Groups<'a>> = BTreeMap::new();
-        let mut index: HashMap<(&str, &BTreeMap<String, String>), usize> = HashMap::new();
-        let mut named: HashMap<(String, u8), Vec<(u128, u16)>> = HashMap::new();
-        for p in pods {
-            // hostNetwork pods are the node: selectors never pick them (docs/policy.md).
-            if p.host_network || p.ips.is_empty() {
-                continue;
-            }
-            let ns = p.key.namespace.as_str();
-            let list = groups.entry(ns).or_default();
-            let i = *index.entry((ns, p.labels)).or_insert_with(|| {
-                list.push((p.labels, Vec::new()));
-                list.len() - 1
-            });
-            list[i].1.extend(p.ips.iter().map(|&ip| spec::line(ip)));
-            for (name, proto, num) in &p.ports {
-                let e = named.entry((name.clone(), *proto)).or_default();
-                e.extend(p.ips.iter().map(|&ip| (spec::line(ip), *num)));
+impl PeerPod {
+    fn of(view: &PodView<'_>) -> PeerPod {
+        PeerPod {
+            labels: view.labels.clone(),
+            ips: view.ips.clone(),
+            host_network: view.host_network,
+            node: view.node.to_string(),
+            ports: view.ports.clone(),
+        }
+    }
+
+    /// Selectors can pick it (hostNetwork pods are the node: docs/policy.md).
+    fn is_peer(&self) -> bool {
+        !self.host_network && !self.ips.is_empty()
+    }
+
+    fn lines(&self) -> impl Iterator<Item = u128> + '_ {
+        self.ips.iter().map(|&ip| spec::line(ip))
+    }
+}
+
+/// What changed since the last compilation (`PolicyCompiler::compile_changes`).
+#[derive(Clone, Copy, Debug)]
+pub struct PolicyChanges<'a> {
+    /// The Pods added, changed or deleted.
+    pub pods: &'a std::collections::BTreeSet<ObjectKey>,
+    /// Some Namespace changed (labels select peers).
+    pub namespaces: bool,
+    /// Some NetworkPolicy changed.
+    pub policies: bool,
+}
+
+/// The peer index, kept across compilations and updated from the changed pods: every pod,
+/// peers grouped by (namespace, label set), the named-port index and each (namespace scope,
+/// selector) result. A pod change re-evaluates only the selector results it can affect (the
+/// pod is in the scope and the selector matches its old or new labels), and only those whose
+/// membership or addresses actually change are recomputed; the others keep their `Arc`, which
+/// is how a policy direction knows it need not be compiled again.
+#[derive(Debug, Default)]
+struct PeerIndex {
+    node_name: String,
+    pods: HashMap<ObjectKey, PeerPod>,
+    ns_labels: BTreeMap<String, BTreeMap<String, String>>,
+    /// namespace → label set → addresses of the peer pods with those labels.
+    groups: BTreeMap<String, HashMap<BTreeMap<String, String>, Vec<u128>>>,
+    /// (name, protocol) → every peer pod address with that named port, and its number; sorted.
+    named: HashMap<(String, u8), Vec<(u128, u16)>>,
+    /// Bumped whenever `named` changes.
+    named_gen: u64,
+    memo: HashMap<(NsScope, Selector), Ranges>,
+    /// This node's pods that policies isolate (not hostNetwork, with addresses), in key order.
+    local: std::collections::BTreeSet<ObjectKey>,
+    /// This node's hostNetwork pods (their addresses are the node's).
+    host_local: std::collections::BTreeSet<ObjectKey>,
+}
+
+impl PeerIndex {
+    fn build(state: &ClusterState, node_name: &str) -> PeerIndex {
+        let mut ix = PeerIndex {
+            node_name: node_name.to_string(),
+            ns_labels: namespace_labels(state),
+            ..Default::default()
+        };
+        ix.pods.reserve(state.pods.len());
+        for (k, p) in &state.pods {
+            if let Some(v) = pod_view(k, p) {
+                ix.insert(k, PeerPod::of(&v), false);
             }
         }
-        for v in named.values_mut() {
+        for v in ix.named.values_mut() {
             v.sort_unstable();
         }
-        Universe {
-            ns_labels: namespace_labels(state),
-            groups,
-            named,
-            memo: HashMap::new(),
+        ix
+    }
+
+    fn insert(&mut self, key: &ObjectKey, pod: PeerPod, sorted: bool) {
+        let local_node = !self.node_name.is_empty() && pod.node == self.node_name;
+        if local_node && pod.host_network {
+            self.host_local.insert(key.clone());
+        }
+        if pod.is_peer() {
+            if local_node {
+                self.local.insert(key.clone());
+            }
+            let group = self
+                .groups
+                .entry(key.namespace.clone())
+                .or_default()
+                .entry(pod.labels.clone())
+                .or_default();
+            group.extend(pod.lines());
+            for (name, proto, num) in &pod.ports {
+                let list = self.named.entry((name.clone(), *proto)).or_default();
+                for a in pod.lines() {
+                    if sorted {
+                        let at = list.partition_point(|e| *e < (a, *num));
+                        list.insert(at, (a, *num));
+                    } else {
+                        list.push((a, *num));
+                    }
+                }
+            }
+            if !pod.ports.is_empty() {
+                self.named_gen += 1;
+            }
+        }
+        if !self.ns_labels.contains_key(&key.namespace) {
+            self.ns_labels.insert(
+                key.namespace.clone(),
+                [(LABEL_NAMESPACE_NAME.to_string(), key.namespace.clone())].into(),
+            );
+        }
+        self.pods.insert(key.clone(), pod);
+    }
+
+    fn remove(&mut self, key: &ObjectKey) -> Option<PeerPod> {
+        let pod = self.pods.remove(key)?;
+        self.local.remove(key);
+        self.host_local.remove(key);
+        if pod.is_peer() {
+            if let Some(groups) = self.groups.get_mut(&key.namespace) {
+                if let Some(g) = groups.get_mut(&pod.labels) {
+                    for a in pod.lines() {
+                        if let Some(i) = g.iter().position(|x| *x == a) {
+                            g.swap_remove(i);
+                        }
+                    }
+                    if g.is_empty() {
+                        groups.remove(&pod.labels);
+                    }
+                }
+            }
+            for (name, proto, num) in &pod.ports {
+                if let Some(list) = self.named.get_mut(&(name.clone(), *proto)) {
+                    for a in pod.lines() {
+                        if let Ok(i) = list.binary_search(&(a, *num)) {
+                            list.remove(i);
+                        }
+                    }
+                }
+            }
+            if !pod.ports.is_empty() {
+                self.named_gen += 1;
+            }
+        }
+        Some(pod)
+    }
+
+    /// Whether a selector result may hold `pod` (of namespace `ns`).
+    fn may_hold(&self, scope: &NsScope, sel: &Selector, ns: &str, pod: &PeerPod) -> bool {
+        pod.is_peer()
+            && match scope {
+                NsScope::Own(n) => n == ns,
+                NsScope::Select(s) => self.ns_labels.get(ns).is_some_and(|l| s.matches(l)),
+            }
+            && sel.matches(&pod.labels)
+    }
+
+    /// Pod `key` is now `pod` (None: gone): the index and the selector results it affects.
+    fn update(&mut self, key: &ObjectKey, pod: Option<PeerPod>) {
+        if self.pods.get(key) == pod.as_ref() {
+            return;
+        }
+        let old = self.remove(key);
+        if let Some(p) = pod.clone() {
+            self.insert(key, p, true);
+        }
+        let ns = key.namespace.as_str();
+        let stale: Vec<(NsScope, Selector)> = self
+            .memo
+            .keys()
+            .filter(|(scope, sel)| {
+                let was = old.as_ref().filter(|p| self.may_hold(scope, sel, ns, p));
+                let is = pod.as_ref().filter(|p| self.may_hold(scope, sel, ns, p));
+                match (was, is) {
+                    (None, None) => false,
+                    (Some(a), Some(b)) => a.ips != b.ips,
+                    _ => true,
+                }
+            })
+            .cloned()
+            .collect();
+        for k in stale {
+            self.memo.remove(&k);
+        }
+    }
+
+    /// Namespaces changed: their labels again, and the results that select namespaces dropped.
+    fn refresh_namespaces(&mut self, state: &ClusterState) {
+        let mut labels = namespace_labels(state);
+        for k in self.pods.keys() {
+            labels.entry(k.namespace.clone()).or_insert_with(|| {
+                [(LABEL_NAMESPACE_NAME.to_string(), k.namespace.clone())].into()
+            });
+        }
+        if labels != self.ns_labels {
+            self.ns_labels = labels;
+            self.memo
+                .retain(|(scope, _), _| matches!(scope, NsScope::Own(_)));
         }
     }
 
     /// The addresses of the pods a pod peer selects, sorted, as single-address ranges.
-    fn resolve(&mut self, ns: &NsScope, pods: &Selector) -> Arc<Vec<(u128, u128)>> {
+    fn resolve(&mut self, ns: &NsScope, pods: &Selector) -> Ranges {
         let k = (ns.clone(), pods.clone());
         if let Some(r) = self.memo.get(&k) {
             return r.clone();
@@ -283,7 +467,48 @@ impl PolicyCompiler {
         id
     }
 
-    fn compile_dir(&mut self, p: &Policy, dir: Direction, u: &mut Universe<'_>) -> PolicyDir {
+    /// A policy direction: the one compiled before when its inputs are the same, else compiled.
+    fn policy_dir(&mut self, p: &Policy, dir: Direction, u: &mut PeerIndex) -> Arc<PolicyDir> {
+        let mut inputs = Vec::new();
+        let mut named = false;
+        for rule in p.rules(dir).into_iter().flatten() {
+            for peer in rule.peers.iter().flatten() {
+                if let Peer::Pods { ns, pods } = peer {
+                    inputs.push(u.resolve(ns, pods));
+                }
+            }
+            named |= dir == Direction::Egress
+                && rule
+                    .ports
+                    .iter()
+                    .flatten()
+                    .any(|port| matches!(port.spec, PortSpec::Named(_)));
+        }
+        let named_gen = named.then_some(u.named_gen);
+        let key = (p.key.clone(), dir);
+        if let Some(c) = self.dirs.get(&key) {
+            if c.hash == p.hash
+                && c.named_gen == named_gen
+                && c.inputs.len() == inputs.len()
+                && c.inputs.iter().zip(&inputs).all(|(a, b)| Arc::ptr_eq(a, b))
+            {
+                return c.dir.clone();
+            }
+        }
+        let d = Arc::new(self.compile_dir(p, dir, u));
+        self.dirs.insert(
+            key,
+            CachedDir {
+                hash: p.hash,
+                inputs,
+                named_gen,
+                dir: d.clone(),
+            },
+        );
+        d
+    }
+
+    fn compile_dir(&mut self, p: &Policy, dir: Direction, u: &mut PeerIndex) -> PolicyDir {
         let mut out = PolicyDir::default();
         let mut h = std::collections::hash_map::DefaultHasher::new();
         (p.hash, dir).hash(&mut h);
@@ -363,77 +588,130 @@ impl PolicyCompiler {
         out
     }
 
-    /// Compiles the tables of node `node_name` (whose addresses are `node_addrs`) from `state`.
+    /// Compiles the tables of node `node_name` (whose addresses are `node_addrs`) from `state`,
+    /// everything from scratch (the peer index is built anew).
     pub fn compile(
         &mut self,
         node_name: &str,
         node_addrs: &[Addr],
         state: &ClusterState,
     ) -> (PolicyTables, Vec<Problem>) {
-        let mut problems = Vec::new();
+        self.compile_changes(node_name, node_addrs, state, None)
+    }
+
+    /// As `compile`, when only `changes` happened since the last call (None: anything may have):
+    /// the peer index is updated from the changed pods, selector results recomputed only where
+    /// those pods can change them, and policy directions compiled again only when their inputs
+    /// changed. The tables are those `compile` would build.
+    pub fn compile_changes(
+        &mut self,
+        node_name: &str,
+        node_addrs: &[Addr],
+        state: &ClusterState,
+        changes: Option<PolicyChanges<'_>>,
+    ) -> (PolicyTables, Vec<Problem>) {
         let mut stats = CompileStats::default();
 
-        // 1. Policies, by namespace.
-        let mut policies: Vec<Policy> = Vec::with_capacity(state.network_policies.len());
-        for (key, np) in &state.network_policies {
-            let (p, probs) = spec::parse(key, np);
-            for m in probs {
-                tracing::warn!(policy = %key, "{m}");
-                problems.push(Problem {
-                    object: format!("NetworkPolicy {key}"),
-                    message: m,
-                });
+        // 1. The peer index.
+        let mut index = match (self.index.take(), changes) {
+            (Some(mut ix), Some(c)) if ix.node_name == node_name => {
+                for key in c.pods {
+                    let now = state
+                        .pods
+                        .get(key)
+                        .and_then(|p| pod_view(key, p))
+                        .map(|v| PeerPod::of(&v));
+                    ix.update(key, now);
+                }
+                if c.namespaces {
+                    ix.refresh_namespaces(state);
+                }
+                ix
             }
-            policies.push(p);
+            _ => {
+                self.parsed = None;
+                self.dirs.clear();
+                PeerIndex::build(state, node_name)
+            }
+        };
+
+        // 2. Policies, by namespace.
+        if changes.is_none_or(|c| c.policies) {
+            self.parsed = None;
         }
+        let (policies, problems) = match self.parsed.take() {
+            Some(p) => p,
+            None => {
+                let mut problems = Vec::new();
+                let mut policies: Vec<Policy> = Vec::with_capacity(state.network_policies.len());
+                for (key, np) in &state.network_policies {
+                    let (p, probs) = spec::parse(key, np);
+                    for m in probs {
+                        tracing::warn!(policy = %key, "{m}");
+                        problems.push(Problem {
+                            object: format!("NetworkPolicy {key}"),
+                            message: m,
+                        });
+                    }
+                    policies.push(p);
+                }
+                // Directions of policies gone are not kept.
+                let keys: std::collections::HashSet<&ObjectKey> =
+                    policies.iter().map(|p| &p.key).collect();
+                self.dirs.retain(|(k, _), _| keys.contains(k));
+                (policies, problems)
+            }
+        };
         stats.policies = policies.len();
         let mut by_ns: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
         for (i, p) in policies.iter().enumerate() {
             by_ns.entry(p.key.namespace.as_str()).or_default().push(i);
         }
 
-        // 2. Pods.
-        let pods: Vec<PodView<'_>> = state
-            .pods
-            .iter()
-            .filter_map(|(k, p)| pod_view(k, p))
-            .collect();
+        // This node's addresses, its hostNetwork pods' included.
         let mut node = node_addrs.to_vec();
-        for p in pods
-            .iter()
-            .filter(|p| p.host_network && p.node == node_name)
-        {
-            for &ip in &p.ips {
+        for k in &index.host_local {
+            for &ip in &index.pods[k].ips {
                 let a = Addr::from_ip(ip);
                 if !node.contains(&a) {
                     node.push(a);
                 }
             }
         }
-        let mut universe = Universe::new(state, &pods);
 
         // 3. Policy directions (only those of namespaces with local pods are needed).
-        let local: Vec<&PodView<'_>> = pods
+        let local_keys: Vec<ObjectKey> = index.local.iter().cloned().collect();
+        stats.local_pods = local_keys.len();
+        let mut compiled: HashMap<(usize, Direction), Arc<PolicyDir>> = HashMap::new();
+        for ns in local_keys
             .iter()
-            .filter(|p| p.node == node_name && !node_name.is_empty() && !p.host_network)
-            .filter(|p| !p.ips.is_empty())
-            .collect();
-        stats.local_pods = local.len();
-        let mut compiled: HashMap<(usize, Direction), PolicyDir> = HashMap::new();
-        for ns in local
-            .iter()
-            .map(|p| p.key.namespace.as_str())
+            .map(|k| k.namespace.as_str())
             .collect::<std::collections::BTreeSet<_>>()
         {
             for &i in by_ns.get(ns).into_iter().flatten() {
                 for dir in [Direction::Ingress, Direction::Egress] {
                     if policies[i].rules(dir).is_some() {
-                        let d = self.compile_dir(&policies[i], dir, &mut universe);
+                        let d = self.policy_dir(&policies[i], dir, &mut index);
                         compiled.insert((i, dir), d);
                     }
                 }
             }
         }
+        let local: Vec<PodView<'_>> = local_keys
+            .iter()
+            .map(|k| {
+                let p = &index.pods[k];
+                PodView {
+                    key: k,
+                    labels: &p.labels,
+                    ips: p.ips.clone(),
+                    host_network: p.host_network,
+                    node: &p.node,
+                    ports: p.ports.clone(),
+                }
+            })
+            .collect();
+        let local: Vec<&PodView<'_>> = local.iter().collect();
 
         // 4. Local pods.
         let mut cache: HashMap<DirKey, Arc<DirRules>> = HashMap::new();
@@ -461,7 +739,7 @@ impl PolicyCompiler {
                 }
                 let names: Arc<[Arc<str>]> =
                     sel.iter().map(|&i| policies[i].name.clone()).collect();
-                let parts: Vec<&PolicyDir> = sel.iter().map(|i| &compiled[&(*i, dir)]).collect();
+                let parts: Vec<&PolicyDir> = sel.iter().map(|i| &*compiled[&(*i, dir)]).collect();
                 let uses_named = parts.iter().any(|d| !d.named_ingress.is_empty());
                 let key = DirKey {
                     dir,
@@ -499,10 +777,11 @@ impl PolicyCompiler {
         }
         self.cache = cache;
         self.stats = stats;
-        (
-            PolicyTables::new(out_pods, node, self.rules.clone()),
-            problems,
-        )
+        let tables = PolicyTables::new(out_pods, node, self.rules.clone());
+        drop(local);
+        self.index = Some(index);
+        self.parsed = Some((policies, problems.clone()));
+        (tables, problems)
     }
 }
 

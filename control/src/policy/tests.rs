@@ -635,3 +635,135 @@ fn finished_pods_are_ignored() {
     assert_eq!(cell(&t, "10.1.0.9", "A", &[(TCP, 80)]), "i");
     assert_eq!(cell(&t, "C", "A", &[(TCP, 80)]), ".");
 }
+
+/// The peer index updated from changes gives the tables a compilation from scratch gives, step
+/// after step (pods relabelled, local and remote, added, deleted, readdressed; a namespace
+/// relabelled; a policy added).
+#[test]
+fn incremental_peer_index_equals_full_compile() {
+    let policies = vec![
+        netpol(
+            "prod",
+            "deny",
+            json!({"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}),
+        ),
+        netpol(
+            "prod",
+            "db-from-dev-web",
+            json!({"podSelector": {"matchLabels": {"app": "db"}},
+                   "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"env": "dev"}},
+                                          "podSelector": {"matchLabels": {"app": "web"}}}]}]}),
+        ),
+        netpol(
+            "prod",
+            "web-from-cli",
+            json!({"podSelector": {"matchLabels": {"app": "web"}},
+                   "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "cli"}}}]}],
+                   "egress": [{"to": [{"namespaceSelector": {}}], "ports": [{"port": "http"}]}]}),
+        ),
+        netpol(
+            "other",
+            "x-named",
+            json!({"podSelector": {}, "ingress": [{"ports": [{"port": "http"}]}]}),
+        ),
+    ];
+    let mut objs = cluster();
+    objs.extend(policies);
+    let names = ["A", "B", "C", "D", "E", "F", "node", "ext", "10.2.0.9"];
+    let same = |a: &PolicyTables, b: &PolicyTables, step: &str| {
+        for s in names {
+            for d in names {
+                assert_eq!(cell(a, s, d, P4), cell(b, s, d, P4), "{step}: {s} -> {d}");
+            }
+        }
+    };
+    let mut c = PolicyCompiler::new();
+    c.compile("node-a", &node_addrs(), &state_of(&objs));
+    type Step = Box<dyn Fn(&mut Vec<Value>) -> (Option<ObjectKey>, bool, bool)>;
+    let steps: Vec<(&str, Step)> = vec![
+        (
+            "remote E relabelled",
+            Box::new(|o: &mut Vec<Value>| {
+                o[7]["metadata"]["labels"] = json!({"app": "web2"});
+                (Some(ObjectKey::new("dev", "e")), false, false)
+            }),
+        ),
+        (
+            "local C becomes web",
+            Box::new(|o: &mut Vec<Value>| {
+                o[5]["metadata"]["labels"] = json!({"app": "web"});
+                (Some(ObjectKey::new("prod", "c")), false, false)
+            }),
+        ),
+        (
+            "E back, with a new address",
+            Box::new(|o: &mut Vec<Value>| {
+                o[7]["metadata"]["labels"] = json!({"app": "web"});
+                o[7]["status"]["podIP"] = json!("10.2.0.9");
+                o[7]["status"]["podIPs"] = json!([{"ip": "10.2.0.9"}]);
+                (Some(ObjectKey::new("dev", "e")), false, false)
+            }),
+        ),
+        (
+            "B deleted",
+            Box::new(|o: &mut Vec<Value>| {
+                let k = ObjectKey::new("prod", "b");
+                o.retain(|x| !(x["kind"] == "Pod" && x["metadata"]["name"] == "b"));
+                (Some(k), false, false)
+            }),
+        ),
+        (
+            "B back",
+            Box::new(|o: &mut Vec<Value>| {
+                o.push(pod(
+                    "prod",
+                    "b",
+                    "node-a",
+                    &["10.1.0.2"],
+                    json!({"app": "db", "tier": "back"}),
+                    json!([{"name": "pg", "containerPort": 5432}]),
+                ));
+                (Some(ObjectKey::new("prod", "b")), false, false)
+            }),
+        ),
+        (
+            "dev relabelled",
+            Box::new(|o: &mut Vec<Value>| {
+                for x in o.iter_mut() {
+                    if x["kind"] == "Namespace" && x["metadata"]["name"] == "dev" {
+                        x["metadata"]["labels"] = json!({"env": "staging"});
+                    }
+                }
+                (None, true, false)
+            }),
+        ),
+        (
+            "policy added",
+            Box::new(|o: &mut Vec<Value>| {
+                o.push(netpol(
+                    "other",
+                    "deny-egress",
+                    json!({"podSelector": {}, "policyTypes": ["Egress"]}),
+                ));
+                (None, false, true)
+            }),
+        ),
+    ];
+    for (step, f) in steps {
+        let (pod, namespaces, policies) = f(&mut objs);
+        let st = state_of(&objs);
+        let pods: std::collections::BTreeSet<ObjectKey> = pod.into_iter().collect();
+        let (inc, _) = c.compile_changes(
+            "node-a",
+            &node_addrs(),
+            &st,
+            Some(PolicyChanges {
+                pods: &pods,
+                namespaces,
+                policies,
+            }),
+        );
+        let (full, _) = compile("node-a", &node_addrs(), &st);
+        same(&inc, &full, step);
+    }
+}

@@ -25,6 +25,9 @@ use serde_json::Value;
 
 use crate::model::{ClusterState, Object};
 
+#[path = "files_fast.rs"]
+mod fast;
+
 /// A state source that could not be read: names the file, the document and the field.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StateError {
@@ -195,6 +198,35 @@ fn load_str_with(
     state: &mut ClusterState,
     validate: bool,
 ) -> Result<(), StateError> {
+    let objects = if is_json {
+        one_pass(text, true, file, validate)?
+    } else {
+        crate::yaml::check(text).map_err(|e| file_error(file, e.to_string()))?;
+        // Something the fast path does not take, or an error: the one-pass reader decides, and
+        // names the document, object, field and line.
+        match fast::load(text, validate) {
+            Some(objects) => objects,
+            None => one_pass(text, false, file, validate)?,
+        }
+    };
+    for (index, obj) in objects {
+        let key = obj.key();
+        if state.apply(obj) {
+            tracing::debug!(file = %file.display(), document = index, %key, "object replaces an earlier one with the same key");
+        }
+    }
+    Ok(())
+}
+
+/// Every object of the text with its document's index, one document after the other, through
+/// JSON values (YAML text has passed `crate::yaml::check`).
+fn one_pass(
+    text: &str,
+    is_json: bool,
+    file: &Path,
+    validate: bool,
+) -> Result<Vec<(usize, Object)>, StateError> {
+    let mut out = Vec::new();
     for (index, doc) in documents(text, is_json, file)?.into_iter().enumerate() {
         let mut objects = Vec::new();
         decode_document(doc, "", validate, &mut objects).map_err(|(object, field, message)| {
@@ -206,14 +238,9 @@ fn load_str_with(
                 message,
             }
         })?;
-        for obj in objects {
-            let key = obj.key();
-            if state.apply(obj) {
-                tracing::debug!(file = %file.display(), document = index, %key, "object replaces an earlier one with the same key");
-            }
-        }
+        out.extend(objects.into_iter().map(|o| (index, o)));
     }
-    Ok(())
+    Ok(out)
 }
 
 /// Splits text into documents (as JSON values: manifests are JSON-compatible).
@@ -234,7 +261,7 @@ fn documents(text: &str, is_json: bool, file: &Path) -> Result<Vec<Value>, State
             docs.push(v);
         }
     } else {
-        crate::yaml::check(text).map_err(|e| file_error(file, e.to_string()))?;
+        // `crate::yaml::check` has passed (`load_str_with`).
         for (i, de) in yaml_serde::Deserializer::from_str(text).enumerate() {
             // Once the parser fails it keeps yielding the same error: stop at the first.
             let v = Value::deserialize(de).map_err(|e| StateError {
@@ -322,6 +349,14 @@ fn decode_document(
             return Ok(());
         }
     };
+    out.push(finish(obj, prefix, &label, validate)?);
+    Ok(())
+}
+
+/// A decoded object with the API server's defaults (name required, namespace `default`) and,
+/// when `validate`, the checks of `crate::validate`.
+fn finish(obj: Object, prefix: &str, label: &str, validate: bool) -> Result<Object, DocError> {
+    let decode = DecodeCtx { prefix, label };
     let obj = with_defaults(obj, &decode)?;
     let invalid = match &obj {
         Object::Service(s) if validate => crate::validate::service(s),
@@ -331,8 +366,7 @@ fn decode_document(
     if let Some(e) = invalid.into_iter().next() {
         return Err(decode.err(&e.field, e.message));
     }
-    out.push(obj);
-    Ok(())
+    Ok(obj)
 }
 
 struct DecodeCtx<'a> {

@@ -1,0 +1,306 @@
+//! The fast path of `--state` YAML (issue 14: 47 MB of manifests took 5.7-10.9 s to load, the
+//! parser building a JSON tree of every document and a second pass turning it into the typed
+//! objects). Here the text is split at its document markers and the documents are decoded on
+//! all cores, each straight into its k8s-openapi type in one pass.
+//!
+//! It only ever answers when it is sure to agree with the one-pass reader in `files.rs`: text
+//! with directives (`%YAML`), document-end markers (`...`) or a byte-order mark is left to it,
+//! and so is any document, or file, with an error of any kind: the reader then parses the file
+//! again and names the file, document, object, field and line as before. Errors are rare and
+//! the fast path costs at most its own time on them.
+//!
+//! Splitting is sound because a line starting with `---` followed by a blank (or the end of
+//! the line) always starts a document in YAML 1.2 (such a line cannot be scalar content, the
+//! spec forbids it as `c-forbidden`); every document therefore lies in one segment.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+use crate::model::Object;
+
+/// Below this, one thread (the tests' and small clusters' states): threads cost more than they
+/// save.
+const PARALLEL_MIN_BYTES: usize = 1 << 20;
+/// Decoding threads at most (one per core up to this).
+const MAX_THREADS: usize = 8;
+
+/// One document's text (with its `---` line, if any).
+struct Segment<'a> {
+    text: &'a str,
+}
+
+/// What one segment held: its documents (0 or 1) and their objects.
+#[derive(Default)]
+struct SegmentOut {
+    documents: usize,
+    objects: Vec<Object>,
+}
+
+/// The objects of `text` with their document index, or `None` when the one-pass reader must
+/// decide (see the module docs). `text` has passed `crate::yaml::check`.
+pub(super) fn load(text: &str, validate: bool) -> Option<Vec<(usize, Object)>> {
+    let segments = split(text)?;
+    let threads = if text.len() < PARALLEL_MIN_BYTES {
+        1
+    } else {
+        std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(MAX_THREADS)
+    };
+    let failed = AtomicBool::new(false);
+    let outs: Vec<SegmentOut> = if threads == 1 {
+        decode_all(&segments, validate, &failed)?
+    } else {
+        // Contiguous runs of segments of about equal bytes, one per thread, in order.
+        let per = text.len() / threads + 1;
+        let mut chunks: Vec<&[Segment<'_>]> = Vec::with_capacity(threads);
+        let (mut start, mut bytes) = (0, 0);
+        for (i, s) in segments.iter().enumerate() {
+            bytes += s.text.len();
+            if bytes >= per {
+                chunks.push(&segments[start..=i]);
+                (start, bytes) = (i + 1, 0);
+            }
+        }
+        chunks.push(&segments[start..]);
+        let results: Vec<Option<Vec<SegmentOut>>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = chunks
+                .iter()
+                .map(|chunk| {
+                    let failed = &failed;
+                    scope.spawn(move || decode_all(chunk, validate, failed))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().ok().flatten())
+                .collect()
+        });
+        let mut all = Vec::with_capacity(segments.len());
+        for r in results {
+            all.extend(r?);
+        }
+        all
+    };
+    let mut out = Vec::with_capacity(outs.len());
+    let mut index = 0;
+    for seg in outs {
+        for obj in seg.objects {
+            out.push((index, obj));
+        }
+        index += seg.documents;
+    }
+    Some(out)
+}
+
+fn decode_all(
+    segments: &[Segment<'_>],
+    validate: bool,
+    failed: &AtomicBool,
+) -> Option<Vec<SegmentOut>> {
+    let mut out = Vec::with_capacity(segments.len());
+    for s in segments {
+        if failed.load(Ordering::Relaxed) {
+            return None;
+        }
+        match decode(s.text, validate) {
+            Some(o) => out.push(o),
+            None => {
+                failed.store(true, Ordering::Relaxed);
+                return None;
+            }
+        }
+    }
+    Some(out)
+}
+
+/// Whether `line` (without its line break) is a document marker (`---` or `...`) line.
+fn is_marker(line: &[u8], marker: &[u8]) -> bool {
+    line.starts_with(marker) && matches!(line.get(3), None | Some(b' ' | b'\t' | b'\r'))
+}
+
+/// The text cut before every `---` line; `None` if the text has what the split does not handle.
+fn split(text: &str) -> Option<Vec<Segment<'_>>> {
+    if text.starts_with('\u{feff}') {
+        return None;
+    }
+    let mut out = Vec::new();
+    let (mut start, mut pos) = (0, 0);
+    for line in text.split_inclusive('\n') {
+        let b = line.trim_end_matches('\n').as_bytes();
+        if b.first() == Some(&b'%') || is_marker(b, b"...") {
+            return None;
+        }
+        if is_marker(b, b"---") && pos > start {
+            out.push(Segment {
+                text: &text[start..pos],
+            });
+            start = pos;
+        }
+        pos += line.len();
+    }
+    if pos > start {
+        out.push(Segment {
+            text: &text[start..pos],
+        });
+    }
+    Some(out)
+}
+
+/// The document's top-level `apiVersion` and `kind`, when the text says them plainly (a
+/// block mapping at the top, plain values). Anything else: `None` (the generic decoder reads it).
+fn head(text: &str) -> Option<(&str, &str)> {
+    let (mut api_version, mut kind) = (None, None);
+    for (n, line) in text.lines().enumerate() {
+        let b = line.as_bytes();
+        if n == 0 && is_marker(b, b"---") {
+            let rest = line[3..].trim();
+            if rest.is_empty() || rest.starts_with('#') {
+                continue;
+            }
+            return None;
+        }
+        match b.first() {
+            None | Some(b' ' | b'#') => continue,
+            Some(b'\t' | b'-' | b'[' | b'{' | b'?' | b'&' | b'!' | b'*' | b'|' | b'>') => {
+                return None
+            }
+            _ => {}
+        }
+        let value = |key: &str| -> Option<Option<&str>> {
+            let rest = line.strip_prefix(key)?.strip_prefix(':')?;
+            let v = rest.split(" #").next().unwrap_or("").trim();
+            let plain = !v.is_empty()
+                && v.bytes()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'/' | b'-'));
+            Some(plain.then_some(v))
+        };
+        if let Some(v) = value("apiVersion") {
+            if api_version.is_some() {
+                return None;
+            }
+            api_version = Some(v?);
+        } else if let Some(v) = value("kind") {
+            if kind.is_some() {
+                return None;
+            }
+            kind = Some(v?);
+        }
+    }
+    Some((api_version?, kind?))
+}
+
+fn typed<T: DeserializeOwned>(text: &str) -> Option<Box<T>> {
+    yaml_serde::from_str(text).ok().map(Box::new)
+}
+
+/// One segment's objects; `None` on any error.
+fn decode(text: &str, validate: bool) -> Option<SegmentOut> {
+    let explicit = is_marker(text.lines().next().unwrap_or("").as_bytes(), b"---");
+    if !explicit
+        && text.lines().all(|l| {
+            let t = l.trim_start();
+            t.is_empty() || t.starts_with('#')
+        })
+    {
+        // Comments and blank lines before the first `---` are no document.
+        return Some(SegmentOut::default());
+    }
+    let obj = match head(text) {
+        Some(("v1", "Node")) => Object::Node(typed(text)?),
+        Some(("v1", "Namespace")) => Object::Namespace(typed(text)?),
+        Some(("v1", "Pod")) => Object::Pod(typed(text)?),
+        Some(("v1", "Service")) => Object::Service(typed(text)?),
+        Some(("discovery.k8s.io/v1", "EndpointSlice")) => Object::EndpointSlice(typed(text)?),
+        Some(("networking.k8s.io/v1", "NetworkPolicy")) => Object::NetworkPolicy(typed(text)?),
+        Some(("networking.k8s.io/v1", "ServiceCIDR")) => Object::ServiceCidr(typed(text)?),
+        _ => return generic(text, validate),
+    };
+    let obj = super::finish(obj, "", "", validate).ok()?;
+    Some(SegmentOut {
+        documents: 1,
+        objects: vec![obj],
+    })
+}
+
+/// Any other document (other kinds, lists, flow style, empty documents): through a JSON tree, as
+/// the one-pass reader does.
+fn generic(text: &str, validate: bool) -> Option<SegmentOut> {
+    let mut out = SegmentOut::default();
+    for de in yaml_serde::Deserializer::from_str(text) {
+        let v = <Value as serde::Deserialize>::deserialize(de).ok()?;
+        out.documents += 1;
+        super::decode_document(v, "", validate, &mut out.objects).ok()?;
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_at_markers_only() {
+        let text = "# head\n---\na: 1\n--- # c\nb: |\n  ---x\n---\n";
+        let s: Vec<&str> = split(text).unwrap().iter().map(|s| s.text).collect();
+        assert_eq!(
+            s,
+            vec![
+                "# head\n",
+                "---\na: 1\n",
+                "--- # c\nb: |\n  ---x\n",
+                "---\n"
+            ]
+        );
+        assert!(split("a: 1\n...\n---\nb: 2\n").is_none());
+        assert!(split("%YAML 1.2\n---\na: 1\n").is_none());
+        assert_eq!(split("a: 1\n----\n").unwrap().len(), 1);
+    }
+
+    /// The fast path gives what the one-pass reader gives (objects, document indexes), or
+    /// leaves the text to it.
+    fn agree(text: &str) -> bool {
+        let slow = super::super::one_pass(text, false, std::path::Path::new("s.yaml"), true);
+        match load(text, true) {
+            Some(fast) => {
+                assert_eq!(Ok(fast), slow, "{text}");
+                true
+            }
+            None => false,
+        }
+    }
+
+    #[test]
+    fn agrees_with_the_one_pass_reader() {
+        let svc = "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: shop}\nspec:\n  clusterIP: 172.30.0.10\n  ports: [{name: http, port: 80, targetPort: 8080}]\n";
+        let slice = "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: web-1\n  labels: {kubernetes.io/service-name: web}\naddressType: IPv4\nendpoints:\n- addresses: [10.0.0.1]\n";
+        let texts = [
+            format!("{svc}---\n{slice}"),
+            format!("# leading comment\n---\n{svc}---\n# only a comment\n---\n{slice}---\n"),
+            format!("---\n{svc}---\napiVersion: v1\nkind: List\nitems:\n- {{apiVersion: v1, kind: Node, metadata: {{name: n}}}}\n---\n{slice}"),
+            format!("{svc}---\napiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: d}}\n---\n--- {{apiVersion: v1, kind: Namespace, metadata: {{name: x}}}}\n"),
+            format!("{svc}---\napiVersion: v1\nkind: Pod\nmetadata: {{name: p, namespace: a}}\nspec: {{containers: [{{name: c}}]}}\n"),
+        ];
+        for t in &texts {
+            assert!(agree(t), "fast path did not take {t}");
+        }
+        // Errors are the one-pass reader's.
+        let bad = format!("{svc}---\napiVersion: v1\nkind: Service\nmetadata: {{name: bad}}\nspec:\n  ports:\n  - port: eighty\n");
+        assert!(!agree(&bad));
+        assert!(!agree(&format!("{svc}---\nkind: [unclosed\n")));
+        assert!(!agree(&svc.replace("172.30.0.10", "172.30.0.300")));
+    }
+
+    #[test]
+    fn head_reads_plain_top_level_keys() {
+        assert_eq!(
+            head("---\napiVersion: v1\nmetadata:\n  kind: x\nkind: Service # c\n"),
+            Some(("v1", "Service"))
+        );
+        assert_eq!(head("kind: \"Service\"\napiVersion: v1\n"), None);
+        assert_eq!(head("--- {kind: Service, apiVersion: v1}\n"), None);
+        assert_eq!(head("kind: Service\nkind: Pod\napiVersion: v1\n"), None);
+    }
+}

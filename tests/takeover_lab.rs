@@ -419,11 +419,37 @@ fn start_kxdp(ns: &str, socket: &std::path::Path, extra: &[&str]) -> Kxdp {
 /// packets whatever kxdp does. The takeover test runs both processes at nice -10, as a node
 /// gives its dataplane CPUs of its own (`workers.cpus`) in production.
 fn start_kxdp_niced(ns: &str, socket: &std::path::Path, extra: &[&str], nice: i32) -> Kxdp {
-    let (config, state) = lab_files();
+    start_kxdp_with(ns, socket, extra, nice, &lab_files().0)
+}
+
+/// The lab's configuration with the conntrack table in a state file in `dir`.
+fn config_with_state_file(dir: &std::path::Path) -> String {
+    let config = std::fs::read_to_string(lab_files().0).unwrap();
+    let path = dir.join("config.yaml");
+    std::fs::write(
+        &path,
+        format!(
+            "{config}conntrack: {{stateFile: {}}}\n",
+            dir.join("conntrack").display()
+        ),
+    )
+    .unwrap();
+    path.display().to_string()
+}
+
+/// As `start_kxdp_niced`, with the configuration file `config`.
+fn start_kxdp_with(
+    ns: &str,
+    socket: &std::path::Path,
+    extra: &[&str],
+    nice: i32,
+    config: &str,
+) -> Kxdp {
+    let state = lab_files().1;
     let mut child = std::process::Command::new("nice")
         .args(["-n", &nice.to_string(), "ip", "netns", "exec", ns])
         .args([env!("CARGO_BIN_EXE_kxdp"), "run"])
-        .args(["--config", &config, "--state", &state, "--no-admin"])
+        .args(["--config", config, "--state", &state, "--no-admin"])
         .arg("--takeover-socket")
         .arg(socket)
         .args(extra)
@@ -754,18 +780,25 @@ fn takeover_loses_no_packet() {
     drop(new);
 }
 
+/// With the conntrack table in a state file, a TCP connection through a ClusterIP (DNAT) goes
+/// on across a takeover: the successor maps the same table.
 #[test]
-#[ignore = "needs the conntrack state file (issue 11 item 1, branch s3-persist); un-ignore after merging it"]
 fn takeover_keeps_clusterip_tcp_connections() {
     let Some(r) = lab("takeover_keeps_clusterip_tcp_connections") else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("takeover.sock");
-    let _old = start_kxdp(&r.c.node, &sock, &[]);
+    let config = config_with_state_file(dir.path());
+    let _old = start_kxdp_with(&r.c.node, &sock, &[], 0, &config);
     let up = upload(r.c.pod("client-1"), 8 << 20);
     std::thread::sleep(Duration::from_millis(500));
-    let _new = start_kxdp(&r.c.node, &sock, &[]);
+    let new = start_kxdp_with(&r.c.node, &sock, &[], 0, &config);
+    assert!(
+        new.stderr.lock().unwrap().contains("took over from pid"),
+        "the new kxdp took over:\n{}",
+        new.stderr.lock().unwrap()
+    );
     assert_eq!(
         up.join().unwrap(),
         Some(8 << 20),

@@ -508,7 +508,7 @@ fn start_dataplane(
 fn take_over(
     config: &Config,
     published: &Arc<Published>,
-    make_dataplane: impl FnOnce() -> crate::admin::Dataplane,
+    make_dataplane: impl Fn() -> crate::admin::Dataplane,
     opts: &crate::takeover::TakeoverOptions,
 ) -> Result<
     (
@@ -520,18 +520,22 @@ fn take_over(
     ),
     RunError,
 > {
+    // Without a state file the table is the process's own: made now, outside the window in
+    // which the predecessor's workers are stopped (allocating a large table takes a while).
+    // With one, it is mapped once the predecessor has stopped writing it (below).
+    let early = config.conntrack.state_file.is_empty().then(&make_dataplane);
     let Some(path) = &opts.socket else {
-        return Ok((make_dataplane(), None));
+        return Ok((early.unwrap_or_else(make_dataplane), None));
     };
     if opts.clean_start {
         tracing::info!("kxdp run: --clean-start: not taking over a running kxdp");
-        return Ok((make_dataplane(), None));
+        return Ok((early.unwrap_or_else(make_dataplane), None));
     }
     let conn = match crate::takeover::connect(path) {
         Ok(c) => c,
         Err(why) => {
             tracing::info!("kxdp run: no running kxdp to take over ({why}); starting clean");
-            return Ok((make_dataplane(), None));
+            return Ok((early.unwrap_or_else(make_dataplane), None));
         }
     };
     // Tables first: the workers forward the moment they adopt the sockets.
@@ -552,14 +556,14 @@ fn take_over(
             tracing::warn!(
                 "kxdp run: the running kxdp did not hand over ({reason}); starting clean"
             );
-            return Ok((make_dataplane(), None));
+            return Ok((early.unwrap_or_else(make_dataplane), None));
         }
         Err(e) => return Err(RunError::Takeover(e.to_string())),
     };
     let pid = parcel.pid;
     // The predecessor's workers have stopped and its conntrack state file is released: map it
     // now (its index is rebuilt in place, which is only safe while nobody else writes it).
-    let dp = &make_dataplane();
+    let dp = &early.unwrap_or_else(make_dataplane);
     let summary = parcel.dataplane.summary();
     // Only what the workers need happens while the predecessor's are stopped: the sockets,
     // UMEMs and programs are adopted, the routes were read before asking. The host path (its

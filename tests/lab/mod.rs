@@ -379,7 +379,14 @@ impl Kxdp {
         use std::io::BufRead;
         let mut child = Command::new("ip")
             .args(["netns", "exec", ns, env!("CARGO_BIN_EXE_kxdp"), "run"])
-            .args(["--config", config, "--state", state, "--no-admin", "--no-takeover"])
+            .args([
+                "--config",
+                config,
+                "--state",
+                state,
+                "--no-admin",
+                "--no-takeover",
+            ])
             .envs(env.iter().copied())
             .env("RUST_LOG", "warn,kxdp_control::run=info")
             .stdout(std::process::Stdio::null())

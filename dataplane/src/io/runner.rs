@@ -179,6 +179,50 @@ impl WorkerChannel {
     }
 }
 
+/// What every worker runs against, with a fresh stop flag.
+fn worker_shared(
+    tables: Arc<dyn Tables>,
+    ct: Arc<Conntrack>,
+    stats: Option<Arc<DataplaneStats>>,
+    routes: &Routes,
+    maps: &Arc<SharedMaps>,
+) -> Shared {
+    Shared {
+        tables,
+        ct,
+        stats,
+        routes: routes.table.clone(),
+        unresolved: routes.unresolved.clone(),
+        masq: Some(maps.clone()),
+        stop: Arc::new(AtomicBool::new(false)),
+    }
+}
+
+/// Started workers: their threads, command channels, wakers and counters.
+#[derive(Default)]
+struct Crew {
+    counters: Vec<(usize, Arc<IoCounters>)>,
+    handles: Vec<std::thread::JoinHandle<Worker>>,
+    senders: Vec<WorkerChannel>,
+    wakers: Vec<Arc<Waker>>,
+}
+
+impl Crew {
+    /// Gives worker `index` its command channel and starts its thread.
+    fn spawn(&mut self, index: usize, mut worker: Worker, shared: &Shared) -> io::Result<()> {
+        let (tx, rx) = bounded(1024);
+        worker.commands = Some(rx);
+        self.wakers.extend(worker.waker());
+        self.senders.push(WorkerChannel {
+            commands: tx,
+            waker: worker.waker(),
+        });
+        self.counters.push((index, worker.counters.clone()));
+        self.handles.push(worker.spawn(shared.clone())?);
+        Ok(())
+    }
+}
+
 /// The link manager's state: attached links, links that failed (and when), the event log.
 pub struct Links {
     patterns: Vec<String>,
@@ -529,66 +573,22 @@ impl AfXdp {
                 }
             );
         }
-        let stop = Arc::new(AtomicBool::new(false));
-        let shared = Shared {
-            tables: tables.clone(),
-            ct,
-            stats,
-            routes: routes.table.clone(),
-            unresolved: routes.unresolved.clone(),
-            masq: Some(maps.clone()),
-            stop: stop.clone(),
-        };
-        let mut counters = Vec::new();
-        let mut handles = Vec::new();
-        let mut senders = Vec::new();
-        let mut wakers = Vec::new();
+        let shared = worker_shared(tables.clone(), ct, stats, &routes, &maps);
+        let mut crew = Crew::default();
         for w in 0..workers {
             let cpu = (!opts.cpus.is_empty()).then(|| opts.cpus[w % opts.cpus.len()]);
-            let mut worker = Worker::open(w, cpu, &[], &opts.xsk, opts.backoff, opts.kernel_port)?;
-            let (tx, rx) = bounded(1024);
-            worker.commands = Some(rx);
-            wakers.push(worker.waker());
-            senders.push(WorkerChannel {
-                commands: tx,
-                waker: worker.waker(),
-            });
-            counters.push((w, worker.counters.clone()));
-            handles.push(worker.spawn(shared.clone())?);
+            let worker = Worker::open(w, cpu, &[], &opts.xsk, opts.backoff, opts.kernel_port)?;
+            crew.spawn(w, worker, &shared)?;
         }
-        let mut links = Links {
-            patterns: opts.interfaces.clone(),
-            workers: senders,
-            maps: maps.clone(),
-            mode: opts.mode,
-            hold_for_restart: opts.hold_for_restart,
-            attached: HashMap::new(),
-            failed: HashMap::new(),
-            events: Vec::new(),
-        };
-        links.sync(&table);
-        let mut interfaces: Vec<InterfaceReport> =
-            links.attached.values().map(|a| a.report.clone()).collect();
-        interfaces.sort_by(|a, b| a.name.cmp(&b.name));
-        let links = Arc::new(Mutex::new(links));
-        let mut afxdp = AfXdp {
-            interfaces,
-            counters,
-            stop,
-            wakers: wakers.into_iter().flatten().collect(),
-            threads_stop: Arc::new(AtomicBool::new(false)),
-            workers: handles,
-            maps_thread: None,
-            links_thread: None,
-            links,
+        AfXdp::assemble(
+            opts,
+            crew,
+            HashMap::new(),
+            Some(&table),
             maps,
             shared,
-            tables,
             routes,
-            hold_for_restart: opts.hold_for_restart,
-        };
-        afxdp.spawn_threads()?;
-        Ok(afxdp)
+        )
     }
 
     /// Starts the link manager (follows links as they come and go) and the thread that keeps
@@ -728,20 +728,8 @@ impl AfXdp {
     ) -> io::Result<AfXdp> {
         let parts = crate::io::takeover::Parts::take(desc, fds)?;
         let maps = parts.maps;
-        let stop = Arc::new(AtomicBool::new(false));
-        let shared = Shared {
-            tables: tables.clone(),
-            ct,
-            stats,
-            routes: routes.table.clone(),
-            unresolved: routes.unresolved.clone(),
-            masq: Some(maps.clone()),
-            stop: stop.clone(),
-        };
-        let mut counters = Vec::new();
-        let mut handles = Vec::new();
-        let mut senders = Vec::new();
-        let mut wakers = Vec::new();
+        let shared = worker_shared(tables.clone(), ct, stats, &routes, &maps);
+        let mut crew = Crew::default();
         for (w, (umem, ports)) in parts.workers.into_iter().enumerate() {
             let cpu = (!opts.cpus.is_empty()).then(|| opts.cpus[w % opts.cpus.len()]);
             let xsk = XskConfig {
@@ -753,48 +741,57 @@ impl AfXdp {
                     .unwrap_or(opts.xsk.ring_size),
                 ..opts.xsk
             };
-            let mut worker =
-                Worker::adopt(w, cpu, umem, ports, &xsk, opts.backoff, opts.kernel_port)?;
-            let (tx, rx) = bounded(1024);
-            worker.commands = Some(rx);
-            wakers.push(worker.waker());
-            senders.push(WorkerChannel {
-                commands: tx,
-                waker: worker.waker(),
-            });
-            counters.push((w, worker.counters.clone()));
-            handles.push(worker.spawn(shared.clone())?);
+            let worker = Worker::adopt(w, cpu, umem, ports, &xsk, opts.backoff, opts.kernel_port)?;
+            crew.spawn(w, worker, &shared)?;
         }
-        let mut attached = HashMap::new();
-        for l in parts.links {
-            attached.insert(l.report.ifindex, l);
-        }
-        let mut interfaces: Vec<InterfaceReport> =
-            attached.values().map(|a| a.report.clone()).collect();
-        interfaces.sort_by(|a, b| a.name.cmp(&b.name));
-        let links = Arc::new(Mutex::new(Links {
+        let attached = parts
+            .links
+            .into_iter()
+            .map(|l| (l.report.ifindex, l))
+            .collect();
+        AfXdp::assemble(opts, crew, attached, None, maps, shared, routes)
+    }
+
+    /// The dataplane around started workers: the link manager's state (with `attached`, then
+    /// synced with `sync_with` when given), the threads that follow links and publications.
+    fn assemble(
+        opts: &RunOptions,
+        crew: Crew,
+        attached: HashMap<u32, AttachedLink>,
+        sync_with: Option<&Fib>,
+        maps: Arc<SharedMaps>,
+        shared: Shared,
+        routes: Routes,
+    ) -> io::Result<AfXdp> {
+        let mut links = Links {
             patterns: opts.interfaces.clone(),
-            workers: senders,
+            workers: crew.senders,
             maps: maps.clone(),
             mode: opts.mode,
             hold_for_restart: opts.hold_for_restart,
             attached,
             failed: HashMap::new(),
             events: Vec::new(),
-        }));
+        };
+        if let Some(table) = sync_with {
+            links.sync(table);
+        }
+        let mut interfaces: Vec<InterfaceReport> =
+            links.attached.values().map(|a| a.report.clone()).collect();
+        interfaces.sort_by(|a, b| a.name.cmp(&b.name));
         let mut afxdp = AfXdp {
             interfaces,
-            counters,
-            stop,
-            wakers: wakers.into_iter().flatten().collect(),
+            counters: crew.counters,
+            stop: shared.stop.clone(),
+            wakers: crew.wakers,
             threads_stop: Arc::new(AtomicBool::new(false)),
-            workers: handles,
+            workers: crew.handles,
             maps_thread: None,
             links_thread: None,
-            links,
+            links: Arc::new(Mutex::new(links)),
             maps,
+            tables: shared.tables.clone(),
             shared,
-            tables,
             routes,
             hold_for_restart: opts.hold_for_restart,
         };

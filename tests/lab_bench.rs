@@ -26,7 +26,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use lab::{ip, lab_files, Cluster, Kxdp, Lab};
+use lab::{ip, kxdp_in, lab_files, last_json, Cluster, Kxdp, Lab};
 
 fn env_or(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -200,19 +200,6 @@ fn pipe_into(ns: &str, cmd: &str, input: &str) {
         .unwrap();
     c.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
     assert!(c.wait().unwrap().success(), "{cmd} failed");
-}
-
-fn kxdp_in(ns: &str, args: &[&str]) -> Command {
-    let mut c = Command::new("ip");
-    c.args(["netns", "exec", ns, env!("CARGO_BIN_EXE_kxdp")])
-        .args(args);
-    c
-}
-
-fn last_json(out: &[u8]) -> serde_json::Value {
-    let s = String::from_utf8_lossy(out);
-    let line = s.lines().rev().find(|l| l.starts_with('{')).unwrap_or("");
-    serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {s}"))
 }
 
 /// `kxdp pcap sink` on eth0 of `ns`, returned once attached.

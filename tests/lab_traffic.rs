@@ -7,20 +7,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use lab::{ip, Lab};
-
-fn kxdp_in(ns: &str, args: &[&str]) -> Command {
-    let mut c = Command::new("ip");
-    c.args(["netns", "exec", ns, env!("CARGO_BIN_EXE_kxdp")])
-        .args(args);
-    c
-}
-
-fn json(out: &[u8]) -> serde_json::Value {
-    let s = String::from_utf8_lossy(out);
-    let line = s.lines().rev().find(|l| l.starts_with('{')).unwrap_or("");
-    serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {s}"))
-}
+use lab::{ip, kxdp_in, last_json, Lab};
 
 /// Starts a sink in `ns` on eth0; returns it once its XDP program is attached.
 fn start_sink(ns: &str, extra: &[&str]) -> std::process::Child {
@@ -94,10 +81,10 @@ fn send_n_packets_sink_counts_n_with_latency() {
         "{}",
         String::from_utf8_lossy(&sent.stderr)
     );
-    let s = json(&sent.stdout);
+    let s = last_json(&sent.stdout);
     let out = sink.wait_with_output().unwrap();
     assert!(out.status.success());
-    let r = json(&out.stdout);
+    let r = last_json(&out.stdout);
     eprintln!("sent {s}\nsink {r}");
     assert_eq!(s["sent"].as_u64(), Some(n), "{s}");
     assert_eq!(r["received"].as_u64(), Some(n), "{r}");
@@ -159,8 +146,8 @@ fn send_replays_a_capture_and_rejects_bad_flags() {
         "{}",
         String::from_utf8_lossy(&sent.stderr)
     );
-    assert_eq!(json(&sent.stdout)["frames"].as_u64(), Some(300));
-    let r = json(&sink.wait_with_output().unwrap().stdout);
+    assert_eq!(last_json(&sent.stdout)["frames"].as_u64(), Some(300));
+    let r = last_json(&sink.wait_with_output().unwrap().stdout);
     assert_eq!(r["received"].as_u64(), Some(1000), "{r}");
     assert_eq!(r["timestamped"].as_u64(), Some(0), "{r}");
 

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use lab::{lab_files, serve_greet_and_count, Cluster, Kxdp, Lab};
+use lab::{lab_files, spawn_greet_and_count_server, Cluster, Kxdp, Lab};
 
 /// Packets per second of each UDP flow: 10 000 when measuring; the tests use less, so that the
 /// debug build on a shared machine loses nothing without an event (`measure_baseline`).
@@ -130,26 +130,13 @@ impl Sinks {
             }
         }));
         rx.recv_timeout(Duration::from_secs(5)).unwrap();
-        let (p, a, st) = (Lab::path(ns), addr.to_string(), stop.clone());
-        let (tx, rx) = std::sync::mpsc::channel();
-        threads.push(std::thread::spawn(move || {
-            kxdp_dataplane::io::enter_netns(&p).unwrap();
-            let l = std::net::TcpListener::bind(format!("{a}:8080")).unwrap();
-            l.set_nonblocking(true).unwrap();
-            tx.send(()).unwrap();
-            while !st.load(Ordering::Relaxed) {
-                match l.accept() {
-                    Ok((s, peer)) => {
-                        let st = st.clone();
-                        std::thread::spawn(move || {
-                            serve_greet_and_count(s, &format!("{peer}"), 30, &st)
-                        });
-                    }
-                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
-                }
-            }
-        }));
-        rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        threads.push(spawn_greet_and_count_server(
+            Lab::path(ns),
+            format!("{addr}:8080"),
+            |peer| peer.to_string(),
+            30,
+            stop.clone(),
+        ));
         Sinks { stop, threads }
     }
 }
@@ -490,7 +477,9 @@ fn exits_within(k: &mut Kxdp, d: Duration) -> Option<std::process::ExitStatus> {
     None
 }
 
-/// A TCP upload straight to a pod (the routed pod path, no NAT).
+/// A TCP upload of `bytes` to `to` (a pod: the routed pod path, or a Service) from the client
+/// pod, in a thread, paced at about 4 MB/s so that it spans the event: the server's byte count
+/// comes back (None: the connection failed).
 fn upload_to(
     client_ns: &str,
     to: &'static str,
@@ -581,31 +570,7 @@ fn kill9(k: &mut Kxdp) {
 /// A TCP upload of `bytes` through the ClusterIP from the client pod, in a thread: the server's
 /// byte count comes back (None: the connection failed).
 fn upload(client_ns: &str, bytes: u64) -> std::thread::JoinHandle<Option<u64>> {
-    let p = Lab::path(client_ns);
-    std::thread::spawn(move || {
-        kxdp_dataplane::io::enter_netns(&p).unwrap();
-        let mut s =
-            TcpStream::connect_timeout(&CLUSTER_IP_TCP.parse().unwrap(), Duration::from_secs(5))
-                .ok()?;
-        s.set_read_timeout(Some(Duration::from_secs(15))).ok()?;
-        s.set_write_timeout(Some(Duration::from_secs(15))).ok()?;
-        let mut r = BufReader::new(s.try_clone().ok()?);
-        let mut greeting = String::new();
-        r.read_line(&mut greeting).ok()?;
-        // Paced: about 4 MB/s, so the transfer spans the event.
-        let chunk = vec![0x5au8; 16 * 1024];
-        let mut left = bytes;
-        while left > 0 {
-            let n = left.min(chunk.len() as u64) as usize;
-            s.write_all(&chunk[..n]).ok()?;
-            left -= n as u64;
-            std::thread::sleep(Duration::from_millis(4));
-        }
-        s.shutdown(Shutdown::Write).ok()?;
-        let mut count = String::new();
-        r.read_line(&mut count).ok()?;
-        count.trim().parse().ok()
-    })
+    upload_to(client_ns, CLUSTER_IP_TCP, bytes)
 }
 
 #[test]

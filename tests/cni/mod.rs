@@ -42,7 +42,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use crate::lab::{delete_netns, ip, remove_orphans, run, serve_greet_and_count, Kxdp};
+use crate::lab::{delete_netns, ip, remove_orphans, run, spawn_greet_and_count_server, Kxdp};
 
 pub const PREFIX: &str = "kxcni-";
 pub const CNI_PATH: &str = "/usr/lib/cni";
@@ -852,33 +852,15 @@ impl Servers {
     pub fn start(ns: &str, name: &str) -> Servers {
         let stop = Arc::new(AtomicBool::new(false));
         let mut threads = Vec::new();
-        let (tx, rx) = std::sync::mpsc::channel();
-        let (path, who, st) = (
+        // [::] with IPV6_V6ONLY off (Linux's default): IPv4 and IPv6 on one socket.
+        let who = name.to_string();
+        threads.push(spawn_greet_and_count_server(
             format!("/var/run/netns/{ns}"),
-            name.to_string(),
+            "[::]:8080".to_string(),
+            move |peer| format!("{who} {}", peer.ip().to_canonical()),
+            10,
             stop.clone(),
-        );
-        threads.push(std::thread::spawn(move || {
-            kxdp_dataplane::io::enter_netns(&path).expect("setns");
-            // [::] with IPV6_V6ONLY off (Linux's default): IPv4 and IPv6 on one socket.
-            let l = std::net::TcpListener::bind("[::]:8080").expect("bind TCP 8080");
-            l.set_nonblocking(true).unwrap();
-            tx.send(()).unwrap();
-            while !st.load(Ordering::Relaxed) {
-                match l.accept() {
-                    Ok((s, peer)) => {
-                        let (st, who) = (st.clone(), who.clone());
-                        std::thread::spawn(move || {
-                            let peer = peer.ip().to_canonical();
-                            serve_greet_and_count(s, &format!("{who} {peer}"), 10, &st)
-                        });
-                    }
-                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
-                }
-            }
-        }));
-        rx.recv_timeout(Duration::from_secs(5))
-            .expect("TCP server up");
+        ));
         let (tx, rx) = std::sync::mpsc::channel();
         let (path, who, st) = (
             format!("/var/run/netns/{ns}"),

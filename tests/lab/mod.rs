@@ -309,32 +309,52 @@ pub fn serve_greet_and_count(
     let _ = s.write_all(format!("{total}\n").as_bytes());
 }
 
+/// A TCP server bound to `bind` inside the namespace at `netns_path`, in a thread, answering
+/// each connection with `serve_greet_and_count` (the greeting: `greet(peer)`) until `stop`.
+/// Returns once it listens.
+pub fn spawn_greet_and_count_server(
+    netns_path: String,
+    bind: String,
+    greet: impl Fn(std::net::SocketAddr) -> String + Send + 'static,
+    read_timeout_s: u64,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<()> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let t = std::thread::spawn(move || {
+        kxdp_dataplane::io::enter_netns(&netns_path).expect("setns");
+        let l = std::net::TcpListener::bind(&bind).expect("bind the TCP server");
+        l.set_nonblocking(true).unwrap();
+        tx.send(()).unwrap();
+        while !stop.load(Ordering::Relaxed) {
+            match l.accept() {
+                Ok((s, peer)) => {
+                    let (st, greeting) = (stop.clone(), greet(peer));
+                    std::thread::spawn(move || {
+                        serve_greet_and_count(s, &greeting, read_timeout_s, &st)
+                    });
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(5)),
+            }
+        }
+    });
+    rx.recv_timeout(Duration::from_secs(5))
+        .expect("TCP server up");
+    t
+}
+
 impl Servers {
     pub fn start(ns: &str, addr: &str) -> Servers {
         use std::sync::atomic::AtomicBool;
         use std::sync::Arc;
         let stop = Arc::new(AtomicBool::new(false));
         let mut threads = Vec::new();
-        let (p, a, st) = (Lab::path(ns), addr.to_string(), stop.clone());
-        let (tx, rx) = std::sync::mpsc::channel();
-        threads.push(std::thread::spawn(move || {
-            kxdp_dataplane::io::enter_netns(&p).unwrap();
-            let l = std::net::TcpListener::bind(format!("{a}:8080")).unwrap();
-            l.set_nonblocking(true).unwrap();
-            tx.send(()).unwrap();
-            while !st.load(Ordering::Relaxed) {
-                match l.accept() {
-                    Ok((s, peer)) => {
-                        let st = st.clone();
-                        std::thread::spawn(move || {
-                            serve_greet_and_count(s, &format!("{peer}"), 60, &st)
-                        });
-                    }
-                    Err(_) => std::thread::sleep(Duration::from_millis(10)),
-                }
-            }
-        }));
-        rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        threads.push(spawn_greet_and_count_server(
+            Lab::path(ns),
+            format!("{addr}:8080"),
+            |peer| peer.to_string(),
+            60,
+            stop.clone(),
+        ));
         let (p, a, st) = (Lab::path(ns), addr.to_string(), stop.clone());
         let (tx, rx) = std::sync::mpsc::channel();
         threads.push(std::thread::spawn(move || {
@@ -443,4 +463,19 @@ impl Drop for Kxdp {
 pub fn lab_files() -> (String, String) {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/lab");
     (format!("{dir}/config.yaml"), format!("{dir}/cluster.yaml"))
+}
+
+/// `kxdp ARGS` inside the namespace `ns`.
+pub fn kxdp_in(ns: &str, args: &[&str]) -> Command {
+    let mut c = Command::new("ip");
+    c.args(["netns", "exec", ns, env!("CARGO_BIN_EXE_kxdp")])
+        .args(args);
+    c
+}
+
+/// The last JSON object line of a command's output (`kxdp pcap send|sink` print one).
+pub fn last_json(out: &[u8]) -> serde_json::Value {
+    let s = String::from_utf8_lossy(out);
+    let line = s.lines().rev().find(|l| l.starts_with('{')).unwrap_or("");
+    serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {s}"))
 }

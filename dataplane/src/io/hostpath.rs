@@ -261,18 +261,24 @@ async fn routes(handle: &Handle, v: IpVersion) -> io::Result<Vec<RouteMessage>> 
 }
 
 /// Adds a `lookup local` rule at `priority` with protocol `proto` (after the rules already at
-/// that preference).
+/// that preference). `again`: when an identical rule exists (kxdp's own copy, to be moved behind
+/// rules added since): without `NLM_F_EXCL` (rtnetlink's `replace`, which the kernel's rule code
+/// reads as "no exclusive check") the kernel adds the duplicate after it.
 async fn add_local_rule(
     handle: &Handle,
     v: IpVersion,
     priority: u32,
     proto: RouteProtocol,
+    again: bool,
 ) -> io::Result<()> {
     let mut req = handle
         .rule()
         .add()
         .table_id(RT_TABLE_LOCAL)
         .priority(priority);
+    if again {
+        req = req.replace();
+    }
     let m = req.message_mut();
     m.header.family = match v {
         IpVersion::V4 => AddressFamily::Inet,
@@ -280,35 +286,16 @@ async fn add_local_rule(
     };
     m.header.action = RuleAction::ToTable;
     m.attributes.push(RuleAttribute::Protocol(proto));
-    req.execute()
-        .await
-        .map_err(|e| err("adding the local rule", e))
-}
-
-/// The same as [`add_local_rule`] when an identical rule exists (kxdp's own copy, to be moved
-/// behind rules added since): without `NLM_F_EXCL` (rtnetlink's `replace`, which the kernel's
-/// rule code reads as "no exclusive check") the kernel adds the duplicate after it.
-async fn add_local_rule_again(
-    handle: &Handle,
-    v: IpVersion,
-    proto: RouteProtocol,
-) -> io::Result<()> {
-    let mut req = handle
-        .rule()
-        .add()
-        .table_id(RT_TABLE_LOCAL)
-        .priority(0)
-        .replace();
-    let m = req.message_mut();
-    m.header.family = match v {
-        IpVersion::V4 => AddressFamily::Inet,
-        IpVersion::V6 => AddressFamily::Inet6,
-    };
-    m.header.action = RuleAction::ToTable;
-    m.attributes.push(RuleAttribute::Protocol(proto));
-    req.execute()
-        .await
-        .map_err(|e| err("adding the local rule again", e))
+    req.execute().await.map_err(|e| {
+        err(
+            if again {
+                "adding the local rule again"
+            } else {
+                "adding the local rule"
+            },
+            e,
+        )
+    })
 }
 
 /// Removes what a previous run (or this one) installed: tagged rules (with an untagged `local`
@@ -334,7 +321,7 @@ async fn remove_tagged(
                 .find(|(rv, _, _)| *rv == v)
                 .map(|(_, p, pr)| (*p, *pr))
                 .unwrap_or((0, RouteProtocol::Kernel));
-            add_local_rule(handle, v.clone(), prio, proto).await?;
+            add_local_rule(handle, v.clone(), prio, proto, false).await?;
         }
         for r in list.into_iter().filter(|r| rule_protocol(r) == tag) {
             handle
@@ -878,11 +865,7 @@ async fn move_local_behind(
     if originals.is_empty() && copies.is_empty() {
         return Ok(moved);
     }
-    if copies.is_empty() {
-        add_local_rule(handle, v.clone(), 0, tag).await?;
-    } else {
-        add_local_rule_again(handle, v.clone(), tag).await?;
-    }
+    add_local_rule(handle, v.clone(), 0, tag, !copies.is_empty()).await?;
     for r in originals {
         moved.push((v.clone(), 0, rule_protocol(r)));
         handle

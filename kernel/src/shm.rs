@@ -57,9 +57,11 @@ unsafe impl Sync for Mapping {}
 impl Mapping {
     /// `len` bytes of zeroed process memory (prefaulted, as a preallocated table should be).
     pub fn anonymous(len: usize) -> io::Result<Arc<Mapping>> {
+        // Miri's mmap takes exactly MAP_PRIVATE|MAP_ANONYMOUS: prefaulting is only a speed-up.
+        let populate = if cfg!(miri) { 0 } else { libc::MAP_POPULATE };
         Self::map(
             len.max(1),
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | populate,
             -1,
         )
         .map(Arc::new)

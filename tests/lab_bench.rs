@@ -453,27 +453,128 @@ fn bench_lab_udp_clusterip() {
     let _ = Lab::path(&c.node);
 }
 
-/// `nf_conntrack_max` is one value for the whole machine: set for the flood benchmark and put
-/// back when it ends, also when it fails.
-struct ConntrackMax(Option<String>);
+/// `nf_conntrack_max` and `nf_conntrack_buckets` are one value each for the whole machine (on
+/// 6.18 too: both are read-only in any namespace but the first), while the count they limit is
+/// each namespace's own. Set for the flood benchmark (buckets = max: the kernel's own default
+/// ratio, so that its early drop, which looks at 8 buckets, finds victims as it would in a table
+/// of that size) and put back when it ends, also when it fails.
+struct ConntrackMax(Vec<(&'static str, String)>);
 
 const CT_MAX: &str = "/proc/sys/net/netfilter/nf_conntrack_max";
+const CT_BUCKETS: &str = "/proc/sys/net/netfilter/nf_conntrack_buckets";
 
 impl ConntrackMax {
     fn set(n: u64) -> ConntrackMax {
-        let old = std::fs::read_to_string(CT_MAX).ok();
+        let mut saved = Vec::new();
+        for path in [CT_MAX, CT_BUCKETS] {
+            let old = std::fs::read_to_string(path).expect("reading the conntrack sysctls");
+            saved.push((path, old.trim().to_string()));
+        }
+        let guard = ConntrackMax(saved);
+        std::fs::write(CT_BUCKETS, n.to_string()).expect("setting nf_conntrack_buckets");
         std::fs::write(CT_MAX, n.to_string()).expect("setting nf_conntrack_max");
-        ConntrackMax(old)
+        guard
     }
 }
 
 impl Drop for ConntrackMax {
     fn drop(&mut self) {
-        if let Some(old) = &self.0 {
-            let _ = std::fs::write(CT_MAX, old.trim());
-            eprintln!("nf_conntrack_max restored to {}", old.trim());
+        for (path, old) in &self.0 {
+            let _ = std::fs::write(path, old);
+            eprintln!("{path} restored to {old}");
         }
     }
+}
+
+/// The namespace's nf_conntrack statistics (/proc/net/stat/nf_conntrack: one hex row per CPU),
+/// summed over CPUs, by column name.
+fn nf_conntrack_stats(ns: &str) -> std::collections::HashMap<String, u64> {
+    let s = lab::sh(ns, "cat /proc/net/stat/nf_conntrack 2>/dev/null || true");
+    let mut lines = s.lines();
+    let names: Vec<&str> = lines.next().unwrap_or("").split_whitespace().collect();
+    let mut out = std::collections::HashMap::new();
+    for l in lines {
+        for (k, v) in names.iter().zip(l.split_whitespace()) {
+            *out.entry(k.to_string()).or_insert(0) += u64::from_str_radix(v, 16).unwrap_or(0);
+        }
+    }
+    out
+}
+
+/// kxdp's drop counters from its metrics endpoint (127.0.0.1:10249 in the node namespace):
+/// `kxdp_drops_total` by reason, plus the conntrack's early drops and created connections.
+fn kxdp_drop_counters(ns: &str) -> std::collections::BTreeMap<String, u64> {
+    let s = lab::sh(
+        ns,
+        "curl -s --max-time 5 http://127.0.0.1:10249/metrics || true",
+    );
+    let mut out = std::collections::BTreeMap::new();
+    for l in s.lines().filter(|l| !l.starts_with('#')) {
+        let Some((name, value)) = l.rsplit_once(' ') else {
+            continue;
+        };
+        let value = value.parse::<f64>().unwrap_or(0.0) as u64;
+        if let Some(rest) = name.strip_prefix("kxdp_drops_total{") {
+            if let Some(r) = rest
+                .split("reason=\"")
+                .nth(1)
+                .and_then(|r| r.split('"').next())
+            {
+                *out.entry(r.to_string()).or_insert(0) += value;
+            }
+        } else if name.starts_with("kxdp_conntrack_early_drops") {
+            *out.entry("early-drop (evictions)".into()).or_insert(0) += value;
+        }
+    }
+    out
+}
+
+/// The veth's own counters (`ethtool -S`, e.g. `rx_queue_0_xdp_drops`: frames the XDP program
+/// could not hand over, such as an XSK ring full), summed over queues by counter name.
+fn veth_drop_counters(ns: &str, dev: &str) -> std::collections::BTreeMap<String, u64> {
+    let s = lab::sh(ns, &format!("ethtool -S {dev} 2>/dev/null || true"));
+    let mut out = std::collections::BTreeMap::new();
+    for l in s.lines() {
+        let Some((k, v)) = l.trim().split_once(':') else {
+            continue;
+        };
+        let k = k.trim();
+        let k = k
+            .strip_prefix("rx_queue_")
+            .and_then(|r| r.split_once('_').map(|x| x.1))
+            .unwrap_or(k);
+        if k.contains("drop") || k.contains("full") || k.contains("err") {
+            if let Ok(v) = v.trim().parse::<u64>() {
+                *out.entry(k.to_string()).or_insert(0) += v;
+            }
+        }
+    }
+    out
+}
+
+/// Frames the machine's receive backlogs dropped (/proc/net/softnet_stat, second column, summed
+/// over CPUs; one value for the whole machine, not per namespace).
+fn softnet_dropped() -> u64 {
+    std::fs::read_to_string("/proc/net/softnet_stat")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(1))
+        .filter_map(|v| u64::from_str_radix(v, 16).ok())
+        .sum()
+}
+
+/// `after - before` for every counter that moved.
+fn moved<K: Ord + Clone + std::hash::Hash + ToString>(
+    before: impl Fn(&K) -> u64,
+    after: impl IntoIterator<Item = (K, u64)>,
+) -> std::collections::BTreeMap<String, u64> {
+    after
+        .into_iter()
+        .filter_map(|(k, v)| {
+            let d = v.saturating_sub(before(&k));
+            (d > 0).then(|| (k.to_string(), d))
+        })
+        .collect()
 }
 
 /// A counter of the namespace's TCP statistics (`/proc/net/snmp`, e.g. "RetransSegs").
@@ -543,6 +644,10 @@ fn bench_lab_syn_flood() {
                  \x20 chain ep1 {\n    meta l4proto tcp dnat to 10.1.0.11:8080\n  }\n  chain ep2 {\n    meta l4proto tcp dnat to 10.1.0.12:8080\n  }\n}\n",
             );
             _guard = Some(ConntrackMax::set(table));
+            // The node's forwarding on CPU 1, the CPU kxdp's worker gets (the flood sender is
+            // on CPU 0). Without this, veth runs the node's whole receive path in the sender's
+            // own sendto() on CPU 0, and the kernel slows the flood down instead of facing it.
+            lab::sh(&c.node, "echo 2 > /sys/class/net/up0/queues/rx-0/rps_cpus");
         }
         other => panic!("KXDP_FLOOD_MODE={other}: kxdp or kernel"),
     }
@@ -559,23 +664,35 @@ fn bench_lab_syn_flood() {
             )
         })
         .collect();
+    // The backends count the flood's SYNs that reach them (sources in 10.64.0.0/10).
+    for p in ["web-1", "web-2"] {
+        pipe_into(
+            c.pod(p),
+            "nft -f -",
+            "table ip flood {\n  chain input {\n    type filter hook input priority 0; policy accept;\n\
+             \x20   ip saddr 10.64.0.0/10 tcp flags & (syn | ack) == syn counter\n  }\n}\n",
+        );
+    }
     // Established connections, opened before the flood; their entries are assured.
     let stop = Arc::new(AtomicBool::new(false));
     let client = Lab::path(c.pod("client-1"));
     let (st, cl) = (stop.clone(), client.clone());
     let established = std::thread::spawn(move || {
         kxdp_dataplane::io::enter_netns(&cl).unwrap();
+        // A connection that cannot be opened (three tries) counts as not intact.
         let mut conns: Vec<(TcpStream, u64)> = (0..established_n)
-            .map(|_| {
-                let mut s = TcpStream::connect_timeout(
-                    &"172.30.0.10:80".parse().unwrap(),
-                    Duration::from_secs(2),
-                )
-                .expect("established connection");
+            .filter_map(|_| {
+                let mut s = (0..3).find_map(|_| {
+                    TcpStream::connect_timeout(
+                        &"172.30.0.10:80".parse().unwrap(),
+                        Duration::from_secs(2),
+                    )
+                    .ok()
+                })?;
                 s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
                 let mut b = [0u8; 64];
                 let _ = s.read(&mut b);
-                (s, 0)
+                Some((s, 0))
             })
             .collect();
         while !st.load(Ordering::Relaxed) {
@@ -605,6 +722,12 @@ fn bench_lab_syn_flood() {
     });
     std::thread::sleep(Duration::from_millis(500));
     let retrans0 = tcp_stat(c.pod("client-1"), "RetransSegs");
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let load = load.split_whitespace().next().unwrap_or("0").to_string();
+    let ct0 = nf_conntrack_stats(&c.node);
+    let kx0 = kxdp_drop_counters(&c.node);
+    let veth0 = veth_drop_counters(&c.node, "up0");
+    let softnet0 = softnet_dropped();
     // The flood.
     let mac = c
         .lab
@@ -683,13 +806,69 @@ fn bench_lab_syn_flood() {
         0
     };
     let retrans = tcp_stat(c.pod("client-1"), "RetransSegs") - retrans0;
+    // Drop reasons during the flood, each counter that moved: the kernel's nf_conntrack
+    // statistics (`drop`: refused, table full; `early_drop`: evictions) and the machine's
+    // softnet backlog drops; kxdp's drop reasons and evictions, and the veth's XDP drops
+    // (frames its XDP program could not hand to kxdp's socket).
+    let mut drops = if mode == "kernel" {
+        let ct = nf_conntrack_stats(&c.node);
+        let keep = [
+            "drop",
+            "early_drop",
+            "insert_failed",
+            "invalid",
+            "new",
+            "error",
+        ];
+        moved(
+            |k: &String| ct0.get(k).copied().unwrap_or(0),
+            ct.into_iter().filter(|(k, _)| keep.contains(&k.as_str())),
+        )
+        .into_iter()
+        .map(|(k, v)| (format!("nf_conntrack {k}"), v))
+        .collect::<std::collections::BTreeMap<_, _>>()
+    } else {
+        let mut d = moved(
+            |k: &String| kx0.get(k).copied().unwrap_or(0),
+            kxdp_drop_counters(&c.node),
+        );
+        for (k, v) in moved(
+            |k: &String| veth0.get(k).copied().unwrap_or(0),
+            veth_drop_counters(&c.node, "up0"),
+        ) {
+            d.insert(format!("veth up0 {k}"), v);
+        }
+        d
+    };
+    // Frames the sender's veth could not hand to the node's side (its XDP receive ring full).
+    let tx_dropped = f["iface_tx_dropped"].as_u64().unwrap_or(0);
+    if tx_dropped > 0 {
+        drops.insert("sender veth tx_dropped".into(), tx_dropped);
+    }
+    let softnet = softnet_dropped().saturating_sub(softnet0);
+    if softnet > 0 {
+        drops.insert("softnet backlog (whole machine)".into(), softnet);
+    }
+    let at_backends: u64 = ["web-1", "web-2"]
+        .iter()
+        .map(|p| {
+            lab::sh(c.pod(p), "nft list chain ip flood input")
+                .split("packets ")
+                .nth(1)
+                .and_then(|r| r.split_whitespace().next())
+                .and_then(|n| n.parse::<u64>().ok())
+                .unwrap_or(0)
+        })
+        .sum();
     stop.store(true, Ordering::Relaxed);
     let intact = established.join().unwrap();
+    let sent = f["sent"].as_u64().unwrap_or(0);
     let line = format!(
-        "{{\"mode\":\"{mode}\",\"table\":{table},\"rate\":\"{rate}\",\"flood_pps\":{:.0},\"established\":{established_n},\"established_intact\":{intact},\"client_retransmits\":{retrans},\"legit\":{legit},\"legit_ok\":{},\"legit_success\":{:.3},\"nf_conntrack_count\":{ct_count}}}",
+        "{{\"mode\":\"{mode}\",\"table\":{table},\"rate\":\"{rate}\",\"flood_sent\":{sent},\"flood_pps\":{:.0},\"flood_at_backends\":{at_backends},\"established\":{established_n},\"established_intact\":{intact},\"client_retransmits\":{retrans},\"legit\":{legit},\"legit_ok\":{},\"legit_success\":{:.3},\"nf_conntrack_count\":{ct_count},\"drops\":{},\"load\":{load}}}",
         f["offered_pps"].as_f64().unwrap_or(0.0),
         ok.load(Ordering::Relaxed),
         ok.load(Ordering::Relaxed) as f64 / legit.max(1) as f64,
+        serde_json::to_string(&drops).unwrap(),
     );
     println!("BENCH {line}");
     drop(_guard);

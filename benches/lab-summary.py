@@ -36,11 +36,13 @@ if "kxdp" in summary:
         if base in summary and summary[base]["best"]:
             print(f"- kxdp (full pipeline) / {base}: {k / summary[base]['best']:.2f}x at their highest delivered rates")
 print()
-print("| forwarder | offered (pps) | delivered (pps) | loss | of which dropped at the sinks' rings |")
-print("| --- | --- | --- | --- | --- |")
+print("| forwarder | offered (pps) | delivered (pps) | loss | of which dropped at the sinks' rings | where frames were lost (counters that moved) |")
+print("| --- | --- | --- | --- | --- | --- |")
 for m in modes:
     for r in sorted((r for r in runs if r["mode"] == m and not r["half_load"]), key=lambda r: r["offered_pps"]):
         lost = r["sent"] - r["received"]
         at_sinks = r.get("sink_dropped")
         share = "-" if at_sinks is None or lost <= 0 else f"{100 * min(at_sinks, lost) / lost:.0f}%"
-        print(f"| {m} | {r['offered_pps']:.0f} | {r['delivered_pps']:.0f} | {100*r['loss']:.2f}% | {share} |")
+        # "lost": per-point counter deltas (veth XDP drops, tx_dropped) from tests/lab_bench.rs.
+        where = ", ".join(f"{k} {v}" for k, v in sorted(r.get("lost", {}).items(), key=lambda x: -x[1])) or "-"
+        print(f"| {m} | {r['offered_pps']:.0f} | {r['delivered_pps']:.0f} | {100*r['loss']:.2f}% | {share} | {where} |")

@@ -251,6 +251,37 @@ struct Point {
     p99_ns: u64,
     /// Frames the sinks' sockets dropped (their rings were full: the sink was too slow).
     sink_dropped: u64,
+    /// Where frames were lost, by counter (each that moved during the point): the sender veth's
+    /// `tx_dropped`, the node-side veths' `ethtool -S` drops (`vpod3 rx drops`: frames the
+    /// forwarder's XDP program could not hand to its AF_XDP socket) and `tx_dropped`, the web
+    /// pods' `eth0` drops (the sinks' XDP redirects that failed).
+    lost: std::collections::BTreeMap<String, u64>,
+}
+
+/// The lab's loss counters at one moment (see `Point::lost`).
+fn loss_counters(c: &Cluster) -> std::collections::BTreeMap<String, u64> {
+    let mut out = std::collections::BTreeMap::new();
+    let tx_dropped = |ns: &str, dev: &str| {
+        lab::sh(
+            ns,
+            &format!("cat /sys/class/net/{dev}/statistics/tx_dropped 2>/dev/null || echo 0"),
+        )
+        .trim()
+        .parse::<u64>()
+        .unwrap_or(0)
+    };
+    for dev in ["vpod1", "vpod2", "vpod3"] {
+        for (k, v) in veth_drop_counters(&c.node, dev) {
+            out.insert(format!("node {dev} {k}"), v);
+        }
+        out.insert(format!("node {dev} tx_dropped"), tx_dropped(&c.node, dev));
+    }
+    for p in ["web-1", "web-2"] {
+        for (k, v) in veth_drop_counters(c.pod(p), "eth0") {
+            out.insert(format!("{p} eth0 {k}"), v);
+        }
+    }
+    out
 }
 
 /// Sends at `rate` (0: max) for `seconds` from the client pod; the sinks in the web pods count.
@@ -265,6 +296,7 @@ fn measure(c: &Cluster, dst: &str, mac: &str, rate: u64, seconds: f64, flows: u6
         rate.to_string()
     };
     let (secs, flows) = (seconds.to_string(), flows.to_string());
+    let lost0 = loss_counters(c);
     let (busy0, _) = cpu_jiffies();
     let out = kxdp_in(
         c.pod("client-1"),
@@ -314,6 +346,14 @@ fn measure(c: &Cluster, dst: &str, mac: &str, rate: u64, seconds: f64, flows: u6
         received += n;
         sink_dropped += r["kernel_rx_dropped"].as_u64().unwrap_or(0);
     }
+    let mut lost = moved(
+        |k: &String| lost0.get(k).copied().unwrap_or(0),
+        loss_counters(c),
+    );
+    let tx_dropped = s["iface_tx_dropped"].as_u64().unwrap_or(0);
+    if tx_dropped > 0 {
+        lost.insert("client-1 eth0 tx_dropped".into(), tx_dropped);
+    }
     let sent = s["sent"].as_u64().unwrap();
     let seconds = s["seconds"].as_f64().unwrap();
     let busy_s = (busy1 - busy0) as f64 / 100.0; // USER_HZ
@@ -330,6 +370,7 @@ fn measure(c: &Cluster, dst: &str, mac: &str, rate: u64, seconds: f64, flows: u6
         p50_ns: p50,
         p99_ns: p99,
         sink_dropped,
+        lost,
     }
 }
 
@@ -425,7 +466,7 @@ fn bench_lab_udp_clusterip() {
     let mut best = 0f64;
     let line = |p: &Point, rate: u64, half: bool| {
         format!(
-            "{{\"mode\":\"{mode}\",\"services\":{services},\"flows\":{flows},\"rate\":{},\"half_load\":{half},\"sent\":{},\"received\":{},\"offered_pps\":{:.0},\"delivered_pps\":{:.0},\"loss\":{:.5},\"busy_ns_per_packet\":{:.0},\"p50_us\":{:.1},\"p99_us\":{:.1},\"sink_dropped\":{}}}",
+            "{{\"mode\":\"{mode}\",\"services\":{services},\"flows\":{flows},\"rate\":{},\"half_load\":{half},\"sent\":{},\"received\":{},\"offered_pps\":{:.0},\"delivered_pps\":{:.0},\"loss\":{:.5},\"busy_ns_per_packet\":{:.0},\"p50_us\":{:.1},\"p99_us\":{:.1},\"sink_dropped\":{},\"lost\":{}}}",
             if rate == 0 { "\"max\"".to_string() } else { rate.to_string() },
             p.sent,
             p.received,
@@ -436,6 +477,7 @@ fn bench_lab_udp_clusterip() {
             p.p50_ns as f64 / 1e3,
             p.p99_ns as f64 / 1e3,
             p.sink_dropped,
+            serde_json::to_string(&p.lost).unwrap(),
         )
     };
     for &rate in &rates {

@@ -28,7 +28,8 @@ TABLES=${KXDP_FLOOD_TABLES:-1000 100000 1000000}
 RATES=${KXDP_FLOOD_RATES:-10000 100000 1000000}
 MODES=${KXDP_FLOOD_MODES:-kernel kxdp}
 [ "$(id -u)" = 0 ] || { echo "benches/lab-flood.sh: needs root" >&2; exit 1; }
-command -v nft >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -q nftables >/dev/null
+command -v nft >/dev/null && command -v ethtool >/dev/null ||
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q nftables ethtool >/dev/null
 modprobe nf_conntrack 2>/dev/null || true
 saved_max=$(cat /proc/sys/net/netfilter/nf_conntrack_max 2>/dev/null || true)
 saved_buckets=$(cat /proc/sys/net/netfilter/nf_conntrack_buckets 2>/dev/null || true)

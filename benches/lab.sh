@@ -23,9 +23,9 @@ export KXDP_BENCH_FLOWS=${KXDP_BENCH_FLOWS:-64}
 MODES=${KXDP_BENCH_MODES:-kxdp kxdp-floor routing iptables nftables}
 
 [ "$(id -u)" = 0 ] || { echo "benches/lab.sh: needs root (network namespaces, XDP)" >&2; exit 1; }
-if ! command -v iptables-restore >/dev/null || ! command -v nft >/dev/null; then
-  echo "== installing iptables and nftables"
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q iptables nftables >/dev/null
+if ! command -v iptables-restore >/dev/null || ! command -v nft >/dev/null || ! command -v ethtool >/dev/null; then
+  echo "== installing iptables, nftables and ethtool (the per-point drop counters)"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q iptables nftables ethtool >/dev/null
 fi
 
 echo "== build (release; the test build also builds the kxdp binary it runs)"

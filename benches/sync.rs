@@ -624,10 +624,16 @@ fn pods(n: usize) {
         .map(|(k, p)| {
             k.namespace.len()
                 + k.name.len()
-                + p.labels.iter().map(|(a, b)| a.len() + b.len()).sum::<usize>()
+                + p.labels
+                    .iter()
+                    .map(|(a, b)| a.len() + b.len())
+                    .sum::<usize>()
                 + p.node.len()
                 + 16 * p.ips.len()
-                + p.ports.iter().map(|(name, _, _)| name.len() + 3).sum::<usize>()
+                + p.ports
+                    .iter()
+                    .map(|(name, _, _)| name.len() + 3)
+                    .sum::<usize>()
                 + 2
         })
         .sum();

@@ -11,7 +11,7 @@ use std::fmt;
 
 mod pod;
 
-pub use pod::{Labels, NamedPort, PodInterner, PodPhase, PodRecord};
+pub use pod::{Labels, NamedPort, PodInterner, PodIps, PodPhase, PodRecord};
 
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;

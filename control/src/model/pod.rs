@@ -57,6 +57,36 @@ impl PodPhase {
     }
 }
 
+/// A pod's addresses: one (the common case) held inline, more (dual-stack) on the heap.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub enum PodIps {
+    #[default]
+    None,
+    One(IpAddr),
+    Many(Box<[IpAddr]>),
+}
+
+impl std::ops::Deref for PodIps {
+    type Target = [IpAddr];
+    fn deref(&self) -> &[IpAddr] {
+        match self {
+            PodIps::None => &[],
+            PodIps::One(a) => std::slice::from_ref(a),
+            PodIps::Many(v) => v,
+        }
+    }
+}
+
+impl From<Vec<IpAddr>> for PodIps {
+    fn from(v: Vec<IpAddr>) -> PodIps {
+        match v.len() {
+            0 => PodIps::None,
+            1 => PodIps::One(v[0]),
+            _ => PodIps::Many(v.into_boxed_slice()),
+        }
+    }
+}
+
 /// What kxdp reads of a Pod (its namespace and name are the store's key).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PodRecord {
@@ -64,7 +94,7 @@ pub struct PodRecord {
     /// `spec.nodeName` ("" when not scheduled).
     pub node: Arc<str>,
     /// `status.podIPs` then `status.podIP`, parsed, without repeats; unparsable ones left out.
-    pub ips: Box<[IpAddr]>,
+    pub ips: PodIps,
     /// Named container ports of `containers` and `initContainers` with a protocol kxdp knows
     /// (TCP, UDP, SCTP), sorted, without repeats.
     pub ports: Arc<[NamedPort]>,
@@ -221,7 +251,7 @@ impl PodInterner {
         PodRecord {
             labels: self.labels.get(labels, |l| Arc::new(l.clone())),
             node: self.nodes.get(node, |n| Arc::from(n)),
-            ips: ips.into_boxed_slice(),
+            ips: ips.into(),
             ports: self.ports.get(&ports, |p| Arc::from(p)),
             host_network: spec.and_then(|s| s.host_network).unwrap_or(false),
             phase: PodPhase::parse(status.and_then(|s| s.phase.as_deref())),
@@ -257,7 +287,10 @@ mod tests {
         assert_eq!(&*r.node, "n1");
         assert_eq!(
             &*r.ips,
-            &["10.0.0.1".parse::<IpAddr>().unwrap(), "fd00::1".parse().unwrap()]
+            &[
+                "10.0.0.1".parse::<IpAddr>().unwrap(),
+                "fd00::1".parse().unwrap()
+            ]
         );
         assert_eq!(
             &*r.ports,
@@ -266,7 +299,8 @@ mod tests {
         assert!(!r.host_network && !r.finished());
         let back = r.to_pod(&ObjectKey::new("a", "p"));
         assert_eq!(PodRecord::of(&back), r);
-        let done = pod(serde_json::json!({"metadata": {"name": "q"}, "status": {"phase": "Failed"}}));
+        let done =
+            pod(serde_json::json!({"metadata": {"name": "q"}, "status": {"phase": "Failed"}}));
         assert!(PodRecord::of(&done).finished());
         assert_eq!(
             PodRecord::of(&PodRecord::of(&done).to_pod(&ObjectKey::new("a", "q"))),
@@ -278,8 +312,10 @@ mod tests {
     fn interner_shares_repeated_values_and_forgets_unused_ones() {
         let mut ix = PodInterner::default();
         let p = |app: &str| {
-            pod(serde_json::json!({"metadata": {"name": "p", "labels": {"app": app}},
-                                   "spec": {"nodeName": "n1", "containers": []}}))
+            pod(
+                serde_json::json!({"metadata": {"name": "p", "labels": {"app": app}},
+                                   "spec": {"nodeName": "n1", "containers": []}}),
+            )
         };
         let a = ix.record(&p("web"));
         let b = ix.record(&p("web"));

@@ -358,7 +358,8 @@ impl PeerIndex {
             return;
         }
         // The named lists hold addresses and numbers: untouched when only labels changed.
-        let named_part = |p: Option<&PeerPod>| p.map(|p| (is_peer(p), p.ips.clone(), p.ports.clone()));
+        let named_part =
+            |p: Option<&PeerPod>| p.map(|p| (is_peer(p), p.ips.clone(), p.ports.clone()));
         let named = named_part(self.pods.get(key)) != named_part(pod.as_ref());
         let old = self.remove(key, named);
         if let Some(p) = pod.clone() {
@@ -685,11 +686,7 @@ impl PolicyCompiler {
         let mut index = match (self.index.take(), changes) {
             (Some(mut ix), Some(c)) if ix.node_name == node_name => {
                 for key in c.pods {
-                    let now = state
-                        .pods
-                        .get(key)
-                        .filter(|p| !p.finished())
-                        .cloned();
+                    let now = state.pods.get(key).filter(|p| !p.finished()).cloned();
                     ix.update(key, now);
                 }
                 if c.namespaces {
@@ -741,7 +738,7 @@ impl PolicyCompiler {
         // This node's addresses, its hostNetwork pods' included.
         let mut node = node_addrs.to_vec();
         for k in &index.host_local {
-            for &ip in &index.pods[k].ips {
+            for &ip in index.pods[k].ips.iter() {
                 let a = Addr::from_ip(ip);
                 if !node.contains(&a) {
                     node.push(a);

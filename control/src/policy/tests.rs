@@ -786,7 +786,9 @@ fn randomized_incremental_equals_full_compile() {
     let label = |r: u64| json!({"app": apps[(r % 3) as usize], "tier": if r % 2 == 0 { "front" } else { "back" }});
     let ports = |r: u64| match r % 3 {
         0 => json!([{"name": "http", "containerPort": 8080}]),
-        1 => json!([{"name": "http", "containerPort": 8081}, {"name": "dns", "containerPort": 53, "protocol": "UDP"}]),
+        1 => {
+            json!([{"name": "http", "containerPort": 8081}, {"name": "dns", "containerPort": 53, "protocol": "UDP"}])
+        }
         _ => json!([]),
     };
     let policy_specs = [
@@ -831,7 +833,9 @@ fn randomized_incremental_equals_full_compile() {
         let mut changed = std::collections::BTreeSet::new();
         let (mut namespaces_changed, mut policies_changed) = (false, false);
         let what = rnd(10);
-        let pods: Vec<usize> = (0..objs.len()).filter(|&i| objs[i]["kind"] == "Pod").collect();
+        let pods: Vec<usize> = (0..objs.len())
+            .filter(|&i| objs[i]["kind"] == "Pod")
+            .collect();
         match what {
             0..=5 if !pods.is_empty() => {
                 let i = pods[rnd(pods.len() as u64) as usize];
@@ -847,7 +851,10 @@ fn randomized_incremental_equals_full_compile() {
                         objs[i]["status"]["podIPs"] = json!([{"ip": ip}]);
                     }
                     3 => objs[i]["spec"]["containers"][0]["ports"] = ports(rnd(3)),
-                    4 => objs[i]["status"]["phase"] = json!(if rnd(2) == 0 { "Succeeded" } else { "Running" }),
+                    4 => {
+                        objs[i]["status"]["phase"] =
+                            json!(if rnd(2) == 0 { "Succeeded" } else { "Running" })
+                    }
                     _ => {
                         objs.remove(i);
                     }
@@ -864,7 +871,8 @@ fn randomized_incremental_equals_full_compile() {
                 let n = rnd(3) as usize;
                 for o in objs.iter_mut() {
                     if o["kind"] == "Namespace" && o["metadata"]["name"] == namespaces[n] {
-                        o["metadata"]["labels"] = json!({"env": if rnd(2) == 0 { "prod" } else { "dev" }});
+                        o["metadata"]["labels"] =
+                            json!({"env": if rnd(2) == 0 { "prod" } else { "dev" }});
                     }
                 }
                 namespaces_changed = true;
@@ -897,10 +905,15 @@ fn randomized_incremental_equals_full_compile() {
             }),
         );
         let (full, _) = compile("node-a", &node_addrs(), &st);
-        let mut addrs: Vec<Addr> = vec![Addr::from_ip(NODE.parse().unwrap()), Addr::from_ip(EXT.parse().unwrap())];
+        let mut addrs: Vec<Addr> = vec![
+            Addr::from_ip(NODE.parse().unwrap()),
+            Addr::from_ip(EXT.parse().unwrap()),
+        ];
         for o in &objs {
             if o["kind"] == "Pod" {
-                addrs.push(Addr::from_ip(o["status"]["podIP"].as_str().unwrap().parse().unwrap()));
+                addrs.push(Addr::from_ip(
+                    o["status"]["podIP"].as_str().unwrap().parse().unwrap(),
+                ));
             }
         }
         let rule = |t: &PolicyTables, d: Decision| match d {
@@ -908,27 +921,36 @@ fn randomized_incremental_equals_full_compile() {
             Decision::DenyEgress(i) => format!("deny egress {}", t.pods()[i as usize].name),
             Decision::DenyIngress(i) => format!("deny ingress {}", t.pods()[i as usize].name),
         };
-        // What each side allows for the peer: every port entry, its rule by name (rule ids
-        // differ between compilers), sorted.
+        // What each side allows for the peer: every port entry (protocol and ports), sorted.
+        // Which rule an entry names may differ: entries equal but for the rule are deduplicated
+        // by rule id, and ids depend on the order rules were first seen.
         let allowing = |t: &PolicyTables, a: &Addr, b: &Addr| {
             let entries = |r: &Option<Arc<DirRules>>, peer: &Addr| {
                 r.as_ref().map(|r| {
-                    let mut v: Vec<(u8, u16, u16, String)> = r
+                    let mut v: Vec<(u8, u16, u16)> = r
                         .ports_for(peer)
                         .iter()
-                        .map(|e| (e.proto, e.lo, e.hi, t.rules[e.rule as usize].to_string()))
+                        .map(|e| (e.proto, e.lo, e.hi))
                         .collect();
                     v.sort();
                     v
                 })
             };
-            let e = t.local_pod(a).map(|i| entries(&t.pods()[i as usize].egress, b));
-            let g = t.local_pod(b).map(|j| entries(&t.pods()[j as usize].ingress, a));
+            let e = t
+                .local_pod(a)
+                .map(|i| entries(&t.pods()[i as usize].egress, b));
+            let g = t
+                .local_pod(b)
+                .map(|j| entries(&t.pods()[j as usize].ingress, a));
             (e, g)
         };
         for a in &addrs {
             for b in &addrs {
-                assert_eq!(allowing(&inc, a, b), allowing(&full, a, b), "step {step}: rules {a:?} -> {b:?}");
+                assert_eq!(
+                    allowing(&inc, a, b),
+                    allowing(&full, a, b),
+                    "step {step}: rules {a:?} -> {b:?}"
+                );
                 for &(proto, port) in &[(TCP, 80), (TCP, 8080), (TCP, 8081), (UDP, 53), (SCTP, 9)] {
                     assert_eq!(
                         rule(&inc, inc.judge(a, b, proto, port)),

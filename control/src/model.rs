@@ -169,8 +169,9 @@ pub struct ClusterState {
     /// `kubernetes.io/service-name`). Without it finding a Service's slices meant scanning its
     /// namespace: quadratic at thousands of Services in one namespace.
     slices_by_service: HashMap<ObjectKey, BTreeSet<String>>,
-    /// The values pods share (label sets, node names, port lists), held once.
-    pod_values: PodInterner,
+    /// The values pods share (label sets, node names, port lists), held once (boxed: the
+    /// state travels by value in `sync::Update`).
+    pod_values: Box<PodInterner>,
 }
 
 /// A map of one kind, keyed by name (cluster-scoped) or namespace/name.

@@ -127,12 +127,15 @@ impl PeerSet {
     }
 }
 
+/// Per port number, the peers with a named port of that number.
+type ByPort = Arc<Vec<(u16, PeerSet)>>;
+
 /// A peer union and the egress named ports resolved against it: (name, protocol) → the named
 /// list's generation and, per port number, the peers with that port.
 #[derive(Debug)]
 struct UnionEntry {
     set: PeerSet,
-    named: HashMap<(String, u8), (u64, Arc<Vec<(u16, PeerSet)>>)>,
+    named: HashMap<(String, u8), (u64, ByPort)>,
 }
 
 /// A compiled policy direction and its inputs: the policy's fingerprint, the selector results
@@ -571,7 +574,7 @@ impl PolicyCompiler {
         name: &str,
         proto: u8,
         u: &PeerIndex,
-    ) -> Arc<Vec<(u16, PeerSet)>> {
+    ) -> ByPort {
         let list = u.named.get(&(name.to_string(), proto));
         let generation = list.map_or(0, |l| l.generation);
         let entry = self.unions.get_mut(key);
@@ -589,7 +592,7 @@ impl PolicyCompiler {
                 by_port.entry(n).or_default().push((a, a));
             }
         }
-        let r: Arc<Vec<(u16, PeerSet)>> = Arc::new(
+        let r: ByPort = Arc::new(
             by_port
                 .into_iter()
                 .map(|(n, addrs)| (n, PeerSet::of(merge_ranges(addrs))))

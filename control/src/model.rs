@@ -9,6 +9,10 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 
+mod pod;
+
+pub use pod::{Labels, NamedPort, PodInterner, PodIps, PodPhase, PodRecord};
+
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{NetworkPolicy, ServiceCIDR};
@@ -155,7 +159,8 @@ impl Object {
 pub struct ClusterState {
     pub nodes: BTreeMap<String, Node>,
     pub namespaces: BTreeMap<String, Namespace>,
-    pub pods: BTreeMap<ObjectKey, Pod>,
+    /// Pods as [`PodRecord`]s: only what kxdp reads (converted by `apply`/`put`).
+    pub pods: BTreeMap<ObjectKey, PodRecord>,
     pub services: BTreeMap<ObjectKey, Service>,
     pub endpoint_slices: BTreeMap<ObjectKey, EndpointSlice>,
     pub network_policies: BTreeMap<ObjectKey, NetworkPolicy>,
@@ -164,6 +169,9 @@ pub struct ClusterState {
     /// `kubernetes.io/service-name`). Without it finding a Service's slices meant scanning its
     /// namespace: quadratic at thousands of Services in one namespace.
     slices_by_service: HashMap<ObjectKey, BTreeSet<String>>,
+    /// The values pods share (label sets, node names, port lists), held once (boxed: the
+    /// state travels by value in `sync::Update`).
+    pod_values: Box<PodInterner>,
 }
 
 /// A map of one kind, keyed by name (cluster-scoped) or namespace/name.
@@ -226,10 +234,7 @@ macro_rules! with_table {
                 let ($t, $wrap) = (&mut $state.namespaces, Object::Namespace);
                 $body
             }
-            Kind::Pod => {
-                let ($t, $wrap) = (&mut $state.pods, Object::Pod);
-                $body
-            }
+            Kind::Pod => unreachable!("Pods are handled before (records)"),
             Kind::Service => {
                 let ($t, $wrap) = (&mut $state.services, Object::Service);
                 $body
@@ -262,10 +267,7 @@ macro_rules! with_object {
                 let ($t, $wrap) = (&mut $state.namespaces, Object::Namespace);
                 $body
             }
-            Object::Pod($o) => {
-                let ($t, $wrap) = (&mut $state.pods, Object::Pod);
-                $body
-            }
+            Object::Pod(_) => unreachable!("Pods are handled before (records)"),
             Object::Service($o) => {
                 let ($t, $wrap) = (&mut $state.services, Object::Service);
                 $body
@@ -299,6 +301,13 @@ impl ClusterState {
     /// Inserts or replaces an object; returns the one it replaced.
     pub fn put(&mut self, obj: Object) -> Option<Object> {
         let key = obj.key();
+        if let Object::Pod(p) = &obj {
+            let record = self.pod_values.record(p);
+            return self
+                .pods
+                .insert(key.clone(), record)
+                .map(|old| Object::Pod(Box::new(old.to_pod(&key))));
+        }
         if let Object::EndpointSlice(s) = &obj {
             self.index_slice(&key, s);
         }
@@ -319,7 +328,7 @@ impl ClusterState {
         match obj {
             Object::Node(o) => self.nodes.find(&key) == Some(&**o),
             Object::Namespace(o) => self.namespaces.find(&key) == Some(&**o),
-            Object::Pod(o) => self.pods.find(&key) == Some(&**o),
+            Object::Pod(o) => self.pods.get(&key) == Some(&PodRecord::of(o)),
             Object::Service(o) => self.services.find(&key) == Some(&**o),
             Object::EndpointSlice(o) => self.endpoint_slices.find(&key) == Some(&**o),
             Object::NetworkPolicy(o) => self.network_policies.find(&key) == Some(&**o),
@@ -329,6 +338,12 @@ impl ClusterState {
 
     /// Removes the object of that kind and key; returns it.
     pub fn delete(&mut self, kind: Kind, key: &ObjectKey) -> Option<Object> {
+        if kind == Kind::Pod {
+            return self
+                .pods
+                .remove(key)
+                .map(|old| Object::Pod(Box::new(old.to_pod(key))));
+        }
         let old = with_table!(self, kind, |t, wrap| t.take(key).map(|x| wrap(Box::new(x))));
         if let Some(Object::EndpointSlice(s)) = &old {
             self.unindex_slice(key, s);
@@ -379,6 +394,12 @@ impl ClusterState {
     pub fn take_kind(&mut self, kind: Kind) -> Vec<Object> {
         if kind == Kind::EndpointSlice {
             self.slices_by_service.clear();
+        }
+        if kind == Kind::Pod {
+            return std::mem::take(&mut self.pods)
+                .into_iter()
+                .map(|(k, p)| Object::Pod(Box::new(p.to_pod(&k))))
+                .collect();
         }
         with_table!(self, kind, |t, wrap| t
             .drain()

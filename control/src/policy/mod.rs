@@ -25,13 +25,12 @@ use std::hash::{Hash, Hasher};
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::Pod;
 use kxdp_dataplane::policy::{
     DirRules, DirRulesBuilder, Direction, LocalPod, PolicyTables, PortEntry, RuleInfo,
 };
 use kxdp_packet::Addr;
 
-use crate::model::{ClusterState, ObjectKey};
+use crate::model::{ClusterState, ObjectKey, PodRecord};
 use crate::translate::Problem;
 use selector::Selector;
 use spec::{NsScope, Peer, Policy, PortSpec};
@@ -76,6 +75,67 @@ pub struct PolicyCompiler {
     parsed: Option<(Vec<Policy>, Vec<Problem>)>,
     /// Each compiled policy direction with the inputs it was compiled from.
     dirs: HashMap<(ObjectKey, Direction), CachedDir>,
+    /// Rules' peer lists merged into one range list, by their inputs: policies of every
+    /// namespace with the same peers (`namespaceSelector: {}` above all) share one union, merged
+    /// and hashed once. Dropped once a selector result it was made from is gone.
+    unions: HashMap<Vec<UnionPart>, UnionEntry>,
+}
+
+/// One input of a peer union: a selector result (by identity) or an ipBlock's ranges.
+#[derive(Clone, Debug)]
+enum UnionPart {
+    Pods(Ranges),
+    Block(Vec<(u128, u128)>),
+}
+
+impl PartialEq for UnionPart {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (UnionPart::Pods(a), UnionPart::Pods(b)) => Arc::ptr_eq(a, b),
+            (UnionPart::Block(a), UnionPart::Block(b)) => a == b,
+            _ => false,
+        }
+    }
+}
+
+impl Eq for UnionPart {}
+
+impl Hash for UnionPart {
+    fn hash<H: Hasher>(&self, h: &mut H) {
+        match self {
+            UnionPart::Pods(a) => (0u8, Arc::as_ptr(a) as usize).hash(h),
+            UnionPart::Block(b) => (1u8, b).hash(h),
+        }
+    }
+}
+
+/// Merged ranges and a hash of them (what fingerprints use instead of hashing the ranges).
+#[derive(Clone, Debug)]
+struct PeerSet {
+    ranges: Ranges,
+    hash: u64,
+}
+
+impl PeerSet {
+    fn of(ranges: Vec<(u128, u128)>) -> PeerSet {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        ranges.hash(&mut h);
+        PeerSet {
+            hash: h.finish(),
+            ranges: Arc::new(ranges),
+        }
+    }
+}
+
+/// Per port number, the peers with a named port of that number.
+type ByPort = Arc<Vec<(u16, PeerSet)>>;
+
+/// A peer union and the egress named ports resolved against it: (name, protocol) → the named
+/// list's generation and, per port number, the peers with that port.
+#[derive(Debug)]
+struct UnionEntry {
+    set: PeerSet,
+    named: HashMap<(String, u8), (u64, ByPort)>,
 }
 
 /// A compiled policy direction and its inputs: the policy's fingerprint, the selector results
@@ -85,7 +145,7 @@ pub struct PolicyCompiler {
 struct CachedDir {
     hash: u64,
     inputs: Vec<Ranges>,
-    named_gen: Option<u64>,
+    named_gens: Vec<u64>,
     dir: Arc<PolicyDir>,
 }
 
@@ -101,58 +161,19 @@ pub struct PodView<'a> {
     pub ports: Vec<(String, u8, u16)>,
 }
 
-static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
-
 /// The pod's addresses, labels, node and named ports; `None` for pods that have finished
 /// (phase Succeeded or Failed: their addresses may already be someone else's).
-pub fn pod_view<'a>(key: &'a ObjectKey, pod: &'a Pod) -> Option<PodView<'a>> {
-    let status = pod.status.as_ref();
-    if matches!(
-        status.and_then(|s| s.phase.as_deref()),
-        Some("Succeeded") | Some("Failed")
-    ) {
+pub fn pod_view<'a>(key: &'a ObjectKey, pod: &'a PodRecord) -> Option<PodView<'a>> {
+    if pod.finished() {
         return None;
     }
-    let mut ips: Vec<IpAddr> = Vec::new();
-    if let Some(s) = status {
-        let listed = s.pod_ips.iter().flatten().map(|p| p.ip.as_str());
-        for t in listed.chain(s.pod_ip.as_deref()) {
-            if let Ok(ip) = t.trim().parse::<IpAddr>() {
-                if !ips.contains(&ip) {
-                    ips.push(ip);
-                }
-            }
-        }
-    }
-    let spec = pod.spec.as_ref();
-    let mut ports = Vec::new();
-    if let Some(spec) = spec {
-        for c in spec
-            .containers
-            .iter()
-            .chain(spec.init_containers.iter().flatten())
-        {
-            for p in c.ports.iter().flatten() {
-                let (Some(name), Some(proto), Ok(num)) = (
-                    p.name.as_deref().filter(|n| !n.is_empty()),
-                    spec::proto_number(p.protocol.as_deref().unwrap_or("TCP")),
-                    u16::try_from(p.container_port),
-                ) else {
-                    continue;
-                };
-                ports.push((name.to_string(), proto, num));
-            }
-        }
-    }
-    ports.sort();
-    ports.dedup();
     Some(PodView {
         key,
-        labels: pod.metadata.labels.as_ref().unwrap_or(&NO_LABELS),
-        ips,
-        host_network: spec.and_then(|s| s.host_network).unwrap_or(false),
-        node: spec.and_then(|s| s.node_name.as_deref()).unwrap_or(""),
-        ports,
+        labels: &pod.labels,
+        ips: pod.ips.to_vec(),
+        host_network: pod.host_network,
+        node: &pod.node,
+        ports: pod.ports.to_vec(),
     })
 }
 
@@ -175,35 +196,25 @@ pub fn namespace_labels(state: &ClusterState) -> BTreeMap<String, BTreeMap<Strin
 /// Inclusive ranges on the dataplane's `u128` address line.
 type Ranges = Arc<Vec<(u128, u128)>>;
 
-/// A pod as the peer index keeps it (owned: kept from one compilation to the next).
-#[derive(Clone, Debug, PartialEq)]
-struct PeerPod {
-    labels: BTreeMap<String, String>,
-    ips: Vec<IpAddr>,
-    host_network: bool,
-    node: String,
-    ports: Vec<(String, u8, u16)>,
+/// A pod as the peer index keeps it: the store's record (its shared parts are not copied).
+type PeerPod = PodRecord;
+
+/// Selectors can pick it (hostNetwork pods are the node: docs/policy.md).
+fn is_peer(pod: &PeerPod) -> bool {
+    !pod.host_network && !pod.ips.is_empty()
 }
 
-impl PeerPod {
-    fn of(view: &PodView<'_>) -> PeerPod {
-        PeerPod {
-            labels: view.labels.clone(),
-            ips: view.ips.clone(),
-            host_network: view.host_network,
-            node: view.node.to_string(),
-            ports: view.ports.clone(),
-        }
-    }
+fn lines(pod: &PeerPod) -> impl Iterator<Item = u128> + '_ {
+    pod.ips.iter().map(|&ip| spec::line(ip))
+}
 
-    /// Selectors can pick it (hostNetwork pods are the node: docs/policy.md).
-    fn is_peer(&self) -> bool {
-        !self.host_network && !self.ips.is_empty()
-    }
-
-    fn lines(&self) -> impl Iterator<Item = u128> + '_ {
-        self.ips.iter().map(|&ip| spec::line(ip))
-    }
+/// The peer pod addresses with one named port (name and protocol), with the port's number;
+/// sorted. `generation` changes whenever the list does (a policy direction that resolved the
+/// name against it is compiled again), and only then: relabelling a pod leaves it alone.
+#[derive(Debug, Default)]
+struct NamedList {
+    entries: Vec<(u128, u16)>,
+    generation: u64,
 }
 
 /// What changed since the last compilation (`PolicyCompiler::compile_changes`).
@@ -229,10 +240,10 @@ struct PeerIndex {
     pods: HashMap<ObjectKey, PeerPod>,
     ns_labels: BTreeMap<String, BTreeMap<String, String>>,
     /// namespace → label set → addresses of the peer pods with those labels.
-    groups: BTreeMap<String, HashMap<BTreeMap<String, String>, Vec<u128>>>,
-    /// (name, protocol) → every peer pod address with that named port, and its number; sorted.
-    named: HashMap<(String, u8), Vec<(u128, u16)>>,
-    /// Bumped whenever `named` changes.
+    groups: BTreeMap<String, HashMap<crate::model::Labels, Vec<u128>>>,
+    /// (name, protocol) → every peer pod address with that named port, and its number.
+    named: HashMap<(String, u8), NamedList>,
+    /// The last generation given to a named list.
     named_gen: u64,
     memo: HashMap<(NsScope, Selector), Ranges>,
     /// This node's pods that policies isolate (not hostNetwork, with addresses), in key order.
@@ -250,22 +261,24 @@ impl PeerIndex {
         };
         ix.pods.reserve(state.pods.len());
         for (k, p) in &state.pods {
-            if let Some(v) = pod_view(k, p) {
-                ix.insert(k, PeerPod::of(&v), false);
+            if !p.finished() {
+                ix.insert(k, p.clone(), false, true);
             }
         }
         for v in ix.named.values_mut() {
-            v.sort_unstable();
+            v.entries.sort_unstable();
         }
         ix
     }
 
-    fn insert(&mut self, key: &ObjectKey, pod: PeerPod, sorted: bool) {
-        let local_node = !self.node_name.is_empty() && pod.node == self.node_name;
+    /// Adds a pod; `sorted`: keep the named lists sorted (else `build` sorts them once);
+    /// `named`: add it to the named lists too (not when only its labels changed).
+    fn insert(&mut self, key: &ObjectKey, pod: PeerPod, sorted: bool, named: bool) {
+        let local_node = !self.node_name.is_empty() && *pod.node == *self.node_name;
         if local_node && pod.host_network {
             self.host_local.insert(key.clone());
         }
-        if pod.is_peer() {
+        if is_peer(&pod) {
             if local_node {
                 self.local.insert(key.clone());
             }
@@ -275,20 +288,19 @@ impl PeerIndex {
                 .or_default()
                 .entry(pod.labels.clone())
                 .or_default();
-            group.extend(pod.lines());
-            for (name, proto, num) in &pod.ports {
+            group.extend(lines(&pod));
+            for (name, proto, num) in pod.ports.iter().filter(|_| named) {
                 let list = self.named.entry((name.clone(), *proto)).or_default();
-                for a in pod.lines() {
+                for a in lines(&pod) {
                     if sorted {
-                        let at = list.partition_point(|e| *e < (a, *num));
-                        list.insert(at, (a, *num));
+                        let at = list.entries.partition_point(|e| *e < (a, *num));
+                        list.entries.insert(at, (a, *num));
                     } else {
-                        list.push((a, *num));
+                        list.entries.push((a, *num));
                     }
                 }
-            }
-            if !pod.ports.is_empty() {
                 self.named_gen += 1;
+                list.generation = self.named_gen;
             }
         }
         if !self.ns_labels.contains_key(&key.namespace) {
@@ -300,14 +312,15 @@ impl PeerIndex {
         self.pods.insert(key.clone(), pod);
     }
 
-    fn remove(&mut self, key: &ObjectKey) -> Option<PeerPod> {
+    /// Removes a pod; `named`: from the named lists too.
+    fn remove(&mut self, key: &ObjectKey, named: bool) -> Option<PeerPod> {
         let pod = self.pods.remove(key)?;
         self.local.remove(key);
         self.host_local.remove(key);
-        if pod.is_peer() {
+        if is_peer(&pod) {
             if let Some(groups) = self.groups.get_mut(&key.namespace) {
                 if let Some(g) = groups.get_mut(&pod.labels) {
-                    for a in pod.lines() {
+                    for a in lines(&pod) {
                         if let Some(i) = g.iter().position(|x| *x == a) {
                             g.swap_remove(i);
                         }
@@ -317,17 +330,16 @@ impl PeerIndex {
                     }
                 }
             }
-            for (name, proto, num) in &pod.ports {
+            for (name, proto, num) in pod.ports.iter().filter(|_| named) {
                 if let Some(list) = self.named.get_mut(&(name.clone(), *proto)) {
-                    for a in pod.lines() {
-                        if let Ok(i) = list.binary_search(&(a, *num)) {
-                            list.remove(i);
+                    for a in lines(&pod) {
+                        if let Ok(i) = list.entries.binary_search(&(a, *num)) {
+                            list.entries.remove(i);
                         }
                     }
+                    self.named_gen += 1;
+                    list.generation = self.named_gen;
                 }
-            }
-            if !pod.ports.is_empty() {
-                self.named_gen += 1;
             }
         }
         Some(pod)
@@ -335,7 +347,7 @@ impl PeerIndex {
 
     /// Whether a selector result may hold `pod` (of namespace `ns`).
     fn may_hold(&self, scope: &NsScope, sel: &Selector, ns: &str, pod: &PeerPod) -> bool {
-        pod.is_peer()
+        is_peer(pod)
             && match scope {
                 NsScope::Own(n) => n == ns,
                 NsScope::Select(s) => self.ns_labels.get(ns).is_some_and(|l| s.matches(l)),
@@ -348,9 +360,13 @@ impl PeerIndex {
         if self.pods.get(key) == pod.as_ref() {
             return;
         }
-        let old = self.remove(key);
+        // The named lists hold addresses and numbers: untouched when only labels changed.
+        let named_part =
+            |p: Option<&PeerPod>| p.map(|p| (is_peer(p), p.ips.clone(), p.ports.clone()));
+        let named = named_part(self.pods.get(key)) != named_part(pod.as_ref());
+        let old = self.remove(key, named);
         if let Some(p) = pod.clone() {
-            self.insert(key, p, true);
+            self.insert(key, p, true, named);
         }
         let ns = key.namespace.as_str();
         let stale: Vec<(NsScope, Selector)> = self
@@ -470,25 +486,29 @@ impl PolicyCompiler {
     /// A policy direction: the one compiled before when its inputs are the same, else compiled.
     fn policy_dir(&mut self, p: &Policy, dir: Direction, u: &mut PeerIndex) -> Arc<PolicyDir> {
         let mut inputs = Vec::new();
-        let mut named = false;
+        let mut named_gens = Vec::new();
         for rule in p.rules(dir).into_iter().flatten() {
             for peer in rule.peers.iter().flatten() {
                 if let Peer::Pods { ns, pods } = peer {
                     inputs.push(u.resolve(ns, pods));
                 }
             }
-            named |= dir == Direction::Egress
-                && rule
-                    .ports
-                    .iter()
-                    .flatten()
-                    .any(|port| matches!(port.spec, PortSpec::Named(_)));
+            if dir == Direction::Egress {
+                for port in rule.ports.iter().flatten() {
+                    if let PortSpec::Named(name) = &port.spec {
+                        named_gens.push(
+                            u.named
+                                .get(&(name.clone(), port.proto))
+                                .map_or(0, |l| l.generation),
+                        );
+                    }
+                }
+            }
         }
-        let named_gen = named.then_some(u.named_gen);
         let key = (p.key.clone(), dir);
         if let Some(c) = self.dirs.get(&key) {
             if c.hash == p.hash
-                && c.named_gen == named_gen
+                && c.named_gens == named_gens
                 && c.inputs.len() == inputs.len()
                 && c.inputs.iter().zip(&inputs).all(|(a, b)| Arc::ptr_eq(a, b))
             {
@@ -501,11 +521,88 @@ impl PolicyCompiler {
             CachedDir {
                 hash: p.hash,
                 inputs,
-                named_gen,
+                named_gens,
                 dir: d.clone(),
             },
         );
         d
+    }
+
+    /// The inputs of a rule's peers (`None`, every peer, is the whole line).
+    fn union_key(peers: Option<&[Peer]>, u: &mut PeerIndex) -> Vec<UnionPart> {
+        match peers {
+            None => vec![UnionPart::Block(vec![EVERYTHING])],
+            Some(list) => list
+                .iter()
+                .map(|peer| match peer {
+                    Peer::Pods { ns, pods } => UnionPart::Pods(u.resolve(ns, pods)),
+                    Peer::Block { ranges, .. } => UnionPart::Block(ranges.clone()),
+                })
+                .collect(),
+        }
+    }
+
+    /// The union of a rule's peers (merged once per distinct list of inputs).
+    fn union(&mut self, key: &[UnionPart]) -> PeerSet {
+        if let Some(e) = self.unions.get(key) {
+            return e.set.clone();
+        }
+        let mut all = Vec::new();
+        for part in key {
+            match part {
+                UnionPart::Pods(r) => all.extend_from_slice(r),
+                UnionPart::Block(r) => all.extend_from_slice(r),
+            }
+        }
+        let set = PeerSet::of(merge_ranges(all));
+        self.unions.insert(
+            key.to_vec(),
+            UnionEntry {
+                set: set.clone(),
+                named: HashMap::new(),
+            },
+        );
+        set
+    }
+
+    /// Egress named port `name`/`proto` against the peers of `union` (a key of `unions`): per
+    /// port number, the peer addresses with a port of that name and protocol.
+    fn named_egress(
+        &mut self,
+        key: &[UnionPart],
+        set: &PeerSet,
+        name: &str,
+        proto: u8,
+        u: &PeerIndex,
+    ) -> ByPort {
+        let list = u.named.get(&(name.to_string(), proto));
+        let generation = list.map_or(0, |l| l.generation);
+        let entry = self.unions.get_mut(key);
+        if let Some((g, r)) = entry
+            .as_ref()
+            .and_then(|e| e.named.get(&(name.to_string(), proto)))
+        {
+            if *g == generation {
+                return r.clone();
+            }
+        }
+        let mut by_port: BTreeMap<u16, Vec<(u128, u128)>> = BTreeMap::new();
+        for &(a, n) in list.into_iter().flat_map(|l| &l.entries) {
+            if in_ranges(&set.ranges, a) {
+                by_port.entry(n).or_default().push((a, a));
+            }
+        }
+        let r: ByPort = Arc::new(
+            by_port
+                .into_iter()
+                .map(|(n, addrs)| (n, PeerSet::of(merge_ranges(addrs))))
+                .collect(),
+        );
+        if let Some(e) = entry {
+            e.named
+                .insert((name.to_string(), proto), (generation, r.clone()));
+        }
+        r
     }
 
     fn compile_dir(&mut self, p: &Policy, dir: Direction, u: &mut PeerIndex) -> PolicyDir {
@@ -517,21 +614,8 @@ impl PolicyCompiler {
             if rule.void {
                 continue;
             }
-            let peers: Arc<Vec<(u128, u128)>> = match &rule.peers {
-                None => Arc::new(vec![EVERYTHING]),
-                Some(list) => {
-                    let mut all = Vec::new();
-                    for peer in list {
-                        match peer {
-                            Peer::Pods { ns, pods } => {
-                                all.extend_from_slice(&u.resolve(ns, pods));
-                            }
-                            Peer::Block { ranges, .. } => all.extend_from_slice(ranges),
-                        }
-                    }
-                    Arc::new(merge_ranges(all))
-                }
-            };
+            let union_key = Self::union_key(rule.peers.as_deref(), u);
+            let peers = self.union(&union_key);
             let mut entries = Vec::new();
             match &rule.ports {
                 None => entries.push(PortEntry::any(id)),
@@ -545,8 +629,9 @@ impl PolicyCompiler {
                                 entries.push(PortEntry::range(port.proto, *lo, *hi, id))
                             }
                             PortSpec::Named(name) if dir == Direction::Ingress => {
+                                (peers.hash, name, port.proto, id).hash(&mut h);
                                 out.named_ingress.push((
-                                    peers.clone(),
+                                    peers.ranges.clone(),
                                     name.clone(),
                                     port.proto,
                                     id,
@@ -555,34 +640,22 @@ impl PolicyCompiler {
                             PortSpec::Named(name) => {
                                 // Egress: the destination is the peer; each peer pod with a
                                 // port of that name and protocol allows its own number.
-                                let mut by_port: BTreeMap<u16, Vec<(u128, u128)>> = BTreeMap::new();
-                                for &(a, n) in u
-                                    .named
-                                    .get(&(name.clone(), port.proto))
-                                    .into_iter()
-                                    .flatten()
-                                {
-                                    if in_ranges(&peers, a) {
-                                        by_port.entry(n).or_default().push((a, a));
-                                    }
-                                }
-                                for (n, addrs) in by_port {
-                                    let e = vec![PortEntry::range(port.proto, n, n, id)];
-                                    (&addrs, &e).hash(&mut h);
-                                    out.contributions.push((Arc::new(addrs), e));
+                                let by_port =
+                                    self.named_egress(&union_key, &peers, name, port.proto, u);
+                                for (n, addrs) in by_port.iter() {
+                                    let e = vec![PortEntry::range(port.proto, *n, *n, id)];
+                                    (addrs.hash, &e).hash(&mut h);
+                                    out.contributions.push((addrs.ranges.clone(), e));
                                 }
                             }
                         }
                     }
                 }
             }
-            (id, &*peers, &entries).hash(&mut h);
-            if !entries.is_empty() && !peers.is_empty() {
-                out.contributions.push((peers.clone(), entries));
+            (id, peers.hash, &entries).hash(&mut h);
+            if !entries.is_empty() && !peers.ranges.is_empty() {
+                out.contributions.push((peers.ranges.clone(), entries));
             }
-        }
-        for (peers, name, proto, id) in &out.named_ingress {
-            (&**peers, name, proto, id).hash(&mut h);
         }
         out.fingerprint = h.finish();
         out
@@ -616,11 +689,7 @@ impl PolicyCompiler {
         let mut index = match (self.index.take(), changes) {
             (Some(mut ix), Some(c)) if ix.node_name == node_name => {
                 for key in c.pods {
-                    let now = state
-                        .pods
-                        .get(key)
-                        .and_then(|p| pod_view(key, p))
-                        .map(|v| PeerPod::of(&v));
+                    let now = state.pods.get(key).filter(|p| !p.finished()).cloned();
                     ix.update(key, now);
                 }
                 if c.namespaces {
@@ -631,6 +700,7 @@ impl PolicyCompiler {
             _ => {
                 self.parsed = None;
                 self.dirs.clear();
+                self.unions.clear();
                 PeerIndex::build(state, node_name)
             }
         };
@@ -671,7 +741,7 @@ impl PolicyCompiler {
         // This node's addresses, its hostNetwork pods' included.
         let mut node = node_addrs.to_vec();
         for k in &index.host_local {
-            for &ip in &index.pods[k].ips {
+            for &ip in index.pods[k].ips.iter() {
                 let a = Addr::from_ip(ip);
                 if !node.contains(&a) {
                     node.push(a);
@@ -704,10 +774,10 @@ impl PolicyCompiler {
                 PodView {
                     key: k,
                     labels: &p.labels,
-                    ips: p.ips.clone(),
+                    ips: p.ips.to_vec(),
                     host_network: p.host_network,
                     node: &p.node,
-                    ports: p.ports.clone(),
+                    ports: p.ports.to_vec(),
                 }
             })
             .collect();
@@ -777,6 +847,14 @@ impl PolicyCompiler {
         }
         self.cache = cache;
         self.stats = stats;
+        // Unions made from selector results no longer held anywhere else can never be asked
+        // for again.
+        self.unions.retain(|k, _| {
+            k.iter().all(|p| match p {
+                UnionPart::Pods(r) => Arc::strong_count(r) > 1,
+                UnionPart::Block(_) => true,
+            })
+        });
         let tables = PolicyTables::new(out_pods, node, self.rules.clone());
         drop(local);
         self.index = Some(index);

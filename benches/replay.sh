@@ -128,7 +128,10 @@ declare -A MPPS STEADY
 # row NAME WORKERS SECONDS PACKETS BASE_NS [STEADY_NS]
 row() {
     MPPS[$1.$2]=$(awk -v s="$3" -v p="$4" 'BEGIN { printf "%.3f", p / s / 1e6 }')
-    [[ -n ${6:-} ]] && STEADY[$1.$2]=$(awk -v d="$6" 'BEGIN { printf "%.3f", (d == "nan" ? 0 : 1e3 / d) }')
+    # A disturbed run can make the difference negative ("nan"): no steady figure then.
+    if [[ -n ${6:-} && $6 != nan ]]; then
+        STEADY[$1.$2]=$(awk -v d="$6" 'BEGIN { printf "%.3f", 1e3 / d }')
+    fi
     awk -v name="$1" -v w="$2" -v s="$3" -v p="$4" -v base="$5" -v steady="${6:-}" 'BEGIN {
         ns = s * 1e9 / p * w            # per worker: each worker spends this long on a packet
         line = sprintf("| %-9s | %7d | %10.2f | %13.2f | %8.1f | %6.2f |", name, w, p / s / 1e6, p / s / 1e6 / w, ns, ns / base)

@@ -26,9 +26,15 @@
 # Established captures start with every flow's SYN; the "steady" columns exclude that first-pass
 # cost by difference: (time of REPEAT passes - time of 1 pass) / ((REPEAT - 1) × packets).
 #
+# After the table, a summary against issue 13's goals: one worker's Mpps per case and the worst
+# over the flow layouts (established: est-10k*, new: new-*, mixed: mixed-*), two workers' total
+# against one worker's (same run), and a new connection's cost at 30k Services and to one
+# Service of 5,000 endpoints against 100 Services.
+#
 # Usage: benches/replay.sh [--quick]      (any working directory)
 # Environment: WORKERS ("1 2"), RUNS (3; the median is reported), OUT (target/replay-bench),
-# PACKETS (2000000), PACKETS_1M (4000000), NEW_PACKETS (1000000), REPEAT (5), REPEAT_1M (3).
+# PACKETS (2000000), PACKETS_1M (4000000), NEW_PACKETS (1000000), REPEAT (5), REPEAT_1M (3),
+# KXDP (a kxdp binary to measure instead of building this tree's, e.g. a kxdp-before).
 # --quick: small captures, one run (checks the script, measures nothing worth keeping).
 set -euo pipefail
 
@@ -53,9 +59,11 @@ fi
 
 command -v jq >/dev/null || { echo "replay.sh: needs jq" >&2; exit 1; }
 
-echo "building release ..." >&2
-cargo build --release --quiet --bin kxdp
-KXDP=$ROOT/target/release/kxdp
+if [[ -z ${KXDP:-} ]]; then
+    echo "building release ..." >&2
+    cargo build --release --quiet --bin kxdp
+    KXDP=$ROOT/target/release/kxdp
+fi
 if ! "$KXDP" pcap gen --help >/dev/null 2>&1; then
     echo "replay.sh: this kxdp has no 'pcap gen' subcommand yet" >&2
     exit 1
@@ -114,8 +122,16 @@ mkdir -p "$OUT/baseline"
 sed 's|^serviceCIDRs:.*|serviceCIDRs: [192.0.2.0/24]|' "$OUT/est-10k/config.yaml" >"$OUT/baseline/config.yaml"
 awk 'NR > 1 && /^---/ { exit } { print }' "$OUT/est-10k/state.yaml" >"$OUT/baseline/state.yaml"
 
+# Total Mpps of each case and worker count ("NAME.WORKERS"), and steady Mpps per worker, for the
+# summary.
+declare -A MPPS STEADY
 # row NAME WORKERS SECONDS PACKETS BASE_NS [STEADY_NS]
 row() {
+    MPPS[$1.$2]=$(awk -v s="$3" -v p="$4" 'BEGIN { printf "%.3f", p / s / 1e6 }')
+    # A disturbed run can make the difference negative ("nan"): no steady figure then.
+    if [[ -n ${6:-} && $6 != nan ]]; then
+        STEADY[$1.$2]=$(awk -v d="$6" 'BEGIN { printf "%.3f", 1e3 / d }')
+    fi
     awk -v name="$1" -v w="$2" -v s="$3" -v p="$4" -v base="$5" -v steady="${6:-}" 'BEGIN {
         ns = s * 1e9 / p * w            # per worker: each worker spends this long on a packet
         line = sprintf("| %-9s | %7d | %10.2f | %13.2f | %8.1f | %6.2f |", name, w, p / s / 1e6, p / s / 1e6 / w, ns, ns / base)
@@ -166,6 +182,49 @@ if [[ -n ${base1_ns:-} ]]; then
         row "$name" 1 "$s" "$p" "$base1_ns"
     done
 fi
+
+# summary: the goals of issue 13 against this run's figures.
+# val KEY [STEADY]: the case's figure ("-" when not measured)
+val() {
+    if [[ ${2:-} == steady ]]; then echo "${STEADY[$1]:--}"; else echo "${MPPS[$1]:--}"; fi
+}
+# worst NAME...: the lowest one-worker Mpps of the cases given (and which)
+worst() {
+    local n v out=""
+    for n in "$@"; do
+        v=${MPPS[$n.1]:-}
+        [[ -n $v ]] && out+="$v $n"$'\n'
+    done
+    printf '%s' "$out" | sort -g | head -1
+}
+goal_row() { # NAME MEASURED GOAL KIND(min|max)
+    awk -v name="$1" -v m="$2" -v g="$3" -v kind="$4" 'BEGIN {
+        ok = (m == "-" || m == "") ? "not measured" : ((kind == "min" ? m + 0 >= g + 0 : m + 0 <= g + 0) ? "met" : "not met")
+        printf "| %-52s | %9s | %s %-5s | %-12s |\n", name, m, (kind == "min" ? ">=" : "<="), g, ok
+    }'
+}
+echo
+echo "| issue 13 goal (one worker unless said)                | measured  | goal     | status       |"
+echo "| ---------------------------------------------------- | --------- | -------- | ------------ |"
+goal_row "est-10k, Mpps (whole run)" "$(val est-10k.1)" 25 min
+goal_row "est-1m, Mpps (steady)" "$(val est-1m.1 steady)" 10 min
+goal_row "new-1m, Mpps" "$(val new-1m.1)" 5 min
+goal_row "mixed-10k, Mpps" "$(val mixed-10k.1)" 15 min
+read -r wv wn < <(worst est-10k est-10k-s100 est-10k-s30k) || true
+goal_row "established, worst layout ($wn), Mpps" "$wv" 25 min
+read -r wv wn < <(worst new-1m new-s100 new-s30k new-big) || true
+goal_row "new connections, worst layout ($wn), Mpps" "$wv" 5 min
+read -r wv wn < <(worst mixed-10k mixed-s30k) || true
+goal_row "mixed, worst layout ($wn), Mpps" "$wv" 15 min
+for name in est-10k est-1m new-1m; do
+    r=$(awk -v a="$(val "$name.1")" -v b="$(val "$name.2")" 'BEGIN { if (a == "-" || b == "-" || a == 0) print "-"; else printf "%.2f", b / a }')
+    goal_row "$name, 2 workers / 1 worker (total Mpps)" "$r" 1.85 min
+done
+for name in new-s30k new-big; do
+    # Cost per connection = 1 / Mpps, so cost ratio = Mpps(new-s100) / Mpps(case).
+    r=$(awk -v a="$(val new-s100.1)" -v b="$(val "$name.1")" 'BEGIN { if (a == "-" || b == "-" || b == 0) print "-"; else printf "%.2f", a / b }')
+    goal_row "new connection cost, $name / new-s100" "$r" 1.1 max
+done
 echo
 echo "verdict reasons of the first run of each case: $OUT/*.json" >&2
 python3 benches/chart.py "$OUT/replay.md" --label case,workers --value "ns / pkt" --unit ns \

@@ -8,12 +8,16 @@
 //! kernel copies received frames into UMEM.
 //! Conntrack is shared, exactly as in `kxdp run`. Time is the capture's: the capture is cut into
 //! batches once (at most `BATCH` packets, never more than `MAX_BATCH_SPAN_MS` of capture time, a
-//! table update starts a new one), a batch runs at the timestamp of its first packet, and every
-//! worker handles its packets of batch k at that batch's time and waits for the others before
-//! batch k+1 (lockstep). So a connection's expiry, the expiry scan and early drops see the same
-//! clock in every worker, and verdicts do not depend on the worker count even when the table is
-//! under pressure (issue 12: without the lockstep a worker ran seconds of capture time ahead and
-//! expired or evicted what another still used).
+//! table update starts a new one), and a batch runs at the timestamp of its first packet (in
+//! milliseconds, the conntrack clock's unit). Consecutive batches that run at the same
+//! millisecond form an *epoch*: every worker handles its packets of epoch k at that time, in
+//! batches of its own, and waits for the others before epoch k+1 (lockstep). So a connection's
+//! expiry, the expiry scan and early drops see the same clock in every worker, and verdicts do
+//! not depend on the worker count even when the table is under pressure (issue 12: without the
+//! lockstep a worker ran seconds of capture time ahead and expired or evicted what another still
+//! used). Every packet runs at exactly the clock it would with a barrier per batch; the barrier is
+//! only as frequent as the clock moves (about once per 1,000 packets at a packet per
+//! microsecond, instead of once per 64), so workers scale.
 //!
 //! A full table is the exception: which entry early drop evicts for a new connection depends on
 //! where entries sit in the slab and the index, and on which inserts of a batch come first — so
@@ -175,7 +179,7 @@ pub fn replay(
     // Room for a reply longer than the packet it answers (ICMP quotes the packet).
     let slot_size = (max_len + 256).max(2048).next_power_of_two();
 
-    let batches = cut_batches(capture, &opts.updates);
+    let epochs = cut_epochs(capture, &opts.updates);
     let lockstep = SpinBarrier::new(workers);
     let done = AtomicU64::new(0);
     let finished = AtomicUsize::new(0);
@@ -190,7 +194,7 @@ pub fn replay(
             .map(|(w, share)| {
                 let (ct, snapshot, barrier, done, finished) =
                     (&ct, &snapshot, &barrier, &done, &finished);
-                let (batches, lockstep) = (&batches, &lockstep);
+                let (epochs, lockstep) = (&epochs, &lockstep);
                 scope.spawn(move || {
                     let _poison = PoisonOnPanic(lockstep);
                     let mut pipeline = Pipeline::new(w, capture.link, opts.seed, ct);
@@ -208,7 +212,7 @@ pub fn replay(
                         &share,
                         &clock,
                         Lockstep {
-                            batches,
+                            epochs,
                             barrier: lockstep,
                             leader: w == 0,
                         },
@@ -393,17 +397,50 @@ fn cut_batches(capture: &Capture, updates: &[StateUpdate]) -> Vec<GlobalBatch> {
     batches
 }
 
+/// Consecutive batches of the capture that run at the same clock: the workers meet only between
+/// epochs. `clock_ms` is the first pass's clock (pass p runs at `clock_ms + p * pass_span_ms`);
+/// `updates` table updates take effect before the epoch, and an update always starts one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Epoch {
+    end: u32,
+    clock_ms: u64,
+    updates: u32,
+}
+
+/// Groups the capture's batches ([`cut_batches`]) into epochs. A batch's clock is its first
+/// packet's timestamp, never below the previous batch's (capture timestamps may go backwards;
+/// the pipeline's clock never does), so every packet keeps the clock it had with one barrier per
+/// batch.
+fn cut_epochs(capture: &Capture, updates: &[StateUpdate]) -> Vec<Epoch> {
+    let clock = Clock::new(capture);
+    let mut epochs: Vec<Epoch> = Vec::new();
+    let mut floor = 0u64;
+    for b in cut_batches(capture, updates) {
+        let now = clock.at(b.start_ts, 0).max(floor);
+        floor = now;
+        match epochs.last_mut() {
+            Some(e) if e.clock_ms == now && b.updates == 0 => e.end = b.end,
+            _ => epochs.push(Epoch {
+                end: b.end,
+                clock_ms: now,
+                updates: b.updates,
+            }),
+        }
+    }
+    epochs
+}
+
 /// How a worker keeps in step with the others.
 struct Lockstep<'a> {
-    batches: &'a [GlobalBatch],
+    epochs: &'a [Epoch],
     barrier: &'a SpinBarrier,
     /// Applies what all workers share (stale UDP flushes on table updates).
     leader: bool,
 }
 
 /// Runs `share` (packets in capture order) through `pipeline` (and the egress stage when
-/// `routes` are given) `repeat` times, batch by batch in step with the other workers, handing every batch's (pass, indexes, verdicts, frames)
-/// to `on_batch`.
+/// `routes` are given) `repeat` times, epoch by epoch in step with the other workers, handing
+/// every batch's (pass, indexes, verdicts, frames) to `on_batch`.
 #[allow(clippy::too_many_arguments)]
 fn drive(
     pipeline: &mut Pipeline,
@@ -423,16 +460,15 @@ fn drive(
     let mut batch_idx = [0u32; BATCH];
     let mut hops = [crate::egress::NOT_SENT; BATCH];
     let mut egress_stats = crate::egress::EgressStats::default();
-    let mut now_floor = 0u64;
     for pass in 0..repeat {
         let mut tables = snapshot;
         let mut next_update = 0;
         let mut k = 0;
-        for b in step.batches {
-            if b.updates > 0 {
-                // Everyone has finished the previous batch (the barrier at its end); the leader
+        for e in step.epochs {
+            if e.updates > 0 {
+                // Everyone has finished the previous epoch (the barrier at its end); the leader
                 // flushes what the new tables no longer support, then everyone starts this one.
-                for _ in 0..b.updates {
+                for _ in 0..e.updates {
                     tables = &updates[next_update].snapshot;
                     next_update += 1;
                     if step.leader {
@@ -441,42 +477,46 @@ fn drive(
                 }
                 step.barrier.wait();
             }
-            frames.clear();
-            let mut m = 0;
-            while k < share.len() && share.index[k] < b.end {
-                frames.push(share.frame(k));
-                batch_idx[m] = share.index[k];
-                m += 1;
-                k += 1;
-            }
-            // Capture timestamps may go backwards; the pipeline's clock never does.
-            let now = clock.at(b.start_ts, pass).max(now_floor);
-            now_floor = now;
-            // Also with no packet of this batch: the expiry scan keeps its pace.
-            pipeline.process(&mut frames, &mut verdicts[..m], tables, ct, now);
-            if let Some(r) = routes {
-                r.egress.process(
-                    &mut frames,
-                    &mut verdicts[..m],
-                    &mut hops[..m],
-                    &r.fib,
-                    pipeline.link(),
-                    false,
-                    Some(&tables.cluster_cidrs),
-                    &mut pipeline.counters,
-                    &mut egress_stats,
-                    |_, _, _| {},
-                );
-            }
-            if m > 0 {
-                on_batch(pass, &batch_idx[..m], &verdicts[..m], &frames);
+            let now = e.clock_ms + pass as u64 * clock.pass_span_ms;
+            // This worker's packets of the epoch, in full batches; at least one call, also with
+            // no packet, so that the expiry scan keeps its pace.
+            loop {
+                frames.clear();
+                let mut m = 0;
+                while m < BATCH && k < share.len() && share.index[k] < e.end {
+                    frames.push(share.frame(k));
+                    batch_idx[m] = share.index[k];
+                    m += 1;
+                    k += 1;
+                }
+                pipeline.process(&mut frames, &mut verdicts[..m], tables, ct, now);
+                if let Some(r) = routes {
+                    r.egress.process(
+                        &mut frames,
+                        &mut verdicts[..m],
+                        &mut hops[..m],
+                        &r.fib,
+                        pipeline.link(),
+                        false,
+                        Some(&tables.cluster_cidrs),
+                        &mut pipeline.counters,
+                        &mut egress_stats,
+                        |_, _, _| {},
+                    );
+                }
+                if m > 0 {
+                    on_batch(pass, &batch_idx[..m], &verdicts[..m], &frames);
+                }
+                if m < BATCH || k == share.len() || share.index[k] >= e.end {
+                    break;
+                }
             }
             step.barrier.wait();
         }
     }
 }
 
-/// A barrier for workers that meet every batch: spins briefly, then yields (std's Barrier parks
+/// A barrier for workers that meet every epoch: spins briefly, then yields (std's Barrier parks
 /// on a mutex and condition variable, which costs more than a batch at this rate).
 struct SpinBarrier {
     parties: usize,
@@ -555,7 +595,7 @@ fn steer_by_client(
     let slot_size = slot_size_for(capture);
     let mut shares: Vec<Vec<u32>> = vec![Vec::new(); workers];
     let clock = Clock::new(capture);
-    let batches = cut_batches(capture, updates);
+    let epochs = cut_epochs(capture, updates);
     drive(
         &mut pipeline,
         &ct,
@@ -565,7 +605,7 @@ fn steer_by_client(
         &all,
         &clock,
         Lockstep {
-            batches: &batches,
+            epochs: &epochs,
             barrier: &SpinBarrier::new(1),
             leader: true,
         },
@@ -621,4 +661,47 @@ fn slot_size_for(capture: &Capture) -> usize {
         .max()
         .unwrap_or(0);
     (max_len + 256).max(2048).next_power_of_two()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kxdp_packet::pcap::CapturedPacket;
+    use kxdp_packet::LinkType;
+
+    fn capture(ts_us: &[u64]) -> Capture {
+        Capture {
+            link: LinkType::Ethernet,
+            packets: ts_us
+                .iter()
+                .map(|&t| CapturedPacket {
+                    ts_ns: 5_000_000_000 + t * 1_000,
+                    data: vec![0; 60],
+                })
+                .collect(),
+        }
+    }
+
+    /// Every packet runs at the clock it had with a barrier per batch: batches at the same
+    /// millisecond share an epoch, a new millisecond starts one, and a batch whose timestamp goes
+    /// backwards keeps the clock where it was (so it joins the epoch before it).
+    #[test]
+    fn epochs_group_the_batches_of_one_millisecond() {
+        // Two batches at ms 0, two at ms 1, one back at ms 0, one at ms 7.
+        let mut ts: Vec<u64> = (0..128).collect();
+        ts.extend((0..128).map(|i| 1_000 + i));
+        ts.extend(0..64);
+        ts.extend((0..64).map(|i| 7_000 + i));
+        let cap = capture(&ts);
+        assert_eq!(cut_batches(&cap, &[]).len(), 6);
+        let epoch = |end, ms| Epoch {
+            end,
+            clock_ms: CLOCK_START_MS + ms,
+            updates: 0,
+        };
+        assert_eq!(
+            cut_epochs(&cap, &[]),
+            vec![epoch(128, 0), epoch(320, 1), epoch(384, 7)]
+        );
+    }
 }

@@ -179,7 +179,8 @@ pub fn merge_read<'a>(
         let merged: Vec<EndpointInfo> = if let [one] = lists[..] {
             one.iter().map(|(_, e)| e.clone()).collect()
         } else {
-            let mut all: Vec<&(String, EndpointInfo)> = lists.iter().flat_map(|l| l.iter()).collect();
+            let mut all: Vec<&(String, EndpointInfo)> =
+                lists.iter().flat_map(|l| l.iter()).collect();
             // Stable: equal keys stay in slice order.
             all.sort_by(|a, b| a.0.cmp(&b.0));
             let mut merged = Vec::with_capacity(all.len());
@@ -957,10 +958,16 @@ mod tests {
                 });
             }
             let want = merge_at_once(&slices, "node-0", true);
-            let read: Vec<SliceEndpoints> =
-                slices.iter().map(|s| read_slice(s, "node-0", true)).collect();
+            let read: Vec<SliceEndpoints> = slices
+                .iter()
+                .map(|s| read_slice(s, "node-0", true))
+                .collect();
             let mut problems = Vec::new();
-            assert_eq!(merge_read(read.iter(), &mut problems), want, "round {round}");
+            assert_eq!(
+                merge_read(read.iter(), &mut problems),
+                want,
+                "round {round}"
+            );
             let mut p2 = Vec::new();
             assert_eq!(merge_slices(&slices, "node-0", true, &mut p2), want);
             assert_eq!(problems, p2);

@@ -203,10 +203,12 @@ impl SliceCache {
             .collect();
         let kept: Vec<(EndpointSlice, SliceEndpoints)> = slices
             .into_iter()
-            .map(|s| match old.remove(s.metadata.name.as_deref().unwrap_or("")) {
-                Some((copy, read)) if copy == *s => (copy, read),
-                _ => (s.clone(), read_slice(s, node_name, prefer_same_node_gate)),
-            })
+            .map(
+                |s| match old.remove(s.metadata.name.as_deref().unwrap_or("")) {
+                    Some((copy, read)) if copy == *s => (copy, read),
+                    _ => (s.clone(), read_slice(s, node_name, prefer_same_node_gate)),
+                },
+            )
             .collect();
         let merged = merge_read(kept.iter().map(|(_, r)| r), problems);
         self.by_service.insert(service.clone(), kept);

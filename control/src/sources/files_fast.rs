@@ -207,10 +207,49 @@ fn head(text: &str) -> Option<(&str, &str)> {
 /// - merge keys (`<<`) and duplicate keys are errors here (the reader decides about them);
 /// - no budget and no comments or snippets: `crate::yaml::check` has bounded the text already,
 ///   and an error is only a signal to hand the document over.
+/// - a quoted scalar that reads as a number or a boolean (`"80"`, `'true'`) goes to the reader
+///   whole (`quoted_non_string`): serde-saphyr would read `"80"` into a number field, which the
+///   reader rejects, and no option turns that off. Such strings are rare in these kinds
+///   (addresses, names and ports are not), so the reader's slower path costs little.
 fn typed<T: DeserializeOwned>(text: &str) -> Option<Box<T>> {
+    if quoted_non_string(text) {
+        return None;
+    }
     serde_saphyr::from_str_with_options(text, saphyr_options())
         .ok()
         .map(Box::new)
+}
+
+/// Whether a quoted scalar of `text` may read as a number or a boolean. Every quote character
+/// is tried as an opening quote up to the next one on its line, so an apostrophe in a plain
+/// scalar cannot hide a real quoted scalar (it can only add a candidate, which errs towards the
+/// reader).
+fn quoted_non_string(text: &str) -> bool {
+    let looks_typed = |c: &str| {
+        let c = c.trim();
+        let digits: String = c.chars().filter(|&ch| ch != '_').collect();
+        !c.is_empty()
+            && (digits.parse::<i128>().is_ok()
+                || digits.parse::<f64>().is_ok()
+                || matches!(c.to_ascii_lowercase().as_str(), "true" | "false")
+                || ["0x", "0o", "0b", "+0x", "-0x"]
+                    .iter()
+                    .any(|p| c.to_ascii_lowercase().starts_with(p)))
+    };
+    for line in text.lines() {
+        if !line.contains(['"', '\'']) {
+            continue;
+        }
+        for (i, q) in line.char_indices().filter(|&(_, c)| c == '"' || c == '\'') {
+            let rest = &line[i + 1..];
+            if let Some(end) = rest.find(q) {
+                if looks_typed(&rest[..end]) {
+                    return true;
+                }
+            }
+        }
+    }
+    false
 }
 
 fn saphyr_options() -> serde_saphyr::Options {
@@ -350,6 +389,7 @@ mod tests {
             format!("{}---\n{}", svc("  clusterIP: 172.30.0.1\n"), slice("{addresses: [10.0.0.1], nodeName: false}")),
             "apiVersion: v1\nkind: Service\nmetadata: &m {name: web}\nspec:\n  <<: {clusterIP: 172.30.0.1}\n".to_string(),
             svc("  clusterIP: 172.30.0.1\n  clusterIP: 172.30.0.2\n"),
+            svc("  ports: [{name: \"80\", port: 80}]\n  selector: {app: \"true\"}\n"),
         ];
         for t in &rejected {
             let slow = super::super::one_pass(t, false, std::path::Path::new("s.yaml"), true);
@@ -361,11 +401,31 @@ mod tests {
         }
         // Strings that only look like other things, quoted or not, read the same both ways.
         let accepted = [
-            svc("  clusterIP: \"172.30.0.1\"\n  type: 'ClusterIP'\n  ports: [{name: \"80\", port: 80, targetPort: 8080}, {name: \"yes\", port: 81, targetPort: http}]\n  selector: {app: \"true\", on: yes, tier: null-ish}\n"),
+            svc("  clusterIP: \"172.30.0.1\"\n  type: 'ClusterIP'\n  ports: [{name: \"p80\", port: 80, targetPort: 8080}, {name: \"yes\", port: 81, targetPort: http}]\n  selector: {app: \"it's\", on: yes, tier: null-ish}\n"),
             slice("{addresses: [\"10.0.0.1\"], conditions: {ready: true, serving: false, terminating: FALSE}, nodeName: node-1}"),
         ];
         for t in &accepted {
             assert!(agree(t), "fast path did not take {t}");
+        }
+    }
+
+    #[test]
+    fn quoted_numbers_and_booleans_are_left_to_the_reader() {
+        for t in [
+            "port: \"80\"\n",
+            "a: '1_000'\n",
+            "a: [\"0x50\"]\n",
+            "x: it's \"true\"\n",
+        ] {
+            assert!(quoted_non_string(t), "{t}");
+        }
+        for t in [
+            "clusterIP: \"172.30.0.1\"\n",
+            "a: [\"10.0.0.1\"]\n",
+            "n: \"web-1\"\n",
+            "d: it's\n",
+        ] {
+            assert!(!quoted_non_string(t), "{t}");
         }
     }
 

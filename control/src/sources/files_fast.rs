@@ -207,14 +207,12 @@ fn head(text: &str) -> Option<(&str, &str)> {
 /// - merge keys (`<<`) and duplicate keys are errors here (the reader decides about them);
 /// - no budget and no comments or snippets: `crate::yaml::check` has bounded the text already,
 ///   and an error is only a signal to hand the document over.
-/// - a quoted scalar that reads as a number or a boolean (`"80"`, `'true'`) goes to the reader
-///   whole (`quoted_non_string`): serde-saphyr would read `"80"` into a number field, which the
-///   reader rejects, and no option turns that off. Such strings are rare in these kinds
-///   (addresses, names and ports are not), so the reader's slower path costs little.
+/// - a document with a quoted scalar that reads as a number or a boolean (`"80"`, `'true'`) is
+///   decoded through JSON values as the reader does (`generic`, see `decode`): serde-saphyr
+///   would read `"80"` into a number field, which the reader rejects, and no option turns that
+///   off. Such documents are few (a Pod's `pod-template-generation: "1"` label), and only they
+///   take the slower path.
 fn typed<T: DeserializeOwned>(text: &str) -> Option<Box<T>> {
-    if quoted_non_string(text) {
-        return None;
-    }
     serde_saphyr::from_str_with_options(text, saphyr_options())
         .ok()
         .map(Box::new)
@@ -275,6 +273,9 @@ fn decode(text: &str, validate: bool) -> Option<SegmentOut> {
     {
         // Comments and blank lines before the first `---` are no document.
         return Some(SegmentOut::default());
+    }
+    if quoted_non_string(text) {
+        return generic(text, validate);
     }
     let obj = match head(text) {
         Some(("v1", "Node")) => Object::Node(typed(text)?),

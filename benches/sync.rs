@@ -23,7 +23,8 @@
 //! - **startup from --state**: the state written as YAML (one file, as `kxdp pcap gen` writes
 //!   it), then `sources::files::load_state` (YAML parsing, typed decoding) and a full build; the
 //!   YAML parser alone (`yaml_serde` to JSON values) is timed separately to say where the time
-//!   goes;
+//!   goes, and so are the two parsers decoding every document into its type on one thread
+//!   (`yaml_serde`, as the fast path used it, against `serde-saphyr`, as it uses it now);
 //! - **memory**: live heap (a counting allocator) of the typed objects alone, and of what the
 //!   control loop keeps: the store (the objects), the builder (each Service's translation and
 //!   frontend claims) and the published snapshot.
@@ -538,6 +539,30 @@ fn startup(layout: Layout, n: usize) -> String {
         docs += v.is_object() as usize;
     }
     let parse = t.elapsed();
+    // The two parsers on the same documents, one thread, each document straight into its type
+    // (what `sources/files_fast.rs` does on every core): yaml_serde as the fast path used it,
+    // serde-saphyr as it uses it now.
+    let documents: Vec<&str> = text.split("---\n").filter(|d| !d.is_empty()).collect();
+    let serde_typed = typed_all(
+        &documents,
+        |d| yaml_serde::from_str::<Service>(d).is_ok(),
+        |d| yaml_serde::from_str::<EndpointSlice>(d).is_ok(),
+    );
+    let saphyr = || {
+        let mut o = serde_saphyr::Options::default();
+        o.no_schema = true;
+        o.strict_booleans = true;
+        o.budget = None;
+        o.emit_comments = false;
+        o.with_snippet = false;
+        o
+    };
+    let saphyr_typed = typed_all(
+        &documents,
+        |d| serde_saphyr::from_str_with_options::<Service>(d, saphyr()).is_ok(),
+        |d| serde_saphyr::from_str_with_options::<EndpointSlice>(d, saphyr()).is_ok(),
+    );
+    drop(documents);
     drop(text);
     let t = Instant::now();
     let loaded = kxdp_control::sources::files::load_state(&file).unwrap();
@@ -549,13 +574,37 @@ fn startup(layout: Layout, n: usize) -> String {
     assert_eq!(snap.frontends.len(), n);
 
     format!(
-        "{:.0} MB, {docs} docs: baseline (old reader, YAML parser alone) {}; load {} + build {} = {}",
+        "{:.0} MB, {docs} docs: baseline (old reader, YAML parser alone) {}; typed, one thread: yaml_serde {} / serde-saphyr {} ({:.2}×); load {} + build {} = {}",
         yaml_size as f64 / 1e6,
         ms(parse),
+        ms(serde_typed),
+        ms(saphyr_typed),
+        serde_typed.as_secs_f64() / saphyr_typed.as_secs_f64(),
         ms(load),
         ms(startup_build),
         ms(load + startup_build),
     )
+}
+
+/// Decodes every Service and EndpointSlice document with `service` / `slice` (the Node is
+/// skipped); the time taken.
+fn typed_all(
+    documents: &[&str],
+    service: impl Fn(&str) -> bool,
+    slice: impl Fn(&str) -> bool,
+) -> Duration {
+    let t = Instant::now();
+    let mut ok = 0;
+    for d in documents {
+        if d.starts_with("apiVersion: v1\nkind: Service\n") {
+            ok += service(d) as usize;
+        } else if d.starts_with("apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n") {
+            ok += slice(d) as usize;
+        }
+    }
+    let took = t.elapsed();
+    assert_eq!(ok, documents.len() - 1, "every document decodes");
+    took
 }
 
 /// Memory at 150k pods (5,000 nodes' worth): the Pods as the store keeps them (a `PodRecord`

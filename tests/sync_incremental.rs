@@ -226,3 +226,82 @@ fn an_update_copies_only_the_shards_it_touches() {
         "ClusterIPs kept across the update"
     );
 }
+
+/// A Service with many EndpointSlices (read slice by slice and kept, `translate::SliceCache`):
+/// random changes to single slices (endpoints moved, shared with other slices, terminating,
+/// slices added, deleted, moved to another Service, so that the count crosses
+/// `SLICE_CACHE_MIN_SLICES` both ways), to the Service, and full builds in between (which keep
+/// the slices read), each compared with a full build by a fresh builder.
+#[test]
+fn per_slice_updates_of_a_many_slice_service_equal_full_builds() {
+    fn big_slice(r: &mut Rng, owner: &str, k: u64) -> Object {
+        let mut eps = String::new();
+        for _ in 0..1 + r.below(20) {
+            let node = if r.below(3) == 0 { "node-a" } else { "node-b" };
+            let (ready, term) = match r.below(6) {
+                0 => (false, true),
+                1 => (false, false),
+                _ => (true, false),
+            };
+            // A small pool of addresses: the same endpoint in several slices.
+            eps.push_str(&format!(
+                "- {{addresses: [10.9.{}.{}], nodeName: {node}, conditions: {{ready: {ready}, serving: true, terminating: {term}}}}}\n",
+                r.below(3),
+                r.below(40)
+            ));
+        }
+        let port = 8080 + r.below(2);
+        object(&format!(
+            "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: big-{k}, namespace: a, labels: {{kubernetes.io/service-name: {owner}}}}}\naddressType: IPv4\nports: [{{name: p, port: {port}}}, {{name: q, port: 53, protocol: UDP}}]\nendpoints:\n{eps}"
+        ))
+    }
+    fn big_service(r: &mut Rng, name: &str, ip: u8) -> Object {
+        let local = ["Cluster", "Local"][r.below(2) as usize];
+        object(&format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: a}}\nspec:\n  type: NodePort\n  clusterIP: 172.30.9.{ip}\n  internalTrafficPolicy: {local}\n  ports:\n  - {{name: p, port: 80, nodePort: 3100{ip}}}\n  - {{name: q, port: 53, protocol: UDP}}\n"
+        ))
+    }
+    for seed in 1..=4u64 {
+        let mut r = Rng(0x51af_d7ed_558c_cd01 ^ seed);
+        let mut store = Store::new("node-a");
+        let now = std::time::SystemTime::now();
+        store.apply(big_service(&mut r, "big", 1), now);
+        store.apply(big_service(&mut r, "other", 2), now);
+        for k in 0..10 {
+            store.apply(big_slice(&mut r, "big", k), now);
+        }
+        let mut inc = Builder::new(config());
+        store.changes = Default::default();
+        inc.full(&store.state);
+        for step in 0..200 {
+            let k = r.below(14);
+            match r.below(10) {
+                0..=5 => store.apply(big_slice(&mut r, "big", k), now),
+                6 => store.apply(big_slice(&mut r, "other", k), now),
+                7 => store.delete(
+                    Kind::EndpointSlice,
+                    &ObjectKey::new("a", format!("big-{k}")),
+                    now,
+                ),
+                8 => store.apply(big_service(&mut r, "big", 1), now),
+                _ => {
+                    // A full build in between (kept slices are checked, not trusted).
+                    store.changes.full = true;
+                }
+            }
+            let changes = std::mem::take(&mut store.changes);
+            let snap = inc
+                .apply(&store.state, &changes, &|| false)
+                .expect("never stopped");
+            let mut full = Builder::new(config());
+            let want = full.full(&store.state);
+            if let Err(e) = same(&snap, &want) {
+                panic!("seed {seed} step {step}: {e}");
+            }
+            let p1: Vec<String> = inc.problems().iter().map(|p| p.to_string()).collect();
+            let p2: Vec<String> = full.problems().iter().map(|p| p.to_string()).collect();
+            assert_eq!(p1, p2, "seed {seed} step {step}: problems");
+            assert_eq!(inc.no_local_endpoints(), full.no_local_endpoints());
+        }
+    }
+}

@@ -22,7 +22,9 @@ use crate::config::Config;
 use crate::model::{ClusterState, ObjectKey};
 use crate::policy::PolicyCompiler;
 use crate::sync::Changes;
-use crate::translate::{globals, translate_service, Globals, Problem, ServiceOutput};
+use crate::translate::{
+    globals, translate_service_with, Globals, Problem, ServiceOutput, SliceCache,
+};
 
 /// Who claims a frontend key: (is a NodePort, Service id).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,6 +54,10 @@ pub struct Builder {
     /// A complete build is held (false at first, and after a full build was stopped).
     built: bool,
     policy_compiler: PolicyCompiler,
+    /// The EndpointSlices of Services with many, as last read: a change to one slice reads that
+    /// slice again, not the Service's every endpoint. Kept across full builds (it checks each
+    /// slice against the state, so it is never stale).
+    slices: SliceCache,
 }
 
 impl Builder {
@@ -70,6 +76,7 @@ impl Builder {
             snap: Snapshot::empty(),
             built: false,
             policy_compiler: PolicyCompiler::new(),
+            slices: SliceCache::default(),
         }
     }
 
@@ -114,8 +121,11 @@ impl Builder {
     ) -> Option<Snapshot> {
         let config = self.config.clone();
         let policy = std::mem::take(&mut self.policy_compiler);
+        let slices = std::mem::take(&mut self.slices);
         *self = Builder::new(config);
         self.policy_compiler = policy;
+        self.slices = slices;
+        self.slices.retain(|k| state.services.contains_key(k));
         self.globals = globals(&self.config, state);
         self.snap.node = self.globals.node.clone();
         self.snap.cluster_cidrs = self.globals.cluster_cidrs.clone();
@@ -128,7 +138,14 @@ impl Builder {
                 self.built = false;
                 return None;
             }
-            let out = translate_service(&self.config, &self.globals, key, svc, state);
+            let out = translate_service_with(
+                &self.config,
+                &self.globals,
+                key,
+                svc,
+                state,
+                Some(&mut self.slices),
+            );
             self.add(key, out);
         }
         self.built = true;
@@ -143,8 +160,17 @@ impl Builder {
         }
         for key in services {
             if let Some(svc) = state.services.get(key) {
-                let out = translate_service(&self.config, &self.globals, key, svc, state);
+                let out = translate_service_with(
+                    &self.config,
+                    &self.globals,
+                    key,
+                    svc,
+                    state,
+                    Some(&mut self.slices),
+                );
                 self.add(key, out);
+            } else {
+                self.slices.forget(key);
             }
         }
         self.snap.clone()

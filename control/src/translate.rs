@@ -7,12 +7,14 @@
 //! Nothing here fails as a whole: an object that cannot be translated is skipped and reported as
 //! a `Problem`; everything else is built.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::net::IpAddr;
 use std::sync::Arc;
 
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kxdp_dataplane::snapshot::{
     EmptyAction, Endpoint, EndpointRange, Frontend, FrontendKey, FrontendKind, NodeInfo, PrefixSet,
     Route, ServicePortInfo, Snapshot, SourceClass,
@@ -21,8 +23,8 @@ use kxdp_packet::Addr;
 
 use crate::config::{Config, NodePortAddress};
 use crate::endpoints::{
-    categorize, merge_slices, Categorized, EndpointInfo, PolicyInfo, PortKey, Topology,
-    LABEL_TOPOLOGY_ZONE,
+    categorize, merge_read, merge_slices, read_slice, Categorized, EndpointInfo, PolicyInfo,
+    PortKey, SliceEndpoints, Topology, LABEL_TOPOLOGY_ZONE,
 };
 use crate::model::{ClusterState, ObjectKey};
 
@@ -120,14 +122,98 @@ pub fn translate_service(
     svc: &Service,
     state: &ClusterState,
 ) -> ServiceOutput {
+    translate_service_with(config, g, key, svc, state, None)
+}
+
+/// `translate_service`, reading the Service's EndpointSlices through `slices` (what was read
+/// from them last time; only changed slices are read again). The output is the same with or
+/// without it: the cache only saves work.
+pub fn translate_service_with(
+    config: &Config,
+    g: &Globals,
+    key: &ObjectKey,
+    svc: &Service,
+    state: &ClusterState,
+    slices: Option<&mut SliceCache>,
+) -> ServiceOutput {
     let mut t = Translator::new(config, &g.node_ips);
     let topo = Topology {
         node_name: &config.node_name,
         zone: &g.zone,
         prefer_same_node: config.feature_enabled("PreferSameTrafficDistribution"),
     };
-    t.service(key, svc, state, &topo);
+    t.service(key, svc, state, &topo, slices);
     crate::addr_guard::guard_service(g, key, t.finish())
+}
+
+/// Services with at least this many EndpointSlices keep each slice read (`SliceCache`): below,
+/// comparing a kept slice costs about what reading it again does, and keeping it costs memory.
+pub const SLICE_CACHE_MIN_SLICES: usize = 4;
+
+/// The EndpointSlices of the Services that have many (`SLICE_CACHE_MIN_SLICES`), each as last
+/// read (`endpoints::read_slice`), with a copy of the slice it was read from. A Service's
+/// endpoints are merged from its slices' reads (`endpoints::merge_read`), so a change to one of
+/// a 5,000-endpoint Service's 50 slices reads 100 endpoints again, not 5,000.
+///
+/// A kept read is used only when its slice is equal to the one in the state (compared whole),
+/// so the cache never depends on being told what changed, nor on the order of calls: the
+/// translation stays a function of the state, and the same as without the cache.
+#[derive(Default)]
+pub struct SliceCache {
+    by_service: HashMap<ObjectKey, Vec<(EndpointSlice, SliceEndpoints)>>,
+}
+
+impl SliceCache {
+    /// Forgets the slices of Services for which `keep` is false.
+    pub fn retain(&mut self, mut keep: impl FnMut(&ObjectKey) -> bool) {
+        self.by_service.retain(|k, _| keep(k));
+    }
+
+    /// Forgets one Service's slices.
+    pub fn forget(&mut self, service: &ObjectKey) {
+        self.by_service.remove(service);
+    }
+
+    /// Services whose slices are kept.
+    pub fn len(&self) -> usize {
+        self.by_service.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_service.is_empty()
+    }
+
+    /// `merge_slices` of the Service's slices, reading only those not kept as they are.
+    fn merged(
+        &mut self,
+        service: &ObjectKey,
+        slices: Vec<&EndpointSlice>,
+        node_name: &str,
+        prefer_same_node_gate: bool,
+        problems: &mut Vec<String>,
+    ) -> std::collections::BTreeMap<PortKey, Vec<EndpointInfo>> {
+        let old = self.by_service.remove(service);
+        if slices.len() < SLICE_CACHE_MIN_SLICES {
+            return merge_slices(slices, node_name, prefer_same_node_gate, problems);
+        }
+        let mut old: HashMap<String, (EndpointSlice, SliceEndpoints)> = old
+            .into_iter()
+            .flatten()
+            .map(|(s, r)| (s.metadata.name.clone().unwrap_or_default(), (s, r)))
+            .collect();
+        let kept: Vec<(EndpointSlice, SliceEndpoints)> = slices
+            .into_iter()
+            .map(
+                |s| match old.remove(s.metadata.name.as_deref().unwrap_or("")) {
+                    Some((copy, read)) if copy == *s => (copy, read),
+                    _ => (s.clone(), read_slice(s, node_name, prefer_same_node_gate)),
+                },
+            )
+            .collect();
+        let merged = merge_read(kept.iter().map(|(_, r)| r), problems);
+        self.by_service.insert(service.clone(), kept);
+        merged
+    }
 }
 
 /// `service.kubernetes.io/service-proxy-name`: a Service carrying it belongs to another proxy and
@@ -360,6 +446,7 @@ impl<'a> Translator<'a> {
         svc: &Service,
         state: &ClusterState,
         topo: &Topology<'_>,
+        slices: Option<&mut SliceCache>,
     ) {
         let obj = format!("Service {key}");
         self.label = obj.clone();
@@ -479,12 +566,21 @@ impl<'a> Translator<'a> {
         };
 
         let mut slice_problems = Vec::new();
-        let merged = merge_slices(
-            state.slices_of(key),
-            &self.config.node_name,
-            topo.prefer_same_node,
-            &mut slice_problems,
-        );
+        let merged = match slices {
+            Some(cache) => cache.merged(
+                key,
+                state.slices_of(key).collect(),
+                &self.config.node_name,
+                topo.prefer_same_node,
+                &mut slice_problems,
+            ),
+            None => merge_slices(
+                state.slices_of(key),
+                &self.config.node_name,
+                topo.prefer_same_node,
+                &mut slice_problems,
+            ),
+        };
         for m in slice_problems {
             self.problem(obj.clone(), m);
         }

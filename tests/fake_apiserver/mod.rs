@@ -161,6 +161,9 @@ pub struct Request {
     pub continue_token: Option<String>,
 }
 
+/// The items of a list as it was at its first page, as list-item texts.
+type ListItems = Arc<Vec<Arc<str>>>;
+
 #[derive(Default)]
 struct Inner {
     rv: u64,
@@ -178,7 +181,7 @@ struct Inner {
     /// Paginated lists in progress: token id → (resourceVersion, the items of the list as it was
     /// then, as list-item texts). The real server reads older revisions from etcd; this keeps
     /// the list itself.
-    pages: BTreeMap<u64, (u64, Arc<Vec<Arc<str>>>)>,
+    pages: BTreeMap<u64, (u64, ListItems)>,
     next_page_id: u64,
 }
 

@@ -161,18 +161,27 @@ pub struct Request {
     pub continue_token: Option<String>,
 }
 
+/// The items of a list as it was at its first page, as list-item texts.
+type ListItems = Arc<Vec<Arc<str>>>;
+
 #[derive(Default)]
 struct Inner {
     rv: u64,
     /// (plural, namespace, name) -> object.
     objects: BTreeMap<(&'static str, String, String), Value>,
+    /// (plural, namespace, name) -> the object as a list item (JSON text without `apiVersion`
+    /// and `kind`), serialized once when written: a list page is these texts joined, so that
+    /// serving a 30,000-object list costs copies, not serialization (the benches time the
+    /// client, not this server).
+    list_items: BTreeMap<(&'static str, String, String), Arc<str>>,
     log: VecDeque<Ev>,
     /// Events at or below this resourceVersion are forgotten.
     compacted: u64,
     requests: Vec<Request>,
     /// Paginated lists in progress: token id → (resourceVersion, the items of the list as it was
-    /// then). The real server reads older revisions from etcd; this keeps the list itself.
-    pages: BTreeMap<u64, (u64, Arc<Vec<Value>>)>,
+    /// then, as list-item texts). The real server reads older revisions from etcd; this keeps
+    /// the list itself.
+    pages: BTreeMap<u64, (u64, ListItems)>,
     next_page_id: u64,
 }
 
@@ -471,6 +480,7 @@ fn write(
     meta.insert("creationTimestamp".into(), created);
     obj["apiVersion"] = json!(res.api_version());
     obj["kind"] = json!(res.kind);
+    inner.list_items.insert(key.clone(), list_item(&obj));
     inner.objects.insert(key, obj.clone());
     let ev = Ev {
         rv,
@@ -486,9 +496,9 @@ fn write(
 
 fn delete(shared: &Shared, res: Res, ns: &str, name: &str) -> Option<Value> {
     let mut inner = shared.inner.lock().unwrap();
-    let mut obj = inner
-        .objects
-        .remove(&(res.plural, ns.to_string(), name.to_string()))?;
+    let key = (res.plural, ns.to_string(), name.to_string());
+    let mut obj = inner.objects.remove(&key)?;
+    inner.list_items.remove(&key);
     inner.rv += 1;
     let rv = inner.rv;
     obj["metadata"]["resourceVersion"] = json!(rv.to_string());
@@ -502,6 +512,30 @@ fn delete(shared: &Shared, res: Res, ns: &str, name: &str) -> Option<Value> {
     inner.log.push_back(ev.clone());
     let _ = shared.live.send(Live::Event(ev));
     Some(obj)
+}
+
+/// An object's text as an item of a list: without `apiVersion` and `kind` (a list names them
+/// once), `metadata` first as the real server writes it (Go's field order: the type's meta,
+/// the object's meta, spec, status).
+fn list_item(obj: &Value) -> Arc<str> {
+    let Some(m) = obj.as_object() else {
+        return obj.to_string().into();
+    };
+    let mut text = String::from("{");
+    let fields = m.get_key_value("metadata").into_iter().chain(
+        m.iter()
+            .filter(|(k, _)| !matches!(k.as_str(), "metadata" | "apiVersion" | "kind")),
+    );
+    for (n, (k, v)) in fields.enumerate() {
+        if n > 0 {
+            text.push(',');
+        }
+        text.push_str(&Value::String(k.clone()).to_string());
+        text.push(':');
+        text.push_str(&v.to_string());
+    }
+    text.push('}');
+    text.into()
 }
 
 /// RFC 7386 JSON merge patch.
@@ -860,24 +894,25 @@ async fn handle(
                         (rv, all, offset, Some(id))
                     }
                     None => {
-                        let items: Vec<Value> = inner
+                        let range = (res.plural, String::new(), String::new())
+                            ..(res.plural, "\u{10ffff}".to_string(), String::new());
+                        let items: Vec<Arc<str>> = inner
                             .objects
-                            .iter()
+                            .range(range)
                             .filter(|((p, _, _), o)| filter.matches(p, o))
-                            .map(|(_, o)| {
-                                let mut o = if meta_only { meta_view(o) } else { o.clone() };
-                                if let Some(m) = o.as_object_mut() {
-                                    m.remove("apiVersion");
-                                    m.remove("kind");
+                            .map(|(k, o)| {
+                                if meta_only {
+                                    list_item(&meta_view(o))
+                                } else {
+                                    inner.list_items[k].clone()
                                 }
-                                o
                             })
                             .collect();
                         (inner.rv, Arc::new(items), 0, None)
                     }
                 };
                 let end = offset.saturating_add(limit).min(all.len());
-                let items: Vec<Value> = all[offset.min(end)..end].to_vec();
+                let items = &all[offset.min(end)..end];
                 let mut metadata = json!({"resourceVersion": rv.to_string()});
                 if end < all.len() {
                     let id = id.unwrap_or_else(|| {
@@ -899,11 +934,27 @@ async fn handle(
                 } else {
                     (format!("{}List", res.kind), res.api_version())
                 };
-                reply(
-                    200,
-                    json!({"kind": kind, "apiVersion": api_version,
-                           "metadata": metadata, "items": items}),
-                )
+                // The page's text from the items' texts (no serialization here).
+                let head = json!({"kind": kind, "apiVersion": api_version, "metadata": metadata})
+                    .to_string();
+                let mut text = String::with_capacity(
+                    head.len() + 16 + items.iter().map(|i| i.len() + 1).sum::<usize>(),
+                );
+                text.push_str(&head[..head.len() - 1]);
+                text.push_str(",\"items\":[");
+                for (n, item) in items.iter().enumerate() {
+                    if n > 0 {
+                        text.push(',');
+                    }
+                    text.push_str(item);
+                }
+                text.push_str("]}");
+                drop(inner);
+                Response::builder()
+                    .status(200)
+                    .header("content-type", "application/json")
+                    .body(Body::from(text))
+                    .unwrap()
             }
         }
         (Method::GET, Some(name)) => {

@@ -17,12 +17,23 @@
 //! store replaces its contents on `InitDone`. Errors back off exponentially (`KubeOptions`) and
 //! are reported (`Update::SourceError`); the last good tables stay meanwhile.
 //!
-//! Objects are received untyped (`DynamicObject`) and decoded one by one, so that one object the
-//! typed model rejects is skipped and reported (its last good version stays), instead of failing
-//! the whole list and stalling the kind. A kind the server does not serve (404, e.g. ServiceCIDR on
-//! an older cluster) counts as empty, so that it never holds up the first sync.
+//! Objects are read one by one (`Received<K>`), so that one object the typed model rejects is
+//! skipped and reported (its last good version stays), instead of failing the whole list and
+//! stalling the kind. A kind the server does not serve (404, e.g. ServiceCIDR on an older
+//! cluster) counts as empty, so that it never holds up the first sync.
+//!
+//! Lists at cluster scale (issue 14: 30,000 Services × 10 endpoints): while kube-rs fetches a
+//! list's pages one after the other on the sources' thread, only each object's metadata is read
+//! there; its text is decoded into the k8s-openapi type on tokio's blocking pool, in chunks of
+//! `DECODE_CHUNK`, at most one chunk per core at a time per watch, overlapping the next pages'
+//! requests. Each watch remembers the resourceVersion of every object it handed over
+//! (`HeldVersions`): a relist (after `410 Gone`) decodes and sends only the objects whose
+//! resourceVersion changed; the others are named in `Update::Relisted::keep` and the store keeps
+//! them as they are (one resourceVersion names one version of an object).
 
+use std::collections::HashMap;
 use std::sync::mpsc::Sender;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
@@ -55,7 +66,9 @@ pub const POD_FIELD_SELECTOR: &str = "status.phase!=Succeeded,status.phase!=Fail
 
 /// Objects per page of a (re)list (`limit`, then `continue`), as client-go's reflector lists:
 /// the server never has to build one response of the whole cluster, and the list is read as it
-/// was at the first page's resourceVersion.
+/// was at the first page's resourceVersion. 500 is client-go's (and kube-proxy's informers')
+/// value; larger pages were not needed: with decoding off the sources' thread a page's round
+/// trip is a small part of the list (docs/benchmarks.md, "Session 4: API list and relist").
 pub const LIST_PAGE_SIZE: u32 = 500;
 
 /// One watched kind.
@@ -227,11 +240,60 @@ impl Backoff for Expo {
     }
 }
 
-/// One object as `run` receives it: its key, and the typed object or why it cannot be decoded.
+/// One object as `run` receives it: its key, its resourceVersion, and what became of it.
 #[derive(Debug)]
 struct Item {
     key: ObjectKey,
-    decoded: Result<Object, Problem>,
+    resource_version: Option<String>,
+    decoded: Got,
+}
+
+/// What decoding an object gave.
+enum Got {
+    Object(Object),
+    /// The version this watch handed over last (same key and resourceVersion): not decoded
+    /// again. A relist after `410 Gone` repeats every object; the API server guarantees that
+    /// one resourceVersion names one version of an object, so only the changed ones are
+    /// decoded and sent.
+    Held,
+    /// To be decoded (by `run`, on the blocking pool during a list).
+    Deferred(Arc<str>, DecodeFn),
+    Invalid(Problem),
+}
+
+impl std::fmt::Debug for Got {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Got::Object(o) => f.debug_tuple("Object").field(o).finish(),
+            Got::Held => f.write_str("Held"),
+            Got::Deferred(t, _) => f.debug_tuple("Deferred").field(&t.len()).finish(),
+            Got::Invalid(p) => f.debug_tuple("Invalid").field(p).finish(),
+        }
+    }
+}
+
+/// The resourceVersion of every object one watch has handed over (and not seen deleted
+/// since): what `Received` compares with, to skip decoding objects the store already holds.
+type HeldVersions = HashMap<ObjectKey, String>;
+
+thread_local! {
+    /// Set by `run` for the duration of one synchronous poll of its stream, to the
+    /// `HeldVersions` of its watch: a `Received` read inside kube-rs's list or watch then
+    /// compares with them and defers its decoding (`Received::from_json`). A thread-local
+    /// because the reading is `serde::Deserialize`, called by kube-rs with no context of ours.
+    static CONTEXT: std::cell::RefCell<Option<Arc<HeldVersions>>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Polls `events` with `held` visible to `Received`'s reading.
+fn poll_with_held(
+    events: &mut EventStream,
+    held: &Arc<HeldVersions>,
+    cx: &mut std::task::Context<'_>,
+) -> std::task::Poll<Option<Result<Event<Item>, watcher::Error>>> {
+    CONTEXT.with(|h| *h.borrow_mut() = Some(held.clone()));
+    let r = events.poll_next_unpin(cx);
+    CONTEXT.with(|h| *h.borrow_mut() = None);
+    r
 }
 
 type EventStream =
@@ -281,8 +343,19 @@ decodable!(Node => Node, Service => Service, EndpointSlice => EndpointSlice,
 pub struct Received<K> {
     /// Name, namespace and resourceVersion (what the watcher and the key read).
     meta: ObjectMeta,
-    decoded: Result<Object, String>,
+    decoded: Decoded,
     kind: std::marker::PhantomData<fn() -> K>,
+}
+
+#[derive(Clone)]
+enum Decoded {
+    Object(Object),
+    /// Held already at this resourceVersion (see `Got::Held`).
+    Held,
+    /// Not decoded yet: the object's text and its decoder (see `Received::from_json`).
+    Deferred(Arc<str>, DecodeFn),
+    /// Why it cannot be decoded (the field path and serde's message).
+    Invalid(String),
 }
 
 // By hand: derived impls would ask `K: Clone + Debug`, which `K` (a marker here) need not be.
@@ -292,6 +365,17 @@ impl<K> Clone for Received<K> {
             meta: self.meta.clone(),
             decoded: self.decoded.clone(),
             kind: std::marker::PhantomData,
+        }
+    }
+}
+
+impl std::fmt::Debug for Decoded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Decoded::Object(o) => f.debug_tuple("Object").field(o).finish(),
+            Decoded::Held => f.write_str("Held"),
+            Decoded::Deferred(t, _) => f.debug_tuple("Deferred").field(&t.len()).finish(),
+            Decoded::Invalid(m) => f.debug_tuple("Invalid").field(m).finish(),
         }
     }
 }
@@ -368,13 +452,96 @@ impl<'de, K: Decodable> serde::Deserialize<'de> for Received<K> {
     }
 }
 
+/// Whatever of the metadata is readable.
+#[derive(serde::Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct LenientMeta {
+    name: Option<String>,
+    namespace: Option<String>,
+    resource_version: Option<String>,
+}
+
+impl LenientMeta {
+    /// The object's `metadata`, read up to its end only: the API server writes it before
+    /// `spec` and `status`, so the rest of the object is not even scanned. Unreadable
+    /// metadata gives empty fields (the object's decoding then says why).
+    fn read(text: &str) -> LenientMeta {
+        use serde::de::{DeserializeSeed, Error, IgnoredAny, MapAccess, Visitor};
+        struct Seed<'a>(&'a mut Option<LenientMeta>);
+        impl<'de> DeserializeSeed<'de> for Seed<'_> {
+            type Value = ();
+            fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+                d.deserialize_map(self)
+            }
+        }
+        impl<'de> Visitor<'de> for Seed<'_> {
+            type Value = ();
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+                while let Some(k) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                    if k == "metadata" {
+                        *self.0 = Some(map.next_value()?);
+                        // Stop: what follows is not needed (the error is the way out).
+                        return Err(A::Error::custom("metadata read"));
+                    }
+                    map.next_value::<IgnoredAny>()?;
+                }
+                Ok(())
+            }
+        }
+        let mut out = None;
+        let mut de = serde_json::Deserializer::from_str(text);
+        let _ = Seed(&mut out).deserialize(&mut de);
+        out.unwrap_or_default()
+    }
+
+    fn into_meta(self) -> ObjectMeta {
+        ObjectMeta {
+            name: self.name,
+            namespace: self.namespace,
+            resource_version: self.resource_version,
+            ..Default::default()
+        }
+    }
+}
+
+/// Decodes an object's text into its kind, or says why not (field path and message).
+type DecodeFn = fn(&str) -> Result<Object, String>;
+
 impl<K: Decodable> Received<K> {
-    /// Decodes one object's JSON text; never fails (see the type's docs).
+    /// Reads one object's JSON text; never fails (see the type's docs).
+    ///
+    /// Polled by `run` (`CONTEXT` set): only the metadata is read here, on the sources'
+    /// thread; an object held at this resourceVersion already is `Held`, any other is
+    /// `Deferred` (its text kept) and decoded by `run` on the blocking pool, in parallel with
+    /// the list's next pages. Elsewhere (tests), decoded at once.
     fn from_json(text: &str) -> Self {
-        match serde_json::from_str::<K>(text) {
-            Ok(mut obj) => {
-                let m = obj.metadata_mut();
-                m.managed_fields = None;
+        let context = CONTEXT.with(|h| h.borrow().clone());
+        if let Some(held) = context {
+            let m = LenientMeta::read(text);
+            let is_held = !held.is_empty()
+                && m.resource_version.as_ref().is_some_and(|rv| {
+                    let key = ObjectKey::new(
+                        m.namespace.clone().unwrap_or_default(),
+                        m.name.clone().unwrap_or_default(),
+                    );
+                    held.get(&key) == Some(rv)
+                });
+            return Received {
+                meta: m.into_meta(),
+                decoded: if is_held {
+                    Decoded::Held
+                } else {
+                    Decoded::Deferred(text.into(), Self::decode)
+                },
+                kind: std::marker::PhantomData,
+            };
+        }
+        match Self::decode(text) {
+            Ok(obj) => {
+                let m = obj.metadata();
                 let meta = ObjectMeta {
                     name: m.name.clone(),
                     namespace: m.namespace.clone(),
@@ -383,46 +550,35 @@ impl<K: Decodable> Received<K> {
                 };
                 Received {
                     meta,
-                    decoded: Ok(Box::new(obj).into_object()),
+                    decoded: Decoded::Object(obj),
                     kind: std::marker::PhantomData,
                 }
+            }
+            Err(message) => Received {
+                meta: LenientMeta::read(text).into_meta(),
+                decoded: Decoded::Invalid(message),
+                kind: std::marker::PhantomData,
+            },
+        }
+    }
+
+    /// The typed object (without managed fields), or the field path and message.
+    fn decode(text: &str) -> Result<Object, String> {
+        match serde_json::from_str::<K>(text) {
+            Ok(mut obj) => {
+                obj.metadata_mut().managed_fields = None;
+                Ok(Box::new(obj).into_object())
             }
             Err(_) => {
                 // Again, for the field path (errors are rare: the fast way first).
                 let mut de = serde_json::Deserializer::from_str(text);
-                let message = match serde_path_to_error::deserialize::<_, K>(&mut de) {
+                Err(match serde_path_to_error::deserialize::<_, K>(&mut de) {
                     Ok(_) => "undecodable".to_string(),
                     Err(e) => {
                         let path = e.path().to_string();
                         format!("{path}: {}", e.into_inner())
                     }
-                };
-                /// Whatever of the metadata is readable.
-                #[derive(serde::Deserialize, Default)]
-                struct Lenient {
-                    #[serde(default)]
-                    metadata: LenientMeta,
-                }
-                #[derive(serde::Deserialize, Default)]
-                #[serde(rename_all = "camelCase")]
-                struct LenientMeta {
-                    name: Option<String>,
-                    namespace: Option<String>,
-                    resource_version: Option<String>,
-                }
-                let m = serde_json::from_str::<Lenient>(text)
-                    .unwrap_or_default()
-                    .metadata;
-                Received {
-                    meta: ObjectMeta {
-                        name: m.name,
-                        namespace: m.namespace,
-                        resource_version: m.resource_version,
-                        ..Default::default()
-                    },
-                    decoded: Err(message),
-                    kind: std::marker::PhantomData,
-                }
+                })
             }
         }
     }
@@ -459,8 +615,17 @@ where
                         o.meta.namespace.clone().unwrap_or_default(),
                         o.meta.name.clone().unwrap_or_default(),
                     );
-                    let decoded = o.decoded.map_err(|m| problem(&spec, &key, m));
-                    Item { key, decoded }
+                    let decoded = match o.decoded {
+                        Decoded::Object(obj) => Got::Object(obj),
+                        Decoded::Held => Got::Held,
+                        Decoded::Deferred(text, decode) => Got::Deferred(text, decode),
+                        Decoded::Invalid(m) => Got::Invalid(problem(&spec, &key, m)),
+                    };
+                    Item {
+                        key,
+                        resource_version: o.meta.resource_version,
+                        decoded,
+                    }
                 })
             })
         })
@@ -496,8 +661,16 @@ fn stream(client: Client, spec: &WatchSpec, options: &KubeOptions) -> EventStrea
     let spec2 = spec.clone();
     let item = move |o: DynamicObject| {
         let key = key_of(&o);
-        let decoded = decode(&spec2, o).map_err(|(_, p)| p);
-        Item { key, decoded }
+        let resource_version = o.metadata.resource_version.clone();
+        let decoded = match decode(&spec2, o) {
+            Ok(obj) => Got::Object(obj),
+            Err((_, p)) => Got::Invalid(p),
+        };
+        Item {
+            key,
+            resource_version,
+            decoded,
+        }
     };
     let api: Api<DynamicObject> = Api::all_with(client, &spec.resource);
     if spec.metadata_only {
@@ -520,13 +693,127 @@ fn stream(client: Client, spec: &WatchSpec, options: &KubeOptions) -> EventStrea
     }
 }
 
+/// Objects decoded per task of the blocking pool during a list.
+const DECODE_CHUNK: usize = 250;
+
+/// An object of a list waiting to be decoded.
+struct Pending {
+    key: ObjectKey,
+    resource_version: Option<String>,
+    text: Arc<str>,
+    decode: DecodeFn,
+}
+
+/// A decoded object of a list: its key, resourceVersion, and the object or why not.
+type Decoded1 = (ObjectKey, Option<String>, Result<Object, String>);
+
+/// A (re)list in progress.
+#[derive(Default)]
+struct Listing {
+    /// Objects to hand over (new or changed).
+    objects: Vec<Object>,
+    /// Listed but not handed over: held already, or undecodable (the store keeps its version).
+    keep: Vec<ObjectKey>,
+    /// The versions held once the list is handed over.
+    held: HeldVersions,
+    /// Objects waiting for a decoding task.
+    chunk: Vec<Pending>,
+    /// Decoding tasks, in list order.
+    decoding: std::collections::VecDeque<tokio::task::JoinHandle<Vec<Decoded1>>>,
+}
+
+impl Listing {
+    /// At most this many chunks are decoded at once per watch.
+    fn parallelism() -> usize {
+        std::thread::available_parallelism().map_or(2, |n| n.get())
+    }
+
+    /// Sends the chunk to the blocking pool (waiting for the oldest task first when enough
+    /// run already).
+    async fn dispatch(&mut self, spec: &WatchSpec, tx: &Sender<Update>) {
+        if self.chunk.is_empty() {
+            return;
+        }
+        while self.decoding.len() >= Self::parallelism() {
+            self.collect_one(spec, tx).await;
+        }
+        let chunk = std::mem::take(&mut self.chunk);
+        self.decoding
+            .push_back(tokio::task::spawn_blocking(move || {
+                chunk
+                    .into_iter()
+                    .map(|p| (p.key, p.resource_version, (p.decode)(&p.text)))
+                    .collect()
+            }));
+    }
+
+    /// Takes the oldest decoding task's objects in.
+    async fn collect_one(&mut self, spec: &WatchSpec, tx: &Sender<Update>) {
+        let Some(task) = self.decoding.pop_front() else {
+            return;
+        };
+        // A decoding task does not panic (serde returns errors); if one did, its objects are
+        // kept as they are held (listed, not handed over).
+        let done = match task.await {
+            Ok(done) => done,
+            Err(e) => {
+                tracing::error!(source = spec.source, error = %e, "decoding task failed");
+                return;
+            }
+        };
+        for (key, rv, decoded) in done {
+            self.take(spec, tx, key, rv, decoded);
+        }
+    }
+
+    fn take(
+        &mut self,
+        spec: &WatchSpec,
+        tx: &Sender<Update>,
+        key: ObjectKey,
+        rv: Option<String>,
+        decoded: Result<Object, String>,
+    ) {
+        match decoded {
+            Ok(obj) => {
+                if let Some(rv) = rv {
+                    self.held.insert(key, rv);
+                }
+                self.objects.push(obj);
+            }
+            Err(message) => {
+                let problem = problem(spec, &key, message);
+                self.keep.push(key.clone());
+                let _ = tx.send(Update::Problem {
+                    kind: spec.kind,
+                    key,
+                    problem,
+                });
+            }
+        }
+    }
+
+    /// Every object of the list, decoded.
+    async fn finish(mut self, spec: &WatchSpec, tx: &Sender<Update>) -> Listing {
+        self.dispatch(spec, tx).await;
+        while !self.decoding.is_empty() {
+            self.collect_one(spec, tx).await;
+        }
+        self
+    }
+}
+
 async fn run(client: Client, spec: WatchSpec, options: KubeOptions, tx: Sender<Update>) {
     let mut events = stream(client, &spec, &options);
-    // Objects of a (re)list in progress, and the keys of those that could not be decoded.
-    let mut listing: Option<(Vec<Object>, Vec<ObjectKey>)> = None;
+    let mut listing: Option<Listing> = None;
+    // What the store holds from this watch (`Got::Held`). Only mutated between polls, when
+    // no clone is alive, so `Arc::make_mut` does not copy.
+    let mut held: Arc<HeldVersions> = Arc::default();
     let mut failing = false;
     let mut absent = false;
-    while let Some(ev) = events.next().await {
+    loop {
+        let next = std::future::poll_fn(|cx| poll_with_held(&mut events, &held, cx)).await;
+        let Some(ev) = next else { break };
         let update = match ev {
             Ok(ev) => {
                 if failing && !matches!(ev, Event::Init | Event::InitApply(_)) {
@@ -542,15 +829,36 @@ async fn run(client: Client, spec: WatchSpec, options: KubeOptions, tx: Sender<U
                 }
                 match ev {
                     Event::Init => {
-                        listing = Some((Vec::new(), Vec::new()));
+                        listing = Some(Listing::default());
                         continue;
                     }
-                    Event::InitApply(Item { key, decoded }) => {
-                        let (objs, keep) = listing.get_or_insert_with(Default::default);
+                    Event::InitApply(Item {
+                        key,
+                        resource_version,
+                        decoded,
+                    }) => {
+                        let l = listing.get_or_insert_with(Listing::default);
                         match decoded {
-                            Ok(obj) => objs.push(obj),
-                            Err(problem) => {
-                                keep.push(key.clone());
+                            Got::Object(obj) => l.take(&spec, &tx, key, resource_version, Ok(obj)),
+                            Got::Deferred(text, decode) => {
+                                l.chunk.push(Pending {
+                                    key,
+                                    resource_version,
+                                    text,
+                                    decode,
+                                });
+                                if l.chunk.len() >= DECODE_CHUNK {
+                                    l.dispatch(&spec, &tx).await;
+                                }
+                            }
+                            Got::Held => {
+                                if let Some(rv) = resource_version {
+                                    l.held.insert(key.clone(), rv);
+                                }
+                                l.keep.push(key);
+                            }
+                            Got::Invalid(problem) => {
+                                l.keep.push(key.clone());
                                 let _ = tx.send(Update::Problem {
                                     kind: spec.kind,
                                     key,
@@ -561,28 +869,58 @@ async fn run(client: Client, spec: WatchSpec, options: KubeOptions, tx: Sender<U
                         continue;
                     }
                     Event::InitDone => {
-                        let (objects, keep) = listing.take().unwrap_or_default();
+                        let l = listing.take().unwrap_or_default().finish(&spec, &tx).await;
+                        held = Arc::new(l.held);
                         absent = false;
                         failing = false;
                         Update::Relisted {
                             source: spec.source.into(),
                             kind: spec.kind,
-                            objects,
-                            keep,
+                            objects: l.objects,
+                            keep: l.keep,
                         }
                     }
-                    Event::Apply(Item { key, decoded }) => match decoded {
-                        Ok(obj) => Update::Apply(obj),
-                        Err(problem) => Update::Problem {
+                    Event::Apply(Item {
+                        key,
+                        resource_version,
+                        decoded,
+                    }) => {
+                        let decoded = match decoded {
+                            Got::Object(obj) => Ok(obj),
+                            Got::Deferred(text, decode) => {
+                                decode(&text).map_err(|m| problem(&spec, &key, m))
+                            }
+                            // A repeat of what the store holds.
+                            Got::Held => continue,
+                            Got::Invalid(problem) => Err(problem),
+                        };
+                        match decoded {
+                            Ok(obj) => {
+                                let held = Arc::make_mut(&mut held);
+                                match resource_version {
+                                    Some(rv) => held.insert(key, rv),
+                                    None => held.remove(&key),
+                                };
+                                Update::Apply(obj)
+                            }
+                            Err(problem) => {
+                                // Decoded (and reported) again if listed again.
+                                Arc::make_mut(&mut held).remove(&key);
+                                Update::Problem {
+                                    kind: spec.kind,
+                                    key,
+                                    problem,
+                                }
+                            }
+                        }
+                    }
+                    Event::Delete(o) => {
+                        Arc::make_mut(&mut held).remove(&o.key);
+                        Update::Delete {
                             kind: spec.kind,
-                            key,
-                            problem,
-                        },
-                    },
-                    Event::Delete(o) => Update::Delete {
-                        kind: spec.kind,
-                        key: o.key,
-                    },
+                            key: o.key,
+                        }
+                    }
                 }
             }
             Err(e) => {
@@ -590,6 +928,7 @@ async fn run(client: Client, spec: WatchSpec, options: KubeOptions, tx: Sender<U
                 if is_not_found(&e) && !absent {
                     // The server does not serve this kind: it has none of them.
                     absent = true;
+                    held = Arc::default();
                     tracing::info!(
                         source = spec.source,
                         "resource not served by the API server; treated as empty"
@@ -766,7 +1105,7 @@ mod tests {
 
     fn service(r: &Received<Service>) -> &Service {
         match &r.decoded {
-            Ok(Object::Service(s)) => s,
+            Decoded::Object(Object::Service(s)) => s,
             other => panic!("{other:?}"),
         }
     }
@@ -795,12 +1134,59 @@ mod tests {
     }
 
     #[test]
+    fn an_object_held_at_its_resource_version_is_not_decoded_again() {
+        let mut held = HeldVersions::new();
+        held.insert(ObjectKey::new("shop", "web"), "7".to_string());
+        CONTEXT.with(|h| *h.borrow_mut() = Some(Arc::new(held)));
+        let same: Vec<Received<Service>> = serde_json::from_str(&format!("[{SVC}]")).unwrap();
+        let newer: Vec<Received<Service>> =
+            serde_json::from_str(&format!("[{}]", SVC.replace("\"7\"", "\"8\""))).unwrap();
+        CONTEXT.with(|h| *h.borrow_mut() = None);
+        assert!(matches!(same[0].decoded, Decoded::Held), "{:?}", same[0]);
+        assert_eq!(same[0].meta.name.as_deref(), Some("web"));
+        assert_eq!(same[0].meta.resource_version.as_deref(), Some("7"));
+        // Not held at this version: read for its metadata, decoded later from its text.
+        assert_eq!(newer[0].meta.resource_version.as_deref(), Some("8"));
+        let Decoded::Deferred(text, decode) = &newer[0].decoded else {
+            panic!("{:?}", newer[0])
+        };
+        let Ok(Object::Service(s)) = decode(text) else {
+            panic!("undecodable")
+        };
+        assert_eq!(s.metadata.resource_version.as_deref(), Some("8"));
+        assert_eq!(s.metadata.managed_fields, None);
+    }
+
+    #[test]
+    fn metadata_is_read_up_to_its_end_only() {
+        let m = LenientMeta::read(
+            r#"{"kind":"Service","metadata":{"name":"a","namespace":"b","resourceVersion":"3","labels":{"x":"y"}},"spec":{"ports":[{"port":"not a number"}]},"#,
+        );
+        assert_eq!(
+            (
+                m.name.as_deref(),
+                m.namespace.as_deref(),
+                m.resource_version.as_deref()
+            ),
+            (Some("a"), Some("b"), Some("3"))
+        );
+        // Metadata after the rest (the fake server's sorted keys for some kinds) is found too.
+        let m = LenientMeta::read(
+            r#"{"endpoints":[{"addresses":["10.0.0.1"]}],"metadata":{"name":"c"}}"#,
+        );
+        assert_eq!(m.name.as_deref(), Some("c"));
+        assert_eq!(LenientMeta::read("[1]").name, None);
+    }
+
+    #[test]
     fn an_undecodable_object_is_named_and_does_not_fail_its_page() {
         let bad = r#"{"metadata":{"name":"bad","namespace":"shop"},"spec":{"ports":[{"port":"eighty"}]}}"#;
         let list: Vec<Received<Service>> = serde_json::from_str(&format!("[{SVC},{bad}]")).unwrap();
-        assert!(list[0].decoded.is_ok());
+        assert!(matches!(list[0].decoded, Decoded::Object(_)));
         assert_eq!(list[1].meta.name.as_deref(), Some("bad"));
-        let err = list[1].decoded.as_ref().unwrap_err();
+        let Decoded::Invalid(err) = &list[1].decoded else {
+            panic!("{:?}", list[1].decoded)
+        };
         assert!(err.starts_with("spec.ports[0].port: invalid type"), "{err}");
     }
 }

@@ -260,7 +260,7 @@ impl Conntrack {
     /// past its expiry is gone, whether or not the expiry scan has reached it yet.
     #[inline]
     pub fn lookup(&self, key: &Packed, hash: u64, now_ms: u64) -> Option<Found> {
-        let found = self.table.lookup(key, hash)?;
+        let found = self.table.lookup(key, hash, now_ms)?;
         if found.expires_ms < now_ms {
             self.table.kill(found.idx);
             return None;
@@ -321,7 +321,11 @@ impl Conntrack {
             self.table.set_tags(idx, tags);
         }
         // The first packet is the connection's too (conntrack -L counts it).
-        self.table.count(idx, DIR_ORIG, first.bytes);
+        if orig.proto == 132 {
+            self.table.count_sctp(idx, DIR_ORIG, first.bytes);
+        } else {
+            self.table.count(idx, DIR_ORIG, first.bytes);
+        }
         Ok(idx)
     }
 
@@ -441,7 +445,7 @@ impl Conntrack {
             self.table
                 .set_expires(found.idx, now_ms + self.timeout_ms(132, state));
         }
-        self.table.count(found.idx, found.dir, bytes);
+        self.table.count_sctp(found.idx, found.dir, bytes);
         Ok(state)
     }
 
@@ -454,7 +458,11 @@ impl Conntrack {
             found.idx,
             now_ms + self.timeout_ms(found.other.proto, state),
         );
-        self.table.count(found.idx, found.dir, bytes);
+        if found.other.proto == 132 {
+            self.table.count_sctp(found.idx, found.dir, bytes);
+        } else {
+            self.table.count(found.idx, found.dir, bytes);
+        }
         Ok(state)
     }
 

@@ -275,6 +275,7 @@ impl Conntrack {
     }
 
     /// Tracks a new connection whose first packet (direction original) has TCP flags `tcp_flags`.
+    /// Takes shared atomics for the entry and the live count: workers use `create_with`.
     #[allow(clippy::too_many_arguments)]
     pub fn create(
         &self,
@@ -286,7 +287,57 @@ impl Conntrack {
         now_ms: u64,
         early_drop_hint: u64,
     ) -> Result<u32, CreateError> {
-        let first = first.into();
+        self.create_in(
+            None,
+            orig,
+            reply,
+            first.into(),
+            masq,
+            service_id,
+            now_ms,
+            early_drop_hint,
+        )
+    }
+
+    /// `create` by a worker, from its own allocation cache (its `Retired` list, which its
+    /// `maintain` calls fill): no shared atomic per new connection.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    pub fn create_with(
+        &self,
+        cache: &mut Retired,
+        orig: &Tuple,
+        reply: &Tuple,
+        first: impl Into<FirstPacket>,
+        masq: bool,
+        service_id: u32,
+        now_ms: u64,
+        early_drop_hint: u64,
+    ) -> Result<u32, CreateError> {
+        self.create_in(
+            Some(cache),
+            orig,
+            reply,
+            first.into(),
+            masq,
+            service_id,
+            now_ms,
+            early_drop_hint,
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn create_in(
+        &self,
+        cache: Option<&mut Retired>,
+        orig: &Tuple,
+        reply: &Tuple,
+        first: FirstPacket,
+        masq: bool,
+        service_id: u32,
+        now_ms: u64,
+        early_drop_hint: u64,
+    ) -> Result<u32, CreateError> {
         let (proto_state, tags) = match (orig.proto, first.sctp.as_ref()) {
             (6, _) => (
                 tcp::next(TcpState::None, 0, DIR_ORIG, first.tcp_flags).0 as u32,
@@ -315,6 +366,7 @@ impl Conntrack {
                 now_ms,
                 expires,
                 early_drop_hint,
+                cache,
             )
             .map_err(CreateError::Insert)?;
         if orig.proto == 132 {
@@ -563,6 +615,7 @@ impl Conntrack {
             now_ms,
             now_ms + timeout_s as u64 * 1000,
             hint,
+            None,
         )
     }
 

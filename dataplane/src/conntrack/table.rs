@@ -355,6 +355,9 @@ pub struct Table {
     next_unused: AtomicU32,
     /// Treiber stack of free entries: (ABA tag << 32) | (idx + 1); low half 0 = empty.
     free_head: AtomicU64,
+    /// Treiber stack of chunks of `CHUNK` free entries that workers' caches gave back (linked
+    /// within a chunk by `expires_or_next`, between chunks by the head's `packets(0)`).
+    chunk_head: AtomicU64,
     pub(crate) grace: Grace,
     scan_cursor: AtomicU64,
     slot_cursor: AtomicU64,
@@ -369,6 +372,10 @@ pub struct Table {
     /// are read against when no caller gives a clock (listings). Written about once a second.
     recent_ms: AtomicU64,
 }
+
+/// Entries a worker's cache (`Retired`) takes from or gives back to the table at once, and the
+/// live-count change it keeps to itself before adding it to the shared count.
+const CHUNK: u32 = 32;
 
 /// Every used entry and index slot is looked at once per this period (all workers together).
 const SWEEP_PERIOD_MS: u64 = 1_000;
@@ -479,6 +486,7 @@ impl Table {
             live: AtomicU32::new(0),
             next_unused: AtomicU32::new(0),
             free_head: AtomicU64::new(0),
+            chunk_head: AtomicU64::new(0),
             grace: Grace::new(participants),
             scan_cursor: AtomicU64::new(0),
             slot_cursor: AtomicU64::new(0),
@@ -533,7 +541,8 @@ impl Table {
                 // Free, with an even sequence number (a torn insert left it odd).
                 let st = e.state().load(Ordering::Relaxed);
                 let seq = (st >> SEQ_SHIFT).wrapping_add((st >> SEQ_SHIFT) & 1);
-                e.state().store(seq << SEQ_SHIFT | LIFE_FREE, Ordering::Relaxed);
+                e.state()
+                    .store(seq << SEQ_SHIFT | LIFE_FREE, Ordering::Relaxed);
             }
         }
         // Free entries below the mark, lowest first out; the rest is handed out as never used.
@@ -686,6 +695,7 @@ impl Table {
         now_ms: u64,
         expires_ms: u64,
         early_drop_hint: u64,
+        mut cache: Option<&mut Retired>,
     ) -> Result<u32, InsertError> {
         let po = orig.pack();
         let pr = reply.pack();
@@ -696,18 +706,49 @@ impl Table {
         if !single && self.lookup(&pr, hr, now_ms).is_some() {
             return Err(InsertError::Exists);
         }
-        if self.live.fetch_add(1, Ordering::AcqRel) >= self.max_live {
-            self.live.fetch_sub(1, Ordering::AcqRel);
-            if !self.early_drop(early_drop_hint, now_ms) {
-                return Err(InsertError::Full);
+        // Room: a worker with a cache reads the shared live count (plus what it has not added
+        // yet) and counts locally; others take a place in it. A full table early-drops a victim
+        // whose place the new connection takes over (the count stays).
+        let counted = match cache.as_deref_mut() {
+            Some(c) => {
+                let live = self.live.load(Ordering::Relaxed) as i64 + c.pending_live;
+                if live < self.max_live as i64 {
+                    c.pending_live += 1;
+                    true
+                } else {
+                    false
+                }
             }
-            if self.live.fetch_add(1, Ordering::AcqRel) >= self.max_live {
-                self.live.fetch_sub(1, Ordering::AcqRel);
-                return Err(InsertError::Full);
+            None => {
+                if self.live.fetch_add(1, Ordering::AcqRel) < self.max_live {
+                    true
+                } else {
+                    self.live.fetch_sub(1, Ordering::AcqRel);
+                    false
+                }
             }
+        };
+        if !counted && !self.early_drop(early_drop_hint, now_ms) {
+            return Err(InsertError::Full);
         }
-        let Some(idx) = self.alloc() else {
-            self.live.fetch_sub(1, Ordering::AcqRel);
+        let idx = match cache.as_deref_mut() {
+            Some(c) => {
+                let idx = self.alloc_cached(c);
+                if idx.is_none() {
+                    c.pending_live -= 1;
+                }
+                self.flush_live(c, false);
+                idx
+            }
+            None => {
+                let idx = self.alloc();
+                if idx.is_none() {
+                    self.live.fetch_sub(1, Ordering::AcqRel);
+                }
+                idx
+            }
+        };
+        let Some(idx) = idx else {
             return Err(InsertError::Full);
         };
         let e = &self.entries[idx as usize];
@@ -760,6 +801,127 @@ impl Table {
         }
     }
 
+    /// Adds a worker's live-count change to the shared count once it reaches `CHUNK` (or
+    /// always, with `now`): one shared write per `CHUNK` new connections.
+    fn flush_live(&self, c: &mut Retired, now: bool) {
+        if c.pending_live != 0 && (now || c.pending_live.unsigned_abs() >= CHUNK as u64) {
+            if c.pending_live > 0 {
+                self.live.fetch_add(c.pending_live as u32, Ordering::AcqRel);
+            } else {
+                self.live
+                    .fetch_sub(c.pending_live.unsigned_abs() as u32, Ordering::AcqRel);
+            }
+            c.pending_live = 0;
+        }
+    }
+
+    /// A free entry for a worker: from its own cache, else a chunk from the table (one shared
+    /// atomic per `CHUNK` entries), else the shared paths.
+    fn alloc_cached(&self, c: &mut Retired) -> Option<u32> {
+        if let Some(idx) = c.free.pop() {
+            return Some(idx);
+        }
+        if c.unused.0 < c.unused.1 {
+            c.unused.0 += 1;
+            return Some(c.unused.0 - 1);
+        }
+        if let Some(head) = self.pop_chunk() {
+            // The chunk is ours: walk its links into the cache.
+            let mut next = head + 1;
+            while next != 0 && c.free.len() < c.free.capacity() {
+                let idx = next - 1;
+                next = self.entries[idx as usize]
+                    .expires_or_next()
+                    .load(Ordering::Relaxed);
+                c.free.push(idx);
+            }
+            return c.free.pop();
+        }
+        let n = self.entries.len() as u32;
+        if self.next_unused.load(Ordering::Relaxed) < n {
+            let start = self.next_unused.fetch_add(CHUNK, Ordering::AcqRel);
+            if start < n {
+                c.unused = (start + 1, (start + CHUNK).min(n));
+                return Some(start);
+            }
+        }
+        self.alloc()
+    }
+
+    /// Gives a recycled entry to a worker's cache; a full cache hands `CHUNK` of its entries
+    /// back to the table as one chunk.
+    fn free_cached(&self, c: &mut Retired, idx: u32) {
+        let e = &self.entries[idx as usize];
+        let seq = e.state().load(Ordering::Relaxed) & SEQ_MASK;
+        e.state().store(seq | LIFE_FREE, Ordering::Release);
+        if c.free.len() == c.free.capacity() {
+            let mut link = 0u32;
+            for _ in 0..CHUNK {
+                let i = c.free.pop().expect("a full cache holds a chunk");
+                self.entries[i as usize]
+                    .expires_or_next()
+                    .store(link, Ordering::Relaxed);
+                link = i + 1;
+            }
+            self.push_chunk(link - 1);
+        }
+        c.free.push(idx);
+    }
+
+    fn push_chunk(&self, head: u32) {
+        let link = self.entries[head as usize].packets(0);
+        let mut top = self.chunk_head.load(Ordering::Acquire);
+        loop {
+            link.store((top & 0xffff_ffff) as u32, Ordering::Release);
+            let new = (top >> 32).wrapping_add(1) << 32 | (head as u64 + 1);
+            match self.chunk_head.compare_exchange_weak(
+                top,
+                new,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return,
+                Err(t) => top = t,
+            }
+        }
+    }
+
+    fn pop_chunk(&self) -> Option<u32> {
+        let mut top = self.chunk_head.load(Ordering::Acquire);
+        loop {
+            let first = top & 0xffff_ffff;
+            if first == 0 {
+                return None;
+            }
+            let head = (first - 1) as u32;
+            let next = self.entries[head as usize]
+                .packets(0)
+                .load(Ordering::Acquire) as u64;
+            let new = (top >> 32).wrapping_add(1) << 32 | next;
+            match self.chunk_head.compare_exchange_weak(
+                top,
+                new,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return Some(head),
+                Err(t) => top = t,
+            }
+        }
+    }
+
+    /// A whole chunk for a caller without a cache: its first entry, the rest back as a chunk.
+    fn alloc_from_chunks(&self) -> Option<u32> {
+        let head = self.pop_chunk()?;
+        let rest = self.entries[head as usize]
+            .expires_or_next()
+            .load(Ordering::Relaxed);
+        if rest != 0 {
+            self.push_chunk(rest - 1);
+        }
+        Some(head)
+    }
+
     fn alloc(&self) -> Option<u32> {
         // Free list first, so that entries are reused while warm.
         let mut head = self.free_head.load(Ordering::Acquire);
@@ -783,11 +945,15 @@ impl Table {
                 Err(h) => head = h,
             }
         }
-        let idx = self.next_unused.fetch_add(1, Ordering::AcqRel);
-        if (idx as usize) < self.entries.len() {
+        if let Some(idx) = self.alloc_from_chunks() {
             return Some(idx);
         }
-        self.next_unused.fetch_sub(1, Ordering::AcqRel);
+        if (self.next_unused.load(Ordering::Relaxed) as usize) < self.entries.len() {
+            let idx = self.next_unused.fetch_add(1, Ordering::AcqRel);
+            if (idx as usize) < self.entries.len() {
+                return Some(idx);
+            }
+        }
         self.alloc_from_limbo()
     }
 
@@ -828,29 +994,17 @@ impl Table {
             .store((cur & !LIFE_MASK) | LIFE_DYING, Ordering::Release);
     }
 
-    fn free(&self, idx: u32) {
-        let e = &self.entries[idx as usize];
-        let seq = e.state().load(Ordering::Relaxed) & SEQ_MASK;
-        e.state().store(seq | LIFE_FREE, Ordering::Release);
-        let mut head = self.free_head.load(Ordering::Acquire);
-        loop {
-            e.expires_or_next()
-                .store((head & 0xffff_ffff) as u32, Ordering::Release);
-            let new = (head >> 32).wrapping_add(1) << 32 | (idx as u64 + 1);
-            match self.free_head.compare_exchange_weak(
-                head,
-                new,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => return,
-                Err(h) => head = h,
-            }
-        }
-    }
-
     /// Makes a live entry invisible (one caller wins); the expiry scan then retires it.
     pub fn kill(&self, idx: u32) -> bool {
+        let killed = self.kill_uncounted(idx);
+        if killed {
+            self.live.fetch_sub(1, Ordering::AcqRel);
+        }
+        killed
+    }
+
+    /// `kill`, leaving the live count to the caller.
+    fn kill_uncounted(&self, idx: u32) -> bool {
         let e = &self.entries[idx as usize];
         let mut cur = e.state().load(Ordering::Acquire);
         loop {
@@ -862,10 +1016,7 @@ impl Table {
                 .state()
                 .compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Acquire)
             {
-                Ok(_) => {
-                    self.live.fetch_sub(1, Ordering::AcqRel);
-                    return true;
-                }
+                Ok(_) => return true,
                 Err(c) => cur = c,
             }
         }
@@ -906,7 +1057,8 @@ impl Table {
             let Some(idx) = victim.or_else(|| self.unassured_in_slab(hint)) else {
                 return false;
             };
-            if self.kill(idx) {
+            // The victim's place in the live count goes to the caller's connection.
+            if self.kill_uncounted(idx) {
                 self.early_drops.fetch_add(1, Ordering::Relaxed);
                 self.retire_now(idx);
                 return true;
@@ -1074,7 +1226,8 @@ impl Table {
             let (idx, at) = retired.items[k];
             if self.grace.is_safe(at) {
                 retired.items.swap_remove(k);
-                self.free(self.recycle(idx));
+                let idx = self.recycle(idx);
+                self.free_cached(retired, idx);
             } else {
                 k += 1;
             }
@@ -1083,6 +1236,7 @@ impl Table {
         // shared cursors are not touched at all: an add of zero still takes their cache line
         // from the other workers, once per batch.)
         if budget == 0 && slot_budget == 0 {
+            self.flush_live(retired, true);
             return 0;
         }
         let start = self.scan_cursor.fetch_add(budget as u64, Ordering::Relaxed);
@@ -1097,13 +1251,16 @@ impl Table {
             let s = e.state().load(Ordering::Acquire);
             let life = s & LIFE_MASK;
             let dying = life == LIFE_DYING
-                || (life == LIFE_LIVE && Clock32::decode(e.expires_or_next().load(Ordering::Relaxed), now_ms) < now_ms && {
-                    let killed = self.kill(idx);
-                    if killed {
-                        expired += 1;
-                    }
-                    killed
-                });
+                || (life == LIFE_LIVE
+                    && Clock32::decode(e.expires_or_next().load(Ordering::Relaxed), now_ms)
+                        < now_ms
+                    && {
+                        let killed = self.kill_uncounted(idx);
+                        if killed {
+                            expired += 1;
+                        }
+                        killed
+                    });
             if dying && self.claim_retire(idx) {
                 self.unindex(idx, epoch);
                 retired.items.push((idx, epoch));
@@ -1114,9 +1271,10 @@ impl Table {
             .slot_cursor
             .fetch_add(slot_budget as u64, Ordering::Relaxed);
         for j in 0..slot_budget as u64 {
-            // The index length is a power of two.
             self.clear_tombs_before(((start + j) % self.slots.len() as u64) as usize);
         }
+        retired.pending_live -= expired as i64;
+        self.flush_live(retired, true);
         expired
     }
 
@@ -1256,8 +1414,17 @@ impl Table {
 }
 
 /// A worker's entries waiting out their grace period. Preallocated: maintenance never grows it.
+///
+/// Also the worker's allocation cache: free entries and never-used ones it took from the table in
+/// chunks, and the change to the live count it has not yet added to the shared one (added at
+/// every maintenance step), so that a new connection takes no shared atomic (issue 13). Entries
+/// in the cache of a worker that stops stay unused until the next start (at most `2 * CHUNK`).
 pub struct Retired {
     items: Vec<(u32, u64)>,
+    free: Vec<u32>,
+    /// Never-used entries `.0..1` reserved for this worker.
+    unused: (u32, u32),
+    pending_live: i64,
     /// The clock at the previous maintenance step, and the scan work it has earned since.
     last_ms: u64,
     entry_credit: u64,
@@ -1268,6 +1435,9 @@ impl Retired {
     pub fn with_capacity(n: usize) -> Retired {
         Retired {
             items: Vec::with_capacity(n),
+            free: Vec::with_capacity(2 * CHUNK as usize),
+            unused: (0, 0),
+            pending_live: 0,
             last_ms: 0,
             entry_credit: 0,
             slot_credit: 0,

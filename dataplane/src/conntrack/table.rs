@@ -731,7 +731,7 @@ impl Table {
         if !counted && !self.early_drop(early_drop_hint, now_ms) {
             return Err(InsertError::Full);
         }
-        let idx = match cache.as_deref_mut() {
+        let idx = match cache {
             Some(c) => {
                 let idx = self.alloc_cached(c);
                 if idx.is_none() {

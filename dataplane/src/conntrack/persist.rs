@@ -867,9 +867,8 @@ mod tests {
         populate(&ct);
         drop(ct); // a crash
         let entry = |idx: u64, word_byte: u64| HEADER_BYTES as u64 + idx * 112 + word_byte;
-        // Entry 0: a torn insert (odd sequence number, in the top byte of the state word at 96).
-        assert!(cfg!(target_endian = "little"));
-        patch(&path, entry(0, 99), &[1]);
+        // Entry 0: a torn insert (live, with an odd sequence number in the state word at 96).
+        patch(&path, entry(0, 96), &(1u32 << 24 | 1).to_ne_bytes());
         // Entry 2: garbage in the ports/proto/family word of its original tuple (w64[4]).
         patch(&path, entry(2, 32), &[0xff; 8]);
         // Entry 5 (never used): garbage with a live state; its tuples are zero (protocol 0).

@@ -667,13 +667,13 @@ pub const MAX_WORKERS: usize = 256;
 pub const MAX_CPU_ID: usize = 8191;
 
 /// Bytes the conntrack table allocates up front for `max_entries` (the layout of
-/// `kxdp_dataplane::conntrack::table::Table::new`: 128-byte entries plus an 8-byte tag for
-/// `max + max/8` entries, and 8-byte slots for four times that, rounded up to a power of two).
+/// `kxdp_dataplane::conntrack::table::Geometry`: 112-byte entries for `max + max/128` entries,
+/// and 4-byte index slots, 3.2 per entry).
 pub fn conntrack_bytes(max_entries: u32) -> u64 {
     let max = u64::from(max_entries.clamp(16, 1 << 29));
-    let capacity = max + (max / 8).max(1024);
-    let slots = (capacity * 4).next_power_of_two();
-    capacity * (128 + 8) + slots * 8
+    let capacity = max + (max / 128).max(1024);
+    let slots = (capacity * 2 * 8 / 5).next_multiple_of(16);
+    capacity * 112 + slots * 4
 }
 
 /// Bytes one worker's UMEM takes (`kxdp_dataplane::io::afxdp::XskConfig::default()`).
@@ -1786,9 +1786,9 @@ workers: {count: 2, cpus: [0, 1]}
 
     #[test]
     fn memory_checked_before_allocating() {
-        // Default table: ~209 MiB.
+        // Default table: ~126 MiB (about 126 bytes per connection).
         let mb = conntrack_bytes(1 << 20) >> 20;
-        assert!((200..260).contains(&mb), "{mb}");
+        assert!((120..130).contains(&mb), "{mb}");
         let c = load("conntrack: {maxEntries: 67108864}").unwrap();
         let e = c
             .check_machine(&machine(&[0], 1024), false, Path::new("config.yaml"))

@@ -568,7 +568,16 @@ impl Pipeline {
                     continue;
                 }
             }
-            match ct.create(&orig, &reply, first, masq, svc.id, now_ms, hash) {
+            match ct.create_with(
+                &mut self.retired,
+                &orig,
+                &reply,
+                first,
+                masq,
+                svc.id,
+                now_ms,
+                hash,
+            ) {
                 Ok(_) => break,
                 Err(CreateError::Invalid) => return v.set(Reason::CtInvalid),
                 Err(CreateError::Insert(InsertError::Full)) => return v.set(Reason::ConntrackFull),
@@ -745,7 +754,16 @@ impl Pipeline {
         let orig = Tuple::from_meta(meta);
         let reply = orig.reversed();
         if ct
-            .create(&orig, &reply, first, false, 0, now_ms, hash)
+            .create_with(
+                &mut self.retired,
+                &orig,
+                &reply,
+                first,
+                false,
+                0,
+                now_ms,
+                hash,
+            )
             .is_ok()
         {
             self.counters.ct_created += 1;

@@ -1,7 +1,8 @@
 //! The conntrack table's lock-free code under concurrency, small enough for Miri
 //! (`cargo +nightly miri test -p kxdp-dataplane --test conntrack_concurrent`, run by `.ci/run`),
 //! which checks every interleaving it explores for data races and undefined behaviour and
-//! emulates weak memory: two workers insert, look up, kill and expire their own connections
+//! emulates weak memory: two workers insert (each from its own allocation cache), look up, kill
+//! and expire their own connections
 //! while a third thread looks up theirs and checks that whatever it finds is whole (the seqlock:
 //! never one connection's tuple with another's reply).
 //!
@@ -58,7 +59,8 @@ fn worker(ct: &Conntrack, w: u8) {
             let (orig, reply) = flow(w, f, round);
             let hint = ct.hash(&orig.pack());
             // Full tables refuse (and early-drop): both are fine here; what is found must be right.
-            let _ = ct.create(&orig, &reply, 0u8, false, 7, now, hint);
+            // From the worker's own allocation cache (its retired list), as the pipeline does.
+            let _ = ct.create_with(&mut retired, &orig, &reply, 0u8, false, 7, now, hint);
         }
         for f in 0..FLOWS {
             let (orig, reply) = flow(w, f, round);

@@ -260,7 +260,7 @@ impl Conntrack {
     /// past its expiry is gone, whether or not the expiry scan has reached it yet.
     #[inline]
     pub fn lookup(&self, key: &Packed, hash: u64, now_ms: u64) -> Option<Found> {
-        let found = self.table.lookup(key, hash)?;
+        let found = self.table.lookup(key, hash, now_ms)?;
         if found.expires_ms < now_ms {
             self.table.kill(found.idx);
             return None;
@@ -275,6 +275,7 @@ impl Conntrack {
     }
 
     /// Tracks a new connection whose first packet (direction original) has TCP flags `tcp_flags`.
+    /// Takes shared atomics for the entry and the live count: workers use `create_with`.
     #[allow(clippy::too_many_arguments)]
     pub fn create(
         &self,
@@ -286,7 +287,57 @@ impl Conntrack {
         now_ms: u64,
         early_drop_hint: u64,
     ) -> Result<u32, CreateError> {
-        let first = first.into();
+        self.create_in(
+            None,
+            orig,
+            reply,
+            first.into(),
+            masq,
+            service_id,
+            now_ms,
+            early_drop_hint,
+        )
+    }
+
+    /// `create` by a worker, from its own allocation cache (its `Retired` list, which its
+    /// `maintain` calls fill): no shared atomic per new connection.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    pub fn create_with(
+        &self,
+        cache: &mut Retired,
+        orig: &Tuple,
+        reply: &Tuple,
+        first: impl Into<FirstPacket>,
+        masq: bool,
+        service_id: u32,
+        now_ms: u64,
+        early_drop_hint: u64,
+    ) -> Result<u32, CreateError> {
+        self.create_in(
+            Some(cache),
+            orig,
+            reply,
+            first.into(),
+            masq,
+            service_id,
+            now_ms,
+            early_drop_hint,
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn create_in(
+        &self,
+        cache: Option<&mut Retired>,
+        orig: &Tuple,
+        reply: &Tuple,
+        first: FirstPacket,
+        masq: bool,
+        service_id: u32,
+        now_ms: u64,
+        early_drop_hint: u64,
+    ) -> Result<u32, CreateError> {
         let (proto_state, tags) = match (orig.proto, first.sctp.as_ref()) {
             (6, _) => (
                 tcp::next(TcpState::None, 0, DIR_ORIG, first.tcp_flags).0 as u32,
@@ -315,13 +366,18 @@ impl Conntrack {
                 now_ms,
                 expires,
                 early_drop_hint,
+                cache,
             )
             .map_err(CreateError::Insert)?;
         if orig.proto == 132 {
             self.table.set_tags(idx, tags);
         }
         // The first packet is the connection's too (conntrack -L counts it).
-        self.table.count(idx, DIR_ORIG, first.bytes);
+        if orig.proto == 132 {
+            self.table.count_sctp(idx, DIR_ORIG, first.bytes);
+        } else {
+            self.table.count(idx, DIR_ORIG, first.bytes);
+        }
         Ok(idx)
     }
 
@@ -441,7 +497,7 @@ impl Conntrack {
             self.table
                 .set_expires(found.idx, now_ms + self.timeout_ms(132, state));
         }
-        self.table.count(found.idx, found.dir, bytes);
+        self.table.count_sctp(found.idx, found.dir, bytes);
         Ok(state)
     }
 
@@ -454,7 +510,11 @@ impl Conntrack {
             found.idx,
             now_ms + self.timeout_ms(found.other.proto, state),
         );
-        self.table.count(found.idx, found.dir, bytes);
+        if found.other.proto == 132 {
+            self.table.count_sctp(found.idx, found.dir, bytes);
+        } else {
+            self.table.count(found.idx, found.dir, bytes);
+        }
         Ok(state)
     }
 
@@ -555,6 +615,7 @@ impl Conntrack {
             now_ms,
             now_ms + timeout_s as u64 * 1000,
             hint,
+            None,
         )
     }
 

@@ -5,9 +5,8 @@
 //!
 //! ```text
 //! 0       header (4096 bytes, `HEADER_WORDS` u64 words used)
-//! 4096    entries  capacity × 128 bytes  (table::Entry)
-//!         index    nslots × 8 bytes      (rebuilt on every open)
-//!         tags     capacity × 8 bytes    (SCTP verification tags per entry)
+//! 4096    entries  capacity × 112 bytes  (table::Entry; SCTP tags inside)
+//!         index    nslots × 4 bytes      (rebuilt on every open)
 //! ```
 //!
 //! Header words: magic, layout version, layout fingerprint (entry size and field offsets), entry
@@ -43,13 +42,15 @@ use super::table::{check_entry, Check, Entry, EntryFields, Geometry, Storage, Ta
 pub const HEADER_BYTES: usize = 4096;
 pub const MAGIC: u64 = u64::from_le_bytes(*b"KXDPCTRK");
 /// The entry layout this build writes (see `table::Entry`).
-pub const LAYOUT_VERSION: u64 = 1;
+pub const LAYOUT_VERSION: u64 = 2;
 /// The entry layout, field by field, with offsets: hashed into the header's fingerprint, so that
 /// a change nobody remembered to version is still caught.
 const LAYOUT: &str =
-    "entry 128 align 64; u64 expires_ms @0; u64x5 tuple_orig @8; u64x5 tuple_reply @48; \
-u64x2 bytes @88; u32 seq @104; u32 state @108; u32 created_or_next @112; u32 service_id @116; \
-u32x2 packets @120; slots u64 (tag<<32 | ((idx<<1|dir)+1)<<1, tomb 1); tags u64 per entry";
+    "entry 112 align 16; u64x5 tuple_orig @0 (word 4: key bits 0..41, created tick 7 bits @41, \
+service_id low 16 @48); u64x5 tuple_reply @40 (word 4: key, created tick high 7 @41, service_id \
+high 16 @48); u64x2 bytes @80 (sctp: bytes orig|reply<<32 @80, tags @88); u32 state @96 (seq \
+bits 24..32); u32 expires_or_next @100 (2 ms units); u32x2 packets @104; tuple family bit 40; \
+slots u32 ((tag<<key_bits | (idx<<1|dir)+1)<<1, tomb epoch<<1|1), nslots = 16-rounded 3.2 x capacity";
 /// Test-only: pretend this build's layout version is another (lab tests of an upgrade into an
 /// unreadable layout). Not documented for operators.
 pub const VERSION_OVERRIDE_ENV: &str = "KXDP_TEST_CONNTRACK_LAYOUT_VERSION";
@@ -500,7 +501,7 @@ pub(crate) fn open(
             lock(&new_file, &tmp)?;
             let (storage, header) = map(&new_file, &g, true)?;
             let mut k = 0usize;
-            for (idx, e) in old_storage.entries.iter().enumerate() {
+            for e in old_storage.entries.iter() {
                 if check_entry(e, env.now_ms, max_expiry_ms) != Check::Keep {
                     continue;
                 }
@@ -509,10 +510,6 @@ pub(crate) fn open(
                     continue;
                 }
                 copy_entry(e, &storage.entries[k]);
-                storage.tags[k].store(
-                    old_storage.tags[idx].load(Ordering::Relaxed),
-                    Ordering::Relaxed,
-                );
                 k += 1;
             }
             std::fs::rename(&tmp, path)?;
@@ -570,7 +567,9 @@ fn copy_entry(from: &Entry, to: &Entry) {
         b.store(a.load(Ordering::Relaxed), Ordering::Relaxed);
     }
     // The sequence number is the new table's own.
-    to.seq().store(0, Ordering::Relaxed);
+    let st = to.state().load(Ordering::Relaxed);
+    to.state()
+        .store(st & !super::table::SEQ_MASK, Ordering::Relaxed);
 }
 
 #[cfg(test)]
@@ -765,7 +764,11 @@ mod tests {
         };
         let (ct, r) = open(&path, 100, &next);
         assert_eq!(r.result, RestoreResult::DiscardedVersion);
-        assert!(r.reason.as_deref().unwrap().contains("layout version 1"));
+        let reason = r.reason.unwrap();
+        assert!(
+            reason.contains(&format!("layout version {LAYOUT_VERSION}")),
+            "{reason}"
+        );
         assert_eq!(ct.len(), 0);
         drop(ct);
         // ... and this build meets the file that one wrote.
@@ -863,25 +866,26 @@ mod tests {
         let (ct, _) = open(&path, 100, &env());
         populate(&ct);
         drop(ct); // a crash
-        let entry = |idx: u64, word_byte: u64| HEADER_BYTES as u64 + idx * 128 + word_byte;
-        // Entry 0: a torn insert (odd sequence number, at byte 104).
-        patch(&path, entry(0, 104), &1u32.to_ne_bytes());
-        // Entry 2: garbage in the family/proto word of its original tuple (w64[5]).
-        patch(&path, entry(2, 40), &[0xff; 8]);
-        // Entry 5 (never used): garbage with a live state; its tuples are zero (family 0).
-        patch(&path, entry(5, 108), &1u32.to_ne_bytes());
-        // Entry 6: a live-looking entry expiring in a thousand years.
+        let entry = |idx: u64, word_byte: u64| HEADER_BYTES as u64 + idx * 112 + word_byte;
+        // Entry 0: a torn insert (live, with an odd sequence number in the state word at 96).
+        patch(&path, entry(0, 96), &(1u32 << 24 | 1).to_ne_bytes());
+        // Entry 2: garbage in the ports/proto/family word of its original tuple (w64[4]).
+        patch(&path, entry(2, 32), &[0xff; 8]);
+        // Entry 5 (never used): garbage with a live state; its tuples are zero (protocol 0).
+        patch(&path, entry(5, 96), &1u32.to_ne_bytes());
+        // Entry 6: a live-looking entry expiring in 40 days (past any timeout).
         let orig = tup(60, 1, 41, 80, 17).pack();
         let reply = tup(9, 53, 60, 1, 17).pack();
-        let mut raw = [0u8; 128];
-        raw[..8].copy_from_slice(&u64::MAX.to_ne_bytes());
+        let mut raw = [0u8; 112];
+        let expiry = |ms: u64| super::super::table::Clock32::encode(ms).to_ne_bytes();
+        raw[100..104].copy_from_slice(&expiry(NOW + 40 * 86_400_000));
         for (i, w) in orig.iter().chain(&reply).enumerate() {
-            raw[8 + i * 8..16 + i * 8].copy_from_slice(&w.to_ne_bytes());
+            raw[i * 8..8 + i * 8].copy_from_slice(&w.to_ne_bytes());
         }
-        raw[108..112].copy_from_slice(&1u32.to_ne_bytes());
+        raw[96..100].copy_from_slice(&1u32.to_ne_bytes());
         patch(&path, entry(6, 0), &raw);
         // Entry 7: the same with a sane expiry: a good entry the old process wrote last.
-        raw[..8].copy_from_slice(&(NOW + 10_000).to_ne_bytes());
+        raw[100..104].copy_from_slice(&expiry(NOW + 10_000));
         patch(&path, entry(7, 0), &raw);
         let (ct, r) = open(&path, 100, &env());
         assert_eq!(r.result, RestoreResult::Restored);

@@ -47,93 +47,210 @@ pub const DIR_FLAGS_SHIFT: u32 = 16;
 pub const DIR_ORIG: u8 = 0;
 pub const DIR_REPLY: u8 = 1;
 
-/// One connection: exactly two cache lines, counters included (a separate counter array cost a
-/// third memory access per packet and false sharing between workers). A record of atomics
-/// (`AtomicRecord`, from the kernel crate) so that it can live in a shared file mapping
-/// (`persist`); the fields, by index:
+/// The sequence number of the entry's seqlock, in the top bits of its state word (odd while
+/// the tuples are written). Eight bits suffice: an entry is recycled only after a grace period,
+/// so a reader never sees it change more than once while it reads.
+pub(crate) const SEQ_SHIFT: u32 = 24;
+pub(crate) const SEQ_MASK: u32 = 0xff << SEQ_SHIFT;
+
+/// One connection in 112 bytes (issue 13: at most 128 bytes per connection with the index).
+/// A record of atomics (`AtomicRecord`, from the kernel crate) so that it can live in a shared
+/// file mapping (`persist`); the fields, by index:
 ///
-/// - `w64[0]`: expiry (absolute CLOCK_MONOTONIC milliseconds);
-/// - `w64[1..6]`, `w64[6..11]`: the original and reply tuples (packed), written once while the
-///   sequence number is odd, read under it (a seqlock);
-/// - `w64[11..13]`: bytes per direction;
-/// - `w32[0]`: the seqlock's sequence (odd while the tuples are written);
-/// - `w32[1]`: life cycle, flags, protocol state;
-/// - `w32[2]`: while live, when the entry was created (CLOCK_MONOTONIC milliseconds, wrapping:
-///   only ages of seconds are asked); while free, the next free entry + 1 (0 ends the list);
-/// - `w32[3]`: the Service id;
-/// - `w32[4..6]`: packets per direction (wrapping at 2^32).
+/// - `w64[0..5]`, `w64[5..10]`: the original and reply tuples (packed), written once while the
+///   sequence number is odd, read under it (a seqlock). A packed tuple's last word uses its low
+///   41 bits (`KEY_BITS`); the 23 above carry fields written with the tuples (`Stash`): the
+///   Service id (16 bits in each tuple) and the creation time (7 bits in each: 14 bits of
+///   16-millisecond ticks, so ages wrap after 262 s — only ages of seconds are asked, of entries
+///   not yet assured).
+/// - `w64[10..12]`: bytes per direction; for SCTP, `w64[10]` holds both directions' bytes
+///   (32 bits each, wrapping) and `w64[11]` the verification tags (`sctp::pack_tags`);
+/// - `w32[0]`: life cycle, flags, protocol state, and the sequence number (`SEQ_SHIFT`);
+/// - `w32[1]`: while live, the expiry (CLOCK_MONOTONIC in 2-millisecond units, wrapping: see
+///   `Clock32`); while free, the next free entry + 1 (0 ends the list);
+/// - `w32[2..4]`: packets per direction (wrapping at 2^32).
 ///
 /// Changing this changes the file layout: bump `persist::LAYOUT_VERSION` and describe it in
 /// `persist::LAYOUT`.
-pub(crate) type Entry = AtomicRecord<13, 6>;
+pub(crate) type Entry = AtomicRecord<12, 4>;
+
+/// Bits of a packed tuple's last word that belong to the key (ports, protocol, family).
+pub(crate) const KEY_BITS: u32 = 41;
+const KEY_MASK: u64 = (1 << KEY_BITS) - 1;
 
 pub(crate) trait EntryFields {
-    fn seq(&self) -> &AtomicU32;
     fn state(&self) -> &AtomicU32;
-    fn expires_ms(&self) -> &AtomicU64;
+    fn expires_or_next(&self) -> &AtomicU32;
     fn tuple(&self, dir: usize) -> &[AtomicU64];
     fn bytes(&self, dir: usize) -> &AtomicU64;
-    fn created_or_next(&self) -> &AtomicU32;
-    fn service_id(&self) -> &AtomicU32;
     fn packets(&self, dir: usize) -> &AtomicU32;
+    /// The tuple of direction `dir` as a key (the stash bits cleared).
+    fn key(&self, dir: usize) -> Packed {
+        let t = self.tuple(dir);
+        let mut k: Packed = std::array::from_fn(|j| t[j].load(Ordering::Relaxed));
+        k[4] &= KEY_MASK;
+        k
+    }
+    /// Service id and creation tick (`Stash`).
+    fn stash(&self) -> Stash {
+        Stash::join(
+            self.tuple(0)[4].load(Ordering::Relaxed),
+            self.tuple(1)[4].load(Ordering::Relaxed),
+        )
+    }
 }
 
 impl EntryFields for Entry {
     #[inline(always)]
-    fn seq(&self) -> &AtomicU32 {
+    fn state(&self) -> &AtomicU32 {
         &self.w32[0]
     }
     #[inline(always)]
-    fn state(&self) -> &AtomicU32 {
+    fn expires_or_next(&self) -> &AtomicU32 {
         &self.w32[1]
-    }
-    #[inline(always)]
-    fn expires_ms(&self) -> &AtomicU64 {
-        &self.w64[0]
     }
     #[inline(always)]
     fn tuple(&self, dir: usize) -> &[AtomicU64] {
         let d = dir & 1;
-        &self.w64[1 + 5 * d..6 + 5 * d]
+        &self.w64[5 * d..5 + 5 * d]
     }
     #[inline(always)]
     fn bytes(&self, dir: usize) -> &AtomicU64 {
-        &self.w64[11 + (dir & 1)]
-    }
-    #[inline(always)]
-    fn created_or_next(&self) -> &AtomicU32 {
-        &self.w32[2]
-    }
-    #[inline(always)]
-    fn service_id(&self) -> &AtomicU32 {
-        &self.w32[3]
+        &self.w64[10 + (dir & 1)]
     }
     #[inline(always)]
     fn packets(&self, dir: usize) -> &AtomicU32 {
-        &self.w32[4 + (dir & 1)]
+        &self.w32[2 + (dir & 1)]
     }
 }
 
-const _: () = assert!(std::mem::size_of::<Entry>() == 128);
+const _: () = assert!(std::mem::size_of::<Entry>() == 112);
 
-const SLOT_EMPTY: u64 = 0;
-const TOMB_BIT: u64 = 1;
+/// The fields kept in the spare bits of the tuples' last words.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Stash {
+    pub service_id: u32,
+    /// Creation time in 16-millisecond ticks, 14 bits.
+    pub created_tick: u32,
+}
 
-#[inline]
-fn slot_live(tag: u32, idx: u32, dir: u8) -> u64 {
-    // low bit 0 and never zero: ((idx << 1 | dir) + 1) << 1
-    (tag as u64) << 32 | ((((idx as u64) << 1 | dir as u64) + 1) << 1)
+const TICK_SHIFT: u32 = 4;
+const TICK_BITS: u32 = 14;
+
+impl Stash {
+    pub fn new(service_id: u32, now_ms: u64) -> Stash {
+        Stash {
+            service_id,
+            created_tick: (now_ms >> TICK_SHIFT) as u32 & ((1 << TICK_BITS) - 1),
+        }
+    }
+
+    /// The high bits of the original and reply tuples' last words.
+    pub fn split(&self) -> [u64; 2] {
+        let half = |sid: u32, tick: u32| {
+            ((sid & 0xffff) as u64) << 48 | ((tick & 0x7f) as u64) << KEY_BITS
+        };
+        [
+            half(self.service_id, self.created_tick),
+            half(self.service_id >> 16, self.created_tick >> 7),
+        ]
+    }
+
+    pub fn join(orig_w4: u64, reply_w4: u64) -> Stash {
+        let sid = |w: u64| (w >> 48) as u32 & 0xffff;
+        let tick = |w: u64| (w >> KEY_BITS) as u32 & 0x7f;
+        Stash {
+            service_id: sid(orig_w4) | sid(reply_w4) << 16,
+            created_tick: tick(orig_w4) | tick(reply_w4) << 7,
+        }
+    }
+
+    /// Milliseconds since creation, modulo 2^14 ticks (262 s).
+    pub fn age_ms(&self, now_ms: u64) -> u64 {
+        let now_tick = (now_ms >> TICK_SHIFT) as u32;
+        ((now_tick.wrapping_sub(self.created_tick) & ((1 << TICK_BITS) - 1)) as u64) << TICK_SHIFT
+    }
+}
+
+/// Absolute CLOCK_MONOTONIC milliseconds kept in 32 bits: 2-millisecond units, wrapping every
+/// 99 days, read back as the time nearest to a recent one (timeouts are at most 30 days).
+pub(crate) struct Clock32;
+
+impl Clock32 {
+    /// Rounds up: an entry never expires before its time.
+    #[inline]
+    pub fn encode(ms: u64) -> u32 {
+        (ms.div_ceil(2)) as u32
+    }
+
+    #[inline]
+    pub fn decode(v: u32, near_ms: u64) -> u64 {
+        let near = Self::encode(near_ms);
+        let delta = v.wrapping_sub(near) as i32 as i64;
+        ((near as i64 + delta) * 2).max(0) as u64
+    }
+}
+
+/// Which byte-counter word of an SCTP entry holds both directions' bytes, and which the tags.
+const SCTP_BYTES: usize = 0;
+const SCTP_TAGS: usize = 1;
+
+const SLOT_EMPTY: u32 = 0;
+const TOMB_BIT: u32 = 1;
+/// A tombstone's epoch stamp keeps the epoch's low 31 bits (see `Index::is_safe_tomb`).
+const EPOCH_MASK: u64 = (1 << 31) - 1;
+
+/// Geometry of the 4-byte index slots: a live slot is `(tag << key_bits | (idx << 1 | dir) + 1)
+/// << 1`, with as many bits of the hash as a tag as the table's size leaves room for; a tombstone
+/// is `epoch << 1 | 1` (the epoch's low 31 bits).
+#[derive(Clone, Copy, Debug)]
+struct SlotCode {
+    key_bits: u32,
+    tag_bits: u32,
+}
+
+impl SlotCode {
+    fn for_capacity(capacity: usize) -> SlotCode {
+        // Values 1..=2 * capacity.
+        let key_bits = usize::BITS - (2 * capacity).leading_zeros();
+        let key_bits = key_bits.min(31);
+        SlotCode {
+            key_bits,
+            tag_bits: 31 - key_bits,
+        }
+    }
+
+    #[inline]
+    fn tag(&self, hash: u64) -> u32 {
+        if self.tag_bits == 0 {
+            0
+        } else {
+            (hash >> (64 - self.tag_bits)) as u32
+        }
+    }
+
+    #[inline]
+    fn live(&self, tag: u32, idx: u32, dir: u8) -> u32 {
+        (tag << self.key_bits | ((idx << 1 | dir as u32) + 1)) << 1
+    }
+
+    /// (tag, idx, dir) of a live slot.
+    #[inline]
+    fn decode(&self, s: u32) -> (u32, u32, u8) {
+        let v = s >> 1;
+        let key = (v & ((1u32 << self.key_bits) - 1)) - 1;
+        let tag = if self.tag_bits == 0 {
+            0
+        } else {
+            v >> self.key_bits
+        };
+        (tag, key >> 1, (key & 1) as u8)
+    }
 }
 
 #[inline]
-fn slot_decode(s: u64) -> (u32, u32, u8) {
-    let payload = ((s & 0xffff_ffff) >> 1) - 1;
-    ((s >> 32) as u32, (payload >> 1) as u32, (payload & 1) as u8)
-}
-
-#[inline]
-fn slot_tomb(epoch: u64) -> u64 {
-    epoch << 1 | TOMB_BIT
+fn slot_tomb(epoch: u64) -> u32 {
+    ((epoch & EPOCH_MASK) as u32) << 1 | TOMB_BIT
 }
 
 /// What a lookup found: a copy of the entry taken under its sequence number.
@@ -183,9 +300,11 @@ pub(crate) struct Geometry {
 impl Geometry {
     pub fn for_max_live(max_live: u32) -> Geometry {
         let max_live = max_live.clamp(16, 1 << 29);
-        let capacity = max_live as usize + (max_live as usize / 8).max(1024);
-        // Two keys per entry, at most a quarter of the slots live.
-        let nslots = (capacity * 2 * 2).next_power_of_two();
+        // The slack only holds entries waiting out a grace period (a batch or two).
+        let capacity = max_live as usize + (max_live as usize / 128).max(1024);
+        // Two keys per entry; a full table fills 5/8 of the slots (linear probing then looks at
+        // under two slots to find a key, four to miss: 16 slots share a cache line).
+        let nslots = (capacity * 2 * 8 / 5).next_multiple_of(16);
         Geometry {
             max_live,
             capacity,
@@ -193,12 +312,11 @@ impl Geometry {
         }
     }
 
-    /// Bytes of the three arrays (entries, index slots, SCTP tags), in that order.
-    pub fn array_bytes(&self) -> [usize; 3] {
+    /// Bytes of the two arrays (entries, index slots), in that order.
+    pub fn array_bytes(&self) -> [usize; 2] {
         [
             self.capacity * std::mem::size_of::<Entry>(),
-            self.nslots * 8,
-            self.capacity * 8,
+            self.nslots * 4,
         ]
     }
 }
@@ -206,18 +324,16 @@ impl Geometry {
 /// The arrays of a table, in process memory or in a state file (`persist`).
 pub(crate) struct Storage {
     pub entries: SharedSlice<Entry>,
-    pub slots: SharedSlice<AtomicU64>,
-    pub tags: SharedSlice<AtomicU64>,
+    pub slots: SharedSlice<AtomicU32>,
 }
 
 impl Storage {
     /// The arrays of `g` laid out from byte `offset` of `map`.
     pub fn view(map: &Arc<Mapping>, offset: usize, g: &Geometry) -> Option<Storage> {
-        let [eb, sb, _] = g.array_bytes();
+        let [eb, _] = g.array_bytes();
         Some(Storage {
             entries: map.view(offset, g.capacity)?,
             slots: map.view(offset + eb, g.nslots)?,
-            tags: map.view(offset + eb + sb, g.capacity)?,
         })
     }
 
@@ -229,8 +345,8 @@ impl Storage {
 
 pub struct Table {
     entries: SharedSlice<Entry>,
-    slots: SharedSlice<AtomicU64>,
-    slot_mask: usize,
+    slots: SharedSlice<AtomicU32>,
+    code: SlotCode,
     seed: u64,
     /// Entries that may be live at once (the configured maximum).
     max_live: u32,
@@ -239,6 +355,9 @@ pub struct Table {
     next_unused: AtomicU32,
     /// Treiber stack of free entries: (ABA tag << 32) | (idx + 1); low half 0 = empty.
     free_head: AtomicU64,
+    /// Treiber stack of chunks of `CHUNK` free entries that workers' caches gave back (linked
+    /// within a chunk by `expires_or_next`, between chunks by the head's `packets(0)`).
+    chunk_head: AtomicU64,
     pub(crate) grace: Grace,
     scan_cursor: AtomicU64,
     slot_cursor: AtomicU64,
@@ -249,10 +368,14 @@ pub struct Table {
     /// paced expiry scan (a SYN flood at a full table would otherwise exhaust the slack in
     /// milliseconds and refuse everything after). Bounded, allocated once.
     limbo: ArrayQueue<(u32, u64)>,
-    /// SCTP verification tags of both directions, per entry (kept beside the 128-byte entries:
-    /// only SCTP uses them).
-    tags: SharedSlice<AtomicU64>,
+    /// The latest clock a worker has passed in (to within a second): what 32-bit expiry times
+    /// are read against when no caller gives a clock (listings). Written about once a second.
+    recent_ms: AtomicU64,
 }
+
+/// Entries a worker's cache (`Retired`) takes from or gives back to the table at once, and the
+/// live-count change it keeps to itself before adding it to the shared count.
+const CHUNK: u32 = 32;
 
 /// Every used entry and index slot is looked at once per this period (all workers together).
 const SWEEP_PERIOD_MS: u64 = 1_000;
@@ -285,7 +408,8 @@ const KNOWN_STATE_BITS: u32 = LIFE_MASK
     | FLAG_MASQ
     | FLAG_SINGLE_KEY
     | PROTO_STATE_MASK
-    | 0xff << DIR_FLAGS_SHIFT;
+    | 0xff << DIR_FLAGS_SHIFT
+    | SEQ_MASK;
 
 /// Whether entry `e` (read from a file some other process wrote, possibly torn by a crash or
 /// damaged) is a connection to keep. `max_expiry_ms`: no timeout reaches past it.
@@ -294,11 +418,10 @@ pub(crate) fn check_entry(e: &Entry, now_ms: u64, max_expiry_ms: u64) -> Check {
     if st & LIFE_MASK != LIFE_LIVE {
         return Check::NotLive;
     }
-    if e.seq().load(Ordering::Relaxed) & 1 == 1 || st & !KNOWN_STATE_BITS != 0 {
+    if (st >> SEQ_SHIFT) & 1 == 1 || st & !KNOWN_STATE_BITS != 0 {
         return Check::Bad;
     }
-    let packed: [Packed; 2] =
-        [0, 1].map(|d| std::array::from_fn(|j| e.tuple(d)[j].load(Ordering::Relaxed)));
+    let packed: [Packed; 2] = [0, 1].map(|d| e.key(d));
     let [o, r] = packed.map(|p| Tuple::unpack(&p));
     // A packed tuple is canonical: garbage in unused bits or an unknown family does not survive
     // the round trip.
@@ -308,7 +431,7 @@ pub(crate) fn check_entry(e: &Entry, now_ms: u64, max_expiry_ms: u64) -> Check {
     }
     let single = st & FLAG_SINGLE_KEY != 0;
     let proto_state = (st & PROTO_STATE_MASK) >> PROTO_STATE_SHIFT;
-    let dir_flags = st >> DIR_FLAGS_SHIFT;
+    let dir_flags = (st >> DIR_FLAGS_SHIFT) & 0xff;
     let well_formed = match o.proto {
         6 => !single && (proto_state as usize) < super::tcp::STATE_COUNT,
         132 => !single && (proto_state as usize) < super::sctp::STATE_COUNT && dir_flags == 0,
@@ -319,7 +442,7 @@ pub(crate) fn check_entry(e: &Entry, now_ms: u64, max_expiry_ms: u64) -> Check {
     if !well_formed {
         return Check::Bad;
     }
-    let expires = e.expires_ms().load(Ordering::Relaxed);
+    let expires = Clock32::decode(e.expires_or_next().load(Ordering::Relaxed), now_ms);
     if expires > max_expiry_ms {
         return Check::Bad;
     }
@@ -356,19 +479,20 @@ impl Table {
     ) -> Table {
         Table {
             entries: storage.entries,
+            code: SlotCode::for_capacity(g.capacity),
             slots: storage.slots,
-            slot_mask: g.nslots - 1,
             seed: seed | 1,
             max_live: g.max_live,
             live: AtomicU32::new(0),
             next_unused: AtomicU32::new(0),
             free_head: AtomicU64::new(0),
+            chunk_head: AtomicU64::new(0),
             grace: Grace::new(participants),
             scan_cursor: AtomicU64::new(0),
             slot_cursor: AtomicU64::new(0),
             early_drops: AtomicU64::new(0),
             limbo: ArrayQueue::new(g.capacity - g.max_live as usize),
-            tags: storage.tags,
+            recent_ms: AtomicU64::new(0),
         }
     }
 
@@ -381,6 +505,7 @@ impl Table {
     /// free list, the never-used mark and the live count. Whatever the index held is ignored (a
     /// process killed mid-insert may have left it half-written).
     pub(crate) fn rebuild(&mut self, now_ms: u64, max_expiry_ms: u64) -> RebuildCounts {
+        *self.recent_ms.get_mut() = now_ms;
         for s in self.slots.iter() {
             s.store(SLOT_EMPTY, Ordering::Relaxed);
         }
@@ -391,11 +516,10 @@ impl Table {
             let verdict = check_entry(e, now_ms, max_expiry_ms);
             let keep = verdict == Check::Keep && {
                 let single = e.state().load(Ordering::Relaxed) & FLAG_SINGLE_KEY != 0;
-                let po: Packed = std::array::from_fn(|j| e.tuple(0)[j].load(Ordering::Relaxed));
-                let pr: Packed = std::array::from_fn(|j| e.tuple(1)[j].load(Ordering::Relaxed));
+                let (po, pr) = (e.key(0), e.key(1));
                 let (ho, hr) = (self.hash(&po), self.hash(&pr));
-                let taken = self.lookup(&po, ho).is_some()
-                    || (!single && (po == pr || self.lookup(&pr, hr).is_some()));
+                let taken = self.lookup(&po, ho, now_ms).is_some()
+                    || (!single && (po == pr || self.lookup(&pr, hr, now_ms).is_some()));
                 if !taken {
                     if !single {
                         self.index(hr, idx as u32, DIR_REPLY);
@@ -414,9 +538,11 @@ impl Table {
                 Check::NotLive => {}
             }
             if !keep {
-                e.state().store(LIFE_FREE, Ordering::Relaxed);
-                let seq = e.seq().load(Ordering::Relaxed);
-                e.seq().store(seq.wrapping_add(seq & 1), Ordering::Relaxed);
+                // Free, with an even sequence number (a torn insert left it odd).
+                let st = e.state().load(Ordering::Relaxed);
+                let seq = (st >> SEQ_SHIFT).wrapping_add((st >> SEQ_SHIFT) & 1);
+                e.state()
+                    .store(seq << SEQ_SHIFT | LIFE_FREE, Ordering::Relaxed);
             }
         }
         // Free entries below the mark, lowest first out; the rest is handed out as never used.
@@ -424,7 +550,7 @@ impl Table {
         for idx in (0..high).rev() {
             let e = &self.entries[idx];
             if e.state().load(Ordering::Relaxed) & LIFE_MASK == LIFE_FREE {
-                e.created_or_next().store(head as u32, Ordering::Relaxed);
+                e.expires_or_next().store(head as u32, Ordering::Relaxed);
                 head = idx as u64 + 1;
             }
         }
@@ -451,86 +577,110 @@ impl Table {
     /// lookup: reads nothing, changes nothing).
     #[inline]
     pub fn prefetch_slot(&self, hash: u64) {
-        kxdp_packet::prefetch::prefetch(&self.slots[hash as usize & self.slot_mask]);
+        kxdp_packet::prefetch::prefetch(&self.slots[self.home(hash)]);
     }
 
     /// Starts loading the entry that the first slot of `hash`'s probe names, when its tag is
     /// `hash`'s (the slot itself should be in cache by now: see `prefetch_slot`). A hint only.
     #[inline]
     pub fn prefetch_entry(&self, hash: u64) {
-        let s = self.slots[hash as usize & self.slot_mask].load(Ordering::Relaxed);
+        let s = self.slots[self.home(hash)].load(Ordering::Relaxed);
         if s == SLOT_EMPTY || s & TOMB_BIT != 0 {
             return;
         }
-        let (tag, idx, _) = slot_decode(s);
-        if tag == (hash >> 32) as u32 {
+        let (tag, idx, _) = self.code.decode(s);
+        if tag == self.code.tag(hash) {
             if let Some(e) = self.entries.get(idx as usize) {
                 kxdp_packet::prefetch::prefetch_lines(e);
             }
         }
     }
 
-    /// Finds the live entry holding `key` in either direction.
+    /// The index slot a probe for `hash` starts at (multiply-shift: the index need not be a
+    /// power of two).
+    #[inline(always)]
+    fn home(&self, hash: u64) -> usize {
+        ((hash as u32 as u64 * self.slots.len() as u64) >> 32) as usize
+    }
+
+    #[inline(always)]
+    fn next_slot(&self, i: usize) -> usize {
+        if i + 1 == self.slots.len() {
+            0
+        } else {
+            i + 1
+        }
+    }
+
+    /// Finds the live entry holding `key` in either direction; its expiry is read as the time
+    /// nearest to `now_ms`.
     #[inline]
-    pub fn lookup(&self, key: &Packed, hash: u64) -> Option<Found> {
-        let tag = (hash >> 32) as u32;
-        let mut i = hash as usize & self.slot_mask;
+    pub fn lookup(&self, key: &Packed, hash: u64, now_ms: u64) -> Option<Found> {
+        let tag = self.code.tag(hash);
+        let mut i = self.home(hash);
         for _ in 0..MAX_PROBE {
             let s = self.slots[i].load(Ordering::Acquire);
             if s == SLOT_EMPTY {
                 return None;
             }
             if s & TOMB_BIT == 0 {
-                let (stag, idx, dir) = slot_decode(s);
+                let (stag, idx, dir) = self.code.decode(s);
                 if stag == tag {
-                    if let Some(found) = self.read_if_match(idx, dir, key) {
+                    if let Some(found) = self.read_if_match(idx, dir, key, now_ms) {
                         return Some(found);
                     }
                 }
             }
-            i = (i + 1) & self.slot_mask;
+            i = self.next_slot(i);
         }
         None
     }
 
     #[inline]
-    fn read_if_match(&self, idx: u32, dir: u8, key: &Packed) -> Option<Found> {
+    fn read_if_match(&self, idx: u32, dir: u8, key: &Packed, now_ms: u64) -> Option<Found> {
         let e = self.entries.get(idx as usize)?;
-        let seq1 = e.seq().load(Ordering::Acquire);
-        if seq1 & 1 == 1 {
+        let st1 = e.state().load(Ordering::Acquire);
+        if (st1 >> SEQ_SHIFT) & 1 == 1 || st1 & LIFE_MASK != LIFE_LIVE {
             return None;
         }
         let mine = e.tuple(dir as usize);
-        for (w, k) in mine.iter().zip(key) {
-            if w.load(Ordering::Relaxed) != *k {
+        for (j, (w, k)) in mine.iter().zip(key).enumerate() {
+            let mut v = w.load(Ordering::Relaxed);
+            if j == 4 {
+                v &= KEY_MASK;
+            }
+            if v != *k {
                 return None;
             }
         }
         let theirs = e.tuple(1 - dir as usize);
-        let other: Packed = std::array::from_fn(|j| theirs[j].load(Ordering::Relaxed));
-        let service_id = e.service_id().load(Ordering::Relaxed);
+        let mut other: Packed = std::array::from_fn(|j| theirs[j].load(Ordering::Relaxed));
+        let mine4 = mine[4].load(Ordering::Relaxed);
+        let stash = if dir == DIR_ORIG {
+            Stash::join(mine4, other[4])
+        } else {
+            Stash::join(other[4], mine4)
+        };
+        other[4] &= KEY_MASK;
         std::sync::atomic::fence(Ordering::Acquire);
-        if e.seq().load(Ordering::Relaxed) != seq1 {
-            return None;
-        }
         let state = e.state().load(Ordering::Acquire);
-        if state & LIFE_MASK != LIFE_LIVE {
+        if (state ^ st1) & SEQ_MASK != 0 || state & LIFE_MASK != LIFE_LIVE {
             return None;
         }
         Some(Found {
             idx,
             dir,
             other: Tuple::unpack(&other),
-            state,
-            service_id,
-            expires_ms: e.expires_ms().load(Ordering::Relaxed),
+            state: state & !SEQ_MASK,
+            service_id: stash.service_id,
+            expires_ms: Clock32::decode(e.expires_or_next().load(Ordering::Relaxed), now_ms),
         })
     }
 
     /// Whether a live entry holds `key` (used to keep SNAT choices unique).
     #[inline]
     pub fn contains(&self, key: &Packed) -> bool {
-        self.lookup(key, self.hash(key)).is_some()
+        self.lookup(key, self.hash(key), 0).is_some()
     }
 
     /// Inserts a connection; returns its entry index. `reply` is not indexed when `flags` carries
@@ -545,51 +695,85 @@ impl Table {
         now_ms: u64,
         expires_ms: u64,
         early_drop_hint: u64,
+        mut cache: Option<&mut Retired>,
     ) -> Result<u32, InsertError> {
         let po = orig.pack();
         let pr = reply.pack();
         let ho = self.hash(&po);
         let single = flags_and_state & FLAG_SINGLE_KEY != 0;
         let hr = if single { 0 } else { self.hash(&pr) };
-        if !single && self.lookup(&pr, hr).is_some() {
+        self.note_clock(now_ms);
+        if !single && self.lookup(&pr, hr, now_ms).is_some() {
             return Err(InsertError::Exists);
         }
-        if self.live.fetch_add(1, Ordering::AcqRel) >= self.max_live {
-            self.live.fetch_sub(1, Ordering::AcqRel);
-            if !self.early_drop(early_drop_hint, now_ms) {
-                return Err(InsertError::Full);
+        // Room: a worker with a cache reads the shared live count (plus what it has not added
+        // yet) and counts locally; others take a place in it. A full table early-drops a victim
+        // whose place the new connection takes over (the count stays).
+        let counted = match cache.as_deref_mut() {
+            Some(c) => {
+                let live = self.live.load(Ordering::Relaxed) as i64 + c.pending_live;
+                if live < self.max_live as i64 {
+                    c.pending_live += 1;
+                    true
+                } else {
+                    false
+                }
             }
-            if self.live.fetch_add(1, Ordering::AcqRel) >= self.max_live {
-                self.live.fetch_sub(1, Ordering::AcqRel);
-                return Err(InsertError::Full);
+            None => {
+                if self.live.fetch_add(1, Ordering::AcqRel) < self.max_live {
+                    true
+                } else {
+                    self.live.fetch_sub(1, Ordering::AcqRel);
+                    false
+                }
             }
+        };
+        if !counted && !self.early_drop(early_drop_hint, now_ms) {
+            return Err(InsertError::Full);
         }
-        let Some(idx) = self.alloc() else {
-            self.live.fetch_sub(1, Ordering::AcqRel);
+        let idx = match cache {
+            Some(c) => {
+                let idx = self.alloc_cached(c);
+                if idx.is_none() {
+                    c.pending_live -= 1;
+                }
+                self.flush_live(c, false);
+                idx
+            }
+            None => {
+                let idx = self.alloc();
+                if idx.is_none() {
+                    self.live.fetch_sub(1, Ordering::AcqRel);
+                }
+                idx
+            }
+        };
+        let Some(idx) = idx else {
             return Err(InsertError::Full);
         };
         let e = &self.entries[idx as usize];
-        let seq = e.seq().load(Ordering::Relaxed);
-        e.seq().store(seq | 1, Ordering::Relaxed);
+        // The entry is free and ours: its state word holds only the sequence number.
+        let seq = e.state().load(Ordering::Relaxed) >> SEQ_SHIFT;
+        e.state()
+            .store((seq | 1) << SEQ_SHIFT | LIFE_FREE, Ordering::Relaxed);
         std::sync::atomic::fence(Ordering::Release);
-        for (w, v) in e.tuple(0).iter().zip(po) {
-            w.store(v, Ordering::Relaxed);
+        let stash = Stash::new(service_id, now_ms).split();
+        for (d, p) in [po, pr].iter().enumerate() {
+            for (j, (w, v)) in e.tuple(d).iter().zip(p).enumerate() {
+                w.store(if j == 4 { v | stash[d] } else { *v }, Ordering::Relaxed);
+            }
         }
-        for (w, v) in e.tuple(1).iter().zip(pr) {
-            w.store(v, Ordering::Relaxed);
-        }
-        e.service_id().store(service_id, Ordering::Relaxed);
-        e.expires_ms().store(expires_ms, Ordering::Relaxed);
-        e.created_or_next().store(now_ms as u32, Ordering::Relaxed);
+        e.expires_or_next()
+            .store(Clock32::encode(expires_ms), Ordering::Relaxed);
         for d in 0..2 {
             e.packets(d).store(0, Ordering::Relaxed);
             e.bytes(d).store(0, Ordering::Relaxed);
         }
+        let seq = ((seq | 1) + 1) & 0xff;
         e.state().store(
-            (flags_and_state & !LIFE_MASK) | LIFE_LIVE,
-            Ordering::Relaxed,
+            seq << SEQ_SHIFT | (flags_and_state & !LIFE_MASK & !SEQ_MASK) | LIFE_LIVE,
+            Ordering::Release,
         );
-        e.seq().store((seq | 1) + 1, Ordering::Release);
 
         if !single {
             self.index(hr, idx, DIR_REPLY);
@@ -599,9 +783,8 @@ impl Table {
     }
 
     fn index(&self, hash: u64, idx: u32, dir: u8) {
-        let tag = (hash >> 32) as u32;
-        let want = slot_live(tag, idx, dir);
-        let mut i = hash as usize & self.slot_mask;
+        let want = self.code.live(self.code.tag(hash), idx, dir);
+        let mut i = self.home(hash);
         loop {
             let s = self.slots[i].load(Ordering::Acquire);
             if (s == SLOT_EMPTY || s & TOMB_BIT != 0)
@@ -614,8 +797,129 @@ impl Table {
             if s == SLOT_EMPTY || s & TOMB_BIT != 0 {
                 continue; // lost the race for this slot; look at it again
             }
-            i = (i + 1) & self.slot_mask;
+            i = self.next_slot(i);
         }
+    }
+
+    /// Adds a worker's live-count change to the shared count once it reaches `CHUNK` (or
+    /// always, with `now`): one shared write per `CHUNK` new connections.
+    fn flush_live(&self, c: &mut Retired, now: bool) {
+        if c.pending_live != 0 && (now || c.pending_live.unsigned_abs() >= CHUNK as u64) {
+            if c.pending_live > 0 {
+                self.live.fetch_add(c.pending_live as u32, Ordering::AcqRel);
+            } else {
+                self.live
+                    .fetch_sub(c.pending_live.unsigned_abs() as u32, Ordering::AcqRel);
+            }
+            c.pending_live = 0;
+        }
+    }
+
+    /// A free entry for a worker: from its own cache, else a chunk from the table (one shared
+    /// atomic per `CHUNK` entries), else the shared paths.
+    fn alloc_cached(&self, c: &mut Retired) -> Option<u32> {
+        if let Some(idx) = c.free.pop() {
+            return Some(idx);
+        }
+        if c.unused.0 < c.unused.1 {
+            c.unused.0 += 1;
+            return Some(c.unused.0 - 1);
+        }
+        if let Some(head) = self.pop_chunk() {
+            // The chunk is ours: walk its links into the cache.
+            let mut next = head + 1;
+            while next != 0 && c.free.len() < c.free.capacity() {
+                let idx = next - 1;
+                next = self.entries[idx as usize]
+                    .expires_or_next()
+                    .load(Ordering::Relaxed);
+                c.free.push(idx);
+            }
+            return c.free.pop();
+        }
+        let n = self.entries.len() as u32;
+        if self.next_unused.load(Ordering::Relaxed) < n {
+            let start = self.next_unused.fetch_add(CHUNK, Ordering::AcqRel);
+            if start < n {
+                c.unused = (start + 1, (start + CHUNK).min(n));
+                return Some(start);
+            }
+        }
+        self.alloc()
+    }
+
+    /// Gives a recycled entry to a worker's cache; a full cache hands `CHUNK` of its entries
+    /// back to the table as one chunk.
+    fn free_cached(&self, c: &mut Retired, idx: u32) {
+        let e = &self.entries[idx as usize];
+        let seq = e.state().load(Ordering::Relaxed) & SEQ_MASK;
+        e.state().store(seq | LIFE_FREE, Ordering::Release);
+        if c.free.len() == c.free.capacity() {
+            let mut link = 0u32;
+            for _ in 0..CHUNK {
+                let i = c.free.pop().expect("a full cache holds a chunk");
+                self.entries[i as usize]
+                    .expires_or_next()
+                    .store(link, Ordering::Relaxed);
+                link = i + 1;
+            }
+            self.push_chunk(link - 1);
+        }
+        c.free.push(idx);
+    }
+
+    fn push_chunk(&self, head: u32) {
+        let link = self.entries[head as usize].packets(0);
+        let mut top = self.chunk_head.load(Ordering::Acquire);
+        loop {
+            link.store((top & 0xffff_ffff) as u32, Ordering::Release);
+            let new = (top >> 32).wrapping_add(1) << 32 | (head as u64 + 1);
+            match self.chunk_head.compare_exchange_weak(
+                top,
+                new,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return,
+                Err(t) => top = t,
+            }
+        }
+    }
+
+    fn pop_chunk(&self) -> Option<u32> {
+        let mut top = self.chunk_head.load(Ordering::Acquire);
+        loop {
+            let first = top & 0xffff_ffff;
+            if first == 0 {
+                return None;
+            }
+            let head = (first - 1) as u32;
+            let next = self.entries[head as usize]
+                .packets(0)
+                .load(Ordering::Acquire) as u64;
+            let new = (top >> 32).wrapping_add(1) << 32 | next;
+            match self.chunk_head.compare_exchange_weak(
+                top,
+                new,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return Some(head),
+                Err(t) => top = t,
+            }
+        }
+    }
+
+    /// A whole chunk for a caller without a cache: its first entry, the rest back as a chunk.
+    fn alloc_from_chunks(&self) -> Option<u32> {
+        let head = self.pop_chunk()?;
+        let rest = self.entries[head as usize]
+            .expires_or_next()
+            .load(Ordering::Relaxed);
+        if rest != 0 {
+            self.push_chunk(rest - 1);
+        }
+        Some(head)
     }
 
     fn alloc(&self) -> Option<u32> {
@@ -628,7 +932,7 @@ impl Table {
             }
             let idx = (top - 1) as u32;
             let next = self.entries[idx as usize]
-                .created_or_next()
+                .expires_or_next()
                 .load(Ordering::Acquire) as u64;
             let new = (head >> 32).wrapping_add(1) << 32 | next;
             match self.free_head.compare_exchange_weak(
@@ -641,11 +945,15 @@ impl Table {
                 Err(h) => head = h,
             }
         }
-        let idx = self.next_unused.fetch_add(1, Ordering::AcqRel);
-        if (idx as usize) < self.entries.len() {
+        if let Some(idx) = self.alloc_from_chunks() {
             return Some(idx);
         }
-        self.next_unused.fetch_sub(1, Ordering::AcqRel);
+        if (self.next_unused.load(Ordering::Relaxed) as usize) < self.entries.len() {
+            let idx = self.next_unused.fetch_add(1, Ordering::AcqRel);
+            if (idx as usize) < self.entries.len() {
+                return Some(idx);
+            }
+        }
         self.alloc_from_limbo()
     }
 
@@ -671,8 +979,9 @@ impl Table {
     /// Bumps the sequence so a reader holding the old index sees a change; returns `idx`.
     fn recycle(&self, idx: u32) -> u32 {
         let e = &self.entries[idx as usize];
-        let seq = e.seq().load(Ordering::Relaxed);
-        e.seq().store(seq.wrapping_add(2) & !1, Ordering::Release);
+        let st = e.state().load(Ordering::Relaxed);
+        let seq = ((st >> SEQ_SHIFT).wrapping_add(2) & 0xfe) << SEQ_SHIFT;
+        e.state().store(seq | (st & !SEQ_MASK), Ordering::Release);
         idx
     }
 
@@ -685,28 +994,17 @@ impl Table {
             .store((cur & !LIFE_MASK) | LIFE_DYING, Ordering::Release);
     }
 
-    fn free(&self, idx: u32) {
-        let e = &self.entries[idx as usize];
-        e.state().store(LIFE_FREE, Ordering::Release);
-        let mut head = self.free_head.load(Ordering::Acquire);
-        loop {
-            e.created_or_next()
-                .store((head & 0xffff_ffff) as u32, Ordering::Release);
-            let new = (head >> 32).wrapping_add(1) << 32 | (idx as u64 + 1);
-            match self.free_head.compare_exchange_weak(
-                head,
-                new,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => return,
-                Err(h) => head = h,
-            }
-        }
-    }
-
     /// Makes a live entry invisible (one caller wins); the expiry scan then retires it.
     pub fn kill(&self, idx: u32) -> bool {
+        let killed = self.kill_uncounted(idx);
+        if killed {
+            self.live.fetch_sub(1, Ordering::AcqRel);
+        }
+        killed
+    }
+
+    /// `kill`, leaving the live count to the caller.
+    fn kill_uncounted(&self, idx: u32) -> bool {
         let e = &self.entries[idx as usize];
         let mut cur = e.state().load(Ordering::Acquire);
         loop {
@@ -718,10 +1016,7 @@ impl Table {
                 .state()
                 .compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Acquire)
             {
-                Ok(_) => {
-                    self.live.fetch_sub(1, Ordering::AcqRel);
-                    return true;
-                }
+                Ok(_) => return true,
                 Err(c) => cur = c,
             }
         }
@@ -735,24 +1030,24 @@ impl Table {
     fn early_drop(&self, hint: u64, now_ms: u64) -> bool {
         // Walk the index from the hint's slot, as the kernel walks hash buckets from the new
         // tuple's: the index holds live entries only, whatever their place in the slab.
-        let start = hint as usize & self.slot_mask;
+        let start = self.home(hint);
         for _attempt in 0..4 {
             let mut victim = None;
-            let mut oldest_age = 0u32;
-            for k in 0..EARLY_DROP_SCAN {
-                let s = self.slots[(start + k) & self.slot_mask].load(Ordering::Acquire);
+            let mut oldest_age = 0u64;
+            let mut i = start;
+            for _ in 0..EARLY_DROP_SCAN {
+                let s = self.slots[i].load(Ordering::Acquire);
+                i = self.next_slot(i);
                 if s == SLOT_EMPTY || s & TOMB_BIT != 0 {
                     continue;
                 }
-                let (_, idx, _) = slot_decode(s);
+                let (_, idx, _) = self.code.decode(s);
                 let e = &self.entries[idx as usize];
                 let st = e.state().load(Ordering::Acquire);
                 if st & LIFE_MASK != LIFE_LIVE || st & FLAG_ASSURED != 0 {
                     continue;
                 }
-                let age = (now_ms as u32).wrapping_sub(e.created_or_next().load(Ordering::Relaxed));
-                // Ages beyond 2^31 ms are a clock that went backwards: treat as young.
-                let age = if age > u32::MAX / 2 { 0 } else { age };
+                let age = e.stash().age_ms(now_ms);
                 if victim.is_none() || age > oldest_age {
                     victim = Some(idx);
                     oldest_age = age;
@@ -762,7 +1057,8 @@ impl Table {
             let Some(idx) = victim.or_else(|| self.unassured_in_slab(hint)) else {
                 return false;
             };
-            if self.kill(idx) {
+            // The victim's place in the live count goes to the caller's connection.
+            if self.kill_uncounted(idx) {
                 self.early_drops.fetch_add(1, Ordering::Relaxed);
                 self.retire_now(idx);
                 return true;
@@ -808,54 +1104,58 @@ impl Table {
             if cur & LIFE_MASK != LIFE_LIVE {
                 return None;
             }
-            let new = (f(cur) & !LIFE_MASK) | LIFE_LIVE;
+            let new = (f(cur & !SEQ_MASK) & !LIFE_MASK & !SEQ_MASK) | LIFE_LIVE | (cur & SEQ_MASK);
             if new == cur {
-                return Some(cur);
+                return Some(cur & !SEQ_MASK);
             }
             match e
                 .state()
                 .compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Acquire)
             {
-                Ok(_) => return Some(new),
+                Ok(_) => return Some(new & !SEQ_MASK),
                 Err(c) => cur = c,
             }
         }
     }
 
-    /// SCTP verification tags (`sctp::pack_tags`).
+    /// SCTP verification tags (`sctp::pack_tags`), kept in an SCTP entry's second byte counter.
     #[inline]
     pub fn tags(&self, idx: u32) -> u64 {
-        self.tags[idx as usize].load(Ordering::Acquire)
+        self.entries[idx as usize]
+            .bytes(SCTP_TAGS)
+            .load(Ordering::Acquire)
     }
 
     pub fn set_tags(&self, idx: u32, tags: u64) {
-        self.tags[idx as usize].store(tags, Ordering::Release);
+        self.entries[idx as usize]
+            .bytes(SCTP_TAGS)
+            .store(tags, Ordering::Release);
     }
 
     /// Replaces the tags if they are still `old`.
     pub fn swap_tags(&self, idx: u32, old: u64, new: u64) -> bool {
-        self.tags[idx as usize]
+        self.entries[idx as usize]
+            .bytes(SCTP_TAGS)
             .compare_exchange(old, new, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
     }
 
-    /// Milliseconds since the entry was created (exact for ages below 49 days).
+    /// Milliseconds since the entry was created, modulo 262 s (16-ms ticks: see `Stash`).
     pub fn age_ms(&self, idx: u32, now_ms: u64) -> u64 {
-        let created = self.entries[idx as usize]
-            .created_or_next()
-            .load(Ordering::Relaxed);
-        (now_ms as u32).wrapping_sub(created) as u64
+        self.entries[idx as usize].stash().age_ms(now_ms)
     }
 
     #[inline]
     pub fn set_expires(&self, idx: u32, expires_ms: u64) {
         let e = &self.entries[idx as usize];
-        // Skip the store when unchanged at millisecond resolution: saves dirtying the line.
-        if e.expires_ms().load(Ordering::Relaxed) != expires_ms {
-            e.expires_ms().store(expires_ms, Ordering::Relaxed);
+        let v = Clock32::encode(expires_ms);
+        // Skip the store when unchanged: saves dirtying the line.
+        if e.expires_or_next().load(Ordering::Relaxed) != v {
+            e.expires_or_next().store(v, Ordering::Relaxed);
         }
     }
 
+    /// Counts a packet of `bytes` in direction `dir` (not SCTP: see `count_sctp`).
     #[inline]
     pub fn count(&self, idx: u32, dir: u8, bytes: u64) {
         let e = &self.entries[idx as usize];
@@ -870,10 +1170,31 @@ impl Table {
         );
     }
 
+    /// Counts an SCTP packet: both directions' bytes share one word (32 bits each, wrapping),
+    /// the other holds the verification tags.
+    #[inline]
+    pub fn count_sctp(&self, idx: u32, dir: u8, bytes: u64) {
+        let e = &self.entries[idx as usize];
+        let d = dir as usize & 1;
+        e.packets(d).store(
+            e.packets(d).load(Ordering::Relaxed).wrapping_add(1),
+            Ordering::Relaxed,
+        );
+        let w = e.bytes(SCTP_BYTES);
+        let cur = w.load(Ordering::Relaxed);
+        let shift = 32 * d as u32;
+        let half = ((cur >> shift) as u32).wrapping_add(bytes as u32) as u64;
+        w.store(
+            (cur & !(0xffff_ffff << shift)) | half << shift,
+            Ordering::Relaxed,
+        );
+    }
+
     /// One step of incremental maintenance, run by a worker between batches: scans `budget`
     /// entries for expired or killed ones and retires them, recycles what has waited out its grace
     /// period, and clears old tombstones. Returns how many entries expired.
     pub fn maintain(&self, now_ms: u64, budget: usize, retired: &mut Retired) -> usize {
+        self.note_clock(now_ms);
         // Pace the scans by time: each worker covers its share of the used entries (and of the
         // index) once per `SWEEP_PERIOD_MS`, so an idle clock costs nothing and a busy one no
         // more than needed. Lookups check expiry themselves; the scan only reclaims room.
@@ -905,7 +1226,8 @@ impl Table {
             let (idx, at) = retired.items[k];
             if self.grace.is_safe(at) {
                 retired.items.swap_remove(k);
-                self.free(self.recycle(idx));
+                let idx = self.recycle(idx);
+                self.free_cached(retired, idx);
             } else {
                 k += 1;
             }
@@ -914,6 +1236,7 @@ impl Table {
         // shared cursors are not touched at all: an add of zero still takes their cache line
         // from the other workers, once per batch.)
         if budget == 0 && slot_budget == 0 {
+            self.flush_live(retired, true);
             return 0;
         }
         let start = self.scan_cursor.fetch_add(budget as u64, Ordering::Relaxed);
@@ -928,13 +1251,16 @@ impl Table {
             let s = e.state().load(Ordering::Acquire);
             let life = s & LIFE_MASK;
             let dying = life == LIFE_DYING
-                || (life == LIFE_LIVE && e.expires_ms().load(Ordering::Relaxed) < now_ms && {
-                    let killed = self.kill(idx);
-                    if killed {
-                        expired += 1;
-                    }
-                    killed
-                });
+                || (life == LIFE_LIVE
+                    && Clock32::decode(e.expires_or_next().load(Ordering::Relaxed), now_ms)
+                        < now_ms
+                    && {
+                        let killed = self.kill_uncounted(idx);
+                        if killed {
+                            expired += 1;
+                        }
+                        killed
+                    });
             if dying && self.claim_retire(idx) {
                 self.unindex(idx, epoch);
                 retired.items.push((idx, epoch));
@@ -945,9 +1271,10 @@ impl Table {
             .slot_cursor
             .fetch_add(slot_budget as u64, Ordering::Relaxed);
         for j in 0..slot_budget as u64 {
-            // The index length is a power of two.
-            self.clear_tombs_before((start + j) as usize & self.slot_mask);
+            self.clear_tombs_before(((start + j) % self.slots.len() as u64) as usize);
         }
+        retired.pending_live -= expired as i64;
+        self.flush_live(retired, true);
         expired
     }
 
@@ -973,11 +1300,10 @@ impl Table {
             if single && dir == DIR_REPLY {
                 continue;
             }
-            let key: Packed =
-                std::array::from_fn(|j| e.tuple(dir as usize)[j].load(Ordering::Relaxed));
+            let key = e.key(dir as usize);
             let hash = self.hash(&key);
-            let want = slot_live((hash >> 32) as u32, idx, dir);
-            let mut i = hash as usize & self.slot_mask;
+            let want = self.code.live(self.code.tag(hash), idx, dir);
+            let mut i = self.home(hash);
             for _ in 0..self.slots.len() {
                 let s = self.slots[i].load(Ordering::Acquire);
                 if s == SLOT_EMPTY {
@@ -992,7 +1318,7 @@ impl Table {
                     );
                     break;
                 }
-                i = (i + 1) & self.slot_mask;
+                i = self.next_slot(i);
             }
         }
     }
@@ -1004,9 +1330,9 @@ impl Table {
         }
         let mut j = i;
         for _ in 0..64 {
-            j = j.wrapping_sub(1) & self.slot_mask;
+            j = if j == 0 { self.slots.len() - 1 } else { j - 1 };
             let s = self.slots[j].load(Ordering::Acquire);
-            if s & TOMB_BIT == 0 || !self.grace.is_safe(s >> 1) {
+            if s & TOMB_BIT == 0 || !self.tomb_is_safe(s) {
                 return;
             }
             if self.slots[j]
@@ -1018,35 +1344,64 @@ impl Table {
         }
     }
 
+    /// Notes a clock a worker passed in (see `recent_ms`): a shared write about once a second.
+    #[inline]
+    fn note_clock(&self, now_ms: u64) {
+        if now_ms >= self.recent_ms.load(Ordering::Relaxed) + 1_000 {
+            self.recent_ms.fetch_max(now_ms, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether a tombstone's (31-bit) epoch stamp is past its grace period: stamps are never
+    /// from the future, and a tombstone is cleared within seconds, long before 2^31 epochs.
+    fn tomb_is_safe(&self, s: u32) -> bool {
+        let stamp = (s >> 1) as u64;
+        (self.grace.epoch().wrapping_sub(stamp) & EPOCH_MASK) >= 2
+    }
+
     /// A consistent copy of entry `idx` if it is live.
     pub fn view(&self, idx: u32) -> Option<EntryView> {
         let e = self.entries.get(idx as usize)?;
         loop {
-            let seq1 = e.seq().load(Ordering::Acquire);
-            if seq1 & 1 == 1 {
+            let st1 = e.state().load(Ordering::Acquire);
+            if (st1 >> SEQ_SHIFT) & 1 == 1 {
                 std::hint::spin_loop();
                 continue;
             }
-            let orig: Packed = std::array::from_fn(|j| e.tuple(0)[j].load(Ordering::Relaxed));
-            let reply: Packed = std::array::from_fn(|j| e.tuple(1)[j].load(Ordering::Relaxed));
-            let service_id = e.service_id().load(Ordering::Relaxed);
+            if st1 & LIFE_MASK != LIFE_LIVE {
+                return None;
+            }
+            let orig = e.key(0);
+            let reply = e.key(1);
+            let stash = e.stash();
             std::sync::atomic::fence(Ordering::Acquire);
-            if e.seq().load(Ordering::Relaxed) != seq1 {
+            let state = e.state().load(Ordering::Acquire);
+            if (state ^ st1) & SEQ_MASK != 0 {
                 continue;
             }
-            let state = e.state().load(Ordering::Acquire);
             if state & LIFE_MASK != LIFE_LIVE {
                 return None;
             }
+            let orig = Tuple::unpack(&orig);
+            let packets = [0, 1].map(|d| e.packets(d).load(Ordering::Relaxed) as u64);
+            let bytes = if orig.proto == 132 {
+                let w = e.bytes(SCTP_BYTES).load(Ordering::Relaxed);
+                [w & 0xffff_ffff, w >> 32]
+            } else {
+                [0, 1].map(|d| e.bytes(d).load(Ordering::Relaxed))
+            };
             return Some(EntryView {
                 idx,
-                orig: Tuple::unpack(&orig),
+                orig,
                 reply: Tuple::unpack(&reply),
-                state,
-                service_id,
-                expires_ms: e.expires_ms().load(Ordering::Relaxed),
-                packets: [0, 1].map(|d| e.packets(d).load(Ordering::Relaxed) as u64),
-                bytes: [0, 1].map(|d| e.bytes(d).load(Ordering::Relaxed)),
+                state: state & !SEQ_MASK,
+                service_id: stash.service_id,
+                expires_ms: Clock32::decode(
+                    e.expires_or_next().load(Ordering::Relaxed),
+                    self.recent_ms.load(Ordering::Relaxed),
+                ),
+                packets,
+                bytes,
             });
         }
     }
@@ -1059,8 +1414,17 @@ impl Table {
 }
 
 /// A worker's entries waiting out their grace period. Preallocated: maintenance never grows it.
+///
+/// Also the worker's allocation cache: free entries and never-used ones it took from the table in
+/// chunks, and the change to the live count it has not yet added to the shared one (added at
+/// every maintenance step), so that a new connection takes no shared atomic (issue 13). Entries
+/// in the cache of a worker that stops stay unused until the next start (at most `2 * CHUNK`).
 pub struct Retired {
     items: Vec<(u32, u64)>,
+    free: Vec<u32>,
+    /// Never-used entries `.0..1` reserved for this worker.
+    unused: (u32, u32),
+    pending_live: i64,
     /// The clock at the previous maintenance step, and the scan work it has earned since.
     last_ms: u64,
     entry_credit: u64,
@@ -1071,6 +1435,9 @@ impl Retired {
     pub fn with_capacity(n: usize) -> Retired {
         Retired {
             items: Vec::with_capacity(n),
+            free: Vec::with_capacity(2 * CHUNK as usize),
+            unused: (0, 0),
+            pending_live: 0,
             last_ms: 0,
             entry_credit: 0,
             slot_credit: 0,

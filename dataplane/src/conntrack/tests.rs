@@ -3,6 +3,8 @@ use std::time::Duration;
 
 use super::*;
 
+const CHUNK_FOR_TESTS: u32 = 32;
+
 fn tup(a: u8, sport: u16, b: u8, dport: u16, proto: u8) -> Tuple {
     Tuple {
         src: Addr::from_v4([10, 0, 0, a]),
@@ -119,6 +121,43 @@ fn expiry_recycles_entries_after_grace() {
         }
         assert_eq!(ct.len(), 0, "round {round}");
     }
+}
+
+#[test]
+fn workers_allocate_from_their_own_caches_and_recycle_into_them() {
+    // 2000 live at most in 3024 entries (the slack is 1024): six rounds of 2000 fit only if the
+    // entries freed into the worker's cache are handed out again.
+    let ct = small(2000);
+    let mut cache = ct.retired_list();
+    for round in 0..6u64 {
+        let now = round * 100_000;
+        for i in 0..2000u32 {
+            let o = tup(
+                (i % 200) as u8,
+                1000 + (i / 200) as u16 + round as u16 * 16,
+                41,
+                53,
+                17,
+            );
+            let r = tup(200, 53, (i % 200) as u8, o.sport, 17);
+            ct.create_with(&mut cache, &o, &r, 0, false, 0, now, 0)
+                .unwrap_or_else(|e| panic!("round {round} connection {i}: {e:?}"));
+            assert!(find(&ct, &o, now).is_some());
+        }
+        // The shared count trails by less than a chunk until the next maintenance step.
+        assert!(
+            ct.len() <= 2000 && ct.len() + CHUNK_FOR_TESTS > 2000,
+            "{}",
+            ct.len()
+        );
+        ct.maintain(now, 0, &mut cache);
+        assert_eq!(ct.len(), 2000, "round {round}");
+        for _ in 0..8 {
+            ct.maintain(now + 31_000, 4096, &mut cache);
+        }
+        assert_eq!(ct.len(), 0, "round {round}");
+    }
+    assert_eq!(ct.connections().count(), 0);
 }
 
 #[test]

@@ -41,14 +41,16 @@ impl Tuple {
         }
     }
 
-    /// Five machine words: compared and hashed as a whole, stored in atomics.
+    /// Five machine words: compared and hashed as a whole, stored in atomics. The last uses 41
+    /// bits (ports, protocol, family).
     #[inline]
     pub fn pack(&self) -> Packed {
         let s = self.src.as_u128();
         let d = self.dst.as_u128();
+        // The family is one bit (40): the table keeps other fields above it (`table::KEY_BITS`).
         let fam = match self.family {
-            Family::V4 => 4u64,
-            Family::V6 => 6u64,
+            Family::V4 => 0u64,
+            Family::V6 => 1u64,
         };
         [
             (s >> 64) as u64,
@@ -69,7 +71,7 @@ impl Tuple {
             sport: p[4] as u16,
             dport: (p[4] >> 16) as u16,
             proto: (p[4] >> 32) as u8,
-            family: if (p[4] >> 40) as u8 == 6 {
+            family: if (p[4] >> 40) & 1 == 1 {
                 Family::V6
             } else {
                 Family::V4

@@ -116,8 +116,12 @@ fn workers_insert_look_up_kill_and_expire_while_a_reader_checks_entries_whole() 
     });
     // Everything expired or was killed: after enough maintenance the table is empty again.
     let mut retired = ct.retired_list();
+    // (Stops at the first empty count: under Miri each full scan of the index takes seconds.)
     for k in 0..64 {
         ct.maintain(10_000 + k * 1_000, 4096, &mut retired);
+        if ct.len() == 0 {
+            break;
+        }
     }
     assert_eq!(ct.len(), 0);
 }

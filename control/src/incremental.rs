@@ -138,15 +138,7 @@ impl Builder {
                 self.built = false;
                 return None;
             }
-            let out = translate_service_with(
-                &self.config,
-                &self.globals,
-                key,
-                svc,
-                state,
-                Some(&mut self.slices),
-            );
-            self.add(key, out);
+            self.translate_and_add(state, key, svc);
         }
         self.built = true;
         Some(self.snap.clone())
@@ -160,15 +152,7 @@ impl Builder {
         }
         for key in services {
             if let Some(svc) = state.services.get(key) {
-                let out = translate_service_with(
-                    &self.config,
-                    &self.globals,
-                    key,
-                    svc,
-                    state,
-                    Some(&mut self.slices),
-                );
-                self.add(key, out);
+                self.translate_and_add(state, key, svc);
             } else {
                 self.slices.forget(key);
             }
@@ -266,6 +250,24 @@ impl Builder {
     /// Whether claim `a` wins over claim `b`.
     fn wins(&self, a: Claim, b: Claim) -> bool {
         (a.node_port, self.key(a.sid)) < (b.node_port, self.key(b.sid))
+    }
+
+    /// Translates one Service (reusing the kept reads of its slices) and adds its tables.
+    fn translate_and_add(
+        &mut self,
+        state: &ClusterState,
+        key: &ObjectKey,
+        svc: &k8s_openapi::api::core::v1::Service,
+    ) {
+        let out = translate_service_with(
+            &self.config,
+            &self.globals,
+            key,
+            svc,
+            state,
+            Some(&mut self.slices),
+        );
+        self.add(key, out);
     }
 
     fn add(&mut self, key: &ObjectKey, out: ServiceOutput) {

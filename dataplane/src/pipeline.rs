@@ -360,14 +360,7 @@ impl Pipeline {
                 continue;
             }
             let ep = eps[pick_index(&mut rng, eps.len())];
-            let mut reply = Tuple {
-                src: ep.addr,
-                dst: meta.src,
-                sport: ep.port,
-                dport: meta.sport,
-                proto: meta.proto,
-                family: meta.family,
-            };
+            let mut reply = Tuple::reply_from_backend(meta, ep.addr, ep.port);
             if route.masquerade || ep.addr == meta.src {
                 match snap.node.snat_addr(meta.family) {
                     Some(node) => reply.dst = node,
@@ -539,14 +532,7 @@ impl Pipeline {
         // its reply would bypass us.
         let masq = route.masquerade || ep.addr == meta.src;
         let orig = Tuple::from_meta(meta);
-        let mut reply = Tuple {
-            src: ep.addr,
-            dst: meta.src,
-            sport: ep.port,
-            dport: meta.sport,
-            proto: meta.proto,
-            family,
-        };
+        let mut reply = Tuple::reply_from_backend(meta, ep.addr, ep.port);
         if masq {
             let Some(node) = snap.node.snat_addr(family) else {
                 return v.set(Reason::NoNodeAddress);

@@ -119,7 +119,7 @@ fn workers_insert_look_up_kill_and_expire_while_a_reader_checks_entries_whole() 
     // (Stops at the first empty count: under Miri each full scan of the index takes seconds.)
     for k in 0..64 {
         ct.maintain(10_000 + k * 1_000, 4096, &mut retired);
-        if ct.len() == 0 {
+        if ct.is_empty() {
             break;
         }
     }

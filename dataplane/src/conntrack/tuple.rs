@@ -28,6 +28,20 @@ impl Tuple {
         }
     }
 
+    /// The reply to packet `m` once its destination is translated to the backend at
+    /// `addr`:`port` (before any masquerade): from the backend back to the client.
+    #[inline]
+    pub fn reply_from_backend(m: &PacketMeta, addr: Addr, port: u16) -> Tuple {
+        Tuple {
+            src: addr,
+            dst: m.src,
+            sport: port,
+            dport: m.sport,
+            proto: m.proto,
+            family: m.family,
+        }
+    }
+
     /// The tuple of a packet travelling the other way.
     #[inline]
     pub fn reversed(&self) -> Tuple {

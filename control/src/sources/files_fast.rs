@@ -194,8 +194,10 @@ fn head(text: &str) -> Option<(&str, &str)> {
 }
 
 /// One document straight into its type, with `serde-saphyr` (a pure-Rust YAML parser that
-/// deserialises from its event stream without building a tree: about twice the speed of
-/// `yaml_serde` on the libyaml port; docs/benchmarks.md). Its options make it exactly as strict
+/// deserialises from its event stream without building a tree). Chosen for strictness, not
+/// speed: measured on a quiet machine it decodes at 0.38-0.42× the speed of `yaml_serde`
+/// (docs/benchmarks.md, "Session 4: the merged tree on a quiet machine"), which cannot be made
+/// to refuse a plain `80` in a string field. Its options make it exactly as strict
 /// as the one-pass reader, which goes through JSON values, so that a document it accepts is one
 /// the reader accepts with the same meaning; anything else goes to the reader:
 ///

@@ -131,6 +131,34 @@ fn node_addrs() -> Vec<Addr> {
     ]
 }
 
+/// Policies the incremental-compilation tests share: `prod` isolated both ways, its `db` pods
+/// open to `dev`'s `web` pods, and `other` open on the named port `http`.
+fn prod_deny() -> Value {
+    netpol(
+        "prod",
+        "deny",
+        json!({"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}),
+    )
+}
+
+fn prod_db_from_dev_web() -> Value {
+    netpol(
+        "prod",
+        "db-from-dev-web",
+        json!({"podSelector": {"matchLabels": {"app": "db"}},
+               "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"env": "dev"}},
+                                      "podSelector": {"matchLabels": {"app": "web"}}}]}]}),
+    )
+}
+
+fn other_x_named() -> Value {
+    netpol(
+        "other",
+        "x-named",
+        json!({"podSelector": {}, "ingress": [{"ports": [{"port": "http"}]}]}),
+    )
+}
+
 fn tables(policies: &[Value]) -> (PolicyTables, Vec<Problem>) {
     let mut objs = cluster();
     objs.extend_from_slice(policies);
@@ -531,25 +559,7 @@ fn problems_are_reported_and_fail_closed() {
 /// nothing; a change rebuilds only the pod directions it affects; pods with equal inputs share.
 #[test]
 fn incremental_recompilation() {
-    let policies = vec![
-        netpol(
-            "prod",
-            "deny",
-            json!({"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}),
-        ),
-        netpol(
-            "prod",
-            "db-from-dev-web",
-            json!({"podSelector": {"matchLabels": {"app": "db"}},
-                   "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"env": "dev"}},
-                                          "podSelector": {"matchLabels": {"app": "web"}}}]}]}),
-        ),
-        netpol(
-            "other",
-            "x-named",
-            json!({"podSelector": {}, "ingress": [{"ports": [{"port": "http"}]}]}),
-        ),
-    ];
+    let policies = vec![prod_deny(), prod_db_from_dev_web(), other_x_named()];
     let mut objs = cluster();
     objs.extend(policies.clone());
     let mut c = PolicyCompiler::new();
@@ -642,18 +652,8 @@ fn finished_pods_are_ignored() {
 #[test]
 fn incremental_peer_index_equals_full_compile() {
     let policies = vec![
-        netpol(
-            "prod",
-            "deny",
-            json!({"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}),
-        ),
-        netpol(
-            "prod",
-            "db-from-dev-web",
-            json!({"podSelector": {"matchLabels": {"app": "db"}},
-                   "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"env": "dev"}},
-                                          "podSelector": {"matchLabels": {"app": "web"}}}]}]}),
-        ),
+        prod_deny(),
+        prod_db_from_dev_web(),
         netpol(
             "prod",
             "web-from-cli",
@@ -661,11 +661,7 @@ fn incremental_peer_index_equals_full_compile() {
                    "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "cli"}}}]}],
                    "egress": [{"to": [{"namespaceSelector": {}}], "ports": [{"port": "http"}]}]}),
         ),
-        netpol(
-            "other",
-            "x-named",
-            json!({"podSelector": {}, "ingress": [{"ports": [{"port": "http"}]}]}),
-        ),
+        other_x_named(),
     ];
     let mut objs = cluster();
     objs.extend(policies);

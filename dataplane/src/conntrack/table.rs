@@ -1160,10 +1160,7 @@ impl Table {
     pub fn count(&self, idx: u32, dir: u8, bytes: u64) {
         let e = &self.entries[idx as usize];
         let d = dir as usize & 1;
-        e.packets(d).store(
-            e.packets(d).load(Ordering::Relaxed).wrapping_add(1),
-            Ordering::Relaxed,
-        );
+        count_packet(e, d);
         e.bytes(d).store(
             e.bytes(d).load(Ordering::Relaxed) + bytes,
             Ordering::Relaxed,
@@ -1176,10 +1173,7 @@ impl Table {
     pub fn count_sctp(&self, idx: u32, dir: u8, bytes: u64) {
         let e = &self.entries[idx as usize];
         let d = dir as usize & 1;
-        e.packets(d).store(
-            e.packets(d).load(Ordering::Relaxed).wrapping_add(1),
-            Ordering::Relaxed,
-        );
+        count_packet(e, d);
         let w = e.bytes(SCTP_BYTES);
         let cur = w.load(Ordering::Relaxed);
         let shift = 32 * d as u32;
@@ -1451,4 +1445,14 @@ impl Retired {
     pub fn is_empty(&self) -> bool {
         self.items.is_empty()
     }
+}
+
+/// One more packet in direction `d` of entry `e` (a plain load and store, as the other
+/// counters: statistics, not worth a locked add per packet).
+#[inline(always)]
+fn count_packet(e: &Entry, d: usize) {
+    e.packets(d).store(
+        e.packets(d).load(Ordering::Relaxed).wrapping_add(1),
+        Ordering::Relaxed,
+    );
 }

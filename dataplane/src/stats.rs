@@ -423,11 +423,12 @@ impl Monitor<'_> {
             }
             while *cur < head {
                 match ring.read(*cur) {
+                    // Bytes recorded for another (`--hex`) reader are not this one's to show.
                     Some((verdict, at_ms, frame_len, frame)) => out.push(Event {
                         worker,
                         at_ms,
                         verdict,
-                        frame_len,
+                        frame_len: if self.hex { frame_len } else { 0 },
                         frame,
                     }),
                     None => self.lost += 1,
@@ -515,6 +516,10 @@ mod tests {
         out.clear();
         drops_only.poll(&mut out);
         assert_eq!(out.len(), 2);
+        assert!(
+            out.iter().all(|e| e.frame_len == 0),
+            "bytes recorded for the hex reader are not shown to this one"
+        );
         drop_all(all);
         s.after_batch_with_frames(0, &c, &[fwd, drop], &frame, 1, 6);
         out.clear();

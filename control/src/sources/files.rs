@@ -27,6 +27,15 @@ use crate::model::{ClusterState, Object};
 
 #[path = "files_fast.rs"]
 mod fast;
+#[path = "files_strict.rs"]
+mod strict;
+
+/// One YAML document (`text` holds exactly one) decoded straight into `T` as the fast path of
+/// `load_state` decodes it: as strictly as the one-pass reader (`None` where the reader would
+/// refuse it or might read it otherwise). For benchmarks (benches/sync.rs `startup`).
+pub fn decode_one_document<T: DeserializeOwned>(text: &str) -> Option<T> {
+    strict::from_str(text)
+}
 
 /// A state source that could not be read: names the file, the document and the field.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,8 +1,8 @@
 //! The fast path of `--state` YAML (issue 14: 47 MB of manifests took 5.7-10.9 s to load, the
 //! parser building a JSON tree of every document and a second pass turning it into the typed
 //! objects). Here the text is split at its document markers and the documents are decoded on
-//! all cores, each straight into its k8s-openapi type in one pass, by `serde-saphyr` (`typed`),
-//! as strictly as the reader reads them.
+//! all cores, each straight into its k8s-openapi type in one pass, by `yaml_serde` read through
+//! `files_strict.rs` (`typed`), as strictly as the reader reads them.
 //!
 //! It only ever answers when it is sure to agree with the one-pass reader in `files.rs`: text
 //! with directives (`%YAML`), document-end markers (`...`) or a byte-order mark is left to it,
@@ -193,75 +193,17 @@ fn head(text: &str) -> Option<(&str, &str)> {
     Some((api_version?, kind?))
 }
 
-/// One document straight into its type, with `serde-saphyr` (a pure-Rust YAML parser that
-/// deserialises from its event stream without building a tree). Chosen for strictness, not
-/// speed: measured on a quiet machine it decodes at 0.38-0.42× the speed of `yaml_serde`
-/// (docs/benchmarks.md, "Session 4: the merged tree on a quiet machine"), which cannot be made
-/// to refuse a plain `80` in a string field. Its options make it exactly as strict
-/// as the one-pass reader, which goes through JSON values, so that a document it accepts is one
-/// the reader accepts with the same meaning; anything else goes to the reader:
+/// One document straight into its type, with `yaml_serde` read through `super::strict` (every
+/// value read as the one-pass reader's JSON values read it: a plain `80` or `true` in a string
+/// field, a quoted `"80"` in a number field, a YAML 1.1 `yes` for a boolean are errors there as
+/// in the reader), so that a document it accepts is one the reader accepts with the same
+/// meaning; anything else goes to the reader. Merge keys (`<<`) and duplicate keys are read as
+/// the reader reads them (`<<` an ordinary key, the last duplicate wins), through the same parser.
 ///
-/// - `no_schema`: a plain scalar that reads as a boolean or a number (`true`, `80`) in a string
-///   field is an error, as a JSON `true` or `80` is for a string (by default it would be taken as
-///   the text `"true"`/`"80"`);
-/// - `strict_booleans`: only YAML 1.2 booleans are booleans (`yes`/`on` are strings, as in the
-///   reader);
-/// - merge keys (`<<`) and duplicate keys are errors here (the reader decides about them);
-/// - no budget and no comments or snippets: `crate::yaml::check` has bounded the text already,
-///   and an error is only a signal to hand the document over.
-/// - a document with a quoted scalar that reads as a number or a boolean (`"80"`, `'true'`) is
-///   decoded through JSON values as the reader does (`generic`, see `decode`): serde-saphyr
-///   would read `"80"` into a number field, which the reader rejects, and no option turns that
-///   off. Such documents are few (a Pod's `pod-template-generation: "1"` label), and only they
-///   take the slower path.
+/// Until session 5 this was `serde-saphyr` (its `no_schema` options made it as strict), which
+/// decodes at 0.38-0.42× the speed of `yaml_serde` (docs/benchmarks.md, "Session 5").
 fn typed<T: DeserializeOwned>(text: &str) -> Option<Box<T>> {
-    serde_saphyr::from_str_with_options(text, saphyr_options())
-        .ok()
-        .map(Box::new)
-}
-
-/// Whether a quoted scalar of `text` may read as a number or a boolean. Every quote character
-/// is tried as an opening quote up to the next one on its line, so an apostrophe in a plain
-/// scalar cannot hide a real quoted scalar (it can only add a candidate, which errs towards the
-/// reader).
-fn quoted_non_string(text: &str) -> bool {
-    let looks_typed = |c: &str| {
-        let c = c.trim();
-        let digits: String = c.chars().filter(|&ch| ch != '_').collect();
-        !c.is_empty()
-            && (digits.parse::<i128>().is_ok()
-                || digits.parse::<f64>().is_ok()
-                || matches!(c.to_ascii_lowercase().as_str(), "true" | "false")
-                || ["0x", "0o", "0b", "+0x", "-0x"]
-                    .iter()
-                    .any(|p| c.to_ascii_lowercase().starts_with(p)))
-    };
-    for line in text.lines() {
-        if !line.contains(['"', '\'']) {
-            continue;
-        }
-        for (i, q) in line.char_indices().filter(|&(_, c)| c == '"' || c == '\'') {
-            let rest = &line[i + 1..];
-            if let Some(end) = rest.find(q) {
-                if looks_typed(&rest[..end]) {
-                    return true;
-                }
-            }
-        }
-    }
-    false
-}
-
-fn saphyr_options() -> serde_saphyr::Options {
-    let mut o = serde_saphyr::Options::default();
-    o.no_schema = true;
-    o.strict_booleans = true;
-    o.merge_keys = serde_saphyr::MergeKeyPolicy::Error;
-    o.duplicate_keys = serde_saphyr::DuplicateKeyPolicy::Error;
-    o.budget = None;
-    o.emit_comments = false;
-    o.with_snippet = false;
-    o
+    super::strict::from_str(text).map(Box::new)
 }
 
 /// One segment's objects; `None` on any error.
@@ -275,9 +217,6 @@ fn decode(text: &str, validate: bool) -> Option<SegmentOut> {
     {
         // Comments and blank lines before the first `---` are no document.
         return Some(SegmentOut::default());
-    }
-    if quoted_non_string(text) {
-        return generic(text, validate);
     }
     let obj = match head(text) {
         Some(("v1", "Node")) => Object::Node(typed(text)?),
@@ -412,23 +351,90 @@ mod tests {
         }
     }
 
+    /// Every string field kxdp reads, of every kind it reads, with a plain scalar that the
+    /// reader's JSON values read as a number, a boolean or null: the reader refuses it (or, for
+    /// null in an optional field, reads it as absent) and the fast path either leaves it to the
+    /// reader or reads the same. The same documents with a proper string are taken by both.
     #[test]
-    fn quoted_numbers_and_booleans_are_left_to_the_reader() {
-        for t in [
-            "port: \"80\"\n",
-            "a: '1_000'\n",
-            "a: [\"0x50\"]\n",
-            "x: it's \"true\"\n",
-        ] {
-            assert!(quoted_non_string(t), "{t}");
-        }
-        for t in [
-            "clusterIP: \"172.30.0.1\"\n",
-            "a: [\"10.0.0.1\"]\n",
-            "n: \"web-1\"\n",
-            "d: it's\n",
-        ] {
-            assert!(!quoted_non_string(t), "{t}");
+    fn as_strict_as_the_one_pass_reader_in_every_string_field() {
+        const SVC: &str = "apiVersion: v1\nkind: Service\nmetadata:\n  name: web\n  namespace: shop\n";
+        const SLICE: &str = "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: web-1\n  namespace: shop\n  labels: {kubernetes.io/service-name: web}\n";
+        // (document with `X` where the value goes, a value the reader takes there)
+        let fields: Vec<(String, &str)> = vec![
+            ("apiVersion: v1\nkind: Service\nmetadata: {name: X}\n".into(), "web"),
+            ("apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: X}\n".into(), "shop"),
+            (format!("{SVC}  labels: {{app: X}}\n"), "web"),
+            (format!("{SVC}  annotations: {{a: X}}\n"), "x"),
+            (format!("{SVC}  resourceVersion: X\n"), "v7"),
+            (format!("{SVC}spec:\n  clusterIP: X\n"), "172.30.0.1"),
+            (format!("{SVC}spec:\n  clusterIPs: [X]\n"), "172.30.0.1"),
+            (format!("{SVC}spec:\n  type: X\n"), "NodePort"),
+            (format!("{SVC}spec:\n  ports: [{{name: X, port: 80}}]\n"), "http"),
+            (format!("{SVC}spec:\n  ports: [{{port: 80, protocol: X}}]\n"), "UDP"),
+            (format!("{SVC}spec:\n  ports: [{{port: 80, appProtocol: X}}]\n"), "h2c"),
+            (format!("{SVC}spec:\n  selector: {{app: X}}\n"), "web"),
+            (format!("{SVC}spec:\n  externalIPs: [X]\n"), "192.0.2.1"),
+            (format!("{SVC}spec:\n  type: LoadBalancer\n  loadBalancerSourceRanges: [X]\n"), "10.0.0.0/8"),
+            (format!("{SVC}spec:\n  sessionAffinity: X\n"), "ClientIP"),
+            (format!("{SVC}spec:\n  externalTrafficPolicy: X\n"), "Local"),
+            (format!("{SVC}spec:\n  internalTrafficPolicy: X\n"), "Local"),
+            (format!("{SVC}spec:\n  ipFamilies: [X]\n"), "IPv4"),
+            (format!("{SVC}spec:\n  ipFamilyPolicy: X\n"), "SingleStack"),
+            (format!("{SVC}spec:\n  externalName: X\n"), "example.com"),
+            (format!("{SVC}spec:\n  trafficDistribution: X\n"), "PreferClose"),
+            (format!("{SVC}status:\n  loadBalancer:\n    ingress: [{{ip: X}}]\n"), "192.0.2.9"),
+            (format!("{SLICE}addressType: X\n"), "IPv4"),
+            (format!("{SLICE}addressType: IPv4\nendpoints: [{{addresses: [X]}}]\n"), "10.0.0.1"),
+            (format!("{SLICE}addressType: IPv4\nendpoints: [{{addresses: [10.0.0.1], nodeName: X}}]\n"), "node-1"),
+            (format!("{SLICE}addressType: IPv4\nendpoints: [{{addresses: [10.0.0.1], hostname: X}}]\n"), "h"),
+            (format!("{SLICE}addressType: IPv4\nendpoints: [{{addresses: [10.0.0.1], zone: X}}]\n"), "z1"),
+            (format!("{SLICE}addressType: IPv4\nendpoints: [{{addresses: [10.0.0.1], targetRef: {{kind: Pod, name: X}}}}]\n"), "p"),
+            (format!("{SLICE}addressType: IPv4\nendpoints: [{{addresses: [10.0.0.1], hints: {{forZones: [{{name: X}}]}}}}]\n"), "z1"),
+            (format!("{SLICE}addressType: IPv4\nports: [{{name: X, port: 80}}]\n"), "http"),
+            (format!("{SLICE}addressType: IPv4\nports: [{{port: 80, protocol: X}}]\n"), "TCP"),
+            (format!("{SLICE}addressType: IPv4\nports: [{{port: 80, appProtocol: X}}]\n"), "http"),
+            ("apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: s, labels: {kubernetes.io/service-name: X}}\naddressType: IPv4\n".into(), "web"),
+            ("apiVersion: v1\nkind: Node\nmetadata: {name: n, labels: {zone: X}}\n".into(), "z1"),
+            ("apiVersion: v1\nkind: Node\nmetadata: {name: n}\nspec: {podCIDR: X, podCIDRs: [10.1.0.0/24]}\n".into(), "10.1.0.0/24"),
+            ("apiVersion: v1\nkind: Node\nmetadata: {name: n}\nspec: {podCIDRs: [X]}\n".into(), "10.1.0.0/24"),
+            ("apiVersion: v1\nkind: Node\nmetadata: {name: n}\nstatus: {addresses: [{type: InternalIP, address: X}]}\n".into(), "192.0.2.2"),
+            ("apiVersion: v1\nkind: Namespace\nmetadata: {name: n, labels: {team: X}}\n".into(), "a"),
+            ("apiVersion: v1\nkind: Pod\nmetadata: {name: p, namespace: a, labels: {app: X}}\nspec: {containers: [{name: c}]}\n".into(), "web"),
+            ("apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {nodeName: X, containers: [{name: c}]}\n".into(), "node-1"),
+            ("apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {containers: [{name: c, ports: [{name: X, containerPort: 80}]}]}\n".into(), "http"),
+            ("apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {containers: [{name: c, ports: [{containerPort: 80, protocol: X}]}]}\n".into(), "UDP"),
+            ("apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {containers: [{name: c}]}\nstatus: {podIP: X}\n".into(), "10.0.0.5"),
+            ("apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {containers: [{name: c}]}\nstatus: {podIPs: [{ip: X}]}\n".into(), "10.0.0.5"),
+            ("apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {containers: [{name: c}]}\nstatus: {phase: X}\n".into(), "Running"),
+            ("apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: np}\nspec: {podSelector: {matchLabels: {app: X}}}\n".into(), "web"),
+            ("apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: np}\nspec: {podSelector: {matchExpressions: [{key: X, operator: Exists}]}}\n".into(), "app"),
+            ("apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: np}\nspec: {podSelector: {matchExpressions: [{key: app, operator: In, values: [X]}]}}\n".into(), "web"),
+            ("apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: np}\nspec: {podSelector: {}, policyTypes: [X]}\n".into(), "Ingress"),
+            ("apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: np}\nspec: {podSelector: {}, ingress: [{from: [{ipBlock: {cidr: X}}]}]}\n".into(), "10.0.0.0/8"),
+            ("apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: np}\nspec: {podSelector: {}, ingress: [{from: [{ipBlock: {cidr: 10.0.0.0/8, except: [X]}}]}]}\n".into(), "10.1.0.0/16"),
+            ("apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: np}\nspec: {podSelector: {}, ingress: [{ports: [{protocol: X, port: 80}]}]}\n".into(), "UDP"),
+            ("apiVersion: networking.k8s.io/v1\nkind: ServiceCIDR\nmetadata: {name: c}\nspec: {cidrs: [X]}\n".into(), "10.96.0.0/12"),
+        ];
+        for (doc, good) in &fields {
+            let ok = doc.replace('X', good);
+            assert!(agree(&ok), "fast path did not take {ok}");
+            // Quoted, anything is a string.
+            let quoted = doc.replace('X', "\"80\"");
+            let slow = super::super::one_pass(&quoted, false, std::path::Path::new("s.yaml"), false);
+            if slow.is_ok() {
+                assert_eq!(load(&quoted, false).map(Ok), Some(slow), "{quoted}");
+            }
+            for plain in ["80", "true", "False", "1.5", "0x50", "1e3", "-7", "null", "~", ".inf"] {
+                let t = doc.replace('X', plain);
+                let slow = super::super::one_pass(&t, false, std::path::Path::new("s.yaml"), false);
+                if !matches!(plain, "null" | "~" | ".inf") {
+                    assert!(slow.is_err(), "the reader took a {plain} string in {t}");
+                }
+                match load(&t, false) {
+                    None => {}
+                    Some(fast) => assert_eq!(Ok(fast), slow, "{t}"),
+                }
+            }
         }
     }
 

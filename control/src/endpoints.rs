@@ -87,6 +87,13 @@ pub struct SliceEndpoints {
     problems: Vec<String>,
 }
 
+impl SliceEndpoints {
+    /// The slice's malformed endpoints and ports, as messages.
+    pub fn problems(&self) -> &[String] {
+        &self.problems
+    }
+}
+
 /// Reads one EndpointSlice (see `merge_slices` for the rules).
 pub fn read_slice(
     slice: &EndpointSlice,
@@ -167,6 +174,22 @@ pub fn merge_read<'a>(
     slices: impl IntoIterator<Item = &'a SliceEndpoints>,
     problems: &mut Vec<String>,
 ) -> BTreeMap<PortKey, Vec<EndpointInfo>> {
+    let mut out = BTreeMap::new();
+    for (key, lists) in by_port(slices, problems) {
+        let mut merged = Vec::new();
+        merge_port(&lists, |(_, e), _| merged.push(e.clone()));
+        if !merged.is_empty() {
+            out.insert(key.clone(), merged);
+        }
+    }
+    out
+}
+
+/// The slices' per-port lists, by port (and their problems into `problems`).
+fn by_port<'a>(
+    slices: impl IntoIterator<Item = &'a SliceEndpoints>,
+    problems: &mut Vec<String>,
+) -> BTreeMap<&'a PortKey, Vec<&'a [(String, EndpointInfo)]>> {
     let mut by_port: BTreeMap<&PortKey, Vec<&[(String, EndpointInfo)]>> = BTreeMap::new();
     for s in slices {
         problems.extend(s.problems.iter().cloned());
@@ -174,38 +197,145 @@ pub fn merge_read<'a>(
             by_port.entry(k).or_default().push(list);
         }
     }
-    let mut out = BTreeMap::new();
-    for (key, lists) in by_port {
-        let merged: Vec<EndpointInfo> = if let [one] = lists[..] {
-            one.iter().map(|(_, e)| e.clone()).collect()
-        } else {
-            let mut all: Vec<&(String, EndpointInfo)> =
-                lists.iter().flat_map(|l| l.iter()).collect();
-            // Stable: equal keys stay in slice order.
-            all.sort_by(|a, b| a.0.cmp(&b.0));
-            let mut merged = Vec::with_capacity(all.len());
-            let mut i = 0;
-            while i < all.len() {
-                let mut j = i + 1;
-                while j < all.len() && all[j].0 == all[i].0 {
-                    j += 1;
-                }
-                let group = &all[i..j];
-                let kept = group
-                    .iter()
-                    .rev()
-                    .find(|(_, e)| !e.terminating)
-                    .unwrap_or(&group[0]);
-                merged.push(kept.1.clone());
-                i = j;
-            }
-            merged
-        };
-        if !merged.is_empty() {
-            out.insert(key.clone(), merged);
+    by_port
+}
+
+/// One port's lists (in slice order) merged: `keep` is given each endpoint kept, in key
+/// order, with the number of slices its key was in.
+fn merge_port<'a>(
+    lists: &[&'a [(String, EndpointInfo)]],
+    mut keep: impl FnMut(&'a (String, EndpointInfo), usize),
+) {
+    if let [one] = lists {
+        for e in one.iter() {
+            keep(e, 1);
         }
+        return;
     }
-    out
+    let mut all: Vec<&(String, EndpointInfo)> = lists.iter().flat_map(|l| l.iter()).collect();
+    // Stable: equal keys stay in slice order.
+    all.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut i = 0;
+    while i < all.len() {
+        let mut j = i + 1;
+        while j < all.len() && all[j].0 == all[i].0 {
+            j += 1;
+        }
+        let group = &all[i..j];
+        let kept = group
+            .iter()
+            .rev()
+            .find(|(_, e)| !e.terminating)
+            .unwrap_or(&group[0]);
+        keep(kept, group.len());
+        i = j;
+    }
+}
+
+/// A Service's endpoints merged from its slices' reads (`merge_read`), kept with their keys so
+/// that a change to one slice is patched in (`replace`: that slice's endpoints taken out, its
+/// new ones put in, a linear pass) instead of merging every slice again. What it holds is
+/// always what `merge_read` of the slices gives (tests compare them).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MergedEndpoints {
+    /// As `merge_read` returns them.
+    pub lists: BTreeMap<PortKey, Vec<EndpointInfo>>,
+    /// The `ip:port` key of each entry of `lists`.
+    keys: BTreeMap<PortKey, Vec<String>>,
+    /// No key is in two slices (of one port): each entry is one slice's, so taking a slice's
+    /// endpoints out leaves what the other slices give. Otherwise `replace` declines.
+    disjoint: bool,
+}
+
+impl MergedEndpoints {
+    /// `merge_read` of `slices`, keyed (their problems are not kept: see `merge_read`).
+    pub fn new<'a>(slices: impl IntoIterator<Item = &'a SliceEndpoints>) -> MergedEndpoints {
+        let mut out = MergedEndpoints {
+            disjoint: true,
+            ..Default::default()
+        };
+        for (port, lists) in by_port(slices, &mut Vec::new()) {
+            let (mut keys, mut infos) = (Vec::new(), Vec::new());
+            merge_port(&lists, |(k, e), seen_in| {
+                out.disjoint &= seen_in == 1;
+                keys.push(k.clone());
+                infos.push(e.clone());
+            });
+            if !infos.is_empty() {
+                out.keys.insert(port.clone(), keys);
+                out.lists.insert(port.clone(), infos);
+            }
+        }
+        out
+    }
+
+    /// The endpoints after one slice read as `old` now reads as `new`: false (and `self` left
+    /// unusable: make it `new` again) when that cannot be patched in, because some key is in two
+    /// slices (the merge rule then picks between their copies) or `old` is not as merged.
+    pub fn replace(&mut self, old: &SliceEndpoints, new: &SliceEndpoints) -> bool {
+        if !self.disjoint {
+            return false;
+        }
+        let empty: &[(String, EndpointInfo)] = &[];
+        let list_of = |s: &'_ SliceEndpoints, port: &PortKey| -> usize {
+            s.ports.iter().position(|(k, _)| k == port).unwrap_or(usize::MAX)
+        };
+        let ports: BTreeSet<&PortKey> = old
+            .ports
+            .iter()
+            .chain(new.ports.iter())
+            .map(|(k, _)| k)
+            .collect();
+        for port in ports {
+            let gone = old.ports.get(list_of(old, port)).map_or(empty, |(_, l)| l);
+            let come = new.ports.get(list_of(new, port)).map_or(empty, |(_, l)| l);
+            if gone == come {
+                continue;
+            }
+            let keys = self.keys.remove(port).unwrap_or_default();
+            let infos = self.lists.remove(port).unwrap_or_default();
+            let cap = (keys.len() + come.len()).saturating_sub(gone.len());
+            let (mut out_keys, mut out_infos) = (Vec::with_capacity(cap), Vec::with_capacity(cap));
+            let (mut g, mut c) = (0, 0);
+            for (k, e) in keys.into_iter().zip(infos) {
+                while c < come.len() && come[c].0 < k {
+                    out_keys.push(come[c].0.clone());
+                    out_infos.push(come[c].1.clone());
+                    c += 1;
+                }
+                let is_gone = g < gone.len() && gone[g].0 == k;
+                if is_gone {
+                    g += 1;
+                }
+                if c < come.len() && come[c].0 == k {
+                    if !is_gone {
+                        // Another slice has this key too.
+                        return false;
+                    }
+                    out_keys.push(come[c].0.clone());
+                    out_infos.push(come[c].1.clone());
+                    c += 1;
+                    continue;
+                }
+                if !is_gone {
+                    out_keys.push(k);
+                    out_infos.push(e);
+                }
+            }
+            for (k, e) in &come[c..] {
+                out_keys.push(k.clone());
+                out_infos.push(e.clone());
+            }
+            if g != gone.len() {
+                return false;
+            }
+            if !out_infos.is_empty() {
+                self.keys.insert(port.clone(), out_keys);
+                self.lists.insert(port.clone(), out_infos);
+            }
+        }
+        true
+    }
 }
 
 fn endpoint_info(
@@ -895,68 +1025,76 @@ mod tests {
             .collect()
     }
 
-    /// Slices read one by one and merged (`merge_read`, what incremental builds do) give what
-    /// merging them all at once gives: random slices with the same addresses in several
-    /// slices, terminating copies, repeated and unnamed ports, both families, bad addresses.
-    #[test]
-    fn merging_slices_read_one_by_one_equals_merging_at_once() {
+    /// A random slice named `s-{k}`: addresses repeated within and across slices, terminating
+    /// copies, repeated and unnamed ports, both families, bad addresses. `spread` widens the
+    /// address range (fewer repeats).
+    fn random_slice(below: &mut impl FnMut(u64) -> u64, k: usize, spread: u64) -> EndpointSlice {
         use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort};
+        let v6 = below(4) == 0;
+        let mut endpoints = Vec::new();
+        for _ in 0..below(12) {
+            let a = below(10 * spread);
+            let addr = match (v6, below(20)) {
+                (_, 0) => "not-an-ip".to_string(),
+                (true, _) => format!("fd00::{a}"),
+                (false, _) => format!("10.0.{}.{a}", below(2) * 10),
+            };
+            let flag = |r: u64| match r {
+                0 => None,
+                1 => Some(false),
+                _ => Some(true),
+            };
+            endpoints.push(Endpoint {
+                addresses: vec![addr],
+                conditions: Some(EndpointConditions {
+                    ready: flag(below(3)),
+                    serving: flag(below(3)),
+                    terminating: flag(below(3)),
+                }),
+                node_name: Some(format!("node-{}", below(2))),
+                ..Default::default()
+            });
+        }
+        let ports = (0..1 + below(3))
+            .map(|_| EndpointPort {
+                name: [None, Some("a".to_string()), Some("b".to_string())][below(3) as usize]
+                    .clone(),
+                port: Some(8080 + below(3) as i32),
+                protocol: [None, Some("UDP".to_string())][below(2) as usize].clone(),
+                ..Default::default()
+            })
+            .collect();
+        EndpointSlice {
+            metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                name: Some(format!("s-{k}")),
+                ..Default::default()
+            },
+            address_type: if v6 { "IPv6" } else { "IPv4" }.into(),
+            endpoints,
+            ports: Some(ports),
+        }
+    }
+
+    fn xorshift() -> impl FnMut(u64) -> u64 {
         let mut seed = 0x2545_f491_4f6c_dd1du64;
-        let mut below = |n: u64| {
+        move |n: u64| {
             seed ^= seed << 13;
             seed ^= seed >> 7;
             seed ^= seed << 17;
             seed % n
-        };
+        }
+    }
+
+    /// Slices read one by one and merged (`merge_read`, what incremental builds do) give what
+    /// merging them all at once gives.
+    #[test]
+    fn merging_slices_read_one_by_one_equals_merging_at_once() {
+        let mut below = xorshift();
         for round in 0..300 {
             let n_slices = 1 + below(8) as usize;
-            let mut slices = Vec::new();
-            for k in 0..n_slices {
-                let v6 = below(4) == 0;
-                let mut endpoints = Vec::new();
-                for _ in 0..below(12) {
-                    let a = below(10);
-                    let addr = match (v6, below(20)) {
-                        (_, 0) => "not-an-ip".to_string(),
-                        (true, _) => format!("fd00::{a}"),
-                        (false, _) => format!("10.0.{}.{a}", below(2) * 10),
-                    };
-                    let flag = |r: u64| match r {
-                        0 => None,
-                        1 => Some(false),
-                        _ => Some(true),
-                    };
-                    endpoints.push(Endpoint {
-                        addresses: vec![addr],
-                        conditions: Some(EndpointConditions {
-                            ready: flag(below(3)),
-                            serving: flag(below(3)),
-                            terminating: flag(below(3)),
-                        }),
-                        node_name: Some(format!("node-{}", below(2))),
-                        ..Default::default()
-                    });
-                }
-                let ports = (0..1 + below(3))
-                    .map(|_| EndpointPort {
-                        name: [None, Some("a".to_string()), Some("b".to_string())]
-                            [below(3) as usize]
-                            .clone(),
-                        port: Some(8080 + below(3) as i32),
-                        protocol: [None, Some("UDP".to_string())][below(2) as usize].clone(),
-                        ..Default::default()
-                    })
-                    .collect();
-                slices.push(EndpointSlice {
-                    metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
-                        name: Some(format!("s-{k}")),
-                        ..Default::default()
-                    },
-                    address_type: if v6 { "IPv6" } else { "IPv4" }.into(),
-                    endpoints,
-                    ports: Some(ports),
-                });
-            }
+            let slices: Vec<EndpointSlice> = (0..n_slices)
+                .map(|k| random_slice(&mut below, k, 1))
+                .collect();
             let want = merge_at_once(&slices, "node-0", true);
             let read: Vec<SliceEndpoints> = slices
                 .iter()
@@ -968,10 +1106,49 @@ mod tests {
                 want,
                 "round {round}"
             );
+            assert_eq!(MergedEndpoints::new(read.iter()).lists, want);
             let mut p2 = Vec::new();
             assert_eq!(merge_slices(&slices, "node-0", true, &mut p2), want);
             assert_eq!(problems, p2);
         }
+    }
+
+    /// One slice after another changed and patched in (`MergedEndpoints::replace`, what an
+    /// incremental build does for a Service with many slices) gives what merging every slice
+    /// again gives; when it declines (a key in two slices), merging again is what the caller
+    /// does. Both outcomes occur.
+    #[test]
+    fn patching_one_slice_in_equals_merging_again() {
+        let mut below = xorshift();
+        let (mut patched, mut declined) = (0, 0);
+        for round in 0..200 {
+            let n_slices = 1 + below(8) as usize;
+            let spread = [1, 20, 1000][below(3) as usize];
+            let mut slices: Vec<EndpointSlice> = (0..n_slices)
+                .map(|k| random_slice(&mut below, k, spread))
+                .collect();
+            let mut read: Vec<SliceEndpoints> = slices
+                .iter()
+                .map(|s| read_slice(s, "node-0", false))
+                .collect();
+            let mut merged = MergedEndpoints::new(read.iter());
+            for step in 0..10 {
+                let k = below(n_slices as u64) as usize;
+                slices[k] = random_slice(&mut below, k, spread);
+                let new = read_slice(&slices[k], "node-0", false);
+                let was = std::mem::replace(&mut read[k], new);
+                if merged.replace(&was, &read[k]) {
+                    patched += 1;
+                } else {
+                    declined += 1;
+                    merged = MergedEndpoints::new(read.iter());
+                }
+                let want = merge_at_once(&slices, "node-0", false);
+                assert_eq!(merged.lists, want, "round {round} step {step}");
+                assert_eq!(merged, MergedEndpoints::new(read.iter()), "round {round} step {step}");
+            }
+        }
+        assert!(patched > 100 && declined > 100, "{patched} patched, {declined} declined");
     }
 
     #[test]

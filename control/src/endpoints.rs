@@ -278,7 +278,10 @@ impl MergedEndpoints {
         }
         let empty: &[(String, EndpointInfo)] = &[];
         let list_of = |s: &'_ SliceEndpoints, port: &PortKey| -> usize {
-            s.ports.iter().position(|(k, _)| k == port).unwrap_or(usize::MAX)
+            s.ports
+                .iter()
+                .position(|(k, _)| k == port)
+                .unwrap_or(usize::MAX)
         };
         let ports: BTreeSet<&PortKey> = old
             .ports
@@ -1145,10 +1148,17 @@ mod tests {
                 }
                 let want = merge_at_once(&slices, "node-0", false);
                 assert_eq!(merged.lists, want, "round {round} step {step}");
-                assert_eq!(merged, MergedEndpoints::new(read.iter()), "round {round} step {step}");
+                assert_eq!(
+                    merged,
+                    MergedEndpoints::new(read.iter()),
+                    "round {round} step {step}"
+                );
             }
         }
-        assert!(patched > 100 && declined > 100, "{patched} patched, {declined} declined");
+        assert!(
+            patched > 100 && declined > 100,
+            "{patched} patched, {declined} declined"
+        );
     }
 
     #[test]

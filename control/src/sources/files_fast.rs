@@ -357,7 +357,8 @@ mod tests {
     /// reader or reads the same. The same documents with a proper string are taken by both.
     #[test]
     fn as_strict_as_the_one_pass_reader_in_every_string_field() {
-        const SVC: &str = "apiVersion: v1\nkind: Service\nmetadata:\n  name: web\n  namespace: shop\n";
+        const SVC: &str =
+            "apiVersion: v1\nkind: Service\nmetadata:\n  name: web\n  namespace: shop\n";
         const SLICE: &str = "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: web-1\n  namespace: shop\n  labels: {kubernetes.io/service-name: web}\n";
         // (document with `X` where the value goes, a value the reader takes there)
         let fields: Vec<(String, &str)> = vec![
@@ -420,11 +421,14 @@ mod tests {
             assert!(agree(&ok), "fast path did not take {ok}");
             // Quoted, anything is a string.
             let quoted = doc.replace('X', "\"80\"");
-            let slow = super::super::one_pass(&quoted, false, std::path::Path::new("s.yaml"), false);
+            let slow =
+                super::super::one_pass(&quoted, false, std::path::Path::new("s.yaml"), false);
             if slow.is_ok() {
                 assert_eq!(load(&quoted, false).map(Ok), Some(slow), "{quoted}");
             }
-            for plain in ["80", "true", "False", "1.5", "0x50", "1e3", "-7", "null", "~", ".inf"] {
+            for plain in [
+                "80", "true", "False", "1.5", "0x50", "1e3", "-7", "null", "~", ".inf",
+            ] {
                 let t = doc.replace('X', plain);
                 let slow = super::super::one_pass(&t, false, std::path::Path::new("s.yaml"), false);
                 if !matches!(plain, "null" | "~" | ".inf") {

@@ -201,11 +201,15 @@ impl<'de, V: Visitor<'de>> Visitor<'de> for Wrap<V> {
     }
 
     fn visit_i128<E: de::Error>(self, _: i128) -> Result<V::Value, E> {
-        Err(E::custom("128-bit integers are left to the one-pass reader"))
+        Err(E::custom(
+            "128-bit integers are left to the one-pass reader",
+        ))
     }
 
     fn visit_u128<E: de::Error>(self, _: u128) -> Result<V::Value, E> {
-        Err(E::custom("128-bit integers are left to the one-pass reader"))
+        Err(E::custom(
+            "128-bit integers are left to the one-pass reader",
+        ))
     }
 
     fn visit_f64<E: de::Error>(self, v: f64) -> Result<V::Value, E> {
@@ -268,7 +272,9 @@ impl<'de, V: Visitor<'de>> Visitor<'de> for Wrap<V> {
 
     fn visit_enum<A: de::EnumAccess<'de>>(self, _: A) -> Result<V::Value, A::Error> {
         // A tagged node (`!Thing x`): the reader cannot build a JSON value of it either.
-        Err(A::Error::custom("tagged values are left to the one-pass reader"))
+        Err(A::Error::custom(
+            "tagged values are left to the one-pass reader",
+        ))
     }
 }
 

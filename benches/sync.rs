@@ -147,9 +147,14 @@ fn slice(layout: Layout, i: usize, k: usize, salt: usize) -> EndpointSlice {
     } else {
         BIG_ENDPOINTS + i * ENDPOINTS
     };
+    // The big Service's changes move a slice's addresses by whole blocks of its size: each
+    // change's addresses are new and in no other slice (the EndpointSlice controller never puts
+    // one endpoint in two slices of a Service; until session 5 a shift by `salt` left every
+    // changed slice sharing addresses with its neighbour for good).
+    let shift = if i == 0 { salt * BIG_ENDPOINTS } else { salt };
     let endpoints = (k * PER_SLICE..((k + 1) * PER_SLICE).min(total))
         .map(|j| Endpoint {
-            addresses: vec![endpoint_ip(base + j + salt)],
+            addresses: vec![endpoint_ip(base + j + shift)],
             conditions: Some(EndpointConditions {
                 ready: Some(true),
                 serving: Some(true),

@@ -442,6 +442,18 @@ mod tests {
         }
     }
 
+    /// The state files the sync benchmark writes (as `kxdp pcap gen` writes them) are taken
+    /// by the fast path whole.
+    #[test]
+    fn generated_state_files_take_the_fast_path() {
+        let mut text = "apiVersion: v1\nkind: Node\nmetadata:\n  name: node-0\nstatus:\n  addresses:\n    - {type: InternalIP, address: 192.168.0.2}\n".to_string();
+        for i in 0..3 {
+            text.push_str(&format!("---\napiVersion: v1\nkind: Service\nmetadata:\n  name: svc-{i}\n  namespace: default\nspec:\n  type: ClusterIP\n  clusterIP: \"172.16.0.{i}\"\n  clusterIPs: [\"172.16.0.{i}\"]\n  ports:\n  - {{name: http, port: 80, protocol: TCP, targetPort: 8080}}\n"));
+            text.push_str(&format!("---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: svc-{i}-0\n  namespace: default\n  labels: {{kubernetes.io/service-name: svc-{i}}}\naddressType: IPv4\nports:\n- {{name: http, port: 8080, protocol: TCP}}\nendpoints:\n- addresses: [\"10.0.0.{i}\"]\n  conditions: {{ready: true, serving: true, terminating: false}}\n  nodeName: node-1\n"));
+        }
+        assert!(agree(&text), "fast path did not take {text}");
+    }
+
     #[test]
     fn head_reads_plain_top_level_keys() {
         assert_eq!(

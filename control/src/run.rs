@@ -670,7 +670,7 @@ fn run_options(
         interfaces.push(hp.kxdp_if.clone());
     }
     kxdp_dataplane::io::runner::RunOptions {
-        xsk: Default::default(),
+        xsk: config.afxdp.xsk(),
         interfaces,
         workers: config.workers.count.max(1),
         cpus: config.workers.cpus.clone(),

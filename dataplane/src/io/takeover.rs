@@ -19,13 +19,16 @@ use std::os::fd::{BorrowedFd, OwnedFd};
 
 use serde::{Deserialize, Serialize};
 
-use crate::io::afxdp::{Umem, UmemState, XskSocket, XskState};
+use crate::io::afxdp::{RingSizes, Umem, UmemState, XskSocket, XskState};
 use crate::io::runner::{AttachedLink, InterfaceReport, Quiesced};
 use crate::io::xdp::{Attachment, SharedMaps, XdpMode, XdpProgram};
 use crate::worker::Port;
 
-/// The description's format; a successor refuses another one (and the predecessor resumes).
-pub const DESCRIPTION_VERSION: u32 = 1;
+/// The description's format; a successor refuses a newer one (and the predecessor resumes).
+/// Version 2 added per-ring sizes (`PortDesc::rings`); a predecessor writes version 1 when every
+/// socket's four rings have one size (`ring_size` then says it all), so that a successor that
+/// reads version 1 only can still take over from it.
+pub const DESCRIPTION_VERSION: u32 = 2;
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Description {
@@ -58,7 +61,11 @@ pub struct PortDesc {
     pub ifindex: u32,
     pub queue: u32,
     pub zero_copy: bool,
+    /// The RX ring's size (version 1: all four rings').
     pub ring_size: u32,
+    /// Entries of the RX, TX, fill and completion rings (version 2; absent: `ring_size` each).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rings: Option<[u32; 4]>,
     pub id: u32,
     pub tx_outstanding: u32,
     pub fill_outstanding: u32,
@@ -138,7 +145,8 @@ pub fn describe(q: &Quiesced) -> std::io::Result<(Description, Vec<BorrowedFd<'_
                 ifindex: x.ifindex,
                 queue: x.queue,
                 zero_copy: x.zero_copy,
-                ring_size: x.ring_size,
+                ring_size: x.rings.rx,
+                rings: Some([x.rings.rx, x.rings.tx, x.rings.fill, x.rings.completion]),
                 id: x.id,
                 tx_outstanding: x.tx_outstanding,
                 fill_outstanding: x.fill_outstanding,
@@ -185,9 +193,13 @@ pub fn describe(q: &Quiesced) -> std::io::Result<(Description, Vec<BorrowedFd<'_
             link,
         });
     }
+    let uniform = workers
+        .iter()
+        .flat_map(|w| &w.ports)
+        .all(|p| p.rings.is_none_or(|r| r.iter().all(|&n| n == p.ring_size)));
     Ok((
         Description {
-            version: DESCRIPTION_VERSION,
+            version: if uniform { 1 } else { DESCRIPTION_VERSION },
             maps: map_idx,
             node_addrs: maps.node_addrs(),
             workers,
@@ -207,7 +219,7 @@ pub(crate) struct Parts {
 impl Parts {
     pub(crate) fn take(desc: Description, fds: Vec<OwnedFd>) -> std::io::Result<Parts> {
         let bad = |what: String| std::io::Error::new(std::io::ErrorKind::InvalidData, what);
-        if desc.version != DESCRIPTION_VERSION {
+        if !(1..=DESCRIPTION_VERSION).contains(&desc.version) {
             return Err(bad(format!(
                 "description version {} (this build reads {DESCRIPTION_VERSION})",
                 desc.version
@@ -232,6 +244,12 @@ impl Parts {
             ],
             desc.node_addrs.clone(),
         );
+        // Interface names for the ports' counters, from the attached links.
+        let names: Vec<(u32, String)> = desc
+            .links
+            .iter()
+            .map(|l| (l.ifindex, l.name.clone()))
+            .collect();
         let mut workers = Vec::new();
         for w in desc.workers {
             let umem = Umem::adopt(
@@ -246,13 +264,19 @@ impl Parts {
             )?;
             let mut ports = Vec::new();
             for p in w.ports {
+                let [rx, tx, fill, completion] = p.rings.unwrap_or([p.ring_size; 4]);
                 let sock = XskSocket::adopt(
                     take(p.fd)?,
                     &XskState {
                         ifindex: p.ifindex,
                         queue: p.queue,
                         zero_copy: p.zero_copy,
-                        ring_size: p.ring_size,
+                        rings: RingSizes {
+                            rx,
+                            tx,
+                            fill,
+                            completion,
+                        },
                         id: p.id,
                         tx_outstanding: p.tx_outstanding,
                         fill_outstanding: p.fill_outstanding,
@@ -261,6 +285,11 @@ impl Parts {
                 ports.push(Port {
                     sock,
                     ifindex: p.ifindex,
+                    name: names
+                        .iter()
+                        .find(|(i, _)| *i == p.ifindex)
+                        .map_or_else(|| crate::worker::port_name(p.ifindex), |(_, n)| n.clone()),
+                    kernel: Default::default(),
                     mac: p.mac,
                     complete_checksums: p.complete_checksums,
                     fill_target: p.fill_target,

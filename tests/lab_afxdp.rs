@@ -362,7 +362,8 @@ fn udp_burst(ns: &str, n: usize, between: impl FnOnce() + Send + 'static) -> usi
             }
         }
         between();
-        s.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(500)))
+            .unwrap();
         let mut buf = [0u8; 256];
         let mut answers = 0;
         while s.recv(&mut buf).is_ok() {
@@ -487,7 +488,11 @@ fn afxdp_run_ring_sizes_and_kernel_drop_counters() {
         .arg(&admin)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8(out.stdout).unwrap();
     let row: serde_json::Value = text
         .lines()

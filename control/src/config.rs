@@ -822,7 +822,6 @@ pub fn conntrack_bytes(max_entries: u32) -> u64 {
     capacity * 112 + slots * 4
 }
 
-
 /// What the machine offers, for `check_machine`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Machine {
@@ -1910,7 +1909,12 @@ workers: {count: 2, cpus: [0, 1]}
         let x = c.afxdp.xsk();
         assert_eq!(x.frames, 16384);
         assert_eq!(
-            (x.rx_ring_size, x.fill_ring_size, x.tx_ring_size, x.completion_ring_size),
+            (
+                x.rx_ring_size,
+                x.fill_ring_size,
+                x.tx_ring_size,
+                x.completion_ring_size
+            ),
             (8192, 4096, 512, 1024)
         );
         assert_eq!(c.afxdp.umem_bytes(), 64 << 20);
@@ -1928,14 +1932,20 @@ workers: {count: 2, cpus: [0, 1]}
             "{e}"
         );
         let e = load_err("afxdp: {frames: 4096, rxRingSize: 8192, fillRingSize: 4096}");
-        assert!(e.contains("afxdp.rxRingSize: 8192 entries cannot be filled"), "{e}");
+        assert!(
+            e.contains("afxdp.rxRingSize: 8192 entries cannot be filled"),
+            "{e}"
+        );
         let e = load_err("afxdp: {txRingSize: 32}");
         assert!(
             e.contains("afxdp.txRingSize: 32 is too small: at least 64 (a power of two)"),
             "{e}"
         );
         let e = load_err("afxdp: {frames: 100}");
-        assert!(e.contains("afxdp.frames: 100 is too small: at least 1024"), "{e}");
+        assert!(
+            e.contains("afxdp.frames: 100 is too small: at least 1024"),
+            "{e}"
+        );
         let e = load_err("afxdp: {ringSize: 4096}");
         assert!(e.contains("afxdp.ringSize: unknown field"), "{e}");
         // The line of the field is named.

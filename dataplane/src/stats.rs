@@ -592,10 +592,15 @@ mod tests {
                 ..KernelXskStats::default()
             },
         };
-        s.publish_sockets(1, |v| v.extend([row(1, "vpod1", 1, 3), row(1, "eth0", 1, 0)]));
+        s.publish_sockets(1, |v| {
+            v.extend([row(1, "vpod1", 1, 3), row(1, "eth0", 1, 0)])
+        });
         s.publish_sockets(0, |v| v.push(row(0, "eth0", 0, 5)));
         let all = s.socket_samples();
-        let keys: Vec<(&str, u32)> = all.iter().map(|x| (x.interface.as_str(), x.queue)).collect();
+        let keys: Vec<(&str, u32)> = all
+            .iter()
+            .map(|x| (x.interface.as_str(), x.queue))
+            .collect();
         assert_eq!(keys, [("eth0", 0), ("eth0", 1), ("vpod1", 1)]);
         // A worker's next publication replaces its rows (a closed socket disappears).
         s.publish_sockets(1, |v| v.push(row(1, "eth0", 1, 9)));

@@ -909,7 +909,11 @@ fn deep_fill(w: &mut Worker) {
             if busy_first && p.fill_target <= base {
                 continue;
             }
-            let room = p.sock.rings().fill.saturating_sub(p.sock.fill_outstanding());
+            let room = p
+                .sock
+                .rings()
+                .fill
+                .saturating_sub(p.sock.fill_outstanding());
             p.sock.refill(&mut w.umem, room.min(share));
         }
     }

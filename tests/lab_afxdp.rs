@@ -478,7 +478,7 @@ fn afxdp_run_ring_sizes_and_kernel_drop_counters() {
         "sent {sent} while stopped, answered {answered}; vpod3's socket: rx_ring_full +{full}, rx_dropped +{dropped}"
     );
     assert!(counted, "loss not counted:\n{m}");
-    assert!(answered >= 1 && answered <= 64, "answered {answered}");
+    assert!((1..=64).contains(&answered), "answered {answered}");
     assert_eq!(full, lost, "every lost frame counted as ring-full");
     assert_eq!(dropped, 0);
 

@@ -24,11 +24,8 @@ use crate::io::runner::{AttachedLink, InterfaceReport, Quiesced};
 use crate::io::xdp::{Attachment, SharedMaps, XdpMode, XdpProgram};
 use crate::worker::Port;
 
-/// The description's format; a successor refuses a newer one (and the predecessor resumes).
-/// Version 2 added per-ring sizes (`PortDesc::rings`); a predecessor writes version 1 when every
-/// socket's four rings have one size (`ring_size` then says it all), so that a successor that
-/// reads version 1 only can still take over from it.
-pub const DESCRIPTION_VERSION: u32 = 2;
+/// The description's format; a successor refuses another one (and the predecessor resumes).
+pub const DESCRIPTION_VERSION: u32 = 1;
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Description {
@@ -61,9 +58,12 @@ pub struct PortDesc {
     pub ifindex: u32,
     pub queue: u32,
     pub zero_copy: bool,
-    /// The RX ring's size (version 1: all four rings').
+    /// The size of all four rings when they are equal; 0 when they differ (see `rings`): a
+    /// successor built before `rings` existed then refuses the socket (0 is no ring size)
+    /// instead of mapping its rings with the wrong size, and the predecessor resumes.
     pub ring_size: u32,
-    /// Entries of the RX, TX, fill and completion rings (version 2; absent: `ring_size` each).
+    /// Entries of the RX, TX, fill and completion rings (absent in a description written
+    /// before the sizes could differ: `ring_size` each).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rings: Option<[u32; 4]>,
     pub id: u32,
@@ -145,7 +145,11 @@ pub fn describe(q: &Quiesced) -> std::io::Result<(Description, Vec<BorrowedFd<'_
                 ifindex: x.ifindex,
                 queue: x.queue,
                 zero_copy: x.zero_copy,
-                ring_size: x.rings.rx,
+                ring_size: if x.rings == RingSizes::all(x.rings.rx) {
+                    x.rings.rx
+                } else {
+                    0
+                },
                 rings: Some([x.rings.rx, x.rings.tx, x.rings.fill, x.rings.completion]),
                 id: x.id,
                 tx_outstanding: x.tx_outstanding,
@@ -193,13 +197,9 @@ pub fn describe(q: &Quiesced) -> std::io::Result<(Description, Vec<BorrowedFd<'_
             link,
         });
     }
-    let uniform = workers
-        .iter()
-        .flat_map(|w| &w.ports)
-        .all(|p| p.rings.is_none_or(|r| r.iter().all(|&n| n == p.ring_size)));
     Ok((
         Description {
-            version: if uniform { 1 } else { DESCRIPTION_VERSION },
+            version: DESCRIPTION_VERSION,
             maps: map_idx,
             node_addrs: maps.node_addrs(),
             workers,
@@ -219,7 +219,7 @@ pub(crate) struct Parts {
 impl Parts {
     pub(crate) fn take(desc: Description, fds: Vec<OwnedFd>) -> std::io::Result<Parts> {
         let bad = |what: String| std::io::Error::new(std::io::ErrorKind::InvalidData, what);
-        if !(1..=DESCRIPTION_VERSION).contains(&desc.version) {
+        if desc.version != DESCRIPTION_VERSION {
             return Err(bad(format!(
                 "description version {} (this build reads {DESCRIPTION_VERSION})",
                 desc.version

@@ -569,7 +569,12 @@ impl Worker {
             }
             for port in &mut self.ports {
                 let held = port.sock.fill_outstanding();
-                if held < port.fill_target / 2
+                // Busy: it consumed half its share since the last top-up, or half a batch (a
+                // loop takes at most one batch per socket, so above two batches "half the
+                // share" could never happen and busy shares stopped at 192 frames: measured,
+                // every frame lost in the lab was a fill ring found empty, docs/afxdp.md).
+                let consumed = port.fill_target.saturating_sub(held);
+                if consumed >= (port.fill_target / 2).min(BATCH as u32 / 2)
                     && port.fill_target < port.sock.rings().fill
                     && self.umem.free_frames() > reserve + port.fill_target as usize
                 {

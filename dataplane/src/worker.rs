@@ -161,8 +161,8 @@ pub struct Port {
     /// Complete TCP/UDP checksums of frames received here (virtual interfaces: veth).
     pub complete_checksums: bool,
     /// Frames this socket's fill ring is kept at: starts at the base share, doubles (up to a
-    /// ring) while the socket consumes more than half of it between two loops and frames
-    /// beyond the other sockets' reserve are free.
+    /// ring) while the socket consumes half of it, or half a batch, between two loops and
+    /// frames beyond the other sockets' reserve are free.
     pub fill_target: u32,
     /// The kernel's counters of the socket as last read (kept when a read fails).
     pub kernel: KernelXskStats,

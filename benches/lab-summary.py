@@ -7,7 +7,7 @@ CPU per packet and latency at half load, ratios, and every point of the loss cur
 """
 import json, statistics, sys
 runs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-modes = [m for m in ["kxdp", "kxdp-floor", "routing", "iptables", "nftables"] if any(r["mode"] == m for r in runs)]
+modes = [m for m in ["kxdp", "kxdp-deep", "kxdp-floor", "routing", "iptables", "nftables"] if any(r["mode"] == m for r in runs)]
 def med(xs):
     return statistics.median(xs) if xs else 0.0
 summary = {}
@@ -32,7 +32,7 @@ for m in modes:
 if "kxdp" in summary:
     k = summary["kxdp"]["best"]
     print()
-    for base in ["kxdp-floor", "routing", "iptables", "nftables"]:
+    for base in ["kxdp-deep", "kxdp-floor", "routing", "iptables", "nftables"]:
         if base in summary and summary[base]["best"]:
             print(f"- kxdp (full pipeline) / {base}: {k / summary[base]['best']:.2f}x at their highest delivered rates")
 print()

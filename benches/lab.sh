@@ -12,6 +12,8 @@
 #   benches/lab.sh [ROUNDS=1] [SECONDS=3]
 #   KXDP_BENCH_RATES=100000,500000,max KXDP_BENCH_MODES="kxdp iptables" benches/lab.sh
 #   KXDP_BENCH_SERVICES=1000 KXDP_BENCH_FLOWS=64 benches/lab.sh
+#   KXDP_BENCH_MODES="kxdp kxdp-deep" benches/lab.sh      # default rings against deeper ones
+#   KXDP_BENCH_AFXDP="{frames: 65536, rxRingSize: 8192, fillRingSize: 8192}"  # kxdp-deep's config afxdp
 #
 # The method and the numbers are in docs/benchmarks.md ("AF_XDP lab").
 set -Eeuo pipefail

@@ -1,7 +1,10 @@
 //! AF_XDP sockets on veth in a network namespace: copy mode is chosen (veth refuses zero-copy),
 //! the XDP program steers what it must (transit IP traffic and NodePorts to the socket; ARP,
 //! other node traffic to the kernel), and under load every received frame ends up sent,
-//! dropped or back on the fill ring: the UMEM's frame count is conserved.
+//! dropped or back on the fill ring: the UMEM's frame count is conserved. And `kxdp run` with
+//! non-default ring sizes (config `afxdp`) forwards, and the kernel's per-socket drop counters
+//! (`XDP_STATISTICS`) show in `/metrics` and `kxdp stats`, exactly for the frames lost while the
+//! daemon was stopped.
 
 mod lab;
 
@@ -13,7 +16,7 @@ use std::time::{Duration, Instant};
 use kxdp_kernel::afxdp::{Desc, Umem, XskConfig, XskSocket};
 use kxdp_kernel::ifindex;
 use kxdp_kernel::xdp::{ModeChoice, XdpMode, XdpProgram};
-use lab::{ip, Lab};
+use lab::{ip, lab_files, Cluster, Kxdp, Lab, Servers};
 
 const NODE: &str = "10.99.0.1";
 const GEN: &str = "10.99.0.2";
@@ -108,11 +111,13 @@ fn afxdp_steering_copy_mode() {
     let rd = ready.clone();
     let fwd = std::thread::spawn(move || {
         kxdp_kernel::enter_netns(&Lab::path(&node)).unwrap();
-        let mut io = open_io(XskConfig {
-            frames: 1024,
-            ring_size: 256,
-            ..XskConfig::default()
-        });
+        let mut io = open_io(
+            XskConfig {
+                frames: 1024,
+                ..XskConfig::default()
+            }
+            .with_ring_size(256),
+        );
         rd.store(true, Ordering::SeqCst);
         let mut descs = [Desc::default(); 64];
         let end = Instant::now() + Duration::from_secs(10);
@@ -182,9 +187,9 @@ fn afxdp_frames_conserved_under_load() {
         // A small UMEM so that the rings run full and empty under load.
         let cfg = XskConfig {
             frames: 512,
-            ring_size: 128,
             ..XskConfig::default()
-        };
+        }
+        .with_ring_size(128);
         let mut io = open_io(cfg);
         rd.store(true, Ordering::SeqCst);
         let total = io.umem.frame_count() as u64;
@@ -281,4 +286,240 @@ fn afxdp_frames_conserved_under_load() {
     );
     assert!(rx > 1000, "too little traffic reached the socket: {rx}");
     assert!(sent > 0 && dropped > 0);
+}
+
+/// `kxdp run` in `ns` with an admin socket at `admin` (the lab harness runs it without one).
+fn start_kxdp_with_admin(ns: &str, config: &str, state: &str, admin: &str) -> Kxdp {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new("ip")
+        .args(["netns", "exec", ns, env!("CARGO_BIN_EXE_kxdp"), "run"])
+        .args(["--config", config, "--state", state, "--admin", admin])
+        .arg("--no-takeover")
+        .env("RUST_LOG", "warn,kxdp_control::run=info")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("kxdp run");
+    let err = child.stderr.take().unwrap();
+    let log = Arc::new(std::sync::Mutex::new(String::new()));
+    let (l2, (tx, rx)) = (log.clone(), std::sync::mpsc::channel());
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(err).lines().map_while(Result::ok) {
+            if line.contains("forwarding on") {
+                let _ = tx.send(());
+            }
+            l2.lock().unwrap().push_str(&(line + "\n"));
+        }
+    });
+    let mut k = Kxdp { child, stderr: log };
+    if rx.recv_timeout(Duration::from_secs(20)).is_err() {
+        let _ = k.child.kill();
+        panic!("kxdp run did not start:\n{}", k.stderr.lock().unwrap());
+    }
+    // The first tables published before traffic.
+    std::thread::sleep(Duration::from_millis(1500));
+    k
+}
+
+/// `GET /metrics` from the daemon's metrics server inside `ns`.
+fn scrape(ns: &str) -> String {
+    use std::io::{Read, Write};
+    Lab::in_ns(ns, || {
+        let mut s = std::net::TcpStream::connect_timeout(
+            &"127.0.0.1:10249".parse().unwrap(),
+            Duration::from_secs(2),
+        )
+        .expect("metrics server");
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+            .unwrap();
+        let mut body = String::new();
+        s.read_to_string(&mut body).unwrap();
+        body
+    })
+}
+
+/// The value of `name{interface="IF",queue="0"...}` in a scrape (None: no such series).
+fn socket_metric(text: &str, name: &str, interface: &str, extra: &str) -> Option<u64> {
+    let want = format!("interface=\"{interface}\"");
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")))
+        .filter(|l| l.contains(&want) && l.contains("queue=\"0\"") && l.contains(extra))
+        .find_map(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+/// Sends `n` datagrams to the web Service's ClusterIP from one connected socket of the client
+/// pod (paced in bursts of 16, so that only the AF_XDP socket can lose them), with `between`
+/// run after sending; then counts the answers until 500 ms pass without one.
+fn udp_burst(ns: &str, n: usize, between: impl FnOnce() + Send + 'static) -> usize {
+    Lab::in_ns(ns, move || {
+        let s = UdpSocket::bind("0.0.0.0:0").unwrap();
+        s.connect("172.30.0.10:53").unwrap();
+        for i in 0..n {
+            s.send(format!("burst {i}").as_bytes()).unwrap();
+            if i % 16 == 15 {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        between();
+        s.set_read_timeout(Some(Duration::from_millis(500)))
+            .unwrap();
+        let mut buf = [0u8; 256];
+        let mut answers = 0;
+        while s.recv(&mut buf).is_ok() {
+            answers += 1;
+        }
+        answers
+    })
+}
+
+fn signal(pid: u32, sig: &str) {
+    let st = std::process::Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success(), "kill {sig} {pid}");
+}
+
+#[test]
+fn afxdp_run_ring_sizes_and_kernel_drop_counters() {
+    if !lab::available("afxdp_run_ring_sizes_and_kernel_drop_counters") {
+        return;
+    }
+    let c = Cluster::build();
+    let _servers = [
+        Servers::start(c.pod("web-1"), "10.1.0.11"),
+        Servers::start(c.pod("web-2"), "10.1.0.12"),
+    ];
+    let (config, state) = lab_files();
+    let dir = std::env::temp_dir().join(format!("kxdp-afxdp-rings-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cfg_path = dir.join("config.yaml");
+    // RX rings of 64 entries behind fill shares of 96 frames (32768 frames × 3/4 / 256
+    // planned sockets): a stopped worker's RX ring fills before its fill ring runs dry, so
+    // what does not fit is counted as rx_ring_full, exactly.
+    std::fs::write(
+        &cfg_path,
+        std::fs::read_to_string(&config).unwrap()
+            + "afxdp: {frames: 32768, rxRingSize: 64, fillRingSize: 1024, txRingSize: 512, completionRingSize: 256}\n",
+    )
+    .unwrap();
+    let admin = dir.join("admin.sock");
+    let kxdp = start_kxdp_with_admin(
+        &c.node,
+        cfg_path.to_str().unwrap(),
+        &state,
+        admin.to_str().unwrap(),
+    );
+    let client = c.pod("client-1").to_string();
+
+    // It forwards with these rings: every request answered through the ClusterIP.
+    let answered = udp_burst(&client, 20, || {});
+    assert_eq!(answered, 20, "{}", kxdp.stderr.lock().unwrap());
+
+    // The sockets' rings and counters are in /metrics (refreshed about once a second).
+    let mut m = String::new();
+    assert!(
+        lab::wait_until(Duration::from_secs(5), || {
+            m = scrape(&c.node);
+            socket_metric(&m, "kxdp_xsk_ring_entries", "vpod3", "ring=\"rx\"") == Some(64)
+        }),
+        "no ring sizes for vpod3 in /metrics:\n{m}"
+    );
+    for (ring, n) in [("fill", 1024), ("tx", 512), ("completion", 256)] {
+        let r = format!("ring=\"{ring}\"");
+        assert_eq!(
+            socket_metric(&m, "kxdp_xsk_ring_entries", "vpod3", &r),
+            Some(n),
+            "{ring}"
+        );
+    }
+    for name in [
+        "kxdp_xsk_rx_ring_full_total",
+        "kxdp_xsk_rx_dropped_total",
+        "kxdp_xsk_rx_fill_ring_empty_total",
+        "kxdp_xsk_rx_invalid_descs_total",
+        "kxdp_xsk_tx_invalid_descs_total",
+        "kxdp_xsk_tx_ring_empty_total",
+    ] {
+        for iface in ["up0", "vpod1", "vpod2", "vpod3"] {
+            assert!(
+                socket_metric(&m, name, iface, "").is_some(),
+                "{name} for {iface} missing:\n{m}"
+            );
+        }
+    }
+    let full0 = socket_metric(&m, "kxdp_xsk_rx_ring_full_total", "vpod3", "").unwrap();
+    let dropped0 = socket_metric(&m, "kxdp_xsk_rx_dropped_total", "vpod3", "").unwrap();
+
+    // The daemon stopped (SIGSTOP: its worker off the CPU, as on a busy node) while the
+    // client sends 300 datagrams: the XDP program still redirects them into vpod3's socket,
+    // whose 64-entry RX ring takes the first 64; the kernel drops the rest.
+    let pid = kxdp.child.id();
+    let sent = 300;
+    signal(pid, "-STOP");
+    let answered = udp_burst(&client, sent, move || {
+        std::thread::sleep(Duration::from_millis(100));
+        signal(pid, "-CONT");
+    });
+    let lost = (sent - answered) as u64;
+    // The next reading (about a second later) counts them: rx_ring_full, not rx_dropped (the
+    // fill ring still had frames), and nothing else was lost on the way.
+    let mut full = 0;
+    let mut dropped = 0;
+    let counted = lab::wait_until(Duration::from_secs(5), || {
+        m = scrape(&c.node);
+        full = socket_metric(&m, "kxdp_xsk_rx_ring_full_total", "vpod3", "").unwrap_or(0) - full0;
+        dropped =
+            socket_metric(&m, "kxdp_xsk_rx_dropped_total", "vpod3", "").unwrap_or(0) - dropped0;
+        full + dropped >= lost
+    });
+    eprintln!(
+        "sent {sent} while stopped, answered {answered}; vpod3's socket: rx_ring_full +{full}, rx_dropped +{dropped}"
+    );
+    assert!(counted, "loss not counted:\n{m}");
+    assert!((1..=64).contains(&answered), "answered {answered}");
+    assert_eq!(full, lost, "every lost frame counted as ring-full");
+    assert_eq!(dropped, 0);
+
+    // `kxdp stats` shows the same counters and ring sizes per socket.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kxdp"))
+        .args(["stats", "--interval", "0", "-o", "json", "--admin"])
+        .arg(&admin)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let row: serde_json::Value = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|v| v["interface"] == "vpod3")
+        .unwrap_or_else(|| panic!("no vpod3 socket in `kxdp stats`:\n{text}"));
+    assert_eq!(row["queue"], 0);
+    assert_eq!(row["rx_ring_size"], 64);
+    assert_eq!(row["fill_ring_size"], 1024);
+    assert_eq!(row["rx_ring_full"].as_u64(), Some(full0 + full));
+    assert_eq!(row["rx_dropped"].as_u64(), Some(dropped0));
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kxdp"))
+        .args(["stats", "--interval", "0", "--admin"])
+        .arg(&admin)
+        .output()
+        .unwrap();
+    let table = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        table.contains(&format!(
+            "socket vpod3/0 worker 0: kernel rx_ring_full={} rx_dropped={dropped0}",
+            full0 + full
+        )),
+        "{table}"
+    );
+
+    // And it forwards on afterwards.
+    assert_eq!(udp_burst(&client, 20, || {}), 20);
+    drop(kxdp);
+    let _ = std::fs::remove_dir_all(&dir);
 }

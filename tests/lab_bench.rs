@@ -6,6 +6,8 @@
 //! - `kxdp-floor`: the same daemon with `KXDP_BENCH_IO_FLOOR=vpod1,vpod2`: every received
 //!   frame goes out unchanged to web-1 or web-2 (batches in turn), without pipeline or egress
 //!   stage (the AF_XDP I/O floor),
+//! - `kxdp-deep`: `kxdp` with deeper AF_XDP rings and a larger UMEM (config `afxdp`, from
+//!   `KXDP_BENCH_AFXDP`, default `{frames: 65536, rxRingSize: 8192, fillRingSize: 8192}`),
 //! - `routing`: the node's kernel routing, no NAT rules (the client sends to web-1 directly),
 //! - `iptables`: the node's kernel with kube-proxy's iptables NAT rules (iptables-restore),
 //! - `nftables`: the node's kernel with kube-proxy's nftables layout (nft -f),
@@ -281,6 +283,43 @@ fn loss_counters(c: &Cluster) -> std::collections::BTreeMap<String, u64> {
             out.insert(format!("{p} eth0 {k}"), v);
         }
     }
+    out.extend(xsk_counters(&c.node));
+    out
+}
+
+/// A running kxdp's AF_XDP sockets' kernel drop counters, from its `/metrics` in the node
+/// namespace (`kxdp IF xsk rx_ring_full`, `... rx_dropped`); none when no kxdp runs.
+fn xsk_counters(node: &str) -> Vec<(String, u64)> {
+    use std::io::{Read, Write};
+    let text = Lab::in_ns(node, || {
+        let mut s = std::net::TcpStream::connect_timeout(
+            &"127.0.0.1:10249".parse().unwrap(),
+            Duration::from_millis(500),
+        )
+        .ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+        s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").ok()?;
+        let mut body = String::new();
+        s.read_to_string(&mut body).ok()?;
+        Some(body)
+    })
+    .unwrap_or_default();
+    let mut out = Vec::new();
+    for l in text.lines() {
+        for what in ["rx_ring_full", "rx_dropped"] {
+            let Some(rest) = l.strip_prefix(&format!("kxdp_xsk_{what}_total{{")) else {
+                continue;
+            };
+            let iface = rest
+                .split("interface=\"")
+                .nth(1)
+                .and_then(|r| r.split('"').next())
+                .unwrap_or("?");
+            if let Some(v) = l.rsplit(' ').next().and_then(|v| v.parse::<u64>().ok()) {
+                out.push((format!("kxdp {iface} xsk {what}"), v));
+            }
+        }
+    }
     out
 }
 
@@ -346,6 +385,10 @@ fn measure(c: &Cluster, dst: &str, mac: &str, rate: u64, seconds: f64, flows: u6
         received += n;
         sink_dropped += r["kernel_rx_dropped"].as_u64().unwrap_or(0);
     }
+    // kxdp's workers read their sockets' kernel counters about once a second.
+    if lost0.keys().any(|k| k.contains(" xsk ")) {
+        std::thread::sleep(Duration::from_millis(1200));
+    }
     let mut lost = moved(
         |k: &String| lost0.get(k).copied().unwrap_or(0),
         loss_counters(c),
@@ -379,12 +422,18 @@ fn measure(c: &Cluster, dst: &str, mac: &str, rate: u64, seconds: f64, flows: u6
 fn setup(c: &Cluster, mode: &str, services: u64, dir: &std::path::Path) -> (Option<Kxdp>, String) {
     let vip = "172.30.0.10:53".to_string();
     match mode {
-        "kxdp" | "kxdp-floor" => {
+        "kxdp" | "kxdp-floor" | "kxdp-deep" => {
             let (config, state) = lab_files();
-            let cfg = std::fs::read_to_string(&config).unwrap().replace(
+            let mut cfg = std::fs::read_to_string(&config).unwrap().replace(
                 "workers: {count: 1, cpus: []}",
                 "workers: {count: 1, cpus: [1]}",
             );
+            if mode == "kxdp-deep" {
+                let afxdp = std::env::var("KXDP_BENCH_AFXDP").unwrap_or_else(|_| {
+                    "{frames: 65536, rxRingSize: 8192, fillRingSize: 8192}".into()
+                });
+                cfg += &format!("afxdp: {afxdp}\n");
+            }
             std::fs::write(dir.join("config.yaml"), cfg).unwrap();
             // State files: a directory of manifests; the config sits outside it.
             let sdir = dir.join("state");
@@ -426,7 +475,9 @@ fn setup(c: &Cluster, mode: &str, services: u64, dir: &std::path::Path) -> (Opti
             pipe_into(&c.node, "nft -f -", &nft_rules(services));
             (None, vip)
         }
-        other => panic!("KXDP_BENCH_MODE={other}: kxdp, kxdp-floor, routing, iptables or nftables"),
+        other => panic!(
+            "KXDP_BENCH_MODE={other}: kxdp, kxdp-floor, kxdp-deep, routing, iptables or nftables"
+        ),
     }
 }
 

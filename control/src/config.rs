@@ -93,6 +93,9 @@ pub struct DataplaneConfiguration {
     pub xdp_mode: XdpMode,
     #[serde(default)]
     pub workers: WorkersConfig,
+    /// The AF_XDP sockets' ring sizes and each worker's UMEM (docs/afxdp.md).
+    #[serde(default)]
+    pub afxdp: AfXdpConfig,
     /// The host path (docs/afxdp.md): the node's own traffic to Services, `pass` verdicts and
     /// pod traffic leaving the cluster reach the kernel through the `kxdp0`/`kxdp1` pair.
     #[serde(default)]
@@ -283,6 +286,96 @@ impl Default for WorkersConfig {
     }
 }
 
+/// `afxdp`: how deep each AF_XDP socket's rings are and how many packet buffers each worker
+/// has (docs/afxdp.md, "Ring sizes"). Deeper RX and fill rings absorb longer absences of a
+/// worker from its CPU before the kernel drops frames (`kxdp_xsk_rx_ring_full_total`,
+/// `kxdp_xsk_rx_dropped_total`); each socket's rings cost kernel memory and the UMEM costs
+/// `frames` × 4 KiB per worker.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct AfXdpConfig {
+    /// 4 KiB packet buffers in each worker's UMEM, shared by all its sockets.
+    pub frames: u32,
+    /// Entries of each socket's RX ring (a power of two).
+    pub rx_ring_size: u32,
+    /// Entries of each socket's fill ring (a power of two).
+    pub fill_ring_size: u32,
+    /// Entries of each socket's TX ring (a power of two).
+    pub tx_ring_size: u32,
+    /// Entries of each socket's completion ring (a power of two).
+    pub completion_ring_size: u32,
+}
+
+impl Default for AfXdpConfig {
+    fn default() -> Self {
+        let x = kxdp_dataplane::io::afxdp::XskConfig::default();
+        AfXdpConfig {
+            frames: x.frames,
+            rx_ring_size: x.rx_ring_size,
+            fill_ring_size: x.fill_ring_size,
+            tx_ring_size: x.tx_ring_size,
+            completion_ring_size: x.completion_ring_size,
+        }
+    }
+}
+
+impl AfXdpConfig {
+    /// The socket and UMEM sizes the workers use (frame size and zero-copy as by default).
+    pub fn xsk(&self) -> kxdp_dataplane::io::afxdp::XskConfig {
+        kxdp_dataplane::io::afxdp::XskConfig {
+            frames: self.frames,
+            rx_ring_size: self.rx_ring_size,
+            fill_ring_size: self.fill_ring_size,
+            tx_ring_size: self.tx_ring_size,
+            completion_ring_size: self.completion_ring_size,
+            ..Default::default()
+        }
+    }
+
+    /// Bytes of one worker's UMEM.
+    pub fn umem_bytes(&self) -> u64 {
+        u64::from(self.frames) * u64::from(self.xsk().frame_size)
+    }
+
+    /// What ranges cannot say: ring sizes are powers of two, and the fill and RX rings can be
+    /// filled from the UMEM (a ring deeper than the frames there are never fills up).
+    fn check(&self) -> Result<(), (String, String)> {
+        for (field, n) in [
+            ("afxdp.rxRingSize", self.rx_ring_size),
+            ("afxdp.fillRingSize", self.fill_ring_size),
+            ("afxdp.txRingSize", self.tx_ring_size),
+            ("afxdp.completionRingSize", self.completion_ring_size),
+        ] {
+            if !n.is_power_of_two() {
+                let below = 1u32 << (31 - n.leading_zeros());
+                return Err((
+                    field.into(),
+                    format!(
+                        "{n} is not a power of two (the kernel sizes rings in powers of two: {below} or {})",
+                        below.saturating_mul(2)
+                    ),
+                ));
+            }
+        }
+        for (field, n) in [
+            ("afxdp.fillRingSize", self.fill_ring_size),
+            ("afxdp.rxRingSize", self.rx_ring_size),
+        ] {
+            if n > self.frames {
+                return Err((
+                    field.into(),
+                    format!(
+                        "{n} entries cannot be filled from a UMEM of {} frames (afxdp.frames): at most {}, or raise afxdp.frames",
+                        self.frames,
+                        1u32 << (31 - self.frames.leading_zeros())
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// `hostPath`: what kxdp sets up on the node so that its own processes reach Services and kxdp
 /// can hand packets to the kernel (docs/afxdp.md, "The host path"; docs/operations.md).
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
@@ -368,6 +461,9 @@ pub struct NodeOverride {
     pub xdp_mode: Option<XdpMode>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workers: Option<WorkersOverride>,
+    /// Replaces `afxdp` as a whole (fields it leaves out take their defaults).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub afxdp: Option<AfXdpConfig>,
 }
 
 /// Which nodes an override applies to: every label in `matchLabels` equal on the Node object
@@ -656,7 +752,57 @@ pub const RANGES: &[(&str, Limit, &str)] = &[
         },
         "",
     ),
+    (
+        "afxdp.frames",
+        Limit::Int {
+            min: MIN_UMEM_FRAMES as u64,
+            max: MAX_UMEM_FRAMES as u64,
+        },
+        "",
+    ),
+    (
+        "afxdp.rxRingSize",
+        Limit::Int {
+            min: MIN_RING as u64,
+            max: MAX_RING as u64,
+        },
+        "a power of two, at most afxdp.frames",
+    ),
+    (
+        "afxdp.fillRingSize",
+        Limit::Int {
+            min: MIN_RING as u64,
+            max: MAX_RING as u64,
+        },
+        "a power of two, at most afxdp.frames",
+    ),
+    (
+        "afxdp.txRingSize",
+        Limit::Int {
+            min: MIN_RING as u64,
+            max: MAX_RING as u64,
+        },
+        "a power of two",
+    ),
+    (
+        "afxdp.completionRingSize",
+        Limit::Int {
+            min: MIN_RING as u64,
+            max: MAX_RING as u64,
+        },
+        "a power of two",
+    ),
 ];
+
+/// Fewer UMEM frames than this cannot give a worker's sockets their smallest fill shares and a
+/// batch in hand.
+pub const MIN_UMEM_FRAMES: u32 = 1024;
+/// 1 Mi frames: 4 GiB of packet buffers per worker; more is a typo, not a node.
+pub const MAX_UMEM_FRAMES: u32 = 1 << 20;
+/// The smallest ring: one batch (`worker::BATCH`).
+pub const MIN_RING: u32 = 64;
+/// The deepest ring: 64 Ki entries (1 MiB of descriptors for an RX or TX ring, per socket).
+pub const MAX_RING: u32 = 1 << 16;
 
 /// 64 Mi entries: about 14 GiB of table; more is a typo, not a node.
 pub const MAX_CONNTRACK_ENTRIES: u32 = 1 << 26;
@@ -674,12 +820,6 @@ pub fn conntrack_bytes(max_entries: u32) -> u64 {
     let capacity = max + (max / 128).max(1024);
     let slots = (capacity * 2 * 8 / 5).next_multiple_of(16);
     capacity * 112 + slots * 4
-}
-
-/// Bytes one worker's UMEM takes (`kxdp_dataplane::io::afxdp::XskConfig::default()`).
-pub fn umem_bytes() -> u64 {
-    let x = kxdp_dataplane::io::afxdp::XskConfig::default();
-    u64::from(x.frames) * u64::from(x.frame_size)
 }
 
 /// What the machine offers, for `check_machine`.
@@ -1091,6 +1231,16 @@ impl DataplaneConfiguration {
             "workers.idle.maxSleep".into(),
             Numeric::Time(w.idle.max_sleep.0),
         ));
+        let x = &self.afxdp;
+        for (f, n) in [
+            ("afxdp.frames", x.frames),
+            ("afxdp.rxRingSize", x.rx_ring_size),
+            ("afxdp.fillRingSize", x.fill_ring_size),
+            ("afxdp.txRingSize", x.tx_ring_size),
+            ("afxdp.completionRingSize", x.completion_ring_size),
+        ] {
+            v.push((f.into(), Numeric::Int(n.into())));
+        }
         v
     }
 
@@ -1131,7 +1281,7 @@ impl DataplaneConfiguration {
                 _ => {}
             }
         }
-        Ok(())
+        self.afxdp.check()
     }
 
     fn nodeport_has_primary_mixed(&self) -> bool {
@@ -1157,6 +1307,9 @@ impl DataplaneConfiguration {
             if let Some(i) = &w.idle {
                 self.workers.idle = i.clone();
             }
+        }
+        if let Some(x) = &o.afxdp {
+            self.afxdp = x.clone();
         }
     }
 
@@ -1229,7 +1382,7 @@ impl DataplaneConfiguration {
         };
         let ct = conntrack_bytes(self.ct_config().max_entries);
         let umem = if with_umem {
-            umem_bytes() * self.workers.count as u64
+            self.afxdp.umem_bytes() * self.workers.count as u64
         } else {
             0
         };
@@ -1241,7 +1394,7 @@ impl DataplaneConfiguration {
                         "{} workers need {} MiB of packet buffers (UMEM, {} MiB each) plus {} MiB of conntrack table",
                         self.workers.count,
                         mib(umem),
-                        mib(umem_bytes()),
+                        mib(self.afxdp.umem_bytes()),
                         mib(ct)
                     ),
                 )
@@ -1740,6 +1893,102 @@ workers: {count: 2, cpus: [0, 1]}
     }
 
     #[test]
+    fn afxdp_ring_sizes_and_frames() {
+        let c = load("").unwrap();
+        let x = c.afxdp.xsk();
+        let d = kxdp_dataplane::io::afxdp::XskConfig::default();
+        assert_eq!(
+            (x.frames, x.rx_ring_size, x.fill_ring_size, x.tx_ring_size),
+            (d.frames, d.rx_ring_size, d.fill_ring_size, d.tx_ring_size),
+            "the defaults are the dataplane's"
+        );
+        let c = load(
+            "afxdp: {frames: 16384, rxRingSize: 8192, fillRingSize: 4096, txRingSize: 512, completionRingSize: 1024}",
+        )
+        .unwrap();
+        let x = c.afxdp.xsk();
+        assert_eq!(x.frames, 16384);
+        assert_eq!(
+            (
+                x.rx_ring_size,
+                x.fill_ring_size,
+                x.tx_ring_size,
+                x.completion_ring_size
+            ),
+            (8192, 4096, 512, 1024)
+        );
+        assert_eq!(c.afxdp.umem_bytes(), 64 << 20);
+        // Fields left out keep their defaults.
+        let c = load("afxdp: {rxRingSize: 4096}").unwrap();
+        assert_eq!((c.afxdp.rx_ring_size, c.afxdp.fill_ring_size), (4096, 2048));
+        let e = load_err("afxdp: {rxRingSize: 3000}");
+        assert!(
+            e.contains("afxdp.rxRingSize: 3000 is not a power of two (the kernel sizes rings in powers of two: 2048 or 4096)"),
+            "{e}"
+        );
+        let e = load_err("afxdp: {fillRingSize: 16384}");
+        assert!(
+            e.contains("afxdp.fillRingSize: 16384 entries cannot be filled from a UMEM of 8192 frames (afxdp.frames): at most 8192"),
+            "{e}"
+        );
+        let e = load_err("afxdp: {frames: 4096, rxRingSize: 8192, fillRingSize: 4096}");
+        assert!(
+            e.contains("afxdp.rxRingSize: 8192 entries cannot be filled"),
+            "{e}"
+        );
+        let e = load_err("afxdp: {txRingSize: 32}");
+        assert!(
+            e.contains("afxdp.txRingSize: 32 is too small: at least 64 (a power of two)"),
+            "{e}"
+        );
+        let e = load_err("afxdp: {frames: 100}");
+        assert!(
+            e.contains("afxdp.frames: 100 is too small: at least 1024"),
+            "{e}"
+        );
+        let e = load_err("afxdp: {ringSize: 4096}");
+        assert!(e.contains("afxdp.ringSize: unknown field"), "{e}");
+        // The line of the field is named.
+        let e = Config::from_yaml_str(
+            "apiVersion: kxdp.dev/v1alpha1\nkind: DataplaneConfiguration\nafxdp:\n  frames: 8192\n  completionRingSize: 100\n",
+            Path::new("config.yaml"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.starts_with("config.yaml:5: afxdp.completionRingSize: 100 is not a power of two"),
+            "{e}"
+        );
+        // A node override replaces the section and is checked as if applied.
+        let c = load(
+            "nodeOverrides: [{nodeSelector: {matchLabels: {big: \"1\"}}, afxdp: {frames: 65536, rxRingSize: 16384, fillRingSize: 16384}}]",
+        )
+        .unwrap();
+        let labels = BTreeMap::from([("big".to_string(), "1".to_string())]);
+        let (n, applied) = c.for_node(&labels);
+        assert_eq!(applied, [0]);
+        assert_eq!((n.afxdp.frames, n.afxdp.rx_ring_size), (65536, 16384));
+        assert_eq!(c.for_node(&BTreeMap::new()).0.afxdp, AfXdpConfig::default());
+        let e = load_err(
+            "nodeOverrides: [{nodeSelector: {matchLabels: {}}, afxdp: {fillRingSize: 16384}}]",
+        );
+        assert!(
+            e.contains("nodeOverrides[0].afxdp.fillRingSize: 16384 entries cannot be filled"),
+            "{e}"
+        );
+        // The memory check counts the configured UMEM.
+        let c = load("afxdp: {frames: 262144}\nworkers: {count: 4}").unwrap();
+        let e = c
+            .check_machine(&machine(&[0], 2048), true, Path::new("config.yaml"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("4 workers need 4096 MiB of packet buffers (UMEM, 1024 MiB each)"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn every_numeric_field_has_a_range() {
         let c = load("workers: {cpus: [0]}").unwrap();
         let fields: Vec<String> = c
@@ -2030,6 +2279,7 @@ nodeOverrides:
             "nodeOverrides[].interfaces",
             "nodeOverrides[].xdpMode",
             "nodeOverrides[].workers",
+            "nodeOverrides[].afxdp",
         ] {
             row(extra);
         }

@@ -61,6 +61,12 @@
 //! | `kxdp_conntrack_restore_total{result}` | counter | with `conntrack.stateFile`: 1 for what the start made of the file (`created`, `restored`, `migrated`, `discarded_version`, `discarded_corrupt`, `discarded_boot`, `discarded_truncated`) |
 //! | `kxdp_conntrack_restored_entries` | gauge | entries continued from the state file at start |
 //! | `kxdp_conntrack_restore_dropped_entries` | gauge | malformed or duplicate entries dropped from it |
+//! | `kxdp_xsk_rx_ring_full_total{interface,queue}` | counter | frames the kernel dropped at the AF_XDP socket: RX ring full |
+//! | `kxdp_xsk_rx_dropped_total{interface,queue}` | counter | frames the kernel dropped at the socket otherwise (no fill-ring frame, too large) |
+//! | `kxdp_xsk_rx_fill_ring_empty_total{interface,queue}` | counter | the kernel found the fill ring empty |
+//! | `kxdp_xsk_rx_invalid_descs_total{interface,queue}`, `kxdp_xsk_tx_invalid_descs_total{...}` | counter | descriptors the kernel refused |
+//! | `kxdp_xsk_tx_ring_empty_total{interface,queue}` | counter | the kernel found the TX ring empty when kicked |
+//! | `kxdp_xsk_ring_entries{interface,queue,ring}` | gauge | ring sizes (config `afxdp`) |
 
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -182,6 +188,57 @@ struct WorkerActionLabel {
 struct ReasonLabel {
     reason: String,
 }
+
+/// One AF_XDP socket: the interface's name and the queue it is bound to.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SocketLabel {
+    interface: String,
+    queue: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SocketRingLabel {
+    interface: String,
+    queue: String,
+    /// `rx`, `tx`, `fill` or `completion`.
+    ring: String,
+}
+
+/// The kernel's per-socket counters (`XDP_STATISTICS`) as `/metrics` names them:
+/// (metric name without `_total`, help, field).
+type KernelField = fn(&kxdp_dataplane::io::afxdp::KernelXskStats) -> u64;
+const XSK_COUNTERS: [(&str, &str, KernelField); 6] = [
+    (
+        "kxdp_xsk_rx_ring_full",
+        "Frames the kernel dropped because the AF_XDP socket's RX ring was full (the worker did not keep up or was off its CPU)",
+        |k| k.rx_ring_full,
+    ),
+    (
+        "kxdp_xsk_rx_dropped",
+        "Frames the kernel dropped on their way into the AF_XDP socket for other reasons than a full RX ring (no fill-ring frame to copy into, a frame larger than a UMEM frame)",
+        |k| k.rx_dropped,
+    ),
+    (
+        "kxdp_xsk_rx_fill_ring_empty",
+        "Times the kernel found the AF_XDP socket's fill ring empty when it needed a frame",
+        |k| k.rx_fill_ring_empty_descs,
+    ),
+    (
+        "kxdp_xsk_rx_invalid_descs",
+        "Fill-ring descriptors the kernel refused",
+        |k| k.rx_invalid_descs,
+    ),
+    (
+        "kxdp_xsk_tx_invalid_descs",
+        "TX-ring descriptors the kernel refused (not sent)",
+        |k| k.tx_invalid_descs,
+    ),
+    (
+        "kxdp_xsk_tx_ring_empty",
+        "Times the kernel found the AF_XDP socket's TX ring empty when kicked",
+        |k| k.tx_ring_empty_descs,
+    ),
+];
 
 /// The dataplane state a scrape reads.
 struct DataplaneSource {
@@ -337,6 +394,7 @@ impl Collector for DataplaneCollector {
             "Share of wall time spent processing batches since the previous scrape",
             &ratio,
         )?;
+        encode_sockets(&mut enc, &src.stats)?;
         let entries = Gauge::<i64>::default();
         entries.set(src.ct.len() as i64);
         put(
@@ -407,6 +465,49 @@ impl Collector for DataplaneCollector {
         }
         Ok(())
     }
+}
+
+/// The AF_XDP sockets' kernel counters and ring sizes, from the table the workers refresh about
+/// once a second (`DataplaneStats::socket_samples`).
+fn encode_sockets(
+    enc: &mut DescriptorEncoder,
+    stats: &DataplaneStats,
+) -> Result<(), std::fmt::Error> {
+    let sockets = stats.socket_samples();
+    let label = |s: &kxdp_dataplane::stats::SocketSample| SocketLabel {
+        interface: s.interface.clone(),
+        queue: s.queue.to_string(),
+    };
+    for (name, help, field) in XSK_COUNTERS {
+        let f = Family::<SocketLabel, Counter>::default();
+        for s in &sockets {
+            f.get_or_create(&label(s)).inc_by(field(&s.kernel));
+        }
+        put(enc, name, help, &f)?;
+    }
+    let rings = Family::<SocketRingLabel, Gauge>::default();
+    for s in &sockets {
+        for (ring, n) in [
+            ("rx", s.rings.rx),
+            ("tx", s.rings.tx),
+            ("fill", s.rings.fill),
+            ("completion", s.rings.completion),
+        ] {
+            rings
+                .get_or_create(&SocketRingLabel {
+                    interface: s.interface.clone(),
+                    queue: s.queue.to_string(),
+                    ring: ring.into(),
+                })
+                .set(i64::from(n));
+        }
+    }
+    put(
+        enc,
+        "kxdp_xsk_ring_entries",
+        "Entries of each AF_XDP socket's rings (config afxdp)",
+        &rings,
+    )
 }
 
 /// Every control-plane metric. Cheap to clone handles (the metrics are `Arc`s inside).

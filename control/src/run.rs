@@ -420,6 +420,20 @@ pub fn run(
                 g(&c.checksums_completed),
             );
         }
+        // Frames the kernel dropped at the sockets before kxdp saw them (not drop reasons: no
+        // verdict was ever made for them; docs/afxdp.md).
+        for s in ops.dataplane.stats.socket_samples() {
+            if s.kernel.rx_lost() > 0 {
+                eprintln!(
+                    "kxdp run: socket {}/{}: the kernel dropped {} frame(s) before kxdp saw them (RX ring full {}, other {}; afxdp ring sizes: docs/afxdp.md)",
+                    s.interface,
+                    s.queue,
+                    s.kernel.rx_lost(),
+                    s.kernel.rx_ring_full,
+                    s.kernel.rx_dropped
+                );
+            }
+        }
         if let Some(hp) = host_path {
             match hp.teardown() {
                 Ok(()) => eprintln!("kxdp run: host path removed"),
@@ -670,7 +684,7 @@ fn run_options(
         interfaces.push(hp.kxdp_if.clone());
     }
     kxdp_dataplane::io::runner::RunOptions {
-        xsk: Default::default(),
+        xsk: config.afxdp.xsk(),
         interfaces,
         workers: config.workers.count.max(1),
         cpus: config.workers.cpus.clone(),

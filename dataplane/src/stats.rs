@@ -19,7 +19,9 @@
 //! as their `now_ms`, so that conntrack timeouts shown by the admin API use the same clock.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::Mutex;
 
+use kxdp_kernel::afxdp::{KernelXskStats, RingSizes};
 use kxdp_packet::{Addr, Family};
 
 use crate::pipeline::Counters;
@@ -291,9 +293,29 @@ fn decode(w: &[u64; WORDS]) -> (Verdict, u64) {
     (v, w[10])
 }
 
+/// One AF_XDP socket as its worker last read it: the kernel's counters of frames lost before
+/// kxdp saw them (`XDP_STATISTICS`, read every [`SOCKET_STATS_PERIOD`] off the packet path)
+/// and the socket's ring sizes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SocketSample {
+    pub worker: usize,
+    /// The interface's name when the socket was opened.
+    pub interface: String,
+    pub ifindex: u32,
+    pub queue: u32,
+    pub rings: RingSizes,
+    pub kernel: KernelXskStats,
+}
+
+/// How often a worker reads its sockets' kernel counters (one `getsockopt` per socket).
+pub const SOCKET_STATS_PERIOD: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Every worker's published state.
 pub struct DataplaneStats {
     workers: Box<[WorkerStats]>,
+    /// Per worker: its sockets, replaced whole by that worker about once a second (a lock taken
+    /// off the packet path by the worker, and by readers at scrape time).
+    sockets: Box<[Mutex<Vec<SocketSample>>]>,
     rings: Box<[Ring]>,
     monitors: AtomicUsize,
     /// Attached monitors that want every verdict, not only drops and rejects.
@@ -306,6 +328,7 @@ impl DataplaneStats {
     pub fn new(workers: usize) -> DataplaneStats {
         DataplaneStats {
             workers: (0..workers).map(|_| WorkerStats::new()).collect(),
+            sockets: (0..workers).map(|_| Mutex::new(Vec::new())).collect(),
             rings: (0..workers).map(|_| Ring::new()).collect(),
             monitors: AtomicUsize::new(0),
             monitors_all: AtomicUsize::new(0),
@@ -369,6 +392,29 @@ impl DataplaneStats {
 
     pub fn samples(&self) -> Vec<WorkerSample> {
         self.workers.iter().map(|w| w.sample()).collect()
+    }
+
+    /// Replaces worker `worker`'s socket table (only that worker calls it, periodically and
+    /// when its sockets change). `fill` writes the rows into the table's own vector, whose
+    /// capacity is kept.
+    pub fn publish_sockets(&self, worker: usize, fill: impl FnOnce(&mut Vec<SocketSample>)) {
+        let Some(slot) = self.sockets.get(worker) else {
+            return;
+        };
+        let mut v = slot.lock().unwrap_or_else(|e| e.into_inner());
+        v.clear();
+        fill(&mut v);
+    }
+
+    /// Every worker's sockets, by interface name and queue.
+    pub fn socket_samples(&self) -> Vec<SocketSample> {
+        let mut all: Vec<SocketSample> = self
+            .sockets
+            .iter()
+            .flat_map(|s| s.lock().unwrap_or_else(|e| e.into_inner()).clone())
+            .collect();
+        all.sort_by(|a, b| (&a.interface, a.queue).cmp(&(&b.interface, b.queue)));
+        all
     }
 
     /// Starts recording events for a reader; recording stops when the last one is dropped.
@@ -530,5 +576,39 @@ mod tests {
 
     fn drop_all(m: Monitor<'_>) {
         drop(m);
+    }
+
+    #[test]
+    fn socket_tables_replaced_per_worker_and_listed_by_interface() {
+        let s = DataplaneStats::new(2);
+        let row = |worker, interface: &str, queue, full| SocketSample {
+            worker,
+            interface: interface.into(),
+            ifindex: 7,
+            queue,
+            rings: RingSizes::all(2048),
+            kernel: KernelXskStats {
+                rx_ring_full: full,
+                ..KernelXskStats::default()
+            },
+        };
+        s.publish_sockets(1, |v| {
+            v.extend([row(1, "vpod1", 1, 3), row(1, "eth0", 1, 0)])
+        });
+        s.publish_sockets(0, |v| v.push(row(0, "eth0", 0, 5)));
+        let all = s.socket_samples();
+        let keys: Vec<(&str, u32)> = all
+            .iter()
+            .map(|x| (x.interface.as_str(), x.queue))
+            .collect();
+        assert_eq!(keys, [("eth0", 0), ("eth0", 1), ("vpod1", 1)]);
+        // A worker's next publication replaces its rows (a closed socket disappears).
+        s.publish_sockets(1, |v| v.push(row(1, "eth0", 1, 9)));
+        let all = s.socket_samples();
+        assert_eq!(all.len(), 2);
+        assert_eq!(all[1].kernel.rx_ring_full, 9);
+        // A worker index out of range is ignored, not a panic.
+        s.publish_sockets(5, |v| v.push(row(5, "x", 0, 0)));
+        assert_eq!(s.socket_samples().len(), 2);
     }
 }

@@ -35,11 +35,11 @@ use kxdp_packet::{Family, LinkType};
 use crate::conntrack::Conntrack;
 use crate::egress::{Egress, EgressStats, NOT_SENT};
 use crate::fib::Fib;
-use crate::io::afxdp::{Desc, Umem, XskConfig, XskSocket};
+use crate::io::afxdp::{Desc, KernelXskStats, Umem, XskConfig, XskSocket};
 use crate::io::UmemBatch;
 use crate::pipeline::Pipeline;
 use crate::snapshot::Snapshot;
-use crate::stats::{clock_ms, DataplaneStats, FRAME_BYTES};
+use crate::stats::{clock_ms, DataplaneStats, SocketSample, FRAME_BYTES, SOCKET_STATS_PERIOD};
 use crate::verdict::{Reason, Verdict};
 use kxdp_kernel::sys::{Poller, Waker};
 
@@ -155,13 +155,22 @@ pub struct IoCounters {
 pub struct Port {
     pub sock: XskSocket,
     pub ifindex: u32,
+    /// The interface's name when the socket was opened (for the socket's counters).
+    pub name: String,
     pub mac: [u8; 6],
     /// Complete TCP/UDP checksums of frames received here (virtual interfaces: veth).
     pub complete_checksums: bool,
     /// Frames this socket's fill ring is kept at: starts at the base share, doubles (up to a
-    /// ring) while the socket consumes more than half of it between two loops and frames
-    /// beyond the other sockets' reserve are free.
+    /// ring) while the socket consumes half of it, or half a batch, between two loops and
+    /// frames beyond the other sockets' reserve are free.
     pub fill_target: u32,
+    /// The kernel's counters of the socket as last read (kept when a read fails).
+    pub kernel: KernelXskStats,
+}
+
+/// The name of interface `ifindex` (its number when it has none any more), for a new port.
+pub fn port_name(ifindex: u32) -> String {
+    kxdp_kernel::sys::ifname(ifindex).unwrap_or_else(|_| ifindex.to_string())
 }
 
 /// Everything a worker thread owns.
@@ -304,9 +313,11 @@ impl Worker {
         self.ports.push(Port {
             sock,
             ifindex,
+            name: port_name(ifindex),
             mac,
             complete_checksums,
             fill_target: fill,
+            kernel: KernelXskStats::default(),
         });
         Ok(r)
     }
@@ -417,10 +428,13 @@ impl Worker {
             .collect();
         let mut floor_ports: Vec<usize> = Vec::new();
         let mut floor_turn = 0usize;
+        let mut socket_stats_due = Instant::now();
         while !shared.stop.load(Ordering::Relaxed) {
             changed |= self.apply_commands();
             if changed {
                 changed = false;
+                // A new or closed socket shows in the socket table at once.
+                socket_stats_due = Instant::now();
                 nports = self.ports.len();
                 out = (0..nports).map(|_| Vec::with_capacity(BATCH)).collect();
                 out_idx = (0..nports).map(|_| Vec::with_capacity(BATCH)).collect();
@@ -555,14 +569,28 @@ impl Worker {
             }
             for port in &mut self.ports {
                 let held = port.sock.fill_outstanding();
-                if held < port.fill_target / 2
-                    && port.fill_target < self.xsk.ring_size
+                // Busy: it consumed half its share since the last top-up, or half a batch (a
+                // loop takes at most one batch per socket, so above two batches "half the
+                // share" could never happen and busy shares stopped at 192 frames: measured,
+                // every frame lost in the lab was a fill ring found empty, docs/afxdp.md).
+                let consumed = port.fill_target.saturating_sub(held);
+                if consumed >= (port.fill_target / 2).min(BATCH as u32 / 2)
+                    && port.fill_target < port.sock.rings().fill
                     && self.umem.free_frames() > reserve + port.fill_target as usize
                 {
                     port.fill_target *= 2;
                 }
                 if held < port.fill_target {
                     port.sock.refill(&mut self.umem, port.fill_target - held);
+                }
+            }
+            // The kernel's counters of frames lost before kxdp saw them: one getsockopt per
+            // socket about once a second, never per packet.
+            if let Some(stats) = &shared.stats {
+                let now = Instant::now();
+                if now >= socket_stats_due {
+                    self.publish_sockets(stats);
+                    socket_stats_due = now + SOCKET_STATS_PERIOD;
                 }
             }
             if got > 0 {
@@ -595,6 +623,32 @@ impl Worker {
                 }
             }
         }
+        // The last reading, for whoever looks after the stop (a takeover's successor, the log).
+        if let Some(stats) = &shared.stats {
+            self.publish_sockets(stats);
+        }
+    }
+
+    /// Reads every socket's kernel counters (`XDP_STATISTICS`, one `getsockopt` each) and
+    /// publishes them with the ring sizes in `stats`' socket table. A failed read keeps the
+    /// previous values (counters never go back).
+    pub fn publish_sockets(&mut self, stats: &DataplaneStats) {
+        for p in &mut self.ports {
+            if let Ok(k) = p.sock.kernel_stats() {
+                p.kernel = k;
+            }
+        }
+        let index = self.index;
+        stats.publish_sockets(index, |rows| {
+            rows.extend(self.ports.iter().map(|p| SocketSample {
+                worker: index,
+                interface: p.name.clone(),
+                ifindex: p.ifindex,
+                queue: p.sock.queue,
+                rings: p.sock.rings(),
+                kernel: p.kernel,
+            }))
+        });
     }
 
     /// Frames accounted for across the UMEM and the worker's sockets (equal to the frame count
@@ -613,7 +667,7 @@ impl Worker {
 pub fn fill_target(cfg: &XskConfig, sockets: usize) -> u32 {
     let budget = cfg.frames as u64 * 3 / 4;
     let share = (budget / sockets.max(PLANNED_SOCKETS as usize) as u64) as u32;
-    share.clamp(MIN_FILL.min(cfg.ring_size), cfg.ring_size)
+    share.clamp(MIN_FILL.min(cfg.fill_ring_size), cfg.fill_ring_size)
 }
 
 /// Pins the calling thread to `cpu`.

@@ -31,11 +31,19 @@ pub struct XskConfig {
     pub frames: u32,
     /// Bytes per frame: 2048 or 4096 (a power of two, at most a page).
     pub frame_size: u32,
-    /// Entries per ring (a power of two).
-    pub ring_size: u32,
+    /// Entries of each socket's RX ring (a power of two): frames the kernel can deliver while
+    /// the worker is away, as long as the fill ring has frames for them.
+    pub rx_ring_size: u32,
+    /// Entries of each socket's TX ring (a power of two).
+    pub tx_ring_size: u32,
+    /// Entries of each socket's fill ring (a power of two): the most frames a socket can hold
+    /// ready for the kernel to receive into.
+    pub fill_ring_size: u32,
+    /// Entries of each socket's completion ring (a power of two).
+    pub completion_ring_size: u32,
     /// Try zero-copy first (falls back to copy mode).
     pub zero_copy: bool,
-    /// Frames a new socket's fill ring gets at open (None: `ring_size`). A worker with many
+    /// Frames a new socket's fill ring gets at open (None: `fill_ring_size`). A worker with many
     /// sockets gives each its share of the UMEM, not a full ring.
     pub fill_target: Option<u32>,
 }
@@ -45,10 +53,109 @@ impl Default for XskConfig {
         XskConfig {
             frames: 8192,
             frame_size: 4096,
-            ring_size: 2048,
+            rx_ring_size: 2048,
+            tx_ring_size: 2048,
+            fill_ring_size: 2048,
+            completion_ring_size: 2048,
             zero_copy: true,
             fill_target: None,
         }
+    }
+}
+
+impl XskConfig {
+    /// The same configuration with all four rings of `n` entries.
+    pub fn with_ring_size(self, n: u32) -> XskConfig {
+        XskConfig {
+            rx_ring_size: n,
+            tx_ring_size: n,
+            fill_ring_size: n,
+            completion_ring_size: n,
+            ..self
+        }
+    }
+
+    /// The sizes of the four rings of a socket.
+    pub fn rings(&self) -> RingSizes {
+        RingSizes {
+            rx: self.rx_ring_size,
+            tx: self.tx_ring_size,
+            fill: self.fill_ring_size,
+            completion: self.completion_ring_size,
+        }
+    }
+}
+
+/// Entries of a socket's four rings (each a power of two).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RingSizes {
+    pub rx: u32,
+    pub tx: u32,
+    pub fill: u32,
+    pub completion: u32,
+}
+
+impl RingSizes {
+    /// All four rings of `n` entries.
+    pub fn all(n: u32) -> RingSizes {
+        RingSizes {
+            rx: n,
+            tx: n,
+            fill: n,
+            completion: n,
+        }
+    }
+
+    fn check(&self) -> io::Result<()> {
+        for (what, n) in [
+            ("RX", self.rx),
+            ("TX", self.tx),
+            ("fill", self.fill),
+            ("completion", self.completion),
+        ] {
+            if !n.is_power_of_two() {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("{what} ring size {n}: not a power of two"),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Default for RingSizes {
+    fn default() -> Self {
+        XskConfig::default().rings()
+    }
+}
+
+/// The kernel's counters of one socket (`XDP_STATISTICS`), cumulative since the socket was
+/// bound. They count frames lost or refused *before* the application sees them, so no verdict
+/// (and no drop reason) of kxdp's covers them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KernelXskStats {
+    /// Frames dropped on receive for other reasons than a full RX ring: in copy mode, no frame
+    /// on the fill ring to copy into (also counted in `rx_fill_ring_empty_descs`), or a frame
+    /// larger than a UMEM chunk.
+    pub rx_dropped: u64,
+    /// Descriptors the application put on the fill ring that the kernel refused.
+    pub rx_invalid_descs: u64,
+    /// Descriptors the application put on the TX ring that the kernel refused (not sent).
+    pub tx_invalid_descs: u64,
+    /// Frames dropped because the socket's RX ring was full (the application did not consume
+    /// it in time).
+    pub rx_ring_full: u64,
+    /// Times the kernel wanted a frame from the fill ring and found it empty.
+    pub rx_fill_ring_empty_descs: u64,
+    /// Times the kernel looked at the TX ring (on a kick) and found it empty.
+    pub tx_ring_empty_descs: u64,
+}
+
+impl KernelXskStats {
+    /// Frames the kernel dropped on their way into the socket (`rx_dropped + rx_ring_full`).
+    pub fn rx_lost(&self) -> u64 {
+        self.rx_dropped + self.rx_ring_full
     }
 }
 
@@ -452,9 +559,6 @@ pub struct XskStats {
     pub completions: u64,
     pub tx_kicks: u64,
     pub fill_kicks: u64,
-    /// Kernel statistics (XDP_STATISTICS) as of the last `kernel_stats` call.
-    pub kernel_rx_dropped: u64,
-    pub kernel_rx_fill_empty: u64,
 }
 
 /// One AF_XDP socket bound to (interface, queue), sharing its worker's UMEM.
@@ -467,8 +571,8 @@ pub struct XskSocket {
     pub ifindex: u32,
     pub queue: u32,
     pub zero_copy: bool,
-    /// Entries per ring (all four).
-    ring_size: u32,
+    /// Entries of its four rings.
+    rings: RingSizes,
     /// Tags the frames given to this socket (see `Umem::reclaim`).
     id: u32,
     /// Frames on the TX ring or in the kernel's hands after it.
@@ -505,15 +609,15 @@ pub struct XskState {
     pub ifindex: u32,
     pub queue: u32,
     pub zero_copy: bool,
-    pub ring_size: u32,
+    pub rings: RingSizes,
     /// The tag of the frames it holds (`UmemState::owner`).
     pub id: u32,
     pub tx_outstanding: u32,
     pub fill_outstanding: u32,
 }
 
-/// Maps the four rings of the socket `raw` (each `n` entries): (rx, tx, fill, completion).
-fn map_rings(raw: i32, n: u32) -> io::Result<(Ring, Ring, Ring, Ring)> {
+/// Maps the four rings of the socket `raw` (of `n` entries each): (rx, tx, fill, completion).
+fn map_rings(raw: i32, n: RingSizes) -> io::Result<(Ring, Ring, Ring, Ring)> {
     // SAFETY: a zeroed xdp_mmap_offsets is a valid out-buffer of the size passed.
     let mut off: libc::xdp_mmap_offsets = unsafe { std::mem::zeroed() };
     let mut optlen = std::mem::size_of::<libc::xdp_mmap_offsets>() as u32;
@@ -531,10 +635,16 @@ fn map_rings(raw: i32, n: u32) -> io::Result<(Ring, Ring, Ring, Ring)> {
         return Err(io::Error::last_os_error());
     }
     let desc = std::mem::size_of::<libc::xdp_desc>();
-    let rx = Ring::map(raw, &off.rx, n, desc, libc::XDP_PGOFF_RX_RING as u64)?;
-    let tx = Ring::map(raw, &off.tx, n, desc, libc::XDP_PGOFF_TX_RING as u64)?;
-    let fill = Ring::map(raw, &off.fr, n, 8, libc::XDP_UMEM_PGOFF_FILL_RING)?;
-    let comp = Ring::map(raw, &off.cr, n, 8, libc::XDP_UMEM_PGOFF_COMPLETION_RING)?;
+    let rx = Ring::map(raw, &off.rx, n.rx, desc, libc::XDP_PGOFF_RX_RING as u64)?;
+    let tx = Ring::map(raw, &off.tx, n.tx, desc, libc::XDP_PGOFF_TX_RING as u64)?;
+    let fill = Ring::map(raw, &off.fr, n.fill, 8, libc::XDP_UMEM_PGOFF_FILL_RING)?;
+    let comp = Ring::map(
+        raw,
+        &off.cr,
+        n.completion,
+        8,
+        libc::XDP_UMEM_PGOFF_COMPLETION_RING,
+    )?;
     Ok((rx, tx, fill, comp))
 }
 
@@ -560,6 +670,8 @@ impl XskSocket {
         queue: u32,
         cfg: &XskConfig,
     ) -> io::Result<XskSocket> {
+        let n = cfg.rings();
+        n.check()?;
         // SAFETY: plain socket creation; the result is checked.
         let fd =
             fd_result(
@@ -578,11 +690,10 @@ impl XskSocket {
             };
             setsockopt(raw, libc::XDP_UMEM_REG, &reg)?;
         }
-        let n = cfg.ring_size;
-        setsockopt(raw, libc::XDP_UMEM_FILL_RING, &n)?;
-        setsockopt(raw, libc::XDP_UMEM_COMPLETION_RING, &n)?;
-        setsockopt(raw, libc::XDP_RX_RING, &n)?;
-        setsockopt(raw, libc::XDP_TX_RING, &n)?;
+        setsockopt(raw, libc::XDP_UMEM_FILL_RING, &n.fill)?;
+        setsockopt(raw, libc::XDP_UMEM_COMPLETION_RING, &n.completion)?;
+        setsockopt(raw, libc::XDP_RX_RING, &n.rx)?;
+        setsockopt(raw, libc::XDP_TX_RING, &n.tx)?;
         let (rx, tx, fill, comp) = map_rings(raw, n)?;
 
         let bind = |flags: u16| -> io::Result<()> {
@@ -641,14 +752,14 @@ impl XskSocket {
             ifindex,
             queue,
             zero_copy,
-            ring_size: n,
+            rings: n,
             id: umem.next_socket_id,
             tx_outstanding: 0,
             fill_outstanding: 0,
             stats: XskStats::default(),
         };
         umem.next_socket_id = umem.next_socket_id.wrapping_add(1).max(1);
-        s.refill(umem, cfg.fill_target.unwrap_or(n).min(n));
+        s.refill(umem, cfg.fill_target.unwrap_or(n.fill).min(n.fill));
         Ok(s)
     }
 
@@ -668,7 +779,7 @@ impl XskSocket {
             ifindex: self.ifindex,
             queue: self.queue,
             zero_copy: self.zero_copy,
-            ring_size: self.ring_size,
+            rings: self.rings,
             id: self.id,
             tx_outstanding: self.tx_outstanding,
             fill_outstanding: self.fill_outstanding,
@@ -680,13 +791,10 @@ impl XskSocket {
     /// submitted and released everything before it exported). Frames the kernel put on the RX
     /// and completion rings meanwhile are simply there to be read.
     pub fn adopt(fd: OwnedFd, st: &XskState) -> io::Result<XskSocket> {
-        if !st.ring_size.is_power_of_two() {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("ring size {}", st.ring_size),
-            ));
-        }
-        let (mut rx, mut tx, mut fill, mut comp) = map_rings(fd.as_raw_fd(), st.ring_size)?;
+        st.rings
+            .check()
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        let (mut rx, mut tx, mut fill, mut comp) = map_rings(fd.as_raw_fd(), st.rings)?;
         // Each consumer ring before its producer ring: a frame moving from one to the other
         // meanwhile is then counted at most once.
         for r in [&mut rx, &mut comp, &mut fill, &mut tx] {
@@ -715,12 +823,17 @@ impl XskSocket {
             ifindex: st.ifindex,
             queue: st.queue,
             zero_copy: st.zero_copy,
-            ring_size: st.ring_size,
+            rings: st.rings,
             id: st.id,
             tx_outstanding: st.tx_outstanding,
             fill_outstanding: st.fill_outstanding,
             stats: XskStats::default(),
         })
+    }
+
+    /// Entries of the socket's four rings.
+    pub fn rings(&self) -> RingSizes {
+        self.rings
     }
 
     /// Frames on the fill ring or in the kernel's hands after it.
@@ -870,28 +983,43 @@ impl XskSocket {
         self.tx_outstanding
     }
 
-    /// Reads the kernel's counters for this socket into `stats`.
-    pub fn kernel_stats(&mut self) -> io::Result<libc::xdp_statistics> {
-        // SAFETY: zeroed plain data as an out-buffer.
-        let mut st: libc::xdp_statistics = unsafe { std::mem::zeroed() };
-        let mut len = std::mem::size_of::<libc::xdp_statistics>() as u32;
-        // SAFETY: valid out-pointers of the sizes passed.
-        let r = unsafe {
-            libc::getsockopt(
-                self.fd(),
-                libc::SOL_XDP,
-                libc::XDP_STATISTICS,
-                (&mut st as *mut libc::xdp_statistics).cast(),
-                &mut len,
-            )
-        };
-        if r != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        self.stats.kernel_rx_dropped = st.rx_dropped;
-        self.stats.kernel_rx_fill_empty = st.rx_fill_ring_empty_descs;
-        Ok(st)
+    /// Reads the kernel's counters of this socket (`XDP_STATISTICS`): one `getsockopt`, for a
+    /// periodic read off the packet path (the worker's maintenance step, a sink's summary).
+    pub fn kernel_stats(&self) -> io::Result<KernelXskStats> {
+        read_xdp_statistics(self.fd.as_fd())
     }
+}
+
+/// `getsockopt(SOL_XDP, XDP_STATISTICS)` on an AF_XDP socket, with the full structure (Linux
+/// 5.9+: the ring-full and ring-empty counters). A kernel that only knows the first three fields
+/// answers with those (`optlen` shorter) and then adds ring-full drops into `rx_dropped`; the
+/// others stay 0.
+fn read_xdp_statistics(fd: BorrowedFd<'_>) -> io::Result<KernelXskStats> {
+    // SAFETY: xdp_statistics is plain data (six u64); all zeroes is a valid value.
+    let mut st: libc::xdp_statistics = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::xdp_statistics>() as libc::socklen_t;
+    // SAFETY: `st` and `len` are valid, writable, and `len` is the size of `st`; the kernel
+    // writes at most `len` bytes into it.
+    let r = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_XDP,
+            libc::XDP_STATISTICS,
+            (&mut st as *mut libc::xdp_statistics).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(KernelXskStats {
+        rx_dropped: st.rx_dropped,
+        rx_invalid_descs: st.rx_invalid_descs,
+        tx_invalid_descs: st.tx_invalid_descs,
+        rx_ring_full: st.rx_ring_full,
+        rx_fill_ring_empty_descs: st.rx_fill_ring_empty_descs,
+        tx_ring_empty_descs: st.tx_ring_empty_descs,
+    })
 }
 
 impl Umem {

@@ -20,6 +20,22 @@ pub fn ifindex(name: &str) -> io::Result<u32> {
     }
 }
 
+/// The name of interface `ifindex` in the calling thread's network namespace.
+pub fn ifname(ifindex: u32) -> io::Result<String> {
+    let mut buf = [0 as libc::c_char; libc::IF_NAMESIZE];
+    // SAFETY: `buf` has the IF_NAMESIZE bytes if_indextoname may write (the name and its NUL).
+    let p = unsafe { libc::if_indextoname(ifindex, buf.as_mut_ptr()) };
+    if p.is_null() {
+        return Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("no interface {ifindex}: {}", io::Error::last_os_error()),
+        ));
+    }
+    // SAFETY: on success the buffer holds a NUL-terminated name.
+    let name = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) };
+    Ok(name.to_string_lossy().into_owned())
+}
+
 /// Moves the calling thread into the network namespace at `path` (e.g. `/var/run/netns/NAME`).
 /// Threads it spawns afterwards start there too. Used by the lab tests and harness.
 pub fn enter_netns(path: &str) -> io::Result<()> {

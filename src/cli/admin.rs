@@ -574,6 +574,36 @@ pub fn stats(args: &StatsArgs, a: &AdminArgs) -> Result<(), CmdError> {
             }
         }
     }
+    // The AF_XDP sockets: frames the kernel lost before kxdp saw them (cumulative).
+    let sockets: Vec<SocketRow> = end
+        .get("sockets")
+        .and_then(|v| serde_json::from_value(v.clone()).ok())
+        .unwrap_or_default();
+    for s in &sockets {
+        match a.output {
+            OutputFormat::Json => {
+                let _ = writeln!(w, "{}", serde_json::to_value(s).unwrap_or_default());
+            }
+            _ => {
+                let _ = writeln!(
+                    w,
+                    "socket {}/{} worker {}: kernel rx_ring_full={} rx_dropped={} fill_ring_empty={} invalid_descs={}/{} rings rx={} fill={} tx={} completion={}",
+                    s.interface,
+                    s.queue,
+                    s.worker,
+                    s.rx_ring_full,
+                    s.rx_dropped,
+                    s.rx_fill_ring_empty,
+                    s.rx_invalid_descs,
+                    s.tx_invalid_descs,
+                    s.rx_ring_size,
+                    s.fill_ring_size,
+                    s.tx_ring_size,
+                    s.completion_ring_size,
+                );
+            }
+        }
+    }
     let g = |k: &str| end.get(k).and_then(|v| v.as_u64()).unwrap_or(0);
     match a.output {
         OutputFormat::Json => {

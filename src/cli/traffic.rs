@@ -343,10 +343,11 @@ pub fn send(args: &SendArgs) -> Result<(), CliError> {
     let cfg = XskConfig {
         frames: args.frames,
         frame_size: 2048,
-        ring_size: args.frames,
         zero_copy: true,
         fill_target: Some(0),
-    };
+        ..XskConfig::default()
+    }
+    .with_ring_size(args.frames);
     let mut umem = Umem::new(&cfg).map_err(|e| failure(format!("UMEM: {e}")))?;
     let mut sock = XskSocket::open(&mut umem, None, ifindex, 0, &cfg)
         .map_err(|e| failure(format!("{}: {e}", args.iface)))?;
@@ -530,10 +531,11 @@ pub fn sink(args: &SinkArgs) -> Result<(), CliError> {
     let cfg = XskConfig {
         frames: 16384 * queues.min(8),
         frame_size: 2048,
-        ring_size: 8192,
         zero_copy: true,
         fill_target: Some(8192),
-    };
+        ..XskConfig::default()
+    }
+    .with_ring_size(8192);
     let mut umem = Umem::new(&cfg).map_err(|e| failure(format!("UMEM: {e}")))?;
     let prog = XdpProgram::load(queues).map_err(|e| failure(e.to_string()))?;
     let mut socks: Vec<XskSocket> = Vec::new();
@@ -579,7 +581,7 @@ pub fn sink(args: &SinkArgs) -> Result<(), CliError> {
                 umem.recycle(d.addr);
             }
             let held = s.fill_outstanding();
-            s.refill(&mut umem, cfg.ring_size - held);
+            s.refill(&mut umem, cfg.fill_ring_size - held);
         }
         if got > 0 {
             received += got as u64;
@@ -604,7 +606,8 @@ pub fn sink(args: &SinkArgs) -> Result<(), CliError> {
     let (mut k_dropped, mut k_fill_empty) = (0, 0);
     for s in &mut socks {
         if let Ok(st) = s.kernel_stats() {
-            k_dropped += st.rx_dropped;
+            // Ring full or no fill frame: every frame lost on the way into the socket.
+            k_dropped += st.rx_lost();
             k_fill_empty += st.rx_fill_ring_empty_descs;
         }
     }

@@ -230,11 +230,19 @@ fn answer(
             for row in worker_rows(&ctx.dataplane.stats) {
                 line(w, &row).map_err(io_err)?;
             }
+            let sockets: Vec<SocketRow> = ctx
+                .dataplane
+                .stats
+                .socket_samples()
+                .iter()
+                .map(SocketRow::from_sample)
+                .collect();
             Ok(serde_json::json!({
                 "entries": ct.len(),
                 "max_entries": ct.config().max_entries,
                 "early_drops": ct.early_drops(),
                 "now_ms": clock_ms(),
+                "sockets": sockets,
             }))
         }
         Request::Services => {

@@ -572,6 +572,49 @@ pub struct WorkerRow {
     pub drops: std::collections::BTreeMap<String, u64>,
 }
 
+/// One AF_XDP socket of `kxdp stats` (in the summary's `sockets`): the kernel's counters of
+/// frames lost before kxdp saw them (`XDP_STATISTICS`, read by the worker about once a second)
+/// and the socket's ring sizes.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct SocketRow {
+    pub interface: String,
+    pub queue: u32,
+    pub worker: usize,
+    pub rx_ring_size: u32,
+    pub fill_ring_size: u32,
+    pub tx_ring_size: u32,
+    pub completion_ring_size: u32,
+    /// Frames dropped: RX ring full.
+    pub rx_ring_full: u64,
+    /// Frames dropped otherwise (no fill-ring frame to copy into, too large).
+    pub rx_dropped: u64,
+    pub rx_fill_ring_empty: u64,
+    pub rx_invalid_descs: u64,
+    pub tx_invalid_descs: u64,
+    pub tx_ring_empty: u64,
+}
+
+impl SocketRow {
+    pub fn from_sample(s: &kxdp_dataplane::stats::SocketSample) -> SocketRow {
+        let k = &s.kernel;
+        SocketRow {
+            interface: s.interface.clone(),
+            queue: s.queue,
+            worker: s.worker,
+            rx_ring_size: s.rings.rx,
+            fill_ring_size: s.rings.fill,
+            tx_ring_size: s.rings.tx,
+            completion_ring_size: s.rings.completion,
+            rx_ring_full: k.rx_ring_full,
+            rx_dropped: k.rx_dropped,
+            rx_fill_ring_empty: k.rx_fill_ring_empty_descs,
+            rx_invalid_descs: k.rx_invalid_descs,
+            tx_invalid_descs: k.tx_invalid_descs,
+            tx_ring_empty: k.tx_ring_empty_descs,
+        }
+    }
+}
+
 /// `kxdp monitor` filters.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]

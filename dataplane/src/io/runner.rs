@@ -732,13 +732,10 @@ impl AfXdp {
         let mut crew = Crew::default();
         for (w, (umem, ports)) in parts.workers.into_iter().enumerate() {
             let cpu = (!opts.cpus.is_empty()).then(|| opts.cpus[w % opts.cpus.len()]);
+            // The adopted sockets keep their ring sizes; new ones get the configured sizes.
             let xsk = XskConfig {
                 frames: umem.frame_count(),
                 frame_size: umem.frame_size(),
-                ring_size: ports
-                    .first()
-                    .map(|p| p.sock.export().ring_size)
-                    .unwrap_or(opts.xsk.ring_size),
                 ..opts.xsk
             };
             let worker = Worker::adopt(w, cpu, umem, ports, &xsk, opts.backoff, opts.kernel_port)?;
@@ -912,7 +909,11 @@ fn deep_fill(w: &mut Worker) {
             if busy_first && p.fill_target <= base {
                 continue;
             }
-            let room = w.xsk.ring_size.saturating_sub(p.sock.fill_outstanding());
+            let room = p
+                .sock
+                .rings()
+                .fill
+                .saturating_sub(p.sock.fill_outstanding());
             p.sock.refill(&mut w.umem, room.min(share));
         }
     }

@@ -19,7 +19,7 @@ use std::os::fd::{BorrowedFd, OwnedFd};
 
 use serde::{Deserialize, Serialize};
 
-use crate::io::afxdp::{Umem, UmemState, XskSocket, XskState};
+use crate::io::afxdp::{RingSizes, Umem, UmemState, XskSocket, XskState};
 use crate::io::runner::{AttachedLink, InterfaceReport, Quiesced};
 use crate::io::xdp::{Attachment, SharedMaps, XdpMode, XdpProgram};
 use crate::worker::Port;
@@ -58,7 +58,14 @@ pub struct PortDesc {
     pub ifindex: u32,
     pub queue: u32,
     pub zero_copy: bool,
+    /// The size of all four rings when they are equal; 0 when they differ (see `rings`): a
+    /// successor built before `rings` existed then refuses the socket (0 is no ring size)
+    /// instead of mapping its rings with the wrong size, and the predecessor resumes.
     pub ring_size: u32,
+    /// Entries of the RX, TX, fill and completion rings (absent in a description written
+    /// before the sizes could differ: `ring_size` each).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rings: Option<[u32; 4]>,
     pub id: u32,
     pub tx_outstanding: u32,
     pub fill_outstanding: u32,
@@ -138,7 +145,12 @@ pub fn describe(q: &Quiesced) -> std::io::Result<(Description, Vec<BorrowedFd<'_
                 ifindex: x.ifindex,
                 queue: x.queue,
                 zero_copy: x.zero_copy,
-                ring_size: x.ring_size,
+                ring_size: if x.rings == RingSizes::all(x.rings.rx) {
+                    x.rings.rx
+                } else {
+                    0
+                },
+                rings: Some([x.rings.rx, x.rings.tx, x.rings.fill, x.rings.completion]),
                 id: x.id,
                 tx_outstanding: x.tx_outstanding,
                 fill_outstanding: x.fill_outstanding,
@@ -232,6 +244,12 @@ impl Parts {
             ],
             desc.node_addrs.clone(),
         );
+        // Interface names for the ports' counters, from the attached links.
+        let names: Vec<(u32, String)> = desc
+            .links
+            .iter()
+            .map(|l| (l.ifindex, l.name.clone()))
+            .collect();
         let mut workers = Vec::new();
         for w in desc.workers {
             let umem = Umem::adopt(
@@ -246,13 +264,19 @@ impl Parts {
             )?;
             let mut ports = Vec::new();
             for p in w.ports {
+                let [rx, tx, fill, completion] = p.rings.unwrap_or([p.ring_size; 4]);
                 let sock = XskSocket::adopt(
                     take(p.fd)?,
                     &XskState {
                         ifindex: p.ifindex,
                         queue: p.queue,
                         zero_copy: p.zero_copy,
-                        ring_size: p.ring_size,
+                        rings: RingSizes {
+                            rx,
+                            tx,
+                            fill,
+                            completion,
+                        },
                         id: p.id,
                         tx_outstanding: p.tx_outstanding,
                         fill_outstanding: p.fill_outstanding,
@@ -261,6 +285,11 @@ impl Parts {
                 ports.push(Port {
                     sock,
                     ifindex: p.ifindex,
+                    name: names
+                        .iter()
+                        .find(|(i, _)| *i == p.ifindex)
+                        .map_or_else(|| crate::worker::port_name(p.ifindex), |(_, n)| n.clone()),
+                    kernel: Default::default(),
                     mac: p.mac,
                     complete_checksums: p.complete_checksums,
                     fill_target: p.fill_target,

@@ -213,7 +213,12 @@ impl Pipeline {
                     s.kind = KIND_IP;
                     // An ICMP error belongs to the connection of the packet it quotes, which
                     // travelled the other way.
-                    s.quoted = parse_quoted(frame, &s.meta).filter(|q| q.has_ports);
+                    // (The common case decided inline: `parse_quoted` is out of line.)
+                    s.quoted = if s.meta.is_icmp_error() {
+                        parse_quoted(frame, &s.meta).filter(|q| q.has_ports)
+                    } else {
+                        None
+                    };
                     s.key = match &s.quoted {
                         Some(q) => Tuple {
                             src: q.dst,

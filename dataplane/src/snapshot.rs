@@ -314,6 +314,12 @@ impl<K: Hash + Eq + Clone, V: Clone> ShardedMap<K, V> {
 
     #[inline]
     pub fn get(&self, k: &K) -> Option<&V> {
+        // An empty map answers without hashing (as hashbrown's own maps do): a node without
+        // Services (replay's baseline) otherwise paid two hashes and probes per packet for
+        // the frontend and ClusterIP tables.
+        if self.len == 0 {
+            return None;
+        }
         let (h, s) = self.locate(k);
         self.shards[s].find(h, |(x, _)| x == k).map(|(_, v)| v)
     }

@@ -168,7 +168,10 @@ pub fn parse(frame: &[u8], link: LinkType) -> Result<Parsed, ParseError> {
 /// `Ok(false)` for other frames. Filling the destination in place, rather than returning the
 /// struct, spares the copy that showed up in the replay profile (the fields are written as bytes
 /// and words; copying them as a block right after stalls on store forwarding).
-#[inline]
+// Always inlined: called out of line (as the pipeline's grown parse loop let the compiler
+// choose), the fields it stores one by one were read back at once by `Tuple::from_meta`, a
+// store-forwarding stall per packet in the replay profile (session 5).
+#[inline(always)]
 pub fn parse_into(frame: &[u8], link: LinkType, m: &mut PacketMeta) -> Result<bool, ParseError> {
     let (l3, v6) = match link {
         LinkType::Ethernet => {

@@ -181,6 +181,9 @@ impl DirRulesBuilder {
             std::collections::HashMap::new();
         // Active lists with multiplicity (a list may cover overlapping ranges).
         let mut active: Vec<(u32, u32)> = Vec::new();
+        // The current segment's set, rebuilt in place (looked up by slice: a set is allocated
+        // once per distinct set, not once per segment).
+        let mut set: Vec<PortEntry> = Vec::new();
         let mut i = 0;
         while i < events.len() {
             let p = events[i].0;
@@ -202,17 +205,19 @@ impl DirRulesBuilder {
             let value = if active.is_empty() {
                 NONE
             } else {
-                let mut set: Vec<PortEntry> = active
-                    .iter()
-                    .flat_map(|&(id, _)| self.lists[id as usize].iter().copied())
-                    .collect();
+                set.clear();
+                set.extend(
+                    active
+                        .iter()
+                        .flat_map(|&(id, _)| self.lists[id as usize].iter().copied()),
+                );
                 normalize(&mut set);
-                match interned.get(&set) {
+                match interned.get(set.as_slice()) {
                     Some(&s) => s,
                     None => {
                         let s = sets.len() as u32;
                         sets.push(set.clone().into_boxed_slice());
-                        interned.insert(set, s);
+                        interned.insert(set.clone(), s);
                         s
                     }
                 }

@@ -181,9 +181,6 @@ impl DirRulesBuilder {
             std::collections::HashMap::new();
         // Active lists with multiplicity (a list may cover overlapping ranges).
         let mut active: Vec<(u32, u32)> = Vec::new();
-        // The current segment's set, rebuilt in place (looked up by slice: a set is allocated
-        // once per distinct set, not once per segment).
-        let mut set: Vec<PortEntry> = Vec::new();
         let mut i = 0;
         while i < events.len() {
             let p = events[i].0;
@@ -205,19 +202,17 @@ impl DirRulesBuilder {
             let value = if active.is_empty() {
                 NONE
             } else {
-                set.clear();
-                set.extend(
-                    active
-                        .iter()
-                        .flat_map(|&(id, _)| self.lists[id as usize].iter().copied()),
-                );
+                let mut set: Vec<PortEntry> = active
+                    .iter()
+                    .flat_map(|&(id, _)| self.lists[id as usize].iter().copied())
+                    .collect();
                 normalize(&mut set);
-                match interned.get(set.as_slice()) {
+                match interned.get(&set) {
                     Some(&s) => s,
                     None => {
                         let s = sets.len() as u32;
                         sets.push(set.clone().into_boxed_slice());
-                        interned.insert(set.clone(), s);
+                        interned.insert(set, s);
                         s
                     }
                 }

@@ -30,7 +30,7 @@ use kxdp_dataplane::policy::{
 };
 use kxdp_packet::Addr;
 
-use crate::model::{ClusterState, ObjectKey, PodRecord};
+use crate::model::{ClusterState, ObjectKey, PodKey, PodRecord, PodStore};
 use crate::translate::Problem;
 use selector::Selector;
 use spec::{NsScope, Peer, Policy, PortSpec};
@@ -245,7 +245,9 @@ pub struct PolicyChanges<'a> {
 #[derive(Debug, Default)]
 struct PeerIndex {
     node_name: String,
-    pods: HashMap<ObjectKey, PeerPod>,
+    /// Every pod as policy reads it (finished ones left out): the store's records, kept to know
+    /// a pod's previous version when it changes.
+    pods: PodStore,
     ns_labels: BTreeMap<String, BTreeMap<String, String>>,
     /// namespace → label set → addresses of the peer pods with those labels.
     groups: BTreeMap<String, HashMap<crate::model::Labels, Vec<u128>>>,
@@ -272,45 +274,64 @@ impl PeerIndex {
             ns_labels: namespace_labels(state),
             ..Default::default()
         };
-        ix.pods.reserve(state.pods.len());
-        for (k, p) in state.pods.iter() {
-            if !p.finished() {
-                ix.insert(&k.to_key(), p.clone(), false, true);
-            }
+        // The store's pods, cloned whole (a B-tree clone: one name copied per pod, the
+        // records' parts shared), less the finished ones.
+        let mut pods = state.pods.clone();
+        let finished: Vec<ObjectKey> = pods
+            .iter()
+            .filter(|(_, p)| p.finished())
+            .map(|(k, _)| k.to_key())
+            .collect();
+        for k in &finished {
+            pods.remove(k);
         }
+        for (k, p) in pods.iter() {
+            ix.index(k, p, false, true);
+        }
+        ix.pods = pods;
         for v in ix.named.values_mut().flat_map(|m| m.values_mut()) {
             v.entries.sort_unstable();
         }
         ix
     }
 
-    /// Adds a pod; `sorted`: keep the named lists sorted (else `build` sorts them once);
-    /// `named`: add it to the named lists too (not when only its labels changed).
-    fn insert(&mut self, key: &ObjectKey, pod: PeerPod, sorted: bool, named: bool) {
+    /// Adds a pod; `named`: to the named lists too (not when only its labels changed).
+    fn insert(&mut self, key: &ObjectKey, pod: PeerPod, named: bool) {
+        let k = PodKey {
+            namespace: &key.namespace,
+            name: &key.name,
+        };
+        self.index(k, &pod, true, named);
+        self.pods.insert(key, pod);
+    }
+
+    /// Indexes a pod (not its record: `pods` holds it); `sorted`: keep the named lists sorted
+    /// (else `build` sorts them once); `named`: add it to the named lists too.
+    fn index(&mut self, key: PodKey<'_>, pod: &PeerPod, sorted: bool, named: bool) {
         let local_node = !self.node_name.is_empty() && *pod.node == *self.node_name;
         if local_node && pod.host_network {
-            self.host_local.insert(key.clone());
+            self.host_local.insert(key.to_key());
         }
-        if is_peer(&pod) {
+        if is_peer(pod) {
             if local_node {
-                self.local.insert(key.clone());
+                self.local.insert(key.to_key());
             }
-            let groups = match self.groups.get_mut(key.namespace.as_str()) {
+            let groups = match self.groups.get_mut(key.namespace) {
                 Some(g) => g,
-                None => self.groups.entry(key.namespace.clone()).or_default(),
+                None => self.groups.entry(key.namespace.to_string()).or_default(),
             };
             let group = match groups.get_mut(&pod.labels) {
                 Some(g) => g,
                 None => groups.entry(pod.labels.clone()).or_default(),
             };
-            group.extend(lines(&pod));
+            group.extend(lines(pod));
             for (name, proto, num) in pod.ports.iter().filter(|_| named) {
                 let lists = match self.named.get_mut(name.as_str()) {
                     Some(l) => l,
                     None => self.named.entry(name.clone()).or_default(),
                 };
                 let list = lists.entry(*proto).or_default();
-                for a in lines(&pod) {
+                for a in lines(pod) {
                     if sorted {
                         let at = list.entries.partition_point(|e| *e < (a, *num));
                         list.entries.insert(at, (a, *num));
@@ -323,13 +344,12 @@ impl PeerIndex {
                 list.generation = self.named_gen;
             }
         }
-        if !self.ns_labels.contains_key(&key.namespace) {
+        if !self.ns_labels.contains_key(key.namespace) {
             self.ns_labels.insert(
-                key.namespace.clone(),
-                [(LABEL_NAMESPACE_NAME.to_string(), key.namespace.clone())].into(),
+                key.namespace.to_string(),
+                [(LABEL_NAMESPACE_NAME.to_string(), key.namespace.to_string())].into(),
             );
         }
-        self.pods.insert(key.clone(), pod);
     }
 
     /// Removes a pod; `named`: from the named lists too.
@@ -395,7 +415,7 @@ impl PeerIndex {
         let named = named_part(self.pods.get(key)) != named_part(pod.as_ref());
         let old = self.remove(key, named);
         if let Some(p) = pod.clone() {
-            self.insert(key, p, true, named);
+            self.insert(key, p, named);
         }
         let ns = key.namespace.as_str();
         let stale: Vec<(NsScope, Selector)> = self
@@ -421,9 +441,9 @@ impl PeerIndex {
     /// Namespaces changed: their labels again, and the results that select namespaces dropped.
     fn refresh_namespaces(&mut self, state: &ClusterState) {
         let mut labels = namespace_labels(state);
-        for k in self.pods.keys() {
-            labels.entry(k.namespace.clone()).or_insert_with(|| {
-                [(LABEL_NAMESPACE_NAME.to_string(), k.namespace.clone())].into()
+        for ns in self.pods.namespaces() {
+            labels.entry(ns.to_string()).or_insert_with(|| {
+                [(LABEL_NAMESPACE_NAME.to_string(), ns.to_string())].into()
             });
         }
         if labels != self.ns_labels {
@@ -464,9 +484,11 @@ impl PeerIndex {
     }
 }
 
-/// Sorts ranges and merges overlapping or touching ones.
+/// Sorts ranges and merges overlapping or touching ones. The input is mostly sorted lists put
+/// end to end (selector results, ipBlocks): a stable sort merges those runs in linear time,
+/// where an unstable one sorted them again (the bulk of a full compile at 150k pods).
 fn merge_ranges(mut v: Vec<(u128, u128)>) -> Vec<(u128, u128)> {
-    v.sort_unstable();
+    v.sort();
     let mut out: Vec<(u128, u128)> = Vec::with_capacity(v.len());
     for (lo, hi) in v {
         match out.last_mut() {
@@ -778,7 +800,7 @@ impl PolicyCompiler {
         // This node's addresses, its hostNetwork pods' included.
         let mut node = node_addrs.to_vec();
         for k in &index.host_local {
-            for &ip in index.pods[k].ips.iter() {
+            for &ip in index.pods.get(k).expect("indexed pod").ips.iter() {
                 let a = Addr::from_ip(ip);
                 if !node.contains(&a) {
                     node.push(a);
@@ -858,7 +880,7 @@ impl PolicyCompiler {
                 None => {
                     let e = local_out(
                         k,
-                        &index.pods[k],
+                        index.pods.get(k).expect("indexed pod"),
                         &policies,
                         by_ns.get(k.namespace.as_str()).map_or(&[][..], |v| v),
                         &compiled,

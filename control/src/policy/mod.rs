@@ -442,9 +442,9 @@ impl PeerIndex {
     fn refresh_namespaces(&mut self, state: &ClusterState) {
         let mut labels = namespace_labels(state);
         for ns in self.pods.namespaces() {
-            labels.entry(ns.to_string()).or_insert_with(|| {
-                [(LABEL_NAMESPACE_NAME.to_string(), ns.to_string())].into()
-            });
+            labels
+                .entry(ns.to_string())
+                .or_insert_with(|| [(LABEL_NAMESPACE_NAME.to_string(), ns.to_string())].into());
         }
         if labels != self.ns_labels {
             self.ns_labels = labels;
@@ -548,10 +548,7 @@ impl PolicyCompiler {
             if dir == Direction::Egress {
                 for port in rule.ports.iter().flatten() {
                     if let PortSpec::Named(name) = &port.spec {
-                        named_gens.push(
-                            u.named_list(name, port.proto)
-                                .map_or(0, |l| l.generation),
-                        );
+                        named_gens.push(u.named_list(name, port.proto).map_or(0, |l| l.generation));
                     }
                 }
             }
@@ -1032,11 +1029,7 @@ fn local_out(
         let key = DirKey {
             dir,
             parts: parts.iter().map(|d| d.fingerprint).collect(),
-            named: if uses_named {
-                p.ports.to_vec()
-            } else {
-                vec![]
-            },
+            named: if uses_named { p.ports.to_vec() } else { vec![] },
         };
         let rules = if let Some(r) = cache.get(&key) {
             stats.reused += 1;

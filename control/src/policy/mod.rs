@@ -912,6 +912,9 @@ impl PolicyCompiler {
     }
 }
 
+/// A local pod's direction when isolated: its rules and the selecting policies' names.
+type IsolatedDir = (Arc<DirRules>, Arc<[Arc<str>]>);
+
 /// One local pod's output, kept for the next compilation.
 #[derive(Debug)]
 struct LocalOut {
@@ -919,8 +922,8 @@ struct LocalOut {
     /// The policies of its namespace that select it (indices).
     selecting: Vec<usize>,
     /// Per direction when isolated: the rules and the selecting policies' names.
-    ingress: Option<(Arc<DirRules>, Arc<[Arc<str>]>)>,
-    egress: Option<(Arc<DirRules>, Arc<[Arc<str>]>)>,
+    ingress: Option<IsolatedDir>,
+    egress: Option<IsolatedDir>,
     addrs: Vec<Addr>,
 }
 

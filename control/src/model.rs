@@ -11,7 +11,10 @@ use std::fmt;
 
 mod pod;
 
-pub use pod::{Labels, NamedPort, PodInterner, PodIps, PodPhase, PodRecord};
+pub use pod::{
+    Labels, NamedPort, NamedPorts, NodeName, PodInterner, PodIps, PodKey, PodPhase, PodRecord,
+    PodStore,
+};
 
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -159,8 +162,9 @@ impl Object {
 pub struct ClusterState {
     pub nodes: BTreeMap<String, Node>,
     pub namespaces: BTreeMap<String, Namespace>,
-    /// Pods as [`PodRecord`]s: only what kxdp reads (converted by `apply`/`put`).
-    pub pods: BTreeMap<ObjectKey, PodRecord>,
+    /// Pods as [`PodRecord`]s: only what kxdp reads (converted by `apply`/`put`), by namespace
+    /// then name.
+    pub pods: PodStore,
     pub services: BTreeMap<ObjectKey, Service>,
     pub endpoint_slices: BTreeMap<ObjectKey, EndpointSlice>,
     pub network_policies: BTreeMap<ObjectKey, NetworkPolicy>,
@@ -305,7 +309,7 @@ impl ClusterState {
             let record = self.pod_values.record(p);
             return self
                 .pods
-                .insert(key.clone(), record)
+                .insert(&key, record)
                 .map(|old| Object::Pod(Box::new(old.to_pod(&key))));
         }
         if let Object::EndpointSlice(s) = &obj {
@@ -356,7 +360,7 @@ impl ClusterState {
         match kind {
             Kind::Node => self.nodes.find(key).is_some(),
             Kind::Namespace => self.namespaces.find(key).is_some(),
-            Kind::Pod => self.pods.find(key).is_some(),
+            Kind::Pod => self.pods.contains_key(key),
             Kind::Service => self.services.find(key).is_some(),
             Kind::EndpointSlice => self.endpoint_slices.find(key).is_some(),
             Kind::NetworkPolicy => self.network_policies.find(key).is_some(),
@@ -382,7 +386,7 @@ impl ClusterState {
         match kind {
             Kind::Node => self.nodes.keys_vec(),
             Kind::Namespace => self.namespaces.keys_vec(),
-            Kind::Pod => self.pods.keys_vec(),
+            Kind::Pod => self.pods.keys().map(PodKey::to_key).collect(),
             Kind::Service => self.services.keys_vec(),
             Kind::EndpointSlice => self.endpoint_slices.keys_vec(),
             Kind::NetworkPolicy => self.network_policies.keys_vec(),
@@ -396,7 +400,9 @@ impl ClusterState {
             self.slices_by_service.clear();
         }
         if kind == Kind::Pod {
-            return std::mem::take(&mut self.pods)
+            return self
+                .pods
+                .drain()
                 .into_iter()
                 .map(|(k, p)| Object::Pod(Box::new(p.to_pod(&k))))
                 .collect();

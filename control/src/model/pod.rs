@@ -24,6 +24,12 @@ pub type Labels = Arc<BTreeMap<String, String>>;
 /// A named container port: (name, IP protocol number, port).
 pub type NamedPort = (String, u8, u16);
 
+/// A node name (shared by the node's pods; a thin pointer: the record is kept small).
+pub type NodeName = Arc<String>;
+
+/// A pod's named container ports (shared by the pods of a workload; a thin pointer).
+pub type NamedPorts = Arc<Vec<NamedPort>>;
+
 /// `status.phase`. Pods without one (or with an unknown one) are `Unknown`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum PodPhase {
@@ -92,12 +98,12 @@ impl From<Vec<IpAddr>> for PodIps {
 pub struct PodRecord {
     pub labels: Labels,
     /// `spec.nodeName` ("" when not scheduled).
-    pub node: Arc<str>,
+    pub node: NodeName,
     /// `status.podIPs` then `status.podIP`, parsed, without repeats; unparsable ones left out.
     pub ips: PodIps,
     /// Named container ports of `containers` and `initContainers` with a protocol kxdp knows
     /// (TCP, UDP, SCTP), sorted, without repeats.
-    pub ports: Arc<[NamedPort]>,
+    pub ports: NamedPorts,
     pub host_network: bool,
     pub phase: PodPhase,
 }
@@ -163,8 +169,8 @@ impl PodRecord {
 #[derive(Clone, Debug, Default)]
 pub struct PodInterner {
     labels: Shared<BTreeMap<String, String>>,
-    nodes: Shared<str>,
-    ports: Shared<[NamedPort]>,
+    nodes: Shared<String>,
+    ports: Shared<Vec<NamedPort>>,
 }
 
 #[derive(Debug)]
@@ -250,12 +256,123 @@ impl PodInterner {
         let node = spec.and_then(|s| s.node_name.as_deref()).unwrap_or("");
         PodRecord {
             labels: self.labels.get(labels, |l| Arc::new(l.clone())),
-            node: self.nodes.get(node, |n| Arc::from(n)),
+            // (A `String` to look up: `Arc<String>` borrows as `String`, not `str`.)
+            node: self.nodes.get(&node.to_string(), |n| Arc::new(n.clone())),
             ips: ips.into(),
-            ports: self.ports.get(&ports, |p| Arc::from(p)),
+            ports: self.ports.get(&ports, |p| Arc::new(p.clone())),
             host_network: spec.and_then(|s| s.host_network).unwrap_or(false),
             phase: PodPhase::parse(status.and_then(|s| s.phase.as_deref())),
         }
+    }
+}
+
+/// A pod's namespace and name, as the store holds them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PodKey<'a> {
+    pub namespace: &'a str,
+    pub name: &'a str,
+}
+
+impl PodKey<'_> {
+    pub fn to_key(self) -> ObjectKey {
+        ObjectKey::new(self.namespace, self.name)
+    }
+}
+
+impl std::fmt::Display for PodKey<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// The Pods, by namespace then name, in key order (as a `BTreeMap<ObjectKey, PodRecord>`
+/// would iterate). Each namespace is held once rather than once per pod and names are
+/// `Box<str>`: at 150k pods the map entries are most of the store, and an `ObjectKey` (two
+/// `String`s, 48 bytes and two heap strings) per pod made the store three times the size of
+/// what it keeps (docs/benchmarks.md, "Session 5: policy compile and pod memory").
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PodStore {
+    by_ns: BTreeMap<Box<str>, BTreeMap<Box<str>, PodRecord>>,
+    len: usize,
+}
+
+impl PodStore {
+    pub fn get(&self, key: &ObjectKey) -> Option<&PodRecord> {
+        self.by_ns
+            .get(key.namespace.as_str())?
+            .get(key.name.as_str())
+    }
+
+    pub fn contains_key(&self, key: &ObjectKey) -> bool {
+        self.get(key).is_some()
+    }
+
+    /// Inserts or replaces the pod; returns the record it replaced.
+    pub fn insert(&mut self, key: &ObjectKey, pod: PodRecord) -> Option<PodRecord> {
+        let pods = match self.by_ns.get_mut(key.namespace.as_str()) {
+            Some(p) => p,
+            None => self.by_ns.entry(key.namespace.as_str().into()).or_default(),
+        };
+        let old = match pods.get_mut(key.name.as_str()) {
+            Some(p) => Some(std::mem::replace(p, pod)),
+            None => pods.insert(key.name.as_str().into(), pod),
+        };
+        self.len += old.is_none() as usize;
+        old
+    }
+
+    pub fn remove(&mut self, key: &ObjectKey) -> Option<PodRecord> {
+        let pods = self.by_ns.get_mut(key.namespace.as_str())?;
+        let old = pods.remove(key.name.as_str())?;
+        if pods.is_empty() {
+            self.by_ns.remove(key.namespace.as_str());
+        }
+        self.len -= 1;
+        Some(old)
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Every pod, in key order.
+    pub fn iter(&self) -> impl Iterator<Item = (PodKey<'_>, &PodRecord)> + '_ {
+        self.by_ns.iter().flat_map(|(ns, pods)| {
+            pods.iter().map(move |(name, p)| {
+                (
+                    PodKey {
+                        namespace: ns,
+                        name,
+                    },
+                    p,
+                )
+            })
+        })
+    }
+
+    pub fn keys(&self) -> impl Iterator<Item = PodKey<'_>> + '_ {
+        self.iter().map(|(k, _)| k)
+    }
+
+    /// The namespaces with pods, in order.
+    pub fn namespaces(&self) -> impl Iterator<Item = &str> + '_ {
+        self.by_ns.keys().map(|n| &**n)
+    }
+
+    /// Takes every pod out.
+    pub fn drain(&mut self) -> Vec<(ObjectKey, PodRecord)> {
+        self.len = 0;
+        std::mem::take(&mut self.by_ns)
+            .into_iter()
+            .flat_map(|(ns, pods)| {
+                pods.into_iter()
+                    .map(move |(name, p)| (ObjectKey::new(&*ns, &*name), p))
+            })
+            .collect()
     }
 }
 
@@ -306,6 +423,34 @@ mod tests {
             PodRecord::of(&PodRecord::of(&done).to_pod(&ObjectKey::new("a", "q"))),
             PodRecord::of(&done)
         );
+    }
+
+    /// The store's pods in key order, whatever the order of inserts; replace, remove, drain.
+    #[test]
+    fn store_keeps_key_order_and_counts() {
+        let mut st = PodStore::default();
+        let r = |app: &str| {
+            PodRecord::of(&pod(
+                serde_json::json!({"metadata": {"name": "p", "labels": {"app": app}}}),
+            ))
+        };
+        for (ns, name) in [("b", "x"), ("a-b", "y"), ("a", "z"), ("a", "a"), ("b", "a")] {
+            assert!(st.insert(&ObjectKey::new(ns, name), r("one")).is_none());
+        }
+        assert_eq!(st.len(), 5);
+        let keys: Vec<String> = st.keys().map(|k| k.to_string()).collect();
+        assert_eq!(keys, ["a/a", "a/z", "a-b/y", "b/a", "b/x"]);
+        let old = st.insert(&ObjectKey::new("a", "z"), r("two")).unwrap();
+        assert_eq!(old, r("one"));
+        assert_eq!(st.len(), 5);
+        assert_eq!(st.get(&ObjectKey::new("a", "z")), Some(&r("two")));
+        assert_eq!(st.remove(&ObjectKey::new("a-b", "y")), Some(r("one")));
+        assert!(st.remove(&ObjectKey::new("a-b", "y")).is_none());
+        assert_eq!(st.namespaces().collect::<Vec<_>>(), ["a", "b"]);
+        assert_eq!(st.drain().len(), 4);
+        assert!(st.is_empty() && st.iter().next().is_none());
+        // The record is what the store holds per pod, beside its name: keep it small.
+        assert!(std::mem::size_of::<PodRecord>() <= 56);
     }
 
     #[test]

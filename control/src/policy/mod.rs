@@ -30,7 +30,7 @@ use kxdp_dataplane::policy::{
 };
 use kxdp_packet::Addr;
 
-use crate::model::{ClusterState, ObjectKey, PodRecord};
+use crate::model::{ClusterState, ObjectKey, PodKey, PodRecord, PodStore};
 use crate::translate::Problem;
 use selector::Selector;
 use spec::{NsScope, Peer, Policy, PortSpec};
@@ -79,6 +79,10 @@ pub struct PolicyCompiler {
     /// namespace with the same peers (`namespaceSelector: {}` above all) share one union, merged
     /// and hashed once. Dropped once a selector result it was made from is gone.
     unions: HashMap<Vec<UnionPart>, UnionEntry>,
+    /// The last compilation's policy directions and local pods' output.
+    last: LastOutput,
+    /// Which policy directions each selector result and named list is used by.
+    deps: Deps,
 }
 
 /// One input of a peer union: a selector result (by identity) or an ipBlock's ranges.
@@ -152,7 +156,7 @@ struct CachedDir {
 /// A pod as policy sees it.
 #[derive(Clone, Debug)]
 pub struct PodView<'a> {
-    pub key: &'a ObjectKey,
+    pub key: ObjectKey,
     pub labels: &'a BTreeMap<String, String>,
     pub ips: Vec<IpAddr>,
     pub host_network: bool,
@@ -163,7 +167,7 @@ pub struct PodView<'a> {
 
 /// The pod's addresses, labels, node and named ports; `None` for pods that have finished
 /// (phase Succeeded or Failed: their addresses may already be someone else's).
-pub fn pod_view<'a>(key: &'a ObjectKey, pod: &'a PodRecord) -> Option<PodView<'a>> {
+pub fn pod_view(key: ObjectKey, pod: &PodRecord) -> Option<PodView<'_>> {
     if pod.finished() {
         return None;
     }
@@ -186,9 +190,13 @@ pub fn namespace_labels(state: &ClusterState) -> BTreeMap<String, BTreeMap<Strin
         l.insert(LABEL_NAMESPACE_NAME.into(), name.clone());
         out.insert(name.clone(), l);
     }
-    for key in state.pods.keys() {
-        out.entry(key.namespace.clone())
-            .or_insert_with(|| [(LABEL_NAMESPACE_NAME.to_string(), key.namespace.clone())].into());
+    for ns in state.pods.namespaces() {
+        if !out.contains_key(ns) {
+            out.insert(
+                ns.to_string(),
+                [(LABEL_NAMESPACE_NAME.to_string(), ns.to_string())].into(),
+            );
+        }
     }
     out
 }
@@ -237,12 +245,15 @@ pub struct PolicyChanges<'a> {
 #[derive(Debug, Default)]
 struct PeerIndex {
     node_name: String,
-    pods: HashMap<ObjectKey, PeerPod>,
+    /// Every pod as policy reads it (finished ones left out): the store's records, kept to know
+    /// a pod's previous version when it changes.
+    pods: PodStore,
     ns_labels: BTreeMap<String, BTreeMap<String, String>>,
     /// namespace → label set → addresses of the peer pods with those labels.
     groups: BTreeMap<String, HashMap<crate::model::Labels, Vec<u128>>>,
-    /// (name, protocol) → every peer pod address with that named port, and its number.
-    named: HashMap<(String, u8), NamedList>,
+    /// name → protocol → every peer pod address with that named port, and its number (by name
+    /// first: looked up by `&str`, without building a key per pod and port).
+    named: HashMap<String, HashMap<u8, NamedList>>,
     /// The last generation given to a named list.
     named_gen: u64,
     memo: HashMap<(NsScope, Selector), Ranges>,
@@ -250,6 +261,10 @@ struct PeerIndex {
     local: std::collections::BTreeSet<ObjectKey>,
     /// This node's hostNetwork pods (their addresses are the node's).
     host_local: std::collections::BTreeSet<ObjectKey>,
+    /// Since the last compilation: the selector results dropped and the named lists changed
+    /// (the policy directions that used them are compiled again, no others).
+    dropped: Vec<(NsScope, Selector)>,
+    named_changed: Vec<(String, u8)>,
 }
 
 impl PeerIndex {
@@ -259,42 +274,68 @@ impl PeerIndex {
             ns_labels: namespace_labels(state),
             ..Default::default()
         };
-        ix.pods.reserve(state.pods.len());
-        for (k, p) in &state.pods {
-            if !p.finished() {
-                ix.insert(k, p.clone(), false, true);
-            }
+        // The store's pods, cloned whole (a B-tree clone: one name copied per pod, the
+        // records' parts shared), less the finished ones.
+        let mut pods = state.pods.clone();
+        let finished: Vec<ObjectKey> = pods
+            .iter()
+            .filter(|(_, p)| p.finished())
+            .map(|(k, _)| k.to_key())
+            .collect();
+        for k in &finished {
+            pods.remove(k);
         }
-        for v in ix.named.values_mut() {
+        for (k, p) in pods.iter() {
+            ix.index(k, p, false, true);
+        }
+        ix.pods = pods;
+        for v in ix.named.values_mut().flat_map(|m| m.values_mut()) {
             v.entries.sort_unstable();
         }
         ix
     }
 
-    /// Adds a pod; `sorted`: keep the named lists sorted (else `build` sorts them once);
-    /// `named`: add it to the named lists too (not when only its labels changed).
-    fn insert(&mut self, key: &ObjectKey, pod: PeerPod, sorted: bool, named: bool) {
+    /// Adds a pod; `named`: to the named lists too (not when only its labels changed).
+    fn insert(&mut self, key: &ObjectKey, pod: PeerPod, named: bool) {
+        let k = PodKey {
+            namespace: &key.namespace,
+            name: &key.name,
+        };
+        self.index(k, &pod, true, named);
+        self.pods.insert(key, pod);
+    }
+
+    /// Indexes a pod (not its record: `pods` holds it); `sorted`: keep the named lists sorted
+    /// (else `build` sorts them once); `named`: add it to the named lists too.
+    fn index(&mut self, key: PodKey<'_>, pod: &PeerPod, sorted: bool, named: bool) {
         let local_node = !self.node_name.is_empty() && *pod.node == *self.node_name;
         if local_node && pod.host_network {
-            self.host_local.insert(key.clone());
+            self.host_local.insert(key.to_key());
         }
-        if is_peer(&pod) {
+        if is_peer(pod) {
             if local_node {
-                self.local.insert(key.clone());
+                self.local.insert(key.to_key());
             }
-            let group = self
-                .groups
-                .entry(key.namespace.clone())
-                .or_default()
-                .entry(pod.labels.clone())
-                .or_default();
-            group.extend(lines(&pod));
+            let groups = match self.groups.get_mut(key.namespace) {
+                Some(g) => g,
+                None => self.groups.entry(key.namespace.to_string()).or_default(),
+            };
+            let group = match groups.get_mut(&pod.labels) {
+                Some(g) => g,
+                None => groups.entry(pod.labels.clone()).or_default(),
+            };
+            group.extend(lines(pod));
             for (name, proto, num) in pod.ports.iter().filter(|_| named) {
-                let list = self.named.entry((name.clone(), *proto)).or_default();
-                for a in lines(&pod) {
+                let lists = match self.named.get_mut(name.as_str()) {
+                    Some(l) => l,
+                    None => self.named.entry(name.clone()).or_default(),
+                };
+                let list = lists.entry(*proto).or_default();
+                for a in lines(pod) {
                     if sorted {
                         let at = list.entries.partition_point(|e| *e < (a, *num));
                         list.entries.insert(at, (a, *num));
+                        self.named_changed.push((name.clone(), *proto));
                     } else {
                         list.entries.push((a, *num));
                     }
@@ -303,13 +344,12 @@ impl PeerIndex {
                 list.generation = self.named_gen;
             }
         }
-        if !self.ns_labels.contains_key(&key.namespace) {
+        if !self.ns_labels.contains_key(key.namespace) {
             self.ns_labels.insert(
-                key.namespace.clone(),
-                [(LABEL_NAMESPACE_NAME.to_string(), key.namespace.clone())].into(),
+                key.namespace.to_string(),
+                [(LABEL_NAMESPACE_NAME.to_string(), key.namespace.to_string())].into(),
             );
         }
-        self.pods.insert(key.clone(), pod);
     }
 
     /// Removes a pod; `named`: from the named lists too.
@@ -331,18 +371,27 @@ impl PeerIndex {
                 }
             }
             for (name, proto, num) in pod.ports.iter().filter(|_| named) {
-                if let Some(list) = self.named.get_mut(&(name.clone(), *proto)) {
+                if let Some(list) = self
+                    .named
+                    .get_mut(name.as_str())
+                    .and_then(|l| l.get_mut(proto))
+                {
                     for a in lines(&pod) {
                         if let Ok(i) = list.entries.binary_search(&(a, *num)) {
                             list.entries.remove(i);
                         }
                     }
+                    self.named_changed.push((name.clone(), *proto));
                     self.named_gen += 1;
                     list.generation = self.named_gen;
                 }
             }
         }
         Some(pod)
+    }
+
+    fn named_list(&self, name: &str, proto: u8) -> Option<&NamedList> {
+        self.named.get(name).and_then(|l| l.get(&proto))
     }
 
     /// Whether a selector result may hold `pod` (of namespace `ns`).
@@ -366,7 +415,7 @@ impl PeerIndex {
         let named = named_part(self.pods.get(key)) != named_part(pod.as_ref());
         let old = self.remove(key, named);
         if let Some(p) = pod.clone() {
-            self.insert(key, p, true, named);
+            self.insert(key, p, named);
         }
         let ns = key.namespace.as_str();
         let stale: Vec<(NsScope, Selector)> = self
@@ -385,16 +434,17 @@ impl PeerIndex {
             .collect();
         for k in stale {
             self.memo.remove(&k);
+            self.dropped.push(k);
         }
     }
 
     /// Namespaces changed: their labels again, and the results that select namespaces dropped.
     fn refresh_namespaces(&mut self, state: &ClusterState) {
         let mut labels = namespace_labels(state);
-        for k in self.pods.keys() {
-            labels.entry(k.namespace.clone()).or_insert_with(|| {
-                [(LABEL_NAMESPACE_NAME.to_string(), k.namespace.clone())].into()
-            });
+        for ns in self.pods.namespaces() {
+            labels
+                .entry(ns.to_string())
+                .or_insert_with(|| [(LABEL_NAMESPACE_NAME.to_string(), ns.to_string())].into());
         }
         if labels != self.ns_labels {
             self.ns_labels = labels;
@@ -434,9 +484,11 @@ impl PeerIndex {
     }
 }
 
-/// Sorts ranges and merges overlapping or touching ones.
+/// Sorts ranges and merges overlapping or touching ones. The input is mostly sorted lists put
+/// end to end (selector results, ipBlocks): a stable sort merges those runs in linear time,
+/// where an unstable one sorted them again (the bulk of a full compile at 150k pods).
 fn merge_ranges(mut v: Vec<(u128, u128)>) -> Vec<(u128, u128)> {
-    v.sort_unstable();
+    v.sort();
     let mut out: Vec<(u128, u128)> = Vec::with_capacity(v.len());
     for (lo, hi) in v {
         match out.last_mut() {
@@ -496,11 +548,7 @@ impl PolicyCompiler {
             if dir == Direction::Egress {
                 for port in rule.ports.iter().flatten() {
                     if let PortSpec::Named(name) = &port.spec {
-                        named_gens.push(
-                            u.named
-                                .get(&(name.clone(), port.proto))
-                                .map_or(0, |l| l.generation),
-                        );
+                        named_gens.push(u.named_list(name, port.proto).map_or(0, |l| l.generation));
                     }
                 }
             }
@@ -575,7 +623,7 @@ impl PolicyCompiler {
         proto: u8,
         u: &PeerIndex,
     ) -> ByPort {
-        let list = u.named.get(&(name.to_string(), proto));
+        let list = u.named_list(name, proto);
         let generation = list.map_or(0, |l| l.generation);
         let entry = self.unions.get_mut(key);
         if let Some((g, r)) = entry
@@ -729,9 +777,17 @@ impl PolicyCompiler {
                 let keys: std::collections::HashSet<&ObjectKey> =
                     policies.iter().map(|p| &p.key).collect();
                 self.dirs.retain(|(k, _), _| keys.contains(k));
+                // The last output is by policy index: none of it is reused.
+                self.last = LastOutput::default();
+                self.deps = Deps::of(&policies);
                 (policies, problems)
             }
         };
+        // Namespaces relabelled (or everything built anew): every result that selects
+        // namespaces may differ; nothing of the last output is reused.
+        if changes.is_none_or(|c| c.namespaces) {
+            self.last = LastOutput::default();
+        }
         stats.policies = policies.len();
         let mut by_ns: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
         for (i, p) in policies.iter().enumerate() {
@@ -741,7 +797,7 @@ impl PolicyCompiler {
         // This node's addresses, its hostNetwork pods' included.
         let mut node = node_addrs.to_vec();
         for k in &index.host_local {
-            for &ip in index.pods[k].ips.iter() {
+            for &ip in index.pods.get(k).expect("indexed pod").ips.iter() {
                 let a = Addr::from_ip(ip);
                 if !node.contains(&a) {
                     node.push(a);
@@ -749,103 +805,97 @@ impl PolicyCompiler {
             }
         }
 
-        // 3. Policy directions (only those of namespaces with local pods are needed).
-        let local_keys: Vec<ObjectKey> = index.local.iter().cloned().collect();
-        stats.local_pods = local_keys.len();
-        let mut compiled: HashMap<(usize, Direction), Arc<PolicyDir>> = HashMap::new();
-        for ns in local_keys
-            .iter()
-            .map(|k| k.namespace.as_str())
-            .collect::<std::collections::BTreeSet<_>>()
-        {
-            for &i in by_ns.get(ns).into_iter().flatten() {
-                for dir in [Direction::Ingress, Direction::Egress] {
-                    if policies[i].rules(dir).is_some() {
-                        let d = self.policy_dir(&policies[i], dir, &mut index);
-                        compiled.insert((i, dir), d);
-                    }
+        // 3. Policy directions (only those of namespaces with local pods are needed); of the
+        // last call's, only those whose selector results or named lists were dropped since are
+        // looked at again.
+        let mut dirty: std::collections::HashSet<(usize, Direction)> = Default::default();
+        for k in index.dropped.drain(..) {
+            dirty.extend(self.deps.selectors.get(&k).into_iter().flatten());
+        }
+        for k in index.named_changed.drain(..) {
+            dirty.extend(self.deps.named.get(&k).into_iter().flatten());
+        }
+        let wanted: Vec<usize> = {
+            let mut last_ns = "";
+            let mut v = Vec::new();
+            // `local` is in key order: a namespace's pods are together.
+            for k in &index.local {
+                if k.namespace != last_ns {
+                    last_ns = k.namespace.as_str();
+                    v.extend(by_ns.get(last_ns).into_iter().flatten());
                 }
             }
-        }
-        let local: Vec<PodView<'_>> = local_keys
-            .iter()
-            .map(|k| {
-                let p = &index.pods[k];
-                PodView {
-                    key: k,
-                    labels: &p.labels,
-                    ips: p.ips.to_vec(),
-                    host_network: p.host_network,
-                    node: &p.node,
-                    ports: p.ports.to_vec(),
-                }
-            })
-            .collect();
-        let local: Vec<&PodView<'_>> = local.iter().collect();
-
-        // 4. Local pods.
-        let mut cache: HashMap<DirKey, Arc<DirRules>> = HashMap::new();
-        let mut out_pods = Vec::with_capacity(local.len());
-        for p in &local {
-            let mut lp = LocalPod {
-                name: p.key.to_string().into(),
-                ..Default::default()
-            };
-            let selecting: Vec<usize> = by_ns
-                .get(p.key.namespace.as_str())
-                .into_iter()
-                .flatten()
-                .copied()
-                .filter(|&i| policies[i].subject.matches(p.labels))
-                .collect();
+            v
+        };
+        let mut compiled: HashMap<(usize, Direction), Arc<PolicyDir>> =
+            HashMap::with_capacity(2 * wanted.len());
+        let mut changed_dirs: std::collections::HashSet<(usize, Direction)> = Default::default();
+        for i in wanted {
             for dir in [Direction::Ingress, Direction::Egress] {
-                let sel: Vec<usize> = selecting
-                    .iter()
-                    .copied()
-                    .filter(|&i| policies[i].rules(dir).is_some())
-                    .collect();
-                if sel.is_empty() {
+                if policies[i].rules(dir).is_none() {
                     continue;
                 }
-                let names: Arc<[Arc<str>]> =
-                    sel.iter().map(|&i| policies[i].name.clone()).collect();
-                let parts: Vec<&PolicyDir> = sel.iter().map(|i| &*compiled[&(*i, dir)]).collect();
-                let uses_named = parts.iter().any(|d| !d.named_ingress.is_empty());
-                let key = DirKey {
-                    dir,
-                    parts: parts.iter().map(|d| d.fingerprint).collect(),
-                    named: if uses_named { p.ports.clone() } else { vec![] },
-                };
-                let rules = if let Some(r) = cache.get(&key) {
-                    stats.reused += 1;
-                    r.clone()
-                } else if let Some(r) = self.cache.get(&key) {
-                    stats.reused += 1;
-                    cache.insert(key, r.clone());
-                    r.clone()
-                } else {
-                    stats.built += 1;
-                    let r = Arc::new(build_dir(&parts, &p.ports));
-                    cache.insert(key, r.clone());
-                    r
-                };
-                match dir {
-                    Direction::Ingress => {
-                        lp.ingress = Some(rules);
-                        lp.ingress_policies = names;
+                let old = self.last.dirs.get(&(i, dir)).cloned();
+                let d = match old {
+                    Some(d) if !dirty.contains(&(i, dir)) => d,
+                    _ => {
+                        let d = self.policy_dir(&policies[i], dir, &mut index);
+                        if !old.is_some_and(|o| Arc::ptr_eq(&o, &d)) {
+                            changed_dirs.insert((i, dir));
+                        }
+                        d
                     }
-                    Direction::Egress => {
-                        lp.egress = Some(rules);
-                        lp.egress_policies = names;
-                    }
+                };
+                compiled.insert((i, dir), d);
+            }
+        }
+
+        // 4. Local pods: the last output of a pod is kept unless the pod changed or a policy
+        // direction that selects it did.
+        if let Some(c) = changes {
+            for k in c.pods {
+                if !index.local.contains(k) {
+                    self.last.pods.remove(k);
                 }
             }
-            if lp.ingress.is_some() || lp.egress.is_some() {
+        }
+        stats.local_pods = index.local.len();
+        let mut out_pods = Vec::with_capacity(index.local.len());
+        for k in &index.local {
+            let keep = self.last.pods.get(k).filter(|e| {
+                !changes.is_some_and(|c| c.pods.contains(k))
+                    && !e.selecting.iter().any(|&i| {
+                        changed_dirs.contains(&(i, Direction::Ingress))
+                            || changed_dirs.contains(&(i, Direction::Egress))
+                    })
+            });
+            let e = match keep {
+                Some(e) => {
+                    stats.reused += e.ingress.is_some() as usize + e.egress.is_some() as usize;
+                    e
+                }
+                None => {
+                    let e = local_out(
+                        k,
+                        index.pods.get(k).expect("indexed pod"),
+                        &policies,
+                        by_ns.get(k.namespace.as_str()).map_or(&[][..], |v| v),
+                        &compiled,
+                        &mut self.cache,
+                        &mut stats,
+                    );
+                    self.last.pods.insert(k.clone(), e);
+                    &self.last.pods[k]
+                }
+            };
+            if e.ingress.is_some() || e.egress.is_some() {
                 stats.isolated_pods += 1;
             }
-            out_pods.push((lp, p.ips.iter().map(|&ip| Addr::from_ip(ip)).collect()));
+            out_pods.push((e.local_pod(), e.addrs.clone()));
         }
-        self.cache = cache;
+        self.last.dirs = compiled;
+        // Compiled rules no pod holds any more are not kept.
+        self.cache.retain(|_, r| Arc::strong_count(r) > 1);
         self.stats = stats;
         // Unions made from selector results no longer held anywhere else can never be asked
         // for again.
@@ -856,11 +906,149 @@ impl PolicyCompiler {
             })
         });
         let tables = PolicyTables::new(out_pods, node, self.rules.clone());
-        drop(local);
         self.index = Some(index);
         self.parsed = Some((policies, problems.clone()));
         (tables, problems)
     }
+}
+
+/// A local pod's direction when isolated: its rules and the selecting policies' names.
+type IsolatedDir = (Arc<DirRules>, Arc<[Arc<str>]>);
+
+/// One local pod's output, kept for the next compilation.
+#[derive(Debug)]
+struct LocalOut {
+    name: Arc<str>,
+    /// The policies of its namespace that select it (indices).
+    selecting: Vec<usize>,
+    /// Per direction when isolated: the rules and the selecting policies' names.
+    ingress: Option<IsolatedDir>,
+    egress: Option<IsolatedDir>,
+    addrs: Vec<Addr>,
+}
+
+impl LocalOut {
+    fn local_pod(&self) -> LocalPod {
+        let mut lp = LocalPod {
+            name: self.name.clone(),
+            ..Default::default()
+        };
+        if let Some((r, names)) = &self.ingress {
+            lp.ingress = Some(r.clone());
+            lp.ingress_policies = names.clone();
+        }
+        if let Some((r, names)) = &self.egress {
+            lp.egress = Some(r.clone());
+            lp.egress_policies = names.clone();
+        }
+        lp
+    }
+}
+
+/// What the last compilation produced, kept while the parsed policies are (it is by index).
+#[derive(Debug, Default)]
+struct LastOutput {
+    /// (policy index, direction) → the compiled direction.
+    dirs: HashMap<(usize, Direction), Arc<PolicyDir>>,
+    /// Each local pod's output.
+    pods: HashMap<ObjectKey, LocalOut>,
+}
+
+/// Which policy directions use each selector result and each named list (from the parsed
+/// policies): a dropped result or a changed list marks exactly those to compile again.
+#[derive(Debug, Default)]
+struct Deps {
+    selectors: HashMap<(NsScope, Selector), Vec<(usize, Direction)>>,
+    named: HashMap<(String, u8), Vec<(usize, Direction)>>,
+}
+
+impl Deps {
+    fn of(policies: &[Policy]) -> Deps {
+        let mut d = Deps::default();
+        for (i, p) in policies.iter().enumerate() {
+            for dir in [Direction::Ingress, Direction::Egress] {
+                for rule in p.rules(dir).into_iter().flatten() {
+                    for peer in rule.peers.iter().flatten() {
+                        if let Peer::Pods { ns, pods } = peer {
+                            let v = d.selectors.entry((ns.clone(), pods.clone())).or_default();
+                            if v.last() != Some(&(i, dir)) {
+                                v.push((i, dir));
+                            }
+                        }
+                    }
+                    if dir == Direction::Egress {
+                        for port in rule.ports.iter().flatten() {
+                            if let PortSpec::Named(name) = &port.spec {
+                                let v = d.named.entry((name.clone(), port.proto)).or_default();
+                                if v.last() != Some(&(i, dir)) {
+                                    v.push((i, dir));
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        d
+    }
+}
+
+/// A local pod's output: the policies of its namespace (`ns_policies`) that select it and, per
+/// direction, its rules (built from the selecting directions' parts unless `cache` holds them).
+fn local_out(
+    key: &ObjectKey,
+    p: &PeerPod,
+    policies: &[Policy],
+    ns_policies: &[usize],
+    compiled: &HashMap<(usize, Direction), Arc<PolicyDir>>,
+    cache: &mut HashMap<DirKey, Arc<DirRules>>,
+    stats: &mut CompileStats,
+) -> LocalOut {
+    let selecting: Vec<usize> = ns_policies
+        .iter()
+        .copied()
+        .filter(|&i| policies[i].subject.matches(&p.labels))
+        .collect();
+    let mut out = LocalOut {
+        name: key.to_string().into(),
+        selecting,
+        ingress: None,
+        egress: None,
+        addrs: p.ips.iter().map(|&ip| Addr::from_ip(ip)).collect(),
+    };
+    for dir in [Direction::Ingress, Direction::Egress] {
+        let sel: Vec<usize> = out
+            .selecting
+            .iter()
+            .copied()
+            .filter(|&i| policies[i].rules(dir).is_some())
+            .collect();
+        if sel.is_empty() {
+            continue;
+        }
+        let names: Arc<[Arc<str>]> = sel.iter().map(|&i| policies[i].name.clone()).collect();
+        let parts: Vec<&PolicyDir> = sel.iter().map(|i| &*compiled[&(*i, dir)]).collect();
+        let uses_named = parts.iter().any(|d| !d.named_ingress.is_empty());
+        let key = DirKey {
+            dir,
+            parts: parts.iter().map(|d| d.fingerprint).collect(),
+            named: if uses_named { p.ports.to_vec() } else { vec![] },
+        };
+        let rules = if let Some(r) = cache.get(&key) {
+            stats.reused += 1;
+            r.clone()
+        } else {
+            stats.built += 1;
+            let r = Arc::new(build_dir(&parts, &p.ports));
+            cache.insert(key, r.clone());
+            r
+        };
+        match dir {
+            Direction::Ingress => out.ingress = Some((rules, names)),
+            Direction::Egress => out.egress = Some((rules, names)),
+        }
+    }
+    out
 }
 
 /// Builds one pod direction from its selecting policies' parts; `ports` are the pod's named

@@ -620,6 +620,48 @@ fn incremental_recompilation() {
     assert_eq!((c.stats.built, c.stats.reused), (1, 7));
 }
 
+/// With `compile_changes`, a change costs what it affects: local pods whose record and whose
+/// selecting policy directions did not change keep their last output (the same `Arc`s), and
+/// policy directions whose selector results did not change are not looked at again.
+#[test]
+fn incremental_changes_touch_only_affected_pods() {
+    let mut objs = cluster();
+    objs.extend(vec![prod_deny(), prod_db_from_dev_web(), other_x_named()]);
+    let mut c = PolicyCompiler::new();
+    let (t1, _) = c.compile("node-a", &node_addrs(), &state_of(&objs));
+    assert_eq!((c.stats.built, c.stats.reused), (4, 3));
+    let ing = |t: &PolicyTables, p: &str| {
+        let i = t.local_pod(&addr_of(p)).unwrap() as usize;
+        t.pods()[i].ingress.clone().unwrap()
+    };
+    let mut step = |objs: &[Value], key: ObjectKey| {
+        let pods: std::collections::BTreeSet<ObjectKey> = [key].into();
+        let changes = PolicyChanges {
+            pods: &pods,
+            namespaces: false,
+            policies: false,
+        };
+        let (t, _) = c.compile_changes("node-a", &node_addrs(), &state_of(objs), Some(changes));
+        (t, c.stats)
+    };
+    // Remote E leaves dev/web: B's ingress (which selects it) is rebuilt, nothing else.
+    objs[7]["metadata"]["labels"] = json!({"app": "web2"});
+    let (t2, s) = step(&objs, ObjectKey::new("dev", "e"));
+    assert_eq!((s.built, s.reused, s.isolated_pods), (1, 6, 4));
+    assert!(!Arc::ptr_eq(&ing(&t1, "B"), &ing(&t2, "B")));
+    assert!(Arc::ptr_eq(&ing(&t1, "A"), &ing(&t2, "A")));
+    // E relabelled again, still outside every selector: nothing is rebuilt.
+    objs[7]["metadata"]["labels"] = json!({"app": "web3"});
+    let (t3, s) = step(&objs, ObjectKey::new("dev", "e"));
+    assert_eq!((s.built, s.reused), (0, 7));
+    assert!(Arc::ptr_eq(&ing(&t2, "B"), &ing(&t3, "B")));
+    // Local C relabelled: C's directions are looked up again (equal keys: reused).
+    objs[5]["metadata"]["labels"] = json!({"app": "cli", "x": "y"});
+    let (t4, s) = step(&objs, ObjectKey::new("prod", "c"));
+    assert_eq!((s.built, s.reused), (0, 7));
+    assert!(Arc::ptr_eq(&ing(&t3, "C"), &ing(&t4, "C")));
+}
+
 /// A terminated pod's address is nobody's; a pod without an address is not enforced.
 #[test]
 fn finished_pods_are_ignored() {

@@ -62,8 +62,8 @@ pub fn find_pod(state: &ClusterState, ip: IpAddr) -> Option<PodView<'_>> {
     state
         .pods
         .iter()
-        .filter_map(|(k, p)| pod_view(k, p))
-        .find(|p| p.ips.contains(&ip))
+        .find(|(_, p)| !p.finished() && p.ips.contains(&ip))
+        .and_then(|(k, p)| pod_view(k.to_key(), p))
 }
 
 /// The policies of the pod's namespace that select it, per direction (from the state; for pods

@@ -290,35 +290,11 @@ fn afxdp_frames_conserved_under_load() {
 
 /// `kxdp run` in `ns` with an admin socket at `admin` (the lab harness runs it without one).
 fn start_kxdp_with_admin(ns: &str, config: &str, state: &str, admin: &str) -> Kxdp {
-    use std::io::BufRead;
-    let mut child = std::process::Command::new("ip")
-        .args(["netns", "exec", ns, env!("CARGO_BIN_EXE_kxdp"), "run"])
+    let mut cmd = std::process::Command::new("ip");
+    cmd.args(["netns", "exec", ns, env!("CARGO_BIN_EXE_kxdp"), "run"])
         .args(["--config", config, "--state", state, "--admin", admin])
-        .arg("--no-takeover")
-        .env("RUST_LOG", "warn,kxdp_control::run=info")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("kxdp run");
-    let err = child.stderr.take().unwrap();
-    let log = Arc::new(std::sync::Mutex::new(String::new()));
-    let (l2, (tx, rx)) = (log.clone(), std::sync::mpsc::channel());
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(err).lines().map_while(Result::ok) {
-            if line.contains("forwarding on") {
-                let _ = tx.send(());
-            }
-            l2.lock().unwrap().push_str(&(line + "\n"));
-        }
-    });
-    let mut k = Kxdp { child, stderr: log };
-    if rx.recv_timeout(Duration::from_secs(20)).is_err() {
-        let _ = k.child.kill();
-        panic!("kxdp run did not start:\n{}", k.stderr.lock().unwrap());
-    }
-    // The first tables published before traffic.
-    std::thread::sleep(Duration::from_millis(1500));
-    k
+        .arg("--no-takeover");
+    Kxdp::spawn(cmd, Duration::from_secs(20))
 }
 
 /// `GET /metrics` from the daemon's metrics server inside `ns`.

@@ -433,36 +433,14 @@ fn start_kxdp_with(
     config: &str,
 ) -> Kxdp {
     let state = lab_files().1;
-    let mut child = std::process::Command::new("nice")
-        .args(["-n", &nice.to_string(), "ip", "netns", "exec", ns])
+    let mut cmd = std::process::Command::new("nice");
+    cmd.args(["-n", &nice.to_string(), "ip", "netns", "exec", ns])
         .args([env!("CARGO_BIN_EXE_kxdp"), "run"])
         .args(["--config", config, "--state", &state, "--no-admin"])
         .arg("--takeover-socket")
         .arg(socket)
-        .args(extra)
-        .env("RUST_LOG", "warn,kxdp_control::run=info")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("kxdp run");
-    let err = child.stderr.take().unwrap();
-    let log = Arc::new(Mutex::new(String::new()));
-    let (l2, (tx, rx)) = (log.clone(), std::sync::mpsc::channel());
-    std::thread::spawn(move || {
-        for line in BufReader::new(err).lines().map_while(Result::ok) {
-            if line.contains("forwarding on") {
-                let _ = tx.send(());
-            }
-            l2.lock().unwrap().push_str(&(line + "\n"));
-        }
-    });
-    let mut k = Kxdp { child, stderr: log };
-    if rx.recv_timeout(Duration::from_secs(30)).is_err() {
-        let _ = k.child.kill();
-        panic!("kxdp run did not start:\n{}", k.stderr.lock().unwrap());
-    }
-    std::thread::sleep(Duration::from_millis(1500));
-    k
+        .args(extra);
+    Kxdp::spawn(cmd, Duration::from_secs(30))
 }
 
 /// Waits (bounded) for a process to exit by itself.

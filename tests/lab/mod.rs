@@ -396,9 +396,8 @@ impl Kxdp {
 
     /// `start` with extra environment variables.
     pub fn start_with_env(ns: &str, config: &str, state: &str, env: &[(&str, &str)]) -> Kxdp {
-        use std::io::BufRead;
-        let mut child = Command::new("ip")
-            .args(["netns", "exec", ns, env!("CARGO_BIN_EXE_kxdp"), "run"])
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", ns, env!("CARGO_BIN_EXE_kxdp"), "run"])
             .args([
                 "--config",
                 config,
@@ -407,7 +406,16 @@ impl Kxdp {
                 "--no-admin",
                 "--no-takeover",
             ])
-            .envs(env.iter().copied())
+            .envs(env.iter().copied());
+        Kxdp::spawn(cmd, Duration::from_secs(20))
+    }
+
+    /// Spawns `cmd` (a `kxdp run`, possibly behind `ip netns exec` or `nice`) with its log
+    /// collected, waits (bounded by `start_timeout`) until it says it forwards, then for the
+    /// control loop's first tables.
+    pub fn spawn(mut cmd: Command, start_timeout: Duration) -> Kxdp {
+        use std::io::BufRead;
+        let mut child = cmd
             .env("RUST_LOG", "warn,kxdp_control::run=info")
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::piped())
@@ -425,7 +433,7 @@ impl Kxdp {
             }
         });
         let mut k = Kxdp { child, stderr: log };
-        if rx.recv_timeout(Duration::from_secs(20)).is_err() {
+        if rx.recv_timeout(start_timeout).is_err() {
             let _ = k.child.kill();
             panic!("kxdp run did not start:\n{}", k.stderr.lock().unwrap());
         }

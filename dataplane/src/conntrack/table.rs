@@ -350,6 +350,11 @@ pub struct Table {
     seed: u64,
     /// Entries that may be live at once (the configured maximum).
     max_live: u32,
+    /// Below this shared count a worker counts new connections in its own cache; at or above
+    /// it, in the shared count (`max_live` less one chunk per participant, since each may hold
+    /// up to a chunk's change it has not added yet): near the maximum the count is exact, so
+    /// a table never stays over `max_live` once its workers have added their changes.
+    cached_below: i64,
     live: AtomicU32,
     /// Never-used entries are handed out from here before the free list is consulted.
     next_unused: AtomicU32,
@@ -483,6 +488,7 @@ impl Table {
             slots: storage.slots,
             seed: seed | 1,
             max_live: g.max_live,
+            cached_below: g.max_live as i64 - (CHUNK as usize * participants.max(1)) as i64,
             live: AtomicU32::new(0),
             next_unused: AtomicU32::new(0),
             free_head: AtomicU64::new(0),
@@ -707,15 +713,26 @@ impl Table {
             return Err(InsertError::Exists);
         }
         // Room: a worker with a cache reads the shared live count (plus what it has not added
-        // yet) and counts locally; others take a place in it. A full table early-drops a victim
-        // whose place the new connection takes over (the count stays).
+        // yet) and counts locally while the table is far from full; near the maximum, and for
+        // callers without a cache, a place is taken in the shared count. A full table
+        // early-drops a victim whose place the new connection takes over (the count stays).
         let counted = match cache.as_deref_mut() {
+            Some(c)
+                if (self.live.load(Ordering::Relaxed) as i64 + c.pending_live)
+                    < self.cached_below =>
+            {
+                c.pending_live += 1;
+                true
+            }
             Some(c) => {
-                let live = self.live.load(Ordering::Relaxed) as i64 + c.pending_live;
-                if live < self.max_live as i64 {
-                    c.pending_live += 1;
+                // Near the maximum: what this worker has not added yet goes in first, then the
+                // place is taken in the shared count (its `pending_live` undoes it, as for a
+                // cached one, should no entry be found below).
+                self.flush_live(c, true);
+                if self.live.fetch_add(1, Ordering::AcqRel) < self.max_live {
                     true
                 } else {
+                    self.live.fetch_sub(1, Ordering::AcqRel);
                     false
                 }
             }

@@ -578,7 +578,9 @@ impl Worker {
                     && port.fill_target < port.sock.rings().fill
                     && self.umem.free_frames() > reserve + port.fill_target as usize
                 {
-                    port.fill_target *= 2;
+                    // Shares start at a budget's fraction, not a power of two: doubling may
+                    // pass the ring, which is the most a fill ring holds.
+                    port.fill_target = (port.fill_target * 2).min(port.sock.rings().fill);
                 }
                 if held < port.fill_target {
                     port.sock.refill(&mut self.umem, port.fill_target - held);

@@ -42,6 +42,9 @@ use crate::verdict::{Action, Verdict};
 /// Frames per batch: what one AF_XDP RX burst typically delivers.
 pub const BATCH: usize = 64;
 
+/// Packets a worker handles between two additions to the shared progress count.
+const PROGRESS_STEP: u64 = 16 * 1024;
+
 /// A batch never mixes packets further apart in capture time than this.
 const MAX_BATCH_SPAN_MS: u64 = 100;
 
@@ -202,6 +205,9 @@ pub fn replay(
                         Vec::with_capacity(if opts.record { share.len() } else { 0 });
                     let clock = Clock::new(capture);
                     let share = Share::new(capture, share);
+                    // Progress is published in steps: an add per batch to the one counter all
+                    // workers share moved its cache line between them every 64 packets.
+                    let mut unpublished = 0u64;
                     barrier.wait();
                     drive(
                         &mut pipeline,
@@ -230,9 +236,14 @@ pub fn replay(
                                     recorded.push((idx[j], *v, out));
                                 }
                             }
-                            done.fetch_add(idx.len() as u64, Ordering::Relaxed);
+                            unpublished += idx.len() as u64;
+                            if opts.progress.is_some() && unpublished >= PROGRESS_STEP {
+                                done.fetch_add(unpublished, Ordering::Relaxed);
+                                unpublished = 0;
+                            }
                         },
                     );
+                    done.fetch_add(unpublished, Ordering::Relaxed);
                     finished.fetch_add(1, Ordering::Release);
                     WorkerOut {
                         counters: pipeline.counters,

@@ -64,10 +64,10 @@ pub fn sum(data: &[u8], initial: u32) -> u32 {
 /// Folds a partial sum to 16 bits and complements it: the value to store in a checksum field.
 #[inline]
 pub fn fold(sum: u32) -> u16 {
-    let mut s = sum;
-    while s >> 16 != 0 {
-        s = (s & 0xffff) + (s >> 16);
-    }
+    // Two end-around carries bring any u32 to 16 bits (0x1_fffe at most after the first); a
+    // fixed count rather than a loop keeps the fast path's rewrite branch-free.
+    let s = (sum & 0xffff) + (sum >> 16);
+    let s = (s & 0xffff) + (s >> 16);
     !(s as u16)
 }
 
@@ -92,19 +92,29 @@ pub fn update32(check: u16, old: u32, new: u32) -> u16 {
 /// IPv4-mapped tail), 16 for V6. Covers both the IPv4 header checksum and pseudo-headers.
 #[inline]
 pub fn update_addr(check: u16, old: &Addr, new: &Addr, fam: Family) -> u16 {
-    let start = match fam {
-        Family::V4 => 12,
-        Family::V6 => 0,
-    };
-    let mut s: u32 = (!check) as u32;
-    let mut i = start;
-    while i < 16 {
-        let o = u16::from_be_bytes([old.0[i], old.0[i + 1]]);
-        let n = u16::from_be_bytes([new.0[i], new.0[i + 1]]);
-        s += (!o) as u32 + n as u32;
-        i += 2;
+    fold((!check) as u32 + addr_delta(old, new, fam))
+}
+
+/// The change of a 32-bit field from `old` to `new` as an unfolded partial sum (RFC 1624 eqn. 3's
+/// `~m + m'` for both of its words): add several to `!check` and fold once.
+#[inline(always)]
+pub fn delta32(old: u32, new: u32) -> u32 {
+    (!old >> 16) + (!old & 0xffff) + (new >> 16) + (new & 0xffff)
+}
+
+/// The change of an address (4 bytes for V4, 16 for V6) as an unfolded partial sum, as
+/// [`delta32`]; at most 0x10_0000, so a few add to `!check` without overflow.
+#[inline(always)]
+pub fn addr_delta(old: &Addr, new: &Addr, fam: Family) -> u32 {
+    let word =
+        |a: &Addr, i: usize| u32::from_be_bytes([a.0[i], a.0[i + 1], a.0[i + 2], a.0[i + 3]]);
+    match fam {
+        Family::V4 => delta32(word(old, 12), word(new, 12)),
+        Family::V6 => (0..16)
+            .step_by(4)
+            .map(|i| delta32(word(old, i), word(new, i)))
+            .sum(),
     }
-    fold(s)
 }
 
 /// Partial sum of the TCP/UDP/ICMPv6 pseudo-header (RFC 793 / RFC 8200 8.1). `len` is the

@@ -8,6 +8,28 @@ use crate::ParseError;
 /// Length of an IPv4 header without options.
 pub const MIN_HEADER_LEN: usize = 20;
 
+/// Byte offsets of the header's fields (each named once: views, parser and rewrite use these).
+pub mod field {
+    /// Version (high nibble) and header length in 32-bit words (low nibble).
+    pub const VER_IHL: usize = 0;
+    /// Total length.
+    pub const TOTAL_LEN: usize = 2;
+    /// Identification.
+    pub const IDENT: usize = 4;
+    /// Flags (3 bits) and fragment offset (13 bits, in 8-byte units).
+    pub const FLAGS_FRAG: usize = 6;
+    /// Time to live.
+    pub const TTL: usize = 8;
+    /// Protocol of the payload.
+    pub const PROTOCOL: usize = 9;
+    /// Header checksum.
+    pub const CHECKSUM: usize = 10;
+    /// Source address (4 bytes).
+    pub const SRC: usize = 12;
+    /// Destination address (4 bytes).
+    pub const DST: usize = 16;
+}
+
 /// Zero-copy view of an IPv4 packet.
 #[derive(Debug, Clone)]
 pub struct Packet<T: AsRef<[u8]>> {
@@ -27,7 +49,7 @@ pub(crate) fn check(b: &[u8]) -> Result<(usize, usize), ParseError> {
     if hl < MIN_HEADER_LEN || hl > b.len() {
         return Err(ParseError::BadHeaderLength);
     }
-    let tl = get16(b, 2) as usize;
+    let tl = get16(b, field::TOTAL_LEN) as usize;
     if tl < hl || tl > b.len() {
         return Err(ParseError::BadTotalLength);
     }
@@ -77,13 +99,13 @@ impl<T: AsRef<[u8]>> Packet<T> {
     /// Total length (header + payload).
     #[inline]
     pub fn total_len(&self) -> u16 {
-        get16(self.b(), 2)
+        get16(self.b(), field::TOTAL_LEN)
     }
 
     /// Identification.
     #[inline]
     pub fn ident(&self) -> u16 {
-        get16(self.b(), 4)
+        get16(self.b(), field::IDENT)
     }
 
     /// Don't-fragment flag.
@@ -101,13 +123,13 @@ impl<T: AsRef<[u8]>> Packet<T> {
     /// Fragment offset in bytes.
     #[inline]
     pub fn frag_offset(&self) -> u16 {
-        (get16(self.b(), 6) & 0x1fff) << 3
+        (get16(self.b(), field::FLAGS_FRAG) & 0x1fff) << 3
     }
 
     /// True for any fragment (MF set or offset non-zero).
     #[inline]
     pub fn is_fragment(&self) -> bool {
-        get16(self.b(), 6) & 0x3fff != 0
+        get16(self.b(), field::FLAGS_FRAG) & 0x3fff != 0
     }
 
     /// Time to live.
@@ -119,25 +141,25 @@ impl<T: AsRef<[u8]>> Packet<T> {
     /// Protocol number of the payload.
     #[inline]
     pub fn protocol(&self) -> u8 {
-        self.b()[9]
+        self.b()[field::PROTOCOL]
     }
 
     /// Header checksum field.
     #[inline]
     pub fn checksum(&self) -> u16 {
-        get16(self.b(), 10)
+        get16(self.b(), field::CHECKSUM)
     }
 
     /// Source address.
     #[inline]
     pub fn src_addr(&self) -> [u8; 4] {
-        arr(self.b(), 12)
+        arr(self.b(), field::SRC)
     }
 
     /// Destination address.
     #[inline]
     pub fn dst_addr(&self) -> [u8; 4] {
-        arr(self.b(), 16)
+        arr(self.b(), field::DST)
     }
 
     /// Options (between the fixed header and the payload).
@@ -174,46 +196,46 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
 
     /// Sets the total length.
     pub fn set_total_len(&mut self, v: u16) {
-        set16(self.bm(), 2, v)
+        set16(self.bm(), field::TOTAL_LEN, v)
     }
 
     /// Sets the identification.
     pub fn set_ident(&mut self, v: u16) {
-        set16(self.bm(), 4, v)
+        set16(self.bm(), field::IDENT, v)
     }
 
     /// Sets flags and fragment offset (bytes, multiple of 8).
     pub fn set_frag(&mut self, dont_frag: bool, more: bool, offset: u16) {
         let v = ((dont_frag as u16) << 14) | ((more as u16) << 13) | ((offset >> 3) & 0x1fff);
-        set16(self.bm(), 6, v)
+        set16(self.bm(), field::FLAGS_FRAG, v)
     }
 
     /// Sets the TTL.
     pub fn set_ttl(&mut self, v: u8) {
-        self.bm()[8] = v;
+        self.bm()[field::TTL] = v;
     }
 
     /// Sets the protocol.
     pub fn set_protocol(&mut self, v: u8) {
-        self.bm()[9] = v;
+        self.bm()[field::PROTOCOL] = v;
     }
 
     /// Sets the checksum field.
     #[inline]
     pub fn set_checksum(&mut self, v: u16) {
-        set16(self.bm(), 10, v)
+        set16(self.bm(), field::CHECKSUM, v)
     }
 
     /// Sets the source address (checksum not updated).
     #[inline]
     pub fn set_src_addr(&mut self, a: [u8; 4]) {
-        self.bm()[12..16].copy_from_slice(&a);
+        self.bm()[field::SRC..field::SRC + 4].copy_from_slice(&a);
     }
 
     /// Sets the destination address (checksum not updated).
     #[inline]
     pub fn set_dst_addr(&mut self, a: [u8; 4]) {
-        self.bm()[16..20].copy_from_slice(&a);
+        self.bm()[field::DST..field::DST + 4].copy_from_slice(&a);
     }
 
     /// Recomputes the header checksum from scratch.

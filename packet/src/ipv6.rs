@@ -7,6 +7,22 @@ use crate::ParseError;
 
 /// Fixed header length.
 pub const HEADER_LEN: usize = 40;
+
+/// Byte offsets of the fixed header's fields (each named once).
+pub mod field {
+    /// Version, traffic class and flow label (32 bits).
+    pub const VER_TC_FLOW: usize = 0;
+    /// Payload length.
+    pub const PAYLOAD_LEN: usize = 4;
+    /// Next header.
+    pub const NEXT_HEADER: usize = 6;
+    /// Hop limit.
+    pub const HOP_LIMIT: usize = 7;
+    /// Source address (16 bytes).
+    pub const SRC: usize = 8;
+    /// Destination address (16 bytes).
+    pub const DST: usize = 24;
+}
 /// Most extension headers walked before the chain is declared bad.
 pub const MAX_EXT_HEADERS: usize = 8;
 
@@ -52,7 +68,7 @@ pub(crate) fn check(b: &[u8]) -> Result<usize, ParseError> {
     if b[0] >> 4 != 6 {
         return Err(ParseError::BadVersion);
     }
-    let len = HEADER_LEN + get16(b, 4) as usize;
+    let len = HEADER_LEN + get16(b, field::PAYLOAD_LEN) as usize;
     if len > b.len() {
         return Err(ParseError::BadTotalLength);
     }
@@ -108,19 +124,19 @@ impl<T: AsRef<[u8]>> Packet<T> {
     /// Payload length (extension headers included).
     #[inline]
     pub fn payload_len(&self) -> u16 {
-        get16(self.b(), 4)
+        get16(self.b(), field::PAYLOAD_LEN)
     }
 
     /// First next-header value.
     #[inline]
     pub fn next_header(&self) -> u8 {
-        self.b()[6]
+        self.b()[field::NEXT_HEADER]
     }
 
     /// Hop limit.
     #[inline]
     pub fn hop_limit(&self) -> u8 {
-        self.b()[7]
+        self.b()[field::HOP_LIMIT]
     }
 
     /// Source address.
@@ -160,29 +176,29 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
 
     /// Sets the payload length.
     pub fn set_payload_len(&mut self, v: u16) {
-        set16(self.bm(), 4, v)
+        set16(self.bm(), field::PAYLOAD_LEN, v)
     }
 
     /// Sets the first next-header value.
     pub fn set_next_header(&mut self, v: u8) {
-        self.bm()[6] = v;
+        self.bm()[field::NEXT_HEADER] = v;
     }
 
     /// Sets the hop limit.
     pub fn set_hop_limit(&mut self, v: u8) {
-        self.bm()[7] = v;
+        self.bm()[field::HOP_LIMIT] = v;
     }
 
     /// Sets the source address.
     #[inline]
     pub fn set_src_addr(&mut self, a: [u8; 16]) {
-        self.bm()[8..24].copy_from_slice(&a);
+        self.bm()[field::SRC..field::SRC + 16].copy_from_slice(&a);
     }
 
     /// Sets the destination address.
     #[inline]
     pub fn set_dst_addr(&mut self, a: [u8; 16]) {
-        self.bm()[24..40].copy_from_slice(&a);
+        self.bm()[field::DST..field::DST + 16].copy_from_slice(&a);
     }
 }
 

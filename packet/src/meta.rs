@@ -4,8 +4,8 @@
 
 use crate::addr::{Addr, Family};
 use crate::ethernet::{self, ethertype};
-use crate::field::{get16, get32};
-use crate::{icmpv4, icmpv6, ipv4, ipv6, sctp, tcp, LinkType, ParseError};
+use crate::field::{arr, get16, get32};
+use crate::{icmpv4, icmpv6, ipv4, ipv6, sctp, tcp, udp, LinkType, ParseError};
 
 /// IP protocol numbers the dataplane handles.
 pub mod proto {
@@ -198,22 +198,23 @@ pub fn parse_into(frame: &[u8], link: LinkType, m: &mut PacketMeta) -> Result<bo
     Ok(true)
 }
 
-#[inline]
+// Always inlined, as `parse_into`: the IPv4 case is the fast path's.
+#[inline(always)]
 fn parse_v4(ip: &[u8], l3: usize, m: &mut PacketMeta) -> Result<(), ParseError> {
     let (hl, tl) = ipv4::check(ip)?;
-    let fo = get16(ip, 6);
+    let fo = get16(ip, ipv4::field::FLAGS_FRAG);
     let offset = (fo & 0x1fff) << 3;
     let more = fo & 0x2000 != 0;
     *m = PacketMeta {
         l3_off: l3 as u16,
         ip_len: tl as u16,
         family: Family::V4,
-        proto: ip[9],
-        src: Addr::from_v4([ip[12], ip[13], ip[14], ip[15]]),
-        dst: Addr::from_v4([ip[16], ip[17], ip[18], ip[19]]),
-        ttl: ip[8],
+        proto: ip[ipv4::field::PROTOCOL],
+        src: Addr::from_v4(arr(ip, ipv4::field::SRC)),
+        dst: Addr::from_v4(arr(ip, ipv4::field::DST)),
+        ttl: ip[ipv4::field::TTL],
         frag: Frag {
-            id: get16(ip, 4) as u32,
+            id: get16(ip, ipv4::field::IDENT) as u32,
             offset,
             more,
             is_fragment: more || offset != 0,
@@ -234,15 +235,15 @@ fn parse_v6(ip: &[u8], l3: usize, m: &mut PacketMeta) -> Result<(), ParseError> 
         return Err(ParseError::BadTotalLength);
     }
     let payload = &ip[ipv6::HEADER_LEN..len];
-    let end = ipv6::walk_chain(payload, ip[6])?;
+    let end = ipv6::walk_chain(payload, ip[ipv6::field::NEXT_HEADER])?;
     *m = PacketMeta {
         l3_off: l3 as u16,
         ip_len: len as u16,
         family: Family::V6,
         proto: end.proto,
-        src: Addr(crate::field::arr(ip, 8)),
-        dst: Addr(crate::field::arr(ip, 24)),
-        ttl: ip[7],
+        src: Addr(arr(ip, ipv6::field::SRC)),
+        dst: Addr(arr(ip, ipv6::field::DST)),
+        ttl: ip[ipv6::field::HOP_LIMIT],
         ..PacketMeta::default()
     };
     if let Some(f) = end.frag {
@@ -270,21 +271,21 @@ fn parse_l4(m: &mut PacketMeta, l4: &[u8], off: usize) -> Result<(), ParseError>
     match m.proto {
         proto::TCP => {
             tcp::check(l4)?;
-            m.sport = get16(l4, 0);
-            m.dport = get16(l4, 2);
-            m.tcp_flags = l4[13];
+            m.sport = get16(l4, tcp::field::SRC_PORT);
+            m.dport = get16(l4, tcp::field::DST_PORT);
+            m.tcp_flags = l4[tcp::field::FLAGS];
         }
         proto::UDP => {
-            if l4.len() < 8 {
+            if l4.len() < udp::HEADER_LEN {
                 return Err(ParseError::Truncated);
             }
-            let ulen = get16(l4, 4) as usize;
+            let ulen = get16(l4, udp::field::LEN) as usize;
             // A first fragment's UDP length covers the reassembled datagram.
-            if ulen < 8 || (ulen > l4.len() && !m.frag.more) {
+            if ulen < udp::HEADER_LEN || (ulen > l4.len() && !m.frag.more) {
                 return Err(ParseError::BadLength);
             }
-            m.sport = get16(l4, 0);
-            m.dport = get16(l4, 2);
+            m.sport = get16(l4, udp::field::SRC_PORT);
+            m.dport = get16(l4, udp::field::DST_PORT);
         }
         proto::SCTP => {
             if m.frag.more {

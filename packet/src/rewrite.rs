@@ -5,8 +5,8 @@
 //! from the frame itself, not from `meta`, so a stale meta cannot corrupt a checksum.
 
 use crate::addr::{Addr, Family};
-use crate::checksum::{update16, update_addr};
-use crate::field::{get16, set16};
+use crate::checksum::{addr_delta, delta32, fold, update16};
+use crate::field::{arr, get16, get32, set16, set32};
 use crate::meta::{proto, PacketMeta};
 use crate::{icmpv4, icmpv6, ipv4, ipv6, sctp, tcp, udp, ParseError};
 
@@ -64,46 +64,42 @@ pub fn try_rewrite(
         }
     }
 
-    // Old addresses as they are in the frame.
-    // Fixed-size copies per family: a variable length would become a `memmove` call.
-    let (old_src, old_dst, src_changed, dst_changed) = match fam {
+    // The addresses' change as one unfolded partial sum, added to every checksum that covers
+    // them (the IPv4 header's, the pseudo-header's) before a single fold: one fold per checksum
+    // instead of one per changed field. Unchanged fields add nothing. Fixed-size reads and
+    // writes per family: a variable length would become a `memmove` call.
+    let addr_sum = match fam {
         Family::V4 => {
-            let (s_at, d_at) = (l3 + 12, l3 + 16);
-            let os: [u8; 4] = frame[s_at..s_at + 4].try_into().unwrap_or_default();
-            let od: [u8; 4] = frame[d_at..d_at + 4].try_into().unwrap_or_default();
-            frame[s_at..s_at + 4].copy_from_slice(&src.v4_octets());
-            frame[d_at..d_at + 4].copy_from_slice(&dst.v4_octets());
-            (
-                Addr::from_v4(os),
-                Addr::from_v4(od),
-                os != src.v4_octets(),
-                od != dst.v4_octets(),
-            )
+            let (s_at, d_at) = (l3 + ipv4::field::SRC, l3 + ipv4::field::DST);
+            let (os, od) = (get32(frame, s_at), get32(frame, d_at));
+            let (ns, nd) = (
+                u32::from_be_bytes(src.v4_octets()),
+                u32::from_be_bytes(dst.v4_octets()),
+            );
+            set32(frame, s_at, ns);
+            set32(frame, d_at, nd);
+            changed32(os, ns) + changed32(od, nd)
         }
         Family::V6 => {
-            let (s_at, d_at) = (l3 + 8, l3 + 24);
-            let os: [u8; 16] = frame[s_at..s_at + 16].try_into().unwrap_or_default();
-            let od: [u8; 16] = frame[d_at..d_at + 16].try_into().unwrap_or_default();
+            let (s_at, d_at) = (l3 + ipv6::field::SRC, l3 + ipv6::field::DST);
+            let os = Addr(arr(frame, s_at));
+            let od = Addr(arr(frame, d_at));
             frame[s_at..s_at + 16].copy_from_slice(&src.0);
             frame[d_at..d_at + 16].copy_from_slice(&dst.0);
-            (Addr(os), Addr(od), Addr(os) != src, Addr(od) != dst)
+            let mut sum = 0;
+            if os != src {
+                sum += addr_delta(&os, &src, fam);
+            }
+            if od != dst {
+                sum += addr_delta(&od, &dst, fam);
+            }
+            sum
         }
-    };
-
-    // Adjusts a checksum for the address change (IPv4 header and pseudo-headers alike).
-    let addr_delta = |mut c: u16| {
-        if src_changed {
-            c = update_addr(c, &old_src, &src, fam);
-        }
-        if dst_changed {
-            c = update_addr(c, &old_dst, &dst, fam);
-        }
-        c
     };
 
     if fam == Family::V4 {
-        let c = addr_delta(get16(frame, l3 + 10));
-        set16(frame, l3 + 10, c);
+        let c = fold(!get16(frame, l3 + ipv4::field::CHECKSUM) as u32 + addr_sum);
+        set16(frame, l3 + ipv4::field::CHECKSUM, c);
     }
     meta.src = src;
     meta.dst = dst;
@@ -113,16 +109,21 @@ pub fn try_rewrite(
 
     match meta.proto {
         proto::TCP => {
-            let c = ports_delta(addr_delta(get16(frame, l4 + 16)), frame, l4, sport, dport);
-            set16(frame, l4 + 16, c);
+            let c = get16(frame, l4 + tcp::field::CHECKSUM);
+            let c = fold(!c as u32 + addr_sum + ports_sum(frame, l4, sport, dport));
+            set16(frame, l4 + tcp::field::CHECKSUM, c);
             set_ports(frame, l4, sport, dport, meta);
         }
         proto::UDP => {
-            let c = get16(frame, l4 + 6);
+            let c = get16(frame, l4 + udp::field::CHECKSUM);
             if !(fam == Family::V4 && c == 0) {
-                let c = ports_delta(addr_delta(c), frame, l4, sport, dport);
+                let c = fold(!c as u32 + addr_sum + ports_sum(frame, l4, sport, dport));
                 // A computed zero is sent as all ones (RFC 768); zero would mean "no checksum".
-                set16(frame, l4 + 6, if c == 0 { 0xffff } else { c });
+                set16(
+                    frame,
+                    l4 + udp::field::CHECKSUM,
+                    if c == 0 { 0xffff } else { c },
+                );
             }
             set_ports(frame, l4, sport, dport, meta);
         }
@@ -145,7 +146,7 @@ pub fn try_rewrite(
             }
         }
         proto::ICMPV6 if fam == Family::V6 => {
-            let mut c = addr_delta(get16(frame, l4 + 2));
+            let mut c = fold(!get16(frame, l4 + 2) as u32 + addr_sum);
             let t = frame[l4];
             if t == icmpv6::types::ECHO_REQUEST || t == icmpv6::types::ECHO_REPLY {
                 c = update16(c, get16(frame, l4 + 4), sport);
@@ -160,22 +161,36 @@ pub fn try_rewrite(
     Ok(())
 }
 
+/// The ports' change (source and destination port, read from the frame) as an unfolded partial
+/// sum, as `checksum::delta32`; unchanged ports add nothing.
 #[inline(always)]
-fn ports_delta(mut c: u16, frame: &[u8], l4: usize, sport: u16, dport: u16) -> u16 {
-    let (os, od) = (get16(frame, l4), get16(frame, l4 + 2));
-    if os != sport {
-        c = update16(c, os, sport);
+fn ports_sum(frame: &[u8], l4: usize, sport: u16, dport: u16) -> u32 {
+    // The ports sit at the same offsets in TCP, UDP and SCTP.
+    let changed16 = |old: u16, new: u16| {
+        if old == new {
+            0
+        } else {
+            (!old) as u32 + new as u32
+        }
+    };
+    changed16(get16(frame, l4 + tcp::field::SRC_PORT), sport)
+        + changed16(get16(frame, l4 + tcp::field::DST_PORT), dport)
+}
+
+/// `checksum::delta32` of a field that may be unchanged (then nothing is added).
+#[inline(always)]
+fn changed32(old: u32, new: u32) -> u32 {
+    if old == new {
+        0
+    } else {
+        delta32(old, new)
     }
-    if od != dport {
-        c = update16(c, od, dport);
-    }
-    c
 }
 
 #[inline(always)]
 fn set_ports(frame: &mut [u8], l4: usize, sport: u16, dport: u16, meta: &mut PacketMeta) {
-    set16(frame, l4, sport);
-    set16(frame, l4 + 2, dport);
+    set16(frame, l4 + tcp::field::SRC_PORT, sport);
+    set16(frame, l4 + tcp::field::DST_PORT, dport);
     meta.sport = sport;
     meta.dport = dport;
 }
@@ -198,21 +213,28 @@ pub fn decrement_ttl(frame: &mut [u8], link: crate::LinkType) -> bool {
 pub fn decrement_ttl_at(frame: &mut [u8], l3: usize) -> bool {
     match frame.get(l3).map(|b| b >> 4) {
         Some(4) if frame.len() >= l3 + ipv4::MIN_HEADER_LEN => {
-            let ttl = frame[l3 + 8];
+            let at = l3 + ipv4::field::TTL;
+            let ttl = frame[at];
             if ttl <= 1 {
                 return false;
             }
-            let old = get16(frame, l3 + 8);
-            frame[l3 + 8] = ttl - 1;
-            let c = update16(get16(frame, l3 + 10), old, get16(frame, l3 + 8));
-            set16(frame, l3 + 10, c);
+            // The checksum covers the TTL as the high byte of a 16-bit word.
+            let old = get16(frame, at);
+            frame[at] = ttl - 1;
+            let c = update16(
+                get16(frame, l3 + ipv4::field::CHECKSUM),
+                old,
+                get16(frame, at),
+            );
+            set16(frame, l3 + ipv4::field::CHECKSUM, c);
             true
         }
         Some(6) if frame.len() >= l3 + ipv6::HEADER_LEN => {
-            if frame[l3 + 7] <= 1 {
+            let at = l3 + ipv6::field::HOP_LIMIT;
+            if frame[at] <= 1 {
                 return false;
             }
-            frame[l3 + 7] -= 1;
+            frame[at] -= 1;
             true
         }
         _ => false,

@@ -8,6 +8,28 @@ use crate::ParseError;
 /// Header length without options.
 pub const MIN_HEADER_LEN: usize = 20;
 
+/// Byte offsets of the header's fields (each named once).
+pub mod field {
+    /// Source port.
+    pub const SRC_PORT: usize = 0;
+    /// Destination port.
+    pub const DST_PORT: usize = 2;
+    /// Sequence number.
+    pub const SEQ: usize = 4;
+    /// Acknowledgment number.
+    pub const ACK: usize = 8;
+    /// Data offset (high nibble, in 32-bit words).
+    pub const DATA_OFF: usize = 12;
+    /// Flags (`flags`).
+    pub const FLAGS: usize = 13;
+    /// Window.
+    pub const WINDOW: usize = 14;
+    /// Checksum.
+    pub const CHECKSUM: usize = 16;
+    /// Urgent pointer.
+    pub const URGENT: usize = 18;
+}
+
 /// Flag bits of the flags byte (offset 13).
 pub mod flags {
     /// FIN.
@@ -30,7 +52,7 @@ pub(crate) fn check(b: &[u8]) -> Result<usize, ParseError> {
     if b.len() < MIN_HEADER_LEN {
         return Err(ParseError::Truncated);
     }
-    let hl = ((b[12] >> 4) as usize) * 4;
+    let hl = ((b[field::DATA_OFF] >> 4) as usize) * 4;
     if hl < MIN_HEADER_LEN || hl > b.len() {
         return Err(ParseError::BadDataOffset);
     }
@@ -68,37 +90,37 @@ impl<T: AsRef<[u8]>> Segment<T> {
     /// Source port.
     #[inline]
     pub fn src_port(&self) -> u16 {
-        get16(self.b(), 0)
+        get16(self.b(), field::SRC_PORT)
     }
 
     /// Destination port.
     #[inline]
     pub fn dst_port(&self) -> u16 {
-        get16(self.b(), 2)
+        get16(self.b(), field::DST_PORT)
     }
 
     /// Sequence number.
     #[inline]
     pub fn seq_number(&self) -> u32 {
-        get32(self.b(), 4)
+        get32(self.b(), field::SEQ)
     }
 
     /// Acknowledgement number.
     #[inline]
     pub fn ack_number(&self) -> u32 {
-        get32(self.b(), 8)
+        get32(self.b(), field::ACK)
     }
 
     /// Header length in bytes (data offset * 4).
     #[inline]
     pub fn header_len(&self) -> usize {
-        ((self.b()[12] >> 4) as usize) * 4
+        ((self.b()[field::DATA_OFF] >> 4) as usize) * 4
     }
 
     /// Flags byte (see [`flags`]).
     #[inline]
     pub fn flags(&self) -> u8 {
-        self.b()[13]
+        self.b()[field::FLAGS]
     }
 
     /// SYN set.
@@ -128,19 +150,19 @@ impl<T: AsRef<[u8]>> Segment<T> {
     /// Window.
     #[inline]
     pub fn window(&self) -> u16 {
-        get16(self.b(), 14)
+        get16(self.b(), field::WINDOW)
     }
 
     /// Checksum field.
     #[inline]
     pub fn checksum(&self) -> u16 {
-        get16(self.b(), 16)
+        get16(self.b(), field::CHECKSUM)
     }
 
     /// Urgent pointer.
     #[inline]
     pub fn urgent(&self) -> u16 {
-        get16(self.b(), 18)
+        get16(self.b(), field::URGENT)
     }
 
     /// Options.
@@ -173,13 +195,13 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Segment<T> {
     /// Sets the source port.
     #[inline]
     pub fn set_src_port(&mut self, v: u16) {
-        set16(self.bm(), 0, v)
+        set16(self.bm(), field::SRC_PORT, v)
     }
 
     /// Sets the destination port.
     #[inline]
     pub fn set_dst_port(&mut self, v: u16) {
-        set16(self.bm(), 2, v)
+        set16(self.bm(), field::DST_PORT, v)
     }
 
     /// Sets the sequence number.
@@ -194,28 +216,28 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Segment<T> {
 
     /// Sets the header length in bytes (multiple of 4).
     pub fn set_header_len(&mut self, hl: usize) {
-        self.bm()[12] = ((hl / 4) as u8) << 4;
+        self.bm()[field::DATA_OFF] = ((hl / 4) as u8) << 4;
     }
 
     /// Sets the flags byte.
     pub fn set_flags(&mut self, f: u8) {
-        self.bm()[13] = f;
+        self.bm()[field::FLAGS] = f;
     }
 
     /// Sets the window.
     pub fn set_window(&mut self, v: u16) {
-        set16(self.bm(), 14, v)
+        set16(self.bm(), field::WINDOW, v)
     }
 
     /// Sets the checksum field.
     #[inline]
     pub fn set_checksum(&mut self, v: u16) {
-        set16(self.bm(), 16, v)
+        set16(self.bm(), field::CHECKSUM, v)
     }
 
     /// Sets the urgent pointer.
     pub fn set_urgent(&mut self, v: u16) {
-        set16(self.bm(), 18, v)
+        set16(self.bm(), field::URGENT, v)
     }
 
     /// Recomputes the checksum over the whole buffer from scratch.

@@ -8,6 +8,18 @@ use crate::ParseError;
 /// Header length.
 pub const HEADER_LEN: usize = 8;
 
+/// Byte offsets of the header's fields (each named once).
+pub mod field {
+    /// Source port.
+    pub const SRC_PORT: usize = 0;
+    /// Destination port.
+    pub const DST_PORT: usize = 2;
+    /// Length (header and payload).
+    pub const LEN: usize = 4;
+    /// Checksum (0: none, IPv4 only).
+    pub const CHECKSUM: usize = 6;
+}
+
 /// Zero-copy view of a UDP datagram.
 #[derive(Debug, Clone)]
 pub struct Datagram<T: AsRef<[u8]>> {
@@ -26,7 +38,7 @@ impl<T: AsRef<[u8]>> Datagram<T> {
         if b.len() < HEADER_LEN {
             return Err(ParseError::Truncated);
         }
-        let l = get16(b, 4) as usize;
+        let l = get16(b, field::LEN) as usize;
         if l < HEADER_LEN || l > b.len() {
             return Err(ParseError::BadLength);
         }
@@ -46,19 +58,19 @@ impl<T: AsRef<[u8]>> Datagram<T> {
     /// Source port.
     #[inline]
     pub fn src_port(&self) -> u16 {
-        get16(self.b(), 0)
+        get16(self.b(), field::SRC_PORT)
     }
 
     /// Destination port.
     #[inline]
     pub fn dst_port(&self) -> u16 {
-        get16(self.b(), 2)
+        get16(self.b(), field::DST_PORT)
     }
 
     /// Length field (header + payload).
     #[inline]
     pub fn len(&self) -> u16 {
-        get16(self.b(), 4)
+        get16(self.b(), field::LEN)
     }
 
     /// True when the length field says there is no payload.
@@ -70,7 +82,7 @@ impl<T: AsRef<[u8]>> Datagram<T> {
     /// Checksum field (0 = none, IPv4 only).
     #[inline]
     pub fn checksum(&self) -> u16 {
-        get16(self.b(), 6)
+        get16(self.b(), field::CHECKSUM)
     }
 
     /// Payload (up to the length field).
@@ -96,24 +108,24 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Datagram<T> {
     /// Sets the source port.
     #[inline]
     pub fn set_src_port(&mut self, v: u16) {
-        set16(self.bm(), 0, v)
+        set16(self.bm(), field::SRC_PORT, v)
     }
 
     /// Sets the destination port.
     #[inline]
     pub fn set_dst_port(&mut self, v: u16) {
-        set16(self.bm(), 2, v)
+        set16(self.bm(), field::DST_PORT, v)
     }
 
     /// Sets the length field.
     pub fn set_len(&mut self, v: u16) {
-        set16(self.bm(), 4, v)
+        set16(self.bm(), field::LEN, v)
     }
 
     /// Sets the checksum field.
     #[inline]
     pub fn set_checksum(&mut self, v: u16) {
-        set16(self.bm(), 6, v)
+        set16(self.bm(), field::CHECKSUM, v)
     }
 
     /// Recomputes the checksum (a computed 0 is sent as 0xffff, RFC 768).

@@ -1,14 +1,16 @@
 //! Big-endian field accessors. Callers have validated the length (views in `new_checked`, the
 //! fast path before each read), so these index directly; a wrong offset is a bug, not bad input.
 
+// Through `arr` (one range check, one load): indexing byte by byte was a check and a load per
+// byte, 35 instructions per packet in the NAT rewrite's `get32`s alone (session 6 profile).
 #[inline(always)]
 pub(crate) fn get16(b: &[u8], off: usize) -> u16 {
-    u16::from_be_bytes([b[off], b[off + 1]])
+    u16::from_be_bytes(arr(b, off))
 }
 
 #[inline(always)]
 pub(crate) fn get32(b: &[u8], off: usize) -> u32 {
-    u32::from_be_bytes([b[off], b[off + 1], b[off + 2], b[off + 3]])
+    u32::from_be_bytes(arr(b, off))
 }
 
 #[inline(always)]

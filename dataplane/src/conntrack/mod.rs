@@ -257,8 +257,9 @@ impl Conntrack {
     }
 
     /// Finds the connection a packet with tuple `key` (packed, with its hash) belongs to. An entry
-    /// past its expiry is gone, whether or not the expiry scan has reached it yet.
-    #[inline]
+    /// past its expiry is gone, whether or not the expiry scan has reached it yet. Always inlined:
+    /// out of line, its call and the copy of its `Found` cost 44 instructions per packet.
+    #[inline(always)]
     pub fn lookup(&self, key: &Packed, hash: u64, now_ms: u64) -> Option<Found> {
         let found = self.table.lookup(key, hash, now_ms)?;
         if found.expires_ms < now_ms {

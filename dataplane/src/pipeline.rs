@@ -19,8 +19,8 @@
 //! Every outcome is one `Reason`, counted in `Counters`. No allocation, lock or syscall per packet.
 
 use kxdp_packet::{
-    build_port_unreachable, build_tcp_rst, parse_into, parse_quoted, rewrite, rewrite_icmp_error,
-    Addr, ErrorRewrite, LinkType, PacketMeta, Quoted,
+    build_port_unreachable, build_tcp_rst, parse_into, parse_quoted, proto, rewrite,
+    rewrite_icmp_error, Addr, ErrorRewrite, LinkType, PacketMeta, Quoted,
 };
 
 use crate::conntrack::{
@@ -396,7 +396,7 @@ impl Pipeline {
         now_ms: u64,
     ) {
         // A SYN on a connection that is over starts a new one on the same tuple.
-        if meta.proto == 6
+        if meta.proto == proto::TCP
             && found.dir == DIR_ORIG
             && meta.tcp_flags & (tcp::SYN | tcp::ACK) == tcp::SYN
             && tcp_state_of(found.state).allows_reopen()
@@ -408,7 +408,7 @@ impl Pipeline {
             return self.new_flow(buf, len, meta, hash, fe, v, snap, ct, now_ms);
         }
         // After a RST nothing but a new SYN (above) or another RST belongs to the connection.
-        if meta.proto == 6
+        if meta.proto == proto::TCP
             && tcp_state_of(found.state) == tcp::TcpState::Close
             && meta.tcp_flags & tcp::RST == 0
         {
@@ -872,7 +872,7 @@ fn untranslatable(snap: &Snapshot, meta: &PacketMeta, at_service: Reason) -> Rea
 /// the checksum, so a corrupted packet must not leave with a valid one).
 #[inline]
 fn first_packet(buf: &[u8], meta: &PacketMeta) -> Result<FirstPacket, ()> {
-    if meta.proto != kxdp_packet::proto::SCTP || meta.l4_off == 0 {
+    if meta.proto != proto::SCTP || meta.l4_off == 0 {
         return Ok(FirstPacket {
             tcp_flags: meta.tcp_flags,
             bytes: meta.ip_len as u64,

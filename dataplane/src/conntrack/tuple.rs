@@ -111,7 +111,8 @@ impl Tuple {
 /// Whether the protocol has ports that NAT rewrites (TCP, UDP, SCTP).
 #[inline]
 pub fn has_ports(proto: u8) -> bool {
-    matches!(proto, 6 | 17 | 132)
+    use kxdp_packet::proto::{SCTP, TCP, UDP};
+    matches!(proto, TCP | UDP | SCTP)
 }
 
 impl fmt::Debug for Tuple {

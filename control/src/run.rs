@@ -18,6 +18,7 @@ use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::sources::files::load_state;
 use crate::sources::kube::{client_config, KubeOptions};
+use crate::sources::watch_files::Preloaded;
 use crate::sync::{ControlHandle, ControlLoop, Published, Source};
 
 /// How often `--state` is checked for changes.
@@ -78,10 +79,12 @@ pub fn start(
     let source = match state {
         Some(p) => {
             // Bad input at startup is an error (exit 2); later it keeps the last good tables.
-            load_state(p)?;
+            // The state read here is the watch's first (not read twice).
+            let preloaded = Preloaded::load(p)?;
             Source::Files {
                 path: p.to_path_buf(),
                 poll: STATE_POLL,
+                preloaded: Some(Box::new(preloaded)),
             }
         }
         None => {

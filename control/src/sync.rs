@@ -158,8 +158,13 @@ pub enum Update {
 
 /// Where the cluster state comes from.
 pub enum Source {
-    /// `--state` files, reread when they change (checked every `poll`).
-    Files { path: PathBuf, poll: Duration },
+    /// `--state` files, reread when they change (checked every `poll`); `preloaded`, when
+    /// given, is the first state (read once by the caller, not read again if unchanged).
+    Files {
+        path: PathBuf,
+        poll: Duration,
+        preloaded: Option<Box<crate::sources::watch_files::Preloaded>>,
+    },
     /// The API server.
     Kube {
         config: Box<kube::Config>,
@@ -487,8 +492,18 @@ impl ControlLoop {
         let stopping = Arc::new(AtomicBool::new(false));
 
         let required: Vec<String> = match source {
-            Source::Files { path, poll } => {
-                crate::sources::watch_files::spawn(runtime.handle(), path, poll, tx.clone());
+            Source::Files {
+                path,
+                poll,
+                preloaded,
+            } => {
+                crate::sources::watch_files::spawn(
+                    runtime.handle(),
+                    path,
+                    poll,
+                    preloaded.map(|p| *p),
+                    tx.clone(),
+                );
                 vec![crate::sources::watch_files::SOURCE.to_string()]
             }
             Source::Kube {
@@ -1130,6 +1145,7 @@ mod tests {
             Source::Files {
                 path: dir.path().to_path_buf(),
                 poll: Duration::from_millis(20),
+                preloaded: None,
             },
             Arc::new(Metrics::new()),
         )

@@ -210,12 +210,17 @@ fn load_str_with(
     let objects = if is_json {
         one_pass(text, true, file, validate)?
     } else {
-        crate::yaml::check(text).map_err(|e| file_error(file, e.to_string()))?;
-        // Something the fast path does not take, or an error: the one-pass reader decides, and
-        // names the document, object, field and line.
+        // The size and nesting limits (`crate::yaml::check`) hold before any parsing: the fast
+        // path checks each document before parsing it, on its decoding threads (the check is
+        // reset at every `---` line, so the documents' checks are the whole text's); the
+        // one-pass reader checks the whole text. Something the fast path does not take, or an
+        // error: the one-pass reader decides, and names the document, object, field and line.
         match fast::load(text, validate) {
             Some(objects) => objects,
-            None => one_pass(text, false, file, validate)?,
+            None => {
+                crate::yaml::check(text).map_err(|e| file_error(file, e.to_string()))?;
+                one_pass(text, false, file, validate)?
+            }
         }
     };
     for (index, obj) in objects {

@@ -40,8 +40,11 @@ struct SegmentOut {
 }
 
 /// The objects of `text` with their document index, or `None` when the one-pass reader must
-/// decide (see the module docs). `text` has passed `crate::yaml::check`.
+/// decide (see the module docs). Each document passes `crate::yaml::check` before it is parsed.
 pub(super) fn load(text: &str, validate: bool) -> Option<Vec<(usize, Object)>> {
+    if text.len() > crate::yaml::MAX_BYTES {
+        return None;
+    }
     let segments = split(text)?;
     let threads = if text.len() < PARALLEL_MIN_BYTES {
         1
@@ -164,10 +167,12 @@ fn head(text: &str) -> Option<(&str, &str)> {
             return None;
         }
         match b.first() {
-            None | Some(b' ' | b'#') => continue,
-            Some(b'\t' | b'-' | b'[' | b'{' | b'?' | b'&' | b'!' | b'*' | b'|' | b'>') => {
-                return None
-            }
+            // A `- ` at the left margin is an item of a top-level key's sequence (`ports:` then
+            // `- {port: 80}`, as `kubectl` and `kxdp pcap gen` write EndpointSlices): part of
+            // a value, like an indented line. (Were the whole document a sequence, no line
+            // would name its kind, and the typed decoding refuses a kind it is not.)
+            None | Some(b' ' | b'#' | b'-') => continue,
+            Some(b'\t' | b'[' | b'{' | b'?' | b'&' | b'!' | b'*' | b'|' | b'>') => return None,
             _ => {}
         }
         let value = |key: &str| -> Option<Option<&str>> {
@@ -206,8 +211,9 @@ fn typed<T: DeserializeOwned>(text: &str) -> Option<Box<T>> {
     super::strict::from_str(text).map(Box::new)
 }
 
-/// One segment's objects; `None` on any error.
+/// One segment's objects; `None` on any error (the limits of `crate::yaml::check` included).
 fn decode(text: &str, validate: bool) -> Option<SegmentOut> {
+    crate::yaml::check(text).ok()?;
     let explicit = is_marker(text.lines().next().unwrap_or("").as_bytes(), b"---");
     if !explicit
         && text.lines().all(|l| {
@@ -463,5 +469,11 @@ mod tests {
         assert_eq!(head("kind: \"Service\"\napiVersion: v1\n"), None);
         assert_eq!(head("--- {kind: Service, apiVersion: v1}\n"), None);
         assert_eq!(head("kind: Service\nkind: Pod\napiVersion: v1\n"), None);
+        // A top-level key's sequence at the left margin (EndpointSlices as written by kubectl).
+        assert_eq!(
+            head("apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nports:\n- {port: 80}\nendpoints:\n- addresses: [10.0.0.1]\n  nodeName: n\n"),
+            Some(("discovery.k8s.io/v1", "EndpointSlice"))
+        );
+        assert_eq!(head("- apiVersion: v1\n  kind: Service\n"), None);
     }
 }

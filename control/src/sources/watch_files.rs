@@ -22,7 +22,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::Sender;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use crate::model::ClusterState;
 
@@ -56,11 +56,61 @@ pub fn fingerprint(path: &Path) -> Result<Fingerprint, String> {
     Ok(Fingerprint(v))
 }
 
+/// The state as read before the watch starts (`kxdp run` reads it at start to refuse bad input
+/// with exit 2), with the fingerprint the files had before it was read: the watch sends it as
+/// its first state instead of reading the files a second time (issue 14: at 30,000 Services a
+/// read is most of the startup), once the files are seen settled as for any read.
+pub struct Preloaded {
+    fingerprint: Result<Fingerprint, String>,
+    taken: Instant,
+    state: ClusterState,
+}
+
+impl Preloaded {
+    /// Reads the state under `path` (the error names file, document and field).
+    pub fn load(path: &Path) -> Result<Preloaded, crate::sources::files::StateError> {
+        let taken = Instant::now();
+        let fingerprint = fingerprint(path);
+        let state = load_state(path)?;
+        Ok(Preloaded {
+            fingerprint,
+            taken,
+            state,
+        })
+    }
+
+    /// The state read.
+    pub fn state(&self) -> &ClusterState {
+        &self.state
+    }
+}
+
 /// Polls `path` every `poll` and sends a `ReplaceAll` after each settled change (and once at
-/// start), or a `SourceError` when the state cannot be read or is held as drastic.
-pub fn spawn(rt: &tokio::runtime::Handle, path: PathBuf, poll: Duration, tx: Sender<Update>) {
+/// start: `preloaded` when the files have not changed since it was read), or a `SourceError`
+/// when the state cannot be read or is held as drastic.
+pub fn spawn(
+    rt: &tokio::runtime::Handle,
+    path: PathBuf,
+    poll: Duration,
+    preloaded: Option<Preloaded>,
+    tx: Sender<Update>,
+) {
     rt.spawn(async move {
         let mut watch = Watch::default();
+        if let Some(pre) = preloaded {
+            // Settled as any read must be: the same fingerprint before the read and again
+            // at least one poll later, after it.
+            tokio::time::sleep(poll.saturating_sub(pre.taken.elapsed())).await;
+            let fp = pre.fingerprint;
+            if fp.is_ok() && stat(&path).await == fp {
+                watch.seen = Some(fp.clone());
+                if let Some(update) = watch.step(fp, Some(Ok(pre.state)), &path) {
+                    if tx.send(update).is_err() {
+                        return;
+                    }
+                }
+            }
+        }
         loop {
             let fp = stat(&path).await;
             let state = if watch.wants_read(&fp) {
@@ -263,6 +313,46 @@ mod tests {
             "the written state, never the empty one"
         );
         assert!(poll(&mut w, &f).is_none(), "nothing new");
+    }
+
+    #[test]
+    fn a_preloaded_state_is_sent_without_reading_the_files_again() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("state.yaml");
+        let mut tick = 0;
+        write(&f, &services(3), &mut tick);
+        let every = Duration::from_millis(20);
+        // Unchanged since it was read: sent as read (an empty state stands for it, so that a
+        // second read of the files, holding 3 Services, would show).
+        let (tx, rx) = std::sync::mpsc::channel();
+        let pre = Preloaded {
+            fingerprint: fingerprint(&f),
+            taken: Instant::now(),
+            state: ClusterState::new(),
+        };
+        spawn(rt.handle(), f.clone(), every, Some(pre), tx);
+        let first = rx.recv_timeout(Duration::from_secs(10)).ok();
+        assert_eq!(applied(first), Some(0), "the preloaded state, first");
+        assert!(
+            rx.recv_timeout(Duration::from_millis(200)).is_err(),
+            "the files are not read again while unchanged"
+        );
+        // Changed after it was read: the preloaded state is stale and the files are read.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let pre = Preloaded {
+            fingerprint: fingerprint(&f),
+            taken: Instant::now(),
+            state: ClusterState::new(),
+        };
+        write(&f, &services(2), &mut tick);
+        spawn(rt.handle(), f.clone(), every, Some(pre), tx);
+        let first = rx.recv_timeout(Duration::from_secs(10)).ok();
+        assert_eq!(applied(first), Some(2), "the files as they are now");
     }
 
     #[test]

@@ -387,6 +387,12 @@ pub struct Table {
 /// live-count change it keeps to itself before adding it to the shared count.
 const CHUNK: u32 = 32;
 
+/// How many entries ahead of itself the expiry scan prefetches.
+const SCAN_PREFETCH: usize = 8;
+
+/// Index slots in a cache line.
+const SLOTS_PER_LINE: usize = 16;
+
 /// Every used entry and index slot is looked at once per this period (all workers together).
 const SWEEP_PERIOD_MS: u64 = 1_000;
 
@@ -1282,11 +1288,30 @@ impl Table {
         let start = self.scan_cursor.fetch_add(budget as u64, Ordering::Relaxed);
         let mut expired = 0;
         let mut idx = (start % used) as u32;
+        // The scan walks the slab in order, a few entries per batch (at 1M connections created
+        // in a second, half an entry per packet): too few at a time for the hardware prefetcher
+        // to follow, so each entry was a cache miss. The state words a few entries ahead are
+        // prefetched instead.
+        let mut ahead = idx;
+        for _ in 0..SCAN_PREFETCH.min(budget) {
+            ahead = if ahead as u64 + 1 >= used {
+                0
+            } else {
+                ahead + 1
+            };
+            self.prefetch_state(ahead);
+        }
         for _ in 0..budget {
             if retired.items.len() == retired.items.capacity() {
                 break; // never grow: the rest waits for the next round
             }
             idx = if idx as u64 + 1 >= used { 0 } else { idx + 1 };
+            ahead = if ahead as u64 + 1 >= used {
+                0
+            } else {
+                ahead + 1
+            };
+            self.prefetch_state(ahead);
             let e = &self.entries[idx as usize];
             let s = e.state().load(Ordering::Acquire);
             let life = s & LIFE_MASK;
@@ -1310,12 +1335,28 @@ impl Table {
         let start = self
             .slot_cursor
             .fetch_add(slot_budget as u64, Ordering::Relaxed);
-        for j in 0..slot_budget as u64 {
-            self.clear_tombs_before(((start + j) % self.slots.len() as u64) as usize);
+        // (In order, the slot a line ahead prefetched, and without a division per slot.)
+        let mut i = (start % self.slots.len() as u64) as usize;
+        for _ in 0..slot_budget {
+            if i % SLOTS_PER_LINE == 0 {
+                if let Some(s) = self.slots.get(i + SLOTS_PER_LINE) {
+                    kxdp_packet::prefetch::prefetch(s);
+                }
+            }
+            self.clear_tombs_before(i);
+            i = self.next_slot(i);
         }
         retired.pending_live -= expired as i64;
         self.flush_live(retired, true);
         expired
+    }
+
+    /// A hint for the expiry scan: starts loading entry `idx`'s state word.
+    #[inline(always)]
+    fn prefetch_state(&self, idx: u32) {
+        if let Some(e) = self.entries.get(idx as usize) {
+            kxdp_packet::prefetch::prefetch(e.state());
+        }
     }
 
     fn claim_retire(&self, idx: u32) -> bool {

@@ -29,7 +29,7 @@ use crate::conntrack::{
 };
 use crate::fragments::{FragDecision, FragmentTable};
 use crate::policy::Decision;
-use crate::snapshot::{EmptyAction, FrontendEntry, FrontendKey, FrontendTable, Snapshot};
+use crate::snapshot::{EmptyAction, FrontendKey, FrontendRef, FrontendTable, Snapshot};
 use crate::verdict::{Action, Reason, Verdict};
 
 /// Frames handled per pass; larger batches are processed in chunks of this size.
@@ -279,7 +279,7 @@ impl Pipeline {
         }
         // The frontend of every packet conntrack does not know, and what its new connection
         // will touch, prefetched a stage ahead (`prepare_new_flows`).
-        let mut frontends: [Option<&FrontendEntry>; MAX_BATCH] = [None; MAX_BATCH];
+        let mut frontends: [Option<FrontendRef<'_>>; MAX_BATCH] = [None; MAX_BATCH];
         self.prepare_new_flows(&mut frontends[..m], snap, ct);
         // 3. Decide and rewrite. A packet may belong to a connection an earlier packet of this
         // pass created (a SYN and its SYN-ACK, a burst of one new UDP flow): the lookup is redone
@@ -359,7 +359,7 @@ impl Pipeline {
     /// port, a connection an earlier packet of the batch created) only wastes a prefetch.
     fn prepare_new_flows<'s>(
         &mut self,
-        frontends: &mut [Option<&'s FrontendEntry>],
+        frontends: &mut [Option<FrontendRef<'s>>],
         snap: &'s Snapshot,
         ct: &Conntrack,
     ) {
@@ -387,23 +387,22 @@ impl Pipeline {
                 continue;
             };
             frontends[nf.packet[k] as usize] = Some(fe);
-            let f = &fe.frontend;
-            if fe.affinity_timeout_s > 0
-                || f.source_ranges
-                    .as_ref()
+            if fe.has_affinity()
+                || fe
+                    .source_ranges()
                     .is_some_and(|r| !r.contains(&meta.src, meta.family))
                 || (meta.proto == 6
                     && meta.tcp_flags & (tcp::SYN | tcp::ACK | tcp::RST) != tcp::SYN)
             {
                 continue;
             }
-            let route = f.routes[snap.classify_source(&meta.src, meta.family) as usize];
+            let route = fe.route(snap.classify_source(&meta.src, meta.family));
             if route.endpoints.is_empty() {
                 continue;
             }
             let j =
                 route.endpoints.start as usize + pick_index(&mut rng, route.endpoints.len as usize);
-            if let Some(ep) = f.endpoints.get(j) {
+            if let Some(ep) = fe.endpoints().get(j) {
                 kxdp_packet::prefetch::prefetch(ep);
                 nf.pick[k] = j as u32;
                 nf.masq[k] = route.masquerade;
@@ -419,7 +418,7 @@ impl Pipeline {
             let (Some(fe), meta) = (frontends[i], &self.scratch[i].meta) else {
                 continue;
             };
-            let ep = fe.frontend.endpoints[nf.pick[k] as usize];
+            let ep = fe.endpoints()[nf.pick[k] as usize];
             let mut reply = Tuple::reply_from_backend(meta, ep.addr, ep.port);
             if nf.masq[k] || ep.addr == meta.src {
                 match snap.node.snat_addr(meta.family) {
@@ -511,28 +510,29 @@ impl Pipeline {
         len: &mut usize,
         meta: &mut PacketMeta,
         hash: u64,
-        entry: Option<&FrontendEntry>,
+        fe: Option<FrontendRef<'_>>,
         v: &mut Verdict,
         snap: &Snapshot,
         ct: &Conntrack,
         now_ms: u64,
     ) {
         let family = meta.family;
-        let Some(entry) = entry else {
+        let Some(fe) = fe else {
             return self.not_a_frontend(buf, len, meta, hash, v, snap, ct, now_ms);
         };
-        // The Service port's id and affinity timeout are copied into the entry: its record is
-        // not read here (a cache miss of its own at 30k Services).
-        let (service_id, affinity_timeout_s) = (entry.service_id, entry.affinity_timeout_s);
-        let fe = &entry.frontend;
+        // What the frontend table keeps in the frontend's hot line: the Service port record is
+        // not read (a cache miss of its own at 30k Services); the affinity timeout and source
+        // ranges only when the frontend has them.
+        let service_id = fe.service_id();
+        let affinity_timeout_s = fe.affinity_timeout_s();
         v.service_id = service_id;
-        if let Some(ranges) = &fe.source_ranges {
+        if let Some(ranges) = fe.source_ranges() {
             if !ranges.contains(&meta.src, family) {
                 return v.set(Reason::SourceRange);
             }
         }
         let class = snap.classify_source(&meta.src, family);
-        let route = fe.routes[class as usize];
+        let route = fe.route(class);
         if route.endpoints.is_empty() {
             return match route.when_empty {
                 EmptyAction::Reject => self.reject(buf, len, meta, v, Reason::NoEndpoints),
@@ -905,11 +905,11 @@ fn frontend_key(meta: &PacketMeta) -> FrontendKey {
 
 /// The frontend a packet is addressed to, if any (only packets with ports or ICMP ids have one).
 #[inline]
-fn frontend_of<'s>(snap: &'s Snapshot, meta: &PacketMeta) -> Option<&'s FrontendEntry> {
+fn frontend_of<'s>(snap: &'s Snapshot, meta: &PacketMeta) -> Option<FrontendRef<'s>> {
     if meta.l4_off == 0 {
         return None;
     }
-    snap.frontend_entry(&frontend_key(meta))
+    snap.frontend_ref(&frontend_key(meta))
 }
 
 /// Where a packet kxdp cannot translate (an ICMP error quoting no connection, a later fragment

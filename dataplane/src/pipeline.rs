@@ -29,7 +29,7 @@ use crate::conntrack::{
 };
 use crate::fragments::{FragDecision, FragmentTable};
 use crate::policy::Decision;
-use crate::snapshot::{EmptyAction, Frontend, FrontendKey, Snapshot};
+use crate::snapshot::{EmptyAction, FrontendKey, FrontendRef, FrontendTable, Snapshot};
 use crate::verdict::{Action, Reason, Verdict};
 
 /// Frames handled per pass; larger batches are processed in chunks of this size.
@@ -129,6 +129,21 @@ const KIND_IP: u8 = 2;
 /// A non-first fragment: no ports; decided by its datagram's first fragment.
 const KIND_LATER_FRAGMENT: u8 = 3;
 
+/// Scratch of `prepare_new_flows`, per packet of a pass that conntrack does not know: which
+/// packet, its frontend key's hash, and the endpoint predicted for it (index into the frontend's
+/// endpoints, `NO_PICK` for none) with its route's masquerade flag.
+struct NewFlowScratch {
+    packet: [u16; MAX_BATCH],
+    hash: [u64; MAX_BATCH],
+    pick: [u32; MAX_BATCH],
+    masq: [bool; MAX_BATCH],
+}
+
+const NO_PICK: u32 = u32::MAX;
+
+/// Words of `Pipeline::created`.
+const CREATED_WORDS: usize = 64;
+
 /// Datagrams in flight a worker remembers the first fragment's decision for.
 const FRAGMENT_DATAGRAMS: usize = 1024;
 
@@ -138,8 +153,11 @@ pub struct Pipeline {
     link: LinkType,
     rng: u64,
     scratch: Box<[Slot; MAX_BATCH]>,
-    /// A 1024-bit filter of the tuple hashes of connections created during the current pass.
-    created: [u64; 16],
+    new_scratch: Box<NewFlowScratch>,
+    /// A 4096-bit filter of the tuple hashes of connections created during the current pass (a
+    /// pass of 256 new connections sets up to 512 bits: at 1024 bits a quarter of the later
+    /// packets of such a pass looked conntrack up a second time for nothing).
+    created: [u64; CREATED_WORDS],
     retired: crate::conntrack::Retired,
     fragments: FragmentTable,
     pub counters: Counters,
@@ -154,7 +172,13 @@ impl Pipeline {
             link,
             rng: seed ^ 0x9e37_79b9_7f4a_7c15u64.wrapping_mul(worker as u64 + 1),
             scratch: Box::new([Slot::default(); MAX_BATCH]),
-            created: [0; 16],
+            new_scratch: Box::new(NewFlowScratch {
+                packet: [0; MAX_BATCH],
+                hash: [0; MAX_BATCH],
+                pick: [NO_PICK; MAX_BATCH],
+                masq: [false; MAX_BATCH],
+            }),
+            created: [0; CREATED_WORDS],
             retired: ct.retired_list(),
             fragments: FragmentTable::new(FRAGMENT_DATAGRAMS),
             counters: Counters::default(),
@@ -259,27 +283,14 @@ impl Pipeline {
                 s.found = ct.lookup(&s.key, s.hash, now_ms);
             }
         }
-        // The frontend of every packet conntrack does not know, looked up in one tight loop
-        // (independent lookups overlap their misses), with the Service port record and the
-        // endpoint list prefetched: at 30k Services these live in as many separate allocations,
-        // a few cache misses per new connection that would otherwise come one after another.
-        let mut frontends: [Option<&Frontend>; MAX_BATCH] = [None; MAX_BATCH];
-        for (s, fe) in self.scratch[..m].iter().zip(frontends.iter_mut()) {
-            if s.kind == KIND_IP && s.found.is_none() && s.quoted.is_none() {
-                *fe = frontend_of(snap, &s.meta);
-                if let Some(fe) = fe {
-                    kxdp_packet::prefetch::prefetch(&*fe.service_port);
-                    if let Some(first) = fe.endpoints.first() {
-                        kxdp_packet::prefetch::prefetch(first);
-                    }
-                }
-            }
-        }
-        self.prefetch_reply_slots(&frontends[..m], snap, ct);
+        // The frontend of every packet conntrack does not know, and what its new connection
+        // will touch, prefetched a stage ahead (`prepare_new_flows`).
+        let mut frontends: [Option<FrontendRef<'_>>; MAX_BATCH] = [None; MAX_BATCH];
+        self.prepare_new_flows(&mut frontends[..m], snap, ct);
         // 3. Decide and rewrite. A packet may belong to a connection an earlier packet of this
         // pass created (a SYN and its SYN-ACK, a burst of one new UDP flow): the lookup is redone
         // for packets whose hash the `created` filter has seen.
-        self.created = [0; 16];
+        self.created = [0; CREATED_WORDS];
         for i in 0..m {
             let (kind, hash) = (self.scratch[i].kind, self.scratch[i].hash);
             if kind == KIND_IP
@@ -336,50 +347,95 @@ impl Pipeline {
         }
     }
 
-    /// Prefetches the index slot of every new connection's reply tuple before the decisions, so
-    /// that the connections of a batch overlap those misses (at 1M connections a DRAM access
-    /// each) instead of paying them one after another in `new_flow` (`reply_taken`, then the
-    /// insert). The reply tuple depends on the endpoint, so this predicts `new_flow`'s choices
-    /// on a copy of the random generator, for the common path only (no session affinity, a SYN
-    /// or a connectionless first packet); a wrong guess (an affinity hit, a remapped source
-    /// port, a connection an earlier packet of the batch created) only wastes a prefetch:
-    /// nothing here decides anything.
-    fn prefetch_reply_slots(
-        &self,
-        frontends: &[Option<&Frontend>],
-        snap: &Snapshot,
+    /// Looks up the frontends of a pass's conntrack misses, and prefetches what their new
+    /// connections will touch, in stages over the batch so that the misses of one stage overlap
+    /// (at 30k Services the frontend table, the endpoint lists and at 1M connections the
+    /// conntrack index are far beyond the caches; one after another they cost a new connection
+    /// several DRAM accesses):
+    ///
+    /// 1. hash each frontend key and prefetch its slot (`FrontendTable::prefetch`);
+    /// 2. look the frontend up, predict the endpoint `new_flow` will choose and prefetch it;
+    /// 3. build the reply tuple that endpoint gives and prefetch its conntrack index slot; then
+    ///    prefetch the entries the batch's inserts will take from this worker's allocation cache.
+    ///
+    /// The prediction runs `new_flow`'s choices on a copy of the random generator, for the common
+    /// path only (no session affinity, a SYN or a connectionless first packet, a source the
+    /// frontend accepts, a non-empty route). It decides nothing: `new_flow` chooses again, in the
+    /// same order with the same generator, so a wrong guess (an affinity hit, a remapped source
+    /// port, a connection an earlier packet of the batch created) only wastes a prefetch.
+    fn prepare_new_flows<'s>(
+        &mut self,
+        frontends: &mut [Option<FrontendRef<'s>>],
+        snap: &'s Snapshot,
         ct: &Conntrack,
     ) {
+        if snap.frontends.is_empty() {
+            return;
+        }
+        let nf = &mut *self.new_scratch;
+        // 1. Hash and prefetch the slot.
+        let mut n = 0;
+        for (i, s) in self.scratch[..frontends.len()].iter().enumerate() {
+            if s.kind == KIND_IP && s.found.is_none() && s.quoted.is_none() && s.meta.l4_off != 0 {
+                let h = FrontendTable::hash(&frontend_key(&s.meta));
+                snap.frontends.prefetch(h);
+                nf.hash[n] = h;
+                nf.packet[n] = i as u16;
+                n += 1;
+            }
+        }
+        // 2. Look up; predict the endpoint and prefetch it.
         let mut rng = self.rng;
-        for (s, fe) in self.scratch.iter().zip(frontends) {
-            let Some(fe) = fe else { continue };
-            let meta = &s.meta;
-            let svc = &*fe.service_port;
-            if svc.affinity_timeout_s > 0
+        for k in 0..n {
+            let meta = &self.scratch[nf.packet[k] as usize].meta;
+            nf.pick[k] = NO_PICK;
+            let Some(fe) = snap.frontends.find(nf.hash[k], &frontend_key(meta)) else {
+                continue;
+            };
+            frontends[nf.packet[k] as usize] = Some(fe);
+            if fe.has_affinity()
                 || fe
-                    .source_ranges
-                    .as_ref()
+                    .source_ranges()
                     .is_some_and(|r| !r.contains(&meta.src, meta.family))
                 || (meta.proto == 6
                     && meta.tcp_flags & (tcp::SYN | tcp::ACK | tcp::RST) != tcp::SYN)
             {
                 continue;
             }
-            let route = fe.routes[snap.classify_source(&meta.src, meta.family) as usize];
-            let eps = fe.endpoints_of(route.endpoints);
-            if eps.is_empty() {
+            let route = fe.route(snap.classify_source(&meta.src, meta.family));
+            if route.endpoints.is_empty() {
                 continue;
             }
-            let ep = eps[pick_index(&mut rng, eps.len())];
+            let j =
+                route.endpoints.start as usize + pick_index(&mut rng, route.endpoints.len as usize);
+            if let Some(ep) = fe.endpoints().get(j) {
+                kxdp_packet::prefetch::prefetch(ep);
+                nf.pick[k] = j as u32;
+                nf.masq[k] = route.masquerade;
+            }
+        }
+        // 3. The reply tuple's index slot, and the entries the inserts will take.
+        let mut inserts = 0;
+        for k in 0..n {
+            if nf.pick[k] == NO_PICK {
+                continue;
+            }
+            let i = nf.packet[k] as usize;
+            let (Some(fe), meta) = (frontends[i], &self.scratch[i].meta) else {
+                continue;
+            };
+            let ep = fe.endpoints()[nf.pick[k] as usize];
             let mut reply = Tuple::reply_from_backend(meta, ep.addr, ep.port);
-            if route.masquerade || ep.addr == meta.src {
+            if nf.masq[k] || ep.addr == meta.src {
                 match snap.node.snat_addr(meta.family) {
                     Some(node) => reply.dst = node,
                     None => continue,
                 }
             }
             ct.prefetch_slot(ct.hash(&reply.pack()));
+            inserts += 1;
         }
+        ct.prefetch_allocations(&self.retired, inserts);
     }
 
     /// A packet of a tracked connection: translated as the connection is.
@@ -460,7 +516,7 @@ impl Pipeline {
         len: &mut usize,
         meta: &mut PacketMeta,
         hash: u64,
-        fe: Option<&Frontend>,
+        fe: Option<FrontendRef<'_>>,
         v: &mut Verdict,
         snap: &Snapshot,
         ct: &Conntrack,
@@ -470,15 +526,19 @@ impl Pipeline {
         let Some(fe) = fe else {
             return self.not_a_frontend(buf, len, meta, hash, v, snap, ct, now_ms);
         };
-        let svc = &*fe.service_port;
-        v.service_id = svc.id;
-        if let Some(ranges) = &fe.source_ranges {
+        // What the frontend table keeps in the frontend's hot line: the Service port record is
+        // not read (a cache miss of its own at 30k Services); the affinity timeout and source
+        // ranges only when the frontend has them.
+        let service_id = fe.service_id();
+        let affinity_timeout_s = fe.affinity_timeout_s();
+        v.service_id = service_id;
+        if let Some(ranges) = fe.source_ranges() {
             if !ranges.contains(&meta.src, family) {
                 return v.set(Reason::SourceRange);
             }
         }
         let class = snap.classify_source(&meta.src, family);
-        let route = fe.routes[class as usize];
+        let route = fe.route(class);
         if route.endpoints.is_empty() {
             return match route.when_empty {
                 EmptyAction::Reject => self.reject(buf, len, meta, v, Reason::NoEndpoints),
@@ -505,10 +565,11 @@ impl Pipeline {
         // Endpoint: the client's affinity record if it still names an eligible endpoint, else a
         // uniformly random one.
         let mut chosen = None;
-        if svc.affinity_timeout_s > 0 {
-            if let Some((addr, port, idx)) = ct.affinity_get(svc.id, &meta.src, family, now_ms) {
+        if affinity_timeout_s > 0 {
+            if let Some((addr, port, idx)) = ct.affinity_get(service_id, &meta.src, family, now_ms)
+            {
                 if let Some(ep) = eps.iter().find(|e| e.addr == addr && e.port == port) {
-                    ct.affinity_touch(idx, svc.affinity_timeout_s, now_ms);
+                    ct.affinity_touch(idx, affinity_timeout_s, now_ms);
                     chosen = Some(*ep);
                 } else {
                     ct.kill(idx);
@@ -517,7 +578,7 @@ impl Pipeline {
         }
         let (ep, record) = match chosen {
             Some(ep) => (ep, false),
-            None => (eps[self.pick(eps.len())], svc.affinity_timeout_s > 0),
+            None => (eps[self.pick(eps.len())], affinity_timeout_s > 0),
         };
         // NetworkPolicy judges the connection as the backend sees it: to the chosen endpoint, from
         // the client's own address (before any masquerade). A denied connection leaves no state,
@@ -529,11 +590,11 @@ impl Pipeline {
         if record {
             // Without room for the record the connection still goes ahead, unpinned.
             let _ = ct.affinity_set(
-                svc.id,
+                service_id,
                 &meta.src,
                 family,
                 (ep.addr, ep.port),
-                svc.affinity_timeout_s,
+                affinity_timeout_s,
                 now_ms,
                 hash,
             );
@@ -552,39 +613,38 @@ impl Pipeline {
         }
         // The reply tuple must be unique. Without masquerade it clashes only when the client
         // reaches one backend through two frontends from the same port; then, as the kernel's NAT
-        // does, the source port is remapped (the address is kept).
-        let mut attempts = 0;
-        loop {
-            if attempts > 0 || ct.reply_taken(&reply) {
-                if attempts == SNAT_ATTEMPTS || !has_ports(reply.proto) {
-                    return v.set(Reason::SnatExhausted);
-                }
-                reply.dport = 1024 + (self.next_u64() % (65536 - 1024)) as u16;
-                attempts += 1;
-                if ct.reply_taken(&reply) {
-                    continue;
-                }
-            }
-            match ct.create_with(
+        // does, the source port is remapped (the address is kept), up to `SNAT_ATTEMPTS` times.
+        // The insert itself checks the reply tuple (`InsertError::Exists`), before it takes
+        // anything: no separate lookup first.
+        let mut remaps = 0;
+        let reply_hash = loop {
+            let reply_hash = ct.hash(&reply.pack());
+            match ct.create_hashed(
                 &mut self.retired,
                 &orig,
                 &reply,
                 first,
                 masq,
-                svc.id,
+                service_id,
                 now_ms,
-                hash,
+                (hash, reply_hash),
             ) {
-                Ok(_) => break,
+                Ok(_) => break reply_hash,
                 Err(CreateError::Invalid) => return v.set(Reason::CtInvalid),
                 Err(CreateError::Insert(InsertError::Full)) => return v.set(Reason::ConntrackFull),
-                // Another worker took the same tuple since the check: pick again.
-                Err(CreateError::Insert(InsertError::Exists)) => attempts += 1,
+                // Taken (before, or by another worker since): another source port.
+                Err(CreateError::Insert(InsertError::Exists)) => {
+                    if remaps == SNAT_ATTEMPTS || !has_ports(reply.proto) {
+                        return v.set(Reason::SnatExhausted);
+                    }
+                    reply.dport = 1024 + (self.next_u64() % (65536 - 1024)) as u16;
+                    remaps += 1;
+                }
             }
-        }
+        };
         self.counters.ct_created += 1;
         self.note_created(hash);
-        self.note_created(ct.hash(&reply.pack()));
+        self.note_created(reply_hash);
         rewrite(buf, meta, reply.dst, reply.dport, reply.src, reply.sport);
         fill_out(v, meta);
         v.masq = masq;
@@ -804,13 +864,13 @@ impl Pipeline {
 
     #[inline]
     fn note_created(&mut self, hash: u64) {
-        let bit = (hash >> 54) as usize; // 10 bits: 0..1024
+        let bit = (hash >> 52) as usize; // 12 bits: 0..4096
         self.created[bit >> 6] |= 1 << (bit & 63);
     }
 
     #[inline]
     fn maybe_created(&self, hash: u64) -> bool {
-        let bit = (hash >> 54) as usize;
+        let bit = (hash >> 52) as usize;
         self.created[bit >> 6] & (1 << (bit & 63)) != 0
     }
 
@@ -839,17 +899,23 @@ fn pick_index(state: &mut u64, n: usize) -> usize {
     ((wyrand(state) as u128 * n as u128) >> 64) as usize
 }
 
-/// The frontend a packet is addressed to, if any (only packets with ports or ICMP ids have one).
-#[inline]
-fn frontend_of<'s>(snap: &'s Snapshot, meta: &PacketMeta) -> Option<&'s Frontend> {
-    if meta.l4_off == 0 {
-        return None;
-    }
-    snap.frontend(&FrontendKey {
+/// The frontend key a packet is addressed to (for packets with ports or ICMP ids).
+#[inline(always)]
+fn frontend_key(meta: &PacketMeta) -> FrontendKey {
+    FrontendKey {
         addr: meta.dst,
         port: meta.dport,
         proto: meta.proto,
-    })
+    }
+}
+
+/// The frontend a packet is addressed to, if any (only packets with ports or ICMP ids have one).
+#[inline]
+fn frontend_of<'s>(snap: &'s Snapshot, meta: &PacketMeta) -> Option<FrontendRef<'s>> {
+    if meta.l4_off == 0 {
+        return None;
+    }
+    snap.frontend_ref(&frontend_key(meta))
 }
 
 /// Where a packet kxdp cannot translate (an ICMP error quoting no connection, a later fragment

@@ -403,6 +403,425 @@ impl<K, V> ShardedMap<K, V> {
     }
 }
 
+/// What a new connection reads of a frontend, in one cache line: the key, the Service port's id,
+/// the three routes (their endpoint ranges, masquerade and empty-route flags) and the endpoint
+/// list. The rest (the Service port record, the affinity timeout, source ranges) is in the
+/// frontend's cold half (`FrontendCold`), read only when a flag says it matters.
+#[derive(Clone, Debug)]
+#[repr(C, align(64))]
+struct FrontendHot {
+    addr: Addr,
+    port: u16,
+    proto: u8,
+    /// `HOT_MASQ << route`, `HOT_DROP << route`, `HOT_SOURCE_RANGES`, `HOT_AFFINITY`.
+    flags: u8,
+    service_id: u32,
+    ranges: [EndpointRange; 3],
+    endpoints: Arc<[Endpoint]>,
+}
+
+const HOT_MASQ: u8 = 1;
+const HOT_DROP: u8 = 1 << 3;
+const HOT_SOURCE_RANGES: u8 = 1 << 6;
+const HOT_AFFINITY: u8 = 1 << 7;
+
+const _: () = assert!(std::mem::size_of::<Option<FrontendHot>>() == 64);
+
+/// The rest of a frontend's table entry: the whole `Frontend` (listings, `get`), its key and
+/// hash, and the affinity timeout.
+#[derive(Clone, Debug)]
+struct FrontendCold {
+    key: FrontendKey,
+    /// `FrontendTable::hash(&key)`, for moving the entry when its shard grows or shrinks.
+    hash: u64,
+    affinity_timeout_s: u32,
+    frontend: Frontend,
+}
+
+impl FrontendHot {
+    fn of(key: &FrontendKey, fe: &Frontend) -> FrontendHot {
+        let mut flags = 0;
+        for (i, r) in fe.routes.iter().enumerate() {
+            if r.masquerade {
+                flags |= HOT_MASQ << i;
+            }
+            if r.when_empty == EmptyAction::Drop {
+                flags |= HOT_DROP << i;
+            }
+        }
+        if fe.source_ranges.is_some() {
+            flags |= HOT_SOURCE_RANGES;
+        }
+        if fe.service_port.affinity_timeout_s > 0 {
+            flags |= HOT_AFFINITY;
+        }
+        FrontendHot {
+            addr: key.addr,
+            port: key.port,
+            proto: key.proto,
+            flags,
+            service_id: fe.service_port.id,
+            ranges: fe.routes.map(|r| r.endpoints),
+            endpoints: fe.endpoints.clone(),
+        }
+    }
+
+    #[inline(always)]
+    fn is(&self, key: &FrontendKey) -> bool {
+        self.addr == key.addr && self.port == key.port && self.proto == key.proto
+    }
+}
+
+/// A frontend found in the table (`FrontendTable::find`): what a new connection reads comes from
+/// its hot line; `frontend()`, the affinity timeout and the source ranges from the cold part, a
+/// separate line read only when asked.
+#[derive(Clone, Copy, Debug)]
+pub struct FrontendRef<'a> {
+    hot: &'a FrontendHot,
+    cold: &'a Option<FrontendCold>,
+}
+
+impl<'a> FrontendRef<'a> {
+    /// The Service port's stable id.
+    #[inline]
+    pub fn service_id(&self) -> u32 {
+        self.hot.service_id
+    }
+
+    /// The route of source class `class`.
+    #[inline]
+    pub fn route(&self, class: SourceClass) -> Route {
+        let i = class as usize;
+        Route {
+            endpoints: self.hot.ranges[i],
+            masquerade: self.hot.flags & (HOT_MASQ << i) != 0,
+            when_empty: if self.hot.flags & (HOT_DROP << i) != 0 {
+                EmptyAction::Drop
+            } else {
+                EmptyAction::Reject
+            },
+        }
+    }
+
+    /// Every endpoint of the frontend (routes are ranges of it).
+    #[inline]
+    pub fn endpoints(&self) -> &'a [Endpoint] {
+        &self.hot.endpoints
+    }
+
+    /// The endpoints of one of this frontend's routes.
+    #[inline]
+    pub fn endpoints_of(&self, range: EndpointRange) -> &'a [Endpoint] {
+        &self.hot.endpoints[range.as_range()]
+    }
+
+    /// Whether the Service port has session affinity (then `affinity_timeout_s` is not 0).
+    #[inline]
+    pub fn has_affinity(&self) -> bool {
+        self.hot.flags & HOT_AFFINITY != 0
+    }
+
+    /// sessionAffinity ClientIP's timeout in seconds; 0 = no affinity.
+    #[inline]
+    pub fn affinity_timeout_s(&self) -> u32 {
+        if !self.has_affinity() {
+            return 0;
+        }
+        self.cold.as_ref().map_or(0, |c| c.affinity_timeout_s)
+    }
+
+    /// loadBalancerSourceRanges, when the frontend has them.
+    #[inline]
+    pub fn source_ranges(&self) -> Option<&'a PrefixSet> {
+        if self.hot.flags & HOT_SOURCE_RANGES == 0 {
+            return None;
+        }
+        self.cold
+            .as_ref()
+            .and_then(|c| c.frontend.source_ranges.as_deref())
+    }
+
+    /// The whole frontend.
+    #[inline]
+    pub fn frontend(&self) -> Option<&'a Frontend> {
+        self.cold.as_ref().map(|c| &c.frontend)
+    }
+}
+
+/// The smallest non-empty shard (slots).
+const FRONTEND_SHARD_MIN: usize = 8;
+
+/// One shard of the frontend table: two arrays of the same length, slot `i` of each holding the
+/// two halves of one entry.
+#[derive(Clone)]
+struct FrontendShard {
+    hot: Arc<[Option<FrontendHot>]>,
+    cold: Arc<[Option<FrontendCold>]>,
+}
+
+impl FrontendShard {
+    fn empty() -> FrontendShard {
+        FrontendShard {
+            hot: Arc::from(Vec::new()),
+            cold: Arc::from(Vec::new()),
+        }
+    }
+
+    /// The slot holding `key`, probing from `hash`'s home.
+    #[inline]
+    fn position(&self, hash: u64, key: &FrontendKey) -> Option<usize> {
+        if self.hot.is_empty() {
+            return None;
+        }
+        let mask = self.hot.len() - 1;
+        let mut i = hash as usize & mask;
+        // A shard is at most half full: the probe meets an empty slot.
+        loop {
+            match &self.hot[i] {
+                None => return None,
+                Some(h) if h.is(key) => return Some(i),
+                Some(_) => i = (i + 1) & mask,
+            }
+        }
+    }
+
+    /// This shard's entries in new arrays of `cap` slots (a power of two, at least twice as
+    /// many).
+    fn rebuilt(&self, cap: usize) -> FrontendShard {
+        let mut hot: Vec<Option<FrontendHot>> = vec![None; cap];
+        let mut cold: Vec<Option<FrontendCold>> = vec![None; cap];
+        let mask = cap - 1;
+        for (h, c) in self.hot.iter().zip(self.cold.iter()) {
+            if let (Some(h), Some(c)) = (h, c) {
+                let mut i = c.hash as usize & mask;
+                while hot[i].is_some() {
+                    i = (i + 1) & mask;
+                }
+                hot[i] = Some(h.clone());
+                cold[i] = Some(c.clone());
+            }
+        }
+        FrontendShard {
+            hot: Arc::from(hot),
+            cold: Arc::from(cold),
+        }
+    }
+}
+
+/// The frontend table: `SHARDS` copy-on-write shards as `ShardedMap` has (an update copies the
+/// shards it writes), but each shard is an open-addressing array with linear probing, kept at
+/// most half full, instead of a hashbrown table: a lookup reads the 64-byte slot its hash names
+/// (sometimes the next) and nothing else: no separate control bytes, no Service port record, and
+/// the pipeline can prefetch that slot a stage before it looks (`prefetch`, `find`). What a new
+/// connection does not need lives in a parallel array (`FrontendCold`), so the lines a lookup
+/// touches are dense: at 30k Services 64k slots are 4 MB instead of 8 (beyond the caches either
+/// way, but half the pages: the TLB's reach matters as much as the cache's there).
+#[derive(Clone)]
+pub struct FrontendTable {
+    shards: Vec<FrontendShard>,
+    /// Entries per shard.
+    lens: Vec<u32>,
+    len: usize,
+}
+
+impl Default for FrontendTable {
+    fn default() -> Self {
+        FrontendTable {
+            shards: vec![FrontendShard::empty(); SHARDS],
+            lens: vec![0; SHARDS],
+            len: 0,
+        }
+    }
+}
+
+impl std::fmt::Debug for FrontendTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_map().entries(self.iter()).finish()
+    }
+}
+
+impl FrontendTable {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The hash of a key: fixed seeds (a key lands in the same shard and slot in every
+    /// snapshot), two multiply-folds (wyhash's mixer) over the address and the port/protocol.
+    #[inline]
+    pub fn hash(key: &FrontendKey) -> u64 {
+        #[inline(always)]
+        fn mix(a: u64, b: u64) -> u64 {
+            let r = (a as u128).wrapping_mul(b as u128);
+            (r as u64) ^ ((r >> 64) as u64)
+        }
+        let a = u128::from_ne_bytes(key.addr.0);
+        let x = mix(
+            a as u64 ^ 0x243f_6a88_85a3_08d3,
+            (a >> 64) as u64 ^ 0x1319_8a2e_0370_7344,
+        );
+        let pp = (key.port as u64) << 8 | key.proto as u64;
+        mix(x ^ pp ^ 0xa409_3822_299f_31d0, 0x082e_fa98_ec4e_6c89)
+    }
+
+    #[inline(always)]
+    fn shard_of(hash: u64) -> usize {
+        (hash >> 56) as usize % SHARDS
+    }
+
+    /// Starts loading the slot a lookup for `hash` begins at, and the next (a probe at half
+    /// load often goes one further). A hint: reads nothing.
+    #[inline]
+    pub fn prefetch(&self, hash: u64) {
+        let hot = &self.shards[Self::shard_of(hash)].hot;
+        if !hot.is_empty() {
+            let mask = hot.len() - 1;
+            let home = hash as usize & mask;
+            kxdp_packet::prefetch::prefetch(&hot[home]);
+            kxdp_packet::prefetch::prefetch(&hot[(home + 1) & mask]);
+        }
+    }
+
+    /// The frontend of `key`, whose hash is `hash` (`FrontendTable::hash`).
+    #[inline]
+    pub fn find(&self, hash: u64, key: &FrontendKey) -> Option<FrontendRef<'_>> {
+        let shard = &self.shards[Self::shard_of(hash)];
+        let i = shard.position(hash, key)?;
+        Some(FrontendRef {
+            hot: shard.hot[i].as_ref()?,
+            cold: &shard.cold[i],
+        })
+    }
+
+    /// The frontend of `key`. An empty table answers without hashing (replay's baseline, a node
+    /// without Services, looks up every packet).
+    #[inline]
+    pub fn lookup(&self, key: &FrontendKey) -> Option<FrontendRef<'_>> {
+        if self.len == 0 {
+            return None;
+        }
+        self.find(Self::hash(key), key)
+    }
+
+    #[inline]
+    pub fn get(&self, key: &FrontendKey) -> Option<&Frontend> {
+        self.lookup(key).and_then(|r| r.frontend())
+    }
+
+    pub fn contains_key(&self, key: &FrontendKey) -> bool {
+        self.lookup(key).is_some()
+    }
+
+    /// Inserts or replaces; returns the previous frontend. Copies the shard if it is shared.
+    pub fn insert(&mut self, key: FrontendKey, fe: Frontend) -> Option<Frontend> {
+        let hash = Self::hash(&key);
+        let s = Self::shard_of(hash);
+        let hot = FrontendHot::of(&key, &fe);
+        let cold = FrontendCold {
+            key,
+            hash,
+            affinity_timeout_s: fe.service_port.affinity_timeout_s,
+            frontend: fe,
+        };
+        if let Some(i) = self.shards[s].position(hash, &key) {
+            let shard = &mut self.shards[s];
+            Arc::make_mut(&mut shard.hot)[i] = Some(hot);
+            let old = Arc::make_mut(&mut shard.cold)[i].replace(cold);
+            return old.map(|c| c.frontend);
+        }
+        let len = self.lens[s] as usize + 1;
+        if len * 2 > self.shards[s].hot.len() {
+            let cap = (len * 2).next_power_of_two().max(FRONTEND_SHARD_MIN);
+            self.shards[s] = self.shards[s].rebuilt(cap);
+        }
+        let shard = &mut self.shards[s];
+        let hots = Arc::make_mut(&mut shard.hot);
+        let mask = hots.len() - 1;
+        let mut i = hash as usize & mask;
+        while hots[i].is_some() {
+            i = (i + 1) & mask;
+        }
+        hots[i] = Some(hot);
+        Arc::make_mut(&mut shard.cold)[i] = Some(cold);
+        self.lens[s] += 1;
+        self.len += 1;
+        None
+    }
+
+    /// Removes; returns the frontend. Copies the shard if it is shared.
+    pub fn remove(&mut self, key: &FrontendKey) -> Option<Frontend> {
+        let hash = Self::hash(key);
+        let s = Self::shard_of(hash);
+        let mut hole = self.shards[s].position(hash, key)?;
+        let shard = &mut self.shards[s];
+        let hots = Arc::make_mut(&mut shard.hot);
+        let colds = Arc::make_mut(&mut shard.cold);
+        let mask = hots.len() - 1;
+        hots[hole] = None;
+        let removed = colds[hole].take().map(|c| c.frontend);
+        // Backward-shift deletion: every entry after the hole, up to the next empty slot, that
+        // may live at the hole (its home is not between the hole and itself) moves into it, so
+        // that no probe stops early and no tombstones accumulate.
+        let mut j = hole;
+        loop {
+            j = (j + 1) & mask;
+            let Some(home) = colds[j].as_ref().map(|c| c.hash as usize & mask) else {
+                break;
+            };
+            if (j.wrapping_sub(home) & mask) >= (j.wrapping_sub(hole) & mask) {
+                hots[hole] = hots[j].take();
+                colds[hole] = colds[j].take();
+                hole = j;
+            }
+        }
+        self.lens[s] -= 1;
+        self.len -= 1;
+        let len = self.lens[s] as usize;
+        let cap = self.shards[s].hot.len();
+        if len == 0 {
+            self.shards[s] = FrontendShard::empty();
+        } else if len * 8 < cap && cap > FRONTEND_SHARD_MIN {
+            let cap = (len * 2).next_power_of_two().max(FRONTEND_SHARD_MIN);
+            self.shards[s] = self.shards[s].rebuilt(cap);
+        }
+        removed
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Every frontend with its key, in no particular order.
+    pub fn iter(&self) -> impl Iterator<Item = (&FrontendKey, &Frontend)> + '_ {
+        self.shards
+            .iter()
+            .flat_map(|s| s.cold.iter().filter_map(|c| c.as_ref()))
+            .map(|c| (&c.key, &c.frontend))
+    }
+
+    /// Every key, in no particular order.
+    pub fn keys(&self) -> impl Iterator<Item = &FrontendKey> + '_ {
+        self.iter().map(|(k, _)| k)
+    }
+
+    /// Every frontend, in no particular order.
+    pub fn values(&self) -> impl Iterator<Item = &Frontend> + '_ {
+        self.iter().map(|(_, f)| f)
+    }
+
+    /// How many shards `other` shares with `self` (tests, benchmarks).
+    pub fn shared_shards(&self, other: &Self) -> usize {
+        self.shards
+            .iter()
+            .zip(&other.shards)
+            .filter(|(a, b)| Arc::ptr_eq(&a.hot, &b.hot) && Arc::ptr_eq(&a.cold, &b.cold))
+            .count()
+    }
+}
+
 /// A set of addresses with the sharing of `ShardedMap`; each holds a count of the owners that
 /// put it there (two Services may claim one address in bad input; removing one keeps it).
 #[derive(Clone, Debug, Default)]
@@ -465,7 +884,7 @@ pub struct Snapshot {
     /// Every ClusterIP: a packet to one on a port/protocol the Service does not define is rejected.
     pub cluster_ips: AddrSet,
     /// The frontend table: (destination address, port, protocol) → frontend.
-    pub frontends: ShardedMap<FrontendKey, Frontend>,
+    pub frontends: FrontendTable,
     /// Service ports by stable id (conntrack listings, verdicts).
     pub service_ports: ShardedMap<u32, Arc<ServicePortInfo>>,
     /// NetworkPolicy: the compiled rules of this node's pods (empty: nothing is isolated).
@@ -481,6 +900,12 @@ impl Snapshot {
     #[inline]
     pub fn frontend(&self, key: &FrontendKey) -> Option<&Frontend> {
         self.frontends.get(key)
+    }
+
+    /// The frontend of `key` as the table holds it (what a new connection reads).
+    #[inline]
+    pub fn frontend_ref(&self, key: &FrontendKey) -> Option<FrontendRef<'_>> {
+        self.frontends.lookup(key)
     }
 
     /// Adds a frontend (and its service port to `service_ports`); replaces one with that key.
@@ -527,5 +952,131 @@ impl Snapshot {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn frontend(id: u32, affinity: u32) -> Frontend {
+        Frontend {
+            service_port: Arc::new(ServicePortInfo {
+                name: format!("ns/svc-{id}").into(),
+                id,
+                proto: proto::TCP,
+                affinity_timeout_s: affinity,
+            }),
+            kind: FrontendKind::ClusterIp,
+            routes: std::array::from_fn(|i| Route {
+                endpoints: EndpointRange {
+                    start: id % 5,
+                    len: i as u32,
+                },
+                masquerade: (id + i as u32) % 2 == 0,
+                when_empty: if (id + i as u32) % 3 == 0 {
+                    EmptyAction::Drop
+                } else {
+                    EmptyAction::Reject
+                },
+            }),
+            endpoints: Arc::from(Vec::new()),
+            source_ranges: None,
+        }
+    }
+
+    fn key(n: u32) -> FrontendKey {
+        FrontendKey {
+            addr: Addr::from_v4((0xac10_0000 + n / 3).to_be_bytes()),
+            port: 80 + (n % 3) as u16,
+            proto: proto::TCP,
+        }
+    }
+
+    /// The table against a `HashMap` through inserts, replacements and removals (backward-shift
+    /// deletion, growing and shrinking shards): every key answers as the model does.
+    #[test]
+    fn frontend_table_matches_a_map() {
+        let mut t = FrontendTable::new();
+        let mut model: HashMap<FrontendKey, u32> = HashMap::new();
+        let mut rng = 0x1234_5678u64;
+        for step in 0..40_000u32 {
+            let n = (wy(&mut rng) % 6_000) as u32;
+            if wy(&mut rng) % 3 == 0 {
+                assert_eq!(
+                    t.remove(&key(n)).map(|f| f.service_port.id),
+                    model.remove(&key(n))
+                );
+            } else {
+                assert_eq!(
+                    t.insert(key(n), frontend(step, n % 2))
+                        .map(|f| f.service_port.id),
+                    model.insert(key(n), step)
+                );
+            }
+        }
+        assert_eq!(t.len(), model.len());
+        for n in 0..6_000 {
+            let got = t.lookup(&key(n));
+            assert_eq!(got.map(|e| e.service_id()), model.get(&key(n)).copied());
+            if let Some(e) = got {
+                assert_eq!(e.affinity_timeout_s(), n % 2);
+                assert_eq!(e.has_affinity(), n % 2 == 1);
+                let fe = e.frontend().unwrap();
+                assert_eq!(e.service_id(), fe.service_port.id);
+                for class in SourceClass::ALL {
+                    assert_eq!(e.route(class), fe.routes[class as usize]);
+                }
+            }
+        }
+        assert_eq!(t.iter().count(), model.len());
+        for (i, s) in t.shards.iter().enumerate() {
+            let cap = s.hot.len();
+            assert_eq!(s.cold.len(), cap);
+            assert!(cap == 0 || (cap.is_power_of_two() && cap >= 2 * t.lens[i] as usize));
+            assert_eq!(
+                s.hot.iter().filter(|x| x.is_some()).count(),
+                t.lens[i] as usize
+            );
+            assert_eq!(
+                s.cold.iter().filter(|x| x.is_some()).count(),
+                t.lens[i] as usize
+            );
+        }
+        // Everything removed: every shard is empty again.
+        for n in 0..6_000 {
+            t.remove(&key(n));
+        }
+        assert!(t.is_empty());
+        assert!(t
+            .shards
+            .iter()
+            .all(|s| s.hot.is_empty() && s.cold.is_empty()));
+        assert!(t.lookup(&key(1)).is_none());
+    }
+
+    /// A copy shares every shard; an update copies only the shard it writes.
+    #[test]
+    fn frontend_table_copies_only_written_shards() {
+        let mut a = FrontendTable::new();
+        for n in 0..3_000 {
+            a.insert(key(n), frontend(n, 0));
+        }
+        let mut b = a.clone();
+        assert_eq!(b.shared_shards(&a), SHARDS);
+        b.insert(key(7), frontend(99, 0));
+        assert_eq!(b.shared_shards(&a), SHARDS - 1);
+        assert_eq!(a.lookup(&key(7)).map(|e| e.service_id()), Some(7));
+        assert_eq!(b.lookup(&key(7)).map(|e| e.service_id()), Some(99));
+        b.remove(&key(8));
+        assert!(b.shared_shards(&a) >= SHARDS - 2);
+        assert!(a.contains_key(&key(8)) && !b.contains_key(&key(8)));
+    }
+
+    fn wy(s: &mut u64) -> u64 {
+        *s = s.wrapping_add(0xa076_1d64_78bd_642f);
+        let t = (*s as u128).wrapping_mul((*s ^ 0xe703_7ed1_a0b4_28db) as u128);
+        (t >> 64) as u64 ^ t as u64
     }
 }

@@ -372,18 +372,18 @@ fn packets_of_a_connection_created_earlier_in_the_same_batch() {
     }
     // SYN, SYN-ACK and ACK back to back in one batch (one endpoint, so the reply is known).
     let mut s = snapshot(false, 0);
-    s.frontends
-        .get_mut(&FrontendKey {
-            addr: a(VIP),
-            port: 80,
-            proto: proto::TCP,
-        })
-        .unwrap()
-        .routes = [Route {
+    let vip = FrontendKey {
+        addr: a(VIP),
+        port: 80,
+        proto: proto::TCP,
+    };
+    let mut fe = s.frontends.get(&vip).unwrap().clone();
+    fe.routes = [Route {
         endpoints: EndpointRange { start: 0, len: 1 },
         masquerade: false,
         when_empty: EmptyAction::Reject,
     }; 3];
+    s.frontends.insert(vip, fe);
     let mut h = Harness::new(s);
     let out = h.run(&[
         tcp(POD, 40002, VIP, 80, true, false),
@@ -447,14 +447,13 @@ fn established_flow_keeps_its_backend_when_the_service_changes() {
     // The Service now lists only the other endpoint; a new snapshot is published.
     let mut s = snapshot(false, 0);
     let other = if backend == a(EP1) { 1 } else { 0 };
-    s.frontends
-        .get_mut(&FrontendKey {
-            addr: a(VIP),
-            port: 80,
-            proto: proto::TCP,
-        })
-        .unwrap()
-        .routes = [Route {
+    let vip = FrontendKey {
+        addr: a(VIP),
+        port: 80,
+        proto: proto::TCP,
+    };
+    let mut fe = s.frontends.get(&vip).unwrap().clone();
+    fe.routes = [Route {
         endpoints: EndpointRange {
             start: other,
             len: 1,
@@ -462,6 +461,7 @@ fn established_flow_keeps_its_backend_when_the_service_changes() {
         masquerade: false,
         when_empty: EmptyAction::Reject,
     }; 3];
+    s.frontends.insert(vip, fe);
     h.snap = Arc::new(s);
     for _ in 0..5 {
         let (v, out) = h.one(tcp(POD, 40000, VIP, 80, false, true));

@@ -87,6 +87,11 @@ for m in modes:
         at_sinks = r.get("sink_dropped")
         share = "-" if at_sinks is None or lost <= 0 else f"{100 * min(at_sinks, lost) / lost:.0f}%"
         # "lost": per-point counter deltas (veth XDP drops, tx_dropped) from tests/lab_bench.rs.
-        where = ", ".join(f"{explain(k)} {v}" for k, v in sorted(r.get("lost", {}).items(), key=lambda x: -x[1])) or "-"
+        moved = dict(r.get("lost", {}))
+        # Not a loss: what kxdp forwarded; delivered less than that was lost after kxdp.
+        forwarded = moved.pop("kxdp forwarded", None)
+        if forwarded is not None and forwarded > r["received"]:
+            moved["forwarded by kxdp, not delivered"] = forwarded - r["received"]
+        where = ", ".join(f"{explain(k)} {v}" for k, v in sorted(moved.items(), key=lambda x: -x[1])) or "-"
         w = "-" if r.get("worker_cpu_ms") is None else f"{r['worker_cpu_ms']} / {r['worker_wait_ms']}"
         print(f"| {m} | {r['offered_pps']:.0f} | {r['delivered_pps']:.0f} | {100*r['loss']:.2f}% | {share} | {where} | {w} |")

@@ -309,6 +309,18 @@ fn xsk_counters(node: &str) -> Vec<(String, u64)> {
     .unwrap_or_default();
     let mut out = Vec::new();
     for l in text.lines() {
+        // What kxdp forwarded (placed on a TX ring): delivered less than that was lost after it.
+        if l.starts_with("kxdp_packets_total{") && l.contains("action=\"forward\"") {
+            if let Some(v) = l.rsplit(' ').next().and_then(|v| v.parse::<u64>().ok()) {
+                let n = out
+                    .iter()
+                    .position(|(k, _): &(String, u64)| k == "kxdp forwarded");
+                match n {
+                    Some(i) => out[i].1 += v,
+                    None => out.push(("kxdp forwarded".to_string(), v)),
+                }
+            }
+        }
         // Frames kxdp itself dropped (each with its reason: tx-ring-full, no-route, ...).
         if let Some(rest) = l.strip_prefix("kxdp_drops_total{reason=\"") {
             let reason = rest.split('"').next().unwrap_or("?");

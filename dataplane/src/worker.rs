@@ -16,8 +16,9 @@
 //! Idle wait: after an empty poll of all sockets the worker spins `spin_polls` polls, then waits
 //! on all its sockets at once (one `epoll_wait` over their fds, `IDLE_WAIT_MS` at most) and
 //! wakes as soon as any of them receives; the timeout only bounds how late it sees a command or
-//! the stop flag (1 ms while a TX ring still holds frames the kernel has not taken). Without an epoll set (creating one failed) it sleeps instead, doubling from
-//! `min_sleep_us` up to `max_sleep_us`.
+//! the stop flag (1 ms while a TX ring still holds frames the kernel has not taken). Without an
+//! epoll set (creating one failed) it sleeps instead, doubling from `min_sleep_us` up to
+//! `max_sleep_us`.
 //!
 //! Sockets come and go while the worker runs: the runner sends [`PortCommand`]s on the worker's
 //! channel, checked once per loop (`try_recv`, no syscall). A removed socket is closed and the
@@ -686,7 +687,7 @@ pub const ACTIVE_FILL: u32 = 2 * BATCH as u32;
 pub fn next_fill_share(share: u32, taken: u32, consumed: u32, ring: u32, grantable: u32) -> u32 {
     let pressure = taken >= share / 2 || consumed >= (share / 2).min(BATCH as u32 / 2);
     let want = if pressure && (taken > 0 || consumed > 0) {
-        (share * 2).max(taken * 2)
+        (share * 2).max(taken * 2).max(ACTIVE_FILL)
     } else if taken > 0 || consumed > 0 {
         ACTIVE_FILL
     } else {
@@ -721,6 +722,8 @@ mod tests {
     fn a_socket_that_carries_traffic_gets_at_least_the_active_share() {
         // 10 frames into a base share of 24: no pressure, but traffic.
         assert_eq!(next_fill_share(24, 10, 10, 2048, 6000), ACTIVE_FILL);
+        // The base share emptied at once: at least the active share, not just twice the base.
+        assert_eq!(next_fill_share(24, 24, 24, 2048, 6000), ACTIVE_FILL);
         // Idle: unchanged.
         assert_eq!(next_fill_share(24, 0, 0, 2048, 6000), 24);
         // The UMEM cannot grant it: unchanged, never less.

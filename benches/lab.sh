@@ -14,6 +14,15 @@
 #   KXDP_BENCH_SERVICES=1000 KXDP_BENCH_FLOWS=64 benches/lab.sh
 #   KXDP_BENCH_MODES="kxdp kxdp-deep" benches/lab.sh      # default rings against deeper ones
 #   KXDP_BENCH_AFXDP="{frames: 65536, rxRingSize: 8192, fillRingSize: 8192}"  # kxdp-deep's config afxdp
+#   KXDP_BENCH_SINK_CPU=0|1|none   # the sinks' CPU (default: the one the forwarder leaves free:
+#                                  # 0 beside the generator for kxdp, whose worker has CPU 1;
+#                                  # 1 for the kernel's paths, which forward on CPU 0)
+#
+# Per point, target/lab-bench.md explains the loss: the counters that moved (the veths' drops,
+# kxdp's sockets' kernel counters rx_dropped = fill ring empty and rx_ring_full, kxdp's own
+# drops by reason) and kxdp's worker thread's ms on its CPU and ms waiting for it (schedstat);
+# then issue 13's goals (kxdp >= 2x iptables, >= 0.8x the I/O floor, no loss below
+# saturation) with met / not met.
 #
 # The method and the numbers are in docs/benchmarks.md ("AF_XDP lab").
 set -Eeuo pipefail

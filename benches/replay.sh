@@ -182,6 +182,16 @@ if [[ -n ${base1_ns:-} ]]; then
         row "$name" 1 "$s" "$p" "$base1_ns"
     done
 fi
+# The flows sweep of the Mpps-against-flows chart (one worker): 1k and 100k flows beside est-10k
+# and est-1m, same Services and packets as est-10k.
+if [[ -n ${base1_ns:-} ]]; then
+    for spec in "est-1k 1000" "est-100k 100000"; do
+        read -r name flows <<<"$spec"
+        gen "$name" established "$flows" "$PACKETS"
+        read -r s p < <(replay "$name" "$OUT/$name/config.yaml" "$OUT/$name/state.yaml" "$REPEAT" 1)
+        row "$name" 1 "$s" "$p" "$base1_ns"
+    done
+fi
 
 # summary: the goals of issue 13 against this run's figures.
 # val KEY [STEADY]: the case's figure ("-" when not measured)
@@ -230,4 +240,16 @@ echo "verdict reasons of the first run of each case: $OUT/*.json" >&2
 python3 benches/chart.py "$OUT/replay.md" --label case,workers --value "ns / pkt" --unit ns \
     --title "kxdp replay: ns per packet per worker (lower is better; baseline = cheapest complete path)" \
     >"$OUT/replay-ns-per-packet.svg"
-echo "chart: $OUT/replay-ns-per-packet.svg (copy it to docs/img/ with the table into docs/benchmarks.md)" >&2
+# Mpps against flows (established, one worker: est-1k .. est-1m; two workers where measured),
+# against workers (total), and against Services (one worker; est-10k, new-1m, mixed-10k have 1000).
+python3 benches/chart.py "$OUT/replay.md" --xy --label case,workers --value "Mpps / worker" --logx \
+    --points "est-1k=1000:established,est-10k=10000:established,est-100k=100000:established,est-1m=1000000:established" \
+    --xtitle flows --title "kxdp replay: established TCP, Mpps per worker against flows" \
+    >"$OUT/replay-mpps-flows.svg"
+python3 benches/chart.py "$OUT/replay.md" --xy --label case --x workers --value "Mpps total" \
+    --cases baseline,est-10k,est-1m,new-1m,mixed-10k \
+    --title "kxdp replay: Mpps (all workers) against workers" >"$OUT/replay-mpps-workers.svg"
+python3 benches/chart.py "$OUT/replay.md" --xy --label case --where workers=1 --value "Mpps / worker" --logx \
+    --points "est-10k-s100=100:established,est-10k=1000:established,est-10k-s30k=30000:established,new-s100=100:new connections,new-1m=1000:new connections,new-s30k=30000:new connections,mixed-10k=1000:mixed,mixed-s30k=30000:mixed" \
+    --xtitle Services --title "kxdp replay: one worker, Mpps against Services" >"$OUT/replay-mpps-services.svg"
+echo "charts: $OUT/replay-ns-per-packet.svg, replay-mpps-{flows,workers,services}.svg (copy them to docs/img/ with the table into docs/benchmarks.md)" >&2

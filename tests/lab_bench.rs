@@ -205,25 +205,26 @@ fn pipe_into(ns: &str, cmd: &str, input: &str) {
 }
 
 /// `kxdp pcap sink` on eth0 of `ns`, returned once attached.
-fn start_sink(ns: &str, seconds: f64) -> std::process::Child {
+fn start_sink(ns: &str, seconds: f64, cpu: Option<&str>) -> std::process::Child {
     let d = format!("{}", seconds + 10.0);
-    let mut sink = kxdp_in(
-        ns,
-        &[
-            "pcap",
-            "sink",
-            "--iface",
-            "eth0",
-            "--duration",
-            &d,
-            "--idle-exit",
-            "300",
-        ],
-    )
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped())
-    .spawn()
-    .expect("kxdp pcap sink");
+    let mut args = vec![
+        "pcap",
+        "sink",
+        "--iface",
+        "eth0",
+        "--duration",
+        &d,
+        "--idle-exit",
+        "300",
+    ];
+    if let Some(cpu) = cpu {
+        args.extend(["--cpu", cpu]);
+    }
+    let mut sink = kxdp_in(ns, &args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("kxdp pcap sink");
     let err = sink.stderr.take().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
@@ -258,6 +259,8 @@ struct Point {
     /// forwarder's XDP program could not hand to its AF_XDP socket) and `tx_dropped`, the web
     /// pods' `eth0` drops (the sinks' XDP redirects that failed).
     lost: std::collections::BTreeMap<String, u64>,
+    /// kxdp's worker thread during the point: (ms on a CPU, ms runnable but waiting for one).
+    worker_ms: Option<(f64, f64)>,
 }
 
 /// The lab's loss counters at one moment (see `Point::lost`).
@@ -306,6 +309,25 @@ fn xsk_counters(node: &str) -> Vec<(String, u64)> {
     .unwrap_or_default();
     let mut out = Vec::new();
     for l in text.lines() {
+        // What kxdp forwarded (placed on a TX ring): delivered less than that was lost after it.
+        if l.starts_with("kxdp_packets_total{") && l.contains("action=\"forward\"") {
+            if let Some(v) = l.rsplit(' ').next().and_then(|v| v.parse::<u64>().ok()) {
+                let n = out
+                    .iter()
+                    .position(|(k, _): &(String, u64)| k == "kxdp forwarded");
+                match n {
+                    Some(i) => out[i].1 += v,
+                    None => out.push(("kxdp forwarded".to_string(), v)),
+                }
+            }
+        }
+        // Frames kxdp itself dropped (each with its reason: tx-ring-full, no-route, ...).
+        if let Some(rest) = l.strip_prefix("kxdp_drops_total{reason=\"") {
+            let reason = rest.split('"').next().unwrap_or("?");
+            if let Some(v) = l.rsplit(' ').next().and_then(|v| v.parse::<u64>().ok()) {
+                out.push((format!("kxdp drop {reason}"), v));
+            }
+        }
         for what in ["rx_ring_full", "rx_dropped"] {
             let Some(rest) = l.strip_prefix(&format!("kxdp_xsk_{what}_total{{")) else {
                 continue;
@@ -323,11 +345,49 @@ fn xsk_counters(node: &str) -> Vec<(String, u64)> {
     out
 }
 
+/// The scheduler's account of kxdp's worker thread (`kxdp-worker-0` of process `pid`):
+/// nanoseconds on a CPU and waiting runnable for one (`/proc/PID/task/TID/schedstat`).
+fn worker_sched(pid: u32) -> Option<(u64, u64)> {
+    for t in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .ok()?
+        .flatten()
+    {
+        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        if comm.trim() == "kxdp-worker-0" {
+            let st = std::fs::read_to_string(t.path().join("schedstat")).ok()?;
+            let mut f = st.split_whitespace().map(|v| v.parse::<u64>().unwrap_or(0));
+            return Some((f.next()?, f.next()?));
+        }
+    }
+    None
+}
+
+/// Where the sinks run: `KXDP_BENCH_SINK_CPU` (a CPU, or `none`: unpinned), else the CPU the
+/// forwarder leaves free — CPU 0 (beside the generator) for kxdp, whose worker has CPU 1; CPU 1
+/// for the kernel's paths, which forward in the generator's own softirq on CPU 0.
+fn sink_cpu(kxdp: bool) -> Option<String> {
+    match std::env::var("KXDP_BENCH_SINK_CPU") {
+        Ok(v) if v == "none" => None,
+        Ok(v) => Some(v),
+        Err(_) => Some(if kxdp { "0" } else { "1" }.into()),
+    }
+}
+
 /// Sends at `rate` (0: max) for `seconds` from the client pod; the sinks in the web pods count.
-fn measure(c: &Cluster, dst: &str, mac: &str, rate: u64, seconds: f64, flows: u64) -> Point {
+/// `worker`: kxdp's process, whose worker thread's CPU time and run-queue wait are recorded.
+fn measure(
+    c: &Cluster,
+    dst: &str,
+    mac: &str,
+    rate: u64,
+    seconds: f64,
+    flows: u64,
+    worker: Option<u32>,
+) -> Point {
+    let cpu = sink_cpu(worker.is_some());
     let sinks: Vec<_> = ["web-1", "web-2"]
         .iter()
-        .map(|p| start_sink(c.pod(p), seconds))
+        .map(|p| start_sink(c.pod(p), seconds, cpu.as_deref()))
         .collect();
     let rate_s = if rate == 0 {
         "max".to_string()
@@ -336,6 +396,7 @@ fn measure(c: &Cluster, dst: &str, mac: &str, rate: u64, seconds: f64, flows: u6
     };
     let (secs, flows) = (seconds.to_string(), flows.to_string());
     let lost0 = loss_counters(c);
+    let sched0 = worker.and_then(worker_sched);
     let (busy0, _) = cpu_jiffies();
     let out = kxdp_in(
         c.pod("client-1"),
@@ -393,6 +454,15 @@ fn measure(c: &Cluster, dst: &str, mac: &str, rate: u64, seconds: f64, flows: u6
         |k: &String| lost0.get(k).copied().unwrap_or(0),
         loss_counters(c),
     );
+    // The worker's time on CPU 1 and waiting for it, from the generator's start to the
+    // counters' reading (what explains a ring that overflowed).
+    let worker_ms = match (sched0, worker.and_then(worker_sched)) {
+        (Some((r0, w0)), Some((r1, w1))) => Some((
+            r1.saturating_sub(r0) as f64 / 1e6,
+            w1.saturating_sub(w0) as f64 / 1e6,
+        )),
+        _ => None,
+    };
     let tx_dropped = s["iface_tx_dropped"].as_u64().unwrap_or(0);
     if tx_dropped > 0 {
         lost.insert("client-1 eth0 tx_dropped".into(), tx_dropped);
@@ -414,6 +484,7 @@ fn measure(c: &Cluster, dst: &str, mac: &str, rate: u64, seconds: f64, flows: u6
         p99_ns: p99,
         sink_dropped,
         lost,
+        worker_ms,
     }
 }
 
@@ -511,13 +582,14 @@ fn bench_lab_udp_clusterip() {
     let mac = lab::Lab::mac(&c.lab, &c.node, "vpod3")
         .map(|o| format!("{o:02x}"))
         .join(":");
+    let worker = kxdp.as_ref().map(|k| k.child.id());
     // Warm-up: neighbours, conntrack entries of every flow.
-    let w = measure(&c, &dst, &mac, 10_000, 0.5, flows);
+    let w = measure(&c, &dst, &mac, 10_000, 0.5, flows, worker);
     assert!(w.received > 0, "nothing was forwarded in mode {mode}");
     let mut best = 0f64;
     let line = |p: &Point, rate: u64, half: bool| {
         format!(
-            "{{\"mode\":\"{mode}\",\"services\":{services},\"flows\":{flows},\"rate\":{},\"half_load\":{half},\"sent\":{},\"received\":{},\"offered_pps\":{:.0},\"delivered_pps\":{:.0},\"loss\":{:.5},\"busy_ns_per_packet\":{:.0},\"p50_us\":{:.1},\"p99_us\":{:.1},\"sink_dropped\":{},\"lost\":{}}}",
+            "{{\"mode\":\"{mode}\",\"services\":{services},\"flows\":{flows},\"rate\":{},\"half_load\":{half},\"sent\":{},\"received\":{},\"offered_pps\":{:.0},\"delivered_pps\":{:.0},\"loss\":{:.5},\"busy_ns_per_packet\":{:.0},\"p50_us\":{:.1},\"p99_us\":{:.1},\"sink_dropped\":{},\"lost\":{},\"worker_cpu_ms\":{},\"worker_wait_ms\":{}}}",
             if rate == 0 { "\"max\"".to_string() } else { rate.to_string() },
             p.sent,
             p.received,
@@ -529,15 +601,17 @@ fn bench_lab_udp_clusterip() {
             p.p99_ns as f64 / 1e3,
             p.sink_dropped,
             serde_json::to_string(&p.lost).unwrap(),
+            p.worker_ms.map_or("null".into(), |w| format!("{:.0}", w.0)),
+            p.worker_ms.map_or("null".into(), |w| format!("{:.0}", w.1)),
         )
     };
     for &rate in &rates {
-        let p = measure(&c, &dst, &mac, rate, seconds, flows);
+        let p = measure(&c, &dst, &mac, rate, seconds, flows, worker);
         best = best.max(p.delivered_pps);
         println!("BENCH {}", line(&p, rate, false));
     }
     let half = ((best / 2.0) as u64).max(1000);
-    let p = measure(&c, &dst, &mac, half, seconds, flows);
+    let p = measure(&c, &dst, &mac, half, seconds, flows, worker);
     println!("BENCH {}", line(&p, half, true));
     if let Some(mut k) = kxdp {
         k.stop();

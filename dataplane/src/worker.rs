@@ -16,8 +16,9 @@
 //! Idle wait: after an empty poll of all sockets the worker spins `spin_polls` polls, then waits
 //! on all its sockets at once (one `epoll_wait` over their fds, `IDLE_WAIT_MS` at most) and
 //! wakes as soon as any of them receives; the timeout only bounds how late it sees a command or
-//! the stop flag. Without an epoll set (creating one failed) it sleeps instead, doubling from
-//! `min_sleep_us` up to `max_sleep_us`.
+//! the stop flag (1 ms while a TX ring still holds frames the kernel has not taken). Without an
+//! epoll set (creating one failed) it sleeps instead, doubling from `min_sleep_us` up to
+//! `max_sleep_us`.
 //!
 //! Sockets come and go while the worker runs: the runner sends [`PortCommand`]s on the worker's
 //! channel, checked once per loop (`try_recv`, no syscall). A removed socket is closed and the
@@ -160,9 +161,9 @@ pub struct Port {
     pub mac: [u8; 6],
     /// Complete TCP/UDP checksums of frames received here (virtual interfaces: veth).
     pub complete_checksums: bool,
-    /// Frames this socket's fill ring is kept at: starts at the base share, doubles (up to a
-    /// ring) while the socket consumes half of it, or half a batch, between two loops and
-    /// frames beyond the other sockets' reserve are free.
+    /// Frames this socket's fill ring is kept at: starts at the base share, is at least
+    /// [`ACTIVE_FILL`] once the socket carries traffic, and doubles (up to a ring) under
+    /// pressure while frames beyond the other sockets' reserve are free ([`next_fill_share`]).
     pub fill_target: u32,
     /// The kernel's counters of the socket as last read (kept when a read fails).
     pub kernel: KernelXskStats,
@@ -567,24 +568,21 @@ impl Worker {
                 port.sock.complete(&mut self.umem);
                 port.sock.flush_tx();
             }
+            let mut tx_left = 0;
             for port in &mut self.ports {
                 let held = port.sock.fill_outstanding();
-                // Busy: it consumed half its share since the last top-up, or half a batch (a
-                // loop takes at most one batch per socket, so above two batches "half the
-                // share" could never happen and busy shares stopped at 192 frames: measured,
-                // every frame lost in the lab was a fill ring found empty, docs/afxdp.md).
-                let consumed = port.fill_target.saturating_sub(held);
-                if consumed >= (port.fill_target / 2).min(BATCH as u32 / 2)
-                    && port.fill_target < port.sock.rings().fill
-                    && self.umem.free_frames() > reserve + port.fill_target as usize
-                {
-                    // Shares start at a budget's fraction, not a power of two: doubling may
-                    // pass the ring, which is the most a fill ring holds.
-                    port.fill_target = (port.fill_target * 2).min(port.sock.rings().fill);
-                }
+                let grantable = self.umem.free_frames().saturating_sub(reserve) as u32;
+                port.fill_target = next_fill_share(
+                    port.fill_target,
+                    port.fill_target.saturating_sub(port.sock.fill_ring_level()),
+                    port.fill_target.saturating_sub(held),
+                    port.sock.rings().fill,
+                    grantable,
+                );
                 if held < port.fill_target {
                     port.sock.refill(&mut self.umem, port.fill_target - held);
                 }
+                tx_left += port.sock.tx_pending();
             }
             // The kernel's counters of frames lost before kxdp saw them: one getsockopt per
             // socket about once a second, never per packet.
@@ -605,7 +603,11 @@ impl Worker {
                     c.idle_sleeps.fetch_add(1, Ordering::Relaxed);
                     match &mut self.poller {
                         Some(p) => {
-                            let ready = p.wait(IDLE_WAIT_MS);
+                            // The sockets' fds wake the wait only for RX. Frames still on a TX
+                            // ring (a copy-mode kick sends at most 32; the rest wait for the
+                            // next kick) are kicked again a millisecond later, not after the
+                            // safety-net timeout.
+                            let ready = p.wait(if tx_left > 0 { 1 } else { IDLE_WAIT_MS });
                             if let Some(w) = &self.waker {
                                 if p.is_ready(ready, w.fd()) {
                                     w.clear();
@@ -661,6 +663,41 @@ impl Worker {
     }
 }
 
+/// Frames every socket that carries traffic is given at least (as long as the UMEM keeps the
+/// other sockets' reserve): a veth's NAPI poll delivers up to 64 frames and a kick of the
+/// sender in copy mode 32 before the worker can wake, more than the base share (24 with the
+/// defaults), so an idle socket's first burst lost what did not fit (measured in the lab at low
+/// rates, docs/benchmarks.md "AF_XDP loss, session 6").
+pub const ACTIVE_FILL: u32 = 2 * BATCH as u32;
+
+/// A socket's fill share after a loop (see `Port::fill_target`), from its share now, the
+/// frames the kernel `taken` off its fill ring since the last top-up (on the RX ring waiting,
+/// or being copied into), the frames the worker `consumed` from it in this loop, its fill
+/// ring's size and the frames the free list can give beyond the other sockets' reserve.
+///
+/// - Under pressure (the kernel took half the share, or the worker consumed half of it or half
+///   a batch in one loop) it doubles, and at least to twice what the kernel took: a burst
+///   grows the share within the loop that sees it, however low the average rate (a loop
+///   takes at most one batch per socket, so "consumed half the share" alone stopped at 192
+///   frames; "taken" sees the whole backlog).
+/// - A socket that carried any frame has at least [`ACTIVE_FILL`].
+///
+/// Never above the ring nor beyond what the free list can grant; never shrinks (a fill ring
+/// cannot be emptied without closing its socket).
+pub fn next_fill_share(share: u32, taken: u32, consumed: u32, ring: u32, grantable: u32) -> u32 {
+    let pressure = taken >= share / 2 || consumed >= (share / 2).min(BATCH as u32 / 2);
+    let want = if pressure && (taken > 0 || consumed > 0) {
+        (share * 2).max(taken * 2).max(ACTIVE_FILL)
+    } else if taken > 0 || consumed > 0 {
+        ACTIVE_FILL
+    } else {
+        share
+    };
+    want.min(ring)
+        .min(share.saturating_add(grantable))
+        .max(share)
+}
+
 /// The fill-ring share a socket starts with: three quarters of the frames (the rest covers
 /// frames in a batch and on TX rings) split among `max(sockets, PLANNED_SOCKETS)`, at most a
 /// ring, at least `MIN_FILL` (8192 frames: 24). Busy sockets grow theirs (see `Port`). More
@@ -675,4 +712,36 @@ pub fn fill_target(cfg: &XskConfig, sockets: usize) -> u32 {
 /// Pins the calling thread to `cpu`.
 pub fn pin(cpu: usize) -> bool {
     kxdp_kernel::sys::pin_current_thread(cpu)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_socket_that_carries_traffic_gets_at_least_the_active_share() {
+        // 10 frames into a base share of 24: no pressure, but traffic.
+        assert_eq!(next_fill_share(24, 10, 10, 2048, 6000), ACTIVE_FILL);
+        // The base share emptied at once: at least the active share, not just twice the base.
+        assert_eq!(next_fill_share(24, 24, 24, 2048, 6000), ACTIVE_FILL);
+        // Idle: unchanged.
+        assert_eq!(next_fill_share(24, 0, 0, 2048, 6000), 24);
+        // The UMEM cannot grant it: unchanged, never less.
+        assert_eq!(next_fill_share(24, 10, 10, 2048, 0), 24);
+        assert_eq!(next_fill_share(24, 10, 10, 2048, 50), 74);
+    }
+
+    #[test]
+    fn a_burst_grows_the_share_to_twice_what_the_kernel_took() {
+        // The worker consumed one batch, but the kernel took 900 frames off the fill ring
+        // (the rest wait on the RX ring): the old rule doubled to 512, this one to 1800.
+        assert_eq!(next_fill_share(256, 900, 64, 2048, 6000), 1800);
+        // Capped by the ring and by what the free list grants.
+        assert_eq!(next_fill_share(1024, 1024, 64, 2048, 6000), 2048);
+        assert_eq!(next_fill_share(1024, 1024, 64, 2048, 300), 1324);
+        // Half a batch consumed in one loop is pressure too (the session-5 rule).
+        assert_eq!(next_fill_share(512, 40, 32, 2048, 6000), 1024);
+        // Below both thresholds: unchanged.
+        assert_eq!(next_fill_share(512, 100, 20, 2048, 6000), 512);
+    }
 }

@@ -841,6 +841,19 @@ impl XskSocket {
         self.fill_outstanding
     }
 
+    /// Frames still on the fill ring, not yet taken by the kernel (one load of the kernel's
+    /// consumer index). `fill_outstanding() - fill_ring_level()` are the frames the kernel took
+    /// since they were placed: on the RX ring waiting for the application, or being copied into.
+    pub fn fill_ring_level(&self) -> u32 {
+        self.fill.pending()
+    }
+
+    /// Frames on the TX ring the kernel has not taken yet (a copy-mode kick sends at most 32:
+    /// the rest wait for the next kick).
+    pub fn tx_pending(&self) -> u32 {
+        self.tx.pending()
+    }
+
     /// Moves up to `max` free frames onto the fill ring.
     pub fn refill(&mut self, umem: &mut Umem, max: u32) {
         let want = max.min(umem.free.len() as u32);

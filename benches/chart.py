@@ -23,6 +23,20 @@ import html
 import sys
 
 
+PALETTE = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1"]
+
+
+def svg_open(width, height, title):
+    """The first lines of a chart: the svg element, a white background and the title."""
+    return [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="13">',
+        f'<rect width="{width}" height="{height}" fill="white"/>',
+        f'<text x="{width / 2}" y="22" text-anchor="middle" font-size="15" font-weight="bold">'
+        f"{html.escape(title)}</text>",
+    ]
+
+
 def tables(lines):
     """Yields (header, rows) for each Markdown table."""
     cur = None
@@ -159,14 +173,7 @@ def curves(a, header, rows, li, vi):
     def py(y):
         return top + ph - y / vmax * ph
 
-    palette = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1"]
-    out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-        f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="13">',
-        f'<rect width="{width}" height="{height}" fill="white"/>',
-        f'<text x="{width / 2}" y="22" text-anchor="middle" font-size="15" font-weight="bold">'
-        f"{html.escape(a.title or a.value)}</text>",
-    ]
+    out = svg_open(width, height, a.title or a.value)
     t = 0.0
     while t <= vmax:
         out.append(f'<line x1="{px(t):.1f}" y1="{top}" x2="{px(t):.1f}" y2="{top + ph}" stroke="#eee"/>')
@@ -189,7 +196,7 @@ def curves(a, header, rows, li, vi):
         f'transform="rotate(-90 18 {top + ph / 2})">{html.escape(a.value + unit)}</text>'
     )
     for n, (label, pts) in enumerate(series.items()):
-        colour = palette[n % len(palette)]
+        colour = PALETTE[n % len(PALETTE)]
         pts.sort()
         path = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in pts)
         out.append(f'<polyline points="{path}" fill="none" stroke="{colour}" stroke-width="2"/>')
@@ -257,14 +264,7 @@ def xy(a, header, rows, li, vi):
     def py(y):
         return top + ph - y / vmax * ph
 
-    palette = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1"]
-    out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-        f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="13">',
-        f'<rect width="{width}" height="{height}" fill="white"/>',
-        f'<text x="{width / 2}" y="22" text-anchor="middle" font-size="15" font-weight="bold">'
-        f"{html.escape(a.title or a.value)}</text>",
-    ]
+    out = svg_open(width, height, a.title or a.value)
     t = 0.0
     while t <= vmax:
         out.append(f'<line x1="{left}" y1="{py(t):.1f}" x2="{left + pw}" y2="{py(t):.1f}" stroke="#eee"/>')
@@ -284,7 +284,7 @@ def xy(a, header, rows, li, vi):
         f'transform="rotate(-90 18 {top + ph / 2})">{html.escape(a.value + unit)}</text>'
     )
     for n, (label, pts) in enumerate(series.items()):
-        colour = palette[n % len(palette)]
+        colour = PALETTE[n % len(PALETTE)]
         pts.sort()
         path = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in pts)
         out.append(f'<polyline points="{path}" fill="none" stroke="{colour}" stroke-width="2"/>')

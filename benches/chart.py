@@ -37,6 +37,23 @@ def svg_open(width, height, title):
     ]
 
 
+def draw_series(out, series, px, py, legend_x, top, value_labels):
+    """Each series as a line with its points (and their values, if asked), and its legend entry
+    right of the plot at `legend_x`."""
+    for n, (label, pts) in enumerate(series.items()):
+        colour = PALETTE[n % len(PALETTE)]
+        pts.sort()
+        path = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in pts)
+        out.append(f'<polyline points="{path}" fill="none" stroke="{colour}" stroke-width="2"/>')
+        for x, y in pts:
+            out.append(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="3" fill="{colour}"/>')
+            if value_labels:
+                out.append(f'<text x="{px(x) + 5:.1f}" y="{py(y) - 6:.1f}" font-size="11" fill="{colour}">{y:g}</text>')
+        ly = top + 10 + n * 20
+        out.append(f'<line x1="{legend_x + 12}" y1="{ly}" x2="{legend_x + 32}" y2="{ly}" stroke="{colour}" stroke-width="3"/>')
+        out.append(f'<text x="{legend_x + 38}" y="{ly + 4}">{html.escape(label)}</text>')
+
+
 def tables(lines):
     """Yields (header, rows) for each Markdown table."""
     cur = None
@@ -195,16 +212,7 @@ def curves(a, header, rows, li, vi):
         f'<text x="18" y="{top + ph / 2}" text-anchor="middle" '
         f'transform="rotate(-90 18 {top + ph / 2})">{html.escape(a.value + unit)}</text>'
     )
-    for n, (label, pts) in enumerate(series.items()):
-        colour = PALETTE[n % len(PALETTE)]
-        pts.sort()
-        path = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in pts)
-        out.append(f'<polyline points="{path}" fill="none" stroke="{colour}" stroke-width="2"/>')
-        for x, y in pts:
-            out.append(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="3" fill="{colour}"/>')
-        ly = top + 10 + n * 20
-        out.append(f'<line x1="{left + pw + 12}" y1="{ly}" x2="{left + pw + 32}" y2="{ly}" stroke="{colour}" stroke-width="3"/>')
-        out.append(f'<text x="{left + pw + 38}" y="{ly + 4}">{html.escape(label)}</text>')
+    draw_series(out, series, px, py, left + pw, top, value_labels=False)
     ly = top + 10 + len(series) * 20
     out.append(
         f'<line x1="{left + pw + 12}" y1="{ly}" x2="{left + pw + 32}" y2="{ly}" stroke="#999" stroke-dasharray="4 4"/>'
@@ -283,17 +291,7 @@ def xy(a, header, rows, li, vi):
         f'<text x="18" y="{top + ph / 2}" text-anchor="middle" '
         f'transform="rotate(-90 18 {top + ph / 2})">{html.escape(a.value + unit)}</text>'
     )
-    for n, (label, pts) in enumerate(series.items()):
-        colour = PALETTE[n % len(PALETTE)]
-        pts.sort()
-        path = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in pts)
-        out.append(f'<polyline points="{path}" fill="none" stroke="{colour}" stroke-width="2"/>')
-        for x, y in pts:
-            out.append(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="3" fill="{colour}"/>')
-            out.append(f'<text x="{px(x) + 5:.1f}" y="{py(y) - 6:.1f}" font-size="11" fill="{colour}">{y:g}</text>')
-        ly = top + 10 + n * 20
-        out.append(f'<line x1="{left + pw + 12}" y1="{ly}" x2="{left + pw + 32}" y2="{ly}" stroke="{colour}" stroke-width="3"/>')
-        out.append(f'<text x="{left + pw + 38}" y="{ly + 4}">{html.escape(label)}</text>')
+    draw_series(out, series, px, py, left + pw, top, value_labels=True)
     out.append("</svg>")
     sys.stdout.write("\n".join(out) + "\n")
 

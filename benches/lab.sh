@@ -14,9 +14,11 @@
 #   KXDP_BENCH_SERVICES=1000 KXDP_BENCH_FLOWS=64 benches/lab.sh
 #   KXDP_BENCH_MODES="kxdp kxdp-deep" benches/lab.sh      # default rings against deeper ones
 #   KXDP_BENCH_AFXDP="{frames: 65536, rxRingSize: 8192, fillRingSize: 8192}"  # kxdp-deep's config afxdp
-#   KXDP_BENCH_SINK_CPU=0|1|none   # the sinks' CPU (default: the one the forwarder leaves free:
-#                                  # 0 beside the generator for kxdp, whose worker has CPU 1;
-#                                  # 1 for the kernel's paths, which forward on CPU 0)
+#   KXDP_BENCH_SINK_CPU=0|1|none   # the sinks' CPU (default: 0, beside the generator; every
+#                                  # forwarder forwards on CPU 1: kxdp's worker is pinned there,
+#                                  # the kernel's paths are steered there by RPS)
+#   KXDP_BENCH_KERNEL_RPS=off      # the kernel's paths forward inside the generator's sendto()
+#                                  # on CPU 0 instead (sinks then on CPU 1): sessions 3-6's layout
 #
 # Per point, target/lab-bench.md explains the loss: the counters that moved (the veths' drops,
 # kxdp's sockets' kernel counters rx_dropped = fill ring empty and rx_ring_full, kxdp's own

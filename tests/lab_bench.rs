@@ -287,6 +287,8 @@ fn loss_counters(c: &Cluster) -> std::collections::BTreeMap<String, u64> {
         }
     }
     out.extend(xsk_counters(&c.node));
+    // One value for the whole machine; the lab is all there is on it while a point runs.
+    out.insert("machine softnet backlog dropped".into(), softnet_dropped());
     out
 }
 
@@ -369,8 +371,21 @@ fn sink_cpu(kxdp: bool) -> Option<String> {
     match std::env::var("KXDP_BENCH_SINK_CPU") {
         Ok(v) if v == "none" => None,
         Ok(v) => Some(v),
-        Err(_) => Some(if kxdp { "0" } else { "1" }.into()),
+        // The kernel's paths forward on CPU 1 too unless their RPS steering is off, which
+        // leaves their forwarding in the generator's sendto() on CPU 0.
+        Err(_) => Some(if kxdp || kernel_rps() { "0" } else { "1" }.into()),
     }
+}
+
+/// Whether the kernel's paths forward on CPU 1, the CPU kxdp's worker gets (default), rather
+/// than inside the generator's own `sendto()` on CPU 0. veth hands a frame to the receiving side
+/// with `netif_rx`, which RPS steers: with `rps_cpus` of the node's client-side veth set to
+/// CPU 1, routing and the iptables/nftables DNAT run there, in that CPU's backlog, and when they
+/// cannot keep up the backlog drops (counted: `machine softnet backlog dropped`) instead of the
+/// generator slowing down. So every forwarder has the same CPUs: generator and sinks on CPU 0,
+/// the forwarding on CPU 1. `KXDP_BENCH_KERNEL_RPS=off`: the old layout.
+fn kernel_rps() -> bool {
+    std::env::var("KXDP_BENCH_KERNEL_RPS").as_deref() != Ok("off")
 }
 
 /// Sends at `rate` (0: max) for `seconds` from the client pod; the sinks in the web pods count.
@@ -524,6 +539,23 @@ fn setup(c: &Cluster, mode: &str, services: u64, dir: &std::path::Path) -> (Opti
             );
             (Some(k), vip)
         }
+        kernel => {
+            if kernel_rps() {
+                // The node's forwarding on CPU 1 (`kernel_rps`).
+                lab::sh(
+                    &c.node,
+                    "echo 2 > /sys/class/net/vpod3/queues/rx-0/rps_cpus",
+                );
+            }
+            setup_kernel(c, kernel, services)
+        }
+    }
+}
+
+/// The kernel's forwarders (`routing`, `iptables`, `nftables`): the node's rules for `mode`.
+fn setup_kernel(c: &Cluster, mode: &str, services: u64) -> (Option<Kxdp>, String) {
+    let vip = "172.30.0.10:53".to_string();
+    match mode {
         "routing" => {
             lab::sh(&c.node, "sysctl -qw net.ipv4.ip_forward=1");
             (None, "10.1.0.11:5353".into())

@@ -19,6 +19,9 @@
 #                                  # the kernel's paths are steered there by RPS)
 #   KXDP_BENCH_KERNEL_RPS=off      # the kernel's paths forward inside the generator's sendto()
 #                                  # on CPU 0 instead (sinks then on CPU 1): sessions 3-6's layout
+#   KXDP_BENCH_WORKER_RT=1         # kxdp's worker SCHED_FIFO: a dedicated CPU on this shared
+#                                  # machine (the kernel's paths run in softirq, which no
+#                                  # process delays either)
 #
 # Per point, target/lab-bench.md explains the loss: the counters that moved (the veths' drops,
 # kxdp's sockets' kernel counters rx_dropped = fill ring empty and rx_ring_full, kxdp's own

@@ -349,6 +349,25 @@ fn xsk_counters(node: &str) -> Vec<(String, u64)> {
 
 /// The scheduler's account of kxdp's worker thread (`kxdp-worker-0` of process `pid`):
 /// nanoseconds on a CPU and waiting runnable for one (`/proc/PID/task/TID/schedstat`).
+/// With `KXDP_BENCH_WORKER_RT=1`, kxdp's worker thread gets `SCHED_FIFO`: on this shared
+/// 2-vCPU machine that models the CPU a node dedicates to it, as the kernel's forwarding, which
+/// runs in softirq, is never made to wait behind other processes either. Off by default.
+fn worker_realtime(pid: u32) {
+    if std::env::var("KXDP_BENCH_WORKER_RT").as_deref() != Ok("1") {
+        return;
+    }
+    for t in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+    {
+        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        if comm.trim().starts_with("kxdp-worker-") {
+            let tid = t.file_name().to_string_lossy().into_owned();
+            lab::run("chrt", &["-f", "-p", "10", &tid]);
+        }
+    }
+}
+
 fn worker_sched(pid: u32) -> Option<(u64, u64)> {
     for t in std::fs::read_dir(format!("/proc/{pid}/task"))
         .ok()?
@@ -365,8 +384,9 @@ fn worker_sched(pid: u32) -> Option<(u64, u64)> {
 }
 
 /// Where the sinks run: `KXDP_BENCH_SINK_CPU` (a CPU, or `none`: unpinned), else the CPU the
-/// forwarder leaves free — CPU 0 (beside the generator) for kxdp, whose worker has CPU 1; CPU 1
-/// for the kernel's paths, which forward in the generator's own softirq on CPU 0.
+/// forwarder leaves free — CPU 0, beside the generator: kxdp's worker has CPU 1, and the
+/// kernel's paths forward there too (`kernel_rps`; with it off they forward in the generator's
+/// own softirq on CPU 0, and the sinks go to CPU 1).
 fn sink_cpu(kxdp: bool) -> Option<String> {
     match std::env::var("KXDP_BENCH_SINK_CPU") {
         Ok(v) if v == "none" => None,
@@ -615,6 +635,9 @@ fn bench_lab_udp_clusterip() {
         .map(|o| format!("{o:02x}"))
         .join(":");
     let worker = kxdp.as_ref().map(|k| k.child.id());
+    if let Some(pid) = worker {
+        worker_realtime(pid);
+    }
     // Warm-up: neighbours, conntrack entries of every flow.
     let w = measure(&c, &dst, &mac, 10_000, 0.5, flows, worker);
     assert!(w.received > 0, "nothing was forwarded in mode {mode}");

@@ -29,6 +29,8 @@ use crate::model::{ClusterState, Object};
 mod fast;
 #[path = "files_strict.rs"]
 mod strict;
+#[path = "files_subset.rs"]
+mod subset;
 
 /// One YAML document (`text` holds exactly one) decoded straight into `T` as the fast path of
 /// `load_state` decodes it: as strictly as the one-pass reader (`None` where the reader would

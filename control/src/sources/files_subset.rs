@@ -36,6 +36,8 @@ use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visit
 
 /// The deepest nesting read (`crate::yaml::MAX_DEPTH`; `yaml_serde` refuses beyond 128).
 const MAX_DEPTH: usize = crate::yaml::MAX_DEPTH;
+/// The longest key read: libyaml refuses an implicit key over 1,024 characters.
+const MAX_KEY: usize = 1000;
 
 /// `T` from one YAML document (`text` holds exactly one, with or without its `---` line), or
 /// `None` when the text is outside the subset or `T` refuses it.
@@ -433,7 +435,7 @@ impl<'a> Parser<'a> {
             return Err(Unsupported);
         }
         match self.plain_end() {
-            PlainEnd::Key(end) if self.byte(end - 1) != b' ' => {
+            PlainEnd::Key(end) if self.byte(end - 1) != b' ' && end - self.pos <= MAX_KEY => {
                 let key = &self.s[self.pos..end];
                 self.pos = end + 1;
                 Ok(key)
@@ -488,13 +490,14 @@ impl<'a> Parser<'a> {
         }
     }
 
-    /// Before a flow collection's next entry: `None` at its closing `close` (read), `Some` at an
-    /// entry (a `,` before it read, unless `first`).
+    /// Before a flow collection's next entry: `None` at its closing `close` (read, the
+    /// collection ended), `Some` at an entry (a `,` before it read, unless `first`).
     fn flow_next(&mut self, close: u8, first: bool) -> Result<Option<()>> {
         self.skip_spaces();
         let c = self.byte(self.pos);
         if c == close {
             self.pos += 1;
+            self.ended();
             return Ok(None);
         }
         if !first {
@@ -557,31 +560,20 @@ impl<'de> Deserializer<'de> for De<'_, 'de> {
                 Kind::I64(n) => visitor.visit_i64(n),
                 Kind::Str => visitor.visit_borrowed_str(s.text),
             },
-            Head::BlockMap(column) => p.collection(|p| {
-                visitor.visit_map(BlockMap {
-                    p,
-                    column,
-                    first: true,
-                })
-            }),
-            Head::BlockSeq(column) => p.collection(|p| {
-                visitor.visit_seq(BlockSeq {
-                    p,
-                    column,
-                    first: true,
-                })
-            }),
-            Head::FlowSeq(block) => {
-                let v = p.collection(|p| visitor.visit_seq(FlowSeq { p, first: true }))?;
+            Head::BlockMap(column) => p.collection(|p| visitor.visit_map(Block::new(p, column))),
+            Head::BlockSeq(column) => p.collection(|p| visitor.visit_seq(Block::new(p, column))),
+            Head::FlowSeq(block) | Head::FlowMap(block) => {
+                let map = matches!(self.head, Head::FlowMap(_));
+                let v = p.collection(|p| {
+                    let flow = Flow { p, first: true };
+                    if map {
+                        visitor.visit_map(flow)
+                    } else {
+                        visitor.visit_seq(flow)
+                    }
+                })?;
                 if block {
-                    p.end_of_line()?;
-                }
-                Ok(v)
-            }
-            Head::FlowMap(block) => {
-                let v = p.collection(|p| visitor.visit_map(FlowMap { p, first: true }))?;
-                if block {
-                    p.end_of_line()?;
+                    p.end_of_line()?; // a block value: the line ends after it
                 }
                 Ok(v)
             }
@@ -610,18 +602,10 @@ impl<'de> Deserializer<'de> for De<'_, 'de> {
         self.deserialize_str(visitor)
     }
 
-    fn deserialize_enum<V: Visitor<'de>>(
-        self,
-        _name: &'static str,
-        _variants: &'static [&'static str],
-        _visitor: V,
-    ) -> Result<V::Value> {
-        Err(Unsupported)
-    }
-
+    // (`Strict` answers enums itself, refusing them.)
     serde::forward_to_deserialize_any! {
         bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char bytes byte_buf unit
-        unit_struct newtype_struct seq tuple tuple_struct map struct identifier ignored_any
+        unit_struct newtype_struct seq tuple tuple_struct map struct enum identifier ignored_any
     }
 }
 
@@ -642,13 +626,24 @@ impl<'de> Deserializer<'de> for Key<'de> {
     }
 }
 
-struct BlockMap<'p, 'a> {
+/// A block mapping or sequence at `column`; `first`: its first key or `-` is at the position.
+struct Block<'p, 'a> {
     p: &'p mut Parser<'a>,
     column: usize,
     first: bool,
 }
 
-impl<'de> MapAccess<'de> for BlockMap<'_, 'de> {
+impl<'p, 'a> Block<'p, 'a> {
+    fn new(p: &'p mut Parser<'a>, column: usize) -> Self {
+        Block {
+            p,
+            column,
+            first: true,
+        }
+    }
+}
+
+impl<'de> MapAccess<'de> for Block<'_, 'de> {
     type Error = Unsupported;
 
     fn next_key_seed<K: DeserializeSeed<'de>>(&mut self, seed: K) -> Result<Option<K::Value>> {
@@ -682,13 +677,7 @@ impl<'de> MapAccess<'de> for BlockMap<'_, 'de> {
     }
 }
 
-struct BlockSeq<'p, 'a> {
-    p: &'p mut Parser<'a>,
-    column: usize,
-    first: bool,
-}
-
-impl<'de> SeqAccess<'de> for BlockSeq<'_, 'de> {
+impl<'de> SeqAccess<'de> for Block<'_, 'de> {
     type Error = Unsupported;
 
     fn next_element_seed<T: DeserializeSeed<'de>>(&mut self, seed: T) -> Result<Option<T::Value>> {
@@ -711,12 +700,13 @@ impl<'de> SeqAccess<'de> for BlockSeq<'_, 'de> {
     }
 }
 
-struct FlowSeq<'p, 'a> {
+/// A flow sequence or mapping, its opening bracket read; `first`: no entry read yet.
+struct Flow<'p, 'a> {
     p: &'p mut Parser<'a>,
     first: bool,
 }
 
-impl<'de> SeqAccess<'de> for FlowSeq<'_, 'de> {
+impl<'de> SeqAccess<'de> for Flow<'_, 'de> {
     type Error = Unsupported;
 
     fn next_element_seed<T: DeserializeSeed<'de>>(&mut self, seed: T) -> Result<Option<T::Value>> {
@@ -724,7 +714,6 @@ impl<'de> SeqAccess<'de> for FlowSeq<'_, 'de> {
         if p.flow_next(b']', std::mem::take(&mut self.first))?
             .is_none()
         {
-            p.ended();
             return Ok(None);
         }
         let head = p.flow_node()?;
@@ -732,12 +721,7 @@ impl<'de> SeqAccess<'de> for FlowSeq<'_, 'de> {
     }
 }
 
-struct FlowMap<'p, 'a> {
-    p: &'p mut Parser<'a>,
-    first: bool,
-}
-
-impl<'de> MapAccess<'de> for FlowMap<'_, 'de> {
+impl<'de> MapAccess<'de> for Flow<'_, 'de> {
     type Error = Unsupported;
 
     fn next_key_seed<K: DeserializeSeed<'de>>(&mut self, seed: K) -> Result<Option<K::Value>> {
@@ -745,7 +729,6 @@ impl<'de> MapAccess<'de> for FlowMap<'_, 'de> {
         if p.flow_next(b'}', std::mem::take(&mut self.first))?
             .is_none()
         {
-            p.ended();
             return Ok(None);
         }
         let c = p.byte(p.pos);
@@ -753,6 +736,9 @@ impl<'de> MapAccess<'de> for FlowMap<'_, 'de> {
             return Err(Unsupported);
         }
         let key = p.flow_plain()?;
+        if key.len() > MAX_KEY {
+            return Err(Unsupported);
+        }
         if p.byte(p.pos) != b':' || p.byte(p.pos + 1) != b' ' {
             return Err(Unsupported);
         }
@@ -1013,6 +999,10 @@ mod tests {
                 "taken: {t:?}"
             );
         }
+        // libyaml refuses an implicit key over 1,024 characters.
+        let long = "k".repeat(1025);
+        assert_eq!(value(&format!("{long}: 1\n")), None);
+        assert_eq!(value(&format!("a: {{{long}: 1}}\n")), None);
         assert_eq!(
             value("a:\n- 1\n- b: x\n  c: [y]\nd:\n"),
             Some(serde_json::json!({"a": [1, {"b": "x", "c": ["y"]}], "d": null}))

@@ -158,10 +158,12 @@ fn classify(text: &str) -> Result<Scalar<'_>> {
                     return Err(Unsupported);
                 }
                 Kind::Str // neither an integer in that radix nor a float (`0b6f-11`)
-            } else if !decimal_number(body) {
-                Kind::Str // `10.0.0.1`, `3c6a-11`, `1e5x`
-            } else if all_digits(body) && body.len() > 1 && body[0] == b'0' {
-                Kind::Str // `digits_but_not_number`: leading zeros make a string
+            } else if !decimal_number(body)
+                || (all_digits(body) && body.len() > 1 && body[0] == b'0')
+            {
+                // No number (`10.0.0.1`, `3c6a-11`, `1e5x`), or digits with leading zeros,
+                // which `digits_but_not_number` makes a string.
+                Kind::Str
             } else if all_digits(body) && body.len() == b.len() {
                 Kind::U64(text.parse().map_err(|_| Unsupported)?)
             } else if all_digits(body) {
@@ -233,6 +235,11 @@ fn bad_start(rest: &[u8]) -> bool {
             | b'<'
             | b'='
     )
+}
+
+/// Whether a plain key may start with `c` here (a letter, a digit, `_`, `.` or `/`).
+fn key_start(c: u8) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, b'_' | b'.' | b'/')
 }
 
 /// Where a plain scalar in block context ends on its line.
@@ -430,8 +437,7 @@ impl<'a> Parser<'a> {
 
     /// A key in block context (the position at its first character), past its `:`.
     fn block_key(&mut self) -> Result<&'a str> {
-        let c = self.byte(self.pos);
-        if !(c.is_ascii_alphanumeric() || matches!(c, b'_' | b'.' | b'/')) {
+        if !key_start(self.byte(self.pos)) {
             return Err(Unsupported);
         }
         match self.plain_end() {
@@ -706,16 +712,22 @@ struct Flow<'p, 'a> {
     first: bool,
 }
 
+impl Flow<'_, '_> {
+    /// Whether an entry follows (else the closing `close` was read).
+    fn entry(&mut self, close: u8) -> Result<bool> {
+        let first = std::mem::take(&mut self.first);
+        Ok(self.p.flow_next(close, first)?.is_some())
+    }
+}
+
 impl<'de> SeqAccess<'de> for Flow<'_, 'de> {
     type Error = Unsupported;
 
     fn next_element_seed<T: DeserializeSeed<'de>>(&mut self, seed: T) -> Result<Option<T::Value>> {
-        let p = &mut *self.p;
-        if p.flow_next(b']', std::mem::take(&mut self.first))?
-            .is_none()
-        {
+        if !self.entry(b']')? {
             return Ok(None);
         }
+        let p = &mut *self.p;
         let head = p.flow_node()?;
         seed.deserialize(De { p, head }).map(Some)
     }
@@ -725,14 +737,11 @@ impl<'de> MapAccess<'de> for Flow<'_, 'de> {
     type Error = Unsupported;
 
     fn next_key_seed<K: DeserializeSeed<'de>>(&mut self, seed: K) -> Result<Option<K::Value>> {
-        let p = &mut *self.p;
-        if p.flow_next(b'}', std::mem::take(&mut self.first))?
-            .is_none()
-        {
+        if !self.entry(b'}')? {
             return Ok(None);
         }
-        let c = p.byte(p.pos);
-        if !(c.is_ascii_alphanumeric() || matches!(c, b'_' | b'.' | b'/')) {
+        let p = &mut *self.p;
+        if !key_start(p.byte(p.pos)) {
             return Err(Unsupported);
         }
         let key = p.flow_plain()?;

@@ -21,10 +21,11 @@
 //! - **burst**: 1,000 changes per second for 3 s to a loop with `minSyncPeriod: 1s` (kube-proxy's
 //!   default): how many rebuilds, and how long after the last change it is seen;
 //! - **startup from --state**: the state written as YAML (one file, as `kxdp pcap gen` writes
-//!   it), then `sources::files::load_state` (YAML parsing, typed decoding) and a full build; the
-//!   YAML parser alone (`yaml_serde` to JSON values) is timed separately to say where the time
-//!   goes, and so is decoding every document into its type on one thread (`yaml_serde` alone,
-//!   against `yaml_serde` read as strictly as the one-pass reader, as the fast path does);
+//!   it), then `sources::files::load_state` (YAML parsing, typed decoding; its phases: reading
+//!   the file, decoding on all cores, storing) and a full build; the YAML parser alone
+//!   (`yaml_serde` to JSON values) is timed separately to say where the time goes, and so is
+//!   decoding every document into its type on one thread (`yaml_serde` alone, against the
+//!   fast path's strict reading: the block-subset reader, `yaml_serde` for what it leaves);
 //! - **memory**: live heap (a counting allocator) of the typed objects alone, and of what the
 //!   control loop keeps: the store (the objects), the builder (each Service's translation and
 //!   frontend claims) and the published snapshot.
@@ -551,8 +552,9 @@ fn startup(layout: Layout, n: usize) -> String {
     }
     let parse = t.elapsed();
     // The same documents, one thread, each straight into its type: `yaml_serde` alone (which
-    // takes a plain `80` for a string: not strict enough for the fast path), and `yaml_serde`
-    // read strictly, as `sources/files_fast.rs` decodes them on every core.
+    // takes a plain `80` for a string: not strict enough for the fast path), and read strictly,
+    // as `sources/files_fast.rs` decodes them on every core (since session 7 the block-subset
+    // reader, `sources/files_subset.rs`, with `yaml_serde` for what it leaves).
     let documents: Vec<&str> = text.split("---\n").filter(|d| !d.is_empty()).collect();
     let serde_typed = typed_all(
         &documents,
@@ -567,7 +569,7 @@ fn startup(layout: Layout, n: usize) -> String {
     drop(documents);
     drop(text);
     let t = Instant::now();
-    let loaded = kxdp_control::sources::files::load_state(&file).unwrap();
+    let (loaded, phases) = kxdp_control::sources::files::load_state_timed(&file).unwrap();
     let load = t.elapsed();
     assert_eq!(loaded.services.len(), n);
     let t = Instant::now();
@@ -576,13 +578,16 @@ fn startup(layout: Layout, n: usize) -> String {
     assert_eq!(snap.frontends.len(), n);
 
     format!(
-        "{:.0} MB, {docs} docs: baseline (old reader, YAML parser alone) {}; typed, one thread: yaml_serde {} / read strictly {} ({:.2}×); load {} + build {} = {}",
+        "{:.0} MB, {docs} docs: baseline (old reader, YAML parser alone) {}; typed, one thread: yaml_serde {} / read strictly {} ({:.2}×); load {} (read {}, decode {}, store {}) + build {} = {}",
         yaml_size as f64 / 1e6,
         ms(parse),
         ms(serde_typed),
         ms(strict_typed),
         serde_typed.as_secs_f64() / strict_typed.as_secs_f64(),
         ms(load),
+        ms(phases.read),
+        ms(phases.decode),
+        ms(phases.store),
         ms(startup_build),
         ms(load + startup_build),
     )

@@ -16,7 +16,6 @@ use std::time::Duration;
 
 use crate::config::Config;
 use crate::metrics::Metrics;
-use crate::sources::files::load_state;
 use crate::sources::kube::{client_config, KubeOptions};
 use crate::sources::watch_files::Preloaded;
 use crate::sync::{ControlHandle, ControlLoop, Published, Source};
@@ -76,11 +75,25 @@ pub fn start(
     kubeconfig: Option<&Path>,
     metrics: Arc<Metrics>,
 ) -> Result<(Arc<Published>, ControlHandle), RunError> {
+    start_preloaded(config, state, kubeconfig, metrics, None)
+}
+
+/// `start`, with the state under `state` already read (`preloaded`, by `node_config`) or not.
+fn start_preloaded(
+    config: &Config,
+    state: Option<&Path>,
+    kubeconfig: Option<&Path>,
+    metrics: Arc<Metrics>,
+    preloaded: Option<Preloaded>,
+) -> Result<(Arc<Published>, ControlHandle), RunError> {
     let source = match state {
         Some(p) => {
             // Bad input at startup is an error (exit 2); later it keeps the last good tables.
             // The state read here is the watch's first (not read twice).
-            let preloaded = Preloaded::load(p)?;
+            let preloaded = match preloaded {
+                Some(pre) => pre,
+                None => Preloaded::load(p)?,
+            };
             Source::Files {
                 path: p.to_path_buf(),
                 poll: STATE_POLL,
@@ -112,17 +125,20 @@ pub fn start(
 
 /// This node's configuration: `nodeOverrides` applied for the Node object's labels (from
 /// `--state`, or one GET from the API server; none found: the top-level settings), then checked
-/// against the machine (CPUs exist, the memory is there) before anything is allocated.
+/// against the machine (CPUs exist, the memory is there) before anything is allocated. The
+/// state read for the labels is kept in `preloaded` for the watch (not read again).
 fn node_config(
     config: Config,
     config_path: &Path,
     state: Option<&Path>,
     kubeconfig: Option<&Path>,
+    preloaded: &mut Option<Preloaded>,
 ) -> Result<Config, RunError> {
     let config = if config.node_overrides.is_empty() {
         config
     } else {
-        let labels = node_labels(&config.node_name, state, kubeconfig).unwrap_or_else(|e| {
+        let labels = node_labels(&config.node_name, state, kubeconfig, preloaded);
+        let labels = labels.unwrap_or_else(|e| {
             tracing::warn!(node = %config.node_name, "node labels unknown ({e}): nodeOverrides not applied");
             Default::default()
         });
@@ -141,20 +157,21 @@ fn node_config(
     Ok(config)
 }
 
+/// The Node's labels, from `state` (read into `preloaded` when it can be: an unreadable state
+/// is read again, and refused, by `start_preloaded`) or from the API server.
 fn node_labels(
     node: &str,
     state: Option<&Path>,
     kubeconfig: Option<&Path>,
+    preloaded: &mut Option<Preloaded>,
 ) -> Result<std::collections::BTreeMap<String, String>, String> {
     let labels =
         |n: &k8s_openapi::api::core::v1::Node| n.metadata.labels.clone().unwrap_or_default();
     if let Some(p) = state {
-        let s = load_state(p).map_err(|e| e.to_string())?;
-        return s
-            .nodes
-            .get(node)
-            .map(labels)
-            .ok_or_else(|| format!("no Node {node} in --state"));
+        let pre = Preloaded::load(p).map_err(|e| e.to_string())?;
+        let found = pre.state().nodes.get(node).map(labels);
+        *preloaded = Some(pre);
+        return found.ok_or_else(|| format!("no Node {node} in --state"));
     }
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -183,13 +200,21 @@ pub fn run(
     takeover: crate::takeover::TakeoverOptions,
 ) -> Result<(), RunError> {
     let config = Config::load(config_path)?;
-    let config = node_config(config, config_path, state.as_deref(), kubeconfig.as_deref())?;
+    let mut preloaded = None;
+    let config = node_config(
+        config,
+        config_path,
+        state.as_deref(),
+        kubeconfig.as_deref(),
+        &mut preloaded,
+    )?;
     let metrics = Arc::new(Metrics::new());
-    let (published, handle) = start(
+    let (published, handle) = start_preloaded(
         &config,
         state.as_deref(),
         kubeconfig.as_deref(),
         metrics.clone(),
+        preloaded,
     )?;
     let rt = handle.runtime().clone();
     // SIGTERM/SIGINT are caught from here on: one arriving while the servers and workers start

@@ -29,6 +29,8 @@ use crate::model::{ClusterState, Object};
 mod fast;
 #[path = "files_strict.rs"]
 mod strict;
+#[path = "files_subset.rs"]
+mod subset;
 
 /// One YAML document (`text` holds exactly one) decoded straight into `T` as the fast path of
 /// `load_state` decodes it: as strictly as the one-pass reader (`None` where the reader would
@@ -70,11 +72,36 @@ impl std::error::Error for StateError {}
 
 /// Loads every object under `path` into a new `ClusterState`.
 pub fn load_state(path: &Path) -> Result<ClusterState, StateError> {
-    let mut state = ClusterState::new();
-    for file in collect_files(path)? {
-        load_file(&file, &mut state)?;
-    }
+    let (state, times) = load_state_timed(path)?;
+    tracing::debug!(
+        read_ms = times.read.as_secs_f64() * 1e3,
+        decode_ms = times.decode.as_secs_f64() * 1e3,
+        store_ms = times.store.as_secs_f64() * 1e3,
+        objects = state.len(),
+        "state loaded"
+    );
     Ok(state)
+}
+
+/// Where `load_state`'s time went (summed over the files).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LoadTimes {
+    /// Reading the files into memory.
+    pub read: std::time::Duration,
+    /// Splitting, checking, parsing and decoding into objects (validation included).
+    pub decode: std::time::Duration,
+    /// Putting the objects into the store.
+    pub store: std::time::Duration,
+}
+
+/// `load_state`, with where its time went (for benchmarks and the debug log).
+pub fn load_state_timed(path: &Path) -> Result<(ClusterState, LoadTimes), StateError> {
+    let mut state = ClusterState::new();
+    let mut times = LoadTimes::default();
+    for file in collect_files(path)? {
+        load_file_timed(&file, &mut state, &mut times)?;
+    }
+    Ok((state, times))
 }
 
 /// The files `load_state` reads, in order.
@@ -149,9 +176,19 @@ fn file_error(file: &Path, message: String) -> StateError {
 
 /// Reads one file into `state`.
 pub fn load_file(file: &Path, state: &mut ClusterState) -> Result<(), StateError> {
+    load_file_timed(file, state, &mut LoadTimes::default())
+}
+
+fn load_file_timed(
+    file: &Path,
+    state: &mut ClusterState,
+    times: &mut LoadTimes,
+) -> Result<(), StateError> {
+    let t = std::time::Instant::now();
     let text = read_regular(file)?;
+    times.read += t.elapsed();
     let is_json = file.extension().and_then(|e| e.to_str()) == Some("json");
-    load_str(&text, is_json, file, state)
+    load_str_with(&text, is_json, file, state, true, times)
 }
 
 /// Reads a regular file of at most `yaml::MAX_BYTES`. Opened with `O_NONBLOCK`, so a FIFO put in
@@ -186,7 +223,7 @@ pub fn load_str(
     file: &Path,
     state: &mut ClusterState,
 ) -> Result<(), StateError> {
-    load_str_with(text, is_json, file, state, true)
+    load_str_with(text, is_json, file, state, true, &mut LoadTimes::default())
 }
 
 /// `load_str` without the `crate::validate` checks: for tests of how the translation treats
@@ -197,7 +234,7 @@ pub(crate) fn load_str_unvalidated(
     file: &Path,
     state: &mut ClusterState,
 ) -> Result<(), StateError> {
-    load_str_with(text, false, file, state, false)
+    load_str_with(text, false, file, state, false, &mut LoadTimes::default())
 }
 
 fn load_str_with(
@@ -206,7 +243,9 @@ fn load_str_with(
     file: &Path,
     state: &mut ClusterState,
     validate: bool,
+    times: &mut LoadTimes,
 ) -> Result<(), StateError> {
+    let t = std::time::Instant::now();
     let objects = if is_json {
         one_pass(text, true, file, validate)?
     } else {
@@ -223,12 +262,15 @@ fn load_str_with(
             }
         }
     };
+    times.decode += t.elapsed();
+    let t = std::time::Instant::now();
     for (index, obj) in objects {
         let key = obj.key();
         if state.apply(obj) {
             tracing::debug!(file = %file.display(), document = index, %key, "object replaces an earlier one with the same key");
         }
     }
+    times.store += t.elapsed();
     Ok(())
 }
 

@@ -1,8 +1,9 @@
 //! The fast path of `--state` YAML (issue 14: 47 MB of manifests took 5.7-10.9 s to load, the
 //! parser building a JSON tree of every document and a second pass turning it into the typed
 //! objects). Here the text is split at its document markers and the documents are decoded on
-//! all cores, each straight into its k8s-openapi type in one pass, by `yaml_serde` read through
-//! `files_strict.rs` (`typed`), as strictly as the reader reads them.
+//! all cores, each straight into its k8s-openapi type in one pass, by `files_subset.rs` (or
+//! `yaml_serde` for what it leaves) read through `files_strict.rs` (`typed`), as strictly as the
+//! reader reads them.
 //!
 //! It only ever answers when it is sure to agree with the one-pass reader in `files.rs`: text
 //! with directives (`%YAML`), document-end markers (`...`) or a byte-order mark is left to it,
@@ -198,7 +199,8 @@ fn head(text: &str) -> Option<(&str, &str)> {
     Some((api_version?, kind?))
 }
 
-/// One document straight into its type, with `yaml_serde` read through `super::strict` (every
+/// One document straight into its type, read by `super::subset` (the block style kubectl writes,
+/// scalars borrowed) or, for what it leaves, `yaml_serde`, through `super::strict` (every
 /// value read as the one-pass reader's JSON values read it: a plain `80` or `true` in a string
 /// field, a quoted `"80"` in a number field, a YAML 1.1 `yes` for a boolean are errors there as
 /// in the reader), so that a document it accepts is one the reader accepts with the same

@@ -29,8 +29,15 @@ use serde::de::{
 use serde::Deserialize;
 
 /// `T` decoded from one YAML document (`text` holds exactly one) as the one-pass reader would
-/// decode it, or `None` when it would not, or might not, decode it the same way.
+/// decode it, or `None` when it would not, or might not, decode it the same way. The block
+/// subset kubectl writes is read by `super::subset` (scalars borrowed from the text, no event
+/// vector), anything else, or anything it does not take, by `yaml_serde`; both through `Strict`.
 pub(super) fn from_str<T: de::DeserializeOwned>(text: &str) -> Option<T> {
+    super::subset::from_str(text).or_else(|| with_yaml_serde(text))
+}
+
+/// `from_str` with `yaml_serde` alone.
+pub(super) fn with_yaml_serde<T: de::DeserializeOwned>(text: &str) -> Option<T> {
     T::deserialize(Strict(yaml_serde::Deserializer::from_str(text))).ok()
 }
 

@@ -67,9 +67,9 @@ impl TcpState {
 
 /// The state after a packet with `flags` travelling in `dir` (0 original, 1 reply), and the updated
 /// FIN-seen flags.
-// Inlined: the established fast lane runs it per packet to see that nothing changes (out of
-// line it was a call per packet).
-#[inline]
+// Always inlined: the established fast lane runs it per packet to see that nothing changes
+// (with a plain `#[inline]` it stayed a call, 20 instructions per packet).
+#[inline(always)]
 pub fn next(state: TcpState, fins: u8, dir: u8, flags: u8) -> (TcpState, u8) {
     use TcpState::*;
     if flags & RST != 0 {

@@ -162,6 +162,14 @@ struct Batch<'a> {
     lane: LaneClock,
 }
 
+/// A packet conntrack does not know, as `new_flow` takes it: its tuple's hash, and its frontend
+/// (`frontend_of`; looked up a stage ahead by `prepare_new_flows`).
+#[derive(Clone, Copy)]
+struct Miss<'s> {
+    hash: u64,
+    frontend: Option<FrontendRef<'s>>,
+}
+
 /// One worker's pipeline: its RNG, scratch and counters. The tables are passed in per batch.
 pub struct Pipeline {
     worker: usize,
@@ -363,7 +371,13 @@ impl Pipeline {
                     } else {
                         match found {
                             Some(found) => self.established(buf, len, &mut meta, &found, v, b),
-                            None => self.new_flow(buf, len, &mut meta, hash, frontends[i], v, b),
+                            None => {
+                                let miss = Miss {
+                                    hash,
+                                    frontend: frontends[i],
+                                };
+                                self.new_flow(buf, len, &mut meta, miss, v, b)
+                            }
                         }
                         if meta.frag.more {
                             self.remember_first_fragment(&meta, v, now_ms);
@@ -492,8 +506,8 @@ impl Pipeline {
             ct.kill(found.idx);
             // Fall through to a new connection; the tuple is free again.
             let hash = ct.hash(&Tuple::from_meta(meta).pack());
-            let fe = frontend_of(snap, meta);
-            return self.new_flow(buf, len, meta, hash, fe, v, b);
+            let frontend = frontend_of(snap, meta);
+            return self.new_flow(buf, len, meta, Miss { hash, frontend }, v, b);
         }
         // After a RST nothing but a new SYN (above) or another RST belongs to the connection.
         if meta.proto == proto::TCP
@@ -511,8 +525,8 @@ impl Pipeline {
             Err(PacketError::Gone) => {
                 // The connection ended between lookup and now (expired, flushed): a new one.
                 let hash = ct.hash(&Tuple::from_meta(meta).pack());
-                let fe = frontend_of(snap, meta);
-                return self.new_flow(buf, len, meta, hash, fe, v, b);
+                let frontend = frontend_of(snap, meta);
+                return self.new_flow(buf, len, meta, Miss { hash, frontend }, v, b);
             }
         };
         let other = found.other_tuple();
@@ -541,22 +555,22 @@ impl Pipeline {
         });
     }
 
-    /// A packet no connection knows; `fe` is its frontend (`frontend_of`).
+    /// A packet no connection knows (`miss`: its tuple's hash and its frontend).
     fn new_flow(
         &mut self,
         buf: &mut [u8],
         len: &mut usize,
         meta: &mut PacketMeta,
-        hash: u64,
-        fe: Option<FrontendRef<'_>>,
+        miss: Miss<'_>,
         v: &mut Verdict,
         b: &Batch<'_>,
     ) {
         let Batch {
             snap, ct, now_ms, ..
         } = *b;
+        let Miss { hash, frontend } = miss;
         let family = meta.family;
-        let Some(fe) = fe else {
+        let Some(fe) = frontend else {
             return self.not_a_frontend(buf, len, meta, hash, v, b);
         };
         // What the frontend table keeps in the frontend's hot line: the Service port record is

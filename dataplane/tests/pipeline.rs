@@ -594,10 +594,14 @@ impl Twin {
     }
 }
 
-fn tcp_flags(src: [u8; 4], sport: u16, dst: [u8; 4], dport: u16, flags: &str) -> Vec<u8> {
-    let mut b = PacketBuilder::ethernet2([1; 6], [2; 6])
-        .ipv4(src, dst, 64)
-        .tcp(sport, dport, 1000, 65535);
+/// A TCP packet with `flags` (S, A, F, R, P) between IPv4 (4-byte) or IPv6 (16-byte) addresses.
+fn tcp_any(src: &[u8], sport: u16, dst: &[u8], dport: u16, flags: &str) -> Vec<u8> {
+    let eth = PacketBuilder::ethernet2([1; 6], [2; 6]);
+    let ip = match (<[u8; 4]>::try_from(src), <[u8; 4]>::try_from(dst)) {
+        (Ok(s4), Ok(d4)) => eth.ipv4(s4, d4, 64),
+        _ => eth.ipv6(src.try_into().unwrap(), dst.try_into().unwrap(), 64),
+    };
+    let mut b = ip.tcp(sport, dport, 1000, 65535);
     for f in flags.chars() {
         b = match f {
             'S' => b.syn(),
@@ -611,6 +615,10 @@ fn tcp_flags(src: [u8; 4], sport: u16, dst: [u8; 4], dport: u16, flags: &str) ->
     let mut v = Vec::new();
     b.write(&mut v, &[7u8; 10]).unwrap();
     v
+}
+
+fn tcp_flags(src: [u8; 4], sport: u16, dst: [u8; 4], dport: u16, flags: &str) -> Vec<u8> {
+    tcp_any(&src, sport, &dst, dport, flags)
 }
 
 #[test]
@@ -732,20 +740,7 @@ fn fast_lane_takes_assured_udp_streams_only() {
 fn fast_lane_ipv6() {
     let mut t = Twin::new(lane_snapshot(false));
     let p6 = |src: [u8; 16], sport, dst: [u8; 16], dport, flags: &str| {
-        let mut b = PacketBuilder::ethernet2([1; 6], [2; 6])
-            .ipv6(src, dst, 64)
-            .tcp(sport, dport, 1000, 65535);
-        for f in flags.chars() {
-            b = match f {
-                'S' => b.syn(),
-                'A' => b.ack(5000),
-                'P' => b.psh(),
-                _ => panic!("flag {f}"),
-            };
-        }
-        let mut v = Vec::new();
-        b.write(&mut v, &[7u8; 10]).unwrap();
-        v
+        tcp_any(&src, sport, &dst, dport, flags)
     };
     let (v, out) = t.one(p6(POD6, 40000, VIP6, 80, "S"));
     assert_eq!(v.reason, Reason::ServiceDnat);

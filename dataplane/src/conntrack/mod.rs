@@ -483,7 +483,7 @@ impl Conntrack {
     /// The established fast lane's `on_packet`, for a packet that leaves its connection's state
     /// word as it is (TCP without SYN, FIN or RST that does not move the state machine, in any
     /// state but CLOSE; UDP but the packet that may make a flow a stream): refreshes the expiry
-    /// and counts the packet with the fewest loads and stores (no compare-and-swap), and returns
+    /// and counts the packet with the fewest loads and stores (no `update_state` loop), and returns
     /// the state word: exactly what `on_packet` would have done and returned. Anything else
     /// (another protocol, a packet that would change the state, an entry gone since the lookup)
     /// returns None having changed nothing: the caller takes `on_packet`.

@@ -621,15 +621,22 @@ fn tcp_flags(src: [u8; 4], sport: u16, dst: [u8; 4], dport: u16, flags: &str) ->
     tcp_any(&src, sport, &dst, dport, flags)
 }
 
+/// Opens POD:40000 -> VIP:80 on both pipelines (SYN, SYN-ACK, then the ACK that moves SYN_RECV
+/// to ESTABLISHED: all three the full path's) and returns the backend it got.
+fn open_to_vip(t: &mut Twin) -> [u8; 4] {
+    let (_, out) = t.one(tcp_flags(POD, 40000, VIP, 80, "S"));
+    let be = meta(&out).dst.v4_octets();
+    t.one(tcp_flags(be, 8080, POD, 40000, "SA"));
+    t.one(tcp_flags(POD, 40000, VIP, 80, "A"));
+    be
+}
+
 #[test]
 fn fast_lane_takes_plain_tcp_and_leaves_syn_fin_rst_to_the_full_path() {
     let mut t = Twin::new(lane_snapshot(false));
+    let be = open_to_vip(&mut t);
     let c = |flags| tcp_flags(POD, 40000, VIP, 80, flags);
-    let (_, out) = t.one(c("S"));
-    let be = meta(&out).dst.v4_octets();
     let r = |flags| tcp_flags(be, 8080, POD, 40000, flags);
-    t.one(r("SA"));
-    t.one(c("A")); // SYN_RECV -> ESTABLISHED: moves the state, full path
     assert_eq!(t.lane_packets(), 0);
     for (p, reason) in [
         (c("A"), Reason::Established),
@@ -659,12 +666,9 @@ fn fast_lane_takes_plain_tcp_and_leaves_syn_fin_rst_to_the_full_path() {
 #[test]
 fn fast_lane_sees_a_state_change_earlier_in_the_same_batch() {
     let mut t = Twin::new(lane_snapshot(false));
+    let be = open_to_vip(&mut t);
     let c = |flags| tcp_flags(POD, 40000, VIP, 80, flags);
-    let (_, out) = t.one(c("S"));
-    let be = meta(&out).dst.v4_octets();
     let r = |flags| tcp_flags(be, 8080, POD, 40000, flags);
-    t.one(r("SA"));
-    t.one(c("A"));
     // One batch: a plain ACK (lane), a FIN, ACKs whose lookup found the entry established
     // before the FIN moved it (they must see FIN_WAIT and its timeout, not the lookup's copy),
     // a RST, and an ACK that must see CLOSE.

@@ -20,12 +20,12 @@
 
 use kxdp_packet::{
     build_port_unreachable, build_tcp_rst, parse_into, parse_quoted, proto, rewrite,
-    rewrite_icmp_error, Addr, ErrorRewrite, LinkType, PacketMeta, Quoted,
+    rewrite_icmp_error, rewrite_v4_ports, Addr, ErrorRewrite, LinkType, PacketMeta, Quoted,
 };
 
 use crate::conntrack::{
-    has_ports, tcp, tcp_state_of, Conntrack, CreateError, FirstPacket, Found, InsertError, Packed,
-    PacketError, Tuple, DIR_ORIG, DIR_REPLY, FLAG_MASQ,
+    has_ports, tcp, tcp_state_of, Conntrack, CreateError, FirstPacket, Found, InsertError,
+    LaneClock, Packed, PacketError, Tuple, DIR_ORIG, DIR_REPLY, FLAG_MASQ,
 };
 use crate::fragments::{FragDecision, FragmentTable};
 use crate::policy::Decision;
@@ -64,6 +64,9 @@ pub struct Counters {
     pub ct_expired: u64,
     /// ICMP errors that quoted no tracked connection (whatever happened to them).
     pub icmp_untracked: u64,
+    /// Packets the established fast lane translated (`established_lane`), also counted by
+    /// reason: how much of the traffic took the short path.
+    pub fast_lane: u64,
 }
 
 impl Default for Counters {
@@ -77,6 +80,7 @@ impl Default for Counters {
             ct_created: 0,
             ct_expired: 0,
             icmp_untracked: 0,
+            fast_lane: 0,
         }
     }
 }
@@ -106,6 +110,7 @@ impl Counters {
         self.ct_created += other.ct_created;
         self.ct_expired += other.ct_expired;
         self.icmp_untracked += other.icmp_untracked;
+        self.fast_lane += other.fast_lane;
     }
 }
 
@@ -147,6 +152,24 @@ const CREATED_WORDS: usize = 64;
 /// Datagrams in flight a worker remembers the first fragment's decision for.
 const FRAGMENT_DATAGRAMS: usize = 1024;
 
+/// What every packet of a batch is decided against, passed down as one value: the tables, the
+/// batch's clock, and what the established fast lane derives from the clock once per batch.
+#[derive(Clone, Copy)]
+struct Batch<'a> {
+    snap: &'a Snapshot,
+    ct: &'a Conntrack,
+    now_ms: u64,
+    lane: LaneClock,
+}
+
+/// A packet conntrack does not know, as `new_flow` takes it: its tuple's hash, and its frontend
+/// (`frontend_of`; looked up a stage ahead by `prepare_new_flows`).
+#[derive(Clone, Copy)]
+struct Miss<'s> {
+    hash: u64,
+    frontend: Option<FrontendRef<'s>>,
+}
+
 /// One worker's pipeline: its RNG, scratch and counters. The tables are passed in per batch.
 pub struct Pipeline {
     worker: usize,
@@ -160,6 +183,9 @@ pub struct Pipeline {
     created: [u64; CREATED_WORDS],
     retired: crate::conntrack::Retired,
     fragments: FragmentTable,
+    /// Whether plain packets of known connections take the established fast lane (always, but
+    /// for tests that compare it with the full path: `set_fast_lane`).
+    fast_lane: bool,
     pub counters: Counters,
 }
 
@@ -181,8 +207,15 @@ impl Pipeline {
             created: [0; CREATED_WORDS],
             retired: ct.retired_list(),
             fragments: FragmentTable::new(FRAGMENT_DATAGRAMS),
+            fast_lane: true,
             counters: Counters::default(),
         }
+    }
+
+    /// With `false`, every packet takes the full path (`established`), as before the fast lane:
+    /// for tests that check the lane changes nothing but speed.
+    pub fn set_fast_lane(&mut self, on: bool) {
+        self.fast_lane = on;
     }
 
     pub fn link(&self) -> LinkType {
@@ -199,12 +232,18 @@ impl Pipeline {
         ct: &Conntrack,
         now_ms: u64,
     ) {
+        let batch = Batch {
+            snap,
+            ct,
+            now_ms,
+            lane: ct.lane_clock(now_ms),
+        };
         let n = frames.count().min(verdicts.len());
         let mut base = 0;
         while base < n {
             let m = (n - base).min(MAX_BATCH);
             ct.enter(self.worker);
-            self.pass(frames, base, m, verdicts, snap, ct, now_ms);
+            self.pass(frames, base, m, verdicts, &batch);
             ct.leave(self.worker);
             base += m;
         }
@@ -212,17 +251,17 @@ impl Pipeline {
         self.counters.ct_expired += ct.maintain(now_ms, EXPIRY_BUDGET, &mut self.retired) as u64;
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn pass<F: Frames>(
         &mut self,
         frames: &mut F,
         base: usize,
         m: usize,
         verdicts: &mut [Verdict],
-        snap: &Snapshot,
-        ct: &Conntrack,
-        now_ms: u64,
+        b: &Batch<'_>,
     ) {
+        let Batch {
+            snap, ct, now_ms, ..
+        } = *b;
         // 1. Parse; hash and prefetch each packet's conntrack index slot; 2. prefetch the entry
         // each slot names; 3. look up. Done in stages so that a batch's cache misses overlap
         // (at 1M connections a lookup is two dependent DRAM accesses: slot, then entry).
@@ -291,6 +330,7 @@ impl Pipeline {
         // pass created (a SYN and its SYN-ACK, a burst of one new UDP flow): the lookup is redone
         // for packets whose hash the `created` filter has seen.
         self.created = [0; CREATED_WORDS];
+        let (lane_on, mut lane) = (self.fast_lane, 0u64);
         for i in 0..m {
             let (kind, hash) = (self.scratch[i].kind, self.scratch[i].hash);
             if kind == KIND_IP
@@ -301,10 +341,19 @@ impl Pipeline {
                 s.found = ct.lookup(&s.key, hash, now_ms);
             }
             let v = &mut verdicts[base + i];
-            *v = Verdict::default();
             let (buf, len) = frames.frame_mut(base + i);
             self.counters.packets += 1;
             self.counters.bytes += *len as u64;
+            // The established fast lane: most packets are plain packets of known connections.
+            let s = &self.scratch[i];
+            if let (KIND_IP, Some(found), None, true) = (kind, &s.found, &s.quoted, lane_on) {
+                if let Some(reason) = established_lane(buf, s, found, v, b) {
+                    self.counters.reasons[reason as usize] += 1;
+                    lane += 1;
+                    continue;
+                }
+            }
+            *v = Verdict::default();
             match kind {
                 KIND_NOT_IP => v.set(Reason::NotIp),
                 KIND_MALFORMED => v.set(Reason::Malformed),
@@ -321,20 +370,14 @@ impl Pipeline {
                         self.icmp_error(buf, &mut meta, &q, found.as_ref(), v, snap);
                     } else {
                         match found {
-                            Some(found) => {
-                                self.established(buf, len, &mut meta, &found, v, snap, ct, now_ms)
+                            Some(found) => self.established(buf, len, &mut meta, &found, v, b),
+                            None => {
+                                let miss = Miss {
+                                    hash,
+                                    frontend: frontends[i],
+                                };
+                                self.new_flow(buf, len, &mut meta, miss, v, b)
                             }
-                            None => self.new_flow(
-                                buf,
-                                len,
-                                &mut meta,
-                                hash,
-                                frontends[i],
-                                v,
-                                snap,
-                                ct,
-                                now_ms,
-                            ),
                         }
                         if meta.frag.more {
                             self.remember_first_fragment(&meta, v, now_ms);
@@ -345,6 +388,9 @@ impl Pipeline {
             self.counters.reasons[v.reason as usize] += 1;
             self.counters.actions[v.action as usize] += 1;
         }
+        // Every packet of the lane is forwarded.
+        self.counters.actions[Action::Forward as usize] += lane;
+        self.counters.fast_lane += lane;
     }
 
     /// Looks up the frontends of a pass's conntrack misses, and prefetches what their new
@@ -439,7 +485,6 @@ impl Pipeline {
     }
 
     /// A packet of a tracked connection: translated as the connection is.
-    #[allow(clippy::too_many_arguments)]
     fn established(
         &mut self,
         buf: &mut [u8],
@@ -447,10 +492,11 @@ impl Pipeline {
         meta: &mut PacketMeta,
         found: &Found,
         v: &mut Verdict,
-        snap: &Snapshot,
-        ct: &Conntrack,
-        now_ms: u64,
+        b: &Batch<'_>,
     ) {
+        let Batch {
+            snap, ct, now_ms, ..
+        } = *b;
         // A SYN on a connection that is over starts a new one on the same tuple.
         if meta.proto == proto::TCP
             && found.dir == DIR_ORIG
@@ -460,8 +506,8 @@ impl Pipeline {
             ct.kill(found.idx);
             // Fall through to a new connection; the tuple is free again.
             let hash = ct.hash(&Tuple::from_meta(meta).pack());
-            let fe = frontend_of(snap, meta);
-            return self.new_flow(buf, len, meta, hash, fe, v, snap, ct, now_ms);
+            let frontend = frontend_of(snap, meta);
+            return self.new_flow(buf, len, meta, Miss { hash, frontend }, v, b);
         }
         // After a RST nothing but a new SYN (above) or another RST belongs to the connection.
         if meta.proto == proto::TCP
@@ -479,15 +525,16 @@ impl Pipeline {
             Err(PacketError::Gone) => {
                 // The connection ended between lookup and now (expired, flushed): a new one.
                 let hash = ct.hash(&Tuple::from_meta(meta).pack());
-                let fe = frontend_of(snap, meta);
-                return self.new_flow(buf, len, meta, hash, fe, v, snap, ct, now_ms);
+                let frontend = frontend_of(snap, meta);
+                return self.new_flow(buf, len, meta, Miss { hash, frontend }, v, b);
             }
         };
+        let other = found.other_tuple();
         if found.dir == DIR_REPLY {
-            v.client = found.other.src;
+            v.client = other.src;
         }
         // The packet leaves as the other direction's tuple, reversed.
-        let to = found.other.reversed();
+        let to = other.reversed();
         let translated = to.src != meta.src
             || to.dst != meta.dst
             || to.sport != meta.sport
@@ -508,23 +555,23 @@ impl Pipeline {
         });
     }
 
-    /// A packet no connection knows; `fe` is its frontend (`frontend_of`).
-    #[allow(clippy::too_many_arguments)]
+    /// A packet no connection knows (`miss`: its tuple's hash and its frontend).
     fn new_flow(
         &mut self,
         buf: &mut [u8],
         len: &mut usize,
         meta: &mut PacketMeta,
-        hash: u64,
-        fe: Option<FrontendRef<'_>>,
+        miss: Miss<'_>,
         v: &mut Verdict,
-        snap: &Snapshot,
-        ct: &Conntrack,
-        now_ms: u64,
+        b: &Batch<'_>,
     ) {
+        let Batch {
+            snap, ct, now_ms, ..
+        } = *b;
+        let Miss { hash, frontend } = miss;
         let family = meta.family;
-        let Some(fe) = fe else {
-            return self.not_a_frontend(buf, len, meta, hash, v, snap, ct, now_ms);
+        let Some(fe) = frontend else {
+            return self.not_a_frontend(buf, len, meta, hash, v, b);
         };
         // What the frontend table keeps in the frontend's hot line: the Service port record is
         // not read (a cache miss of its own at 30k Services); the affinity timeout and source
@@ -672,7 +719,8 @@ impl Pipeline {
             return v.set(untranslatable(snap, meta, Reason::IcmpErrorUntracked));
         };
         // `matched` is the quoted packet reversed: the direction the error travels in.
-        let to = found.other.reversed();
+        let other = found.other_tuple();
+        let to = other.reversed();
         let from_peer = meta.src == q.dst;
         let rw = ErrorRewrite {
             // The error comes from the connection's far end itself, or from a router on the way
@@ -690,7 +738,7 @@ impl Pipeline {
         v.client = if found.dir == DIR_ORIG {
             q.dst
         } else {
-            found.other.src
+            other.src
         };
         v.masq = found.state & FLAG_MASQ != 0;
         v.service_id = found.service_id;
@@ -750,7 +798,6 @@ impl Pipeline {
     }
 
     /// Traffic that is not for a Service frontend.
-    #[allow(clippy::too_many_arguments)]
     fn not_a_frontend(
         &mut self,
         buf: &mut [u8],
@@ -758,10 +805,11 @@ impl Pipeline {
         meta: &mut PacketMeta,
         hash: u64,
         v: &mut Verdict,
-        snap: &Snapshot,
-        ct: &Conntrack,
-        now_ms: u64,
+        b: &Batch<'_>,
     ) {
+        let Batch {
+            snap, ct, now_ms, ..
+        } = *b;
         fill_out(v, meta);
         if snap.cluster_ips.contains(&meta.dst) {
             return self.reject(buf, len, meta, v, Reason::ServicePortUnknown);
@@ -883,6 +931,96 @@ impl Pipeline {
     fn pick(&mut self, n: usize) -> usize {
         pick_index(&mut self.rng, n)
     }
+}
+
+/// The established fast lane (Katran/Cilium style: a known connection is a lookup and a
+/// rewrite): a plain packet of a tracked connection — TCP without SYN, FIN or RST on an
+/// established connection, or UDP of an assured stream; not an ICMP error, not a fragment — is
+/// translated straight from the packed words of the entry's other tuple, its entry refreshed
+/// with the fewest stores (`Conntrack::on_plain_packet`), and its verdict written once. Returns
+/// the reason, with every effect `Pipeline::established` would have had (the same verdict, the
+/// same bytes, the same entry); None, having changed nothing, for any other packet, which then
+/// takes the full path.
+#[inline(always)]
+fn established_lane(
+    buf: &mut [u8],
+    s: &Slot,
+    found: &Found,
+    v: &mut Verdict,
+    b: &Batch<'_>,
+) -> Option<Reason> {
+    let meta = &s.meta;
+    if meta.frag.is_fragment {
+        return None;
+    }
+    let state =
+        b.ct.on_plain_packet(found, meta.tcp_flags, meta.ip_len as u64, &b.lane)?;
+    // Packed tuples: [src high, src low, dst high, dst low, ports | proto | family]; the packet
+    // leaves as the other tuple reversed, from that tuple's destination to its source.
+    let (key, other) = (&s.key, &found.other);
+    let out_ports = (other[4] >> 16 & 0xffff) | (other[4] & 0xffff) << 16;
+    let translated = other[2] != key[0]
+        || other[3] != key[1]
+        || other[0] != key[2]
+        || other[1] != key[3]
+        || out_ports != key[4] & 0xffff_ffff;
+    let (mut src, mut dst) = (
+        addr_of_words(other[2], other[3]),
+        addr_of_words(other[0], other[1]),
+    );
+    let (mut sport, mut dport) = (out_ports as u16, (out_ports >> 16) as u16);
+    if translated {
+        // IPv4 from the words themselves (a v4-mapped address's low 32 bits); anything the
+        // word rewrite refuses (IPv6, or a meta that does not fit) through the general one.
+        let words = rewrite_v4_ports(buf, meta, other[3] as u32, sport, other[1] as u32, dport);
+        if words.is_err() {
+            let mut m = *meta;
+            rewrite(buf, &mut m, src, sport, dst, dport);
+            (src, sport, dst, dport) = (m.src, m.sport, m.dst, m.dport);
+        }
+    }
+    let reason = if !translated && found.service_id == 0 {
+        // A pod connection tracked as is (`track_as_is`): forwarded unchanged, as ever.
+        Reason::Direct
+    } else if found.dir == DIR_ORIG {
+        Reason::Established
+    } else {
+        Reason::ReplyUnnat
+    };
+    *v = Verdict {
+        action: Action::Forward,
+        reason,
+        has_addrs: true,
+        family: meta.family,
+        proto: meta.proto,
+        orig_src: meta.src,
+        orig_sport: meta.sport,
+        orig_dst: meta.dst,
+        orig_dport: meta.dport,
+        src,
+        sport,
+        dst,
+        dport,
+        masq: state & FLAG_MASQ != 0,
+        service_id: found.service_id,
+        client: if found.dir == DIR_REPLY {
+            addr_of_words(other[0], other[1])
+        } else {
+            meta.src
+        },
+        l3_off: meta.l3_off,
+        l4_off: meta.l4_off,
+        ip_len: meta.ip_len,
+        fragment: false,
+        egress: 0,
+    };
+    Some(reason)
+}
+
+/// An address from the two words a packed tuple keeps it in.
+#[inline(always)]
+fn addr_of_words(high: u64, low: u64) -> Addr {
+    Addr(((high as u128) << 64 | low as u128).to_be_bytes())
 }
 
 /// The next number of the wyrand generator whose state is `state`.

@@ -68,7 +68,11 @@ fn worker(ct: &Conntrack, w: u8) {
                 let packed = key.pack();
                 if let Some(found) = ct.lookup(&packed, ct.hash(&packed), now) {
                     assert_eq!(found.dir, dir);
-                    assert_eq!(found.other, other, "worker {w} flow {f}: torn entry");
+                    assert_eq!(
+                        found.other_tuple(),
+                        other,
+                        "worker {w} flow {f}: torn entry"
+                    );
                     assert_eq!(found.service_id, 7);
                     if f % 2 == 0 && dir == DIR_ORIG {
                         ct.kill(found.idx);
@@ -98,7 +102,7 @@ fn workers_insert_look_up_kill_and_expire_while_a_reader_checks_entries_whole() 
                         let (orig, reply) = flow(0, f, round);
                         let packed = orig.pack();
                         if let Some(found) = ct.lookup(&packed, ct.hash(&packed), 0) {
-                            assert_eq!(found.other, reply, "reader: torn entry");
+                            assert_eq!(found.other_tuple(), reply, "reader: torn entry");
                         }
                     }
                 }

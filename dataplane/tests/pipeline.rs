@@ -477,3 +477,288 @@ fn established_flow_keeps_its_backend_when_the_service_changes() {
     assert_eq!(v.reason, Reason::ServiceDnat);
     assert_ne!(meta(&out).dst, backend);
 }
+
+// ---- the established fast lane --------------------------------------------------------------
+
+const VIP6: [u8; 16] = [0xfd, 0, 0, 0, 0, 0, 0, 0x96, 0, 0, 0, 0, 0, 0, 0, 0x41];
+const POD6: [u8; 16] = [0xfd, 0, 0, 0, 0, 0, 0, 0x10, 0, 0, 0, 0, 0, 0, 0x01, 0x01];
+const EP6: [u8; 16] = [0xfd, 0, 0, 0, 0, 0, 0, 0x10, 0, 0, 0, 0, 0, 0, 0x02, 0x01];
+
+/// `snapshot` plus a UDP Service (VIP:5353 → both endpoints) and an IPv6 TCP Service
+/// (VIP6:80 → EP6:8080).
+fn lane_snapshot(masq_external: bool) -> Snapshot {
+    let mut s = snapshot(masq_external, 0);
+    let key = |addr, port, proto| FrontendKey { addr, port, proto };
+    let sp = |name: &str, id, proto| {
+        Arc::new(ServicePortInfo {
+            name: name.into(),
+            id,
+            proto,
+            affinity_timeout_s: 0,
+        })
+    };
+    let route = |len| Route {
+        endpoints: EndpointRange { start: 0, len },
+        masquerade: false,
+        when_empty: EmptyAction::Reject,
+    };
+    let v4_eps: Arc<[Endpoint]> = vec![
+        Endpoint {
+            addr: a(EP1),
+            port: 5353,
+            local: true,
+        },
+        Endpoint {
+            addr: a(EP2),
+            port: 5353,
+            local: false,
+        },
+    ]
+    .into();
+    s.insert_frontend(
+        key(a(VIP), 5353, proto::UDP),
+        Frontend {
+            service_port: sp("ns1/dns", 21, proto::UDP),
+            kind: FrontendKind::ClusterIp,
+            routes: [route(2); 3],
+            endpoints: v4_eps,
+            source_ranges: None,
+        },
+    );
+    let v6_eps: Arc<[Endpoint]> = vec![Endpoint {
+        addr: Addr::from_v6(EP6),
+        port: 8080,
+        local: true,
+    }]
+    .into();
+    s.insert_frontend(
+        key(Addr::from_v6(VIP6), 80, proto::TCP),
+        Frontend {
+            service_port: sp("ns1/web6:http", 22, proto::TCP),
+            kind: FrontendKind::ClusterIp,
+            routes: [route(1); 3],
+            endpoints: v6_eps,
+            source_ranges: None,
+        },
+    );
+    s.cluster_ips.insert(Addr::from_v6(VIP6));
+    s.validate().unwrap();
+    s
+}
+
+/// Two pipelines over the same packets, one with the established fast lane and one without:
+/// every batch must give the same verdicts, the same frames and the same conntrack entries
+/// (state, expiry, counters) on both.
+struct Twin {
+    lane: Harness,
+    full: Harness,
+}
+
+impl Twin {
+    fn new(snap: Snapshot) -> Twin {
+        let mut full = Harness::new(snap.clone());
+        full.pipe.set_fast_lane(false);
+        Twin {
+            lane: Harness::new(snap),
+            full,
+        }
+    }
+
+    fn run(&mut self, pkts: &[Vec<u8>]) -> Vec<(Verdict, Vec<u8>)> {
+        let a = self.lane.run(pkts);
+        let b = self.full.run(pkts);
+        assert_eq!(a, b, "verdicts and frames, lane against full path");
+        let entries = |h: &Harness| format!("{:?}", h.ct.connections().collect::<Vec<_>>());
+        assert_eq!(
+            entries(&self.lane),
+            entries(&self.full),
+            "conntrack entries"
+        );
+        assert_eq!(self.full.pipe.counters.fast_lane, 0);
+        let (l, f) = (&self.lane.pipe.counters, &self.full.pipe.counters);
+        assert_eq!((l.reasons, l.actions), (f.reasons, f.actions), "counters");
+        a
+    }
+
+    fn one(&mut self, p: Vec<u8>) -> (Verdict, Vec<u8>) {
+        self.run(&[p]).pop().unwrap()
+    }
+
+    fn advance(&mut self, ms: u64) {
+        self.lane.now += ms;
+        self.full.now += ms;
+    }
+
+    fn lane_packets(&self) -> u64 {
+        self.lane.pipe.counters.fast_lane
+    }
+}
+
+/// A TCP packet with `flags` (S, A, F, R, P) between IPv4 (4-byte) or IPv6 (16-byte) addresses.
+fn tcp_any(src: &[u8], sport: u16, dst: &[u8], dport: u16, flags: &str) -> Vec<u8> {
+    let eth = PacketBuilder::ethernet2([1; 6], [2; 6]);
+    let ip = match (<[u8; 4]>::try_from(src), <[u8; 4]>::try_from(dst)) {
+        (Ok(s4), Ok(d4)) => eth.ipv4(s4, d4, 64),
+        _ => eth.ipv6(src.try_into().unwrap(), dst.try_into().unwrap(), 64),
+    };
+    let mut b = ip.tcp(sport, dport, 1000, 65535);
+    for f in flags.chars() {
+        b = match f {
+            'S' => b.syn(),
+            'A' => b.ack(5000),
+            'F' => b.fin(),
+            'R' => b.rst(),
+            'P' => b.psh(),
+            _ => panic!("flag {f}"),
+        };
+    }
+    let mut v = Vec::new();
+    b.write(&mut v, &[7u8; 10]).unwrap();
+    v
+}
+
+fn tcp_flags(src: [u8; 4], sport: u16, dst: [u8; 4], dport: u16, flags: &str) -> Vec<u8> {
+    tcp_any(&src, sport, &dst, dport, flags)
+}
+
+/// Opens POD:40000 -> VIP:80 on both pipelines (SYN, SYN-ACK, then the ACK that moves SYN_RECV
+/// to ESTABLISHED: all three the full path's) and returns the backend it got.
+fn open_to_vip(t: &mut Twin) -> [u8; 4] {
+    let (_, out) = t.one(tcp_flags(POD, 40000, VIP, 80, "S"));
+    let be = meta(&out).dst.v4_octets();
+    t.one(tcp_flags(be, 8080, POD, 40000, "SA"));
+    t.one(tcp_flags(POD, 40000, VIP, 80, "A"));
+    be
+}
+
+#[test]
+fn fast_lane_takes_plain_tcp_and_leaves_syn_fin_rst_to_the_full_path() {
+    let mut t = Twin::new(lane_snapshot(false));
+    let be = open_to_vip(&mut t);
+    let c = |flags| tcp_flags(POD, 40000, VIP, 80, flags);
+    let r = |flags| tcp_flags(be, 8080, POD, 40000, flags);
+    assert_eq!(t.lane_packets(), 0);
+    for (p, reason) in [
+        (c("A"), Reason::Established),
+        (c("PA"), Reason::Established),
+        (r("A"), Reason::ReplyUnnat),
+        (r("PA"), Reason::ReplyUnnat),
+    ] {
+        let (v, out) = t.one(p);
+        assert_eq!(v.reason, reason);
+        valid(&out);
+    }
+    assert_eq!(t.lane_packets(), 4, "plain ACK/PSH both ways take the lane");
+    // A SYN on the established connection and a FIN take the full path; plain ACKs in
+    // FIN_WAIT leave the state as it is (the lane's); a RST, and anything after it, do not.
+    t.one(c("S"));
+    t.one(c("FA"));
+    assert_eq!(t.lane_packets(), 4, "SYN, FIN: full path");
+    t.one(r("A"));
+    t.one(c("A"));
+    assert_eq!(t.lane_packets(), 6, "plain ACKs in FIN_WAIT: lane");
+    t.one(r("R"));
+    let (v, _) = t.one(c("A"));
+    assert_eq!(v.reason, Reason::CtInvalid);
+    assert_eq!(t.lane_packets(), 6, "RST and what follows it: full path");
+}
+
+#[test]
+fn fast_lane_sees_a_state_change_earlier_in_the_same_batch() {
+    let mut t = Twin::new(lane_snapshot(false));
+    let be = open_to_vip(&mut t);
+    let c = |flags| tcp_flags(POD, 40000, VIP, 80, flags);
+    let r = |flags| tcp_flags(be, 8080, POD, 40000, flags);
+    // One batch: a plain ACK (lane), a FIN, ACKs whose lookup found the entry established
+    // before the FIN moved it (they must see FIN_WAIT and its timeout, not the lookup's copy),
+    // a RST, and an ACK that must see CLOSE.
+    let out = t.run(&[c("A"), c("FA"), r("A"), c("A"), r("R"), c("PA")]);
+    assert_eq!(t.lane_packets(), 3);
+    assert_eq!(out[0].0.reason, Reason::Established);
+    // (The full path judges "after a RST" by the lookup's copy of the state, so within the
+    // RST's batch the last ACK still passes; the lane, reading the state anew, leaves it to
+    // the full path, which Twin checks gives the same.)
+    assert_eq!(out[5].0.reason, Reason::Established);
+}
+
+#[test]
+fn fast_lane_translates_masqueraded_replies() {
+    // From outside the cluster to the NodePort: masqueraded to the node's address.
+    let mut t = Twin::new(lane_snapshot(true));
+    let client = [203, 0, 113, 9];
+    let c = |flags| tcp_flags(client, 50000, NODE, 30080, flags);
+    let (v, out) = t.one(c("S"));
+    assert!(v.masq);
+    let m = meta(&out);
+    let (be, snat_port) = (m.dst.v4_octets(), m.sport);
+    assert_eq!(m.src, a(NODE));
+    let r = |flags| tcp_flags(be, 8080, NODE, snat_port, flags);
+    t.one(r("SA"));
+    t.one(c("A"));
+    let (v, out) = t.one(r("PA"));
+    assert_eq!(v.reason, Reason::ReplyUnnat);
+    assert!(v.masq);
+    assert_eq!(v.client, a(client));
+    let m = meta(&out);
+    valid(&out);
+    assert_eq!(
+        (m.src, m.sport, m.dst, m.dport),
+        (a(NODE), 30080, a(client), 50000)
+    );
+    let (v, _) = t.one(c("A"));
+    assert_eq!(v.reason, Reason::Established);
+    assert_eq!(t.lane_packets(), 2);
+}
+
+#[test]
+fn fast_lane_takes_assured_udp_streams_only() {
+    let mut t = Twin::new(lane_snapshot(false));
+    let q = || udp(POD, 41000, VIP, 5353);
+    let (v, out) = t.one(q());
+    assert_eq!(v.reason, Reason::ServiceDnat);
+    let be = meta(&out).dst.v4_octets();
+    let r = || udp(be, 5353, POD, 41000);
+    t.one(r());
+    t.one(q());
+    assert_eq!(t.lane_packets(), 0, "answered, not yet a stream");
+    t.advance(2_500);
+    t.one(q()); // becomes a stream (assured) on this packet: full path
+    assert_eq!(t.lane_packets(), 0);
+    let (v, out) = t.one(r());
+    assert_eq!(v.reason, Reason::ReplyUnnat);
+    valid(&out);
+    let (v, out) = t.one(q());
+    assert_eq!(v.reason, Reason::Established);
+    valid(&out);
+    assert_eq!(t.lane_packets(), 2);
+    // A zero IPv4 UDP checksum stays zero on the lane, as on the full path.
+    let mut z = q();
+    let l4 = meta(&z).l4_off as usize;
+    z[l4 + 6..l4 + 8].copy_from_slice(&[0, 0]);
+    let (_, out) = t.one(z);
+    assert_eq!(&out[l4 + 6..l4 + 8], &[0, 0]);
+    assert_eq!(t.lane_packets(), 3);
+}
+
+#[test]
+fn fast_lane_ipv6() {
+    let mut t = Twin::new(lane_snapshot(false));
+    let p6 = |src: [u8; 16], sport, dst: [u8; 16], dport, flags: &str| {
+        tcp_any(&src, sport, &dst, dport, flags)
+    };
+    let (v, out) = t.one(p6(POD6, 40000, VIP6, 80, "S"));
+    assert_eq!(v.reason, Reason::ServiceDnat);
+    assert_eq!(meta(&out).dst, Addr::from_v6(EP6));
+    t.one(p6(EP6, 8080, POD6, 40000, "SA"));
+    t.one(p6(POD6, 40000, VIP6, 80, "A"));
+    let (v, out) = t.one(p6(POD6, 40000, VIP6, 80, "PA"));
+    assert_eq!(v.reason, Reason::Established);
+    valid(&out);
+    assert_eq!(meta(&out).dst, Addr::from_v6(EP6));
+    let (v, out) = t.one(p6(EP6, 8080, POD6, 40000, "A"));
+    assert_eq!(v.reason, Reason::ReplyUnnat);
+    valid(&out);
+    let m = meta(&out);
+    assert_eq!((m.src, m.sport), (Addr::from_v6(VIP6), 80));
+    assert_eq!(t.lane_packets(), 2);
+}

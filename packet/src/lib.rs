@@ -37,7 +37,7 @@ pub use addr::{Addr, Family};
 pub use icmp_error::{parse_quoted, rewrite_icmp_error, ErrorRewrite, Quoted};
 pub use meta::{parse, parse_into, proto, Frag, PacketMeta, Parsed};
 pub use reply::{build_port_unreachable, build_tcp_rst};
-pub use rewrite::{decrement_ttl, decrement_ttl_at, rewrite};
+pub use rewrite::{decrement_ttl, decrement_ttl_at, rewrite, rewrite_v4_ports};
 
 /// Why a frame could not be parsed. Each variant names the first rule the frame broke.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -161,6 +161,56 @@ pub fn try_rewrite(
     Ok(())
 }
 
+/// The established fast lane's NAT: [`try_rewrite`] of a whole (unfragmented) IPv4 TCP or UDP
+/// packet, with the new addresses as numbers (`u32::from_be_bytes` of the octets, as a packed
+/// conntrack tuple holds them) rather than [`Addr`] byte arrays, and `meta` left as it was (the
+/// caller has the new values). Every byte written is the one `try_rewrite` writes: the same
+/// partial sums, the same single fold per checksum, a zero IPv4 UDP checksum kept zero. Returns
+/// `Err(Truncated)`, changing nothing, for any other packet or a `meta` that does not fit the
+/// frame: the caller then takes `try_rewrite`.
+#[inline(always)]
+pub fn rewrite_v4_ports(
+    frame: &mut [u8],
+    meta: &PacketMeta,
+    src: u32,
+    sport: u16,
+    dst: u32,
+    dport: u16,
+) -> Result<(), ParseError> {
+    let (l3, l4, ip_end) = (meta.l3_off as usize, meta.l4_off as usize, meta.ip_end());
+    let (min_l4, checksum_at) = match meta.proto {
+        proto::TCP => (tcp::MIN_HEADER_LEN, tcp::field::CHECKSUM),
+        proto::UDP => (udp::HEADER_LEN, udp::field::CHECKSUM),
+        _ => return Err(ParseError::Truncated),
+    };
+    if meta.family != Family::V4
+        || meta.frag.is_fragment
+        || ip_end > frame.len()
+        || l4 < l3 + ipv4::MIN_HEADER_LEN
+        || l4 + min_l4 > ip_end
+    {
+        return Err(ParseError::Truncated);
+    }
+    let (s_at, d_at) = (l3 + ipv4::field::SRC, l3 + ipv4::field::DST);
+    let addr_sum = changed32(get32(frame, s_at), src) + changed32(get32(frame, d_at), dst);
+    set32(frame, s_at, src);
+    set32(frame, d_at, dst);
+    let c = fold(!get16(frame, l3 + ipv4::field::CHECKSUM) as u32 + addr_sum);
+    set16(frame, l3 + ipv4::field::CHECKSUM, c);
+    let c = get16(frame, l4 + checksum_at);
+    if meta.proto == proto::TCP {
+        let c = fold(!c as u32 + addr_sum + ports_sum(frame, l4, sport, dport));
+        set16(frame, l4 + checksum_at, c);
+    } else if c != 0 {
+        // As `try_rewrite`: a computed zero is sent as all ones (RFC 768).
+        let c = fold(!c as u32 + addr_sum + ports_sum(frame, l4, sport, dport));
+        set16(frame, l4 + checksum_at, if c == 0 { 0xffff } else { c });
+    }
+    set16(frame, l4 + tcp::field::SRC_PORT, sport);
+    set16(frame, l4 + tcp::field::DST_PORT, dport);
+    Ok(())
+}
+
 /// The ports' change (source and destination port, read from the frame) as an unfolded partial
 /// sum, as `checksum::delta32`; unchanged ports add nothing.
 #[inline(always)]

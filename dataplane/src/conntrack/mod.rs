@@ -23,7 +23,9 @@ pub use table::{
 pub use tuple::{has_ports, hash_packed, Packed, Tuple};
 
 use kxdp_packet::{Addr, Family};
-use table::{Table, FLAG_SINGLE_KEY, PROTO_STATE_MASK, PROTO_STATE_SHIFT};
+use table::{
+    Clock32, Table, DIR_FLAGS_SHIFT, FLAG_SINGLE_KEY, PROTO_STATE_MASK, PROTO_STATE_SHIFT,
+};
 use tcp::TcpState;
 
 /// Pseudo-protocol of affinity records: never a real IP protocol number kxdp tracks.
@@ -77,6 +79,16 @@ impl From<u8> for FirstPacket {
             sctp: None,
         }
     }
+}
+
+/// The expiry words (`Clock32`) a packet at one clock gives the connections the established fast
+/// lane handles (`Conntrack::on_plain_packet`), by TCP state and for UDP: computed once per
+/// batch, not per packet.
+#[derive(Clone, Copy, Debug)]
+pub struct LaneClock {
+    tcp: [u32; tcp::STATE_COUNT],
+    udp: u32,
+    udp_stream: u32,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -435,7 +447,7 @@ impl Conntrack {
         now_ms: u64,
     ) -> Result<u32, PacketError> {
         let packet = &packet.into();
-        let proto = found.other.proto;
+        let proto = found.proto();
         let dir = found.dir;
         let tcp_flags = packet.tcp_flags;
         if proto == 132 {
@@ -448,40 +460,73 @@ impl Conntrack {
         let state = self
             .table
             .update_state(found.idx, |cur| {
-                let mut s = cur;
-                if dir == DIR_REPLY {
-                    s |= FLAG_SEEN_REPLY;
-                }
-                if s & FLAG_SEEN_REPLY != 0 {
-                    match proto {
-                        17 if udp_stream_age => s |= FLAG_ASSURED,
-                        // ICMP is assured once answered; TCP once established, SCTP once
-                        // its association is.
-                        1 | 58 => s |= FLAG_ASSURED,
-                        _ => {}
-                    }
-                }
-                if proto == 6 {
-                    let (next, dirflags) = tcp::next(
-                        TcpState::from_u8(((s & PROTO_STATE_MASK) >> PROTO_STATE_SHIFT) as u8),
-                        (s >> table::DIR_FLAGS_SHIFT) as u8,
-                        dir,
-                        tcp_flags,
-                    );
-                    s = (s & !PROTO_STATE_MASK & !(0xff << table::DIR_FLAGS_SHIFT))
-                        | (next as u32) << PROTO_STATE_SHIFT
-                        | (dirflags as u32) << table::DIR_FLAGS_SHIFT;
-                    if next == TcpState::Established {
-                        s |= FLAG_ASSURED;
-                    }
-                }
-                s
+                next_state(cur, proto, dir, tcp_flags, udp_stream_age)
             })
             .ok_or(PacketError::Gone)?;
         self.table
             .set_expires(found.idx, now_ms + self.timeout_ms(proto, state));
         self.table.count(found.idx, dir, bytes);
         Ok(state)
+    }
+
+    /// What the fast lane needs of the clock `now_ms` (`on_plain_packet`), once per batch.
+    #[inline]
+    pub fn lane_clock(&self, now_ms: u64) -> LaneClock {
+        let t = &self.timeouts;
+        LaneClock {
+            tcp: t.tcp.map(|timeout| Clock32::encode(now_ms + timeout)),
+            udp: Clock32::encode(now_ms + t.udp),
+            udp_stream: Clock32::encode(now_ms + t.udp_stream),
+        }
+    }
+
+    /// The established fast lane's `on_packet`, for a packet that leaves its connection's state
+    /// word as it is (TCP without SYN, FIN or RST that does not move the state machine, in any
+    /// state but CLOSE; UDP but the packet that may make a flow a stream): refreshes the expiry
+    /// and counts the packet with the fewest loads and stores (no `update_state` loop), and returns
+    /// the state word: exactly what `on_packet` would have done and returned. Anything else
+    /// (another protocol, a packet that would change the state, an entry gone since the lookup)
+    /// returns None having changed nothing: the caller takes `on_packet`.
+    #[inline(always)]
+    pub fn on_plain_packet(
+        &self,
+        found: &Found,
+        tcp_flags: u8,
+        bytes: u64,
+        clock: &LaneClock,
+    ) -> Option<u32> {
+        let proto = found.proto();
+        let plain = match proto {
+            kxdp_packet::proto::TCP => tcp_flags & (tcp::SYN | tcp::FIN | tcp::RST) == 0,
+            kxdp_packet::proto::UDP => true,
+            _ => false,
+        };
+        if !plain {
+            return None;
+        }
+        // The state word as it is now (not the lookup's copy: an earlier packet of the batch
+        // may have moved it).
+        let state = self.table.state_if_live(found.idx)?;
+        let expires = if proto == kxdp_packet::proto::TCP {
+            let st = tcp_state_of(state);
+            // After a RST the full path refuses the packet (`ct-invalid`).
+            if st == TcpState::Close {
+                return None;
+            }
+            clock.tcp[st as usize]
+        } else if state & FLAG_ASSURED != 0 {
+            clock.udp_stream
+        } else if state & FLAG_SEEN_REPLY != 0 {
+            // Answered but not yet a stream: whether it becomes one depends on its age.
+            return None;
+        } else {
+            clock.udp
+        };
+        if next_state(state, proto, found.dir, tcp_flags, false) != state {
+            return None;
+        }
+        self.table.touch(found.idx, found.dir, expires, bytes);
+        Some(state)
     }
 
     /// SCTP: the association state machine with verification tags (see `sctp`).
@@ -547,11 +592,9 @@ impl Conntrack {
             .table
             .update_state(found.idx, |cur| cur)
             .ok_or(PacketError::Gone)?;
-        self.table.set_expires(
-            found.idx,
-            now_ms + self.timeout_ms(found.other.proto, state),
-        );
-        if found.other.proto == 132 {
+        self.table
+            .set_expires(found.idx, now_ms + self.timeout_ms(found.proto(), state));
+        if found.proto() == 132 {
             self.table.count_sctp(found.idx, found.dir, bytes);
         } else {
             self.table.count(found.idx, found.dir, bytes);
@@ -617,7 +660,8 @@ impl Conntrack {
     ) -> Option<(Addr, u16, u32)> {
         let key = Self::affinity_key(service_id, client, family).pack();
         let found = self.lookup(&key, self.hash(&key), now_ms)?;
-        Some((found.other.src, found.other.sport, found.idx))
+        let other = found.other_tuple();
+        Some((other.src, other.sport, found.idx))
     }
 
     /// Refreshes an existing record's timeout.
@@ -705,6 +749,40 @@ impl Conntrack {
             _ => None,
         }
     }
+}
+
+/// The state word after a packet of `proto` (not SCTP) with `tcp_flags` in direction `dir`:
+/// the seen-reply and assured flags, the TCP state machine. `udp_stream_age`: the connection is
+/// old enough to become a UDP stream (`UDP_STREAM_AGE_MS`).
+#[inline(always)]
+fn next_state(cur: u32, proto: u8, dir: u8, tcp_flags: u8, udp_stream_age: bool) -> u32 {
+    let mut s = cur;
+    if dir == DIR_REPLY {
+        s |= FLAG_SEEN_REPLY;
+    }
+    if s & FLAG_SEEN_REPLY != 0 {
+        match proto {
+            17 if udp_stream_age => s |= FLAG_ASSURED,
+            // ICMP is assured once answered; TCP once established, SCTP once its association is.
+            1 | 58 => s |= FLAG_ASSURED,
+            _ => {}
+        }
+    }
+    if proto == 6 {
+        let (next, dirflags) = tcp::next(
+            TcpState::from_u8(((s & PROTO_STATE_MASK) >> PROTO_STATE_SHIFT) as u8),
+            (s >> DIR_FLAGS_SHIFT) as u8,
+            dir,
+            tcp_flags,
+        );
+        s = (s & !PROTO_STATE_MASK & !(0xff << DIR_FLAGS_SHIFT))
+            | (next as u32) << PROTO_STATE_SHIFT
+            | (dirflags as u32) << DIR_FLAGS_SHIFT;
+        if next == TcpState::Established {
+            s |= FLAG_ASSURED;
+        }
+    }
+    s
 }
 
 #[inline]

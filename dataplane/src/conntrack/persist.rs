@@ -676,7 +676,7 @@ mod tests {
             let reply = tup(9, 8080, i, 40000 + i as u16, 6);
             let f = find(ct, &reply).expect("restored connection");
             assert_eq!(f.dir, DIR_REPLY);
-            assert_eq!(f.other, tup(i, 40000 + i as u16, 41, 80, 6));
+            assert_eq!(f.other_tuple(), tup(i, 40000 + i as u16, 41, 80, 6));
             assert_eq!(f.state & super::super::FLAG_MASQ != 0, i == 1);
             assert_eq!(super::super::tcp_state_of(f.state), tcp::TcpState::SynRecv);
         }

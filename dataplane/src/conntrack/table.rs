@@ -260,11 +260,28 @@ pub struct Found {
     pub idx: u32,
     /// Which of the entry's tuples matched (`DIR_ORIG` or `DIR_REPLY`).
     pub dir: u8,
-    /// The entry's other tuple: where a packet in this direction is translated to (reversed).
-    pub other: Tuple,
+    /// The entry's other tuple, packed as the table keeps it (stash bits cleared): where a packet
+    /// in this direction is translated to (reversed). Kept packed: the established fast lane
+    /// compares and rewrites from these words (`Tuple::unpack` into byte arrays, which the
+    /// lane would only turn back into words, was a fifth of a lookup's instructions).
+    pub other: Packed,
     pub state: u32,
     pub service_id: u32,
     pub expires_ms: u64,
+}
+
+impl Found {
+    /// The other tuple, unpacked (the full path).
+    #[inline]
+    pub fn other_tuple(&self) -> Tuple {
+        Tuple::unpack(&self.other)
+    }
+
+    /// The connection's IP protocol.
+    #[inline(always)]
+    pub fn proto(&self) -> u8 {
+        (self.other[4] >> 32) as u8
+    }
 }
 
 /// A consistent copy of an entry, for listings.
@@ -688,7 +705,7 @@ impl Table {
         Some(Found {
             idx,
             dir,
-            other: Tuple::unpack(&other),
+            other,
             state: state & !SEQ_MASK,
             service_id: stash.service_id,
             expires_ms: Clock32::decode(e.expires_or_next().load(Ordering::Relaxed), now_ms),
@@ -1206,6 +1223,37 @@ impl Table {
         if e.expires_or_next().load(Ordering::Relaxed) != v {
             e.expires_or_next().store(v, Ordering::Relaxed);
         }
+    }
+
+    /// Entry `idx`'s state word (sequence number cleared) if it is live: the fast lane's
+    /// `update_state` when nothing is to change.
+    #[inline(always)]
+    pub fn state_if_live(&self, idx: u32) -> Option<u32> {
+        let st = self
+            .entries
+            .get(idx as usize)?
+            .state()
+            .load(Ordering::Acquire);
+        (st & LIFE_MASK == LIFE_LIVE).then_some(st & !SEQ_MASK)
+    }
+
+    /// The fast lane's expiry refresh and count (`Conntrack::on_plain_packet`): stores the
+    /// expiry `expires` (`Clock32`) only when it changed (within one clock tick it has not, and
+    /// an unchanged line is not dirtied), and counts the packet in direction `dir`.
+    #[inline(always)]
+    pub fn touch(&self, idx: u32, dir: u8, expires: u32, bytes: u64) {
+        let Some(e) = self.entries.get(idx as usize) else {
+            return;
+        };
+        if e.expires_or_next().load(Ordering::Relaxed) != expires {
+            e.expires_or_next().store(expires, Ordering::Relaxed);
+        }
+        let d = dir as usize & 1;
+        count_packet(e, d);
+        e.bytes(d).store(
+            e.bytes(d).load(Ordering::Relaxed) + bytes,
+            Ordering::Relaxed,
+        );
     }
 
     /// Counts a packet of `bytes` in direction `dir` (not SCTP: see `count_sctp`).

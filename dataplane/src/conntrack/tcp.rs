@@ -39,6 +39,7 @@ impl TcpState {
         TcpState::Close,
     ];
 
+    #[inline]
     pub fn from_u8(v: u8) -> TcpState {
         *TcpState::ALL.get(v as usize).unwrap_or(&TcpState::None)
     }
@@ -66,6 +67,9 @@ impl TcpState {
 
 /// The state after a packet with `flags` travelling in `dir` (0 original, 1 reply), and the updated
 /// FIN-seen flags.
+// Always inlined: the established fast lane runs it per packet to see that nothing changes
+// (with a plain `#[inline]` it stayed a call, 20 instructions per packet).
+#[inline(always)]
 pub fn next(state: TcpState, fins: u8, dir: u8, flags: u8) -> (TcpState, u8) {
     use TcpState::*;
     if flags & RST != 0 {

@@ -39,11 +39,11 @@ fn both_directions_find_the_entry() {
     ct.create(&orig, &reply, tcp::SYN, false, 7, 0, 0).unwrap();
     let f = find(&ct, &orig, 1).unwrap();
     assert_eq!(f.dir, DIR_ORIG);
-    assert_eq!(f.other, reply);
+    assert_eq!(f.other_tuple(), reply);
     assert_eq!(f.service_id, 7);
     let r = find(&ct, &reply, 1).unwrap();
     assert_eq!(r.dir, DIR_REPLY);
-    assert_eq!(r.other, orig);
+    assert_eq!(r.other_tuple(), orig);
     assert!(find(&ct, &orig.reversed(), 1).is_none());
     assert!(ct.reply_taken(&reply));
     assert_eq!(
@@ -254,7 +254,7 @@ fn concurrent_workers_insert_lookup_expire() {
                         let p = o.pack();
                         match ct.lookup(&p, ct.hash(&p), now) {
                             Some(f) => {
-                                assert_eq!(f.other.src, r.src);
+                                assert_eq!(f.other_tuple().src, r.src);
                                 found += 1;
                             }
                             None => {

@@ -184,11 +184,49 @@ impl Clock32 {
         (ms.div_ceil(2)) as u32
     }
 
+    /// The time `v` stands for nearest to `near_ms` (within ±49 days). The distance is taken
+    /// in 32 bits and added to `near_ms`'s whole count of units: adding it to the truncated
+    /// count (as before) lost the high bits, so from 2^33 ms (99.4 days) of uptime on every
+    /// expiry read back 99.4 days early and every lookup found its connection expired.
     #[inline]
     pub fn decode(v: u32, near_ms: u64) -> u64 {
-        let near = Self::encode(near_ms);
-        let delta = v.wrapping_sub(near) as i32 as i64;
+        let near = near_ms.div_ceil(2);
+        let delta = v.wrapping_sub(near as u32) as i32 as i64;
         ((near as i64 + delta) * 2).max(0) as u64
+    }
+}
+
+#[cfg(test)]
+mod clock32_tests {
+    use super::Clock32;
+
+    #[test]
+    fn expiries_read_back_after_the_32_bit_wrap() {
+        const DAY_MS: u64 = 24 * 3600 * 1000;
+        // Around the first wrap (2^33 ms, 99.4 days), the second, and a year of uptime.
+        for now in [
+            1_000,
+            1 << 33,
+            (1 << 33) + 7,
+            2 << 33,
+            365 * DAY_MS,
+            3 * (1 << 33) - 3,
+        ] {
+            for ahead in [0, 1, 2, 86_400_000, 30 * DAY_MS] {
+                let expiry = now + ahead;
+                let back = Clock32::decode(Clock32::encode(expiry), now);
+                // Rounded up to the 2 ms unit: never before its time, at most 1 ms after.
+                assert!(
+                    back >= expiry && back <= expiry + 1,
+                    "{now} + {ahead}: {back}"
+                );
+            }
+            // Expiries in the recent past read back in the past.
+            if now > 10_000 {
+                let back = Clock32::decode(Clock32::encode(now - 10_000), now);
+                assert!(back < now && back + 10_001 >= now, "{now} - 10 s: {back}");
+            }
+        }
     }
 }
 

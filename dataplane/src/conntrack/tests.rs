@@ -71,6 +71,29 @@ fn tcp_handshake_assures_and_sets_timeouts() {
 }
 
 #[test]
+fn connections_live_on_after_99_days_of_uptime() {
+    // CLOCK_MONOTONIC past 2^33 ms: the 32-bit expiry (`Clock32`) wraps; a connection must
+    // still be found, established and timed out as at any other time.
+    for start in [(1u64 << 33) - 5_000, 1 << 33, 400 * 24 * 3600 * 1000] {
+        let ct = small(1000);
+        let orig = tup(1, 40000, 41, 80, 6);
+        let reply = tup(9, 8080, 1, 40000, 6);
+        ct.create(&orig, &reply, tcp::SYN, false, 0, start, 0)
+            .unwrap();
+        let r = find(&ct, &reply, start + 10).expect("found after the wrap");
+        ct.on_packet(&r, tcp::SYN | tcp::ACK, 60, start + 10)
+            .unwrap();
+        let o = find(&ct, &orig, start + 20).unwrap();
+        let s = ct.on_packet(&o, tcp::ACK, 60, start + 20).unwrap();
+        assert_eq!(tcp_state_of(s), tcp::TcpState::Established);
+        let v = ct.connections().next().unwrap();
+        assert_eq!(Conntrack::timeout_left_s(&v, start + 20), 24 * 3600);
+        assert!(find(&ct, &orig, start + 20 + 3600 * 1000).is_some());
+        assert!(find(&ct, &orig, start + 20 + 24 * 3600 * 1000 + 2).is_none());
+    }
+}
+
+#[test]
 fn udp_expires_unreplied_then_stream() {
     let ct = small(1000);
     let orig = tup(1, 5000, 41, 53, 17);

@@ -180,10 +180,11 @@ impl Scan {
 
 /// The bytes `Scan::line` acts on outside quotes (all others only end a leading run of blanks).
 const SPECIAL: [bool; 256] = {
+    let bytes = b"\"'#[]{}-?";
     let mut t = [false; 256];
     let mut i = 0;
-    while i < 9 {
-        t[b"\"'#[]{}-?"[i] as usize] = true;
+    while i < bytes.len() {
+        t[bytes[i] as usize] = true;
         i += 1;
     }
     t

@@ -69,17 +69,12 @@ pub fn try_rewrite(
     // instead of one per changed field. Unchanged fields add nothing. Fixed-size reads and
     // writes per family: a variable length would become a `memmove` call.
     let addr_sum = match fam {
-        Family::V4 => {
-            let (s_at, d_at) = (l3 + ipv4::field::SRC, l3 + ipv4::field::DST);
-            let (os, od) = (get32(frame, s_at), get32(frame, d_at));
-            let (ns, nd) = (
-                u32::from_be_bytes(src.v4_octets()),
-                u32::from_be_bytes(dst.v4_octets()),
-            );
-            set32(frame, s_at, ns);
-            set32(frame, d_at, nd);
-            changed32(os, ns) + changed32(od, nd)
-        }
+        Family::V4 => set_v4_addrs(
+            frame,
+            l3,
+            u32::from_be_bytes(src.v4_octets()),
+            u32::from_be_bytes(dst.v4_octets()),
+        ),
         Family::V6 => {
             let (s_at, d_at) = (l3 + ipv6::field::SRC, l3 + ipv6::field::DST);
             let os = Addr(arr(frame, s_at));
@@ -97,10 +92,6 @@ pub fn try_rewrite(
         }
     };
 
-    if fam == Family::V4 {
-        let c = fold(!get16(frame, l3 + ipv4::field::CHECKSUM) as u32 + addr_sum);
-        set16(frame, l3 + ipv4::field::CHECKSUM, c);
-    }
     meta.src = src;
     meta.dst = dst;
     if !do_l4 {
@@ -108,24 +99,10 @@ pub fn try_rewrite(
     }
 
     match meta.proto {
-        proto::TCP => {
-            let c = get16(frame, l4 + tcp::field::CHECKSUM);
-            let c = fold(!c as u32 + addr_sum + ports_sum(frame, l4, sport, dport));
-            set16(frame, l4 + tcp::field::CHECKSUM, c);
-            set_ports(frame, l4, sport, dport, meta);
-        }
-        proto::UDP => {
-            let c = get16(frame, l4 + udp::field::CHECKSUM);
-            if !(fam == Family::V4 && c == 0) {
-                let c = fold(!c as u32 + addr_sum + ports_sum(frame, l4, sport, dport));
-                // A computed zero is sent as all ones (RFC 768); zero would mean "no checksum".
-                set16(
-                    frame,
-                    l4 + udp::field::CHECKSUM,
-                    if c == 0 { 0xffff } else { c },
-                );
-            }
-            set_ports(frame, l4, sport, dport, meta);
+        proto::TCP | proto::UDP => {
+            set_tcp_udp_ports(frame, l4, meta.proto, fam, addr_sum, sport, dport);
+            meta.sport = sport;
+            meta.dport = dport;
         }
         proto::SCTP => {
             set_ports(frame, l4, sport, dport, meta);
@@ -178,9 +155,9 @@ pub fn rewrite_v4_ports(
     dport: u16,
 ) -> Result<(), ParseError> {
     let (l3, l4, ip_end) = (meta.l3_off as usize, meta.l4_off as usize, meta.ip_end());
-    let (min_l4, checksum_at) = match meta.proto {
-        proto::TCP => (tcp::MIN_HEADER_LEN, tcp::field::CHECKSUM),
-        proto::UDP => (udp::HEADER_LEN, udp::field::CHECKSUM),
+    let min_l4 = match meta.proto {
+        proto::TCP => tcp::MIN_HEADER_LEN,
+        proto::UDP => udp::HEADER_LEN,
         _ => return Err(ParseError::Truncated),
     };
     if meta.family != Family::V4
@@ -191,24 +168,53 @@ pub fn rewrite_v4_ports(
     {
         return Err(ParseError::Truncated);
     }
+    let addr_sum = set_v4_addrs(frame, l3, src, dst);
+    set_tcp_udp_ports(frame, l4, meta.proto, Family::V4, addr_sum, sport, dport);
+    Ok(())
+}
+
+/// Writes an IPv4 header's new addresses and updates its checksum; returns the addresses'
+/// change as an unfolded partial sum, for the transport checksum's pseudo-header.
+#[inline(always)]
+fn set_v4_addrs(frame: &mut [u8], l3: usize, src: u32, dst: u32) -> u32 {
     let (s_at, d_at) = (l3 + ipv4::field::SRC, l3 + ipv4::field::DST);
     let addr_sum = changed32(get32(frame, s_at), src) + changed32(get32(frame, d_at), dst);
     set32(frame, s_at, src);
     set32(frame, d_at, dst);
     let c = fold(!get16(frame, l3 + ipv4::field::CHECKSUM) as u32 + addr_sum);
     set16(frame, l3 + ipv4::field::CHECKSUM, c);
-    let c = get16(frame, l4 + checksum_at);
-    if meta.proto == proto::TCP {
+    addr_sum
+}
+
+/// A TCP or UDP header's checksum updated by the addresses' change `addr_sum` and the ports'
+/// change (one fold), then the new ports written. A zero IPv4 UDP checksum ("none") stays zero;
+/// a computed zero is sent as all ones (RFC 768).
+#[inline(always)]
+fn set_tcp_udp_ports(
+    frame: &mut [u8],
+    l4: usize,
+    l4_proto: u8,
+    fam: Family,
+    addr_sum: u32,
+    sport: u16,
+    dport: u16,
+) {
+    let at = l4
+        + if l4_proto == proto::TCP {
+            tcp::field::CHECKSUM
+        } else {
+            udp::field::CHECKSUM
+        };
+    let c = get16(frame, at);
+    if l4_proto == proto::TCP {
         let c = fold(!c as u32 + addr_sum + ports_sum(frame, l4, sport, dport));
-        set16(frame, l4 + checksum_at, c);
-    } else if c != 0 {
-        // As `try_rewrite`: a computed zero is sent as all ones (RFC 768).
+        set16(frame, at, c);
+    } else if !(fam == Family::V4 && c == 0) {
         let c = fold(!c as u32 + addr_sum + ports_sum(frame, l4, sport, dport));
-        set16(frame, l4 + checksum_at, if c == 0 { 0xffff } else { c });
+        set16(frame, at, if c == 0 { 0xffff } else { c });
     }
     set16(frame, l4 + tcp::field::SRC_PORT, sport);
     set16(frame, l4 + tcp::field::DST_PORT, dport);
-    Ok(())
 }
 
 /// The ports' change (source and destination port, read from the frame) as an unfolded partial

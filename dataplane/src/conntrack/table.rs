@@ -1255,12 +1255,7 @@ impl Table {
 
     #[inline]
     pub fn set_expires(&self, idx: u32, expires_ms: u64) {
-        let e = &self.entries[idx as usize];
-        let v = Clock32::encode(expires_ms);
-        // Skip the store when unchanged: saves dirtying the line.
-        if e.expires_or_next().load(Ordering::Relaxed) != v {
-            e.expires_or_next().store(v, Ordering::Relaxed);
-        }
+        store_expiry(&self.entries[idx as usize], Clock32::encode(expires_ms));
     }
 
     /// Entry `idx`'s state word (sequence number cleared) if it is live: the fast lane's
@@ -1283,27 +1278,14 @@ impl Table {
         let Some(e) = self.entries.get(idx as usize) else {
             return;
         };
-        if e.expires_or_next().load(Ordering::Relaxed) != expires {
-            e.expires_or_next().store(expires, Ordering::Relaxed);
-        }
-        let d = dir as usize & 1;
-        count_packet(e, d);
-        e.bytes(d).store(
-            e.bytes(d).load(Ordering::Relaxed) + bytes,
-            Ordering::Relaxed,
-        );
+        store_expiry(e, expires);
+        count_packet_bytes(e, dir as usize & 1, bytes);
     }
 
     /// Counts a packet of `bytes` in direction `dir` (not SCTP: see `count_sctp`).
     #[inline]
     pub fn count(&self, idx: u32, dir: u8, bytes: u64) {
-        let e = &self.entries[idx as usize];
-        let d = dir as usize & 1;
-        count_packet(e, d);
-        e.bytes(d).store(
-            e.bytes(d).load(Ordering::Relaxed) + bytes,
-            Ordering::Relaxed,
-        );
+        count_packet_bytes(&self.entries[idx as usize], dir as usize & 1, bytes);
     }
 
     /// Counts an SCTP packet: both directions' bytes share one word (32 bits each, wrapping),
@@ -1619,6 +1601,25 @@ impl Retired {
     pub fn is_empty(&self) -> bool {
         self.items.is_empty()
     }
+}
+
+/// Stores entry `e`'s expiry word `v` unless it is already there: an unchanged line is not
+/// dirtied.
+#[inline(always)]
+fn store_expiry(e: &Entry, v: u32) {
+    if e.expires_or_next().load(Ordering::Relaxed) != v {
+        e.expires_or_next().store(v, Ordering::Relaxed);
+    }
+}
+
+/// One more packet of `bytes` in direction `d` of entry `e` (not SCTP: see `count_sctp`).
+#[inline(always)]
+fn count_packet_bytes(e: &Entry, d: usize, bytes: u64) {
+    count_packet(e, d);
+    e.bytes(d).store(
+        e.bytes(d).load(Ordering::Relaxed) + bytes,
+        Ordering::Relaxed,
+    );
 }
 
 /// One more packet in direction `d` of entry `e` (a plain load and store, as the other

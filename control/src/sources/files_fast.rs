@@ -133,7 +133,7 @@ fn split(text: &str) -> Option<Vec<Segment<'_>>> {
     }
     let mut out = Vec::new();
     let (mut start, mut pos) = (0, 0);
-    for line in text.split_inclusive('\n') {
+    for line in crate::yaml::lines_inclusive(text) {
         let b = line.trim_end_matches('\n').as_bytes();
         if b.first() == Some(&b'%') || is_marker(b, b"...") {
             return None;
@@ -158,7 +158,7 @@ fn split(text: &str) -> Option<Vec<Segment<'_>>> {
 /// block mapping at the top, plain values). Anything else: `None` (the generic decoder reads it).
 fn head(text: &str) -> Option<(&str, &str)> {
     let (mut api_version, mut kind) = (None, None);
-    for (n, line) in text.lines().enumerate() {
+    for (n, line) in crate::yaml::lines(text).enumerate() {
         let b = line.as_bytes();
         if n == 0 && is_marker(b, b"---") {
             let rest = line[3..].trim();
@@ -216,9 +216,12 @@ fn typed<T: DeserializeOwned>(text: &str) -> Option<Box<T>> {
 /// One segment's objects; `None` on any error (the limits of `crate::yaml::check` included).
 fn decode(text: &str, validate: bool) -> Option<SegmentOut> {
     crate::yaml::check(text).ok()?;
-    let explicit = is_marker(text.lines().next().unwrap_or("").as_bytes(), b"---");
+    let explicit = is_marker(
+        crate::yaml::lines(text).next().unwrap_or("").as_bytes(),
+        b"---",
+    );
     if !explicit
-        && text.lines().all(|l| {
+        && crate::yaml::lines(text).all(|l| {
             let t = l.trim_start();
             t.is_empty() || t.starts_with('#')
         })

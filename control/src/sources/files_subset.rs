@@ -328,10 +328,11 @@ impl<'a> Parser<'a> {
 
     fn plain_end(&self) -> PlainEnd {
         let b = self.s.as_bytes();
-        let end = self.line_end(self.pos);
         let mut i = self.pos;
-        while i < end {
-            match b[i] {
+        // One pass to the line's end (not the line's end found first, then a second pass).
+        while let Some(&c) = b.get(i) {
+            match c {
+                b'\n' => break,
                 b':' if matches!(self.byte(i + 1), b' ' | b'\n') => return PlainEnd::Key(i),
                 b'#' if b[i - 1] == b' ' => break,
                 _ => {}

@@ -22,6 +22,9 @@
 #   KXDP_BENCH_WORKER_RT=1         # kxdp's worker SCHED_FIFO: a dedicated CPU on this shared
 #                                  # machine (the kernel's paths run in softirq, which no
 #                                  # process delays either)
+#   KXDP_BENCH_SINK_NAP_US=50      # the sinks nap 50 µs when idle while traffic flows instead
+#                                  # of waiting on their sockets: the forwarding CPU stops
+#                                  # waking them for every flush (every mode; off by default)
 #   KXDP_BENCH_KERNEL_RT=1         # for the kernel's modes, ksoftirqd/1 SCHED_FIFO while they
 #                                  # run (put back after each): softirq work the kernel defers
 #                                  # to that thread under load is then not delayed by other

@@ -22,6 +22,16 @@
 #   KXDP_BENCH_WORKER_RT=1         # kxdp's worker SCHED_FIFO: a dedicated CPU on this shared
 #                                  # machine (the kernel's paths run in softirq, which no
 #                                  # process delays either)
+#   KXDP_BENCH_SINK_NAP_US=50      # the sinks nap 50 µs when idle while traffic flows instead
+#                                  # of waiting on their sockets: the forwarding CPU stops
+#                                  # waking them for every flush (every mode; off by default)
+#   KXDP_BENCH_KERNEL_RT=1         # for the kernel's modes, ksoftirqd/1 SCHED_FIFO while they
+#                                  # run (put back after each): softirq work the kernel defers
+#                                  # to that thread under load is then not delayed by other
+#                                  # processes either. With KXDP_BENCH_WORKER_RT=1: the
+#                                  # forwarding on CPU 1 goes ahead of other processes in every
+#                                  # mode (a machine shared with builds; docs/benchmarks.md,
+#                                  # "AF_XDP lab, session 8")
 #
 # Per point, target/lab-bench.md explains the loss: the counters that moved (the veths' drops,
 # kxdp's sockets' kernel counters rx_dropped = fill ring empty and rx_ring_full, kxdp's own
@@ -50,10 +60,18 @@ cargo test --release --locked --test lab_bench --no-run
 out=target/lab-bench.jsonl
 : > "$out"
 echo "== $ROUNDS round(s) x {$MODES}, ${KXDP_BENCH_SECONDS}s per rate, $KXDP_BENCH_SERVICES other Services, $KXDP_BENCH_FLOWS flows"
+ksoft=""
+restore_ksoft() { [ -z "$ksoft" ] || chrt -o -p 0 "$ksoft" >/dev/null; ksoft=""; }
+trap restore_ksoft EXIT
 for r in $(seq "$ROUNDS"); do
   for mode in $MODES; do
+    if [ "${KXDP_BENCH_KERNEL_RT:-}" = 1 ] && [[ $mode != kxdp* ]]; then
+      ksoft=$(pgrep -x ksoftirqd/1); chrt -f -p 10 "$ksoft"
+    fi
+    echo "== round $r $mode ($(uptime | sed 's/.*load/load/'))" >&2
     log=$(KXDP_BENCH_MODE=$mode cargo test --release --locked --test lab_bench -- --ignored --nocapture \
             bench_lab_udp_clusterip 2>&1) || { echo "$log" | tail -30 >&2; echo "round $r $mode: failed" >&2; exit 1; }
+    restore_ksoft
     lines=$(echo "$log" | sed -n 's/^BENCH //p')
     [ -n "$lines" ] || { echo "round $r $mode: no result" >&2; exit 1; }
     echo "$lines" | tee -a "$out"

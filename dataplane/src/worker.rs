@@ -14,10 +14,10 @@
 //! one `bpf()` map update per new masqueraded connection (its reply, see `io::xdp`).
 //!
 //! Idle wait: after an empty poll of all sockets the worker spins `spin_polls` polls, then waits
-//! on all its sockets at once (one `epoll_wait` over their fds, `IDLE_WAIT_MS` at most) and
+//! on all its sockets at once (one `poll()` over their fds, `IDLE_WAIT_MS` at most) and
 //! wakes as soon as any of them receives; the timeout only bounds how late it sees a command or
 //! the stop flag (1 ms while a TX ring still holds frames the kernel has not taken). Without an
-//! epoll set (creating one failed) it sleeps instead, doubling from `min_sleep_us` up to
+//! poll set (creating one failed) it sleeps instead, doubling from `min_sleep_us` up to
 //! `max_sleep_us`.
 //!
 //! Sockets come and go while the worker runs: the runner sends [`PortCommand`]s on the worker's
@@ -205,19 +205,19 @@ pub struct Shared {
     pub stop: Arc<AtomicBool>,
 }
 
-/// The epoll set an idle worker waits in, and the eventfd in it that wakes the worker for
+/// The poll set an idle worker waits in, and the eventfd in it that wakes the worker for
 /// commands and stop. Without a waker the worker still sees commands, at the wait's timeout;
-/// without an epoll set it sleeps instead.
+/// without a poll set it sleeps instead. (`poll()`, not epoll: see `kxdp_kernel::sys::Poller`.)
 fn idle_wait(index: usize) -> (Option<Poller>, Option<Arc<Waker>>) {
-    let poller = match Poller::new() {
+    let mut poller = match Poller::new() {
         Ok(p) => Some(p),
         Err(e) => {
-            eprintln!("kxdp: worker {index}: no epoll set ({e}); idle workers sleep instead");
+            eprintln!("kxdp: worker {index}: no poll set ({e}); idle workers sleep instead");
             None
         }
     };
     let waker = poller
-        .as_ref()
+        .as_mut()
         .and_then(|p| Waker::new().and_then(|w| p.add(w.fd()).map(|_| w)).ok())
         .map(Arc::new);
     (poller, waker)
@@ -267,8 +267,8 @@ impl Worker {
         backoff: Backoff,
         kernel_port: Option<u32>,
     ) -> std::io::Result<Worker> {
-        let (poller, waker) = idle_wait(index);
-        if let Some(p) = &poller {
+        let (mut poller, waker) = idle_wait(index);
+        if let Some(p) = &mut poller {
             for port in &ports {
                 p.add(port.sock.fd())?;
             }
@@ -307,7 +307,7 @@ impl Worker {
             queue,
             &cfg,
         )?;
-        if let Some(p) = &self.poller {
+        if let Some(p) = &mut self.poller {
             p.add(sock.fd())?;
         }
         let r = (sock.fd(), sock.zero_copy);
@@ -332,7 +332,7 @@ impl Worker {
                 continue;
             }
             let port = self.ports.remove(i);
-            if let Some(p) = &self.poller {
+            if let Some(p) = &mut self.poller {
                 let _ = p.remove(port.sock.fd());
             }
             r.sockets += 1;
@@ -372,7 +372,7 @@ impl Worker {
     }
 
     /// What wakes this worker from its idle wait: signal it after sending a command or setting
-    /// the stop flag (None: the worker has no epoll set and sleeps in short steps anyway).
+    /// the stop flag (None: the worker has no poll set and sleeps in short steps anyway).
     pub fn waker(&self) -> Option<Arc<Waker>> {
         self.waker.clone()
     }
@@ -604,8 +604,8 @@ impl Worker {
                     match &mut self.poller {
                         Some(p) => {
                             // The sockets' fds wake the wait only for RX. Frames still on a TX
-                            // ring (a copy-mode kick sends at most 32; the rest wait for the
-                            // next kick) are kicked again a millisecond later, not after the
+                            // ring (a copy-mode kick sends at most `tx_budget`: 32 on kernels
+                            // before 6.17; the rest wait for the next kick) are kicked again a millisecond later, not after the
                             // safety-net timeout.
                             let ready = p.wait(if tx_left > 0 { 1 } else { IDLE_WAIT_MS });
                             if let Some(w) = &self.waker {

@@ -149,73 +149,73 @@ pub(crate) fn poll_readable(fd: i32, timeout: std::time::Duration) -> bool {
     r > 0
 }
 
-/// An epoll set over a worker's AF_XDP sockets: an idle worker waits on all of them at once
-/// (one syscall) instead of sleeping blindly; an XSK fd turns readable when its RX ring gets
-/// frames (the kernel calls `sk_data_ready` when it flushes the ring).
+/// The set of descriptors an idle worker waits on (its AF_XDP sockets and its waker): one
+/// `poll()` over all of them (one syscall) instead of sleeping blindly; an XSK fd turns
+/// readable when its RX ring gets frames (the kernel calls `sk_data_ready` when it flushes the
+/// ring).
+///
+/// `poll()`, not epoll: an epoll registration stays on every socket's wait queue while the
+/// worker runs, so the kernel walked that queue (a lock with interrupts off and the epoll
+/// callback) for every frame it sent (`sock_wfree` wakes writers) and every RX flush, even
+/// with nobody waiting: about 7% of a saturated worker's CPU in the lab (docs/benchmarks.md,
+/// "AF_XDP lab, session 8"). `poll()` is on the wait queues only while the worker sleeps.
 pub struct Poller {
-    fd: std::os::fd::OwnedFd,
-    events: Vec<libc::epoll_event>,
+    fds: Vec<libc::pollfd>,
 }
 
 impl Poller {
     pub fn new() -> io::Result<Poller> {
-        // SAFETY: plain epoll creation; the result is checked.
-        let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `fd` is a new descriptor nothing else owns.
-        let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
-        Ok(Poller {
-            fd,
-            events: vec![libc::epoll_event { events: 0, u64: 0 }; 64],
-        })
-    }
-
-    fn ctl(&self, op: i32, fd: i32, token: u64) -> io::Result<()> {
-        let mut ev = libc::epoll_event {
-            events: libc::EPOLLIN as u32,
-            u64: token,
-        };
-        // SAFETY: `ev` is a valid epoll_event; the epoll fd is ours.
-        let r =
-            unsafe { libc::epoll_ctl(std::os::fd::AsRawFd::as_raw_fd(&self.fd), op, fd, &mut ev) };
-        if r != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
+        Ok(Poller { fds: Vec::new() })
     }
 
     /// Watches `fd` for readability.
-    pub fn add(&self, fd: i32) -> io::Result<()> {
-        self.ctl(libc::EPOLL_CTL_ADD, fd, fd as u64)
+    pub fn add(&mut self, fd: i32) -> io::Result<()> {
+        if self.fds.iter().any(|p| p.fd == fd) {
+            return Err(io::Error::from_raw_os_error(libc::EEXIST));
+        }
+        self.fds.push(libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        });
+        Ok(())
     }
 
     /// Stops watching `fd` (before closing it).
-    pub fn remove(&self, fd: i32) -> io::Result<()> {
-        self.ctl(libc::EPOLL_CTL_DEL, fd, 0)
+    pub fn remove(&mut self, fd: i32) -> io::Result<()> {
+        let i = self
+            .fds
+            .iter()
+            .position(|p| p.fd == fd)
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))?;
+        self.fds.swap_remove(i);
+        Ok(())
     }
 
     /// Waits until a watched fd is readable or `timeout_ms` passes; returns how many are ready
     /// (0 on timeout or EINTR).
     pub fn wait(&mut self, timeout_ms: i32) -> usize {
-        // SAFETY: `events` is a valid buffer of the length passed.
+        for p in &mut self.fds {
+            p.revents = 0;
+        }
+        // SAFETY: `fds` is a valid array of pollfd of the length passed.
         let r = unsafe {
-            libc::epoll_wait(
-                std::os::fd::AsRawFd::as_raw_fd(&self.fd),
-                self.events.as_mut_ptr(),
-                self.events.len() as i32,
+            libc::poll(
+                self.fds.as_mut_ptr(),
+                self.fds.len() as libc::nfds_t,
                 timeout_ms,
             )
         };
         r.max(0) as usize
     }
 
-    /// Whether `fd` is among the `ready` descriptors the last `wait` returned.
+    /// Whether `fd` was readable in the last `wait` (`ready`: what it returned).
     pub fn is_ready(&self, ready: usize, fd: i32) -> bool {
-        self.events[..ready.min(self.events.len())]
-            .iter()
-            .any(|e| e.u64 == fd as u64)
+        ready > 0
+            && self
+                .fds
+                .iter()
+                .any(|p| p.fd == fd && p.revents & libc::POLLIN != 0)
     }
 }
 

@@ -274,7 +274,8 @@ fn stamp(f: &mut [u8], ts: u64) {
 }
 
 /// Kicks the kernel until it has taken every frame off the TX ring (bounded). A copy-mode kick
-/// sends at most 32 frames, so one kick per 64-frame batch left half of it on the ring until
+/// sends at most 32 frames unless the kernel lets the socket raise that
+/// (`XskSocket::tx_budget`, Linux 6.17+), so one kick per 64-frame batch left half of it on the ring until
 /// the next batch was due: at half load that is a pacing sleep of ~350 µs added to half the
 /// frames' latency, which the forwarder under test did not cause.
 fn kick_until_sent(sock: &mut XskSocket) {
@@ -457,6 +458,7 @@ pub fn send(args: &SendArgs) -> Result<(), CliError> {
             "offered_pps": ((sent - left) as f64 / seconds).round(),
             "not_completed": left,
             "tx_kicks": sock.stats.tx_kicks,
+            "tx_budget": sock.tx_budget(),
             "iface_tx_dropped": tx_dropped,
             "frames": templates.len(),
         })
@@ -576,6 +578,15 @@ pub fn sink(args: &SinkArgs) -> Result<(), CliError> {
     let (mut received, mut bytes) = (0u64, 0u64);
     let (mut first, mut last) = (None::<Instant>, start);
     let mut empty_polls = 0u32;
+    // Benchmarks only (docs/benchmarks.md, "AF_XDP lab, session 8"): while frames keep coming
+    // (one in the last 10 ms), an idle sink naps this long instead of waiting on its sockets,
+    // so it is on no wait queue and the forwarder's CPU does not wake it for every flush into
+    // its ring. 0 (the default): it waits on the sockets.
+    let nap = std::env::var("KXDP_BENCH_SINK_NAP_US")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .map(Duration::from_micros)
+        .unwrap_or_default();
     while start.elapsed() < duration {
         let mut got = 0;
         for s in &mut socks {
@@ -611,6 +622,10 @@ pub fn sink(args: &SinkArgs) -> Result<(), CliError> {
         }
         empty_polls += 1;
         if empty_polls > 64 {
+            if !nap.is_zero() && first.is_some() && last.elapsed() < Duration::from_millis(10) {
+                std::thread::sleep(nap);
+                continue;
+            }
             poller.wait(10);
         } else {
             std::hint::spin_loop();

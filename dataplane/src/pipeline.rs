@@ -162,12 +162,26 @@ struct Batch<'a> {
     lane: LaneClock,
 }
 
-/// A packet conntrack does not know, as `new_flow` takes it: its tuple's hash, and its frontend
+/// A packet conntrack does not know, as `new_flow` takes it: its tuple packed and that packed
+/// tuple's hash (the lookup's, which the insert takes as they are), and its frontend
 /// (`frontend_of`; looked up a stage ahead by `prepare_new_flows`).
 #[derive(Clone, Copy)]
 struct Miss<'s> {
+    key: Packed,
     hash: u64,
     frontend: Option<FrontendRef<'s>>,
+}
+
+impl Miss<'_> {
+    /// A packet whose lookup found a connection that is over: its tuple packed and hashed anew.
+    fn of<'s>(meta: &PacketMeta, snap: &'s Snapshot, ct: &Conntrack) -> Miss<'s> {
+        let key = Tuple::from_meta(meta).pack();
+        Miss {
+            key,
+            hash: ct.hash(&key),
+            frontend: frontend_of(snap, meta),
+        }
+    }
 }
 
 /// One worker's pipeline: its RNG, scratch and counters. The tables are passed in per batch.
@@ -373,6 +387,7 @@ impl Pipeline {
                             Some(found) => self.established(buf, len, &mut meta, &found, v, b),
                             None => {
                                 let miss = Miss {
+                                    key: self.scratch[i].key,
                                     hash,
                                     frontend: frontends[i],
                                 };
@@ -505,9 +520,7 @@ impl Pipeline {
         {
             ct.kill(found.idx);
             // Fall through to a new connection; the tuple is free again.
-            let hash = ct.hash(&Tuple::from_meta(meta).pack());
-            let frontend = frontend_of(snap, meta);
-            return self.new_flow(buf, len, meta, Miss { hash, frontend }, v, b);
+            return self.new_flow(buf, len, meta, Miss::of(meta, snap, ct), v, b);
         }
         // After a RST nothing but a new SYN (above) or another RST belongs to the connection.
         if meta.proto == proto::TCP
@@ -524,9 +537,7 @@ impl Pipeline {
             Err(PacketError::Invalid) => return v.set(Reason::CtInvalid),
             Err(PacketError::Gone) => {
                 // The connection ended between lookup and now (expired, flushed): a new one.
-                let hash = ct.hash(&Tuple::from_meta(meta).pack());
-                let frontend = frontend_of(snap, meta);
-                return self.new_flow(buf, len, meta, Miss { hash, frontend }, v, b);
+                return self.new_flow(buf, len, meta, Miss::of(meta, snap, ct), v, b);
             }
         };
         let other = found.other_tuple();
@@ -540,9 +551,10 @@ impl Pipeline {
             || to.sport != meta.sport
             || to.dport != meta.dport;
         if translated {
-            rewrite(buf, meta, to.src, to.sport, to.dst, to.dport);
+            rewrite_into(buf, meta, v, to.src, to.sport, to.dst, to.dport);
+        } else {
+            fill_out(v, meta);
         }
-        fill_out(v, meta);
         v.masq = state & FLAG_MASQ != 0;
         v.service_id = found.service_id;
         v.set(if !translated && found.service_id == 0 {
@@ -568,7 +580,11 @@ impl Pipeline {
         let Batch {
             snap, ct, now_ms, ..
         } = *b;
-        let Miss { hash, frontend } = miss;
+        let Miss {
+            key,
+            hash,
+            frontend,
+        } = miss;
         let family = meta.family;
         let Some(fe) = frontend else {
             return self.not_a_frontend(buf, len, meta, hash, v, b);
@@ -650,7 +666,6 @@ impl Pipeline {
         // Masquerade: when the route says so, and always for a pod sent to itself (hairpin), or
         // its reply would bypass us.
         let masq = route.masquerade || ep.addr == meta.src;
-        let orig = Tuple::from_meta(meta);
         let mut reply = Tuple::reply_from_backend(meta, ep.addr, ep.port);
         if masq {
             let Some(node) = snap.node.snat_addr(family) else {
@@ -665,11 +680,12 @@ impl Pipeline {
         // anything: no separate lookup first.
         let mut remaps = 0;
         let reply_hash = loop {
-            let reply_hash = ct.hash(&reply.pack());
+            let reply_key = reply.pack();
+            let reply_hash = ct.hash(&reply_key);
             match ct.create_hashed(
                 &mut self.retired,
-                &orig,
-                &reply,
+                &key,
+                &reply_key,
                 first,
                 masq,
                 service_id,
@@ -692,8 +708,7 @@ impl Pipeline {
         self.counters.ct_created += 1;
         self.note_created(hash);
         self.note_created(reply_hash);
-        rewrite(buf, meta, reply.dst, reply.dport, reply.src, reply.sport);
-        fill_out(v, meta);
+        rewrite_into(buf, meta, v, reply.dst, reply.dport, reply.src, reply.sport);
         v.masq = masq;
         v.set(Reason::ServiceDnat);
     }
@@ -1015,6 +1030,32 @@ fn established_lane(
         egress: 0,
     };
     Some(reason)
+}
+
+/// Rewrites the packet to `src`:`sport` → `dst`:`dport` (`kxdp_packet::rewrite`) and writes
+/// where it leaves into the verdict (`fill_out` after the rewrite). A whole IPv4 TCP or UDP
+/// packet — nearly every new connection's — takes the fast lane's `rewrite_v4_ports`: the same
+/// bytes, without `try_rewrite`'s dispatch over families and protocols; `meta` then keeps the
+/// old values (only a fragment, which that rewrite refuses, needs them updated afterwards:
+/// `remember_first_fragment`). Anything else, and a `meta` that does not fit the frame (left
+/// untouched, and so reported in the verdict), through `rewrite`.
+#[inline(always)]
+fn rewrite_into(
+    buf: &mut [u8],
+    meta: &mut PacketMeta,
+    v: &mut Verdict,
+    src: Addr,
+    sport: u16,
+    dst: Addr,
+    dport: u16,
+) {
+    let v4 = |a: Addr| u32::from_be_bytes(a.v4_octets());
+    if rewrite_v4_ports(buf, meta, v4(src), sport, v4(dst), dport).is_ok() {
+        (v.src, v.sport, v.dst, v.dport) = (src, sport, dst, dport);
+    } else {
+        rewrite(buf, meta, src, sport, dst, dport);
+        fill_out(v, meta);
+    }
 }
 
 /// An address from the two words a packed tuple keeps it in.

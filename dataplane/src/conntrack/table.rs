@@ -774,33 +774,35 @@ impl Table {
         }
     }
 
-    /// Inserts a connection; returns its entry index. `reply` is not indexed when `flags` carries
-    /// `FLAG_SINGLE_KEY`. `early_drop` picks where to look for an unassured victim when full.
-    /// `hashes`: the packed tuples' hashes (`hash`) when the caller has them.
+    /// Inserts a connection (its tuples packed); returns its entry index. `reply` is not indexed
+    /// when `flags` carries `FLAG_SINGLE_KEY`. `orig_counts`: the original direction's packet
+    /// count and bytes word to start from (the first packet's, written with the tuples rather
+    /// than counted after: one store each instead of a load and a store after the publication).
+    /// `early_drop` picks where to look for an unassured victim when full. `hashes`: the packed
+    /// tuples' hashes (`hash`) when the caller has them.
     #[allow(clippy::too_many_arguments)]
     pub fn insert(
         &self,
-        orig: &Tuple,
-        reply: &Tuple,
+        po: &Packed,
+        pr: &Packed,
         flags_and_state: u32,
         service_id: u32,
         now_ms: u64,
         expires_ms: u64,
+        orig_counts: (u32, u64),
         early_drop_hint: u64,
         mut cache: Option<&mut Retired>,
         hashes: Option<(u64, u64)>,
     ) -> Result<u32, InsertError> {
-        let po = orig.pack();
-        let pr = reply.pack();
         let single = flags_and_state & FLAG_SINGLE_KEY != 0;
         let (ho, hr) = match hashes {
             Some(h) => h,
             None => (self.hash(&po), if single { 0 } else { self.hash(&pr) }),
         };
-        debug_assert_eq!(ho, self.hash(&po));
-        debug_assert!(single || hr == self.hash(&pr));
+        debug_assert_eq!(ho, self.hash(po));
+        debug_assert!(single || hr == self.hash(pr));
         self.note_clock(now_ms);
-        if !single && self.lookup(&pr, hr, now_ms).is_some() {
+        if !single && self.lookup(pr, hr, now_ms).is_some() {
             return Err(InsertError::Exists);
         }
         // Room: a worker with a cache reads the shared live count (plus what it has not added
@@ -866,17 +868,17 @@ impl Table {
             .store((seq | 1) << SEQ_SHIFT | LIFE_FREE, Ordering::Relaxed);
         std::sync::atomic::fence(Ordering::Release);
         let stash = Stash::new(service_id, now_ms).split();
-        for (d, p) in [po, pr].iter().enumerate() {
+        for (d, p) in [po, pr].into_iter().enumerate() {
             for (j, (w, v)) in e.tuple(d).iter().zip(p).enumerate() {
                 w.store(if j == 4 { v | stash[d] } else { *v }, Ordering::Relaxed);
             }
         }
         e.expires_or_next()
             .store(Clock32::encode(expires_ms), Ordering::Relaxed);
-        for d in 0..2 {
-            e.packets(d).store(0, Ordering::Relaxed);
-            e.bytes(d).store(0, Ordering::Relaxed);
-        }
+        e.packets(0).store(orig_counts.0, Ordering::Relaxed);
+        e.bytes(0).store(orig_counts.1, Ordering::Relaxed);
+        e.packets(1).store(0, Ordering::Relaxed);
+        e.bytes(1).store(0, Ordering::Relaxed);
         let seq = ((seq | 1) + 1) & 0xff;
         e.state().store(
             seq << SEQ_SHIFT | (flags_and_state & !LIFE_MASK & !SEQ_MASK) | LIFE_LIVE,

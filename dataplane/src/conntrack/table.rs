@@ -1406,17 +1406,7 @@ impl Table {
         let start = self
             .slot_cursor
             .fetch_add(slot_budget as u64, Ordering::Relaxed);
-        // (In order, the slot a line ahead prefetched, and without a division per slot.)
-        let mut i = (start % self.slots.len() as u64) as usize;
-        for _ in 0..slot_budget {
-            if i % SLOTS_PER_LINE == 0 {
-                if let Some(s) = self.slots.get(i + SLOTS_PER_LINE) {
-                    kxdp_packet::prefetch::prefetch(s);
-                }
-            }
-            self.clear_tombs_before(i);
-            i = self.next_slot(i);
-        }
+        self.sweep_tombs((start % self.slots.len() as u64) as usize, slot_budget);
         retired.pending_live -= expired as i64;
         self.flush_live(retired, true);
         expired
@@ -1472,6 +1462,38 @@ impl Table {
                 }
                 i = self.next_slot(i);
             }
+        }
+    }
+
+    /// The expiry scan's pass over `n` index slots from slot `start` (wrapping): every run of
+    /// old tombstones that ends at an empty slot is cleared (`clear_tombs_before`). In order,
+    /// the slot a line ahead prefetched, over at most two subslices (no wrap or bounds check per
+    /// slot, no division), and the run's clearing entered only when the slot before an empty
+    /// one was a tombstone as this pass read it: most empty slots follow no tombstone, and
+    /// testing every one of them again in `clear_tombs_before` was half the pass (at 1.25M
+    /// entries, about 130 instructions per new connection of the 1-Mpps replay captures).
+    fn sweep_tombs(&self, start: usize, n: usize) {
+        let len = self.slots.len();
+        let before = if start == 0 { len - 1 } else { start - 1 };
+        let mut prev_tomb = self.slots[before].load(Ordering::Relaxed) & TOMB_BIT != 0;
+        let (mut from, mut left) = (start, n.min(len));
+        while left > 0 {
+            let to = (from + left).min(len);
+            for (j, slot) in self.slots[from..to].iter().enumerate() {
+                let i = from + j;
+                if i % SLOTS_PER_LINE == 0 {
+                    if let Some(s) = self.slots.get(i + SLOTS_PER_LINE) {
+                        kxdp_packet::prefetch::prefetch(s);
+                    }
+                }
+                let s = slot.load(Ordering::Acquire);
+                if s == SLOT_EMPTY && prev_tomb {
+                    self.clear_tombs_before(i);
+                }
+                prev_tomb = s & TOMB_BIT != 0;
+            }
+            left -= to - from;
+            from = 0;
         }
     }
 

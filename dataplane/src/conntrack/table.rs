@@ -594,9 +594,9 @@ impl Table {
                     || (!single && (po == pr || self.lookup(&pr, hr, now_ms).is_some()));
                 if !taken {
                     if !single {
-                        self.index(hr, idx as u32, DIR_REPLY);
+                        self.index_from(hr, self.home(hr), idx as u32, DIR_REPLY);
                     }
-                    self.index(ho, idx as u32, DIR_ORIG);
+                    self.index_from(ho, self.home(ho), idx as u32, DIR_ORIG);
                 }
                 !taken
             };
@@ -750,6 +750,33 @@ impl Table {
         })
     }
 
+    /// `lookup` for an insert: `Err(())` when a live entry holds `key`, else where `key`'s index
+    /// slot may go — the first empty or tombstone slot of its probe (None past `MAX_PROBE`), so
+    /// that `index_from` does not walk the same probe again. The slot may be taken meanwhile:
+    /// `index_from` then goes on along the probe, as from its start.
+    #[inline(always)]
+    fn vacancy(&self, key: &Packed, hash: u64, now_ms: u64) -> Result<Option<usize>, ()> {
+        let tag = self.code.tag(hash);
+        let mut i = self.home(hash);
+        let mut free = None;
+        for _ in 0..MAX_PROBE {
+            let s = self.slots[i].load(Ordering::Acquire);
+            if s == SLOT_EMPTY {
+                return Ok(Some(free.unwrap_or(i)));
+            }
+            if s & TOMB_BIT != 0 {
+                free = free.or(Some(i));
+            } else {
+                let (stag, idx, dir) = self.code.decode(s);
+                if stag == tag && self.read_if_match(idx, dir, key, now_ms).is_some() {
+                    return Err(());
+                }
+            }
+            i = self.next_slot(i);
+        }
+        Ok(free)
+    }
+
     /// Whether a live entry holds `key` (used to keep SNAT choices unique).
     #[inline]
     pub fn contains(&self, key: &Packed) -> bool {
@@ -802,9 +829,12 @@ impl Table {
         debug_assert_eq!(ho, self.hash(po));
         debug_assert!(single || hr == self.hash(pr));
         self.note_clock(now_ms);
-        if !single && self.lookup(pr, hr, now_ms).is_some() {
-            return Err(InsertError::Exists);
-        }
+        let reply_slot = if single {
+            None
+        } else {
+            self.vacancy(pr, hr, now_ms)
+                .map_err(|()| InsertError::Exists)?
+        };
         // Room: a worker with a cache reads the shared live count (plus what it has not added
         // yet) and counts locally while the table is far from full; near the maximum, and for
         // callers without a cache, a place is taken in the shared count. A full table
@@ -886,15 +916,18 @@ impl Table {
         );
 
         if !single {
-            self.index(hr, idx, DIR_REPLY);
+            let from = reply_slot.unwrap_or_else(|| self.home(hr));
+            self.index_from(hr, from, idx, DIR_REPLY);
         }
-        self.index(ho, idx, DIR_ORIG);
+        self.index_from(ho, self.home(ho), idx, DIR_ORIG);
         Ok(idx)
     }
 
-    fn index(&self, hash: u64, idx: u32, dir: u8) {
+    /// Puts (`idx`, `dir`) in the first free slot of `hash`'s probe from slot `from` (its home,
+    /// or a vacancy found on it).
+    fn index_from(&self, hash: u64, from: usize, idx: u32, dir: u8) {
         let want = self.code.live(self.code.tag(hash), idx, dir);
-        let mut i = self.home(hash);
+        let mut i = from;
         loop {
             let s = self.slots[i].load(Ordering::Acquire);
             if (s == SLOT_EMPTY || s & TOMB_BIT != 0)

@@ -162,26 +162,14 @@ struct Batch<'a> {
     lane: LaneClock,
 }
 
-/// A packet conntrack does not know, as `new_flow` takes it: its tuple packed and that packed
-/// tuple's hash (the lookup's, which the insert takes as they are), and its frontend
-/// (`frontend_of`; looked up a stage ahead by `prepare_new_flows`).
+/// A packet conntrack does not know, as `new_flow` takes it: its index in the pass (its packed
+/// tuple and that tuple's hash are its scratch's, the lookup's: the insert takes them as they
+/// are, read where it needs them rather than copied along), and its frontend (`frontend_of`;
+/// looked up a stage ahead by `prepare_new_flows`).
 #[derive(Clone, Copy)]
 struct Miss<'s> {
-    key: Packed,
-    hash: u64,
+    packet: usize,
     frontend: Option<FrontendRef<'s>>,
-}
-
-impl Miss<'_> {
-    /// A packet whose lookup found a connection that is over: its tuple packed and hashed anew.
-    fn of<'s>(meta: &PacketMeta, snap: &'s Snapshot, ct: &Conntrack) -> Miss<'s> {
-        let key = Tuple::from_meta(meta).pack();
-        Miss {
-            key,
-            hash: ct.hash(&key),
-            frontend: frontend_of(snap, meta),
-        }
-    }
 }
 
 /// One worker's pipeline: its RNG, scratch and counters. The tables are passed in per batch.
@@ -343,11 +331,11 @@ impl Pipeline {
         }
         // The frontend of every packet conntrack does not know, and what its new connection
         // will touch, prefetched a stage ahead (`prepare_new_flows`). A pass of known
-        // connections only does not set up the array at all (its 4 KB of `None`, and the
+        // connections only (or on a node without Services) does not set up the array at all (its 4 KB of `None`, and the
         // filter's clearing below, were about 25 instructions per packet of est-10k); a packet
         // the array does not cover was not a miss when it was filled: no frontend, as then.
         let mut frontend_buf;
-        let frontends: &[Option<FrontendRef<'_>>] = if misses {
+        let frontends: &[Option<FrontendRef<'_>>] = if misses && !snap.frontends.is_empty() {
             frontend_buf = [None; MAX_BATCH];
             self.prepare_new_flows(&mut frontend_buf[..m], snap, ct);
             &frontend_buf[..m]
@@ -402,11 +390,10 @@ impl Pipeline {
                         self.icmp_error(buf, &mut meta, &q, found.as_ref(), v, snap);
                     } else {
                         match found {
-                            Some(found) => self.established(buf, len, &mut meta, &found, v, b),
+                            Some(found) => self.established(buf, len, &mut meta, i, &found, v, b),
                             None => {
                                 let miss = Miss {
-                                    key: self.scratch[i].key,
-                                    hash,
+                                    packet: i,
                                     frontend: frontends.get(i).copied().flatten(),
                                 };
                                 self.new_flow(buf, len, &mut meta, miss, v, b)
@@ -517,12 +504,14 @@ impl Pipeline {
         ct.prefetch_allocations(&self.retired, inserts);
     }
 
-    /// A packet of a tracked connection: translated as the connection is.
+    /// A packet of a tracked connection (the pass's `packet`): translated as the connection is.
+    #[allow(clippy::too_many_arguments)]
     fn established(
         &mut self,
         buf: &mut [u8],
         len: &mut usize,
         meta: &mut PacketMeta,
+        packet: usize,
         found: &Found,
         v: &mut Verdict,
         b: &Batch<'_>,
@@ -538,7 +527,17 @@ impl Pipeline {
         {
             ct.kill(found.idx);
             // Fall through to a new connection; the tuple is free again.
-            return self.new_flow(buf, len, meta, Miss::of(meta, snap, ct), v, b);
+            return self.new_flow(
+                buf,
+                len,
+                meta,
+                Miss {
+                    packet,
+                    frontend: frontend_of(snap, meta),
+                },
+                v,
+                b,
+            );
         }
         // After a RST nothing but a new SYN (above) or another RST belongs to the connection.
         if meta.proto == proto::TCP
@@ -547,15 +546,25 @@ impl Pipeline {
         {
             return v.set(Reason::CtInvalid);
         }
-        let Ok(packet) = first_packet(buf, meta) else {
+        let Ok(first) = first_packet(buf, meta) else {
             return v.set(Reason::CtInvalid);
         };
-        let state = match ct.on_packet(found, packet, meta.ip_len as u64, now_ms) {
+        let state = match ct.on_packet(found, first, meta.ip_len as u64, now_ms) {
             Ok(state) => state,
             Err(PacketError::Invalid) => return v.set(Reason::CtInvalid),
             Err(PacketError::Gone) => {
                 // The connection ended between lookup and now (expired, flushed): a new one.
-                return self.new_flow(buf, len, meta, Miss::of(meta, snap, ct), v, b);
+                return self.new_flow(
+                    buf,
+                    len,
+                    meta,
+                    Miss {
+                        packet,
+                        frontend: frontend_of(snap, meta),
+                    },
+                    v,
+                    b,
+                );
             }
         };
         let other = found.other_tuple();
@@ -598,11 +607,8 @@ impl Pipeline {
         let Batch {
             snap, ct, now_ms, ..
         } = *b;
-        let Miss {
-            key,
-            hash,
-            frontend,
-        } = miss;
+        let Miss { packet, frontend } = miss;
+        let hash = self.scratch[packet].hash;
         let family = meta.family;
         let Some(fe) = frontend else {
             return self.not_a_frontend(buf, len, meta, hash, v, b);
@@ -702,7 +708,7 @@ impl Pipeline {
             let reply_hash = ct.hash(&reply_key);
             match ct.create_hashed(
                 &mut self.retired,
-                &key,
+                &self.scratch[packet].key,
                 &reply_key,
                 first,
                 masq,

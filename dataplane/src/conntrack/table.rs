@@ -1721,3 +1721,58 @@ fn count_packet(e: &Entry, d: usize) {
         Ordering::Relaxed,
     );
 }
+
+#[cfg(test)]
+mod sweep_tests {
+    use super::*;
+
+    /// `sweep_tombs` leaves the index as the slot-by-slot pass it replaced (`clear_tombs_before`
+    /// at every slot, in order) did: on random runs of empty, live, old and recent tombstone
+    /// slots, from starts that wrap around the end, for lengths up to the whole index.
+    #[test]
+    fn sweep_tombs_clears_what_the_slot_by_slot_pass_cleared() {
+        let (swept, by_slot) = (Table::new(1024, 1, 7), Table::new(1024, 1, 7));
+        let len = swept.slots.len();
+        let epoch = swept.grace.epoch();
+        let old = slot_tomb(epoch.wrapping_sub(2));
+        let recent = slot_tomb(epoch);
+        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+        for round in 0..200 {
+            for (a, b) in swept.slots.iter().zip(by_slot.slots.iter()) {
+                rng = rng.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+                let s = match rng >> 61 {
+                    0..=2 => SLOT_EMPTY,
+                    3 | 4 => old,
+                    5 => recent,
+                    _ => 2 + ((rng >> 20) as u32 & 0xffff) * 2, // live: low bit clear, not 0
+                };
+                a.store(s, Ordering::Relaxed);
+                b.store(s, Ordering::Relaxed);
+            }
+            let start = if round % 2 == 0 {
+                len - 1 - (round % 37)
+            } else {
+                (rng >> 7) as usize % len
+            };
+            let n = match round % 4 {
+                0 => len,
+                1 => 1,
+                _ => (rng >> 17) as usize % len,
+            };
+            assert!(swept.slots.iter().any(|s| s.load(Ordering::Relaxed) == old));
+            swept.sweep_tombs(start, n);
+            let mut i = start;
+            for _ in 0..n {
+                by_slot.clear_tombs_before(i);
+                i = by_slot.next_slot(i);
+            }
+            for (k, (a, b)) in swept.slots.iter().zip(by_slot.slots.iter()).enumerate() {
+                assert_eq!(
+                    a.load(Ordering::Relaxed),
+                    b.load(Ordering::Relaxed),
+                    "round {round}, slot {k}, start {start}, n {n}"
+                );
+            }
+        }
+    }
+}

@@ -857,7 +857,7 @@ impl Table {
         let single = flags_and_state & FLAG_SINGLE_KEY != 0;
         let (ho, hr) = match hashes {
             Some(h) => h,
-            None => (self.hash(&po), if single { 0 } else { self.hash(&pr) }),
+            None => (self.hash(po), if single { 0 } else { self.hash(pr) }),
         };
         debug_assert_eq!(ho, self.hash(po));
         debug_assert!(single || hr == self.hash(pr));

@@ -172,6 +172,14 @@ struct Miss<'s> {
     frontend: Option<FrontendRef<'s>>,
 }
 
+/// A packet of a tracked connection, as `established` takes it: its index in the pass (should
+/// it become a new connection: `Miss`) and what the lookup found.
+#[derive(Clone, Copy)]
+struct Hit<'a> {
+    packet: usize,
+    found: &'a Found,
+}
+
 /// One worker's pipeline: its RNG, scratch and counters. The tables are passed in per batch.
 pub struct Pipeline {
     worker: usize,
@@ -390,7 +398,13 @@ impl Pipeline {
                         self.icmp_error(buf, &mut meta, &q, found.as_ref(), v, snap);
                     } else {
                         match found {
-                            Some(found) => self.established(buf, len, &mut meta, i, &found, v, b),
+                            Some(found) => {
+                                let hit = Hit {
+                                    packet: i,
+                                    found: &found,
+                                };
+                                self.established(buf, len, &mut meta, hit, v, b)
+                            }
                             None => {
                                 let miss = Miss {
                                     packet: i,
@@ -504,18 +518,17 @@ impl Pipeline {
         ct.prefetch_allocations(&self.retired, inserts);
     }
 
-    /// A packet of a tracked connection (the pass's `packet`): translated as the connection is.
-    #[allow(clippy::too_many_arguments)]
+    /// A packet of a tracked connection: translated as the connection is.
     fn established(
         &mut self,
         buf: &mut [u8],
         len: &mut usize,
         meta: &mut PacketMeta,
-        packet: usize,
-        found: &Found,
+        hit: Hit<'_>,
         v: &mut Verdict,
         b: &Batch<'_>,
     ) {
+        let Hit { packet, found } = hit;
         let Batch {
             snap, ct, now_ms, ..
         } = *b;

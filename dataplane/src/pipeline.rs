@@ -162,12 +162,22 @@ struct Batch<'a> {
     lane: LaneClock,
 }
 
-/// A packet conntrack does not know, as `new_flow` takes it: its tuple's hash, and its frontend
-/// (`frontend_of`; looked up a stage ahead by `prepare_new_flows`).
+/// A packet conntrack does not know, as `new_flow` takes it: its index in the pass (its packed
+/// tuple and that tuple's hash are its scratch's, the lookup's: the insert takes them as they
+/// are, read where it needs them rather than copied along), and its frontend (`frontend_of`;
+/// looked up a stage ahead by `prepare_new_flows`).
 #[derive(Clone, Copy)]
 struct Miss<'s> {
-    hash: u64,
+    packet: usize,
     frontend: Option<FrontendRef<'s>>,
+}
+
+/// A packet of a tracked connection, as `established` takes it: its index in the pass (should
+/// it become a new connection: `Miss`) and what the lookup found.
+#[derive(Clone, Copy)]
+struct Hit<'a> {
+    packet: usize,
+    found: &'a Found,
 }
 
 /// One worker's pipeline: its RNG, scratch and counters. The tables are passed in per batch.
@@ -181,6 +191,8 @@ pub struct Pipeline {
     /// pass of 256 new connections sets up to 512 bits: at 1024 bits a quarter of the later
     /// packets of such a pass looked conntrack up a second time for nothing).
     created: [u64; CREATED_WORDS],
+    /// Whether `created` has a bit set.
+    created_any: bool,
     retired: crate::conntrack::Retired,
     fragments: FragmentTable,
     /// Whether plain packets of known connections take the established fast lane (always, but
@@ -205,6 +217,7 @@ impl Pipeline {
                 masq: [false; MAX_BATCH],
             }),
             created: [0; CREATED_WORDS],
+            created_any: false,
             retired: ct.retired_list(),
             fragments: FragmentTable::new(FRAGMENT_DATAGRAMS),
             fast_lane: true,
@@ -313,6 +326,7 @@ impl Pipeline {
                 ct.prefetch_entry(s.hash);
             }
         }
+        let mut misses = false;
         for i in 0..m {
             let s = &mut self.scratch[i];
             // Protocol 255 (IANA reserved) is the affinity records' pseudo-protocol: never a
@@ -321,15 +335,29 @@ impl Pipeline {
             {
                 s.found = ct.lookup(&s.key, s.hash, now_ms);
             }
+            misses |= s.kind == KIND_IP && s.found.is_none();
         }
         // The frontend of every packet conntrack does not know, and what its new connection
-        // will touch, prefetched a stage ahead (`prepare_new_flows`).
-        let mut frontends: [Option<FrontendRef<'_>>; MAX_BATCH] = [None; MAX_BATCH];
-        self.prepare_new_flows(&mut frontends[..m], snap, ct);
+        // will touch, prefetched a stage ahead (`prepare_new_flows`). A pass of known
+        // connections only (or on a node without Services) does not set up the array at all (its 4 KB of `None`, and the
+        // filter's clearing below, were about 25 instructions per packet of est-10k); a packet
+        // the array does not cover was not a miss when it was filled: no frontend, as then.
+        let mut frontend_buf;
+        let frontends: &[Option<FrontendRef<'_>>] = if misses && !snap.frontends.is_empty() {
+            frontend_buf = [None; MAX_BATCH];
+            self.prepare_new_flows(&mut frontend_buf[..m], snap, ct);
+            &frontend_buf[..m]
+        } else {
+            &[]
+        };
         // 3. Decide and rewrite. A packet may belong to a connection an earlier packet of this
         // pass created (a SYN and its SYN-ACK, a burst of one new UDP flow): the lookup is redone
-        // for packets whose hash the `created` filter has seen.
-        self.created = [0; CREATED_WORDS];
+        // for packets whose hash the `created` filter has seen (cleared only when the pass
+        // before set a bit).
+        if self.created_any {
+            self.created = [0; CREATED_WORDS];
+            self.created_any = false;
+        }
         let (lane_on, mut lane) = (self.fast_lane, 0u64);
         for i in 0..m {
             let (kind, hash) = (self.scratch[i].kind, self.scratch[i].hash);
@@ -370,11 +398,17 @@ impl Pipeline {
                         self.icmp_error(buf, &mut meta, &q, found.as_ref(), v, snap);
                     } else {
                         match found {
-                            Some(found) => self.established(buf, len, &mut meta, &found, v, b),
+                            Some(found) => {
+                                let hit = Hit {
+                                    packet: i,
+                                    found: &found,
+                                };
+                                self.established(buf, len, &mut meta, hit, v, b)
+                            }
                             None => {
                                 let miss = Miss {
-                                    hash,
-                                    frontend: frontends[i],
+                                    packet: i,
+                                    frontend: frontends.get(i).copied().flatten(),
                                 };
                                 self.new_flow(buf, len, &mut meta, miss, v, b)
                             }
@@ -490,10 +524,11 @@ impl Pipeline {
         buf: &mut [u8],
         len: &mut usize,
         meta: &mut PacketMeta,
-        found: &Found,
+        hit: Hit<'_>,
         v: &mut Verdict,
         b: &Batch<'_>,
     ) {
+        let Hit { packet, found } = hit;
         let Batch {
             snap, ct, now_ms, ..
         } = *b;
@@ -505,9 +540,17 @@ impl Pipeline {
         {
             ct.kill(found.idx);
             // Fall through to a new connection; the tuple is free again.
-            let hash = ct.hash(&Tuple::from_meta(meta).pack());
-            let frontend = frontend_of(snap, meta);
-            return self.new_flow(buf, len, meta, Miss { hash, frontend }, v, b);
+            return self.new_flow(
+                buf,
+                len,
+                meta,
+                Miss {
+                    packet,
+                    frontend: frontend_of(snap, meta),
+                },
+                v,
+                b,
+            );
         }
         // After a RST nothing but a new SYN (above) or another RST belongs to the connection.
         if meta.proto == proto::TCP
@@ -516,17 +559,25 @@ impl Pipeline {
         {
             return v.set(Reason::CtInvalid);
         }
-        let Ok(packet) = first_packet(buf, meta) else {
+        let Ok(first) = first_packet(buf, meta) else {
             return v.set(Reason::CtInvalid);
         };
-        let state = match ct.on_packet(found, packet, meta.ip_len as u64, now_ms) {
+        let state = match ct.on_packet(found, first, meta.ip_len as u64, now_ms) {
             Ok(state) => state,
             Err(PacketError::Invalid) => return v.set(Reason::CtInvalid),
             Err(PacketError::Gone) => {
                 // The connection ended between lookup and now (expired, flushed): a new one.
-                let hash = ct.hash(&Tuple::from_meta(meta).pack());
-                let frontend = frontend_of(snap, meta);
-                return self.new_flow(buf, len, meta, Miss { hash, frontend }, v, b);
+                return self.new_flow(
+                    buf,
+                    len,
+                    meta,
+                    Miss {
+                        packet,
+                        frontend: frontend_of(snap, meta),
+                    },
+                    v,
+                    b,
+                );
             }
         };
         let other = found.other_tuple();
@@ -540,9 +591,10 @@ impl Pipeline {
             || to.sport != meta.sport
             || to.dport != meta.dport;
         if translated {
-            rewrite(buf, meta, to.src, to.sport, to.dst, to.dport);
+            rewrite_into(buf, meta, v, to.src, to.sport, to.dst, to.dport);
+        } else {
+            fill_out(v, meta);
         }
-        fill_out(v, meta);
         v.masq = state & FLAG_MASQ != 0;
         v.service_id = found.service_id;
         v.set(if !translated && found.service_id == 0 {
@@ -568,7 +620,8 @@ impl Pipeline {
         let Batch {
             snap, ct, now_ms, ..
         } = *b;
-        let Miss { hash, frontend } = miss;
+        let Miss { packet, frontend } = miss;
+        let hash = self.scratch[packet].hash;
         let family = meta.family;
         let Some(fe) = frontend else {
             return self.not_a_frontend(buf, len, meta, hash, v, b);
@@ -650,7 +703,6 @@ impl Pipeline {
         // Masquerade: when the route says so, and always for a pod sent to itself (hairpin), or
         // its reply would bypass us.
         let masq = route.masquerade || ep.addr == meta.src;
-        let orig = Tuple::from_meta(meta);
         let mut reply = Tuple::reply_from_backend(meta, ep.addr, ep.port);
         if masq {
             let Some(node) = snap.node.snat_addr(family) else {
@@ -665,11 +717,12 @@ impl Pipeline {
         // anything: no separate lookup first.
         let mut remaps = 0;
         let reply_hash = loop {
-            let reply_hash = ct.hash(&reply.pack());
+            let reply_key = reply.pack();
+            let reply_hash = ct.hash(&reply_key);
             match ct.create_hashed(
                 &mut self.retired,
-                &orig,
-                &reply,
+                &self.scratch[packet].key,
+                &reply_key,
                 first,
                 masq,
                 service_id,
@@ -692,8 +745,7 @@ impl Pipeline {
         self.counters.ct_created += 1;
         self.note_created(hash);
         self.note_created(reply_hash);
-        rewrite(buf, meta, reply.dst, reply.dport, reply.src, reply.sport);
-        fill_out(v, meta);
+        rewrite_into(buf, meta, v, reply.dst, reply.dport, reply.src, reply.sport);
         v.masq = masq;
         v.set(Reason::ServiceDnat);
     }
@@ -914,6 +966,7 @@ impl Pipeline {
     fn note_created(&mut self, hash: u64) {
         let bit = (hash >> 52) as usize; // 12 bits: 0..4096
         self.created[bit >> 6] |= 1 << (bit & 63);
+        self.created_any = true;
     }
 
     #[inline]
@@ -1017,6 +1070,32 @@ fn established_lane(
     Some(reason)
 }
 
+/// Rewrites the packet to `src`:`sport` → `dst`:`dport` (`kxdp_packet::rewrite`) and writes
+/// where it leaves into the verdict (`fill_out` after the rewrite). A whole IPv4 TCP or UDP
+/// packet — nearly every new connection's — takes the fast lane's `rewrite_v4_ports`: the same
+/// bytes, without `try_rewrite`'s dispatch over families and protocols; `meta` then keeps the
+/// old values (only a fragment, which that rewrite refuses, needs them updated afterwards:
+/// `remember_first_fragment`). Anything else, and a `meta` that does not fit the frame (left
+/// untouched, and so reported in the verdict), through `rewrite`.
+#[inline(always)]
+fn rewrite_into(
+    buf: &mut [u8],
+    meta: &mut PacketMeta,
+    v: &mut Verdict,
+    src: Addr,
+    sport: u16,
+    dst: Addr,
+    dport: u16,
+) {
+    let v4 = |a: Addr| u32::from_be_bytes(a.v4_octets());
+    if rewrite_v4_ports(buf, meta, v4(src), sport, v4(dst), dport).is_ok() {
+        (v.src, v.sport, v.dst, v.dport) = (src, sport, dst, dport);
+    } else {
+        rewrite(buf, meta, src, sport, dst, dport);
+        fill_out(v, meta);
+    }
+}
+
 /// An address from the two words a packed tuple keeps it in.
 #[inline(always)]
 fn addr_of_words(high: u64, low: u64) -> Addr {
@@ -1074,7 +1153,7 @@ fn untranslatable(snap: &Snapshot, meta: &PacketMeta, at_service: Reason) -> Rea
 /// What conntrack needs of a packet: TCP flags, and for SCTP its chunks (an SCTP packet whose
 /// chunks break RFC 9260's bundling rules, or whose CRC32c is wrong, is invalid: NAT recomputes
 /// the checksum, so a corrupted packet must not leave with a valid one).
-#[inline]
+#[inline(always)]
 fn first_packet(buf: &[u8], meta: &PacketMeta) -> Result<FirstPacket, ()> {
     if meta.proto != proto::SCTP || meta.l4_off == 0 {
         return Ok(FirstPacket {
@@ -1083,6 +1162,13 @@ fn first_packet(buf: &[u8], meta: &PacketMeta) -> Result<FirstPacket, ()> {
             sctp: None,
         });
     }
+    first_sctp_packet(buf, meta)
+}
+
+/// `first_packet` of an SCTP packet (out of line: the common case was a call of its own, 22
+/// instructions per new connection, for a test of two fields).
+#[inline(never)]
+fn first_sctp_packet(buf: &[u8], meta: &PacketMeta) -> Result<FirstPacket, ()> {
     let sctp = buf.get(meta.l4_off as usize..meta.ip_end()).ok_or(())?;
     let summary = if meta.frag.more {
         kxdp_packet::sctp::summarize_prefix(sctp)

@@ -454,10 +454,20 @@ impl PolicyTables {
     }
 
     /// Judges a new connection from `src` to `dst` (the pod address after DNAT) on `proto` /
-    /// `dport` (the target port). Egress is judged first.
-    #[inline]
+    /// `dport` (the target port). Egress is judged first. Without isolated pods the answer is
+    /// decided inline (out of line it was a call and 18 instructions per new connection).
+    #[inline(always)]
     pub fn judge(&self, src: &Addr, dst: &Addr, proto: u8, dport: u16) -> Decision {
-        if !self.any_isolated || src == dst {
+        if !self.any_isolated {
+            return Decision::Allow;
+        }
+        self.judge_isolated(src, dst, proto, dport)
+    }
+
+    /// `judge` when some pod is isolated.
+    #[inline(never)]
+    fn judge_isolated(&self, src: &Addr, dst: &Addr, proto: u8, dport: u16) -> Decision {
+        if src == dst {
             return Decision::Allow;
         }
         if let Some(i) = self.local_pod(src) {

@@ -762,3 +762,48 @@ fn fast_lane_ipv6() {
     assert_eq!((m.src, m.sport), (Addr::from_v6(VIP6), 80));
     assert_eq!(t.lane_packets(), 2);
 }
+
+/// A new connection's NAT is written by the fast lane's word rewrite for whole IPv4 TCP and UDP
+/// packets (`rewrite_into`): the frame must be the general `kxdp_packet::rewrite`'s to the
+/// verdict's addresses, byte for byte, and the verdict's addresses the rewritten packet's.
+/// Covers a pod client (destination only), an external one (masqueraded: both addresses), UDP
+/// with and without a checksum, and IPv6 (the general rewrite itself).
+#[test]
+fn new_connections_are_rewritten_as_the_general_rewrite_does() {
+    const EXTERNAL: [u8; 4] = [203, 0, 113, 7];
+    let mut h = Harness::new(lane_snapshot(true));
+    let mut udp_no_checksum = udp(EXTERNAL, 41001, VIP, 5353);
+    let l4 = meta(&udp_no_checksum).l4_off as usize;
+    udp_no_checksum[l4 + 6..l4 + 8].copy_from_slice(&[0, 0]);
+    let pkts = vec![
+        tcp_flags(POD, 40000, VIP, 80, "S"),
+        tcp_flags(EXTERNAL, 40001, VIP, 80, "S"),
+        tcp_flags(EXTERNAL, 40002, VIP, 80, "S"),
+        udp(POD, 41000, VIP, 5353),
+        udp(EXTERNAL, 41000, VIP, 5353),
+        udp_no_checksum,
+        tcp_any(&POD6, 40003, &VIP6, 80, "S"),
+    ];
+    let out = h.run(&pkts);
+    for (p, (v, frame)) in pkts.iter().zip(&out) {
+        assert_eq!(v.reason, Reason::ServiceDnat, "{v:?}");
+        let mut expected = p.clone();
+        let mut m = meta(p);
+        kxdp_packet::rewrite(&mut expected, &mut m, v.src, v.sport, v.dst, v.dport);
+        assert_eq!(frame, &expected, "{v:?}");
+        let got = meta(frame);
+        assert_eq!(
+            (got.src, got.sport, got.dst, got.dport),
+            (v.src, v.sport, v.dst, v.dport)
+        );
+        valid(frame);
+    }
+    // The external TCP clients were masqueraded (the UDP Service's routes do not), the pod
+    // was not.
+    assert_eq!(out[0].0.src, a(POD));
+    assert_eq!(out[1].0.src, a(NODE));
+    assert_eq!(out[4].0.src, a(EXTERNAL));
+    // The zero UDP checksum stayed zero.
+    let l4 = meta(&out[5].1).l4_off as usize;
+    assert_eq!(out[5].1[l4 + 6..l4 + 8], [0, 0]);
+}

@@ -129,6 +129,12 @@ impl fmt::Debug for Tuple {
 
 pub type Packed = [u64; 5];
 
+/// The IP protocol of a packed tuple (`Tuple::pack`'s last word, bits 32..40).
+#[inline(always)]
+pub fn packed_proto(p: &Packed) -> u8 {
+    (p[4] >> 32) as u8
+}
+
 /// A keyed hash of a packed tuple (folded multiply, as in wyhash): fast, and seeded per table so
 /// that nobody can aim tuples at one probe chain.
 #[inline]

@@ -19,5 +19,9 @@ mod pcapgen;
 static ALLOCATOR: dlmalloc::GlobalDlmalloc = dlmalloc::GlobalDlmalloc;
 
 fn main() {
+    // dlmalloc serialises every allocation on one lock: decoding a state file on several
+    // threads then contends on it and is slower than one thread.
+    #[cfg(target_env = "musl")]
+    kxdp_control::sources::files::set_max_decode_threads(1);
     std::process::exit(cli::main());
 }

@@ -32,6 +32,14 @@ mod strict;
 #[path = "files_subset.rs"]
 mod subset;
 
+/// At most `n` threads decode a large `--state` file (default: one per core, up to 8). An
+/// application whose global allocator takes one lock for every allocation sets 1: the musl
+/// build's dlmalloc (src/main.rs), where two decoding threads contending on its lock took 1.8×
+/// the time of one (docs/benchmarks.md, "Session 8: the image's allocator").
+pub fn set_max_decode_threads(n: usize) {
+    fast::set_max_decode_threads(n);
+}
+
 /// One YAML document (`text` holds exactly one) decoded straight into `T` as the fast path of
 /// `load_state` decodes it: as strictly as the one-pass reader (`None` where the reader would
 /// refuse it or might read it otherwise). For benchmarks (benches/sync.rs `startup`).

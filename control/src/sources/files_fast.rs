@@ -15,7 +15,7 @@
 //! the line) always starts a document in YAML 1.2 (such a line cannot be scalar content, the
 //! spec forbids it as `c-forbidden`); every document therefore lies in one segment.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -27,6 +27,13 @@ use crate::model::Object;
 const PARALLEL_MIN_BYTES: usize = 1 << 20;
 /// Decoding threads at most (one per core up to this).
 const MAX_THREADS: usize = 8;
+
+/// Decoding threads at most as the application set it (`super::set_max_decode_threads`).
+static MAX_DECODE_THREADS: AtomicUsize = AtomicUsize::new(MAX_THREADS);
+
+pub(super) fn set_max_decode_threads(n: usize) {
+    MAX_DECODE_THREADS.store(n.clamp(1, MAX_THREADS), Ordering::Relaxed);
+}
 
 /// One document's text (with its `---` line, if any).
 struct Segment<'a> {
@@ -52,7 +59,7 @@ pub(super) fn load(text: &str, validate: bool) -> Option<Vec<(usize, Object)>> {
     } else {
         std::thread::available_parallelism()
             .map_or(1, |n| n.get())
-            .min(MAX_THREADS)
+            .min(MAX_DECODE_THREADS.load(Ordering::Relaxed))
     };
     let failed = AtomicBool::new(false);
     let outs: Vec<SegmentOut> = if threads == 1 {
@@ -463,6 +470,29 @@ mod tests {
             text.push_str(&format!("---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: svc-{i}-0\n  namespace: default\n  labels: {{kubernetes.io/service-name: svc-{i}}}\naddressType: IPv4\nports:\n- {{name: http, port: 8080, protocol: TCP}}\nendpoints:\n- addresses: [\"10.0.0.{i}\"]\n  conditions: {{ready: true, serving: true, terminating: false}}\n  nodeName: node-1\n"));
         }
         assert!(agree(&text), "fast path did not take {text}");
+    }
+
+    /// A state large enough to be decoded on several threads decodes to the same objects, in
+    /// the same order, on one (`set_max_decode_threads(1)`, the musl build's setting).
+    #[test]
+    fn one_decoding_thread_gives_what_several_give() {
+        let mut text = String::new();
+        let mut i = 0;
+        while text.len() <= PARALLEL_MIN_BYTES * 2 {
+            text.push_str(&format!("---\napiVersion: v1\nkind: Service\nmetadata:\n  name: svc-{i}\n  namespace: default\nspec:\n  clusterIP: 172.16.{}.{}\n  ports:\n  - {{name: http, port: 80, protocol: TCP, targetPort: 8080}}\n", i / 250, i % 250));
+            i += 1;
+        }
+        let several = load(&text, true).expect("fast path");
+        set_max_decode_threads(1);
+        let one = load(&text, true).expect("fast path");
+        set_max_decode_threads(MAX_THREADS);
+        assert_eq!(several.len(), i);
+        let keys = |objs: &[(usize, Object)]| -> Vec<(usize, String)> {
+            objs.iter()
+                .map(|(d, o)| (*d, format!("{:?}", o.key())))
+                .collect()
+        };
+        assert_eq!(keys(&several), keys(&one));
     }
 
     #[test]

@@ -180,6 +180,17 @@ struct Hit<'a> {
     found: &'a Found,
 }
 
+impl Hit<'_> {
+    /// The same packet as a new connection's first (its connection is over: reopened by a SYN
+    /// or gone since the lookup).
+    fn anew<'s>(&self, snap: &'s Snapshot, meta: &PacketMeta) -> Miss<'s> {
+        Miss {
+            packet: self.packet,
+            frontend: frontend_of(snap, meta),
+        }
+    }
+}
+
 /// One worker's pipeline: its RNG, scratch and counters. The tables are passed in per batch.
 pub struct Pipeline {
     worker: usize,
@@ -528,7 +539,7 @@ impl Pipeline {
         v: &mut Verdict,
         b: &Batch<'_>,
     ) {
-        let Hit { packet, found } = hit;
+        let found = hit.found;
         let Batch {
             snap, ct, now_ms, ..
         } = *b;
@@ -540,17 +551,7 @@ impl Pipeline {
         {
             ct.kill(found.idx);
             // Fall through to a new connection; the tuple is free again.
-            return self.new_flow(
-                buf,
-                len,
-                meta,
-                Miss {
-                    packet,
-                    frontend: frontend_of(snap, meta),
-                },
-                v,
-                b,
-            );
+            return self.new_flow(buf, len, meta, hit.anew(snap, meta), v, b);
         }
         // After a RST nothing but a new SYN (above) or another RST belongs to the connection.
         if meta.proto == proto::TCP
@@ -567,17 +568,7 @@ impl Pipeline {
             Err(PacketError::Invalid) => return v.set(Reason::CtInvalid),
             Err(PacketError::Gone) => {
                 // The connection ended between lookup and now (expired, flushed): a new one.
-                return self.new_flow(
-                    buf,
-                    len,
-                    meta,
-                    Miss {
-                        packet,
-                        frontend: frontend_of(snap, meta),
-                    },
-                    v,
-                    b,
-                );
+                return self.new_flow(buf, len, meta, hit.anew(snap, meta), v, b);
             }
         };
         let other = found.other_tuple();

@@ -350,8 +350,9 @@ impl Pipeline {
         }
         // The frontend of every packet conntrack does not know, and what its new connection
         // will touch, prefetched a stage ahead (`prepare_new_flows`). A pass of known
-        // connections only (or on a node without Services) does not set up the array at all (its 4 KB of `None`, and the
-        // filter's clearing below, were about 25 instructions per packet of est-10k); a packet
+        // connections only (or on a node without Services) does not set up the array at all
+        // (its 4 KB of `None`, and the filter's clearing below, were about 25 instructions per
+        // packet of est-10k); a packet
         // the array does not cover was not a miss when it was filled: no frontend, as then.
         let mut frontend_buf;
         let frontends: &[Option<FrontendRef<'_>>] = if misses && !snap.frontends.is_empty() {

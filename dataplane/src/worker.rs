@@ -605,8 +605,8 @@ impl Worker {
                         Some(p) => {
                             // The sockets' fds wake the wait only for RX. Frames still on a TX
                             // ring (a copy-mode kick sends at most `tx_budget`: 32 on kernels
-                            // before 6.17; the rest wait for the next kick) are kicked again a millisecond later, not after the
-                            // safety-net timeout.
+                            // before 6.17; the rest wait for the next kick) are kicked again a
+                            // millisecond later, not after the safety-net timeout.
                             let ready = p.wait(if tx_left > 0 { 1 } else { IDLE_WAIT_MS });
                             if let Some(w) = &self.waker {
                                 if p.is_ready(ready, w.fd()) {

@@ -275,9 +275,9 @@ fn stamp(f: &mut [u8], ts: u64) {
 
 /// Kicks the kernel until it has taken every frame off the TX ring (bounded). A copy-mode kick
 /// sends at most 32 frames unless the kernel lets the socket raise that
-/// (`XskSocket::tx_budget`, Linux 6.17+), so one kick per 64-frame batch left half of it on the ring until
-/// the next batch was due: at half load that is a pacing sleep of ~350 µs added to half the
-/// frames' latency, which the forwarder under test did not cause.
+/// (`XskSocket::tx_budget`, Linux 6.17+), so one kick per 64-frame batch left half of it on the
+/// ring until the next batch was due: at half load that is a pacing sleep of ~350 µs added to
+/// half the frames' latency, which the forwarder under test did not cause.
 fn kick_until_sent(sock: &mut XskSocket) {
     for _ in 0..BATCH / 16 {
         if sock.tx_pending() == 0 {

@@ -245,8 +245,8 @@ const EPOCH_MASK: u64 = (1 << 31) - 1;
 #[derive(Clone, Copy, Debug)]
 struct SlotCode {
     key_bits: u32,
-    /// `(1 << key_bits) - 1`, and `63 - tag_bits` (`tag_bits`: `31 - key_bits`): what `tag` and `decode` take per probe,
-    /// computed once (with the two `tag_bits == 0` branches they were about 35 instructions per
+    /// `(1 << key_bits) - 1`, and `63 - tag_bits` (`tag_bits`: `31 - key_bits`): what `tag`
+    /// and `decode` take per probe, computed once (with the two `tag_bits == 0` branches they were about 35 instructions per
     /// packet of the established lane, over its two probes).
     key_mask: u32,
     tag_shift: u32,

@@ -406,12 +406,12 @@ fn sink_cpu(kxdp: bool) -> Option<String> {
 /// The web pods' `eth0` polled by a NAPI thread (see the module docs): what the forwarder
 /// sends to them is then received in batches of up to 64 frames by that thread, not one frame
 /// per poll inside a copy-mode AF_XDP `sendto()` (kxdp) or in CPU 1's softirq (the kernel).
-/// The flag outlives the NAPI instance (each point's sink attaches XDP, which creates it) and
-/// the thread is left where the scheduler puts it, in every mode alike.
+/// Set once the sinks are attached: a veth has a NAPI instance only while an XDP program (the
+/// sink's) or GRO is on, and the kernel refuses the flag without one (`EIO`). The thread is
+/// left where the scheduler puts it, in every mode alike.
 fn peer_napi_threaded(c: &Cluster) {
     for pod in ["web-1", "web-2"] {
         lab::sh(c.pod(pod), "echo 1 > /sys/class/net/eth0/threaded");
-        eprintln!("{pod} eth0: NAPI threaded");
     }
 }
 
@@ -442,6 +442,9 @@ fn measure(
         .iter()
         .map(|p| start_sink(c.pod(p), seconds, cpu.as_deref()))
         .collect();
+    if std::env::var("KXDP_BENCH_PEER_THREADED").as_deref() == Ok("1") {
+        peer_napi_threaded(c);
+    }
     let rate_s = if rate == 0 {
         "max".to_string()
     } else {
@@ -649,9 +652,6 @@ fn bench_lab_udp_clusterip() {
     let c = Cluster::build();
     let dir = tempfile::tempdir().unwrap();
     let (kxdp, dst) = setup(&c, &mode, services, dir.path());
-    if std::env::var("KXDP_BENCH_PEER_THREADED").as_deref() == Ok("1") {
-        peer_napi_threaded(&c);
-    }
     let mac = lab::Lab::mac(&c.lab, &c.node, "vpod3")
         .map(|o| format!("{o:02x}"))
         .join(":");

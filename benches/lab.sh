@@ -89,7 +89,9 @@ for r in $(seq "$ROUNDS"); do
     fi
     if [ "$mode" = kxdp-ref ]; then
       ref=${KXDP_BENCH_REF:?mode kxdp-ref needs KXDP_BENCH_REF=path of the reference kxdp}
-      cp -p "$bin" "$bin.lab-own"; swapped=1; cp -f "$ref" "$bin"
+      # New inodes only: cargo hard-links $bin to its artifact under deps/, and writing into
+      # it (cp onto $bin) would change that artifact too, which the next cargo run puts back.
+      ln -f "$bin" "$bin.lab-own"; swapped=1; cp -f "$ref" "$bin.lab-ref"; mv -f "$bin.lab-ref" "$bin"
     fi
     echo "== round $r $mode ($(uptime | sed 's/.*load/load/'))" >&2
     log=$(KXDP_BENCH_MODE=$mode "$testbin" --ignored --nocapture bench_lab_udp_clusterip 2>&1) ||

@@ -9,7 +9,7 @@ counters that moved) and kxdp's worker's time on and waiting for its CPU.
 """
 import json, statistics, sys
 runs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-modes = [m for m in ["kxdp", "kxdp-deep", "kxdp-floor", "routing", "iptables", "nftables"] if any(r["mode"] == m for r in runs)]
+modes = [m for m in ["kxdp", "kxdp-ref", "kxdp-deep", "kxdp-floor", "routing", "iptables", "nftables"] if any(r["mode"] == m for r in runs)]
 def med(xs):
     return statistics.median(xs) if xs else 0.0
 summary = {}
@@ -34,7 +34,7 @@ for m in modes:
 if "kxdp" in summary:
     k = summary["kxdp"]["best"]
     print()
-    for base in ["kxdp-deep", "kxdp-floor", "routing", "iptables", "nftables"]:
+    for base in ["kxdp-ref", "kxdp-deep", "kxdp-floor", "routing", "iptables", "nftables"]:
         if base in summary and summary[base]["best"]:
             print(f"- kxdp (full pipeline) / {base}: {k / summary[base]['best']:.2f}x at their highest delivered rates")
 
@@ -62,7 +62,7 @@ def ratio_goal(name, a, b, goal):
         goals.append((name, "-", f">= {goal}x", "not measured"))
 ratio_goal("kxdp (full pipeline) / iptables DNAT, highest delivered", "kxdp", "iptables", 2.0)
 ratio_goal("kxdp (full pipeline) / kxdp-floor (I/O only), highest delivered", "kxdp", "kxdp-floor", 0.8)
-for m in [m for m in ["kxdp", "kxdp-floor", "kxdp-deep"] if m in summary]:
+for m in [m for m in ["kxdp", "kxdp-ref", "kxdp-floor", "kxdp-deep"] if m in summary]:
     pts = below_saturation(m)
     sent = sum(r["sent"] for r in pts)
     lost = sum(max(r["sent"] - r["received"], 0) for r in pts)

@@ -13,6 +13,13 @@
 #   KXDP_BENCH_RATES=100000,500000,max KXDP_BENCH_MODES="kxdp iptables" benches/lab.sh
 #   KXDP_BENCH_SERVICES=1000 KXDP_BENCH_FLOWS=64 benches/lab.sh
 #   KXDP_BENCH_MODES="kxdp kxdp-deep" benches/lab.sh      # default rings against deeper ones
+#   KXDP_BENCH_REF=/work/kxdp-s8 KXDP_BENCH_MODES="kxdp kxdp-ref iptables" benches/lab.sh
+#                                  # mode kxdp-ref: the same as kxdp with the binary
+#                                  # KXDP_BENCH_REF put in place of target/release/kxdp (for
+#                                  # that mode only, generator and sinks included; put back
+#                                  # after it): two builds compared in one run
+#   KXDP_BENCH_PEER_THREADED=1     # the web pods' eth0 (the veth end receiving the forwarded
+#                                  # frames) polled by a NAPI thread, in every mode
 #   KXDP_BENCH_AFXDP="{frames: 65536, rxRingSize: 8192, fillRingSize: 8192}"  # kxdp-deep's config afxdp
 #   KXDP_BENCH_SINK_CPU=0|1|none   # the sinks' CPU (default: 0, beside the generator; every
 #                                  # forwarder forwards on CPU 1: kxdp's worker is pinned there,
@@ -56,22 +63,41 @@ fi
 
 echo "== build (release; the test build also builds the kxdp binary it runs)"
 cargo test --release --locked --test lab_bench --no-run
+# The test binary is run directly (not through cargo, which would rebuild the kxdp binary that
+# mode kxdp-ref swaps); its working directory is the crate's root, as under cargo.
+testbin=$(cargo test --release --locked --test lab_bench --no-run --message-format=json 2>/dev/null |
+  python3 -c 'import json,sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "lab_bench" and m.get("executable"):
+        print(m["executable"])')
+[ -x "$testbin" ] || { echo "benches/lab.sh: no lab_bench test binary" >&2; exit 1; }
+bin=target/release/kxdp
+swapped=""
+put_back() { [ -z "$swapped" ] || mv -f "$bin.lab-own" "$bin"; swapped=""; }
 
 out=target/lab-bench.jsonl
 : > "$out"
 echo "== $ROUNDS round(s) x {$MODES}, ${KXDP_BENCH_SECONDS}s per rate, $KXDP_BENCH_SERVICES other Services, $KXDP_BENCH_FLOWS flows"
 ksoft=""
 restore_ksoft() { [ -z "$ksoft" ] || chrt -o -p 0 "$ksoft" >/dev/null; ksoft=""; }
-trap restore_ksoft EXIT
+trap 'restore_ksoft; put_back' EXIT
 for r in $(seq "$ROUNDS"); do
   for mode in $MODES; do
     if [ "${KXDP_BENCH_KERNEL_RT:-}" = 1 ] && [[ $mode != kxdp* ]]; then
       ksoft=$(pgrep -x ksoftirqd/1); chrt -f -p 10 "$ksoft"
     fi
+    if [ "$mode" = kxdp-ref ]; then
+      ref=${KXDP_BENCH_REF:?mode kxdp-ref needs KXDP_BENCH_REF=path of the reference kxdp}
+      # New inodes only: cargo hard-links $bin to its artifact under deps/, and writing into
+      # it (cp onto $bin) would change that artifact too, which the next cargo run puts back.
+      ln -f "$bin" "$bin.lab-own"; swapped=1; cp -f "$ref" "$bin.lab-ref"; mv -f "$bin.lab-ref" "$bin"
+    fi
     echo "== round $r $mode ($(uptime | sed 's/.*load/load/'))" >&2
-    log=$(KXDP_BENCH_MODE=$mode cargo test --release --locked --test lab_bench -- --ignored --nocapture \
-            bench_lab_udp_clusterip 2>&1) || { echo "$log" | tail -30 >&2; echo "round $r $mode: failed" >&2; exit 1; }
+    log=$(KXDP_BENCH_MODE=$mode "$testbin" --ignored --nocapture bench_lab_udp_clusterip 2>&1) ||
+      { echo "$log" | tail -30 >&2; echo "round $r $mode: failed" >&2; exit 1; }
     restore_ksoft
+    put_back
     lines=$(echo "$log" | sed -n 's/^BENCH //p')
     [ -n "$lines" ] || { echo "round $r $mode: no result" >&2; exit 1; }
     echo "$lines" | tee -a "$out"

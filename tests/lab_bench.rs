@@ -8,6 +8,8 @@
 //!   stage (the AF_XDP I/O floor),
 //! - `kxdp-deep`: `kxdp` with deeper AF_XDP rings and a larger UMEM (config `afxdp`, from
 //!   `KXDP_BENCH_AFXDP`, default `{frames: 65536, rxRingSize: 8192, fillRingSize: 8192}`),
+//! - `kxdp-ref`: `kxdp` with a reference binary (`benches/lab.sh` puts `KXDP_BENCH_REF` in place
+//!   of target/release/kxdp for this mode only: the same run compares two builds),
 //! - `routing`: the node's kernel routing, no NAT rules (the client sends to web-1 directly),
 //! - `iptables`: the node's kernel with kube-proxy's iptables NAT rules (iptables-restore),
 //! - `nftables`: the node's kernel with kube-proxy's nftables layout (nft -f),
@@ -20,6 +22,10 @@
 //! /proc/stat; generator and sinks included, the same for every mode) and latency percentiles
 //! from the generator's timestamps. Then one more point at half the highest delivered rate:
 //! the latency at half load (`"half_load": true`).
+//!
+//! `KXDP_BENCH_PEER_THREADED=1`: the web pods' `eth0` (the veth end that receives what the
+//! forwarder sends) polled by a NAPI thread (`/sys/class/net/eth0/threaded`) instead of in the
+//! softirq of the CPU that sent, in every mode alike (the threads unpinned).
 
 mod lab;
 
@@ -397,6 +403,18 @@ fn sink_cpu(kxdp: bool) -> Option<String> {
     }
 }
 
+/// The web pods' `eth0` polled by a NAPI thread (see the module docs): what the forwarder
+/// sends to them is then received in batches of up to 64 frames by that thread, not one frame
+/// per poll inside a copy-mode AF_XDP `sendto()` (kxdp) or in CPU 1's softirq (the kernel).
+/// Set once the sinks are attached: a veth has a NAPI instance only while an XDP program (the
+/// sink's) or GRO is on, and the kernel refuses the flag without one (`EIO`). The thread is
+/// left where the scheduler puts it, in every mode alike.
+fn peer_napi_threaded(c: &Cluster) {
+    for pod in ["web-1", "web-2"] {
+        lab::sh(c.pod(pod), "echo 1 > /sys/class/net/eth0/threaded");
+    }
+}
+
 /// Whether the kernel's paths forward on CPU 1, the CPU kxdp's worker gets (default), rather
 /// than inside the generator's own `sendto()` on CPU 0. veth hands a frame to the receiving side
 /// with `netif_rx`, which RPS steers: with `rps_cpus` of the node's client-side veth set to
@@ -424,6 +442,9 @@ fn measure(
         .iter()
         .map(|p| start_sink(c.pod(p), seconds, cpu.as_deref()))
         .collect();
+    if std::env::var("KXDP_BENCH_PEER_THREADED").as_deref() == Ok("1") {
+        peer_napi_threaded(c);
+    }
     let rate_s = if rate == 0 {
         "max".to_string()
     } else {
@@ -528,7 +549,7 @@ fn measure(
 fn setup(c: &Cluster, mode: &str, services: u64, dir: &std::path::Path) -> (Option<Kxdp>, String) {
     let vip = "172.30.0.10:53".to_string();
     match mode {
-        "kxdp" | "kxdp-floor" | "kxdp-deep" => {
+        "kxdp" | "kxdp-floor" | "kxdp-deep" | "kxdp-ref" => {
             let (config, state) = lab_files();
             let mut cfg = std::fs::read_to_string(&config).unwrap().replace(
                 "workers: {count: 1, cpus: []}",
@@ -599,7 +620,7 @@ fn setup_kernel(c: &Cluster, mode: &str, services: u64) -> (Option<Kxdp>, String
             (None, vip)
         }
         other => panic!(
-            "KXDP_BENCH_MODE={other}: kxdp, kxdp-floor, kxdp-deep, routing, iptables or nftables"
+            "KXDP_BENCH_MODE={other}: kxdp, kxdp-floor, kxdp-deep, kxdp-ref, routing, iptables or nftables"
         ),
     }
 }

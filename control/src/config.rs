@@ -1920,7 +1920,10 @@ workers: {count: 2, cpus: [0, 1]}
         assert_eq!(c.afxdp.umem_bytes(), 64 << 20);
         // Fields left out keep their defaults.
         let c = load("afxdp: {rxRingSize: 4096}").unwrap();
-        assert_eq!((c.afxdp.rx_ring_size, c.afxdp.fill_ring_size), (4096, 2048));
+        assert_eq!(
+            (c.afxdp.rx_ring_size, c.afxdp.fill_ring_size),
+            (4096, d.fill_ring_size)
+        );
         let e = load_err("afxdp: {rxRingSize: 3000}");
         assert!(
             e.contains("afxdp.rxRingSize: 3000 is not a power of two (the kernel sizes rings in powers of two: 2048 or 4096)"),

@@ -23,8 +23,10 @@
 //! Sockets come and go while the worker runs: the runner sends [`PortCommand`]s on the worker's
 //! channel, checked once per loop (`try_recv`, no syscall). A removed socket is closed and the
 //! frames it held go back to the free list (`Umem::reclaim`). Each socket's fill ring is kept at
-//! its share of the UMEM ([`Worker::fill_target`]) and topped up by what it consumed, so a
-//! worker with many sockets never starves one of frames.
+//! its share of the UMEM ([`fill_target`]) and topped up by what it consumed, so a worker with
+//! many sockets never starves one of frames. A busy socket's share grows into three quarters of
+//! the reserve kept for sockets still to come, and shrinks back once its backlog stays small
+//! for a [`FILL_SHARE_WINDOW`] ([`next_fill_share`], [`shrunk_fill_share`], [`kept_reserve`]).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -63,9 +65,17 @@ pub const SPIN_LIMIT: Duration = Duration::from_micros(100);
 pub const MIN_FILL: u32 = 16;
 
 /// The sockets a worker's UMEM is planned for: each starts with `1/PLANNED_SOCKETS` of three
-/// quarters of the frames, so that the 256th socket still finds its share free however long
-/// the first ones stay idle (a fill ring cannot be emptied without closing its socket).
+/// quarters of the frames. A quarter of the base shares of the sockets not yet open is never
+/// lent ([`kept_reserve`]), so late sockets find theirs free even while busy sockets borrow the
+/// rest (a fill ring cannot be emptied without closing its socket, so a borrower gives frames
+/// back only as it receives: [`shrunk_fill_share`]).
 pub const PLANNED_SOCKETS: u32 = 256;
+
+/// How often a socket's share is compared with its backlog: a share four times larger than the
+/// most the kernel took off it between two top-ups within a window is halved. Long enough that
+/// a share does not shrink between the bursts it exists to absorb (a sender catching up, a
+/// worker kept off its CPU), short enough that borrowed frames come back within seconds.
+pub const FILL_SHARE_WINDOW: Duration = Duration::from_secs(1);
 
 /// Changes to a running worker's sockets (see the module docs).
 pub enum PortCommand {
@@ -162,11 +172,22 @@ pub struct Port {
     /// Complete TCP/UDP checksums of frames received here (virtual interfaces: veth).
     pub complete_checksums: bool,
     /// Frames this socket's fill ring is kept at: starts at the base share, is at least
-    /// [`ACTIVE_FILL`] once the socket carries traffic, and doubles (up to a ring) under
-    /// pressure while frames beyond the other sockets' reserve are free ([`next_fill_share`]).
+    /// [`ACTIVE_FILL`] once the socket carries traffic, doubles (up to a ring) under pressure
+    /// while frames beyond the kept reserve are free ([`next_fill_share`]), and halves when its
+    /// backlog stayed under a quarter of it for a window ([`shrunk_fill_share`]).
     pub fill_target: u32,
+    /// What the worker saw of the socket's demand since the last top-up and in this window.
+    pub demand: FillDemand,
     /// The kernel's counters of the socket as last read (kept when a read fails).
     pub kernel: KernelXskStats,
+}
+
+impl Port {
+    /// Frames the socket's fill ring lacks to reach its share.
+    fn fill_deficit(&self) -> usize {
+        self.fill_target
+            .saturating_sub(self.sock.fill_outstanding()) as usize
+    }
 }
 
 /// The name of interface `ifindex` (its number when it has none any more), for a new port.
@@ -311,6 +332,7 @@ impl Worker {
             p.add(sock.fd())?;
         }
         let r = (sock.fd(), sock.zero_copy);
+        let sock_held = sock.fill_outstanding();
         self.ports.push(Port {
             sock,
             ifindex,
@@ -318,6 +340,10 @@ impl Worker {
             mac,
             complete_checksums,
             fill_target: fill,
+            demand: FillDemand {
+                topped: sock_held,
+                peak: 0,
+            },
             kernel: KernelXskStats::default(),
         });
         Ok(r)
@@ -411,8 +437,9 @@ impl Worker {
         let mut out: Vec<Vec<Desc>> = Vec::new();
         let mut out_idx: Vec<Vec<u16>> = Vec::new();
         let mut egress = Egress::new(&[], self.kernel_port);
-        let base = fill_target(&self.xsk, 0) as usize;
-        let mut reserve = 0usize;
+        let base = fill_target(&self.xsk, 0);
+        let mut kept = 0usize;
+        let mut share_window_end = Instant::now() + FILL_SHARE_WINDOW;
         let mut changed = true;
         let mut egress_stats = EgressStats::default();
         let mut idle_polls = 0u32;
@@ -443,7 +470,7 @@ impl Worker {
                 // A worker has one socket per (interface, queue) it owns; it sends on one of
                 // them per interface.
                 egress = Egress::new(&ifindexes, self.kernel_port);
-                reserve = base * (PLANNED_SOCKETS as usize).saturating_sub(nports) + BATCH;
+                kept = kept_reserve(base, nports);
                 floor_ports = io_floor
                     .iter()
                     .filter_map(|&i| self.ports.iter().position(|p| p.ifindex == i))
@@ -569,33 +596,55 @@ impl Worker {
                 port.sock.flush_tx();
             }
             let mut tx_left = 0;
+            // Frames the sockets' shares are owed (consumed, not yet topped up): growth takes
+            // only what is free beyond them and the kept reserve.
+            let mut owed: usize = self.ports.iter().map(|p| p.fill_deficit()).sum();
             for port in &mut self.ports {
                 let held = port.sock.fill_outstanding();
-                let grantable = self.umem.free_frames().saturating_sub(reserve) as u32;
+                let own = port.fill_deficit();
+                // Since the last top-up: what the kernel took off the fill ring (on the RX ring
+                // or received since), and what the worker received of it.
+                let taken = port
+                    .demand
+                    .topped
+                    .saturating_sub(port.sock.fill_ring_level());
+                let consumed = port.demand.topped.saturating_sub(held);
+                port.demand.peak = port.demand.peak.max(taken);
+                let grantable = self.umem.free_frames().saturating_sub(kept + owed) as u32;
                 port.fill_target = next_fill_share(
                     port.fill_target,
-                    port.fill_target.saturating_sub(port.sock.fill_ring_level()),
-                    port.fill_target.saturating_sub(held),
+                    taken,
+                    consumed,
                     port.sock.rings().fill,
                     grantable,
                 );
+                // Above its share (it shrank): no top-up until the kernel has used the excess.
                 if held < port.fill_target {
                     port.sock.refill(&mut self.umem, port.fill_target - held);
                 }
+                port.demand.topped = port.sock.fill_outstanding();
+                owed = owed - own + port.fill_deficit();
                 tx_left += port.sock.tx_pending();
+            }
+            let loop_at = Instant::now();
+            if loop_at >= share_window_end {
+                for port in &mut self.ports {
+                    port.fill_target = shrunk_fill_share(port.fill_target, port.demand.peak);
+                    port.demand.peak = 0;
+                }
+                share_window_end = loop_at + FILL_SHARE_WINDOW;
             }
             // The kernel's counters of frames lost before kxdp saw them: one getsockopt per
             // socket about once a second, never per packet.
             if let Some(stats) = &shared.stats {
-                let now = Instant::now();
-                if now >= socket_stats_due {
+                if loop_at >= socket_stats_due {
                     self.publish_sockets(stats);
-                    socket_stats_due = now + SOCKET_STATS_PERIOD;
+                    socket_stats_due = loop_at + SOCKET_STATS_PERIOD;
                 }
             }
             if got > 0 {
                 idle_polls = 0;
-                busy_at = Instant::now();
+                busy_at = loop_at;
                 sleep_us = self.backoff.min_sleep_us;
             } else {
                 idle_polls = idle_polls.saturating_add(1);
@@ -682,8 +731,8 @@ pub const ACTIVE_FILL: u32 = 2 * BATCH as u32;
 ///   frames; "taken" sees the whole backlog).
 /// - A socket that carried any frame has at least [`ACTIVE_FILL`].
 ///
-/// Never above the ring nor beyond what the free list can grant; never shrinks (a fill ring
-/// cannot be emptied without closing its socket).
+/// Never above the ring nor beyond what the free list can grant; never shrinks here (see
+/// [`shrunk_fill_share`]).
 pub fn next_fill_share(share: u32, taken: u32, consumed: u32, ring: u32, grantable: u32) -> u32 {
     let pressure = taken >= share / 2 || consumed >= (share / 2).min(BATCH as u32 / 2);
     let want = if pressure && (taken > 0 || consumed > 0) {
@@ -698,6 +747,28 @@ pub fn next_fill_share(share: u32, taken: u32, consumed: u32, ring: u32, grantab
         .max(share)
 }
 
+/// A socket's fill share at the end of a [`FILL_SHARE_WINDOW`] in which the kernel took at most
+/// `peak` frames off it between two top-ups: halved when `peak` stayed under a quarter of it,
+/// but never below twice `peak`, nor below [`ACTIVE_FILL`] once it got there (a socket that
+/// carried traffic keeps room for a NAPI poll's worth), nor below a base share. The worker
+/// then skips the socket's top-ups until the kernel has used the excess, so a borrower hands
+/// its frames back as it receives; an idle socket keeps what its fill ring holds.
+pub fn shrunk_fill_share(share: u32, peak: u32) -> u32 {
+    if peak >= share / 4 {
+        return share;
+    }
+    (share / 2).max(peak * 2).max(share.min(ACTIVE_FILL))
+}
+
+/// Frames of the free list a worker with `sockets` open never lends to busy sockets: a quarter
+/// of the base shares of the sockets still to come (up to [`PLANNED_SOCKETS`]), and a batch.
+/// The other three quarters are lent ([`next_fill_share`]'s `grantable`) and come back as the
+/// borrowers' shares shrink; until then a late socket's base share comes from the quarter kept
+/// (with the defaults, 1,576 frames with four sockets open: the base shares of 63 more).
+pub fn kept_reserve(base: u32, sockets: usize) -> usize {
+    base as usize * (PLANNED_SOCKETS as usize).saturating_sub(sockets) / 4 + BATCH
+}
+
 /// The fill-ring share a socket starts with: three quarters of the frames (the rest covers
 /// frames in a batch and on TX rings) split among `max(sockets, PLANNED_SOCKETS)`, at most a
 /// ring, at least `MIN_FILL` (8192 frames: 24). Busy sockets grow theirs (see `Port`). More
@@ -707,6 +778,15 @@ pub fn fill_target(cfg: &XskConfig, sockets: usize) -> u32 {
     let budget = cfg.frames as u64 * 3 / 4;
     let share = (budget / sockets.max(PLANNED_SOCKETS as usize) as u64) as u32;
     share.clamp(MIN_FILL.min(cfg.fill_ring_size), cfg.fill_ring_size)
+}
+
+/// What the worker saw of a socket's demand for fill frames (see `Port::fill_target`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FillDemand {
+    /// Frames the socket held (fill ring and the kernel's hands) right after its last top-up.
+    pub topped: u32,
+    /// The most frames the kernel took off the fill ring between two top-ups in this window.
+    pub peak: u32,
 }
 
 /// Pins the calling thread to `cpu`.
@@ -743,5 +823,181 @@ mod tests {
         assert_eq!(next_fill_share(512, 40, 32, 2048, 6000), 1024);
         // Below both thresholds: unchanged.
         assert_eq!(next_fill_share(512, 100, 20, 2048, 6000), 512);
+    }
+
+    #[test]
+    fn a_share_shrinks_when_its_backlog_stays_small() {
+        // A quarter or more of the share used at the peak: kept.
+        assert_eq!(shrunk_fill_share(4096, 1024), 4096);
+        // Less: halved, but never below twice the peak.
+        assert_eq!(shrunk_fill_share(4096, 100), 2048);
+        assert_eq!(shrunk_fill_share(4096, 1000), 2048);
+        assert_eq!(shrunk_fill_share(1024, 200), 512);
+        assert_eq!(shrunk_fill_share(8192, 1500), 4096);
+        assert_eq!(shrunk_fill_share(8192, 2000), 4096);
+        // Never below the active share once there, nor below a base share.
+        assert_eq!(shrunk_fill_share(256, 0), 128);
+        assert_eq!(shrunk_fill_share(128, 0), ACTIVE_FILL);
+        assert_eq!(shrunk_fill_share(24, 0), 24);
+    }
+
+    /// A worker's UMEM and sockets as the worker's loop sees them: frames received are sent
+    /// and completed within the loop (as on veth in copy mode), so they are free again before
+    /// the top-ups; the kernel takes frames off the fill rings between loops.
+    struct Model {
+        free: u32,
+        base: u32,
+        ring: u32,
+        /// Per socket: its share, demand, and the frames on its fill ring.
+        sockets: Vec<(u32, FillDemand, u32)>,
+    }
+
+    impl Model {
+        fn new(cfg: &XskConfig, sockets: usize) -> Model {
+            let base = fill_target(cfg, 0);
+            let mut m = Model {
+                free: cfg.frames,
+                base,
+                ring: cfg.fill_ring_size,
+                sockets: Vec::new(),
+            };
+            for _ in 0..sockets {
+                m.open();
+            }
+            m
+        }
+
+        /// A new socket gets its base share from the free list, what there is of it.
+        fn open(&mut self) -> usize {
+            let got = self.base.min(self.free);
+            self.free -= got;
+            let demand = FillDemand {
+                topped: got,
+                peak: 0,
+            };
+            self.sockets.push((self.base, demand, got));
+            self.sockets.len() - 1
+        }
+
+        /// One loop: socket `i` received `arrivals[i]` frames (at most what its fill ring
+        /// held; the rest are lost), all consumed and sent; then every share is updated and
+        /// topped up as `Worker::run` does. Returns the frames lost.
+        fn step(&mut self, arrivals: &[u32]) -> u32 {
+            let mut lost = 0;
+            for (i, s) in self.sockets.iter_mut().enumerate() {
+                let a = arrivals.get(i).copied().unwrap_or(0);
+                let got = a.min(s.2);
+                lost += a - got;
+                s.2 -= got;
+                self.free += got;
+            }
+            let kept = kept_reserve(self.base, self.sockets.len()) as u32;
+            let mut owed: u32 = self.sockets.iter().map(|s| s.0.saturating_sub(s.2)).sum();
+            for (share, demand, held) in &mut self.sockets {
+                let own = share.saturating_sub(*held);
+                let taken = demand.topped.saturating_sub(*held);
+                demand.peak = demand.peak.max(taken);
+                let grantable = self.free.saturating_sub(kept + owed);
+                *share = next_fill_share(*share, taken, taken, self.ring, grantable);
+                if *held < *share {
+                    let add = (*share - *held).min(self.free);
+                    self.free -= add;
+                    *held += add;
+                }
+                demand.topped = *held;
+                owed = owed - own + share.saturating_sub(*held);
+            }
+            lost
+        }
+
+        fn end_window(&mut self) {
+            for (share, demand, _) in &mut self.sockets {
+                *share = shrunk_fill_share(*share, demand.peak);
+                demand.peak = 0;
+            }
+        }
+
+        fn held(&self) -> u32 {
+            self.sockets.iter().map(|s| s.2).sum()
+        }
+    }
+
+    #[test]
+    fn a_busy_socket_borrows_the_reserve_and_gives_it_back() {
+        let cfg = XskConfig::default();
+        let mut m = Model::new(&cfg, 4);
+        let kept = kept_reserve(m.base, 4) as u32;
+        // Bursts of growing size on socket 0 (a sender catching up): the share follows.
+        for burst in [24, 128, 256, 512, 1024, 2048, 4096] {
+            m.step(&[burst]);
+        }
+        let grown = m.sockets[0].0;
+        // Beyond the session-8 rule's ~2,000 frames: three quarters of the planned sockets'
+        // reserve are lent; the quarter kept stays free.
+        assert!(grown > 6000, "{grown}");
+        assert!(m.free >= kept, "{} free, {kept} kept", m.free);
+        // A burst of 6,000 frames while the worker is away is delivered whole.
+        assert_eq!(m.step(&[6000]), 0);
+        assert_eq!(m.free + m.held(), cfg.frames, "no frame lost track of");
+        // Then a steady trickle: the share halves window by window down to the active share,
+        // and the frames come back to the free list as the kernel uses them.
+        for _ in 0..8 {
+            for _ in 0..100 {
+                m.step(&[20]);
+            }
+            m.end_window();
+        }
+        for _ in 0..100 {
+            m.step(&[20]);
+        }
+        assert_eq!(m.sockets[0].0, ACTIVE_FILL);
+        assert!(m.sockets[0].2 <= ACTIVE_FILL);
+        let planned = kept_reserve(m.base, 4) as u32 * 4;
+        assert!(m.free >= planned - 4 * BATCH as u32, "{} free", m.free);
+        assert_eq!(m.free + m.held(), cfg.frames);
+    }
+
+    #[test]
+    fn a_late_socket_gets_its_frames_while_another_has_borrowed() {
+        let cfg = XskConfig::default();
+        let mut m = Model::new(&cfg, 4);
+        for burst in [24, 128, 256, 512, 1024, 2048, 4096] {
+            assert_eq!(m.step(&[burst]), 0);
+        }
+        // The borrower now goes idle: its frames stay on its fill ring.
+        assert!(m.sockets[0].2 > 6000);
+        // Pods appear: the base shares come from the quarter kept, 60 of them at once.
+        for _ in 0..60 {
+            let s = m.open();
+            assert_eq!(m.sockets[s].2, m.base, "socket {s} got its share");
+            m.step(&[]);
+        }
+        // The borrower receives again at a low rate: its share shrinks, its frames come back,
+        // and the sockets opened later can grow in their turn.
+        let busy = vec![0u32; m.sockets.len()];
+        for _ in 0..10 {
+            for _ in 0..200 {
+                m.step(&[30]);
+            }
+            m.end_window();
+        }
+        assert_eq!(m.sockets[0].0, ACTIVE_FILL);
+        let late = m.sockets.len() - 1;
+        let mut arrivals = busy;
+        for burst in [24, 128, 256, 512, 1024, 2048, 4096] {
+            arrivals[late] = burst;
+            assert_eq!(m.step(&arrivals), 0, "burst of {burst} on the late socket");
+        }
+        assert!(m.sockets[late].0 >= 4096, "{}", m.sockets[late].0);
+        assert_eq!(m.free + m.held(), cfg.frames);
+    }
+
+    #[test]
+    fn the_kept_reserve_is_a_quarter_of_the_sockets_to_come() {
+        let base = fill_target(&XskConfig::default(), 0);
+        assert_eq!(base, 24);
+        assert_eq!(kept_reserve(base, 4), 24 * 252 / 4 + BATCH);
+        assert_eq!(kept_reserve(base, 256), BATCH);
+        assert_eq!(kept_reserve(base, 300), BATCH);
     }
 }

@@ -48,14 +48,18 @@ pub struct XskConfig {
     pub fill_target: Option<u32>,
 }
 
+/// The defaults: 8192 frames of 4 KiB (32 MiB per worker), RX and fill rings as deep as the
+/// UMEM (8192 entries: a busy socket's fill share can grow into the frames kept for sockets
+/// still to come, `kxdp_dataplane::worker::kept_reserve`, and the RX ring must hold what the
+/// share lets the kernel deliver), TX and completion rings of 2048 (a batch is 64 frames).
 impl Default for XskConfig {
     fn default() -> Self {
         XskConfig {
             frames: 8192,
             frame_size: 4096,
-            rx_ring_size: 2048,
+            rx_ring_size: 8192,
             tx_ring_size: 2048,
-            fill_ring_size: 2048,
+            fill_ring_size: 8192,
             completion_ring_size: 2048,
             zero_copy: true,
             fill_target: None,

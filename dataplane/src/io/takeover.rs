@@ -293,6 +293,7 @@ impl Parts {
                     mac: p.mac,
                     complete_checksums: p.complete_checksums,
                     fill_target: p.fill_target,
+                    demand: Default::default(),
                 });
             }
             workers.push((umem, ports));

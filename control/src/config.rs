@@ -292,7 +292,7 @@ impl Default for WorkersConfig {
 /// `kxdp_xsk_rx_dropped_total`); each socket's rings cost kernel memory and the UMEM costs
 /// `frames` × 4 KiB per worker.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+#[serde(rename_all = "camelCase", from = "AfXdpDocument")]
 pub struct AfXdpConfig {
     /// 4 KiB packet buffers in each worker's UMEM, shared by all its sockets.
     pub frames: u32,
@@ -315,6 +315,41 @@ impl Default for AfXdpConfig {
             fill_ring_size: x.fill_ring_size,
             tx_ring_size: x.tx_ring_size,
             completion_ring_size: x.completion_ring_size,
+        }
+    }
+}
+
+/// `afxdp` as written: the fields a document leaves out take their defaults, except that the
+/// RX and fill rings left out are never deeper than the frames a document asks for (a UMEM
+/// of 4096 frames gets 4096-entry rings, not the default 8192 it could not fill). Rings
+/// written out are taken as written, and `check` rejects one deeper than the UMEM.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct AfXdpDocument {
+    frames: Option<u32>,
+    rx_ring_size: Option<u32>,
+    fill_ring_size: Option<u32>,
+    tx_ring_size: Option<u32>,
+    completion_ring_size: Option<u32>,
+}
+
+impl From<AfXdpDocument> for AfXdpConfig {
+    fn from(d: AfXdpDocument) -> AfXdpConfig {
+        let default = AfXdpConfig::default();
+        let frames = d.frames.unwrap_or(default.frames);
+        // The deepest power-of-two ring the frames fill (a `frames` below the range is
+        // reported by the range check; 1 keeps this total).
+        let fillable = 1u32 << (31 - frames.max(1).leading_zeros());
+        AfXdpConfig {
+            frames,
+            rx_ring_size: d.rx_ring_size.unwrap_or(default.rx_ring_size.min(fillable)),
+            fill_ring_size: d
+                .fill_ring_size
+                .unwrap_or(default.fill_ring_size.min(fillable)),
+            tx_ring_size: d.tx_ring_size.unwrap_or(default.tx_ring_size),
+            completion_ring_size: d
+                .completion_ring_size
+                .unwrap_or(default.completion_ring_size),
         }
     }
 }
@@ -1924,6 +1959,11 @@ workers: {count: 2, cpus: [0, 1]}
             (c.afxdp.rx_ring_size, c.afxdp.fill_ring_size),
             (4096, d.fill_ring_size)
         );
+        // Rings left out are never deeper than a smaller UMEM can fill.
+        let c = load("afxdp: {frames: 4096}").unwrap();
+        assert_eq!((c.afxdp.rx_ring_size, c.afxdp.fill_ring_size), (4096, 4096));
+        let c = load("afxdp: {frames: 3000, fillRingSize: 1024}").unwrap();
+        assert_eq!((c.afxdp.rx_ring_size, c.afxdp.fill_ring_size), (2048, 1024));
         let e = load_err("afxdp: {rxRingSize: 3000}");
         assert!(
             e.contains("afxdp.rxRingSize: 3000 is not a power of two (the kernel sizes rings in powers of two: 2048 or 4096)"),

@@ -19,8 +19,9 @@
 //! Every outcome is one `Reason`, counted in `Counters`. No allocation, lock or syscall per packet.
 
 use kxdp_packet::{
-    build_port_unreachable, build_tcp_rst, parse_into, parse_quoted, proto, rewrite,
-    parse_plain_v4, rewrite_icmp_error, rewrite_plain_v4, rewrite_v4_ports, Addr, ErrorRewrite, LinkType, PacketMeta, Quoted,
+    build_port_unreachable, build_tcp_rst, parse_into, parse_plain_v4, parse_quoted, proto,
+    rewrite, rewrite_icmp_error, rewrite_plain_v4, rewrite_v4_ports, Addr, ErrorRewrite, LinkType,
+    PacketMeta, Quoted,
 };
 
 use crate::conntrack::{
@@ -332,14 +333,14 @@ impl Pipeline {
             }
             if !s.plain {
                 s.key = match &s.quoted {
-                Some(q) => Tuple {
-                    src: q.dst,
-                    dst: q.src,
-                    sport: q.dport,
-                    dport: q.sport,
-                    proto: q.proto,
-                    family: q.family,
-                }
+                    Some(q) => Tuple {
+                        src: q.dst,
+                        dst: q.src,
+                        sport: q.dport,
+                        dport: q.sport,
+                        proto: q.proto,
+                        family: q.family,
+                    }
                     .pack(),
                     None => Tuple::from_meta(&s.meta).pack(),
                 };

@@ -816,7 +816,15 @@ fn tcp_plain_keeps(state: u32, dir: u8, tcp_flags: u8) -> bool {
         }
         m
     }
-    const KEPT: u32 = bits(&[SynSent, SynRecv, Established, FinWait, CloseWait, LastAck, TimeWait]);
+    const KEPT: u32 = bits(&[
+        SynSent,
+        SynRecv,
+        Established,
+        FinWait,
+        CloseWait,
+        LastAck,
+        TimeWait,
+    ]);
     const CLIENT_ACK_MOVES: u32 = bits(&[SynRecv]);
     const BOTH_FINS_MOVE: u32 = bits(&[Established, FinWait, CloseWait]);
     const BOTH_FINS_ACK_MOVES: u32 = bits(&[LastAck]);

@@ -417,8 +417,16 @@ fn tcp_plain_keeps_is_next_state() {
     let mut kept = 0;
     for st in 0..=255u32 {
         for fins in 0..=255u32 {
-            for extra in [0, FLAG_ASSURED, FLAG_SEEN_REPLY, FLAG_ASSURED | FLAG_SEEN_REPLY] {
-                let state = table::LIFE_LIVE | extra | FLAG_MASQ | st << PROTO_STATE_SHIFT
+            for extra in [
+                0,
+                FLAG_ASSURED,
+                FLAG_SEEN_REPLY,
+                FLAG_ASSURED | FLAG_SEEN_REPLY,
+            ] {
+                let state = table::LIFE_LIVE
+                    | extra
+                    | FLAG_MASQ
+                    | st << PROTO_STATE_SHIFT
                     | fins << DIR_FLAGS_SHIFT;
                 for dir in [DIR_ORIG, DIR_REPLY] {
                     for flags in 0..=255u8 {

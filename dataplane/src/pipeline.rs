@@ -19,8 +19,9 @@
 //! Every outcome is one `Reason`, counted in `Counters`. No allocation, lock or syscall per packet.
 
 use kxdp_packet::{
-    build_port_unreachable, build_tcp_rst, parse_into, parse_quoted, proto, rewrite,
-    rewrite_icmp_error, rewrite_v4_ports, Addr, ErrorRewrite, LinkType, PacketMeta, Quoted,
+    build_port_unreachable, build_tcp_rst, parse_into, parse_plain_v4, parse_quoted, proto,
+    rewrite, rewrite_icmp_error, rewrite_plain_v4, rewrite_v4_ports, Addr, ErrorRewrite, LinkType,
+    PacketMeta, Quoted,
 };
 
 use crate::conntrack::{
@@ -120,6 +121,9 @@ struct Slot {
     meta: PacketMeta,
     /// 0: not IP, 1: malformed, 2: IP
     kind: u8,
+    /// The frame is a plain IPv4 TCP/UDP one (`parse_plain_v4`): `key` was packed by the
+    /// parse, and the fast lane rewrites it at constant offsets (`rewrite_plain_v4`).
+    plain: bool,
     key: Packed,
     hash: u64,
     found: Option<Found>,
@@ -294,6 +298,17 @@ impl Pipeline {
             s.found = None;
             s.quoted = None;
             let frame = frames.frame(base + i);
+            // The common frame, with its key packed from the numbers the parse read (not read
+            // back from the meta it just stored).
+            s.plain = false;
+            if self.link == LinkType::Ethernet {
+                if let Some(p) = parse_plain_v4(frame, &mut s.meta) {
+                    s.kind = KIND_IP;
+                    s.plain = true;
+                    s.key = Tuple::pack_v4(p.src, p.dst, p.sport, p.dport, p.proto);
+                    continue;
+                }
+            }
             s.kind = match parse_into(frame, self.link, &mut s.meta) {
                 Ok(true) if s.meta.frag.offset != 0 => KIND_LATER_FRAGMENT,
                 Ok(true) => {
@@ -316,18 +331,20 @@ impl Pipeline {
             if s.kind != KIND_IP {
                 continue;
             }
-            s.key = match &s.quoted {
-                Some(q) => Tuple {
-                    src: q.dst,
-                    dst: q.src,
-                    sport: q.dport,
-                    dport: q.sport,
-                    proto: q.proto,
-                    family: q.family,
-                }
-                .pack(),
-                None => Tuple::from_meta(&s.meta).pack(),
-            };
+            if !s.plain {
+                s.key = match &s.quoted {
+                    Some(q) => Tuple {
+                        src: q.dst,
+                        dst: q.src,
+                        sport: q.dport,
+                        dport: q.sport,
+                        proto: q.proto,
+                        family: q.family,
+                    }
+                    .pack(),
+                    None => Tuple::from_meta(&s.meta).pack(),
+                };
+            }
             s.hash = ct.hash(&s.key);
             ct.prefetch_slot(s.hash);
         }
@@ -371,6 +388,7 @@ impl Pipeline {
             self.created_any = false;
         }
         let (lane_on, mut lane) = (self.fast_lane, 0u64);
+        self.counters.packets += m as u64;
         for i in 0..m {
             let (kind, hash) = (self.scratch[i].kind, self.scratch[i].hash);
             if kind == KIND_IP
@@ -382,7 +400,6 @@ impl Pipeline {
             }
             let v = &mut verdicts[base + i];
             let (buf, len) = frames.frame_mut(base + i);
-            self.counters.packets += 1;
             self.counters.bytes += *len as u64;
             // The established fast lane: most packets are plain packets of known connections.
             let s = &self.scratch[i];
@@ -1017,7 +1034,12 @@ fn established_lane(
     if translated {
         // IPv4 from the words themselves (a v4-mapped address's low 32 bits); anything the
         // word rewrite refuses (IPv6, or a meta that does not fit) through the general one.
-        let words = rewrite_v4_ports(buf, meta, other[3] as u32, sport, other[1] as u32, dport);
+        let (out_src, out_dst) = (other[3] as u32, other[1] as u32);
+        let words = if s.plain {
+            rewrite_plain_v4(buf, meta.proto, out_src, sport, out_dst, dport)
+        } else {
+            rewrite_v4_ports(buf, meta, out_src, sport, out_dst, dport)
+        };
         if words.is_err() {
             let mut m = *meta;
             rewrite(buf, &mut m, src, sport, dst, dport);

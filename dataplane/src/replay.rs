@@ -350,16 +350,6 @@ impl Share {
         }
         share
     }
-
-    fn len(&self) -> usize {
-        self.index.len()
-    }
-
-    #[inline]
-    fn frame(&self, k: usize) -> &[u8] {
-        let (start, len) = self.spans[k];
-        &self.data[start..start + len]
-    }
 }
 
 /// One batch of the whole capture: its packets are the capture's indexes below `end` (and at or
@@ -489,17 +479,18 @@ fn drive(
                 step.barrier.wait();
             }
             let now = e.clock_ms + pass as u64 * clock.pass_span_ms;
-            // This worker's packets of the epoch, in full batches; at least one call, also with
-            // no packet, so that the expiry scan keeps its pace.
+            // This worker's packets of the epoch (its share is in capture order: `k..end`), in
+            // full batches; at least one call, also with no packet, so that the expiry scan
+            // keeps its pace. The epoch's end found once, not compared per packet.
+            let end = k + share.index[k..].partition_point(|&i| i < e.end);
             loop {
                 frames.clear();
-                let mut m = 0;
-                while m < BATCH && k < share.len() && share.index[k] < e.end {
-                    frames.push(share.frame(k));
-                    batch_idx[m] = share.index[k];
-                    m += 1;
-                    k += 1;
+                let m = (end - k).min(BATCH);
+                for &(start, len) in &share.spans[k..k + m] {
+                    frames.push(&share.data[start..start + len]);
                 }
+                batch_idx[..m].copy_from_slice(&share.index[k..k + m]);
+                k += m;
                 pipeline.process(&mut frames, &mut verdicts[..m], tables, ct, now);
                 if let Some(r) = routes {
                     r.egress.process(
@@ -518,7 +509,7 @@ fn drive(
                 if m > 0 {
                     on_batch(pass, &batch_idx[..m], &verdicts[..m], &frames);
                 }
-                if m < BATCH || k == share.len() || share.index[k] >= e.end {
+                if m < BATCH || k == end {
                     break;
                 }
             }

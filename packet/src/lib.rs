@@ -35,9 +35,12 @@ mod field;
 
 pub use addr::{Addr, Family};
 pub use icmp_error::{parse_quoted, rewrite_icmp_error, ErrorRewrite, Quoted};
-pub use meta::{parse, parse_into, proto, Frag, PacketMeta, Parsed};
+pub use meta::{
+    parse, parse_into, parse_plain_v4, proto, Frag, PacketMeta, Parsed, PlainV4, PLAIN_V4_L3,
+    PLAIN_V4_L4,
+};
 pub use reply::{build_port_unreachable, build_tcp_rst};
-pub use rewrite::{decrement_ttl, decrement_ttl_at, rewrite, rewrite_v4_ports};
+pub use rewrite::{decrement_ttl, decrement_ttl_at, rewrite, rewrite_plain_v4, rewrite_v4_ports};
 
 /// Why a frame could not be parsed. Each variant names the first rule the frame broke.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

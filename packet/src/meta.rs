@@ -173,6 +173,9 @@ pub fn parse(frame: &[u8], link: LinkType) -> Result<Parsed, ParseError> {
 // store-forwarding stall per packet in the replay profile (session 5).
 #[inline(always)]
 pub fn parse_into(frame: &[u8], link: LinkType, m: &mut PacketMeta) -> Result<bool, ParseError> {
+    if link == LinkType::Ethernet && parse_plain_v4(frame, m).is_some() {
+        return Ok(true);
+    }
     let (l3, v6) = match link {
         LinkType::Ethernet => {
             let (et, off) = ethernet::l3_offset(frame)?;
@@ -196,6 +199,109 @@ pub fn parse_into(frame: &[u8], link: LinkType, m: &mut PacketMeta) -> Result<bo
         parse_v4(ip, l3, m)?;
     }
     Ok(true)
+}
+
+/// Bytes of an untagged Ethernet frame up to the end of a 20-byte IPv4 header and a 20-byte
+/// TCP header (a UDP header's 8 fit in it too): what [`parse_plain_v4`] reads at fixed offsets.
+const PLAIN_V4_LEN: usize = ethernet::HEADER_LEN + ipv4::MIN_HEADER_LEN + tcp::MIN_HEADER_LEN;
+/// Where a plain IPv4 frame's IP header starts ([`parse_plain_v4`]).
+pub const PLAIN_V4_L3: usize = ethernet::HEADER_LEN;
+/// Where a plain IPv4 frame's transport header starts ([`parse_plain_v4`]).
+pub const PLAIN_V4_L4: usize = PLAIN_V4_L3 + ipv4::MIN_HEADER_LEN;
+
+/// A plain IPv4 frame's flow fields as numbers (host order), as [`parse_plain_v4`] read them:
+/// what a flow key is packed from without reading the addresses back out of the meta.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PlainV4 {
+    /// IPv4 source address (`u32::from_be_bytes` of the octets).
+    pub src: u32,
+    /// IPv4 destination address (`u32::from_be_bytes` of the octets).
+    pub dst: u32,
+    /// Source port.
+    pub sport: u16,
+    /// Destination port.
+    pub dport: u16,
+    /// [`proto::TCP`] or [`proto::UDP`].
+    pub proto: u8,
+}
+
+/// The common frame in one length check: untagged Ethernet, IPv4 without options and not a
+/// fragment, TCP or UDP, whose lengths are consistent ("plain": IP header at
+/// [`PLAIN_V4_L3`], transport header at [`PLAIN_V4_L4`], both whole in the frame). Reads its
+/// fields from a fixed-size array (no bounds check per field) and writes `m` whole, exactly as
+/// [`parse_into`] would, returning the flow fields; returns None, having written nothing, for
+/// any other frame (including every malformed one: [`parse_into`] then reports its error).
+#[inline(always)]
+pub fn parse_plain_v4(frame: &[u8], m: &mut PacketMeta) -> Option<PlainV4> {
+    const L3: usize = PLAIN_V4_L3;
+    const L4: usize = PLAIN_V4_L4;
+    let h = frame.first_chunk::<PLAIN_V4_LEN>()?;
+    let be16 = |at: usize| u16::from_be_bytes([h[at], h[at + 1]]);
+    let be32 = |at: usize| u32::from_be_bytes([h[at], h[at + 1], h[at + 2], h[at + 3]]);
+    // EtherType IPv4, then version 4 with a 20-byte header, no fragment flag or offset (DF
+    // allowed): one compare each.
+    if be16(12) != ethertype::IPV4
+        || h[L3 + ipv4::field::VER_IHL] != 0x45
+        || be16(L3 + ipv4::field::FLAGS_FRAG) & 0x3fff != 0
+    {
+        return None;
+    }
+    let tl = be16(L3 + ipv4::field::TOTAL_LEN) as usize;
+    if tl > frame.len() - L3 {
+        return None;
+    }
+    let l4_len = tl.wrapping_sub(ipv4::MIN_HEADER_LEN);
+    let (proto, tcp_flags) = match h[L3 + ipv4::field::PROTOCOL] {
+        proto::TCP => {
+            let doff = (h[L4 + tcp::field::DATA_OFF] >> 4) as usize * 4;
+            if tl < ipv4::MIN_HEADER_LEN + tcp::MIN_HEADER_LEN
+                || doff < tcp::MIN_HEADER_LEN
+                || doff > l4_len
+            {
+                return None;
+            }
+            (proto::TCP, h[L4 + tcp::field::FLAGS])
+        }
+        proto::UDP => {
+            let ulen = be16(L4 + udp::field::LEN) as usize;
+            if tl < ipv4::MIN_HEADER_LEN + udp::HEADER_LEN
+                || ulen < udp::HEADER_LEN
+                || ulen > l4_len
+            {
+                return None;
+            }
+            (proto::UDP, 0)
+        }
+        _ => return None,
+    };
+    let plain = PlainV4 {
+        src: be32(L3 + ipv4::field::SRC),
+        dst: be32(L3 + ipv4::field::DST),
+        // TCP and UDP keep their ports at the same offsets.
+        sport: be16(L4 + tcp::field::SRC_PORT),
+        dport: be16(L4 + tcp::field::DST_PORT),
+        proto,
+    };
+    *m = PacketMeta {
+        l3_off: L3 as u16,
+        l4_off: L4 as u16,
+        l4_len: l4_len as u16,
+        ip_len: tl as u16,
+        family: Family::V4,
+        proto,
+        src: Addr::from_v4(plain.src.to_be_bytes()),
+        dst: Addr::from_v4(plain.dst.to_be_bytes()),
+        sport: plain.sport,
+        dport: plain.dport,
+        tcp_flags,
+        ttl: h[L3 + ipv4::field::TTL],
+        frag: Frag {
+            id: be16(L3 + ipv4::field::IDENT) as u32,
+            ..Frag::default()
+        },
+        ..PacketMeta::default()
+    };
+    Some(plain)
 }
 
 // Always inlined, as `parse_into`: the IPv4 case is the fast path's.

@@ -333,3 +333,132 @@ fn rewrite_v4_ports_matches_rewrite() {
     let mut g = f.clone();
     assert!(rewrite_v4_ports(&mut g, &m, 1, 2, 3, 4).is_err());
 }
+
+/// The plain-frame parse (`parse_plain_v4`, which `parse` takes first) against the general
+/// parse of the same IP packet (raw IP, which never takes it): every shape and, for every byte
+/// of the headers it reads, several values of that byte and several frame lengths. Whenever it
+/// accepts a frame, the general parse accepts it with the same meta; it accepts every untagged
+/// IPv4 TCP/UDP shape without options.
+#[test]
+fn parse_plain_v4_matches_the_general_parse() {
+    use kxdp_packet::{parse_plain_v4, PacketMeta, PLAIN_V4_L3};
+    let general = |f: &[u8]| match parse(&f[PLAIN_V4_L3.min(f.len())..], LinkType::RawIp) {
+        Ok(Parsed::Ip(mut g)) => {
+            g.l3_off += PLAIN_V4_L3 as u16;
+            if g.l4_off != 0 {
+                g.l4_off += PLAIN_V4_L3 as u16;
+            }
+            Some(g)
+        }
+        _ => None,
+    };
+    let check = |f: &[u8]| {
+        let mut m = PacketMeta::default();
+        let Some(p) = parse_plain_v4(f, &mut m) else {
+            return false;
+        };
+        assert_eq!(u16::from_be_bytes([f[12], f[13]]), 0x0800, "{f:?}");
+        assert_eq!(Some(m), general(f), "{f:?}");
+        assert_eq!(parse(f, LinkType::Ethernet), Ok(Parsed::Ip(m)));
+        assert_eq!(Addr::from_v4(p.src.to_be_bytes()), m.src);
+        assert_eq!(Addr::from_v4(p.dst.to_be_bytes()), m.dst);
+        assert_eq!((p.sport, p.dport, p.proto), (m.sport, m.dport, m.proto));
+        true
+    };
+    let mut accepted = 0;
+    for s in with_longer_payloads() {
+        let f = build_with(&s, false);
+        // (A UDP frame shorter than a TCP header's end takes the general parse.)
+        let plain = !s.v6
+            && s.vlans == 0
+            && !s.opts
+            && matches!(s.l4, L4::Tcp | L4::Udp | L4::UdpNoCsum)
+            && f.len() >= 54;
+        assert_eq!(check(&f), plain, "{s:?}");
+        for at in 0..f.len().min(60) {
+            for v in [
+                0u8,
+                1,
+                0x05,
+                0x06,
+                0x11,
+                0x20,
+                0x45,
+                0x46,
+                0x50,
+                0xff,
+                f[at] ^ 0x80,
+            ] {
+                let mut g = f.clone();
+                g[at] = v;
+                accepted += check(&g) as u32;
+            }
+        }
+        for len in 0..f.len() {
+            check(&f[..len]);
+        }
+    }
+    assert!(accepted > 0);
+}
+
+/// The lane's rewrite of a plain frame writes exactly the bytes of the general rewrite, for
+/// every plain shape and every subset of changed fields; a frame too short for the headers, or
+/// another protocol, is refused unchanged.
+#[test]
+fn rewrite_plain_v4_matches_rewrite() {
+    use kxdp_packet::{parse_plain_v4, rewrite_plain_v4, PacketMeta};
+    let word = |a: [u8; 4]| u32::from_be_bytes(a);
+    for s in with_longer_payloads() {
+        let f = build_with(&s, false);
+        let mut m = PacketMeta::default();
+        let Some(p) = parse_plain_v4(&f, &mut m) else {
+            continue;
+        };
+        let choices = [
+            (V4_SRC, p.sport, V4_DST, p.dport),
+            (V4_SRC, p.sport, NEW_V4_DST, 8080),
+            (NEW_V4_SRC, 50123, V4_DST, p.dport),
+            (NEW_V4_SRC, 50123, NEW_V4_DST, 8080),
+            (V4_SRC, 1, V4_DST, 2),
+        ];
+        for (src, sp, dst, dp) in choices {
+            let mut general = f.clone();
+            let mut gm = m;
+            rewrite(
+                &mut general,
+                &mut gm,
+                Addr::from_v4(src),
+                sp,
+                Addr::from_v4(dst),
+                dp,
+            );
+            let mut fast = f.clone();
+            rewrite_plain_v4(&mut fast, p.proto, word(src), sp, word(dst), dp).unwrap();
+            assert_eq!(fast, general, "{s:?} -> {src:?}:{sp} {dst:?}:{dp}");
+        }
+        let mut g = f.clone();
+        assert!(rewrite_plain_v4(&mut g, proto::SCTP, 1, 2, 3, 4).is_err());
+        assert_eq!(g, f);
+        let mut short = f[..14 + 20 + 7].to_vec();
+        let copy = short.clone();
+        assert!(rewrite_plain_v4(&mut short, p.proto, 1, 2, 3, 4).is_err());
+        assert_eq!(short, copy);
+    }
+}
+
+/// Every shape, and each again with 40 more bytes of payload (a plain UDP frame needs 54 bytes:
+/// the shapes' 11-byte payloads leave it one short).
+fn with_longer_payloads() -> Vec<Spec> {
+    all_specs()
+        .into_iter()
+        .flat_map(|s| {
+            [
+                s,
+                Spec {
+                    payload_len: s.payload_len + 40,
+                    ..s
+                },
+            ]
+        })
+        .collect()
+}

@@ -514,9 +514,10 @@ impl Conntrack {
         // may have moved it).
         let state = self.table.state_if_live(found.idx)?;
         let expires = if proto == kxdp_packet::proto::TCP {
-            let st = tcp_state_of(state);
-            // After a RST the full path refuses the packet (`ct-invalid`).
-            if st == TcpState::Close {
+            let st = (state & PROTO_STATE_MASK) >> PROTO_STATE_SHIFT;
+            // After a RST the full path refuses the packet (`ct-invalid`); a state this packet
+            // would move goes there too.
+            if !tcp_plain_keeps(state, found.dir, tcp_flags) {
                 return None;
             }
             clock.tcp[st as usize]
@@ -528,7 +529,9 @@ impl Conntrack {
         } else {
             clock.udp
         };
-        if next_state(state, proto, found.dir, tcp_flags, false) != state {
+        if proto != kxdp_packet::proto::TCP
+            && next_state(state, proto, found.dir, tcp_flags, false) != state
+        {
             return None;
         }
         self.table.touch(found.idx, found.dir, expires, bytes);
@@ -790,6 +793,58 @@ fn next_state(cur: u32, proto: u8, dir: u8, tcp_flags: u8, udp_stream_age: bool)
         }
     }
     s
+}
+
+/// Whether a TCP packet without SYN, FIN or RST (`tcp_flags`) in direction `dir` leaves the
+/// state word `state` as it is (`next_state` would return it unchanged), in a state the fast
+/// lane handles (not CLOSE). The transitions `tcp::next` makes on such a packet, as a mask of
+/// the states that stay: NONE moves to SYN_SENT; SYN_RECV to ESTABLISHED on an ACK from the
+/// client; once both sides sent a FIN, ESTABLISHED, FIN_WAIT and CLOSE_WAIT move to LAST_ACK and
+/// LAST_ACK on an ACK to TIME_WAIT. Besides: a reply sets SEEN_REPLY, ESTABLISHED sets ASSURED.
+/// A few masks and compares instead of the state machine's match (`next_state`, inlined, was
+/// about 30 instructions per packet of the lane); `tests::tcp_plain_keeps_is_next_state`
+/// compares the two on every state word the machine can see.
+#[inline(always)]
+fn tcp_plain_keeps(state: u32, dir: u8, tcp_flags: u8) -> bool {
+    use TcpState::*;
+    const fn bits(states: &[TcpState]) -> u32 {
+        let mut m = 0;
+        let mut i = 0;
+        while i < states.len() {
+            m |= 1 << states[i] as u32;
+            i += 1;
+        }
+        m
+    }
+    const KEPT: u32 = bits(&[
+        SynSent,
+        SynRecv,
+        Established,
+        FinWait,
+        CloseWait,
+        LastAck,
+        TimeWait,
+    ]);
+    const CLIENT_ACK_MOVES: u32 = bits(&[SynRecv]);
+    const BOTH_FINS_MOVE: u32 = bits(&[Established, FinWait, CloseWait]);
+    const BOTH_FINS_ACK_MOVES: u32 = bits(&[LastAck]);
+    let st = (state & PROTO_STATE_MASK) >> PROTO_STATE_SHIFT;
+    let ack = tcp_flags & tcp::ACK != 0;
+    let both_fins = (state >> DIR_FLAGS_SHIFT) & 0xff == tcp::BOTH_FINS as u32;
+    let mut kept = KEPT;
+    if ack && dir == DIR_ORIG {
+        kept &= !CLIENT_ACK_MOVES;
+    }
+    if both_fins {
+        kept &= !BOTH_FINS_MOVE;
+        if ack {
+            kept &= !BOTH_FINS_ACK_MOVES;
+        }
+    }
+    st < 32
+        && kept >> st & 1 == 1
+        && (dir == DIR_ORIG || state & FLAG_SEEN_REPLY != 0)
+        && (st != Established as u32 || state & FLAG_ASSURED != 0)
 }
 
 #[inline]

@@ -25,6 +25,8 @@ pub const ACK: u8 = 0x10;
 /// Direction flags kept beside the state: a FIN was seen from the original / reply side.
 const FIN_ORIG: u8 = 1;
 const FIN_REPLY: u8 = 2;
+/// The direction flags once both sides sent a FIN.
+pub const BOTH_FINS: u8 = FIN_ORIG | FIN_REPLY;
 
 impl TcpState {
     pub const ALL: [TcpState; STATE_COUNT] = [

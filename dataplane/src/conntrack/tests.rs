@@ -408,3 +408,43 @@ fn early_drop_spares_the_youngest_handshakes() {
         "a fresh handshake was dropped early"
     );
 }
+
+/// The fast lane's TCP check against the state machine it stands for: every state byte (valid
+/// or not), direction-flag byte, ASSURED and SEEN_REPLY, direction, and TCP flags without SYN,
+/// FIN or RST.
+#[test]
+fn tcp_plain_keeps_is_next_state() {
+    let mut kept = 0;
+    for st in 0..=255u32 {
+        for fins in 0..=255u32 {
+            for extra in [
+                0,
+                FLAG_ASSURED,
+                FLAG_SEEN_REPLY,
+                FLAG_ASSURED | FLAG_SEEN_REPLY,
+            ] {
+                let state = table::LIFE_LIVE
+                    | extra
+                    | FLAG_MASQ
+                    | st << PROTO_STATE_SHIFT
+                    | fins << DIR_FLAGS_SHIFT;
+                for dir in [DIR_ORIG, DIR_REPLY] {
+                    for flags in 0..=255u8 {
+                        if flags & (tcp::SYN | tcp::FIN | tcp::RST) != 0 {
+                            continue;
+                        }
+                        let expect = st != TcpState::Close as u32
+                            && next_state(state, 6, dir, flags, false) == state;
+                        assert_eq!(
+                            tcp_plain_keeps(state, dir, flags),
+                            expect,
+                            "state {state:#x} dir {dir} flags {flags:#x}"
+                        );
+                        kept += expect as u32;
+                    }
+                }
+            }
+        }
+    }
+    assert!(kept > 0);
+}

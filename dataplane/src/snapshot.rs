@@ -138,8 +138,11 @@ impl Frontend {
     }
 }
 
-/// One backend a connection may be sent to.
+/// One backend a connection may be sent to. In C order, so that `local` is its last byte in
+/// use (bytes 0-18 of 20): prefetching the lines of `addr` and `local` covers an endpoint that
+/// straddles two (`Pipeline::prepare_new_flows`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(C)]
 pub struct Endpoint {
     pub addr: Addr,
     /// The target port, already resolved for this Service port.
@@ -147,6 +150,11 @@ pub struct Endpoint {
     /// The endpoint is on this node.
     pub local: bool,
 }
+
+const _: () = assert!(
+    std::mem::offset_of!(Endpoint, local) + 1 == std::mem::size_of::<Endpoint>() - 1
+        && std::mem::offset_of!(Endpoint, addr) == 0
+);
 
 /// A Service port: what listings, affinity and conntrack name.
 #[derive(Clone, Debug, PartialEq, Eq)]

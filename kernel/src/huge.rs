@@ -236,8 +236,9 @@ struct Header {
 /// as in `Arc<[T]>`'s fat pointer, so that indexing reads no header line; an `Option` of it is
 /// no larger (the pointer is never null).
 pub struct HugeSlice<T> {
-    /// The block's header; dangling when `len` is 0 (no block).
-    head: NonNull<Header>,
+    /// The first value, `DATA` bytes into the block; dangling when `len` is 0 (no block).
+    /// (The values' address rather than the header's: indexing then costs what a slice's does.)
+    data: NonNull<T>,
     len: usize,
     _own: PhantomData<T>,
 }
@@ -259,7 +260,7 @@ impl<T> HugeSlice<T> {
 
     pub const fn new() -> Self {
         HugeSlice {
-            head: NonNull::dangling(),
+            data: NonNull::dangling(),
             len: 0,
             _own: PhantomData,
         }
@@ -284,20 +285,20 @@ impl<T> HugeSlice<T> {
         } else {
             ARENA.lock().unwrap_or_else(|e| e.into_inner()).alloc(bytes)
         };
-        let head = block.cast::<Header>();
         // SAFETY: the block is ours, at least `bytes` long and 64-byte aligned (so aligned for
         // the header and, at `DATA`, for `T`). The values are moved out of `v` (a bitwise copy),
         // whose length is then 0, so they are dropped once: by the slice.
-        unsafe {
-            head.as_ptr().write(Header {
+        let data = unsafe {
+            block.cast::<Header>().as_ptr().write(Header {
                 refs: AtomicUsize::new(1),
             });
-            let data = block.as_ptr().add(Self::DATA).cast::<T>();
-            std::ptr::copy_nonoverlapping(v.as_ptr(), data, len);
+            let data = add(block, Self::DATA).cast::<T>();
+            std::ptr::copy_nonoverlapping(v.as_ptr(), data.as_ptr(), len);
             v.set_len(0);
-        }
+            data
+        };
         HugeSlice {
-            head,
+            data,
             len,
             _own: PhantomData,
         }
@@ -311,18 +312,18 @@ impl<T> HugeSlice<T> {
         Self::from_vec(s.to_vec())
     }
 
-    fn header(&self) -> Option<&Header> {
-        // SAFETY: a slice of at least one value has a block, allocated while it refers to it.
-        (self.len > 0).then(|| unsafe { &*self.head.as_ptr() })
+    /// The block's start (its header), when the slice has one.
+    fn block(&self) -> Option<NonNull<u8>> {
+        // SAFETY: a slice of at least one value has a block, whose values start `DATA` bytes in.
+        (self.len > 0).then(|| unsafe {
+            NonNull::new_unchecked(self.data.cast::<u8>().as_ptr().sub(Self::DATA))
+        })
     }
 
-    #[inline]
-    fn data(&self) -> *mut T {
-        if self.len == 0 {
-            return NonNull::dangling().as_ptr();
-        }
-        // SAFETY: `DATA` is within the block.
-        unsafe { self.head.as_ptr().cast::<u8>().add(Self::DATA).cast() }
+    fn header(&self) -> Option<&Header> {
+        // SAFETY: the block stays allocated while a slice refers to it.
+        self.block()
+            .map(|b| unsafe { &*b.cast::<Header>().as_ptr() })
     }
 
     #[inline]
@@ -330,7 +331,7 @@ impl<T> HugeSlice<T> {
         // SAFETY: `len` initialised values at `data` (or none at a dangling, aligned pointer),
         // shared and not written while any `&` to them lives (`make_mut` writes only a slice
         // no one else holds).
-        unsafe { std::slice::from_raw_parts(self.data(), self.len) }
+        unsafe { std::slice::from_raw_parts(self.data.as_ptr(), self.len) }
     }
 
     /// The values, for writing: copied first if another slice shares them.
@@ -347,12 +348,12 @@ impl<T> HugeSlice<T> {
         let len = self.len;
         // SAFETY: this is the block's only slice (count 1, and `&mut self` excludes any other
         // use of it), so no other reference to the values exists while this one lives.
-        unsafe { std::slice::from_raw_parts_mut(self.data(), len) }
+        unsafe { std::slice::from_raw_parts_mut(self.data.as_ptr(), len) }
     }
 
     /// Whether two slices share one block (two empty slices do).
     pub fn ptr_eq(a: &Self, b: &Self) -> bool {
-        a.head == b.head && a.len == b.len
+        a.data == b.data && a.len == b.len
     }
 }
 
@@ -379,7 +380,7 @@ impl<T> Clone for HugeSlice<T> {
             assert!(old < isize::MAX as usize, "HugeSlice count overflow");
         }
         HugeSlice {
-            head: self.head,
+            data: self.data,
             len: self.len,
             _own: PhantomData,
         }
@@ -388,20 +389,21 @@ impl<T> Clone for HugeSlice<T> {
 
 impl<T> Drop for HugeSlice<T> {
     fn drop(&mut self) {
-        let Some(h) = self.header() else { return };
+        let (Some(block), Some(h)) = (self.block(), self.header()) else {
+            return;
+        };
         // As `Arc`: release our writes, then acquire everyone's before dropping.
         if h.refs.fetch_sub(1, Ordering::Release) != 1 {
             return;
         }
         fence(Ordering::Acquire);
-        let (head, len) = (self.head, self.len);
+        let len = self.len;
         // SAFETY: the last reference: the values are dropped once and the block is given back;
         // nothing refers to either any more.
         unsafe {
-            std::ptr::drop_in_place(std::ptr::slice_from_raw_parts_mut(self.data(), len));
+            std::ptr::drop_in_place(std::ptr::slice_from_raw_parts_mut(self.data.as_ptr(), len));
         }
         let bytes = Self::block_bytes(len);
-        let block = head.cast::<u8>();
         if bytes > CHUNK {
             // SAFETY: a slice's own mapping, of this length (`from_vec`).
             unsafe { unmap_chunks(block, bytes.div_ceil(CHUNK) * CHUNK) };

@@ -511,7 +511,7 @@ mod tests {
 
     #[test]
     fn slices_are_shared_and_dropped_across_threads() {
-        let a = HugeSlice::from_vec((0..64u64).map(|i| Arc::new(i)).collect());
+        let a = HugeSlice::from_vec((0..64u64).map(Arc::new).collect());
         let threads: Vec<_> = (0..4)
             .map(|t| {
                 let s = a.clone();

@@ -451,8 +451,6 @@ pub struct Table {
     live: CachePadded<AtomicU32>,
     /// Never-used entries are handed out from here before the free list is consulted.
     next_unused: CachePadded<AtomicU32>,
-    /// Never-used entries a worker's cache reserves at once (`unused_run`).
-    unused_run: u32,
     /// Treiber stack of free entries: (ABA tag << 32) | (idx + 1); low half 0 = empty.
     free_head: CachePadded<AtomicU64>,
     /// Treiber stack of chunks of `CHUNK` free entries that workers' caches gave back (linked
@@ -476,19 +474,6 @@ pub struct Table {
 /// Entries a worker's cache (`Retired`) takes from or gives back to the table at once, and the
 /// live-count change it keeps to itself before adding it to the shared count.
 const CHUNK: u32 = 32;
-
-/// Never-used entries a worker reserves at once: `UNUSED_RUN`, or less when the slack (the
-/// entries beyond `max_live`) could not cover every participant's reservation four times over
-/// (a reservation is unusable by the others: a full table must still find the entries its
-/// count allows). While the slab is filling, each reservation is a write to `next_unused`,
-/// which every worker's reservations share: at 32 entries (a `CHUNK`) two workers creating
-/// connections took that line from each other twice per 64-packet batch.
-const UNUSED_RUN: u32 = 256;
-
-fn unused_run(slack: usize, participants: usize) -> u32 {
-    let share = slack / (4 * participants.max(1));
-    (share as u32).clamp(CHUNK, UNUSED_RUN)
-}
 
 /// How many entries ahead of itself the expiry scan prefetches.
 const SCAN_PREFETCH: usize = 8;
@@ -605,7 +590,6 @@ impl Table {
             cached_below: g.max_live as i64 - (CHUNK as usize * participants.max(1)) as i64,
             live: CachePadded::new(AtomicU32::new(0)),
             next_unused: CachePadded::new(AtomicU32::new(0)),
-            unused_run: unused_run(g.capacity - g.max_live as usize, participants),
             free_head: CachePadded::new(AtomicU64::new(0)),
             chunk_head: CachePadded::new(AtomicU64::new(0)),
             grace: Grace::new(participants),
@@ -1034,11 +1018,9 @@ impl Table {
         }
         let n = self.entries.len() as u32;
         if self.next_unused.load(Ordering::Relaxed) < n {
-            let start = self
-                .next_unused
-                .fetch_add(self.unused_run, Ordering::AcqRel);
+            let start = self.next_unused.fetch_add(CHUNK, Ordering::AcqRel);
             if start < n {
-                c.unused = (start + 1, start.saturating_add(self.unused_run).min(n));
+                c.unused = (start + 1, (start + CHUNK).min(n));
                 return Some(start);
             }
         }

@@ -6,6 +6,8 @@
 //!   makes (neighbour resolution, stale XDP detach), through `netlink-packet-route`.
 //! - [`shm`]: anonymous or file-backed shared memory seen as atomics (the conntrack table's
 //!   storage, which survives a restart when it is a file), and the CLOCK_MONOTONIC clock.
+//! - [`huge`]: reference-counted slices in memory advised for transparent huge pages (the
+//!   frontend table's slots and endpoint lists).
 //! - [`handover`]: memfds and descriptors passed over a Unix socket (a takeover).
 //! - [`sys`]: interface indexes, network namespaces, ethtool queries, CPU pinning.
 //!
@@ -17,6 +19,7 @@
 
 pub mod afxdp;
 pub mod handover;
+pub mod huge;
 pub mod netlink;
 pub mod shm;
 pub mod sys;

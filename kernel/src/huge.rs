@@ -12,6 +12,10 @@
 //!
 //! A `HugeSlice` is shared as `Arc<[T]>` is (a count in the block's header; `Clone` shares,
 //! `make_mut` copies when shared), so snapshots stay copy-on-write.
+//!
+//! Written here because no crate serves: `Arc<[T], A>` with an allocator of our own needs the
+//! unstable `allocator_api`, and the arena crates either never free (bump allocators) or do not
+//! place blocks in huge-page-advised chunks.
 
 use std::marker::PhantomData;
 use std::ptr::NonNull;

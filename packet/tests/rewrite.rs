@@ -296,29 +296,9 @@ fn rewrite_v4_ports_matches_rewrite() {
             assert_eq!(g, f, "refused, unchanged ({s:?})");
             continue;
         }
-        let (sport, dport) = (m.sport, m.dport);
-        let choices = [
-            (V4_SRC, sport, V4_DST, dport),
-            (V4_SRC, sport, NEW_V4_DST, 8080),
-            (NEW_V4_SRC, 50123, V4_DST, dport),
-            (NEW_V4_SRC, 50123, NEW_V4_DST, 8080),
-            (V4_SRC, 1, V4_DST, 2),
-        ];
-        for (src, sp, dst, dp) in choices {
-            let mut general = f.clone();
-            let mut gm = m;
-            rewrite(
-                &mut general,
-                &mut gm,
-                Addr::from_v4(src),
-                sp,
-                Addr::from_v4(dst),
-                dp,
-            );
-            let mut fast = f.clone();
-            rewrite_v4_ports(&mut fast, &m, word(src), sp, word(dst), dp).unwrap();
-            assert_eq!(fast, general, "{s:?} -> {src:?}:{sp} {dst:?}:{dp}");
-        }
+        assert_rewrites_as_general(&s, &f, &m, |fast, src, sp, dst, dp| {
+            rewrite_v4_ports(fast, &m, word(src), sp, word(dst), dp).unwrap()
+        });
         // A meta longer than the frame: refused, unchanged.
         let mut short = f.clone();
         short.truncate(m.ip_end() - 1);
@@ -414,28 +394,9 @@ fn rewrite_plain_v4_matches_rewrite() {
         let Some(p) = parse_plain_v4(&f, &mut m) else {
             continue;
         };
-        let choices = [
-            (V4_SRC, p.sport, V4_DST, p.dport),
-            (V4_SRC, p.sport, NEW_V4_DST, 8080),
-            (NEW_V4_SRC, 50123, V4_DST, p.dport),
-            (NEW_V4_SRC, 50123, NEW_V4_DST, 8080),
-            (V4_SRC, 1, V4_DST, 2),
-        ];
-        for (src, sp, dst, dp) in choices {
-            let mut general = f.clone();
-            let mut gm = m;
-            rewrite(
-                &mut general,
-                &mut gm,
-                Addr::from_v4(src),
-                sp,
-                Addr::from_v4(dst),
-                dp,
-            );
-            let mut fast = f.clone();
-            rewrite_plain_v4(&mut fast, p.proto, word(src), sp, word(dst), dp).unwrap();
-            assert_eq!(fast, general, "{s:?} -> {src:?}:{sp} {dst:?}:{dp}");
-        }
+        assert_rewrites_as_general(&s, &f, &m, |fast, src, sp, dst, dp| {
+            rewrite_plain_v4(fast, p.proto, word(src), sp, word(dst), dp).unwrap()
+        });
         let mut g = f.clone();
         assert!(rewrite_plain_v4(&mut g, proto::SCTP, 1, 2, 3, 4).is_err());
         assert_eq!(g, f);
@@ -448,6 +409,40 @@ fn rewrite_plain_v4_matches_rewrite() {
 
 /// Every shape, and each again with 40 more bytes of payload (a plain UDP frame needs 54 bytes:
 /// the shapes' 11-byte payloads leave it one short).
+/// `fast` (a word rewrite of IPv4 frame `f`, parsed as `m`) leaves the same bytes as the general
+/// `rewrite`, for each of a few address and port choices: unchanged, only the destination,
+/// only the source, both, and ports alone.
+fn assert_rewrites_as_general(
+    s: &Spec,
+    f: &[u8],
+    m: &kxdp_packet::PacketMeta,
+    fast: impl Fn(&mut Vec<u8>, [u8; 4], u16, [u8; 4], u16),
+) {
+    let (sport, dport) = (m.sport, m.dport);
+    let choices = [
+        (V4_SRC, sport, V4_DST, dport),
+        (V4_SRC, sport, NEW_V4_DST, 8080),
+        (NEW_V4_SRC, 50123, V4_DST, dport),
+        (NEW_V4_SRC, 50123, NEW_V4_DST, 8080),
+        (V4_SRC, 1, V4_DST, 2),
+    ];
+    for (src, sp, dst, dp) in choices {
+        let mut general = f.to_vec();
+        let mut gm = *m;
+        rewrite(
+            &mut general,
+            &mut gm,
+            Addr::from_v4(src),
+            sp,
+            Addr::from_v4(dst),
+            dp,
+        );
+        let mut out = f.to_vec();
+        fast(&mut out, src, sp, dst, dp);
+        assert_eq!(out, general, "{s:?} -> {src:?}:{sp} {dst:?}:{dp}");
+    }
+}
+
 fn with_longer_payloads() -> Vec<Spec> {
     all_specs()
         .into_iter()

@@ -165,7 +165,9 @@ pub fn parse(frame: &[u8], link: LinkType) -> Result<Parsed, ParseError> {
 }
 
 /// [`parse`] into a caller's `PacketMeta` (the fast path's scratch slot): `Ok(true)` for IP,
-/// `Ok(false)` for other frames. Filling the destination in place, rather than returning the
+/// `Ok(false)` for other frames. The general parse: the pipeline tries [`parse_plain_v4`]
+/// itself first (it packs the flow key from that parse's numbers), so this does not try it
+/// again. Filling the destination in place, rather than returning the
 /// struct, spares the copy that showed up in the replay profile (the fields are written as bytes
 /// and words; copying them as a block right after stalls on store forwarding).
 // Always inlined: called out of line (as the pipeline's grown parse loop let the compiler
@@ -173,9 +175,6 @@ pub fn parse(frame: &[u8], link: LinkType) -> Result<Parsed, ParseError> {
 // store-forwarding stall per packet in the replay profile (session 5).
 #[inline(always)]
 pub fn parse_into(frame: &[u8], link: LinkType, m: &mut PacketMeta) -> Result<bool, ParseError> {
-    if link == LinkType::Ethernet && parse_plain_v4(frame, m).is_some() {
-        return Ok(true);
-    }
     let (l3, v6) = match link {
         LinkType::Ethernet => {
             let (et, off) = ethernet::l3_offset(frame)?;

@@ -20,8 +20,8 @@
 
 use kxdp_packet::{
     build_port_unreachable, build_tcp_rst, parse_into, parse_plain_v4, parse_quoted, proto,
-    rewrite, rewrite_icmp_error, rewrite_plain_v4, rewrite_v4_ports, Addr, ErrorRewrite, LinkType,
-    PacketMeta, Quoted,
+    rewrite, rewrite_icmp_error, rewrite_plain_v4_from, rewrite_v4_ports, Addr, ErrorRewrite,
+    LinkType, PacketMeta, PlainV4, Quoted,
 };
 
 use crate::conntrack::{
@@ -126,7 +126,10 @@ struct Slot {
     plain: bool,
     key: Packed,
     hash: u64,
-    found: Option<Found>,
+    /// Whether conntrack knows the packet's connection; then `found` is what it found (written
+    /// in place by `Conntrack::lookup_into`; nothing usable otherwise).
+    hit: bool,
+    found: Found,
     /// For ICMP errors: the quoted packet, whose connection the error is looked up by.
     quoted: Option<Quoted>,
 }
@@ -295,7 +298,7 @@ impl Pipeline {
         // (at 1M connections a lookup is two dependent DRAM accesses: slot, then entry).
         for i in 0..m {
             let s = &mut self.scratch[i];
-            s.found = None;
+            s.hit = false;
             s.quoted = None;
             let frame = frames.frame(base + i);
             // The common frame, with its key packed from the numbers the parse read (not read
@@ -361,9 +364,9 @@ impl Pipeline {
             // connection.
             if s.kind == KIND_IP && s.key[4] >> 32 & 0xff != crate::conntrack::AFFINITY_PROTO as u64
             {
-                s.found = ct.lookup(&s.key, s.hash, now_ms);
+                s.hit = ct.lookup_into(&s.key, s.hash, now_ms, &mut s.found);
             }
-            misses |= s.kind == KIND_IP && s.found.is_none();
+            misses |= s.kind == KIND_IP && !s.hit;
         }
         // The frontend of every packet conntrack does not know, and what its new connection
         // will touch, prefetched a stage ahead (`prepare_new_flows`). A pass of known
@@ -396,15 +399,15 @@ impl Pipeline {
                 && self.maybe_created(hash)
             {
                 let s = &mut self.scratch[i];
-                s.found = ct.lookup(&s.key, hash, now_ms);
+                s.hit = ct.lookup_into(&s.key, hash, now_ms, &mut s.found);
             }
             let v = &mut verdicts[base + i];
             let (buf, len) = frames.frame_mut(base + i);
             self.counters.bytes += *len as u64;
             // The established fast lane: most packets are plain packets of known connections.
             let s = &self.scratch[i];
-            if let (KIND_IP, Some(found), None, true) = (kind, &s.found, &s.quoted, lane_on) {
-                if let Some(reason) = established_lane(buf, s, found, v, b) {
+            if let (KIND_IP, true, None, true) = (kind, s.hit, &s.quoted, lane_on) {
+                if let Some(reason) = established_lane(buf, s, &s.found, v, b) {
                     self.counters.reasons[reason as usize] += 1;
                     lane += 1;
                     continue;
@@ -422,7 +425,7 @@ impl Pipeline {
                 _ => {
                     let mut meta = self.scratch[i].meta;
                     fill_orig(v, &meta);
-                    let found = self.scratch[i].found;
+                    let found = self.scratch[i].hit.then_some(self.scratch[i].found);
                     if let Some(q) = self.scratch[i].quoted {
                         self.icmp_error(buf, &mut meta, &q, found.as_ref(), v, snap);
                     } else {
@@ -485,7 +488,7 @@ impl Pipeline {
         // 1. Hash and prefetch the slot.
         let mut n = 0;
         for (i, s) in self.scratch[..frontends.len()].iter().enumerate() {
-            if s.kind == KIND_IP && s.found.is_none() && s.quoted.is_none() && s.meta.l4_off != 0 {
+            if s.kind == KIND_IP && !s.hit && s.quoted.is_none() && s.meta.l4_off != 0 {
                 let h = FrontendTable::hash(&frontend_key(&s.meta));
                 snap.frontends.prefetch(h);
                 nf.hash[n] = h;
@@ -1039,7 +1042,23 @@ fn established_lane(
         // word rewrite refuses (IPv6, or a meta that does not fit) through the general one.
         let (out_src, out_dst) = (other[3] as u32, other[1] as u32);
         let words = if s.plain {
-            rewrite_plain_v4(buf, meta.proto, out_src, sport, out_dst, dport)
+            // The checksum deltas from the key the lookup compared (what the parse read from
+            // this frame) and the words of the other tuple: nothing read back from the frame.
+            let was = PlainV4 {
+                src: key[1] as u32,
+                dst: key[3] as u32,
+                sport: key[4] as u16,
+                dport: (key[4] >> 16) as u16,
+                proto: meta.proto,
+            };
+            let to = PlainV4 {
+                src: out_src,
+                dst: out_dst,
+                sport,
+                dport,
+                proto: meta.proto,
+            };
+            rewrite_plain_v4_from(buf, &was, &to)
         } else {
             rewrite_v4_ports(buf, meta, out_src, sport, out_dst, dport)
         };

@@ -40,7 +40,10 @@ pub use meta::{
     PLAIN_V4_L4,
 };
 pub use reply::{build_port_unreachable, build_tcp_rst};
-pub use rewrite::{decrement_ttl, decrement_ttl_at, rewrite, rewrite_plain_v4, rewrite_v4_ports};
+pub use rewrite::{
+    decrement_ttl, decrement_ttl_at, rewrite, rewrite_plain_v4, rewrite_plain_v4_from,
+    rewrite_v4_ports,
+};
 
 /// Why a frame could not be parsed. Each variant names the first rule the frame broke.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -202,7 +202,8 @@ pub fn parse_into(frame: &[u8], link: LinkType, m: &mut PacketMeta) -> Result<bo
 
 /// Bytes of an untagged Ethernet frame up to the end of a 20-byte IPv4 header and a 20-byte
 /// TCP header (a UDP header's 8 fit in it too): what [`parse_plain_v4`] reads at fixed offsets.
-const PLAIN_V4_LEN: usize = ethernet::HEADER_LEN + ipv4::MIN_HEADER_LEN + tcp::MIN_HEADER_LEN;
+pub(crate) const PLAIN_V4_LEN: usize =
+    ethernet::HEADER_LEN + ipv4::MIN_HEADER_LEN + tcp::MIN_HEADER_LEN;
 /// Where a plain IPv4 frame's IP header starts ([`parse_plain_v4`]).
 pub const PLAIN_V4_L3: usize = ethernet::HEADER_LEN;
 /// Where a plain IPv4 frame's transport header starts ([`parse_plain_v4`]).

@@ -407,6 +407,98 @@ fn rewrite_plain_v4_matches_rewrite() {
     }
 }
 
+/// `rewrite_plain_v4_from` (old values as the parse read them, not read from the frame) leaves
+/// the same bytes as the general `rewrite` on every plain shape and every subset of changed
+/// fields, and the same bytes as `rewrite_plain_v4` with old and new addresses, ports and both
+/// checksum fields set to the one's complement edge values (0, 0xffff, all ones, equal old and
+/// new, a port from 0xffff to 0); a frame too short, or another protocol, is refused unchanged.
+#[test]
+fn rewrite_plain_v4_from_matches_rewrite() {
+    use kxdp_packet::{
+        parse_plain_v4, rewrite_plain_v4, rewrite_plain_v4_from, PacketMeta, PlainV4,
+    };
+    let word = |a: [u8; 4]| u32::from_be_bytes(a);
+    let addrs = [
+        0u32,
+        1,
+        0xffff_ffff,
+        0xffff_0000,
+        0x0000_ffff,
+        0x0a00_0001,
+        0xac1e_0029,
+    ];
+    let ports = [0u16, 1, 0xffff, 0xfffe, 80, 8080];
+    let checks = [0u16, 1, 0xfffe, 0xffff, 0x1234];
+    for s in with_longer_payloads() {
+        let f = build_with(&s, false);
+        let mut m = PacketMeta::default();
+        let Some(p) = parse_plain_v4(&f, &mut m) else {
+            continue;
+        };
+        assert_rewrites_as_general(&s, &f, &m, |fast, src, sp, dst, dp| {
+            let to = PlainV4 {
+                src: word(src),
+                dst: word(dst),
+                sport: sp,
+                dport: dp,
+                ..p
+            };
+            rewrite_plain_v4_from(fast, &p, &to).unwrap()
+        });
+        let l4_check = 14 + 20 + if p.proto == proto::TCP { 16 } else { 6 };
+        let mut n = 0u32;
+        for &os in &addrs {
+            for &od in &addrs[..3] {
+                for &osp in &ports {
+                    for &odp in &ports[..3] {
+                        let was = PlainV4 {
+                            src: os,
+                            dst: od,
+                            sport: osp,
+                            dport: odp,
+                            ..p
+                        };
+                        n = n.wrapping_mul(1_103_515_245).wrapping_add(12345);
+                        let pick = |k: u32, len: usize| (n >> k) as usize % len;
+                        let to = PlainV4 {
+                            src: addrs[pick(3, addrs.len())],
+                            dst: [od, addrs[pick(7, addrs.len())]][pick(11, 2)],
+                            sport: ports[pick(13, ports.len())],
+                            dport: [odp, ports[pick(17, ports.len())]][pick(21, 2)],
+                            ..p
+                        };
+                        let mut g = f.clone();
+                        g[26..30].copy_from_slice(&os.to_be_bytes());
+                        g[30..34].copy_from_slice(&od.to_be_bytes());
+                        g[34..36].copy_from_slice(&osp.to_be_bytes());
+                        g[36..38].copy_from_slice(&odp.to_be_bytes());
+                        g[24..26].copy_from_slice(&checks[pick(23, checks.len())].to_be_bytes());
+                        g[l4_check..l4_check + 2]
+                            .copy_from_slice(&checks[pick(26, checks.len())].to_be_bytes());
+                        let mut want = g.clone();
+                        rewrite_plain_v4(&mut want, p.proto, to.src, to.sport, to.dst, to.dport)
+                            .unwrap();
+                        let mut got = g.clone();
+                        rewrite_plain_v4_from(&mut got, &was, &to).unwrap();
+                        assert_eq!(got, want, "{s:?} {was:?} -> {to:?}");
+                    }
+                }
+            }
+        }
+        let mut g = f.clone();
+        let sctp = PlainV4 {
+            proto: proto::SCTP,
+            ..p
+        };
+        assert!(rewrite_plain_v4_from(&mut g, &sctp, &sctp).is_err());
+        assert_eq!(g, f);
+        let mut short = f[..53].to_vec();
+        let copy = short.clone();
+        assert!(rewrite_plain_v4_from(&mut short, &p, &p).is_err());
+        assert_eq!(short, copy);
+    }
+}
+
 /// Every shape, and each again with 40 more bytes of payload (a plain UDP frame needs 54 bytes:
 /// the shapes' 11-byte payloads leave it one short).
 /// `fast` (a word rewrite of IPv4 frame `f`, parsed as `m`) leaves the same bytes as the general

@@ -273,12 +273,24 @@ impl Conntrack {
     /// out of line, its call and the copy of its `Found` cost 44 instructions per packet.
     #[inline(always)]
     pub fn lookup(&self, key: &Packed, hash: u64, now_ms: u64) -> Option<Found> {
-        let found = self.table.lookup(key, hash, now_ms)?;
-        if found.expires_ms < now_ms {
-            self.table.kill(found.idx);
-            return None;
+        let mut found = Found::default();
+        self.lookup_into(key, hash, now_ms, &mut found)
+            .then_some(found)
+    }
+
+    /// [`Conntrack::lookup`] into the caller's `out` (`Table::lookup_into`): whether the packet's
+    /// connection was found, `out` then holding what `lookup` would have returned (and nothing
+    /// usable when not).
+    #[inline(always)]
+    pub fn lookup_into(&self, key: &Packed, hash: u64, now_ms: u64, out: &mut Found) -> bool {
+        if !self.table.lookup_into(key, hash, now_ms, out) {
+            return false;
         }
-        Some(found)
+        if out.expires_ms < now_ms {
+            self.table.kill(out.idx);
+            return false;
+        }
+        true
     }
 
     /// Whether some live connection already uses `reply` as its reply tuple.

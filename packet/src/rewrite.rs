@@ -247,15 +247,15 @@ pub fn rewrite_plain_v4_from(
     set16(
         h,
         L3 + ipv4::field::CHECKSUM,
-        fold(add_carry((!c) as u32, addr_sum)),
+        fold_carry(add_carry((!c) as u32, addr_sum)),
     );
     let c = get16(h, l4_check);
     let l4_sum = add_carry(add_carry((!c) as u32, addr_sum), ports_sum);
     if old.proto == proto::TCP {
-        set16(h, l4_check, fold(l4_sum));
+        set16(h, l4_check, fold_carry(l4_sum));
     } else if c != 0 {
         // A zero IPv4 UDP checksum ("none") stays zero; a computed zero is sent as all ones.
-        let c = fold(l4_sum);
+        let c = fold_carry(l4_sum);
         set16(h, l4_check, if c == 0 { 0xffff } else { c });
     }
     // Source and destination are adjacent: one store. So are the ports.
@@ -273,6 +273,14 @@ pub fn rewrite_plain_v4_from(
 fn add_carry(a: u32, b: u32) -> u32 {
     let (s, carry) = a.overflowing_add(b);
     s + carry as u32
+}
+
+/// `checksum::fold` in one end-around carry of the two halves: the same value (zero only for a
+/// zero sum, else the 16-bit sum in 1..=0xffff), complemented.
+#[inline(always)]
+fn fold_carry(sum: u32) -> u16 {
+    let (s, carry) = (sum as u16).overflowing_add((sum >> 16) as u16);
+    !(s + carry as u16)
 }
 
 /// A 32-bit field's change from `old` to `new` as a 32-bit partial sum (`changed32`'s value

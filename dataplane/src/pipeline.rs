@@ -121,8 +121,9 @@ struct Slot {
     meta: PacketMeta,
     /// 0: not IP, 1: malformed, 2: IP
     kind: u8,
-    /// The frame is a plain IPv4 TCP/UDP one (`parse_plain_v4`): `key` was packed by the
-    /// parse, and the fast lane rewrites it at constant offsets (`rewrite_plain_v4`).
+    /// The frame is a plain IPv4 TCP/UDP one (`parse_plain_v4`): `key` was packed and hashed
+    /// by the parse loop, and the fast lane rewrites it at constant offsets from the key and
+    /// the other tuple's words (`rewrite_plain_v4_from`).
     plain: bool,
     key: Packed,
     hash: u64,
@@ -309,6 +310,10 @@ impl Pipeline {
                     s.kind = KIND_IP;
                     s.plain = true;
                     s.key = Tuple::pack_v4(p.src, p.dst, p.sport, p.dport, p.proto);
+                    // Hashed here, from the words in registers (two of them known zeros), not
+                    // read back in the key loop: nothing was stored that a load could stall on.
+                    s.hash = ct.hash(&s.key);
+                    ct.prefetch_slot(s.hash);
                     continue;
                 }
             }
@@ -330,24 +335,23 @@ impl Pipeline {
         // The key is built in a loop of its own: right after the parse, its wide loads of the
         // fields the parse had just stored one by one stalled on store forwarding (session 5's
         // profile); a packet later those stores have long reached the cache.
+        // (A plain frame's key was packed and hashed by the parse loop.)
         for s in &mut self.scratch[..m] {
-            if s.kind != KIND_IP {
+            if s.kind != KIND_IP || s.plain {
                 continue;
             }
-            if !s.plain {
-                s.key = match &s.quoted {
-                    Some(q) => Tuple {
-                        src: q.dst,
-                        dst: q.src,
-                        sport: q.dport,
-                        dport: q.sport,
-                        proto: q.proto,
-                        family: q.family,
-                    }
-                    .pack(),
-                    None => Tuple::from_meta(&s.meta).pack(),
-                };
-            }
+            s.key = match &s.quoted {
+                Some(q) => Tuple {
+                    src: q.dst,
+                    dst: q.src,
+                    sport: q.dport,
+                    dport: q.sport,
+                    proto: q.proto,
+                    family: q.family,
+                }
+                .pack(),
+                None => Tuple::from_meta(&s.meta).pack(),
+            };
             s.hash = ct.hash(&s.key);
             ct.prefetch_slot(s.hash);
         }
@@ -394,9 +398,11 @@ impl Pipeline {
         self.counters.packets += m as u64;
         for i in 0..m {
             let (kind, hash) = (self.scratch[i].kind, self.scratch[i].hash);
-            if kind == KIND_IP
-                && self.scratch[i].key[4] >> 32 & 0xff != crate::conntrack::AFFINITY_PROTO as u64
+            // (`created_any` first: until this pass creates a connection, one test per packet.)
+            if self.created_any
+                && kind == KIND_IP
                 && self.maybe_created(hash)
+                && self.scratch[i].key[4] >> 32 & 0xff != crate::conntrack::AFFINITY_PROTO as u64
             {
                 let s = &mut self.scratch[i];
                 s.hit = ct.lookup_into(&s.key, hash, now_ms, &mut s.found);
@@ -1302,8 +1308,9 @@ impl SlotFrames {
         true
     }
 
+    // `[off..][..len]`: two length checks and no overflow check of `off + len`.
     pub fn get(&self, i: usize) -> &[u8] {
-        &self.buf[i * self.slot..i * self.slot + self.lens[i]]
+        &self.buf[i * self.slot..][..self.lens[i]]
     }
 }
 
@@ -1337,7 +1344,7 @@ impl Frames for SlotFrames {
     #[inline]
     fn frame_mut(&mut self, i: usize) -> (&mut [u8], &mut usize) {
         let off = i * self.slot;
-        (&mut self.buf[off..off + self.slot], &mut self.lens[i])
+        (&mut self.buf[off..][..self.slot], &mut self.lens[i])
     }
 
     #[inline]

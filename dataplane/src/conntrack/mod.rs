@@ -283,10 +283,10 @@ impl Conntrack {
     /// usable when not).
     #[inline(always)]
     pub fn lookup_into(&self, key: &Packed, hash: u64, now_ms: u64, out: &mut Found) -> bool {
-        if !self.table.lookup_into(key, hash, now_ms, out) {
+        if !self.table.lookup_into(key, hash, out) {
             return false;
         }
-        if out.expires_ms < now_ms {
+        if out.expired(now_ms) {
             self.table.kill(out.idx);
             return false;
         }
@@ -524,30 +524,27 @@ impl Conntrack {
         }
         // The state word as it is now (not the lookup's copy: an earlier packet of the batch
         // may have moved it).
-        let state = self.table.state_if_live(found.idx)?;
-        let expires = if proto == kxdp_packet::proto::TCP {
-            let st = (state & PROTO_STATE_MASK) >> PROTO_STATE_SHIFT;
-            // After a RST the full path refuses the packet (`ct-invalid`); a state this packet
-            // would move goes there too.
-            if !tcp_plain_keeps(state, found.dir, tcp_flags) {
-                return None;
-            }
-            clock.tcp[st as usize]
-        } else if state & FLAG_ASSURED != 0 {
-            clock.udp_stream
-        } else if state & FLAG_SEEN_REPLY != 0 {
-            // Answered but not yet a stream: whether it becomes one depends on its age.
-            return None;
-        } else {
-            clock.udp
-        };
-        if proto != kxdp_packet::proto::TCP
-            && next_state(state, proto, found.dir, tcp_flags, false) != state
-        {
-            return None;
-        }
-        self.table.touch(found.idx, found.dir, expires, bytes);
-        Some(state)
+        self.table
+            .touch_if_live(found.idx, found.dir, bytes, |state| {
+                if proto == kxdp_packet::proto::TCP {
+                    let st = (state & PROTO_STATE_MASK) >> PROTO_STATE_SHIFT;
+                    // After a RST the full path refuses the packet (`ct-invalid`); a state this
+                    // packet would move goes there too.
+                    if !tcp_plain_keeps(state, found.dir, tcp_flags) {
+                        return None;
+                    }
+                    return Some(clock.tcp[st as usize]);
+                }
+                let expires = if state & FLAG_ASSURED != 0 {
+                    clock.udp_stream
+                } else if state & FLAG_SEEN_REPLY != 0 {
+                    // Answered but not yet a stream: whether it becomes one depends on its age.
+                    return None;
+                } else {
+                    clock.udp
+                };
+                (next_state(state, proto, found.dir, tcp_flags, false) == state).then_some(expires)
+            })
     }
 
     /// SCTP: the association state machine with verification tags (see `sctp`).

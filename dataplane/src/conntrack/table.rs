@@ -194,6 +194,14 @@ impl Clock32 {
         let delta = v.wrapping_sub(near as u32) as i32 as i64;
         ((near as i64 + delta) * 2).max(0) as u64
     }
+
+    /// `decode(v, now_ms) < now_ms` without the decode: the expiry is past exactly when its
+    /// distance from now in units is negative (and never at time 0, where `decode` clamps).
+    #[inline(always)]
+    pub fn expired(v: u32, now_ms: u64) -> bool {
+        let near = now_ms.div_ceil(2);
+        now_ms != 0 && (v.wrapping_sub(near as u32) as i32) < 0
+    }
 }
 
 #[cfg(test)]
@@ -225,6 +233,40 @@ mod clock32_tests {
             if now > 10_000 {
                 let back = Clock32::decode(Clock32::encode(now - 10_000), now);
                 assert!(back < now && back + 10_001 >= now, "{now} - 10 s: {back}");
+            }
+        }
+    }
+
+    /// `expired` is `decode(v, now) < now` for every distance around now, at time 0, near the
+    /// wraps and at the half-range boundary.
+    #[test]
+    fn expired_is_decode_before_now() {
+        for now in [
+            0u64,
+            1,
+            2,
+            3,
+            1_000,
+            1_001,
+            (1 << 33) - 1,
+            1 << 33,
+            (1 << 33) + 7,
+            3 << 33,
+        ] {
+            let near = now.div_ceil(2) as u32;
+            let mut vs: Vec<u32> = (0..64u32)
+                .map(|d| near.wrapping_add(d).wrapping_sub(32))
+                .collect();
+            for edge in [0u32, 1, u32::MAX, 1 << 31, (1 << 31) - 1, (1 << 31) + 1] {
+                vs.push(edge);
+                vs.push(near.wrapping_add(edge));
+            }
+            for v in vs {
+                assert_eq!(
+                    Clock32::expired(v, now),
+                    Clock32::decode(v, now) < now,
+                    "v {v} now {now}"
+                );
             }
         }
     }
@@ -338,10 +380,19 @@ pub struct Found {
     pub other: Packed,
     pub state: u32,
     pub service_id: u32,
-    pub expires_ms: u64,
+    /// The expiry as the entry keeps it (`Clock32`): `Found::expired` compares it with now
+    /// without decoding it (the only question a lookup asks of it).
+    pub expires: u32,
 }
 
 impl Found {
+    /// Whether the connection's expiry is before `now_ms` (`Conntrack::lookup`: then it is gone,
+    /// whether or not the expiry scan has reached it).
+    #[inline(always)]
+    pub fn expired(&self, now_ms: u64) -> bool {
+        Clock32::expired(self.expires, now_ms)
+    }
+
     /// The other tuple, unpacked (the full path).
     #[inline]
     pub fn other_tuple(&self) -> Tuple {
@@ -717,14 +768,14 @@ impl Table {
         }
     }
 
-    /// Finds the live entry holding `key` in either direction; its expiry is read as the time
-    /// nearest to `now_ms`. Always inlined: the hot path's lookup (inline until the pass loop
-    /// grew, then an out-of-line call per packet: session 5's profile).
+    /// Finds the live entry holding `key` in either direction (whether it has expired is the
+    /// caller's question: `Found::expired`; `_now_ms` is no longer needed for it). Always
+    /// inlined: the hot path's lookup (inline until the pass loop grew, then an out-of-line call
+    /// per packet: session 5's profile).
     #[inline(always)]
-    pub fn lookup(&self, key: &Packed, hash: u64, now_ms: u64) -> Option<Found> {
+    pub fn lookup(&self, key: &Packed, hash: u64, _now_ms: u64) -> Option<Found> {
         let mut found = Found::default();
-        self.lookup_into(key, hash, now_ms, &mut found)
-            .then_some(found)
+        self.lookup_into(key, hash, &mut found).then_some(found)
     }
 
     /// [`Table::lookup`] writing what it finds into `out` (the pipeline's per-packet scratch)
@@ -733,7 +784,7 @@ impl Table {
     /// packet of est-10k). Returns whether it found one; when not, `out` holds nothing usable
     /// (possibly a torn copy of an entry that did not match or changed meanwhile).
     #[inline(always)]
-    pub fn lookup_into(&self, key: &Packed, hash: u64, now_ms: u64, out: &mut Found) -> bool {
+    pub fn lookup_into(&self, key: &Packed, hash: u64, out: &mut Found) -> bool {
         let tag = self.code.tag(hash);
         let mut i = self.home(hash);
         for _ in 0..MAX_PROBE {
@@ -743,7 +794,7 @@ impl Table {
             }
             if s & TOMB_BIT == 0 {
                 let (stag, idx, dir) = self.code.decode(s);
-                if stag == tag && self.read_if_match(idx, dir, key, now_ms, out) {
+                if stag == tag && self.read_if_match(idx, dir, key, out) {
                     return true;
                 }
             }
@@ -755,7 +806,7 @@ impl Table {
     /// Whether entry `idx`'s tuple `dir` is `key` in a live entry; if so its copy, taken under the
     /// entry's sequence number, is in `out` (written as read: a failed read leaves a torn copy).
     #[inline(always)]
-    fn read_if_match(&self, idx: u32, dir: u8, key: &Packed, now_ms: u64, out: &mut Found) -> bool {
+    fn read_if_match(&self, idx: u32, dir: u8, key: &Packed, out: &mut Found) -> bool {
         let Some(e) = self.entries.get(idx as usize) else {
             return false;
         };
@@ -794,7 +845,7 @@ impl Table {
         out.dir = dir;
         out.state = state & !SEQ_MASK;
         out.service_id = stash.service_id;
-        out.expires_ms = Clock32::decode(expires, now_ms);
+        out.expires = expires;
         true
     }
 
@@ -803,7 +854,7 @@ impl Table {
     /// that `index_from` does not walk the same probe again. The slot may be taken meanwhile:
     /// `index_from` then goes on along the probe, as from its start.
     #[inline(always)]
-    fn vacancy(&self, key: &Packed, hash: u64, now_ms: u64) -> Result<Option<usize>, ()> {
+    fn vacancy(&self, key: &Packed, hash: u64, _now_ms: u64) -> Result<Option<usize>, ()> {
         let tag = self.code.tag(hash);
         let mut i = self.home(hash);
         let mut free = None;
@@ -816,7 +867,7 @@ impl Table {
                 free = free.or(Some(i));
             } else {
                 let (stag, idx, dir) = self.code.decode(s);
-                if stag == tag && self.read_if_match(idx, dir, key, now_ms, &mut Found::default()) {
+                if stag == tag && self.read_if_match(idx, dir, key, &mut Found::default()) {
                     return Err(());
                 }
             }
@@ -1344,28 +1395,31 @@ impl Table {
         store_expiry(&self.entries[idx as usize], Clock32::encode(expires_ms));
     }
 
-    /// Entry `idx`'s state word (sequence number cleared) if it is live: the fast lane's
-    /// `update_state` when nothing is to change.
+    /// The fast lane's state read, expiry refresh and count (`Conntrack::on_plain_packet`), on
+    /// one entry found once (one bounds check; the read and the refresh were two functions
+    /// finding it twice). If entry `idx` is live, `expiry_for` gets its state word (sequence
+    /// number cleared) and gives the expiry (`Clock32`) to store, or None to leave the entry as
+    /// it is (then None is returned). The expiry is stored only when it changed (within one
+    /// clock tick it has not, and an unchanged line is not dirtied); the packet is counted in
+    /// direction `dir`. Returns the state word.
     #[inline(always)]
-    pub fn state_if_live(&self, idx: u32) -> Option<u32> {
-        let st = self
-            .entries
-            .get(idx as usize)?
-            .state()
-            .load(Ordering::Acquire);
-        (st & LIFE_MASK == LIFE_LIVE).then_some(st & !SEQ_MASK)
-    }
-
-    /// The fast lane's expiry refresh and count (`Conntrack::on_plain_packet`): stores the
-    /// expiry `expires` (`Clock32`) only when it changed (within one clock tick it has not, and
-    /// an unchanged line is not dirtied), and counts the packet in direction `dir`.
-    #[inline(always)]
-    pub fn touch(&self, idx: u32, dir: u8, expires: u32, bytes: u64) {
-        let Some(e) = self.entries.get(idx as usize) else {
-            return;
-        };
+    pub fn touch_if_live(
+        &self,
+        idx: u32,
+        dir: u8,
+        bytes: u64,
+        expiry_for: impl FnOnce(u32) -> Option<u32>,
+    ) -> Option<u32> {
+        let e = self.entries.get(idx as usize)?;
+        let st = e.state().load(Ordering::Acquire);
+        if st & LIFE_MASK != LIFE_LIVE {
+            return None;
+        }
+        let state = st & !SEQ_MASK;
+        let expires = expiry_for(state)?;
         store_expiry(e, expires);
         count_packet_bytes(e, dir as usize & 1, bytes);
+        Some(state)
     }
 
     /// Counts a packet of `bytes` in direction `dir` (not SCTP: see `count_sctp`).

@@ -1302,7 +1302,7 @@ impl SlotFrames {
         }
         let n = data.len().min(self.slot);
         let off = self.count * self.slot;
-        copy_frame(&mut self.buf[off..off + n], &data[..n]);
+        copy_frame(&mut self.buf[off..][..n], &data[..n]);
         self.lens[self.count] = n;
         self.count += 1;
         true

@@ -487,7 +487,7 @@ fn drive(
                 frames.clear();
                 let m = (end - k).min(BATCH);
                 for &(start, len) in &share.spans[k..k + m] {
-                    frames.push(&share.data[start..start + len]);
+                    frames.push(&share.data[start..][..len]);
                 }
                 batch_idx[..m].copy_from_slice(&share.index[k..k + m]);
                 k += m;

@@ -650,6 +650,9 @@ impl Worker {
                 idle_polls = idle_polls.saturating_add(1);
                 if idle_polls > self.backoff.spin_polls || busy_at.elapsed() > SPIN_LIMIT {
                     c.idle_sleeps.fetch_add(1, Ordering::Relaxed);
+                    // Idle: the live count gets this worker's new connections now rather than
+                    // at its next busy millisecond.
+                    pipeline.flush_conntrack(&shared.ct);
                     match &mut self.poller {
                         Some(p) => {
                             // The sockets' fds wake the wait only for RX. Frames still on a TX

@@ -742,6 +742,13 @@ impl Conntrack {
         self.table.maintain(now_ms, budget, retired)
     }
 
+    /// Adds what a worker's `retired` cache has not yet added to the live count: with several
+    /// workers a maintenance step adds it only when the clock moved (or it grew large), so a
+    /// worker that stops calls this for an exact count at rest.
+    pub fn flush_pending(&self, retired: &mut Retired) {
+        self.table.flush_pending(retired)
+    }
+
     /// A `Retired` list sized for this table's maintenance.
     pub fn retired_list(&self) -> Retired {
         Retired::with_capacity(4096)

@@ -499,6 +499,13 @@ pub struct Table {
     /// up to a chunk's change it has not added yet): near the maximum the count is exact, so
     /// a table never stays over `max_live` once its workers have added their changes.
     cached_below: i64,
+    /// The most a worker's cache takes of never-used entries at once, and keeps of its
+    /// live-count change (`worker_chunk`).
+    worker_chunk: u32,
+    /// Whether a worker adds its live-count change at every maintenance step (one participant,
+    /// or a small table: as before session 10) or only when its clock moved or the change
+    /// reached `worker_chunk`.
+    flush_every_step: bool,
     live: CachePadded<AtomicU32>,
     /// Never-used entries are handed out from here before the free list is consulted.
     next_unused: CachePadded<AtomicU32>,
@@ -525,6 +532,21 @@ pub struct Table {
 /// Entries a worker's cache (`Retired`) takes from or gives back to the table at once, and the
 /// live-count change it keeps to itself before adding it to the shared count.
 const CHUNK: u32 = 32;
+
+/// What a worker's cache reserves of never-used entries at once, and keeps of its live-count
+/// change, with several workers on a large table: `CHUNK` per 4,096 entries of capacity, at
+/// least `CHUNK`, at most 8 chunks. Two workers inserting a batch of new connections each took
+/// `next_unused`'s and the live count's cache lines from each other about four times per batch
+/// (session 10). A small table keeps `CHUNK` exactly: a reservation counts as used, and early
+/// drop looks for victims among the used entries (session 9 reserved 256 on every table and a
+/// full 16-entry table then found none); one worker keeps it too (nobody to contend with).
+fn worker_chunk(capacity: usize, participants: usize) -> u32 {
+    if participants > 1 {
+        (capacity / 4096).clamp(CHUNK as usize, 8 * CHUNK as usize) as u32
+    } else {
+        CHUNK
+    }
+}
 
 /// How many entries ahead of itself the expiry scan prefetches.
 const SCAN_PREFETCH: usize = 8;
@@ -632,13 +654,16 @@ impl Table {
         participants: usize,
         seed: u64,
     ) -> Table {
+        let worker_chunk = worker_chunk(g.capacity, participants);
         Table {
             entries: storage.entries,
             code: SlotCode::for_capacity(g.capacity),
             slots: storage.slots,
             seed: seed | 1,
             max_live: g.max_live,
-            cached_below: g.max_live as i64 - (CHUNK as usize * participants.max(1)) as i64,
+            cached_below: g.max_live as i64 - (worker_chunk as usize * participants.max(1)) as i64,
+            worker_chunk,
+            flush_every_step: worker_chunk == CHUNK,
             live: CachePadded::new(AtomicU32::new(0)),
             next_unused: CachePadded::new(AtomicU32::new(0)),
             free_head: CachePadded::new(AtomicU64::new(0)),
@@ -1046,10 +1071,11 @@ impl Table {
         }
     }
 
-    /// Adds a worker's live-count change to the shared count once it reaches `CHUNK` (or
-    /// always, with `now`): one shared write per `CHUNK` new connections.
+    /// Adds a worker's live-count change to the shared count once it reaches `worker_chunk` (or
+    /// always, with `now`): one shared write per `worker_chunk` new connections.
     fn flush_live(&self, c: &mut Retired, now: bool) {
-        if c.pending_live != 0 && (now || c.pending_live.unsigned_abs() >= CHUNK as u64) {
+        if c.pending_live != 0 && (now || c.pending_live.unsigned_abs() >= self.worker_chunk as u64)
+        {
             if c.pending_live > 0 {
                 self.live.fetch_add(c.pending_live as u32, Ordering::AcqRel);
             } else {
@@ -1058,6 +1084,12 @@ impl Table {
             }
             c.pending_live = 0;
         }
+    }
+
+    /// Adds what a worker's cache has not yet added to the live count (a worker that stops: the
+    /// count is then exact at rest).
+    pub fn flush_pending(&self, c: &mut Retired) {
+        self.flush_live(c, true);
     }
 
     /// A free entry for a worker: from its own cache, else a chunk from the table (one shared
@@ -1084,9 +1116,11 @@ impl Table {
         }
         let n = self.entries.len() as u32;
         if self.next_unused.load(Ordering::Relaxed) < n {
-            let start = self.next_unused.fetch_add(CHUNK, Ordering::AcqRel);
+            let start = self
+                .next_unused
+                .fetch_add(self.worker_chunk, Ordering::AcqRel);
             if start < n {
-                c.unused = (start + 1, (start + CHUNK).min(n));
+                c.unused = (start + 1, start.saturating_add(self.worker_chunk).min(n));
                 return Some(start);
             }
         }
@@ -1455,6 +1489,9 @@ impl Table {
         // more than needed. Lookups check expiry themselves; the scan only reclaims room.
         let elapsed = now_ms.saturating_sub(retired.last_ms);
         retired.last_ms = now_ms;
+        // The live count: at every step with one worker; with several, when the clock moved
+        // (so the count trails by at most a clock tick's new connections, or `worker_chunk`).
+        let flush_now = self.flush_every_step || elapsed > 0;
         let n = self.entries.len() as u64;
         let used = (self.next_unused.load(Ordering::Relaxed) as u64)
             .min(n)
@@ -1491,7 +1528,7 @@ impl Table {
         // shared cursors are not touched at all: an add of zero still takes their cache line
         // from the other workers, once per batch.)
         if budget == 0 && slot_budget == 0 {
-            self.flush_live(retired, true);
+            self.flush_live(retired, flush_now);
             return 0;
         }
         let start = self.scan_cursor.fetch_add(budget as u64, Ordering::Relaxed);
@@ -1546,7 +1583,7 @@ impl Table {
             .fetch_add(slot_budget as u64, Ordering::Relaxed);
         self.sweep_tombs((start % self.slots.len() as u64) as usize, slot_budget);
         retired.pending_live -= expired as i64;
-        self.flush_live(retired, true);
+        self.flush_live(retired, flush_now);
         expired
     }
 

@@ -448,3 +448,85 @@ fn tcp_plain_keeps_is_next_state() {
     }
     assert!(kept > 0);
 }
+
+/// Two workers on a large table (2^20 entries: chunks of 256): inserting 64 per batch with
+/// maintenance at an unchanged clock, the shared count trails by at most a chunk per worker; a
+/// step whose clock moved, or `flush_pending`, makes it exact; every connection got an entry of
+/// its own (found in both directions, no two the same).
+#[test]
+fn two_workers_on_a_large_table_count_in_larger_chunks() {
+    let ct = Conntrack::new(CtConfig::default(), 2);
+    let per_worker = 3_000u32;
+    let idxs: Vec<Vec<u32>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..2u8)
+            .map(|w| {
+                let ct = &ct;
+                s.spawn(move || {
+                    let mut cache = ct.retired_list();
+                    // The first step sets the worker's clock.
+                    ct.maintain(1, 0, &mut cache);
+                    let mut idxs = Vec::new();
+                    for i in 0..per_worker {
+                        let o = Tuple {
+                            src: Addr::from_v4([10, w, (i >> 8) as u8, i as u8]),
+                            ..tup(0, 40000, 41, 80, 6)
+                        };
+                        let r = Tuple {
+                            dst: o.src,
+                            ..tup(9, 8080, 0, 40000, 6)
+                        };
+                        ct.enter(w as usize);
+                        idxs.push(
+                            ct.create_with(&mut cache, &o, &r, 0u8, false, 0, 1, 0)
+                                .unwrap(),
+                        );
+                        ct.leave(w as usize);
+                        assert!(find(ct, &o, 1).is_some() && find(ct, &r, 1).is_some());
+                        if i % 64 == 63 {
+                            ct.maintain(1, 0, &mut cache);
+                            assert!(ct.len() <= 2 * per_worker);
+                        }
+                    }
+                    if w == 0 {
+                        // A step whose clock moved adds this worker's change.
+                        ct.maintain(2, 0, &mut cache);
+                    } else {
+                        ct.flush_pending(&mut cache);
+                    }
+                    idxs
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(ct.len(), 2 * per_worker);
+    let mut all: Vec<u32> = idxs.concat();
+    all.sort_unstable();
+    all.dedup();
+    assert_eq!(all.len(), 2 * per_worker as usize);
+}
+
+/// With one worker, or on a small table, the count is exact after every maintenance step, as
+/// before the larger chunks.
+#[test]
+fn one_worker_or_a_small_table_counts_at_every_step() {
+    for (max, workers) in [(1u32 << 20, 1usize), (2000, 2)] {
+        let ct = Conntrack::new(
+            CtConfig {
+                max_entries: max,
+                ..CtConfig::default()
+            },
+            workers,
+        );
+        let mut cache = ct.retired_list();
+        ct.maintain(1, 0, &mut cache);
+        for i in 0..100u32 {
+            let o = tup(i as u8, 40000, 41, 80, 6);
+            let r = tup(9, 8080, i as u8, 40000, 6);
+            ct.create_with(&mut cache, &o, &r, 0u8, false, 0, 1, 0)
+                .unwrap();
+        }
+        ct.maintain(1, 0, &mut cache);
+        assert_eq!(ct.len(), 100, "max {max}, {workers} workers");
+    }
+}

@@ -386,14 +386,9 @@ fn parse_plain_v4_matches_the_general_parse() {
 /// another protocol, is refused unchanged.
 #[test]
 fn rewrite_plain_v4_matches_rewrite() {
-    use kxdp_packet::{parse_plain_v4, rewrite_plain_v4, PacketMeta};
+    use kxdp_packet::rewrite_plain_v4;
     let word = |a: [u8; 4]| u32::from_be_bytes(a);
-    for s in with_longer_payloads() {
-        let f = build_with(&s, false);
-        let mut m = PacketMeta::default();
-        let Some(p) = parse_plain_v4(&f, &mut m) else {
-            continue;
-        };
+    for (s, f, m, p) in plain_frames() {
         assert_rewrites_as_general(&s, &f, &m, |fast, src, sp, dst, dp| {
             rewrite_plain_v4(fast, p.proto, word(src), sp, word(dst), dp).unwrap()
         });
@@ -414,9 +409,7 @@ fn rewrite_plain_v4_matches_rewrite() {
 /// new, a port from 0xffff to 0); a frame too short, or another protocol, is refused unchanged.
 #[test]
 fn rewrite_plain_v4_from_matches_rewrite() {
-    use kxdp_packet::{
-        parse_plain_v4, rewrite_plain_v4, rewrite_plain_v4_from, PacketMeta, PlainV4,
-    };
+    use kxdp_packet::{rewrite_plain_v4, rewrite_plain_v4_from, PlainV4};
     let word = |a: [u8; 4]| u32::from_be_bytes(a);
     let addrs = [
         0u32,
@@ -429,12 +422,7 @@ fn rewrite_plain_v4_from_matches_rewrite() {
     ];
     let ports = [0u16, 1, 0xffff, 0xfffe, 80, 8080];
     let checks = [0u16, 1, 0xfffe, 0xffff, 0x1234];
-    for s in with_longer_payloads() {
-        let f = build_with(&s, false);
-        let mut m = PacketMeta::default();
-        let Some(p) = parse_plain_v4(&f, &mut m) else {
-            continue;
-        };
+    for (s, f, m, p) in plain_frames() {
         assert_rewrites_as_general(&s, &f, &m, |fast, src, sp, dst, dp| {
             let to = PlainV4 {
                 src: word(src),
@@ -499,8 +487,6 @@ fn rewrite_plain_v4_from_matches_rewrite() {
     }
 }
 
-/// Every shape, and each again with 40 more bytes of payload (a plain UDP frame needs 54 bytes:
-/// the shapes' 11-byte payloads leave it one short).
 /// `fast` (a word rewrite of IPv4 frame `f`, parsed as `m`) leaves the same bytes as the general
 /// `rewrite`, for each of a few address and port choices: unchanged, only the destination,
 /// only the source, both, and ports alone.
@@ -535,6 +521,8 @@ fn assert_rewrites_as_general(
     }
 }
 
+/// Every shape, and each again with 40 more bytes of payload (a plain UDP frame needs 54 bytes:
+/// the shapes' 11-byte payloads leave it one short).
 fn with_longer_payloads() -> Vec<Spec> {
     all_specs()
         .into_iter()
@@ -546,6 +534,20 @@ fn with_longer_payloads() -> Vec<Spec> {
                     ..s
                 },
             ]
+        })
+        .collect()
+}
+
+/// The shapes of [`with_longer_payloads`] that `parse_plain_v4` takes: each with its frame, the
+/// meta the parse wrote and what it read.
+fn plain_frames() -> Vec<(Spec, Vec<u8>, kxdp_packet::PacketMeta, kxdp_packet::PlainV4)> {
+    with_longer_payloads()
+        .into_iter()
+        .filter_map(|s| {
+            let f = build_with(&s, false);
+            let mut m = kxdp_packet::PacketMeta::default();
+            let p = kxdp_packet::parse_plain_v4(&f, &mut m)?;
+            Some((s, f, m, p))
         })
         .collect()
 }

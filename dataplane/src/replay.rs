@@ -7,8 +7,8 @@
 //! thread timing. Clients are assigned so that every epoch (below) splits evenly among the
 //! workers ([`balance_clients`]): the workers wait for each other at every epoch's end, so an
 //! epoch lasts as long as its largest share (a hash of the client left that share ~2.5 % above
-//! an even split at 1,000 packets an epoch). A worker copies its packets batch by batch into its own frame slots, as the
-//! kernel copies received frames into UMEM.
+//! an even split at 1,000 packets an epoch). A worker copies its packets batch by batch into its
+//! own frame slots, as the kernel copies received frames into UMEM.
 //! Conntrack is shared, exactly as in `kxdp run`. Time is the capture's: the capture is cut into
 //! batches once (at most `BATCH` packets, never more than `MAX_BATCH_SPAN_MS` of capture time, a
 //! table update starts a new one), and a batch runs at the timestamp of its first packet (in

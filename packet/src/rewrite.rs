@@ -192,25 +192,33 @@ pub fn rewrite_plain_v4(
     dst: u32,
     dport: u16,
 ) -> Result<(), ParseError> {
-    const L3: usize = PLAIN_V4_L3;
-    const L4: usize = PLAIN_V4_L4;
     match l4_proto {
-        proto::TCP => {
-            let h = frame
-                .first_chunk_mut::<{ L4 + tcp::MIN_HEADER_LEN }>()
-                .ok_or(ParseError::Truncated)?;
-            let addr_sum = set_v4_addrs(h, L3, src, dst);
-            set_tcp_udp_ports(h, L4, proto::TCP, Family::V4, addr_sum, sport, dport);
-        }
-        proto::UDP => {
-            let h = frame
-                .first_chunk_mut::<{ L4 + udp::HEADER_LEN }>()
-                .ok_or(ParseError::Truncated)?;
-            let addr_sum = set_v4_addrs(h, L3, src, dst);
-            set_tcp_udp_ports(h, L4, proto::UDP, Family::V4, addr_sum, sport, dport);
-        }
-        _ => return Err(ParseError::Truncated),
+        proto::TCP => set_plain_v4::<{ PLAIN_V4_L4 + tcp::MIN_HEADER_LEN }>(
+            frame, l4_proto, src, sport, dst, dport,
+        ),
+        proto::UDP => set_plain_v4::<{ PLAIN_V4_L4 + udp::HEADER_LEN }>(
+            frame, l4_proto, src, sport, dst, dport,
+        ),
+        _ => Err(ParseError::Truncated),
     }
+}
+
+/// [`rewrite_plain_v4`] on the first `LEN` bytes, the plain headers of a TCP or UDP frame
+/// (`Err(Truncated)`, changing nothing, on a shorter one).
+#[inline(always)]
+fn set_plain_v4<const LEN: usize>(
+    frame: &mut [u8],
+    l4_proto: u8,
+    src: u32,
+    sport: u16,
+    dst: u32,
+    dport: u16,
+) -> Result<(), ParseError> {
+    let h = frame
+        .first_chunk_mut::<LEN>()
+        .ok_or(ParseError::Truncated)?;
+    let addr_sum = set_v4_addrs(h, PLAIN_V4_L3, src, dst);
+    set_tcp_udp_ports(h, PLAIN_V4_L4, l4_proto, Family::V4, addr_sum, sport, dport);
     Ok(())
 }
 

@@ -502,10 +502,6 @@ pub struct Table {
     /// The most a worker's cache takes of never-used entries at once, and keeps of its
     /// live-count change (`worker_chunk`).
     worker_chunk: u32,
-    /// Whether a worker adds its live-count change at every maintenance step (one participant,
-    /// or a small table: as before session 10) or only when its clock moved or the change
-    /// reached `worker_chunk`.
-    flush_every_step: bool,
     live: CachePadded<AtomicU32>,
     /// Never-used entries are handed out from here before the free list is consulted.
     next_unused: CachePadded<AtomicU32>,
@@ -663,7 +659,6 @@ impl Table {
             max_live: g.max_live,
             cached_below: g.max_live as i64 - (worker_chunk as usize * participants.max(1)) as i64,
             worker_chunk,
-            flush_every_step: worker_chunk == CHUNK,
             live: CachePadded::new(AtomicU32::new(0)),
             next_unused: CachePadded::new(AtomicU32::new(0)),
             free_head: CachePadded::new(AtomicU64::new(0)),
@@ -1491,7 +1486,9 @@ impl Table {
         retired.last_ms = now_ms;
         // The live count: at every step with one worker; with several, when the clock moved
         // (so the count trails by at most a clock tick's new connections, or `worker_chunk`).
-        let flush_now = self.flush_every_step || elapsed > 0;
+        // With chunks of `CHUNK` (one participant, or a small table: as before session 10) at
+        // every step; with larger ones only when the clock moved or the change reached a chunk.
+        let flush_now = self.worker_chunk == CHUNK || elapsed > 0;
         let n = self.entries.len() as u64;
         let used = (self.next_unused.load(Ordering::Relaxed) as u64)
             .min(n)

@@ -33,6 +33,11 @@ use crate::policy::Decision;
 use crate::snapshot::{EmptyAction, FrontendKey, FrontendRef, FrontendTable, Snapshot};
 use crate::verdict::{Action, Reason, Verdict};
 
+/// TEMPORARY experiment switches (env KXDP_AHEAD_MODE, read by replay): 1 no ahead, 2 L2 hints
+/// for the next batch, 4 no entry prefetch in the decide loop, 8 parse the next batch before
+/// this batch's lookups.
+pub static AHEAD_MODE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
 /// Frames handled per pass; larger batches are processed in chunks of this size.
 pub const MAX_BATCH: usize = 256;
 
@@ -345,15 +350,30 @@ impl Pipeline {
         // entry). A batch the previous call was told about (`process_ahead`) was parsed, and
         // its slots and entries prefetched, while that call decided its own packets: its scratch
         // is ready.
+        let mode = AHEAD_MODE.load(std::sync::atomic::Ordering::Relaxed);
         if parsed {
             std::mem::swap(&mut self.scratch, &mut self.next_scratch);
+            if mode & 4 != 0 {
+                for s in &self.scratch[..m] {
+                    if s.kind == KIND_IP {
+                        ct.prefetch_entry(s.hash);
+                    }
+                }
+            }
         } else {
-            parse_frames(&mut self.scratch[..m], frames, base, self.link, ct);
+            parse_frames(&mut self.scratch[..m], frames, base, self.link, ct, false);
             // 2. Conntrack.
             for s in &self.scratch[..m] {
                 if s.kind == KIND_IP {
                     ct.prefetch_entry(s.hash);
                 }
+            }
+        }
+        let mut next_n = 0;
+        if mode & 8 != 0 {
+            if let Some(f) = next {
+                next_n = f.count();
+                parse_frames(&mut self.next_scratch[..next_n], f, 0, self.link, ct, mode & 2 != 0);
             }
         }
         let mut misses = false;
@@ -392,20 +412,24 @@ impl Pipeline {
         // The next batch (`process_ahead`): parsed now, its slots prefetched, so that they
         // arrive while this batch is decided; each packet decided below then prefetches the
         // entry its counterpart of the next batch names.
-        let next_n = match next {
-            Some(f) => {
-                let k = f.count();
-                parse_frames(&mut self.next_scratch[..k], f, 0, self.link, ct);
-                k
+        if mode & 8 == 0 {
+            if let Some(f) = next {
+                next_n = f.count();
+                parse_frames(&mut self.next_scratch[..next_n], f, 0, self.link, ct, mode & 2 != 0);
             }
-            None => 0,
-        };
+        }
         self.ahead = next_n;
+        let decide_prefetch = if mode & 4 != 0 { 0 } else { next_n };
+        let l2 = mode & 2 != 0;
         let (lane_on, mut lane) = (self.fast_lane, 0u64);
         self.counters.packets += m as u64;
         for i in 0..m {
-            if i < next_n && self.next_scratch[i].kind == KIND_IP {
-                ct.prefetch_entry(self.next_scratch[i].hash);
+            if i < decide_prefetch && self.next_scratch[i].kind == KIND_IP {
+                if l2 {
+                    ct.prefetch_entry_l2(self.next_scratch[i].hash);
+                } else {
+                    ct.prefetch_entry(self.next_scratch[i].hash);
+                }
             }
             let (kind, hash) = (self.scratch[i].kind, self.scratch[i].hash);
             // (`created_any` first: until this pass creates a connection, one test per packet.)
@@ -471,7 +495,7 @@ impl Pipeline {
             self.counters.actions[v.action as usize] += 1;
         }
         // A next batch longer than this one: the rest of its entries.
-        for s in self.next_scratch[..next_n].iter().skip(m) {
+        for s in self.next_scratch[..decide_prefetch].iter().skip(m) {
             if s.kind == KIND_IP {
                 ct.prefetch_entry(s.hash);
             }
@@ -1032,6 +1056,7 @@ fn parse_frames<F: Frames>(
     base: usize,
     link: LinkType,
     ct: &Conntrack,
+    l2: bool,
 ) {
     for (i, s) in scratch.iter_mut().enumerate() {
         s.hit = false;
@@ -1050,7 +1075,11 @@ fn parse_frames<F: Frames>(
                 // and its slot prefetched a whole parse loop before the entry prefetch reads
                 // it (session 10: est-1m and est-10k 1-2 % faster than from the key loop).
                 s.hash = ct.hash(&s.key);
-                ct.prefetch_slot(s.hash);
+                if l2 {
+                    ct.prefetch_slot_l2(s.hash);
+                } else {
+                    ct.prefetch_slot(s.hash);
+                }
                 continue;
             }
         }

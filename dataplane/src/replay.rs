@@ -494,6 +494,11 @@ fn drive(
     let mut batch_idx = [0u32; BATCH];
     let mut hops = [crate::egress::NOT_SENT; BATCH];
     let mut egress_stats = crate::egress::EgressStats::default();
+    let mode: u32 = std::env::var("KXDP_AHEAD_MODE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    crate::pipeline::AHEAD_MODE.store(mode, Ordering::Relaxed);
     let mut cur = 0;
     if let Some(&first) = plan.first() {
         load(&mut frames[cur], first);
@@ -528,7 +533,7 @@ fn drive(
             batch_idx[..m].copy_from_slice(&share.index[k..k + m]);
             pipeline.process_ahead(
                 this,
-                next.map(|_| &*other),
+                next.filter(|_| mode & 1 == 0).map(|_| &*other),
                 &mut verdicts[..m],
                 tables,
                 ct,

@@ -772,6 +772,27 @@ impl Table {
         }
     }
 
+    /// `prefetch_slot` into the L2 only.
+    #[inline]
+    pub fn prefetch_slot_l2(&self, hash: u64) {
+        kxdp_packet::prefetch::prefetch_l2(&self.slots[self.home(hash)]);
+    }
+
+    /// `prefetch_entry` into the L2 only.
+    #[inline]
+    pub fn prefetch_entry_l2(&self, hash: u64) {
+        let s = self.slots[self.home(hash)].load(Ordering::Relaxed);
+        if s == SLOT_EMPTY || s & TOMB_BIT != 0 {
+            return;
+        }
+        let (tag, idx, _) = self.code.decode(s);
+        if tag == self.code.tag(hash) {
+            if let Some(e) = self.entries.get(idx as usize) {
+                kxdp_packet::prefetch::prefetch_lines_l2(e);
+            }
+        }
+    }
+
     /// The index slot a probe for `hash` starts at (multiply-shift: the index need not be a
     /// power of two).
     #[inline(always)]

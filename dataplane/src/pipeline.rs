@@ -38,6 +38,23 @@ use crate::verdict::{Action, Reason, Verdict};
 /// this batch's lookups.
 pub static AHEAD_MODE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
+/// TEMPORARY: cycles per phase (parse, lookup, new-flow prep, next parse, decide, maintain).
+pub static PHASE: [std::sync::atomic::AtomicU64; 6] = [const { std::sync::atomic::AtomicU64::new(0) }; 6];
+
+static T0: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+
+#[inline(always)]
+fn tsc() -> u64 {
+    T0.get_or_init(std::time::Instant::now).elapsed().as_nanos() as u64
+}
+
+#[inline(always)]
+fn phase(k: usize, t: &mut u64) {
+    let now = tsc();
+    PHASE[k].fetch_add(now - *t, std::sync::atomic::Ordering::Relaxed);
+    *t = now;
+}
+
 /// Frames handled per pass; larger batches are processed in chunks of this size.
 pub const MAX_BATCH: usize = 256;
 
@@ -322,7 +339,9 @@ impl Pipeline {
             base += m;
         }
         self.counters.batches += 1;
+        let mut t = tsc();
         self.counters.ct_expired += ct.maintain(now_ms, EXPIRY_BUDGET, &mut self.retired) as u64;
+        phase(5, &mut t);
     }
 
     /// Adds this worker's new connections that the shared live count does not have yet (its
@@ -344,6 +363,7 @@ impl Pipeline {
             snap, ct, now_ms, ..
         } = *b;
         let Ahead { parsed, next } = ahead;
+        let mut t = tsc();
         // 1. Parse; hash and prefetch each packet's conntrack index slot (`parse_frames`); 2.
         // prefetch the entry each slot names; 3. look up. Done in stages so that a batch's cache
         // misses overlap (at 1M connections a lookup is two dependent DRAM accesses: slot, then
@@ -376,6 +396,7 @@ impl Pipeline {
                 parse_frames(&mut self.next_scratch[..next_n], f, 0, self.link, ct, mode & 2 != 0);
             }
         }
+        phase(0, &mut t);
         let mut misses = false;
         for i in 0..m {
             let s = &mut self.scratch[i];
@@ -393,6 +414,7 @@ impl Pipeline {
         // (its 4 KB of `None`, and the filter's clearing below, were about 25 instructions per
         // packet of est-10k); a packet
         // the array does not cover was not a miss when it was filled: no frontend, as then.
+        phase(1, &mut t);
         let mut frontend_buf;
         let frontends: &[Option<FrontendRef<'_>>] = if misses && !snap.frontends.is_empty() {
             frontend_buf = [None; MAX_BATCH];
@@ -405,6 +427,7 @@ impl Pipeline {
         // pass created (a SYN and its SYN-ACK, a burst of one new UDP flow): the lookup is redone
         // for packets whose hash the `created` filter has seen (cleared only when the pass
         // before set a bit).
+        phase(2, &mut t);
         if self.created_any {
             self.created = [0; CREATED_WORDS];
             self.created_any = false;
@@ -418,6 +441,7 @@ impl Pipeline {
                 parse_frames(&mut self.next_scratch[..next_n], f, 0, self.link, ct, mode & 2 != 0);
             }
         }
+        phase(3, &mut t);
         self.ahead = next_n;
         let decide_prefetch = if mode & 4 != 0 { 0 } else { next_n };
         let l2 = mode & 2 != 0;
@@ -494,6 +518,7 @@ impl Pipeline {
             self.counters.reasons[v.reason as usize] += 1;
             self.counters.actions[v.action as usize] += 1;
         }
+        phase(4, &mut t);
         // A next batch longer than this one: the rest of its entries.
         for s in self.next_scratch[..decide_prefetch].iter().skip(m) {
             if s.kind == KIND_IP {

@@ -562,6 +562,11 @@ fn drive(
             cur ^= 1;
         }
     }
+    let ph: Vec<u64> = crate::pipeline::PHASE
+        .iter()
+        .map(|a| a.load(Ordering::Relaxed))
+        .collect();
+    eprintln!("PHASES parse,lookup,newprep,nextparse,decide,maintain cycles: {ph:?}");
 }
 
 /// A barrier for workers that meet every epoch: spins briefly, then yields (std's Barrier parks

@@ -33,28 +33,6 @@ use crate::policy::Decision;
 use crate::snapshot::{EmptyAction, FrontendKey, FrontendRef, FrontendTable, Snapshot};
 use crate::verdict::{Action, Reason, Verdict};
 
-/// TEMPORARY experiment switches (env KXDP_AHEAD_MODE, read by replay): 1 no ahead, 2 L2 hints
-/// for the next batch, 4 no entry prefetch in the decide loop, 8 parse the next batch before
-/// this batch's lookups.
-pub static AHEAD_MODE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-
-/// TEMPORARY: cycles per phase (parse, lookup, new-flow prep, next parse, decide, maintain).
-pub static PHASE: [std::sync::atomic::AtomicU64; 6] = [const { std::sync::atomic::AtomicU64::new(0) }; 6];
-
-static T0: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-
-#[inline(always)]
-fn tsc() -> u64 {
-    T0.get_or_init(std::time::Instant::now).elapsed().as_nanos() as u64
-}
-
-#[inline(always)]
-fn phase(k: usize, t: &mut u64) {
-    let now = tsc();
-    PHASE[k].fetch_add(now - *t, std::sync::atomic::Ordering::Relaxed);
-    *t = now;
-}
-
 /// Frames handled per pass; larger batches are processed in chunks of this size.
 pub const MAX_BATCH: usize = 256;
 
@@ -192,13 +170,6 @@ struct Batch<'a> {
     lane: LaneClock,
 }
 
-/// What a pass has of its batch ahead: whether the previous call parsed it (`process_ahead`),
-/// and the next batch's frames, to parse and prefetch while this one is decided.
-struct Ahead<'n, N> {
-    parsed: bool,
-    next: Option<&'n N>,
-}
-
 /// A packet conntrack does not know, as `new_flow` takes it: its index in the pass (its packed
 /// tuple and that tuple's hash are its scratch's, the lookup's: the insert takes them as they
 /// are, read where it needs them rather than copied along), and its frontend (`frontend_of`;
@@ -234,10 +205,6 @@ pub struct Pipeline {
     link: LinkType,
     rng: u64,
     scratch: Box<[Slot; MAX_BATCH]>,
-    /// The next batch's scratch, parsed ahead (`process_ahead`), and how many of its frames:
-    /// the next pass of exactly that many frames takes it instead of parsing (0: none).
-    next_scratch: Box<[Slot; MAX_BATCH]>,
-    ahead: usize,
     new_scratch: Box<NewFlowScratch>,
     /// A 4096-bit filter of the tuple hashes of connections created during the current pass (a
     /// pass of 256 new connections sets up to 512 bits: at 1024 bits a quarter of the later
@@ -262,8 +229,6 @@ impl Pipeline {
             link,
             rng: seed ^ 0x9e37_79b9_7f4a_7c15u64.wrapping_mul(worker as u64 + 1),
             scratch: Box::new([Slot::default(); MAX_BATCH]),
-            next_scratch: Box::new([Slot::default(); MAX_BATCH]),
-            ahead: 0,
             new_scratch: Box::new(NewFlowScratch {
                 packet: [0; MAX_BATCH],
                 hash: [0; MAX_BATCH],
@@ -299,26 +264,6 @@ impl Pipeline {
         ct: &Conntrack,
         now_ms: u64,
     ) {
-        self.process_ahead::<F, F>(frames, None, verdicts, snap, ct, now_ms)
-    }
-
-    /// [`Pipeline::process`], told the next batch: `next` holds the frames the next call will
-    /// process, as they will be then (read, not changed). While this batch is decided, `next`'s
-    /// frames are parsed and their conntrack slots and entries prefetched, so that at a million
-    /// connections the next batch's cache misses are in flight during this batch's instructions
-    /// instead of after them (docs/benchmarks.md "est-1m, session 11"). The next call (`process`
-    /// or `process_ahead`) must be for exactly those frames, unchanged; it then skips their parse.
-    /// Decisions are those of `process`: everything done ahead is a parse (of bytes that do
-    /// not change) and prefetches (hints).
-    pub fn process_ahead<F: Frames, N: Frames>(
-        &mut self,
-        frames: &mut F,
-        next: Option<&N>,
-        verdicts: &mut [Verdict],
-        snap: &Snapshot,
-        ct: &Conntrack,
-        now_ms: u64,
-    ) {
         let batch = Batch {
             snap,
             ct,
@@ -326,22 +271,16 @@ impl Pipeline {
             lane: ct.lane_clock(now_ms),
         };
         let n = frames.count().min(verdicts.len());
-        // Whether the previous call parsed these frames ahead (then this batch is one pass).
-        let parsed = std::mem::take(&mut self.ahead) == n && n > 0;
-        // Only a batch of one pass parses the next ahead, and only a next batch of one pass.
-        let next = next.filter(|f| f.count() <= MAX_BATCH && n <= MAX_BATCH);
         let mut base = 0;
         while base < n {
             let m = (n - base).min(MAX_BATCH);
             ct.enter(self.worker);
-            self.pass(frames, base, m, verdicts, &batch, Ahead { parsed, next });
+            self.pass(frames, base, m, verdicts, &batch);
             ct.leave(self.worker);
             base += m;
         }
         self.counters.batches += 1;
-        let mut t = tsc();
         self.counters.ct_expired += ct.maintain(now_ms, EXPIRY_BUDGET, &mut self.retired) as u64;
-        phase(5, &mut t);
     }
 
     /// Adds this worker's new connections that the shared live count does not have yet (its
@@ -350,53 +289,86 @@ impl Pipeline {
         ct.flush_pending(&mut self.retired);
     }
 
-    fn pass<F: Frames, N: Frames>(
+    fn pass<F: Frames>(
         &mut self,
         frames: &mut F,
         base: usize,
         m: usize,
         verdicts: &mut [Verdict],
         b: &Batch<'_>,
-        ahead: Ahead<'_, N>,
     ) {
         let Batch {
             snap, ct, now_ms, ..
         } = *b;
-        let Ahead { parsed, next } = ahead;
-        let mut t = tsc();
-        // 1. Parse; hash and prefetch each packet's conntrack index slot (`parse_frames`); 2.
-        // prefetch the entry each slot names; 3. look up. Done in stages so that a batch's cache
-        // misses overlap (at 1M connections a lookup is two dependent DRAM accesses: slot, then
-        // entry). A batch the previous call was told about (`process_ahead`) was parsed, and
-        // its slots and entries prefetched, while that call decided its own packets: its scratch
-        // is ready.
-        let mode = AHEAD_MODE.load(std::sync::atomic::Ordering::Relaxed);
-        if parsed {
-            std::mem::swap(&mut self.scratch, &mut self.next_scratch);
-            if mode & 4 != 0 {
-                for s in &self.scratch[..m] {
-                    if s.kind == KIND_IP {
-                        ct.prefetch_entry(s.hash);
+        // 1. Parse; hash and prefetch each packet's conntrack index slot; 2. prefetch the entry
+        // each slot names; 3. look up. Done in stages so that a batch's cache misses overlap
+        // (at 1M connections a lookup is two dependent DRAM accesses: slot, then entry).
+        for i in 0..m {
+            let s = &mut self.scratch[i];
+            s.hit = false;
+            s.quoted = None;
+            let frame = frames.frame(base + i);
+            // The common frame, with its key packed from the numbers the parse read (not read
+            // back from the meta it just stored).
+            s.plain = false;
+            if self.link == LinkType::Ethernet {
+                if let Some(p) = parse_plain_v4(frame, &mut s.meta) {
+                    s.kind = KIND_IP;
+                    s.plain = true;
+                    s.key = Tuple::pack_v4(p.src, p.dst, p.sport, p.dport, p.proto);
+                    // Hashed here, from the words in registers (two of them known zeros), not
+                    // read back in the key loop: nothing was stored that a load could stall on;
+                    // and its slot prefetched a whole parse loop before the entry prefetch reads
+                    // it (session 10: est-1m and est-10k 1-2 % faster than from the key loop).
+                    s.hash = ct.hash(&s.key);
+                    ct.prefetch_slot(s.hash);
+                    continue;
+                }
+            }
+            s.kind = match parse_into(frame, self.link, &mut s.meta) {
+                Ok(true) if s.meta.frag.offset != 0 => KIND_LATER_FRAGMENT,
+                Ok(true) => {
+                    // An ICMP error belongs to the connection of the packet it quotes, which
+                    // travelled the other way.
+                    // (The common case decided inline: `parse_quoted` is out of line.)
+                    if s.meta.is_icmp_error() {
+                        s.quoted = parse_quoted(frame, &s.meta).filter(|q| q.has_ports);
                     }
+                    KIND_IP
                 }
+                Ok(false) => KIND_NOT_IP,
+                Err(_) => KIND_MALFORMED,
+            };
+        }
+        // The other frames' keys are built in a loop of their own (a plain frame's was packed
+        // and hashed by the parse loop): right after the parse, its wide loads of the fields the
+        // parse had just stored one by one stalled on store forwarding (session 5's profile); a
+        // packet later those stores have long reached the cache.
+        for s in &mut self.scratch[..m] {
+            if s.kind != KIND_IP || s.plain {
+                continue;
             }
-        } else {
-            parse_frames(&mut self.scratch[..m], frames, base, self.link, ct, false);
-            // 2. Conntrack.
-            for s in &self.scratch[..m] {
-                if s.kind == KIND_IP {
-                    ct.prefetch_entry(s.hash);
+            s.key = match &s.quoted {
+                Some(q) => Tuple {
+                    src: q.dst,
+                    dst: q.src,
+                    sport: q.dport,
+                    dport: q.sport,
+                    proto: q.proto,
+                    family: q.family,
                 }
+                .pack(),
+                None => Tuple::from_meta(&s.meta).pack(),
+            };
+            s.hash = ct.hash(&s.key);
+            ct.prefetch_slot(s.hash);
+        }
+        // 2. Conntrack.
+        for s in &self.scratch[..m] {
+            if s.kind == KIND_IP {
+                ct.prefetch_entry(s.hash);
             }
         }
-        let mut next_n = 0;
-        if mode & 8 != 0 {
-            if let Some(f) = next {
-                next_n = f.count();
-                parse_frames(&mut self.next_scratch[..next_n], f, 0, self.link, ct, mode & 2 != 0);
-            }
-        }
-        phase(0, &mut t);
         let mut misses = false;
         for i in 0..m {
             let s = &mut self.scratch[i];
@@ -414,7 +386,6 @@ impl Pipeline {
         // (its 4 KB of `None`, and the filter's clearing below, were about 25 instructions per
         // packet of est-10k); a packet
         // the array does not cover was not a miss when it was filled: no frontend, as then.
-        phase(1, &mut t);
         let mut frontend_buf;
         let frontends: &[Option<FrontendRef<'_>>] = if misses && !snap.frontends.is_empty() {
             frontend_buf = [None; MAX_BATCH];
@@ -427,34 +398,13 @@ impl Pipeline {
         // pass created (a SYN and its SYN-ACK, a burst of one new UDP flow): the lookup is redone
         // for packets whose hash the `created` filter has seen (cleared only when the pass
         // before set a bit).
-        phase(2, &mut t);
         if self.created_any {
             self.created = [0; CREATED_WORDS];
             self.created_any = false;
         }
-        // The next batch (`process_ahead`): parsed now, its slots prefetched, so that they
-        // arrive while this batch is decided; each packet decided below then prefetches the
-        // entry its counterpart of the next batch names.
-        if mode & 8 == 0 {
-            if let Some(f) = next {
-                next_n = f.count();
-                parse_frames(&mut self.next_scratch[..next_n], f, 0, self.link, ct, mode & 2 != 0);
-            }
-        }
-        phase(3, &mut t);
-        self.ahead = next_n;
-        let decide_prefetch = if mode & 4 != 0 { 0 } else { next_n };
-        let l2 = mode & 2 != 0;
         let (lane_on, mut lane) = (self.fast_lane, 0u64);
         self.counters.packets += m as u64;
         for i in 0..m {
-            if i < decide_prefetch && self.next_scratch[i].kind == KIND_IP {
-                if l2 {
-                    ct.prefetch_entry_l2(self.next_scratch[i].hash);
-                } else {
-                    ct.prefetch_entry(self.next_scratch[i].hash);
-                }
-            }
             let (kind, hash) = (self.scratch[i].kind, self.scratch[i].hash);
             // (`created_any` first: until this pass creates a connection, one test per packet.)
             if self.created_any
@@ -517,13 +467,6 @@ impl Pipeline {
             }
             self.counters.reasons[v.reason as usize] += 1;
             self.counters.actions[v.action as usize] += 1;
-        }
-        phase(4, &mut t);
-        // A next batch longer than this one: the rest of its entries.
-        for s in self.next_scratch[..decide_prefetch].iter().skip(m) {
-            if s.kind == KIND_IP {
-                ct.prefetch_entry(s.hash);
-            }
         }
         // Every packet of the lane is forwarded.
         self.counters.actions[Action::Forward as usize] += lane;
@@ -1069,82 +1012,6 @@ impl Pipeline {
     #[inline]
     fn pick(&mut self, n: usize) -> usize {
         pick_index(&mut self.rng, n)
-    }
-}
-
-/// Step 1 of a pass over `frames[base..base + scratch.len()]`: parse every frame into its scratch
-/// slot, pack and hash its conntrack key, and prefetch its index slot.
-#[inline(always)]
-fn parse_frames<F: Frames>(
-    scratch: &mut [Slot],
-    frames: &F,
-    base: usize,
-    link: LinkType,
-    ct: &Conntrack,
-    l2: bool,
-) {
-    for (i, s) in scratch.iter_mut().enumerate() {
-        s.hit = false;
-        s.quoted = None;
-        let frame = frames.frame(base + i);
-        // The common frame, with its key packed from the numbers the parse read (not read
-        // back from the meta it just stored).
-        s.plain = false;
-        if link == LinkType::Ethernet {
-            if let Some(p) = parse_plain_v4(frame, &mut s.meta) {
-                s.kind = KIND_IP;
-                s.plain = true;
-                s.key = Tuple::pack_v4(p.src, p.dst, p.sport, p.dport, p.proto);
-                // Hashed here, from the words in registers (two of them known zeros), not
-                // read back in the key loop: nothing was stored that a load could stall on;
-                // and its slot prefetched a whole parse loop before the entry prefetch reads
-                // it (session 10: est-1m and est-10k 1-2 % faster than from the key loop).
-                s.hash = ct.hash(&s.key);
-                if l2 {
-                    ct.prefetch_slot_l2(s.hash);
-                } else {
-                    ct.prefetch_slot(s.hash);
-                }
-                continue;
-            }
-        }
-        s.kind = match parse_into(frame, link, &mut s.meta) {
-            Ok(true) if s.meta.frag.offset != 0 => KIND_LATER_FRAGMENT,
-            Ok(true) => {
-                // An ICMP error belongs to the connection of the packet it quotes, which
-                // travelled the other way.
-                // (The common case decided inline: `parse_quoted` is out of line.)
-                if s.meta.is_icmp_error() {
-                    s.quoted = parse_quoted(frame, &s.meta).filter(|q| q.has_ports);
-                }
-                KIND_IP
-            }
-            Ok(false) => KIND_NOT_IP,
-            Err(_) => KIND_MALFORMED,
-        };
-    }
-    // The other frames' keys are built in a loop of their own (a plain frame's was packed
-    // and hashed by the parse loop): right after the parse, its wide loads of the fields the
-    // parse had just stored one by one stalled on store forwarding (session 5's profile); a
-    // packet later those stores have long reached the cache.
-    for s in scratch.iter_mut() {
-        if s.kind != KIND_IP || s.plain {
-            continue;
-        }
-        s.key = match &s.quoted {
-            Some(q) => Tuple {
-                src: q.dst,
-                dst: q.src,
-                sport: q.dport,
-                dport: q.sport,
-                proto: q.proto,
-                family: q.family,
-            }
-            .pack(),
-            None => Tuple::from_meta(&s.meta).pack(),
-        };
-        s.hash = ct.hash(&s.key);
-        ct.prefetch_slot(s.hash);
     }
 }
 

@@ -461,57 +461,20 @@ fn drive(
     slot_size: usize,
     mut on_batch: impl FnMut(u32, &[u32], &[Verdict], &SlotFrames),
 ) {
-    // This worker's batches, in order: (epoch, its first packet in `share`, packets). Its
-    // packets of an epoch (its share is in capture order) in full batches; at least one per
-    // epoch, also with no packet, so that the expiry scan keeps its pace.
-    let mut plan: Vec<(usize, usize, usize)> = Vec::new();
-    let mut k = 0;
-    for (e, epoch) in step.epochs.iter().enumerate() {
-        let end = k + share.index[k..].partition_point(|&i| i < epoch.end);
-        loop {
-            let m = (end - k).min(BATCH);
-            plan.push((e, k, m));
-            k += m;
-            if m < BATCH || k == end {
-                break;
-            }
-        }
-    }
-    // Two sets of frame slots: the next batch is copied in before this one is processed, so that
-    // the pipeline parses it and prefetches its connections while it decides this one
-    // (`Pipeline::process_ahead`), as an AF_XDP worker whose RX ring holds more than a batch.
-    let mut frames = [
-        SlotFrames::new(BATCH, slot_size),
-        SlotFrames::new(BATCH, slot_size),
-    ];
-    let load = |f: &mut SlotFrames, (_, k, m): (usize, usize, usize)| {
-        f.clear();
-        for &(start, len) in &share.spans[k..k + m] {
-            f.push(&share.data[start..][..len]);
-        }
-    };
+    let mut frames = SlotFrames::new(BATCH, slot_size);
     let mut verdicts = [Verdict::default(); BATCH];
     let mut batch_idx = [0u32; BATCH];
     let mut hops = [crate::egress::NOT_SENT; BATCH];
     let mut egress_stats = crate::egress::EgressStats::default();
-    let mode: u32 = std::env::var("KXDP_AHEAD_MODE")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    crate::pipeline::AHEAD_MODE.store(mode, Ordering::Relaxed);
-    let mut cur = 0;
-    if let Some(&first) = plan.first() {
-        load(&mut frames[cur], first);
-    }
     for pass in 0..repeat {
         let mut tables = snapshot;
         let mut next_update = 0;
-        for (b, &(e, k, m)) in plan.iter().enumerate() {
-            let epoch = &step.epochs[e];
-            if epoch.updates > 0 && (b == 0 || plan[b - 1].0 != e) {
+        let mut k = 0;
+        for e in step.epochs {
+            if e.updates > 0 {
                 // Everyone has finished the previous epoch (the barrier at its end); the leader
                 // flushes what the new tables no longer support, then everyone starts this one.
-                for _ in 0..epoch.updates {
+                for _ in 0..e.updates {
                     tables = &updates[next_update].snapshot;
                     next_update += 1;
                     if step.leader {
@@ -520,53 +483,44 @@ fn drive(
                 }
                 step.barrier.wait();
             }
-            let now = epoch.clock_ms + pass as u64 * clock.pass_span_ms;
-            let next = match plan.get(b + 1) {
-                Some(&n) => Some(n),
-                None => (pass + 1 < repeat).then_some(plan[0]),
-            };
-            let [f0, f1] = &mut frames;
-            let (this, other) = if cur == 0 { (f0, f1) } else { (f1, f0) };
-            if let Some(n) = next {
-                load(other, n);
+            let now = e.clock_ms + pass as u64 * clock.pass_span_ms;
+            // This worker's packets of the epoch (its share is in capture order: `k..end`), in
+            // full batches; at least one call, also with no packet, so that the expiry scan
+            // keeps its pace. The epoch's end found once, not compared per packet.
+            let end = k + share.index[k..].partition_point(|&i| i < e.end);
+            loop {
+                frames.clear();
+                let m = (end - k).min(BATCH);
+                for &(start, len) in &share.spans[k..k + m] {
+                    frames.push(&share.data[start..][..len]);
+                }
+                batch_idx[..m].copy_from_slice(&share.index[k..k + m]);
+                k += m;
+                pipeline.process(&mut frames, &mut verdicts[..m], tables, ct, now);
+                if let Some(r) = routes {
+                    r.egress.process(
+                        &mut frames,
+                        &mut verdicts[..m],
+                        &mut hops[..m],
+                        &r.fib,
+                        pipeline.link(),
+                        false,
+                        Some(&tables.cluster_cidrs),
+                        &mut pipeline.counters,
+                        &mut egress_stats,
+                        |_, _, _| {},
+                    );
+                }
+                if m > 0 {
+                    on_batch(pass, &batch_idx[..m], &verdicts[..m], &frames);
+                }
+                if m < BATCH || k == end {
+                    break;
+                }
             }
-            batch_idx[..m].copy_from_slice(&share.index[k..k + m]);
-            pipeline.process_ahead(
-                this,
-                next.filter(|_| mode & 1 == 0).map(|_| &*other),
-                &mut verdicts[..m],
-                tables,
-                ct,
-                now,
-            );
-            if let Some(r) = routes {
-                r.egress.process(
-                    this,
-                    &mut verdicts[..m],
-                    &mut hops[..m],
-                    &r.fib,
-                    pipeline.link(),
-                    false,
-                    Some(&tables.cluster_cidrs),
-                    &mut pipeline.counters,
-                    &mut egress_stats,
-                    |_, _, _| {},
-                );
-            }
-            if m > 0 {
-                on_batch(pass, &batch_idx[..m], &verdicts[..m], this);
-            }
-            if plan.get(b + 1).is_none_or(|n| n.0 != e) {
-                step.barrier.wait();
-            }
-            cur ^= 1;
+            step.barrier.wait();
         }
     }
-    let ph: Vec<u64> = crate::pipeline::PHASE
-        .iter()
-        .map(|a| a.load(Ordering::Relaxed))
-        .collect();
-    eprintln!("PHASES parse,lookup,newprep,nextparse,decide,maintain cycles: {ph:?}");
 }
 
 /// A barrier for workers that meet every epoch: spins briefly, then yields (std's Barrier parks

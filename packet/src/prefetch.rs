@@ -28,38 +28,6 @@ pub fn prefetch_lines<T>(p: &T) {
     }
 }
 
-/// `prefetch`, into the L2 and outer levels only (PREFETCHT1).
-#[inline(always)]
-pub fn prefetch_l2<T>(p: &T) {
-    prefetch_addr_l2(p as *const T as *const u8);
-}
-
-/// `prefetch_lines`, into the L2 and outer levels only (PREFETCHT1).
-#[inline(always)]
-pub fn prefetch_lines_l2<T>(p: &T) {
-    let start = p as *const T as *const u8;
-    let end = start.wrapping_add(std::mem::size_of::<T>().max(1));
-    prefetch_addr_l2(start);
-    let mut line = start.wrapping_add(64 - (start as usize & 63));
-    while line < end {
-        prefetch_addr_l2(line);
-        line = line.wrapping_add(64);
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-#[allow(unsafe_code)]
-fn prefetch_addr_l2(p: *const u8) {
-    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
-    // SAFETY: as `prefetch_addr` (PREFETCHT1: the same, one level out).
-    unsafe { _mm_prefetch::<_MM_HINT_T1>(p as *const i8) }
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-#[inline(always)]
-fn prefetch_addr_l2(_p: *const u8) {}
-
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 #[allow(unsafe_code)]

@@ -268,16 +268,6 @@ impl Conntrack {
         self.table.prefetch_entry(hash)
     }
 
-    #[inline]
-    pub fn prefetch_slot_l2(&self, hash: u64) {
-        self.table.prefetch_slot_l2(hash)
-    }
-
-    #[inline]
-    pub fn prefetch_entry_l2(&self, hash: u64) {
-        self.table.prefetch_entry_l2(hash)
-    }
-
     /// Finds the connection a packet with tuple `key` (packed, with its hash) belongs to. An entry
     /// past its expiry is gone, whether or not the expiry scan has reached it yet. Always inlined:
     /// out of line, its call and the copy of its `Found` cost 44 instructions per packet.

@@ -763,10 +763,10 @@ impl Table {
     /// Starts loading the entry that `hash`'s probe names: the first live slot with `hash`'s tag
     /// among the probe's first `PREFETCH_PROBE` slots, up to an empty one and not past the home
     /// slot's cache line (the line `prefetch_slot` loaded: the probe's slots beyond it would be
-    /// a cache miss of their own). A hint only. Session 11: the first slot alone named the
-    /// entry of only about half the packets of est-1m (the index is half full, and a linear
-    /// probe's key sits past its home slot about half the time); the others' lookups waited for
-    /// their entries.
+    /// a cache miss of their own). A hint only. Until session 11 only the home slot was looked
+    /// at: in a half-full index a linear probe's key is often past its home slot (1.5 slots on
+    /// average), and those packets' lookups waited for their entries (est-1m's lookups took 43
+    /// ns a packet, 20 with this; docs/benchmarks.md "est-1m, session 11").
     #[inline]
     pub fn prefetch_entry(&self, hash: u64) {
         let tag = self.code.tag(hash);
@@ -791,27 +791,6 @@ impl Table {
                 return;
             }
             i = self.next_slot(i);
-        }
-    }
-
-    /// `prefetch_slot` into the L2 only.
-    #[inline]
-    pub fn prefetch_slot_l2(&self, hash: u64) {
-        kxdp_packet::prefetch::prefetch_l2(&self.slots[self.home(hash)]);
-    }
-
-    /// `prefetch_entry` into the L2 only.
-    #[inline]
-    pub fn prefetch_entry_l2(&self, hash: u64) {
-        let s = self.slots[self.home(hash)].load(Ordering::Relaxed);
-        if s == SLOT_EMPTY || s & TOMB_BIT != 0 {
-            return;
-        }
-        let (tag, idx, _) = self.code.decode(s);
-        if tag == self.code.tag(hash) {
-            if let Some(e) = self.entries.get(idx as usize) {
-                kxdp_packet::prefetch::prefetch_lines_l2(e);
-            }
         }
     }
 

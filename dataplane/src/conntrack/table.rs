@@ -550,6 +550,10 @@ const SCAN_PREFETCH: usize = 8;
 /// Index slots in a cache line.
 const SLOTS_PER_LINE: usize = 16;
 
+/// Slots of a probe `prefetch_entry` looks at for the entry to prefetch (at half full, a linear
+/// probe finds its key within four slots nearly always).
+const PREFETCH_PROBE: usize = 4;
+
 /// Every used entry and index slot is looked at once per this period (all workers together).
 const SWEEP_PERIOD_MS: u64 = 1_000;
 
@@ -756,19 +760,37 @@ impl Table {
         kxdp_packet::prefetch::prefetch(&self.slots[self.home(hash)]);
     }
 
-    /// Starts loading the entry that the first slot of `hash`'s probe names, when its tag is
-    /// `hash`'s (the slot itself should be in cache by now: see `prefetch_slot`). A hint only.
+    /// Starts loading the entry that `hash`'s probe names: the first live slot with `hash`'s tag
+    /// among the probe's first `PREFETCH_PROBE` slots, up to an empty one and not past the home
+    /// slot's cache line (the line `prefetch_slot` loaded: the probe's slots beyond it would be
+    /// a cache miss of their own). A hint only. Until session 11 only the home slot was looked
+    /// at: in a half-full index a linear probe's key is often past its home slot (1.5 slots on
+    /// average), and those packets' lookups waited for their entries (est-1m's lookups took 43
+    /// ns a packet, 20 with this; docs/benchmarks.md "est-1m, session 11").
     #[inline]
     pub fn prefetch_entry(&self, hash: u64) {
-        let s = self.slots[self.home(hash)].load(Ordering::Relaxed);
-        if s == SLOT_EMPTY || s & TOMB_BIT != 0 {
-            return;
-        }
-        let (tag, idx, _) = self.code.decode(s);
-        if tag == self.code.tag(hash) {
-            if let Some(e) = self.entries.get(idx as usize) {
-                kxdp_packet::prefetch::prefetch_lines(e);
+        let tag = self.code.tag(hash);
+        let mut i = self.home(hash);
+        for _ in 0..PREFETCH_PROBE {
+            let slot = &self.slots[i];
+            let s = slot.load(Ordering::Relaxed);
+            if s == SLOT_EMPTY {
+                return;
             }
+            if s & TOMB_BIT == 0 {
+                let (stag, idx, _) = self.code.decode(s);
+                if stag == tag {
+                    if let Some(e) = self.entries.get(idx as usize) {
+                        kxdp_packet::prefetch::prefetch_lines(e);
+                    }
+                    return;
+                }
+            }
+            // The last slot of its cache line.
+            if (slot as *const AtomicU32 as usize) & 63 == 60 {
+                return;
+            }
+            i = self.next_slot(i);
         }
     }
 

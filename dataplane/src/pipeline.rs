@@ -25,8 +25,8 @@ use kxdp_packet::{
 };
 
 use crate::conntrack::{
-    has_ports, tcp, tcp_state_of, Conntrack, CreateError, FirstPacket, Found, InsertError,
-    LaneClock, Packed, PacketError, Tuple, DIR_ORIG, DIR_REPLY, FLAG_MASQ,
+    has_ports, tcp, tcp_state_of, Candidate, Conntrack, CreateError, FirstPacket, Found,
+    InsertError, LaneClock, Packed, PacketError, Tuple, DIR_ORIG, DIR_REPLY, FLAG_MASQ,
 };
 use crate::fragments::{FragDecision, FragmentTable};
 use crate::policy::Decision;
@@ -127,6 +127,9 @@ struct Slot {
     plain: bool,
     key: Packed,
     hash: u64,
+    /// The entry the first slot of the key's probe names (`Conntrack::prefetch_entry`), which
+    /// the lookup tries first.
+    candidate: Candidate,
     /// Whether conntrack knows the packet's connection; then `found` is what it found (written
     /// in place by `Conntrack::lookup_into`; nothing usable otherwise).
     hit: bool,
@@ -364,9 +367,9 @@ impl Pipeline {
             ct.prefetch_slot(s.hash);
         }
         // 2. Conntrack.
-        for s in &self.scratch[..m] {
+        for s in &mut self.scratch[..m] {
             if s.kind == KIND_IP {
-                ct.prefetch_entry(s.hash);
+                s.candidate = ct.prefetch_entry(s.hash);
             }
         }
         let mut misses = false;
@@ -376,7 +379,7 @@ impl Pipeline {
             // connection.
             if s.kind == KIND_IP && s.key[4] >> 32 & 0xff != crate::conntrack::AFFINITY_PROTO as u64
             {
-                s.hit = ct.lookup_into(&s.key, s.hash, now_ms, &mut s.found);
+                s.hit = ct.lookup_into_from(&s.key, s.hash, s.candidate, now_ms, &mut s.found);
             }
             misses |= s.kind == KIND_IP && !s.hit;
         }

@@ -367,14 +367,16 @@ fn slot_tomb(epoch: u64) -> u32 {
     ((epoch & EPOCH_MASK) as u32) << 1 | TOMB_BIT
 }
 
-/// An (entry, direction) that a probe's first index slot named under the hash's tag
-/// (`Table::prefetch_entry`): where a lookup looks first. Encoded as the slot's key, `(idx << 1 |
-/// dir) + 1`, 0 for none.
+/// What `Table::prefetch_entry` saw in a probe's first index slot, for the batch's lookup: the
+/// (entry, direction) the slot named under the hash's tag, where the lookup looks first
+/// (encoded as the slot's key, `(idx << 1 | dir) + 1`, below 2^31); `MISS`: the slot was empty,
+/// so no connection had the key then; `NONE`: nothing known (a tombstone, another tag).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Candidate(u32);
 
 impl Candidate {
     pub const NONE: Candidate = Candidate(0);
+    pub const MISS: Candidate = Candidate(u32::MAX);
 
     #[inline(always)]
     fn of(idx: u32, dir: u8) -> Candidate {
@@ -784,7 +786,10 @@ impl Table {
     #[inline]
     pub fn prefetch_entry(&self, hash: u64) -> Candidate {
         let s = self.slots[self.home(hash)].load(Ordering::Relaxed);
-        if s == SLOT_EMPTY || s & TOMB_BIT != 0 {
+        if s == SLOT_EMPTY {
+            return Candidate::MISS;
+        }
+        if s & TOMB_BIT != 0 {
             return Candidate::NONE;
         }
         let (tag, idx, dir) = self.code.decode(s);
@@ -852,7 +857,11 @@ impl Table {
     /// decode of the probe's first slot, taken earlier in the same batch): when that entry is
     /// live and holds `key` (checked as the probe checks it, under its sequence number) it is
     /// the connection, wherever the index points now; otherwise the probe runs as ever. Saves
-    /// the hit's slot load and decode (most packets of a known connection).
+    /// the hit's slot load and decode (most packets of a known connection). `Candidate::MISS`
+    /// (the probe's first slot was empty when the batch's prefetch pass read it) is a miss
+    /// without a probe: the answer as of that moment, as a probe a few hundred nanoseconds
+    /// earlier would have given (a connection another worker inserts meanwhile is as racy
+    /// either way; this worker's own inserts come later, in the decide pass).
     #[inline(always)]
     pub fn lookup_into_from(
         &self,
@@ -861,6 +870,9 @@ impl Table {
         candidate: Candidate,
         out: &mut Found,
     ) -> bool {
+        if candidate == Candidate::MISS {
+            return false;
+        }
         if let Some((idx, dir)) = candidate.get() {
             if self.read_if_match(idx, dir, key, out) {
                 return true;

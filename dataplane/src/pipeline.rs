@@ -1049,11 +1049,11 @@ fn established_lane(
         || other[0] != key[2]
         || other[1] != key[3]
         || out_ports != key[4] & 0xffff_ffff;
-    let (mut src, mut dst) = (
-        addr_of_words(other[2], other[3]),
-        addr_of_words(other[0], other[1]),
-    );
-    let (mut sport, mut dport) = (out_ports as u16, (out_ports >> 16) as u16);
+    let (sport, dport) = (out_ports as u16, (out_ports >> 16) as u16);
+    // What the general rewrite left, for the rare frame the word rewrites refuse: the verdict
+    // reports it instead of the other tuple. (The addresses are made from the words only where
+    // the verdict is written: held across the rewrite, they went through the stack.)
+    let mut general = None;
     if translated {
         // IPv4 from the words themselves (a v4-mapped address's low 32 bits); anything the
         // word rewrite refuses (IPv6, or a meta that does not fit) through the general one.
@@ -1081,8 +1081,12 @@ fn established_lane(
         };
         if words.is_err() {
             let mut m = *meta;
+            let (src, dst) = (
+                addr_of_words(other[2], other[3]),
+                addr_of_words(other[0], other[1]),
+            );
             rewrite(buf, &mut m, src, sport, dst, dport);
-            (src, sport, dst, dport) = (m.src, m.sport, m.dst, m.dport);
+            general = Some(m);
         }
     }
     let reason = if !translated && found.service_id == 0 {
@@ -1103,9 +1107,9 @@ fn established_lane(
         orig_sport: meta.sport,
         orig_dst: meta.dst,
         orig_dport: meta.dport,
-        src,
+        src: addr_of_words(other[2], other[3]),
         sport,
-        dst,
+        dst: addr_of_words(other[0], other[1]),
         dport,
         masq: state & FLAG_MASQ != 0,
         service_id: found.service_id,
@@ -1120,6 +1124,9 @@ fn established_lane(
         fragment: false,
         egress: 0,
     };
+    if let Some(m) = &general {
+        fill_out(v, m);
+    }
     Some(reason)
 }
 

@@ -25,8 +25,8 @@ use kxdp_packet::{
 };
 
 use crate::conntrack::{
-    has_ports, tcp, tcp_state_of, Conntrack, CreateError, FirstPacket, Found, InsertError,
-    LaneClock, Packed, PacketError, Tuple, DIR_ORIG, DIR_REPLY, FLAG_MASQ,
+    has_ports, tcp, tcp_state_of, Candidate, Conntrack, CreateError, FirstPacket, Found,
+    InsertError, LaneClock, Packed, PacketError, Tuple, DIR_ORIG, DIR_REPLY, FLAG_MASQ,
 };
 use crate::fragments::{FragDecision, FragmentTable};
 use crate::policy::Decision;
@@ -127,6 +127,9 @@ struct Slot {
     plain: bool,
     key: Packed,
     hash: u64,
+    /// The entry the key's probe names under its tag (`Conntrack::prefetch_entry`), which
+    /// the lookup tries first.
+    candidate: Candidate,
     /// Whether conntrack knows the packet's connection; then `found` is what it found (written
     /// in place by `Conntrack::lookup_into`; nothing usable otherwise).
     hit: bool,
@@ -364,9 +367,9 @@ impl Pipeline {
             ct.prefetch_slot(s.hash);
         }
         // 2. Conntrack.
-        for s in &self.scratch[..m] {
+        for s in &mut self.scratch[..m] {
             if s.kind == KIND_IP {
-                ct.prefetch_entry(s.hash);
+                s.candidate = ct.prefetch_entry(s.hash);
             }
         }
         let mut misses = false;
@@ -376,7 +379,7 @@ impl Pipeline {
             // connection.
             if s.kind == KIND_IP && s.key[4] >> 32 & 0xff != crate::conntrack::AFFINITY_PROTO as u64
             {
-                s.hit = ct.lookup_into(&s.key, s.hash, now_ms, &mut s.found);
+                s.hit = ct.lookup_into_from(&s.key, s.hash, s.candidate, now_ms, &mut s.found);
             }
             misses |= s.kind == KIND_IP && !s.hit;
         }
@@ -1046,11 +1049,11 @@ fn established_lane(
         || other[0] != key[2]
         || other[1] != key[3]
         || out_ports != key[4] & 0xffff_ffff;
-    let (mut src, mut dst) = (
-        addr_of_words(other[2], other[3]),
-        addr_of_words(other[0], other[1]),
-    );
-    let (mut sport, mut dport) = (out_ports as u16, (out_ports >> 16) as u16);
+    let (sport, dport) = (out_ports as u16, (out_ports >> 16) as u16);
+    // What the general rewrite left, for the rare frame the word rewrites refuse: the verdict
+    // reports it instead of the other tuple. (The addresses are made from the words only where
+    // the verdict is written: held across the rewrite, they went through the stack.)
+    let mut general = None;
     if translated {
         // IPv4 from the words themselves (a v4-mapped address's low 32 bits); anything the
         // word rewrite refuses (IPv6, or a meta that does not fit) through the general one.
@@ -1078,8 +1081,12 @@ fn established_lane(
         };
         if words.is_err() {
             let mut m = *meta;
+            let (src, dst) = (
+                addr_of_words(other[2], other[3]),
+                addr_of_words(other[0], other[1]),
+            );
             rewrite(buf, &mut m, src, sport, dst, dport);
-            (src, sport, dst, dport) = (m.src, m.sport, m.dst, m.dport);
+            general = Some(m);
         }
     }
     let reason = if !translated && found.service_id == 0 {
@@ -1100,9 +1107,9 @@ fn established_lane(
         orig_sport: meta.sport,
         orig_dst: meta.dst,
         orig_dport: meta.dport,
-        src,
+        src: addr_of_words(other[2], other[3]),
         sport,
-        dst,
+        dst: addr_of_words(other[0], other[1]),
         dport,
         masq: state & FLAG_MASQ != 0,
         service_id: found.service_id,
@@ -1117,6 +1124,9 @@ fn established_lane(
         fragment: false,
         egress: 0,
     };
+    if let Some(m) = &general {
+        fill_out(v, m);
+    }
     Some(reason)
 }
 

@@ -17,8 +17,8 @@ pub use persist::{
     VERSION_OVERRIDE_ENV,
 };
 pub use table::{
-    EntryView, Found, InsertError, Retired, DIR_ORIG, DIR_REPLY, FLAG_ASSURED, FLAG_MASQ,
-    FLAG_SEEN_REPLY,
+    Candidate, EntryView, Found, InsertError, Retired, DIR_ORIG, DIR_REPLY, FLAG_ASSURED,
+    FLAG_MASQ, FLAG_SEEN_REPLY,
 };
 pub use tuple::{has_ports, hash_packed, packed_proto, Packed, Tuple};
 
@@ -264,7 +264,7 @@ impl Conntrack {
     }
 
     #[inline]
-    pub fn prefetch_entry(&self, hash: u64) {
+    pub fn prefetch_entry(&self, hash: u64) -> Candidate {
         self.table.prefetch_entry(hash)
     }
 
@@ -284,6 +284,27 @@ impl Conntrack {
     #[inline(always)]
     pub fn lookup_into(&self, key: &Packed, hash: u64, now_ms: u64, out: &mut Found) -> bool {
         if !self.table.lookup_into(key, hash, out) {
+            return false;
+        }
+        if out.expired(now_ms) {
+            self.table.kill(out.idx);
+            return false;
+        }
+        true
+    }
+
+    /// [`Conntrack::lookup_into`] trying first the entry `prefetch_entry` named for `hash`
+    /// (`Table::lookup_into_from`).
+    #[inline(always)]
+    pub fn lookup_into_from(
+        &self,
+        key: &Packed,
+        hash: u64,
+        candidate: Candidate,
+        now_ms: u64,
+        out: &mut Found,
+    ) -> bool {
+        if !self.table.lookup_into_from(key, hash, candidate, out) {
             return false;
         }
         if out.expired(now_ms) {

@@ -367,6 +367,30 @@ fn slot_tomb(epoch: u64) -> u32 {
     ((epoch & EPOCH_MASK) as u32) << 1 | TOMB_BIT
 }
 
+/// What `Table::prefetch_entry` saw in a probe's first index slots, for the batch's lookup: the
+/// (entry, direction) the first slot with the hash's tag named, where the lookup looks first
+/// (encoded as the slot's key, `(idx << 1 | dir) + 1`, below 2^31); `MISS`: the probe reached
+/// an empty slot first, so no connection had the key then; `NONE`: nothing known (tombstones
+/// or other tags up to the end of the home slot's line).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Candidate(u32);
+
+impl Candidate {
+    pub const NONE: Candidate = Candidate(0);
+    pub const MISS: Candidate = Candidate(u32::MAX);
+
+    #[inline(always)]
+    fn of(idx: u32, dir: u8) -> Candidate {
+        Candidate((idx << 1 | dir as u32) + 1)
+    }
+
+    #[inline(always)]
+    fn get(self) -> Option<(u32, u8)> {
+        let key = self.0.checked_sub(1)?;
+        Some((key >> 1, (key & 1) as u8))
+    }
+}
+
 /// What a lookup found: a copy of the entry taken under its sequence number.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Found {
@@ -760,38 +784,42 @@ impl Table {
         kxdp_packet::prefetch::prefetch(&self.slots[self.home(hash)]);
     }
 
-    /// Starts loading the entry that `hash`'s probe names: the first live slot with `hash`'s tag
-    /// among the probe's first `PREFETCH_PROBE` slots, up to an empty one and not past the home
+    /// Starts loading the entry that `hash`'s probe names, and returns it as the lookup's
+    /// [`Candidate`] (the slot decoded once per packet, not again by the lookup): the first live
+    /// slot with `hash`'s tag among the probe's first `PREFETCH_PROBE` slots, not past the home
     /// slot's cache line (the line `prefetch_slot` loaded: the probe's slots beyond it would be
-    /// a cache miss of their own). A hint only. Until session 11 only the home slot was looked
-    /// at: in a half-full index a linear probe's key is often past its home slot (1.5 slots on
-    /// average), and those packets' lookups waited for their entries (est-1m's lookups took 43
-    /// ns a packet, 20 with this; docs/benchmarks.md "est-1m, session 11").
+    /// a cache miss of their own). An empty slot first ends the probe: `Candidate::MISS`.
+    /// Otherwise a hint only (`Candidate::NONE`). Until session 11 only the home slot was
+    /// looked at: in a half-full index a linear probe's key is often past its home slot (1.5
+    /// slots on average), and those packets' lookups waited for their entries (est-1m's
+    /// lookups took 43 ns a packet, 20 with this; docs/benchmarks.md "est-1m, session 11").
     #[inline]
-    pub fn prefetch_entry(&self, hash: u64) {
+    pub fn prefetch_entry(&self, hash: u64) -> Candidate {
         let tag = self.code.tag(hash);
         let mut i = self.home(hash);
         for _ in 0..PREFETCH_PROBE {
             let slot = &self.slots[i];
             let s = slot.load(Ordering::Relaxed);
             if s == SLOT_EMPTY {
-                return;
+                return Candidate::MISS;
             }
             if s & TOMB_BIT == 0 {
-                let (stag, idx, _) = self.code.decode(s);
+                let (stag, idx, dir) = self.code.decode(s);
                 if stag == tag {
                     if let Some(e) = self.entries.get(idx as usize) {
                         kxdp_packet::prefetch::prefetch_lines(e);
+                        return Candidate::of(idx, dir);
                     }
-                    return;
+                    return Candidate::NONE;
                 }
             }
             // The last slot of its cache line.
             if (slot as *const AtomicU32 as usize) & 63 == 60 {
-                return;
+                return Candidate::NONE;
             }
             i = self.next_slot(i);
         }
+        Candidate::NONE
     }
 
     /// The index slot a probe for `hash` starts at (multiply-shift: the index need not be a
@@ -843,6 +871,34 @@ impl Table {
             i = self.next_slot(i);
         }
         false
+    }
+
+    /// [`Table::lookup_into`], trying first the entry `candidate` names (`prefetch_entry`'s
+    /// decode of the probe's first slots, taken earlier in the same batch): when that entry is
+    /// live and holds `key` (checked as the probe checks it, under its sequence number) it is
+    /// the connection, wherever the index points now; otherwise the probe runs as ever. Saves
+    /// the hit's slot load and decode (most packets of a known connection). `Candidate::MISS`
+    /// (the probe met an empty slot before the key's tag when the prefetch pass read it) is a miss
+    /// without a probe: the answer as of that moment, as a probe a few hundred nanoseconds
+    /// earlier would have given (a connection another worker inserts meanwhile is as racy
+    /// either way; this worker's own inserts come later, in the decide pass).
+    #[inline(always)]
+    pub fn lookup_into_from(
+        &self,
+        key: &Packed,
+        hash: u64,
+        candidate: Candidate,
+        out: &mut Found,
+    ) -> bool {
+        if candidate == Candidate::MISS {
+            return false;
+        }
+        if let Some((idx, dir)) = candidate.get() {
+            if self.read_if_match(idx, dir, key, out) {
+                return true;
+            }
+        }
+        self.lookup_into(key, hash, out)
     }
 
     /// Whether entry `idx`'s tuple `dir` is `key` in a live entry; if so its copy, taken under the

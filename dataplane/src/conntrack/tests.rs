@@ -530,3 +530,57 @@ fn one_worker_or_a_small_table_counts_at_every_step() {
         assert_eq!(ct.len(), 100, "max {max}, {workers} workers");
     }
 }
+
+/// A lookup from the prefetch pass's candidate (`prefetch_entry`, `lookup_into_from`) answers as
+/// the plain lookup does: a hit through the candidate, a miss on an empty first slot, and a
+/// candidate whose entry was killed since falls back to the probe (and misses, as the probe).
+#[test]
+fn lookup_from_the_candidate_is_the_lookup() {
+    let ct = small(1000);
+    let now = 1;
+    let mut conns = Vec::new();
+    for i in 0..200u16 {
+        let orig = tup((i % 250) as u8, 1000 + i, 41, 80, 6);
+        let reply = tup(9, 8080, (i % 250) as u8, 1000 + i, 6);
+        ct.create(&orig, &reply, tcp::SYN, false, 7, 0, 0).unwrap();
+        conns.push((orig, reply));
+    }
+    let from_candidate = |t: &Tuple| {
+        let p = t.pack();
+        let h = ct.hash(&p);
+        let candidate = ct.prefetch_entry(h);
+        let mut out = Found::default();
+        ct.lookup_into_from(&p, h, candidate, now, &mut out)
+            .then_some(out)
+    };
+    for (orig, reply) in &conns {
+        for t in [orig, reply] {
+            let (a, b) = (from_candidate(t).unwrap(), find(&ct, t, now).unwrap());
+            assert_eq!(
+                (a.idx, a.dir, a.other, a.state),
+                (b.idx, b.dir, b.other, b.state)
+            );
+        }
+        let absent = orig.reversed();
+        assert!(from_candidate(&absent).is_none() && find(&ct, &absent, now).is_none());
+    }
+    // A candidate taken before its entry was killed: the probe decides. (A tuple whose first
+    // slot is its own: the hash seed is the table's.)
+    let (orig, p, h, candidate) = conns
+        .iter()
+        .map(|(orig, _)| {
+            let p = orig.pack();
+            let h = ct.hash(&p);
+            (orig, p, h, ct.prefetch_entry(h))
+        })
+        .find(|c| c.3 != Candidate::NONE && c.3 != Candidate::MISS)
+        .unwrap();
+    assert!(ct.kill(find(&ct, orig, now).unwrap().idx));
+    let mut out = Found::default();
+    assert!(!ct.lookup_into_from(&p, h, candidate, now, &mut out));
+    assert!(find(&ct, orig, now).is_none());
+    // An empty table: every first slot is empty.
+    let empty = small(1000);
+    let q = conns[1].0.pack();
+    assert_eq!(empty.prefetch_entry(empty.hash(&q)), Candidate::MISS);
+}

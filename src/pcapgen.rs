@@ -84,6 +84,11 @@ pub struct GenSpec {
     /// bytes like on the wire.
     pub payload: usize,
     pub seed: u64,
+    /// Packets per second of the capture's clock (the gap between timestamps). Conntrack's
+    /// timeouts and its expiry scan run on this clock in `kxdp replay`: the scan reads each used
+    /// entry once per capture second, so a capture replayed faster than its own rate pays that
+    /// scan more often per packet than live traffic at the replay's rate would.
+    pub rate_pps: u64,
 }
 
 impl Default for GenSpec {
@@ -97,6 +102,7 @@ impl Default for GenSpec {
             ipv6: false,
             payload: 64,
             seed: 1,
+            rate_pps: DEFAULT_RATE_PPS,
         }
     }
 }
@@ -133,11 +139,13 @@ const CLIENT_PORTS: u64 = 64_512;
 /// Limits of the address plan (see the module docs).
 const MAX_SERVICES: u32 = (1 << 20) - 2;
 const MAX_ENDPOINTS: u64 = (1 << 23) - 2;
-/// Capture clock: the first packet's time and the gap between packets (1 Mpps on the wire). With
-/// one packet per microsecond, a repeated replay of a million-packet capture stays well inside
-/// the 120 s timeout of unanswered (SYN_SENT) connections.
+/// Capture clock: the first packet's time, and the default rate (1 Mpps on the wire). With one
+/// packet per microsecond, a repeated replay of a million-packet capture stays well inside the
+/// 120 s timeout of unanswered (SYN_SENT) connections.
 const TS_START_NS: u64 = 1_700_000_000_000_000_000;
-const TS_GAP_NS: u64 = 1_000;
+pub const DEFAULT_RATE_PPS: u64 = 1_000_000;
+/// The fastest clock: one packet per nanosecond (the capture's timestamp resolution).
+const MAX_RATE_PPS: u64 = 1_000_000_000;
 /// Frames shorter than this are padded, as on Ethernet (60 bytes + 4 bytes FCS on the wire; the
 /// benchmark convention counts 64).
 const MIN_FRAME: usize = 64;
@@ -210,6 +218,12 @@ pub fn generate(spec: &GenSpec, out_dir: &Path) -> io::Result<GenSummary> {
     if endpoints > MAX_ENDPOINTS {
         return Err(invalid(format!(
             "services × endpoints must be at most {MAX_ENDPOINTS}, not {endpoints}"
+        )));
+    }
+    if spec.rate_pps == 0 || spec.rate_pps > MAX_RATE_PPS {
+        return Err(invalid(format!(
+            "rate must be between 1 and {MAX_RATE_PPS} packets per second, not {}",
+            spec.rate_pps
         )));
     }
     let plan = Plan::of(spec);
@@ -565,6 +579,7 @@ fn write_capture(spec: &GenSpec, plan: &Plan, path: &Path) -> io::Result<(u64, u
         w,
         index: 0,
         bytes: 0,
+        rate_pps: spec.rate_pps,
     };
 
     // The long flows' SYNs, all first.
@@ -634,15 +649,22 @@ struct Out {
     w: Writer<BufWriter<File>>,
     index: u64,
     bytes: u64,
+    rate_pps: u64,
 }
 
 impl Out {
     fn emit(&mut self, frame: &[u8]) -> io::Result<()> {
-        self.w.write(TS_START_NS + self.index * TS_GAP_NS, frame)?;
+        self.w.write(ts_ns(self.index, self.rate_pps), frame)?;
         self.index += 1;
         self.bytes += frame.len() as u64;
         Ok(())
     }
+}
+
+/// Packet `index`'s timestamp at `rate_pps` (exact: no drift when the gap is not whole
+/// nanoseconds).
+fn ts_ns(index: u64, rate_pps: u64) -> u64 {
+    TS_START_NS + (index as u128 * 1_000_000_000 / rate_pps as u128) as u64
 }
 
 #[cfg(test)]
@@ -667,6 +689,7 @@ mod tests {
             ipv6: false,
             payload: 200,
             seed: 42,
+            rate_pps: DEFAULT_RATE_PPS,
         }
     }
 
@@ -758,6 +781,40 @@ mod tests {
         let flows: HashSet<_> = ms.iter().map(|(m, _)| (m.src, m.sport)).collect();
         assert_eq!(flows.len(), 70_000);
         assert!(sum.conntrack_max_entries as u64 >= 70_000);
+    }
+
+    #[test]
+    fn the_capture_clock_runs_at_the_given_rate() {
+        let dir = tempfile::tempdir().unwrap();
+        let ts = |rate_pps| {
+            let s = GenSpec {
+                rate_pps,
+                ..spec(GenMode::Established)
+            };
+            generate(&s, dir.path()).unwrap();
+            let cap = read_file(&dir.path().join("capture.pcap")).unwrap();
+            cap.packets.iter().map(|p| p.ts_ns).collect::<Vec<_>>()
+        };
+        // The default: one packet per microsecond.
+        let us = ts(DEFAULT_RATE_PPS);
+        assert!(us.windows(2).all(|w| w[1] - w[0] == 1_000));
+        // 10 Mpps: 100 ns apart, the same packets in a tenth of the time.
+        let fast = ts(10_000_000);
+        assert!(fast.windows(2).all(|w| w[1] - w[0] == 100));
+        assert_eq!(fast[299] - fast[0], (us[299] - us[0]) / 10);
+        // A gap of no whole nanoseconds does not drift: 3 Mpps puts packet 300 at 100 µs.
+        let odd = ts(3_000_000);
+        assert_eq!(odd[299] - odd[0], 299 * 1_000_000_000 / 3_000_000);
+        // No rate, or faster than the timestamps resolve, is refused.
+        for rate_pps in [0, 2_000_000_000] {
+            let s = GenSpec {
+                rate_pps,
+                ..spec(GenMode::Established)
+            };
+            let e = generate(&s, dir.path()).unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+            assert!(e.to_string().contains("rate"), "{e}");
+        }
     }
 
     #[test]

@@ -198,6 +198,9 @@ struct GenArgs {
     /// Seed of the generator.
     #[arg(long, value_name = "S", default_value_t = 1)]
     seed: u64,
+    /// Packets per second of the capture's timestamps (the replay's conntrack clock).
+    #[arg(long, value_name = "PPS", default_value_t = crate::pcapgen::DEFAULT_RATE_PPS)]
+    rate: u64,
 }
 
 #[derive(Args, Debug)]
@@ -438,6 +441,7 @@ fn cmd_pcap_gen(args: &GenArgs) -> Result<(), CliError> {
         ipv6: args.ipv6,
         payload: args.payload,
         seed: args.seed,
+        rate_pps: args.rate,
     };
     let summary = crate::pcapgen::generate(&spec, &args.out_dir)
         .map_err(|e| failure(format!("{}: {e}", args.out_dir.display())))?;

@@ -280,17 +280,11 @@ impl Conntrack {
 
     /// [`Conntrack::lookup`] into the caller's `out` (`Table::lookup_into`): whether the packet's
     /// connection was found, `out` then holding what `lookup` would have returned (and nothing
-    /// usable when not).
+    /// usable when not). With no candidate: a lookup after this worker's own inserts (the
+    /// batch's re-lookup) must not trust what the prefetch pass saw before them.
     #[inline(always)]
     pub fn lookup_into(&self, key: &Packed, hash: u64, now_ms: u64, out: &mut Found) -> bool {
-        if !self.table.lookup_into(key, hash, out) {
-            return false;
-        }
-        if out.expired(now_ms) {
-            self.table.kill(out.idx);
-            return false;
-        }
-        true
+        self.lookup_into_from(key, hash, Candidate::NONE, now_ms, out)
     }
 
     /// [`Conntrack::lookup_into`] trying first the entry `prefetch_entry` named for `hash`

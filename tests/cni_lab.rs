@@ -509,16 +509,18 @@ fn kxdp_pods_replaced_under_continuous_requests_through_clusterip() {
         let node = if i % 2 == 0 { "node-a" } else { "node-b" };
         let new = format!("srv-{}", i + 2);
         lab.add_pod(node, &new, &[("app", "srv")]);
-        lab.update_state(&a, &objects(&lab));
-        lab.update_state(&b, &objects(&lab));
-        std::thread::sleep(Duration::from_millis(1500));
+        lab.update_state_published(&a, &objects(&lab));
+        lab.update_state_published(&b, &objects(&lab));
+        std::thread::sleep(Duration::from_millis(1000));
         let old = format!("srv-{i}");
-        // The endpoint goes first (as the EndpointSlice controller does), the pod after.
+        // The endpoint goes first (as the EndpointSlice controller does), the pod after: once
+        // both nodes' tables no longer have it (a pod serves while it terminates), and a moment
+        // for requests already sent to it.
         let i = lab.pods.iter().position(|p| p.name == old).unwrap();
         lab.pods[i].labels.clear();
-        lab.update_state(&a, &objects(&lab));
-        lab.update_state(&b, &objects(&lab));
-        std::thread::sleep(Duration::from_millis(1500));
+        lab.update_state_published(&a, &objects(&lab));
+        lab.update_state_published(&b, &objects(&lab));
+        std::thread::sleep(Duration::from_millis(1000));
         lab.delete_pod(&old);
     }
     let log = load.finish();

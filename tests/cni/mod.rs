@@ -654,6 +654,20 @@ endpoints:{}
         std::fs::write(&tmp, self.cluster_objects() + objects).unwrap();
         std::fs::rename(&tmp, k.state.join("cluster.yaml")).unwrap();
     }
+
+    /// [`Lab::update_state`], then waits (bounded) until kxdp has published tables from it.
+    /// For a change that alters the tables: a test that acts on the change (deleting a pod
+    /// whose endpoint it removed) must not race the file watch and the sync, which take longer
+    /// on a busy machine than any fixed sleep allows for.
+    pub fn update_state_published(&self, k: &KxdpNode, objects: &str) {
+        let before = k.published();
+        self.update_state(k, objects);
+        assert!(
+            crate::lab::wait_until(Duration::from_secs(30), || k.published() > before),
+            "kxdp did not publish the new state within 30 s:\n{}",
+            k.log()
+        );
+    }
 }
 
 /// A running `kxdp run` of one node and its state directory.
@@ -665,6 +679,20 @@ pub struct KxdpNode {
 impl KxdpNode {
     pub fn log(&self) -> String {
         self.kxdp.stderr.lock().unwrap().clone()
+    }
+
+    /// Syncs so far that published changed Services or rebuilt everything (the sync's debug
+    /// line, which `Kxdp::spawn` enables).
+    pub fn published(&self) -> usize {
+        self.kxdp
+            .stderr
+            .lock()
+            .unwrap()
+            .lines()
+            .filter(|l| {
+                l.contains("kxdp_control::sync: published") && !l.contains("full=false services=0")
+            })
+            .count()
     }
 }
 

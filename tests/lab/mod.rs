@@ -416,7 +416,12 @@ impl Kxdp {
     pub fn spawn(mut cmd: Command, start_timeout: Duration) -> Kxdp {
         use std::io::BufRead;
         let mut child = cmd
-            .env("RUST_LOG", "warn,kxdp_control::run=info")
+            // The sync's debug line "published" lets a test wait until a state it wrote is
+            // in the tables (`KxdpNode::published`).
+            .env(
+                "RUST_LOG",
+                "warn,kxdp_control::run=info,kxdp_control::sync=debug",
+            )
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::piped())
             .spawn()

@@ -596,34 +596,24 @@ impl Worker {
                 port.sock.flush_tx();
             }
             let mut tx_left = 0;
-            // Frames the sockets' shares are owed (consumed, not yet topped up): growth takes
-            // only what is free beyond them and the kept reserve.
-            let mut owed: usize = self.ports.iter().map(|p| p.fill_deficit()).sum();
+            let mut round = FillRound::new(kept, self.ports.iter().map(|p| p.fill_deficit()).sum());
             for port in &mut self.ports {
                 let held = port.sock.fill_outstanding();
                 let own = port.fill_deficit();
-                // Since the last top-up: what the kernel took off the fill ring (on the RX ring
-                // or received since), and what the worker received of it.
-                let taken = port
-                    .demand
-                    .topped
-                    .saturating_sub(port.sock.fill_ring_level());
-                let consumed = port.demand.topped.saturating_sub(held);
-                port.demand.peak = port.demand.peak.max(taken);
-                let grantable = self.umem.free_frames().saturating_sub(kept + owed) as u32;
-                port.fill_target = next_fill_share(
+                port.fill_target = round.share(
                     port.fill_target,
-                    taken,
-                    consumed,
+                    &mut port.demand,
+                    held,
+                    port.sock.fill_ring_level(),
                     port.sock.rings().fill,
-                    grantable,
+                    self.umem.free_frames(),
                 );
                 // Above its share (it shrank): no top-up until the kernel has used the excess.
                 if held < port.fill_target {
                     port.sock.refill(&mut self.umem, port.fill_target - held);
                 }
-                port.demand.topped = port.sock.fill_outstanding();
-                owed = owed - own + port.fill_deficit();
+                let (deficit, topped) = (port.fill_deficit(), port.sock.fill_outstanding());
+                round.topped(&mut port.demand, own, deficit, topped);
                 tx_left += port.sock.tx_pending();
             }
             let loop_at = Instant::now();
@@ -748,6 +738,49 @@ pub fn next_fill_share(share: u32, taken: u32, consumed: u32, ring: u32, grantab
     want.min(ring)
         .min(share.saturating_add(grantable))
         .max(share)
+}
+
+/// One loop's pass of the share rule over a worker's sockets, in order (`Worker::run`; the
+/// tests' model of a worker takes the same steps). A socket's growth takes only the frames free
+/// beyond the kept reserve and beyond what the sockets' shares are still owed (consumed, not yet
+/// topped up).
+pub struct FillRound {
+    kept: usize,
+    owed: usize,
+}
+
+impl FillRound {
+    /// `kept`: [`kept_reserve`]; `owed`: the sum of the sockets' deficits before the round.
+    pub fn new(kept: usize, owed: usize) -> FillRound {
+        FillRound { kept, owed }
+    }
+
+    /// A socket's share after the loop ([`next_fill_share`]), from its share now, the frames
+    /// it `held` (fill ring and the kernel's hands) and those on its fill ring (`level`): since
+    /// the last top-up the kernel took `demand.topped - level` off the ring (on the RX ring or
+    /// received since) and the worker received `demand.topped - held` of them.
+    pub fn share(
+        &self,
+        share: u32,
+        demand: &mut FillDemand,
+        held: u32,
+        level: u32,
+        ring: u32,
+        free: usize,
+    ) -> u32 {
+        let taken = demand.topped.saturating_sub(level);
+        let consumed = demand.topped.saturating_sub(held);
+        demand.peak = demand.peak.max(taken);
+        let grantable = free.saturating_sub(self.kept + self.owed) as u32;
+        next_fill_share(share, taken, consumed, ring, grantable)
+    }
+
+    /// After the socket's top-up: its deficit went from `own` to `deficit`, and it holds
+    /// `topped` frames.
+    pub fn topped(&mut self, demand: &mut FillDemand, own: usize, deficit: usize, topped: u32) {
+        self.owed = self.owed - own + deficit;
+        demand.topped = topped;
+    }
 }
 
 /// A socket's fill share at the end of a [`FILL_SHARE_WINDOW`] in which the kernel took at most
@@ -894,21 +927,20 @@ mod tests {
                 s.2 -= got;
                 self.free += got;
             }
-            let kept = kept_reserve(self.base, self.sockets.len()) as u32;
-            let mut owed: u32 = self.sockets.iter().map(|s| s.0.saturating_sub(s.2)).sum();
+            let kept = kept_reserve(self.base, self.sockets.len());
+            let deficit = |share: u32, held: u32| share.saturating_sub(held) as usize;
+            let mut round =
+                FillRound::new(kept, self.sockets.iter().map(|s| deficit(s.0, s.2)).sum());
             for (share, demand, held) in &mut self.sockets {
-                let own = share.saturating_sub(*held);
-                let taken = demand.topped.saturating_sub(*held);
-                demand.peak = demand.peak.max(taken);
-                let grantable = self.free.saturating_sub(kept + owed);
-                *share = next_fill_share(*share, taken, taken, self.ring, grantable);
+                let own = deficit(*share, *held);
+                // Every frame received is consumed at once: the fill ring holds what is held.
+                *share = round.share(*share, demand, *held, *held, self.ring, self.free as usize);
                 if *held < *share {
                     let add = (*share - *held).min(self.free);
                     self.free -= add;
                     *held += add;
                 }
-                demand.topped = *held;
-                owed = owed - own + share.saturating_sub(*held);
+                round.topped(demand, own, deficit(*share, *held), *held);
             }
             lost
         }

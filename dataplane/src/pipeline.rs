@@ -303,6 +303,11 @@ impl Pipeline {
         let Batch {
             snap, ct, now_ms, ..
         } = *b;
+        // The pass's bounds, checked once (`process` passes at most `MAX_BATCH` frames of a batch
+        // no longer than `verdicts`): with `m` and the verdicts' slice proven here, the loops'
+        // `scratch[i]` and `verdicts[i]` (`i < m`) compile without a check of their own.
+        assert!(m <= MAX_BATCH);
+        let verdicts = &mut verdicts[base..base + m];
         // 1. Parse; hash and prefetch each packet's conntrack index slot; 2. prefetch the entry
         // each slot names; 3. look up. Done in stages so that a batch's cache misses overlap
         // (at 1M connections a lookup is two dependent DRAM accesses: slot, then entry).
@@ -418,7 +423,7 @@ impl Pipeline {
                 let s = &mut self.scratch[i];
                 s.hit = ct.lookup_into(&s.key, hash, now_ms, &mut s.found);
             }
-            let v = &mut verdicts[base + i];
+            let v = &mut verdicts[i];
             let (buf, len) = frames.frame_mut(base + i);
             self.counters.bytes += *len as u64;
             // The established fast lane: most packets are plain packets of known connections.

@@ -94,7 +94,10 @@ impl<'f, F: Frames> PassFrames<'f, F> {
     #[inline(always)]
     fn new(frames: &'f mut F, base: usize, m: usize) -> Self {
         let count = frames.count();
-        assert!(base <= count && m <= count - base, "a pass past the batch's frames");
+        assert!(
+            base <= count && m <= count - base,
+            "a pass past the batch's frames"
+        );
         PassFrames { frames, base, m }
     }
 
@@ -360,6 +363,9 @@ impl Pipeline {
         ct.flush_pending(&mut self.retired);
     }
 
+    // The decide loop indexes `verdicts` and `self.scratch` by the packet (its body calls
+    // `&mut self` methods, so no iterator over the scratch can stay borrowed across it).
+    #[allow(clippy::needless_range_loop)]
     fn pass<F: Frames>(
         &mut self,
         frames: &mut F,
@@ -1479,4 +1485,59 @@ unsafe impl Frames for SlotFrames {
 /// The address a packet leaves with, for tests and listings.
 pub fn endpoint_string(addr: &Addr, port: u16, v: &Verdict) -> String {
     Tuple::endpoint(addr, port, v.family, v.proto)
+}
+
+#[cfg(test)]
+mod frames_tests {
+    use super::*;
+
+    /// `SlotFrames`' unchecked accessors give what the checked ones give, a length written past
+    /// the slot through `frame_mut` is clamped, and `PassFrames` maps a pass's index to the batch's.
+    /// Also run under Miri (`cargo +nightly miri test -p kxdp-dataplane --lib frames_tests`).
+    #[allow(unsafe_code)]
+    #[test]
+    fn unchecked_frames_are_the_checked_ones() {
+        let mut f = SlotFrames::new(4, 64);
+        for (k, n) in [10usize, 64, 100].into_iter().enumerate() {
+            assert!(f.push(&vec![k as u8 + 1; n]));
+        }
+        assert_eq!(f.count(), 3);
+        for i in 0..3 {
+            // SAFETY: i < count().
+            let u = unsafe { f.frame_unchecked(i) }.to_vec();
+            assert_eq!(u, f.frame(i));
+            let (a, la) = {
+                let (b, l) = f.frame_mut(i);
+                (b.as_ptr(), *l)
+            };
+            // SAFETY: i < count().
+            let (b, l) = unsafe { f.frame_mut_unchecked(i) };
+            assert_eq!((b.as_ptr(), b.len(), *l), (a, 64, la));
+        }
+        *f.frame_mut(2).1 = 1000;
+        // SAFETY: 2 < count().
+        assert_eq!(unsafe { f.frame_unchecked(2) }.len(), 64);
+        *f.frame_mut(2).1 = 64;
+        let p = PassFrames::new(&mut f, 1, 2);
+        assert_eq!(p.frame(0), &[2u8; 64][..]);
+        assert_eq!(p.frame(1), &[3u8; 64][..]);
+    }
+
+    #[test]
+    #[should_panic(expected = "a pass past the batch's frames")]
+    fn a_pass_past_the_frames_is_refused() {
+        let mut f = SlotFrames::new(4, 64);
+        f.push(&[0; 20]);
+        PassFrames::new(&mut f, 1, 1);
+    }
+
+    #[test]
+    #[should_panic]
+    fn a_pass_index_past_the_pass_is_refused() {
+        let mut f = SlotFrames::new(4, 64);
+        f.push(&[0; 20]);
+        f.push(&[0; 20]);
+        let p = PassFrames::new(&mut f, 0, 1);
+        p.frame(1);
+    }
 }

@@ -45,10 +45,81 @@ const EXPIRY_BUDGET: usize = 256;
 
 /// A batch of frames the pipeline processes in place. Each frame is a buffer (its full capacity,
 /// so that a reply may be longer than the packet it answers) and the length of the frame in it.
-pub trait Frames {
+///
+/// # Safety
+///
+/// `count()` does not change through this trait's methods (`frame`, `frame_mut` and their
+/// unchecked forms): a caller that has checked an index against `count()` once may call the
+/// unchecked forms with it for as long as it holds the batch borrowed.
+#[allow(unsafe_code)]
+pub unsafe trait Frames {
     fn count(&self) -> usize;
     fn frame_mut(&mut self, i: usize) -> (&mut [u8], &mut usize);
     fn frame(&self, i: usize) -> &[u8];
+
+    /// `frame(i)` without the implementation's own bounds checks (the pass checks its range
+    /// once: `PassFrames`).
+    ///
+    /// # Safety
+    ///
+    /// `i < self.count()`.
+    #[inline(always)]
+    unsafe fn frame_unchecked(&self, i: usize) -> &[u8] {
+        self.frame(i)
+    }
+
+    /// `frame_mut(i)` without the implementation's own bounds checks.
+    ///
+    /// # Safety
+    ///
+    /// `i < self.count()`.
+    #[inline(always)]
+    unsafe fn frame_mut_unchecked(&mut self, i: usize) -> (&mut [u8], &mut usize) {
+        self.frame_mut(i)
+    }
+}
+
+/// The frames `base..base + m` of a batch, their range checked against `Frames::count` once
+/// (`new`), so that the pass's per-packet accesses skip the implementation's checks (the
+/// replay's `SlotFrames` made three per access, two accesses a packet; docs/benchmarks.md "Fast
+/// path, session 12: proven bounds"). `i < m` is still asserted per access: in the pass's
+/// loops over `0..m` the compiler proves it and drops the test.
+struct PassFrames<'f, F> {
+    frames: &'f mut F,
+    base: usize,
+    m: usize,
+}
+
+impl<'f, F: Frames> PassFrames<'f, F> {
+    #[inline(always)]
+    fn new(frames: &'f mut F, base: usize, m: usize) -> Self {
+        let count = frames.count();
+        assert!(
+            base <= count && m <= count - base,
+            "a pass past the batch's frames"
+        );
+        PassFrames { frames, base, m }
+    }
+
+    /// Frame `i` of the pass.
+    #[inline(always)]
+    #[allow(unsafe_code)]
+    fn frame(&self, i: usize) -> &[u8] {
+        assert!(i < self.m);
+        // SAFETY: `i < m` (just asserted) and `base + m <= count()` (checked in `new`; `Frames`
+        // guarantees that `count()` does not change through its methods, and `&mut` keeps any
+        // other change out while this value lives), so `base + i < count()`.
+        unsafe { self.frames.frame_unchecked(self.base + i) }
+    }
+
+    /// Frame `i` of the pass, to rewrite, and its length.
+    #[inline(always)]
+    #[allow(unsafe_code)]
+    fn frame_mut(&mut self, i: usize) -> (&mut [u8], &mut usize) {
+        assert!(i < self.m);
+        // SAFETY: as in `frame`.
+        unsafe { self.frames.frame_mut_unchecked(self.base + i) }
+    }
 }
 
 /// Per-worker counters: every packet counted once, by reason (the action follows from it).
@@ -292,6 +363,9 @@ impl Pipeline {
         ct.flush_pending(&mut self.retired);
     }
 
+    // The decide loop indexes `verdicts` and `self.scratch` by the packet (its body calls
+    // `&mut self` methods, so no iterator over the scratch can stay borrowed across it).
+    #[allow(clippy::needless_range_loop)]
     fn pass<F: Frames>(
         &mut self,
         frames: &mut F,
@@ -303,6 +377,12 @@ impl Pipeline {
         let Batch {
             snap, ct, now_ms, ..
         } = *b;
+        // The pass's bounds, checked once (`process` passes at most `MAX_BATCH` frames of a batch
+        // no longer than `verdicts`): with `m` and the verdicts' slice proven here, the loops'
+        // `scratch[i]` and `verdicts[i]` (`i < m`) compile without a check of their own.
+        assert!(m <= MAX_BATCH);
+        let verdicts = &mut verdicts[base..base + m];
+        let mut frames = PassFrames::new(frames, base, m);
         // 1. Parse; hash and prefetch each packet's conntrack index slot; 2. prefetch the entry
         // each slot names; 3. look up. Done in stages so that a batch's cache misses overlap
         // (at 1M connections a lookup is two dependent DRAM accesses: slot, then entry).
@@ -310,7 +390,7 @@ impl Pipeline {
             let s = &mut self.scratch[i];
             s.hit = false;
             s.quoted = None;
-            let frame = frames.frame(base + i);
+            let frame = frames.frame(i);
             // The common frame, with its key packed from the numbers the parse read (not read
             // back from the meta it just stored).
             s.plain = false;
@@ -418,8 +498,8 @@ impl Pipeline {
                 let s = &mut self.scratch[i];
                 s.hit = ct.lookup_into(&s.key, hash, now_ms, &mut s.found);
             }
-            let v = &mut verdicts[base + i];
-            let (buf, len) = frames.frame_mut(base + i);
+            let v = &mut verdicts[i];
+            let (buf, len) = frames.frame_mut(i);
             self.counters.bytes += *len as u64;
             // The established fast lane: most packets are plain packets of known connections.
             let s = &self.scratch[i];
@@ -1292,8 +1372,9 @@ pub struct SlotFrames {
 impl SlotFrames {
     /// `slots` frames of `slot_size` bytes each.
     pub fn new(slots: usize, slot_size: usize) -> SlotFrames {
+        let bytes = slots.checked_mul(slot_size).expect("frame slots overflow");
         SlotFrames {
-            buf: vec![0; slots * slot_size],
+            buf: vec![0; bytes],
             lens: vec![0; slots],
             slot: slot_size,
             count: 0,
@@ -1353,7 +1434,9 @@ fn copy_frame(dst: &mut [u8], src: &[u8]) {
     }
 }
 
-impl Frames for SlotFrames {
+// SAFETY (of the trait's promise): `count` changes only in `push` and `clear`.
+#[allow(unsafe_code)]
+unsafe impl Frames for SlotFrames {
     #[inline]
     fn count(&self) -> usize {
         self.count
@@ -1369,9 +1452,92 @@ impl Frames for SlotFrames {
     fn frame(&self, i: usize) -> &[u8] {
         self.get(i)
     }
+
+    // The unchecked forms rest on what `new` and `push` keep: `buf.len() == lens.len() * slot`
+    // (`new`, its product checked), `count <= lens.len()` (`push` stops at full). A frame's
+    // length is clamped to the slot (a caller of `frame_mut` may have written any length).
+    #[inline(always)]
+    unsafe fn frame_unchecked(&self, i: usize) -> &[u8] {
+        let off = i * self.slot;
+        // SAFETY: the caller's `i < count <= lens.len()`, so `lens[i]` is in bounds, and
+        // `off + len <= (i + 1) * slot <= lens.len() * slot == buf.len()` (no overflow: that
+        // product fitted in `new`).
+        unsafe {
+            let len = (*self.lens.get_unchecked(i)).min(self.slot);
+            self.buf.get_unchecked(off..off + len)
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn frame_mut_unchecked(&mut self, i: usize) -> (&mut [u8], &mut usize) {
+        let off = i * self.slot;
+        // SAFETY: as in `frame_unchecked`: `i < lens.len()`, `off + slot <= buf.len()`; the two
+        // borrows are of different fields.
+        unsafe {
+            (
+                self.buf.get_unchecked_mut(off..off + self.slot),
+                self.lens.get_unchecked_mut(i),
+            )
+        }
+    }
 }
 
 /// The address a packet leaves with, for tests and listings.
 pub fn endpoint_string(addr: &Addr, port: u16, v: &Verdict) -> String {
     Tuple::endpoint(addr, port, v.family, v.proto)
+}
+
+#[cfg(test)]
+mod frames_tests {
+    use super::*;
+
+    /// `SlotFrames`' unchecked accessors give what the checked ones give, a length written past
+    /// the slot through `frame_mut` is clamped, and `PassFrames` maps a pass's index to the batch's.
+    /// Also run under Miri (`cargo +nightly miri test -p kxdp-dataplane --lib frames_tests`).
+    #[allow(unsafe_code)]
+    #[test]
+    fn unchecked_frames_are_the_checked_ones() {
+        let mut f = SlotFrames::new(4, 64);
+        for (k, n) in [10usize, 64, 100].into_iter().enumerate() {
+            assert!(f.push(&vec![k as u8 + 1; n]));
+        }
+        assert_eq!(f.count(), 3);
+        for i in 0..3 {
+            // SAFETY: i < count().
+            let u = unsafe { f.frame_unchecked(i) }.to_vec();
+            assert_eq!(u, f.frame(i));
+            let (a, la) = {
+                let (b, l) = f.frame_mut(i);
+                (b.as_ptr(), *l)
+            };
+            // SAFETY: i < count().
+            let (b, l) = unsafe { f.frame_mut_unchecked(i) };
+            assert_eq!((b.as_ptr(), b.len(), *l), (a, 64, la));
+        }
+        *f.frame_mut(2).1 = 1000;
+        // SAFETY: 2 < count().
+        assert_eq!(unsafe { f.frame_unchecked(2) }.len(), 64);
+        *f.frame_mut(2).1 = 64;
+        let p = PassFrames::new(&mut f, 1, 2);
+        assert_eq!(p.frame(0), &[2u8; 64][..]);
+        assert_eq!(p.frame(1), &[3u8; 64][..]);
+    }
+
+    #[test]
+    #[should_panic(expected = "a pass past the batch's frames")]
+    fn a_pass_past_the_frames_is_refused() {
+        let mut f = SlotFrames::new(4, 64);
+        f.push(&[0; 20]);
+        PassFrames::new(&mut f, 1, 1);
+    }
+
+    #[test]
+    #[should_panic]
+    fn a_pass_index_past_the_pass_is_refused() {
+        let mut f = SlotFrames::new(4, 64);
+        f.push(&[0; 20]);
+        f.push(&[0; 20]);
+        let p = PassFrames::new(&mut f, 0, 1);
+        p.frame(1);
+    }
 }

@@ -20,18 +20,39 @@ pub struct UmemBatch<'a> {
     pub descs: &'a mut [Desc],
 }
 
-impl Frames for UmemBatch<'_> {
+// SAFETY (of the trait's promise): `count` is the length of `descs`, which no method changes.
+#[allow(unsafe_code)]
+unsafe impl Frames for UmemBatch<'_> {
+    #[inline]
     fn count(&self) -> usize {
         self.descs.len()
     }
 
+    #[inline]
     fn frame_mut(&mut self, i: usize) -> (&mut [u8], &mut usize) {
         let d = &mut self.descs[i];
         (self.umem.frame_mut(d.addr), &mut d.len)
     }
 
+    #[inline]
     fn frame(&self, i: usize) -> &[u8] {
         let d = &self.descs[i];
         &self.umem.frame(d.addr)[..d.len]
+    }
+
+    // Only the descriptor's index goes unchecked: its address and length come from the kernel's
+    // RX ring and stay checked (`Umem::frame`'s assert, the slice to `len`).
+    #[inline(always)]
+    unsafe fn frame_unchecked(&self, i: usize) -> &[u8] {
+        // SAFETY: the caller's `i < count() == descs.len()`.
+        let d = unsafe { self.descs.get_unchecked(i) };
+        &self.umem.frame(d.addr)[..d.len]
+    }
+
+    #[inline(always)]
+    unsafe fn frame_mut_unchecked(&mut self, i: usize) -> (&mut [u8], &mut usize) {
+        // SAFETY: as in `frame_unchecked`.
+        let d = unsafe { self.descs.get_unchecked_mut(i) };
+        (self.umem.frame_mut(d.addr), &mut d.len)
     }
 }

@@ -259,9 +259,9 @@ pub fn complete_l4_checksum(frame: &mut [u8], v: &Verdict) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::conntrack::Tuple;
     use crate::fib::{FdbEntry, FibInput, Link, LocalAddr, Neighbour, Route};
     use crate::pipeline::SlotFrames;
-    use crate::conntrack::Tuple;
     use crate::verdict::Client;
 
     fn ip(s: &str) -> std::net::IpAddr {

@@ -153,7 +153,7 @@ pub enum Client {
 /// writes the key it looked the packet up by and the words of the connection's other tuple as
 /// they are, where byte-swapping them into five addresses was a fifth of its instructions
 /// (session 12). The AF_XDP worker's egress reads the action, the offsets and `dst()`.
-#[derive(Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Clone, Copy, Default)]
 pub struct Verdict {
     pub action: Action,
     pub reason: Reason,
@@ -298,6 +298,31 @@ pub fn reversed_ports(p: &Packed) -> u32 {
 pub fn addr_of_words(high: u64, low: u64) -> Addr {
     Addr(((high as u128) << 64 | low as u128).to_be_bytes())
 }
+
+// By what the accessors say: the lane's `Client::Destination` and the full path's
+// `Client::Addr` of the same address are the same verdict.
+impl PartialEq for Verdict {
+    fn eq(&self, o: &Verdict) -> bool {
+        (
+            self.action,
+            self.reason,
+            self.has_addrs,
+            self.masq,
+            self.fragment,
+        ) == (o.action, o.reason, o.has_addrs, o.masq, o.fragment)
+            && (
+                self.service_id,
+                self.l3_off,
+                self.l4_off,
+                self.ip_len,
+                self.egress,
+            ) == (o.service_id, o.l3_off, o.l4_off, o.ip_len, o.egress)
+            && (self.orig, self.out_addrs, self.out_ports) == (o.orig, o.out_addrs, o.out_ports)
+            && self.client() == o.client()
+    }
+}
+
+impl Eq for Verdict {}
 
 // By the addresses, not the words.
 impl fmt::Debug for Verdict {

@@ -789,7 +789,14 @@ fn new_connections_are_rewritten_as_the_general_rewrite_does() {
         assert_eq!(v.reason, Reason::ServiceDnat, "{v:?}");
         let mut expected = p.clone();
         let mut m = meta(p);
-        kxdp_packet::rewrite(&mut expected, &mut m, v.src(), v.sport(), v.dst(), v.dport());
+        kxdp_packet::rewrite(
+            &mut expected,
+            &mut m,
+            v.src(),
+            v.sport(),
+            v.dst(),
+            v.dport(),
+        );
         assert_eq!(frame, &expected, "{v:?}");
         let got = meta(frame);
         assert_eq!(

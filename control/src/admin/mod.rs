@@ -534,7 +534,8 @@ fn event_kind(
         }
         Reason::ServiceDnat | Reason::Direct
             if v.has_addrs
-                && (snap.policy.is_local_pod(&v.orig_src()) || snap.policy.is_local_pod(&v.dst())) =>
+                && (snap.policy.is_local_pod(&v.orig_src())
+                    || snap.policy.is_local_pod(&v.dst())) =>
         {
             ("policy-verdict", Some("allow"))
         }

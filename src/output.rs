@@ -77,21 +77,21 @@ pub fn verdict_line(index: u64, v: &Verdict, snapshot: &Snapshot, egress: Option
         egress,
     };
     if v.has_addrs {
-        let ports = has_ports(v.proto());
-        let orig_src = format_addr(v.orig_src(), v.family(), v.orig_sport(), ports);
-        let orig_dst = format_addr(v.orig_dst(), v.family(), v.orig_dport(), ports);
-        line.proto = Some(proto_name(v.proto()));
+        let ports = has_ports(v.proto);
+        let orig_src = format_addr(v.orig_src, v.family, v.orig_sport, ports);
+        let orig_dst = format_addr(v.orig_dst, v.family, v.orig_dport, ports);
+        line.proto = Some(proto_name(v.proto));
         if v.action == Action::Reject {
-            let reply_ports = v.proto() == proto::TCP;
+            let reply_ports = v.proto == proto::TCP;
             line.reply = Some(Reply {
-                src: format_addr(v.src(), v.family(), v.sport(), reply_ports),
-                dst: format_addr(v.dst(), v.family(), v.dport(), reply_ports),
+                src: format_addr(v.src, v.family, v.sport, reply_ports),
+                dst: format_addr(v.dst, v.family, v.dport, reply_ports),
             });
             line.src = Some(orig_src.clone());
             line.dst = Some(orig_dst.clone());
         } else if v.action == Action::Forward {
-            line.src = Some(format_addr(v.src(), v.family(), v.sport(), ports));
-            line.dst = Some(format_addr(v.dst(), v.family(), v.dport(), ports));
+            line.src = Some(format_addr(v.src, v.family, v.sport, ports));
+            line.dst = Some(format_addr(v.dst, v.family, v.dport, ports));
         } else {
             // Dropped and passed packets are never rewritten.
             line.src = Some(orig_src.clone());
@@ -202,35 +202,11 @@ impl Summary {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kxdp_dataplane::conntrack::Tuple;
     use kxdp_dataplane::snapshot::ServicePortInfo;
     use kxdp_packet::{Addr, Family};
 
     fn v4(a: [u8; 4]) -> Addr {
         Addr::from_v4(a)
-    }
-
-    /// A verdict for a packet that came in as `orig` and leaves from `src`:`sport` to
-    /// `dst`:`dport`.
-    fn verdict(orig: &Tuple, (src, sport): (Addr, u16), (dst, dport): (Addr, u16)) -> Verdict {
-        let mut v = Verdict {
-            has_addrs: true,
-            ..Default::default()
-        };
-        v.set_orig(orig);
-        v.set_out(src, sport, dst, dport);
-        v
-    }
-
-    fn tcp_orig() -> Tuple {
-        Tuple {
-            src: v4([10, 0, 1, 1]),
-            sport: 40000,
-            dst: v4([172, 30, 0, 41]),
-            dport: 80,
-            proto: proto::TCP,
-            family: Family::V4,
-        }
     }
 
     fn snapshot() -> Snapshot {
@@ -248,12 +224,22 @@ mod tests {
     }
 
     fn tcp_verdict() -> Verdict {
-        let mut v = verdict(
-            &tcp_orig(),
-            (v4([10, 0, 1, 1]), 40000),
-            (v4([10, 180, 0, 1]), 80),
-        );
-        v.service_id = 77;
+        let mut v = Verdict {
+            has_addrs: true,
+            family: Family::V4,
+            proto: proto::TCP,
+            orig_src: v4([10, 0, 1, 1]),
+            orig_sport: 40000,
+            orig_dst: v4([172, 30, 0, 41]),
+            orig_dport: 80,
+            src: v4([10, 0, 1, 1]),
+            sport: 40000,
+            dst: v4([10, 180, 0, 1]),
+            dport: 80,
+            masq: false,
+            service_id: 77,
+            ..Default::default()
+        };
         v.set(Reason::ServiceDnat);
         v
     }
@@ -290,44 +276,42 @@ mod tests {
     fn ipv6_and_icmp() {
         let a = Addr::from_ip("fd00::1".parse().unwrap());
         let b = Addr::from_ip("fd00:30::1".parse().unwrap());
-        let udp6 = Tuple {
+        let mut v = Verdict {
+            has_addrs: true,
+            family: Family::V6,
+            proto: proto::UDP,
+            orig_src: a,
+            orig_sport: 53,
+            orig_dst: b,
+            orig_dport: 5353,
             src: a,
             sport: 53,
             dst: b,
             dport: 5353,
-            proto: proto::UDP,
-            family: Family::V6,
+            ..Default::default()
         };
-        let unchanged = |t: &Tuple| {
-            let mut v = verdict(t, (t.src, t.sport), (t.dst, t.dport));
-            v.set(Reason::Direct);
-            v
-        };
-        let l = verdict_line(0, &unchanged(&udp6), &snapshot(), None);
+        v.set(Reason::Direct);
+        let l = verdict_line(0, &v, &snapshot(), None);
         assert!(
             l.contains(r#""proto":"UDP","src":"[fd00::1]:53","dst":"[fd00:30::1]:5353""#),
             "{l}"
         );
-        let icmp6 = Tuple {
-            proto: proto::ICMPV6,
-            ..udp6
-        };
-        let l = verdict_line(0, &unchanged(&icmp6), &snapshot(), None);
+        v.proto = proto::ICMPV6;
+        let l = verdict_line(0, &v, &snapshot(), None);
         assert!(
             l.contains(r#""proto":"ICMPv6","src":"fd00::1","dst":"fd00:30::1""#),
             "{l}"
         );
-        let gre = Tuple { proto: 47, ..udp6 };
-        let l = verdict_line(0, &unchanged(&gre), &snapshot(), None);
+        v.proto = 47;
+        let l = verdict_line(0, &v, &snapshot(), None);
         assert!(l.contains(r#""proto":47,"src":"fd00::1""#), "{l}");
-        let icmp4 = Tuple {
-            src: v4([1, 2, 3, 4]),
-            dst: v4([5, 6, 7, 8]),
-            proto: proto::ICMP,
-            family: Family::V4,
-            ..udp6
-        };
-        let l = verdict_line(0, &unchanged(&icmp4), &snapshot(), None);
+        v.family = Family::V4;
+        v.proto = proto::ICMP;
+        v.src = v4([1, 2, 3, 4]);
+        v.orig_src = v4([1, 2, 3, 4]);
+        v.dst = v4([5, 6, 7, 8]);
+        v.orig_dst = v4([5, 6, 7, 8]);
+        let l = verdict_line(0, &v, &snapshot(), None);
         assert!(
             l.contains(r#""proto":"ICMP","src":"1.2.3.4","dst":"5.6.7.8""#),
             "{l}"
@@ -339,7 +323,10 @@ mod tests {
         let mut v = tcp_verdict();
         v.set(Reason::NoEndpoints);
         // The reply goes back from the service address to the client.
-        v.set_out(v.orig_dst(), v.orig_dport(), v.orig_src(), v.orig_sport());
+        v.src = v.orig_dst;
+        v.sport = v.orig_dport;
+        v.dst = v.orig_src;
+        v.dport = v.orig_sport;
         let l = verdict_line(2, &v, &snapshot(), None);
         assert!(
             l.contains(r#""action":"reject","reason":"no-endpoints""#),
@@ -353,10 +340,7 @@ mod tests {
             l.ends_with(r#""reply":{"src":"172.30.0.41:80","dst":"10.0.1.1:40000"}}"#),
             "{l}"
         );
-        v.set_orig(&Tuple {
-            proto: proto::UDP,
-            ..tcp_orig()
-        });
+        v.proto = proto::UDP;
         let l = verdict_line(2, &v, &snapshot(), None);
         assert!(
             l.ends_with(r#""reply":{"src":"172.30.0.41","dst":"10.0.1.1"}}"#),
@@ -368,7 +352,8 @@ mod tests {
     fn drops_show_the_packet_as_it_came() {
         let mut v = tcp_verdict();
         v.set(Reason::ConntrackFull);
-        v.set_out(Addr::UNSPECIFIED, v.sport(), Addr::UNSPECIFIED, v.dport());
+        v.src = Addr::UNSPECIFIED;
+        v.dst = Addr::UNSPECIFIED;
         let l = verdict_line(4, &v, &snapshot(), None);
         assert!(
             l.contains(r#""src":"10.0.1.1:40000","dst":"172.30.0.41:80""#),

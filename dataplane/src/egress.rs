@@ -152,13 +152,13 @@ impl Egress {
                         && v.has_addrs
                         // The original direction only: a reply of a connection the kernel never
                         // saw (from outside to a pod) must not meet its masquerade rule.
-                        && v.client() == v.orig_src()
+                        && v.client == v.orig_src
                         && kernel.is_some()
-                        && leaving.is_some_and(|c| !c.is_empty() && !c.contains(&v.dst(), v.family())) =>
+                        && leaving.is_some_and(|c| !c.is_empty() && !c.contains(&v.dst, v.family)) =>
                 {
                     Ok(Hop::Kernel)
                 }
-                Action::Forward | Action::Reject if v.has_addrs => fib.lookup(&v.dst(), v.family()),
+                Action::Forward | Action::Reject if v.has_addrs => fib.lookup(&v.dst, v.family),
                 // Forward/reject always carry addresses; nothing to route otherwise.
                 Action::Forward | Action::Reject => Err(Miss::NoRoute),
             };
@@ -218,7 +218,7 @@ impl Egress {
                 }
                 Err(Miss::NoRoute) => counters.reclassify(v, Reason::NoRoute),
                 Err(Miss::NoNeighbour(oif, addr)) => {
-                    unresolved(oif, addr, v.family());
+                    unresolved(oif, addr, v.family);
                     counters.reclassify(v, Reason::NoNeighbour);
                 }
             }
@@ -233,8 +233,7 @@ pub fn complete_l4_checksum(frame: &mut [u8], v: &Verdict) -> bool {
         return false;
     }
     let (l4, end) = (v.l4_off as usize, v.l3_off as usize + v.ip_len as usize);
-    let proto = v.proto();
-    let off = match proto {
+    let off = match v.proto {
         6 => 16,
         17 => 6,
         _ => return false,
@@ -244,12 +243,12 @@ pub fn complete_l4_checksum(frame: &mut [u8], v: &Verdict) -> bool {
     }
     // Forwarded packets carry their translated addresses; passed ones are untouched.
     let (src, dst) = match v.action {
-        Action::Forward => (v.src(), v.dst()),
-        _ => (v.orig_src(), v.orig_dst()),
+        Action::Forward => (v.src, v.dst),
+        _ => (v.orig_src, v.orig_dst),
     };
     frame[l4 + off..l4 + off + 2].copy_from_slice(&[0, 0]);
-    let mut c = checksum::l4_checksum(&src, &dst, v.family(), proto, &frame[l4..end]);
-    if proto == 17 && c == 0 {
+    let mut c = checksum::l4_checksum(&src, &dst, v.family, v.proto, &frame[l4..end]);
+    if v.proto == 17 && c == 0 {
         c = 0xffff;
     }
     frame[l4 + off..l4 + off + 2].copy_from_slice(&c.to_be_bytes());
@@ -259,10 +258,8 @@ pub fn complete_l4_checksum(frame: &mut [u8], v: &Verdict) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::conntrack::Tuple;
     use crate::fib::{FdbEntry, FibInput, Link, LocalAddr, Neighbour, Route};
     use crate::pipeline::SlotFrames;
-    use crate::verdict::Client;
 
     fn ip(s: &str) -> std::net::IpAddr {
         s.parse().unwrap()
@@ -361,8 +358,10 @@ mod tests {
         let mut v = Verdict::default();
         v.set(reason);
         v.has_addrs = true;
-        v.set_orig(&Tuple::from_meta(&m));
-        v.set_out(m.src, m.sport, m.dst, m.dport);
+        v.family = m.family;
+        v.proto = m.proto;
+        (v.orig_src, v.src, v.orig_dst, v.dst) = (m.src, m.src, m.dst, m.dst);
+        v.client = m.src;
         (v.l3_off, v.l4_off, v.ip_len) = (m.l3_off, m.l4_off, m.ip_len);
         v
     }
@@ -394,7 +393,7 @@ mod tests {
             frames.push(p);
             let mut v = verdict(p, *r);
             if replies.contains(&verdicts.len()) {
-                v.set_client(Client::Destination);
+                v.client = v.dst;
             }
             verdicts.push(v);
             counters.reasons[*r as usize] += 1;

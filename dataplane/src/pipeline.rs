@@ -31,7 +31,7 @@ use crate::conntrack::{
 use crate::fragments::{FragDecision, FragmentTable};
 use crate::policy::Decision;
 use crate::snapshot::{EmptyAction, FrontendKey, FrontendRef, FrontendTable, Snapshot};
-use crate::verdict::{addr_of_words, reversed_ports, Action, Client, Reason, Verdict};
+use crate::verdict::{Action, Reason, Verdict};
 
 /// Frames handled per pass; larger batches are processed in chunks of this size.
 pub const MAX_BATCH: usize = 256;
@@ -436,18 +436,12 @@ impl Pipeline {
                 KIND_MALFORMED => v.set(Reason::Malformed),
                 KIND_LATER_FRAGMENT => {
                     let mut meta = self.scratch[i].meta;
-                    fill_orig(v, &meta, &Tuple::from_meta(&meta).pack());
+                    fill_orig(v, &meta);
                     self.later_fragment(buf, &mut meta, v, snap, now_ms);
                 }
                 _ => {
                     let mut meta = self.scratch[i].meta;
-                    // The key is the packet's own tuple, packed, unless the packet is an ICMP
-                    // error (looked up by the packet it quotes).
-                    let orig = match self.scratch[i].quoted {
-                        None => self.scratch[i].key,
-                        Some(_) => Tuple::from_meta(&meta).pack(),
-                    };
-                    fill_orig(v, &meta, &orig);
+                    fill_orig(v, &meta);
                     let found = self.scratch[i].hit.then_some(self.scratch[i].found);
                     if let Some(q) = self.scratch[i].quoted {
                         self.icmp_error(buf, &mut meta, &q, found.as_ref(), v, snap);
@@ -620,7 +614,7 @@ impl Pipeline {
         };
         let other = found.other_tuple();
         if found.dir == DIR_REPLY {
-            v.client = Client::Addr(other.src);
+            v.client = other.src;
         }
         // The packet leaves as the other direction's tuple, reversed.
         let to = other.reversed();
@@ -629,9 +623,9 @@ impl Pipeline {
             || to.sport != meta.sport
             || to.dport != meta.dport;
         if translated {
-            rewrite_against(buf, meta, v, &found.other);
+            rewrite_into(buf, meta, v, to.src, to.sport, to.dst, to.dport);
         } else {
-            v.set_out_unchanged();
+            fill_out(v, meta);
         }
         v.masq = state & FLAG_MASQ != 0;
         v.service_id = found.service_id;
@@ -754,7 +748,7 @@ impl Pipeline {
         // The insert itself checks the reply tuple (`InsertError::Exists`), before it takes
         // anything: no separate lookup first.
         let mut remaps = 0;
-        let (reply_key, reply_hash) = loop {
+        let reply_hash = loop {
             let reply_key = reply.pack();
             let reply_hash = ct.hash(&reply_key);
             match ct.create_hashed(
@@ -767,7 +761,7 @@ impl Pipeline {
                 now_ms,
                 (hash, reply_hash),
             ) {
-                Ok(_) => break (reply_key, reply_hash),
+                Ok(_) => break reply_hash,
                 Err(CreateError::Invalid) => return v.set(Reason::CtInvalid),
                 Err(CreateError::Insert(InsertError::Full)) => return v.set(Reason::ConntrackFull),
                 // Taken (before, or by another worker since): another source port.
@@ -783,7 +777,7 @@ impl Pipeline {
         self.counters.ct_created += 1;
         self.note_created(hash);
         self.note_created(reply_hash);
-        rewrite_against(buf, meta, v, &reply_key);
+        rewrite_into(buf, meta, v, reply.dst, reply.dport, reply.src, reply.sport);
         v.masq = masq;
         v.set(Reason::ServiceDnat);
     }
@@ -825,11 +819,11 @@ impl Pipeline {
         rewrite_icmp_error(buf, meta, q, &rw);
         fill_out(v, meta);
         // The quoted packet reversed matched the connection in `found.dir`.
-        v.client = Client::Addr(if found.dir == DIR_ORIG {
+        v.client = if found.dir == DIR_ORIG {
             q.dst
         } else {
             other.src
-        });
+        };
         v.masq = found.state & FLAG_MASQ != 0;
         v.service_id = found.service_id;
         v.set(Reason::IcmpRelated);
@@ -838,8 +832,8 @@ impl Pipeline {
     /// Remembers a first fragment's outcome for the rest of its datagram.
     fn remember_first_fragment(&mut self, meta: &PacketMeta, v: &Verdict, now_ms: u64) {
         let mut first = *meta;
-        first.src = v.orig_src();
-        first.dst = v.orig_dst();
+        first.src = v.orig_src;
+        first.dst = v.orig_dst;
         let action = match v.action {
             Action::Reject => Action::Drop, // the answer went out once, for the first fragment
             a => a,
@@ -900,8 +894,7 @@ impl Pipeline {
         let Batch {
             snap, ct, now_ms, ..
         } = *b;
-        // (The meta is as parsed: nothing rewrote the packet yet.)
-        v.set_out_unchanged();
+        fill_out(v, meta);
         if snap.cluster_ips.contains(&meta.dst) {
             return self.reject(buf, len, meta, v, Reason::ServicePortUnknown);
         }
@@ -995,12 +988,10 @@ impl Pipeline {
             return;
         }
         *len = reply_len;
-        let (sport, dport) = if meta.proto == 6 {
-            (meta.dport, meta.sport)
-        } else {
-            (0, 0)
-        };
-        v.set_out(meta.dst, sport, meta.src, dport);
+        v.src = meta.dst;
+        v.sport = if meta.proto == 6 { meta.dport } else { 0 };
+        v.dst = meta.src;
+        v.dport = if meta.proto == 6 { meta.sport } else { 0 };
     }
 
     #[inline]
@@ -1052,47 +1043,18 @@ fn established_lane(
     // Packed tuples: [src high, src low, dst high, dst low, ports | proto | family]; the packet
     // leaves as the other tuple reversed, from that tuple's destination to its source.
     let (key, other) = (&s.key, &found.other);
-    let out_ports = reversed_ports(other);
+    let out_ports = (other[4] >> 16 & 0xffff) | (other[4] & 0xffff) << 16;
     let translated = other[2] != key[0]
         || other[3] != key[1]
         || other[0] != key[2]
         || other[1] != key[3]
-        || out_ports as u64 != key[4] & 0xffff_ffff;
-    let reason = if !translated && found.service_id == 0 {
-        // A pod connection tracked as is (`track_as_is`): forwarded unchanged, as ever.
-        Reason::Direct
-    } else if found.dir == DIR_ORIG {
-        Reason::Established
-    } else {
-        Reason::ReplyUnnat
-    };
-    // The verdict first, from the words as they are (nothing is then held across the rewrite):
-    // the key is the packet's tuple as it came in (nothing quoted), and it leaves as the other
-    // tuple reversed (`Verdict::set_out_reversing`).
-    let reply = found.dir == DIR_REPLY;
-    *v = Verdict {
-        action: Action::Forward,
-        reason,
-        has_addrs: true,
-        masq: state & FLAG_MASQ != 0,
-        fragment: false,
-        service_id: found.service_id,
-        l3_off: meta.l3_off,
-        l4_off: meta.l4_off,
-        ip_len: meta.ip_len,
-        egress: 0,
-        orig: *key,
-        out_addrs: [other[2], other[3], other[0], other[1]],
-        out_ports,
-        // A reply travels back to the connection's client, the other tuple's source.
-        client: if reply {
-            Client::Destination
-        } else {
-            Client::Source
-        },
-    };
+        || out_ports != key[4] & 0xffff_ffff;
+    let (sport, dport) = (out_ports as u16, (out_ports >> 16) as u16);
+    // What the general rewrite left, for the rare frame the word rewrites refuse: the verdict
+    // reports it instead of the other tuple. (The addresses are made from the words only where
+    // the verdict is written: held across the rewrite, they went through the stack.)
+    let mut general = None;
     if translated {
-        let (sport, dport) = (out_ports as u16, (out_ports >> 16) as u16);
         // IPv4 from the words themselves (a v4-mapped address's low 32 bits); anything the
         // word rewrite refuses (IPv6, or a meta that does not fit) through the general one.
         let (out_src, out_dst) = (other[3] as u32, other[1] as u32);
@@ -1118,46 +1080,86 @@ fn established_lane(
             rewrite_v4_ports(buf, meta, out_src, sport, out_dst, dport)
         };
         if words.is_err() {
-            // The rare frame the word rewrites refuse: the verdict reports what the general
-            // rewrite left instead of the other tuple (the meta, should it not fit the frame).
             let mut m = *meta;
             let (src, dst) = (
                 addr_of_words(other[2], other[3]),
                 addr_of_words(other[0], other[1]),
             );
             rewrite(buf, &mut m, src, sport, dst, dport);
-            fill_out(v, &m);
-            if reply {
-                v.client = Client::Addr(dst);
-            }
+            general = Some(m);
         }
+    }
+    let reason = if !translated && found.service_id == 0 {
+        // A pod connection tracked as is (`track_as_is`): forwarded unchanged, as ever.
+        Reason::Direct
+    } else if found.dir == DIR_ORIG {
+        Reason::Established
+    } else {
+        Reason::ReplyUnnat
+    };
+    *v = Verdict {
+        action: Action::Forward,
+        reason,
+        has_addrs: true,
+        family: meta.family,
+        proto: meta.proto,
+        orig_src: meta.src,
+        orig_sport: meta.sport,
+        orig_dst: meta.dst,
+        orig_dport: meta.dport,
+        src: addr_of_words(other[2], other[3]),
+        sport,
+        dst: addr_of_words(other[0], other[1]),
+        dport,
+        masq: state & FLAG_MASQ != 0,
+        service_id: found.service_id,
+        client: if found.dir == DIR_REPLY {
+            addr_of_words(other[0], other[1])
+        } else {
+            meta.src
+        },
+        l3_off: meta.l3_off,
+        l4_off: meta.l4_off,
+        ip_len: meta.ip_len,
+        fragment: false,
+        egress: 0,
+    };
+    if let Some(m) = &general {
+        fill_out(v, m);
     }
     Some(reason)
 }
 
-/// Rewrites the packet to leave as the reverse of `reply` (packed: the tuple its connection's
-/// replies carry; `kxdp_packet::rewrite`) and writes where it leaves into the verdict. A whole
-/// IPv4 TCP or UDP packet — nearly every new connection's — takes the fast lane's
-/// `rewrite_v4_ports`: the same bytes, without `try_rewrite`'s dispatch over families and
-/// protocols; `meta` then keeps the old values (only a fragment, which that rewrite refuses,
-/// needs them updated afterwards: `remember_first_fragment`). Anything else, and a `meta` that
-/// does not fit the frame (left untouched, and so reported in the verdict), through `rewrite`.
+/// Rewrites the packet to `src`:`sport` → `dst`:`dport` (`kxdp_packet::rewrite`) and writes
+/// where it leaves into the verdict (`fill_out` after the rewrite). A whole IPv4 TCP or UDP
+/// packet — nearly every new connection's — takes the fast lane's `rewrite_v4_ports`: the same
+/// bytes, without `try_rewrite`'s dispatch over families and protocols; `meta` then keeps the
+/// old values (only a fragment, which that rewrite refuses, needs them updated afterwards:
+/// `remember_first_fragment`). Anything else, and a `meta` that does not fit the frame (left
+/// untouched, and so reported in the verdict), through `rewrite`.
 #[inline(always)]
-fn rewrite_against(buf: &mut [u8], meta: &mut PacketMeta, v: &mut Verdict, reply: &Packed) {
-    let ports = reversed_ports(reply);
-    let (sport, dport) = (ports as u16, (ports >> 16) as u16);
-    // An IPv4 address is the low 32 bits of its v4-mapped low word.
-    let (src4, dst4) = (reply[3] as u32, reply[1] as u32);
-    if rewrite_v4_ports(buf, meta, src4, sport, dst4, dport).is_ok() {
-        v.set_out_reversing(reply);
+fn rewrite_into(
+    buf: &mut [u8],
+    meta: &mut PacketMeta,
+    v: &mut Verdict,
+    src: Addr,
+    sport: u16,
+    dst: Addr,
+    dport: u16,
+) {
+    let v4 = |a: Addr| u32::from_be_bytes(a.v4_octets());
+    if rewrite_v4_ports(buf, meta, v4(src), sport, v4(dst), dport).is_ok() {
+        (v.src, v.sport, v.dst, v.dport) = (src, sport, dst, dport);
     } else {
-        let (src, dst) = (
-            addr_of_words(reply[2], reply[3]),
-            addr_of_words(reply[0], reply[1]),
-        );
         rewrite(buf, meta, src, sport, dst, dport);
         fill_out(v, meta);
     }
+}
+
+/// An address from the two words a packed tuple keeps it in.
+#[inline(always)]
+fn addr_of_words(high: u64, low: u64) -> Addr {
+    Addr(((high as u128) << 64 | low as u128).to_be_bytes())
 }
 
 /// The next number of the wyrand generator whose state is `state`.
@@ -1255,23 +1257,28 @@ fn policy_deny(v: &mut Verdict, meta: &PacketMeta, snap: &Snapshot, decision: De
     });
 }
 
-/// What the verdict says of the packet as it came in: `orig` is its tuple (`m`'s), packed. Its
-/// client is its source until a stage says otherwise.
 #[inline]
-fn fill_orig(v: &mut Verdict, m: &PacketMeta, orig: &Packed) {
+fn fill_orig(v: &mut Verdict, m: &PacketMeta) {
     v.has_addrs = true;
-    v.orig = *orig;
-    v.client = Client::Source;
+    v.family = m.family;
+    v.proto = m.proto;
+    v.orig_src = m.src;
+    v.orig_sport = m.sport;
+    v.orig_dst = m.dst;
+    v.orig_dport = m.dport;
+    v.client = m.src;
     v.l3_off = m.l3_off;
     v.l4_off = m.l4_off;
     v.ip_len = m.ip_len;
     v.fragment = m.frag.is_fragment;
 }
 
-/// The packet leaves as `m` says.
 #[inline]
 fn fill_out(v: &mut Verdict, m: &PacketMeta) {
-    v.set_out(m.src, m.sport, m.dst, m.dport);
+    v.src = m.src;
+    v.sport = m.sport;
+    v.dst = m.dst;
+    v.dport = m.dport;
 }
 
 /// Frames held in one contiguous buffer of fixed-size slots (replay, tests, benchmarks).
@@ -1366,5 +1373,5 @@ impl Frames for SlotFrames {
 
 /// The address a packet leaves with, for tests and listings.
 pub fn endpoint_string(addr: &Addr, port: u16, v: &Verdict) -> String {
-    Tuple::endpoint(addr, port, v.family(), v.proto())
+    Tuple::endpoint(addr, port, v.family, v.proto)
 }

@@ -625,7 +625,7 @@ fn steer_by_client(
         |_, idx, verdicts, _| {
             for (i, v) in idx.iter().zip(verdicts) {
                 let client = if v.has_addrs {
-                    v.client()
+                    v.client
                 } else {
                     Addr::UNSPECIFIED
                 };

@@ -22,11 +22,10 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Mutex;
 
 use kxdp_kernel::afxdp::{KernelXskStats, RingSizes};
-use kxdp_packet::Family;
+use kxdp_packet::{Addr, Family};
 
-use crate::conntrack::Tuple;
 use crate::pipeline::Counters;
-use crate::verdict::{addr_of_words, Action, Reason, Verdict};
+use crate::verdict::{Action, Reason, Verdict};
 
 /// The dataplane clock: CLOCK_MONOTONIC in milliseconds, plus 1000 (so that "expires at 0" is
 /// never fresh). Absolute rather than counted from process start, so that conntrack times kept in
@@ -232,13 +231,22 @@ impl Ring {
 }
 
 fn encode(v: &Verdict, at_ms: u64) -> [u64; WORDS] {
-    let [s0, s1, d0, d1, _] = v.orig;
-    let [t0, t1, u0, u1] = v.out_addrs;
-    let ports = v.orig[4] & 0xffff_ffff | (v.out_ports as u64) << 32;
+    let a = |x: &Addr| {
+        let u = x.as_u128();
+        [(u >> 64) as u64, u as u64]
+    };
+    let [s0, s1] = a(&v.orig_src);
+    let [d0, d1] = a(&v.orig_dst);
+    let [t0, t1] = a(&v.src);
+    let [u0, u1] = a(&v.dst);
+    let ports = v.orig_sport as u64
+        | (v.orig_dport as u64) << 16
+        | (v.sport as u64) << 32
+        | (v.dport as u64) << 48;
     let meta = v.action as u64
         | (v.reason as u64) << 8
-        | (v.proto() as u64) << 16
-        | (matches!(v.family(), Family::V6) as u64) << 24
+        | (v.proto as u64) << 16
+        | (matches!(v.family, Family::V6) as u64) << 24
         | (v.masq as u64) << 25
         | (v.has_addrs as u64) << 26
         | (v.service_id as u64) << 32;
@@ -248,6 +256,7 @@ fn encode(v: &Verdict, at_ms: u64) -> [u64; WORDS] {
 // `..Verdict::default()` keeps this compiling when Verdict grows fields the monitor ignores.
 #[allow(clippy::needless_update)]
 fn decode(w: &[u64; WORDS]) -> (Verdict, u64) {
+    let addr = |h: u64, l: u64| Addr((((h as u128) << 64) | l as u128).to_be_bytes());
     let meta = w[9];
     let reason = Reason::ALL
         .get(((meta >> 8) & 0xff) as usize)
@@ -257,31 +266,30 @@ fn decode(w: &[u64; WORDS]) -> (Verdict, u64) {
         .get((meta & 0xff) as usize)
         .copied()
         .unwrap_or_default();
-    let family = if meta >> 24 & 1 == 1 {
-        Family::V6
-    } else {
-        Family::V4
-    };
-    let orig = Tuple {
-        src: addr_of_words(w[0], w[1]),
-        dst: addr_of_words(w[2], w[3]),
-        sport: w[8] as u16,
-        dport: (w[8] >> 16) as u16,
-        proto: (meta >> 16) as u8,
-        family,
-    };
-    let mut v = Verdict {
+    let v = Verdict {
         action,
         reason,
         has_addrs: meta >> 26 & 1 == 1,
+        family: if meta >> 24 & 1 == 1 {
+            Family::V6
+        } else {
+            Family::V4
+        },
+        proto: (meta >> 16) as u8,
+        orig_src: addr(w[0], w[1]),
+        client: addr(w[0], w[1]),
+        orig_sport: w[8] as u16,
+        orig_dst: addr(w[2], w[3]),
+        orig_dport: (w[8] >> 16) as u16,
+        src: addr(w[4], w[5]),
+        sport: (w[8] >> 32) as u16,
+        dst: addr(w[6], w[7]),
+        dport: (w[8] >> 48) as u16,
         masq: meta >> 25 & 1 == 1,
         service_id: (meta >> 32) as u32,
-        // Fields the monitor does not show are not carried; its client is the source.
+        // Fields the monitor does not show are not carried.
         ..Verdict::default()
     };
-    v.set_orig(&orig);
-    v.out_addrs = [w[4], w[5], w[6], w[7]];
-    v.out_ports = (w[8] >> 32) as u32;
     (v, w[10])
 }
 
@@ -504,11 +512,8 @@ mod tests {
         let mut v = Verdict::default();
         v.set(Reason::NoEndpoints);
         v.has_addrs = true;
-        v.set_orig(&Tuple {
-            proto: 6,
-            dport: 80,
-            ..Tuple::default()
-        });
+        v.proto = 6;
+        v.orig_dport = 80;
         v.service_id = 7;
         s.after_batch(1, &c, &[v], 1000, 5);
         assert_eq!(s.samples()[1].packets, 5);

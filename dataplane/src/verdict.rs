@@ -2,11 +2,7 @@
 //! before and after. Every drop has exactly one reason; the reasons are counted in one place
 //! (`Counters`).
 
-use std::fmt;
-
 use kxdp_packet::{Addr, Family};
-
-use crate::conntrack::{packed_proto, Packed, Tuple};
 
 /// What happens to the packet.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
@@ -131,56 +127,41 @@ reasons! {
     NoKernelPort = "no-kernel-port" => Drop,
 }
 
-/// Where a verdict finds the packet's client: the original source of the connection the packet
-/// belongs to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum Client {
-    /// The packet's own source as it came in: a packet of the original direction, or of no
-    /// connection.
-    #[default]
-    Source,
-    /// The packet's destination as it leaves: a reply travelling back to the client.
-    Destination,
-    /// Neither: an ICMP error about a connection, sent by a router on the way.
-    Addr(Addr),
-}
-
 /// The outcome for one packet. Plain data, written by the pipeline into a caller-provided slice.
-///
-/// The addresses and ports are kept packed, as conntrack packs a tuple (`Tuple::pack`: each
-/// address as two big-endian words, then ports, protocol and family in one word), and made into
-/// `Addr`s only where they are read (`orig_src()`, `dst()`, ...): the established fast lane
-/// writes the key it looked the packet up by and the words of the connection's other tuple as
-/// they are, where byte-swapping them into five addresses was a fifth of its instructions
-/// (session 12). The AF_XDP worker's egress reads the action, the offsets and `dst()`.
-#[derive(Clone, Copy, Default)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct Verdict {
     pub action: Action,
     pub reason: Reason,
-    /// False for packets that were not parsed as IP (not-ip, malformed): the addresses are unset.
+    /// False for packets that were not parsed as IP (not-ip, malformed): the address fields are unset.
     pub has_addrs: bool,
+    pub family: Family,
+    pub proto: u8,
+    /// As the packet came in.
+    pub orig_src: Addr,
+    pub orig_sport: u16,
+    pub orig_dst: Addr,
+    pub orig_dport: u16,
+    /// As the packet leaves (for `Reject`: the generated reply's addresses).
+    pub src: Addr,
+    pub sport: u16,
+    pub dst: Addr,
+    pub dport: u16,
     /// The connection is masqueraded (source NAT to a node address).
     pub masq: bool,
-    /// An IP fragment (its transport checksum covers the whole datagram).
-    pub fragment: bool,
     /// Stable id of the Service port involved (`ServicePortInfo::id`); 0 when none.
     pub service_id: u32,
+    /// The original source of the connection the packet belongs to (its client): the packet's
+    /// own source unless it is a reply or an ICMP error travelling toward the client.
+    pub client: Addr,
     /// Where the pipeline found the IP header, the transport header (0: none) and how long the
     /// IP packet is: the egress stage works from these instead of parsing again.
     pub l3_off: u16,
     pub l4_off: u16,
     pub ip_len: u16,
+    /// An IP fragment (its transport checksum covers the whole datagram).
+    pub fragment: bool,
     /// The interface the egress stage sends the packet on (0: not sent, or no egress stage ran).
     pub egress: u32,
-    // Written directly by the pipeline (its fast lane copies words); read elsewhere through the
-    // accessors below.
-    /// The packet as it came in, with its protocol and family.
-    pub(crate) orig: Packed,
-    /// As it leaves (for `Reject`: the generated reply's): source and destination address words
-    /// as in `orig`, and the ports (source in the low 16 bits); protocol and family are `orig`'s.
-    pub(crate) out_addrs: [u64; 4],
-    pub(crate) out_ports: u32,
-    pub(crate) client: Client,
 }
 
 impl Verdict {
@@ -188,167 +169,5 @@ impl Verdict {
     pub fn set(&mut self, reason: Reason) {
         self.reason = reason;
         self.action = reason.action();
-    }
-
-    pub fn family(&self) -> Family {
-        if self.orig[4] >> 40 & 1 == 1 {
-            Family::V6
-        } else {
-            Family::V4
-        }
-    }
-
-    pub fn proto(&self) -> u8 {
-        packed_proto(&self.orig)
-    }
-
-    /// The packet's source as it came in.
-    pub fn orig_src(&self) -> Addr {
-        addr_of_words(self.orig[0], self.orig[1])
-    }
-
-    pub fn orig_sport(&self) -> u16 {
-        self.orig[4] as u16
-    }
-
-    pub fn orig_dst(&self) -> Addr {
-        addr_of_words(self.orig[2], self.orig[3])
-    }
-
-    pub fn orig_dport(&self) -> u16 {
-        (self.orig[4] >> 16) as u16
-    }
-
-    /// The packet's source as it leaves.
-    pub fn src(&self) -> Addr {
-        addr_of_words(self.out_addrs[0], self.out_addrs[1])
-    }
-
-    pub fn sport(&self) -> u16 {
-        self.out_ports as u16
-    }
-
-    pub fn dst(&self) -> Addr {
-        addr_of_words(self.out_addrs[2], self.out_addrs[3])
-    }
-
-    pub fn dport(&self) -> u16 {
-        (self.out_ports >> 16) as u16
-    }
-
-    /// The original source of the connection the packet belongs to.
-    pub fn client(&self) -> Addr {
-        match self.client {
-            Client::Source => self.orig_src(),
-            Client::Destination => self.dst(),
-            Client::Addr(a) => a,
-        }
-    }
-
-    /// The packet as it came in (protocol and family included).
-    #[inline]
-    pub fn set_orig(&mut self, t: &Tuple) {
-        self.orig = t.pack();
-    }
-
-    /// `set_orig` from the tuple already packed (`Tuple::pack`).
-    #[inline(always)]
-    pub fn set_orig_packed(&mut self, orig: &Packed) {
-        self.orig = *orig;
-    }
-
-    /// Where the packet leaves (its protocol and family are the ones it came with).
-    #[inline]
-    pub fn set_out(&mut self, src: Addr, sport: u16, dst: Addr, dport: u16) {
-        let (s, d) = (src.as_u128(), dst.as_u128());
-        self.out_addrs = [(s >> 64) as u64, s as u64, (d >> 64) as u64, d as u64];
-        self.out_ports = sport as u32 | (dport as u32) << 16;
-    }
-
-    /// The packet leaves with the addresses and ports it came with.
-    #[inline(always)]
-    pub fn set_out_unchanged(&mut self) {
-        self.out_addrs = [self.orig[0], self.orig[1], self.orig[2], self.orig[3]];
-        self.out_ports = self.orig[4] as u32;
-    }
-
-    /// Where the packet leaves, as the reverse of `reply` (packed: the tuple its replies carry,
-    /// conntrack's other tuple of its connection).
-    #[inline(always)]
-    pub fn set_out_reversing(&mut self, reply: &Packed) {
-        self.out_addrs = [reply[2], reply[3], reply[0], reply[1]];
-        self.out_ports = reversed_ports(reply);
-    }
-
-    #[inline]
-    pub fn set_client(&mut self, client: Client) {
-        self.client = client;
-    }
-}
-
-/// The ports of a packed tuple reversed, as `Verdict::out_ports` keeps them (source low): the
-/// ports of a packet travelling against the tuple.
-#[inline(always)]
-pub fn reversed_ports(p: &Packed) -> u32 {
-    (p[4] >> 16 & 0xffff) as u32 | (p[4] as u32 & 0xffff) << 16
-}
-
-/// An address from the two words a packed tuple keeps it in.
-#[inline(always)]
-pub fn addr_of_words(high: u64, low: u64) -> Addr {
-    Addr(((high as u128) << 64 | low as u128).to_be_bytes())
-}
-
-// By what the accessors say: the lane's `Client::Destination` and the full path's
-// `Client::Addr` of the same address are the same verdict.
-impl PartialEq for Verdict {
-    fn eq(&self, o: &Verdict) -> bool {
-        (
-            self.action,
-            self.reason,
-            self.has_addrs,
-            self.masq,
-            self.fragment,
-        ) == (o.action, o.reason, o.has_addrs, o.masq, o.fragment)
-            && (
-                self.service_id,
-                self.l3_off,
-                self.l4_off,
-                self.ip_len,
-                self.egress,
-            ) == (o.service_id, o.l3_off, o.l4_off, o.ip_len, o.egress)
-            && (self.orig, self.out_addrs, self.out_ports) == (o.orig, o.out_addrs, o.out_ports)
-            && self.client() == o.client()
-    }
-}
-
-impl Eq for Verdict {}
-
-// By the addresses, not the words.
-impl fmt::Debug for Verdict {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Verdict")
-            .field("action", &self.action)
-            .field("reason", &self.reason)
-            .field("has_addrs", &self.has_addrs)
-            .field("family", &self.family())
-            .field("proto", &self.proto())
-            .field("orig_src", &self.orig_src())
-            .field("orig_sport", &self.orig_sport())
-            .field("orig_dst", &self.orig_dst())
-            .field("orig_dport", &self.orig_dport())
-            .field("src", &self.src())
-            .field("sport", &self.sport())
-            .field("dst", &self.dst())
-            .field("dport", &self.dport())
-            .field("masq", &self.masq)
-            .field("service_id", &self.service_id)
-            .field("client", &self.client())
-            .field("l3_off", &self.l3_off)
-            .field("l4_off", &self.l4_off)
-            .field("ip_len", &self.ip_len)
-            .field("fragment", &self.fragment)
-            .field("egress", &self.egress)
-            .finish()
     }
 }

@@ -542,14 +542,8 @@ impl Worker {
                     // packet leaves, so they are steered to kxdp (and un-NATed) instead.
                     if (v.masq || from_kernel) && v.reason == Reason::ServiceDnat {
                         if let Some(m) = &shared.masq {
-                            if m.add_masq_reply(
-                                v.proto(),
-                                &v.dst(),
-                                v.family(),
-                                v.dport(),
-                                v.sport(),
-                            )
-                            .is_err()
+                            if m.add_masq_reply(v.proto, &v.dst, v.family, v.dport, v.sport)
+                                .is_err()
                             {
                                 c.masq_map_errors.fetch_add(1, Ordering::Relaxed);
                             }

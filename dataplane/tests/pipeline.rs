@@ -698,7 +698,7 @@ fn fast_lane_translates_masqueraded_replies() {
     let (v, out) = t.one(r("PA"));
     assert_eq!(v.reason, Reason::ReplyUnnat);
     assert!(v.masq);
-    assert_eq!(v.client(), a(client));
+    assert_eq!(v.client, a(client));
     let m = meta(&out);
     valid(&out);
     assert_eq!(
@@ -789,27 +789,20 @@ fn new_connections_are_rewritten_as_the_general_rewrite_does() {
         assert_eq!(v.reason, Reason::ServiceDnat, "{v:?}");
         let mut expected = p.clone();
         let mut m = meta(p);
-        kxdp_packet::rewrite(
-            &mut expected,
-            &mut m,
-            v.src(),
-            v.sport(),
-            v.dst(),
-            v.dport(),
-        );
+        kxdp_packet::rewrite(&mut expected, &mut m, v.src, v.sport, v.dst, v.dport);
         assert_eq!(frame, &expected, "{v:?}");
         let got = meta(frame);
         assert_eq!(
             (got.src, got.sport, got.dst, got.dport),
-            (v.src(), v.sport(), v.dst(), v.dport())
+            (v.src, v.sport, v.dst, v.dport)
         );
         valid(frame);
     }
     // The external TCP clients were masqueraded (the UDP Service's routes do not), the pod
     // was not.
-    assert_eq!(out[0].0.src(), a(POD));
-    assert_eq!(out[1].0.src(), a(NODE));
-    assert_eq!(out[4].0.src(), a(EXTERNAL));
+    assert_eq!(out[0].0.src, a(POD));
+    assert_eq!(out[1].0.src, a(NODE));
+    assert_eq!(out[4].0.src, a(EXTERNAL));
     // The zero UDP checksum stayed zero.
     let l4 = meta(&out[5].1).l4_off as usize;
     assert_eq!(out[5].1[l4 + 6..l4 + 8], [0, 0]);

@@ -534,8 +534,7 @@ fn event_kind(
         }
         Reason::ServiceDnat | Reason::Direct
             if v.has_addrs
-                && (snap.policy.is_local_pod(&v.orig_src())
-                    || snap.policy.is_local_pod(&v.dst())) =>
+                && (snap.policy.is_local_pod(&v.orig_src) || snap.policy.is_local_pod(&v.dst)) =>
         {
             ("policy-verdict", Some("allow"))
         }
@@ -555,13 +554,13 @@ fn hex(bytes: &[u8]) -> String {
 
 fn event_row(e: &Event, snap: &kxdp_dataplane::snapshot::Snapshot) -> EventRow {
     let v = &e.verdict;
-    let ports = kxdp_dataplane::conntrack::has_ports(v.proto());
+    let ports = kxdp_dataplane::conntrack::has_ports(v.proto);
     let translated = v.has_addrs
         && v.action == Action::Forward
-        && (v.src() != v.orig_src()
-            || v.dst() != v.orig_dst()
-            || v.sport() != v.orig_sport()
-            || v.dport() != v.orig_dport());
+        && (v.src != v.orig_src
+            || v.dst != v.orig_dst
+            || v.sport != v.orig_sport
+            || v.dport != v.orig_dport);
     let ago = Duration::from_millis(clock_ms().saturating_sub(e.at_ms));
     let wall = std::time::SystemTime::now()
         .checked_sub(ago)
@@ -572,19 +571,19 @@ fn event_row(e: &Event, snap: &kxdp_dataplane::snapshot::Snapshot) -> EventRow {
         worker: e.worker,
         action: v.action.as_str().into(),
         reason: v.reason.as_str().into(),
-        proto: v.has_addrs.then(|| proto_name(v.proto())),
+        proto: v.has_addrs.then(|| proto_name(v.proto)),
         src: v
             .has_addrs
-            .then(|| format_addr(v.orig_src(), v.family(), v.orig_sport(), ports)),
+            .then(|| format_addr(v.orig_src, v.family, v.orig_sport, ports)),
         dst: v
             .has_addrs
-            .then(|| format_addr(v.orig_dst(), v.family(), v.orig_dport(), ports)),
+            .then(|| format_addr(v.orig_dst, v.family, v.orig_dport, ports)),
         service: snap
             .service_port_by_id(v.service_id)
             .map(|p| p.name.to_string()),
         service_id: (v.service_id != 0).then_some(v.service_id),
-        out_src: translated.then(|| format_addr(v.src(), v.family(), v.sport(), ports)),
-        out_dst: translated.then(|| format_addr(v.dst(), v.family(), v.dport(), ports)),
+        out_src: translated.then(|| format_addr(v.src, v.family, v.sport, ports)),
+        out_dst: translated.then(|| format_addr(v.dst, v.family, v.dport, ports)),
         kind: event_kind(e, snap).0.into(),
         policy: event_kind(e, snap).1.map(str::to_string),
         hex: (e.frame_len > 0).then(|| hex(e.frame())),
@@ -615,8 +614,8 @@ fn event_matches(e: &Event, f: &MonitorFilter, snap: &kxdp_dataplane::snapshot::
         if !v.has_addrs {
             return false;
         }
-        let fam = v.family();
-        let hit = [v.orig_src(), v.orig_dst(), v.src(), v.dst()]
+        let fam = v.family;
+        let hit = [v.orig_src, v.orig_dst, v.src, v.dst]
             .iter()
             .any(|a| net.contains(&a.to_ip(fam)));
         if !hit || (fam == Family::V4) != net.addr().is_ipv4() {

@@ -814,9 +814,9 @@ impl FrontendTable {
         (hash >> 56) as usize % SHARDS
     }
 
-    /// Starts loading the slot a lookup for `hash` begins at: both its lines (the key and
-    /// routes, and the inline endpoints), not the next slot's (a probe past its home slot
-    /// reads that line on demand). A hint: reads nothing.
+    /// Starts loading the slot a lookup for `hash` begins at (both its lines: the key and
+    /// routes, and the inline endpoints), and the next slot's first line (a probe at half load
+    /// often goes one further). A hint: reads nothing.
     #[inline]
     pub fn prefetch(&self, hash: u64) {
         let hot = &self.shards[Self::shard_of(hash)].hot;
@@ -825,6 +825,7 @@ impl FrontendTable {
             let home = hash as usize & mask;
             kxdp_packet::prefetch::prefetch(&hot[home]);
             kxdp_packet::prefetch::prefetch_at(&hot[home], 64);
+            kxdp_packet::prefetch::prefetch(&hot[(home + 1) & mask]);
         }
     }
 

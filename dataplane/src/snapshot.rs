@@ -412,16 +412,12 @@ impl<K, V> ShardedMap<K, V> {
     }
 }
 
-/// What a new connection reads of a frontend, in one 128-byte-aligned pair of cache lines: in the
-/// first the key, the Service port's id, the three routes (their endpoint ranges, masquerade and
-/// empty-route flags) and the endpoint list's out-of-line copy; in the second the endpoint list
-/// itself when it is short and IPv4 (`InlineEndpoints`: the common Service). The table's
-/// prefetch starts both lines at once, so the endpoint a new connection picks is not a second,
-/// dependent miss after the slot's. The rest (the Service port record, the affinity timeout,
-/// source ranges) is in the frontend's cold half (`FrontendCold`), read only when a flag says it
-/// matters.
+/// What a new connection reads of a frontend, in one cache line: the key, the Service port's id,
+/// the three routes (their endpoint ranges, masquerade and empty-route flags) and the endpoint
+/// list. The rest (the Service port record, the affinity timeout, source ranges) is in the
+/// frontend's cold half (`FrontendCold`), read only when a flag says it matters.
 #[derive(Clone, Debug)]
-#[repr(C, align(128))]
+#[repr(C, align(64))]
 struct FrontendHot {
     addr: Addr,
     port: u16,
@@ -431,63 +427,8 @@ struct FrontendHot {
     service_id: u32,
     ranges: [EndpointRange; 3],
     /// A copy of the frontend's endpoints in the huge-page arena (`Frontend::endpoints`, in
-    /// the cold part, is the heap's); empty when they are `inline`.
+    /// the cold part, is the heap's).
     endpoints: HugeSlice<Endpoint>,
-    /// The endpoints, when there are 1 to `INLINE_ENDPOINTS` and all IPv4 (the second line).
-    inline: InlineEndpoints,
-}
-
-/// The most endpoints a slot holds in its second line: the 10 of a common Service.
-const INLINE_ENDPOINTS: usize = 10;
-
-/// Up to `INLINE_ENDPOINTS` IPv4 endpoints in 64 bytes (6 bytes and a bit each, against an
-/// `Endpoint`'s 20), in columns. `len` tags the form: 0 means the list is out of line (empty,
-/// longer, or not IPv4: an IPv6 endpoint does not fit in 8 bytes), so the slot's `endpoints`
-/// holds it.
-#[derive(Clone, Copy, Debug, Default)]
-#[repr(C)]
-struct InlineEndpoints {
-    /// Each endpoint's IPv4 address (`Addr::v4_octets`: the address is IPv4-mapped).
-    addr: [[u8; 4]; INLINE_ENDPOINTS],
-    port: [u16; INLINE_ENDPOINTS],
-    /// Bit `j`: endpoint `j` is on this node.
-    local: u16,
-    len: u8,
-}
-
-const _: () = assert!(std::mem::size_of::<InlineEndpoints>() <= 64 && INLINE_ENDPOINTS <= 16);
-
-impl InlineEndpoints {
-    /// The list in inline form, or None when it must stay out of line.
-    fn of(eps: &[Endpoint]) -> Option<InlineEndpoints> {
-        if eps.is_empty()
-            || eps.len() > INLINE_ENDPOINTS
-            || eps.iter().any(|e| !e.addr.is_v4_mapped())
-        {
-            return None;
-        }
-        let mut inline = InlineEndpoints {
-            len: eps.len() as u8,
-            ..InlineEndpoints::default()
-        };
-        for (j, e) in eps.iter().enumerate() {
-            inline.addr[j] = e.addr.v4_octets();
-            inline.port[j] = e.port;
-            inline.local |= u16::from(e.local) << j;
-        }
-        Some(inline)
-    }
-
-    /// Endpoint `j` (`j < INLINE_ENDPOINTS`), as the list held it: an IPv4-mapped address is
-    /// `Addr::from_v4` of its octets.
-    #[inline(always)]
-    fn get(&self, j: usize) -> Endpoint {
-        Endpoint {
-            addr: Addr::from_v4(self.addr[j]),
-            port: self.port[j],
-            local: self.local >> j & 1 != 0,
-        }
-    }
 }
 
 const HOT_MASQ: u8 = 1;
@@ -495,10 +436,7 @@ const HOT_DROP: u8 = 1 << 3;
 const HOT_SOURCE_RANGES: u8 = 1 << 6;
 const HOT_AFFINITY: u8 = 1 << 7;
 
-const _: () = assert!(
-    std::mem::size_of::<Option<FrontendHot>>() == 128
-        && std::mem::offset_of!(FrontendHot, inline) == 64
-);
+const _: () = assert!(std::mem::size_of::<Option<FrontendHot>>() == 64);
 
 /// The rest of a frontend's table entry: the whole `Frontend` (listings, `get`), its key and
 /// hash, and the affinity timeout.
@@ -528,7 +466,6 @@ impl FrontendHot {
         if fe.service_port.affinity_timeout_s > 0 {
             flags |= HOT_AFFINITY;
         }
-        let inline = InlineEndpoints::of(&fe.endpoints);
         FrontendHot {
             addr: key.addr,
             port: key.port,
@@ -536,30 +473,7 @@ impl FrontendHot {
             flags,
             service_id: fe.service_port.id,
             ranges: fe.routes.map(|r| r.endpoints),
-            endpoints: if inline.is_some() {
-                HugeSlice::new()
-            } else {
-                HugeSlice::from_slice(&fe.endpoints)
-            },
-            inline: inline.unwrap_or_default(),
-        }
-    }
-
-    /// Endpoint `j` of the frontend's list, wherever the slot keeps it.
-    #[inline(always)]
-    fn endpoint(&self, j: usize) -> Option<Endpoint> {
-        let n = self.inline.len as usize;
-        if n != 0 {
-            (j < n).then(|| self.inline.get(j))
-        } else {
-            self.endpoints.get(j).copied()
-        }
-    }
-
-    fn endpoint_count(&self) -> usize {
-        match self.inline.len {
-            0 => self.endpoints.len(),
-            n => n as usize,
+            endpoints: HugeSlice::from_slice(&fe.endpoints),
         }
     }
 
@@ -570,7 +484,7 @@ impl FrontendHot {
 }
 
 /// A frontend found in the table (`FrontendTable::find`): what a new connection reads comes from
-/// its hot slot (two lines); `frontend()`, the affinity timeout and the source ranges from the cold part, a
+/// its hot line; `frontend()`, the affinity timeout and the source ranges from the cold part, a
 /// separate line read only when asked.
 #[derive(Clone, Copy, Debug)]
 pub struct FrontendRef<'a> {
@@ -600,63 +514,16 @@ impl<'a> FrontendRef<'a> {
         }
     }
 
-    /// Endpoint `j` of the frontend's list (routes are ranges of it); None past its end.
+    /// Every endpoint of the frontend (routes are ranges of it).
     #[inline]
-    pub fn endpoint(&self, j: usize) -> Option<Endpoint> {
-        self.hot.endpoint(j)
+    pub fn endpoints(&self) -> &'a [Endpoint] {
+        &self.hot.endpoints
     }
 
-    /// Endpoint `i` of a route's range. A route's range lies within the list
-    /// (`Snapshot::validate`, before publication), as slice indexing assumed before.
+    /// The endpoints of one of this frontend's routes.
     #[inline]
-    pub fn endpoint_in(&self, range: EndpointRange, i: usize) -> Endpoint {
-        debug_assert!(i < range.len as usize);
-        self.endpoint(range.start as usize + i)
-            .expect("a route's endpoint range lies within its frontend's list")
-    }
-
-    /// How many endpoints the frontend has.
-    #[inline]
-    pub fn endpoint_count(&self) -> usize {
-        self.hot.endpoint_count()
-    }
-
-    /// Starts loading endpoint `j` (both lines a 20-byte out-of-line endpoint may span; the
-    /// slot's second line for an inline one, which `FrontendTable::prefetch` started already
-    /// unless the key sat past its home slot). False when there is no endpoint `j`. A hint.
-    #[inline]
-    pub fn prefetch_endpoint(&self, j: usize) -> bool {
-        let n = self.hot.inline.len as usize;
-        if n != 0 {
-            kxdp_packet::prefetch::prefetch(&self.hot.inline);
-            return j < n;
-        }
-        match self.hot.endpoints.get(j) {
-            Some(ep) => {
-                // A 20-byte endpoint straddles two lines about a third of the time: its first
-                // and its last byte in use (`local`, the same line but for a straddle).
-                kxdp_packet::prefetch::prefetch(ep);
-                kxdp_packet::prefetch::prefetch(&ep.local);
-                true
-            }
-            None => false,
-        }
-    }
-
-    /// Every endpoint of the frontend, in order (as `Frontend::endpoints`).
-    pub fn endpoints(&self) -> impl Iterator<Item = Endpoint> + 'a {
-        let hot = self.hot;
-        (0..hot.endpoint_count()).filter_map(move |j| hot.endpoint(j))
-    }
-
-    /// The endpoints of one of this frontend's routes, in order.
-    #[inline]
-    pub fn endpoints_of(&self, range: EndpointRange) -> impl Iterator<Item = Endpoint> + 'a {
-        let hot = self.hot;
-        range.as_range().map(move |j| {
-            hot.endpoint(j)
-                .expect("a route's endpoint range lies within its frontend's list")
-        })
+    pub fn endpoints_of(&self, range: EndpointRange) -> &'a [Endpoint] {
+        &self.hot.endpoints[range.as_range()]
     }
 
     /// Whether the Service port has session affinity (then `affinity_timeout_s` is not 0).
@@ -756,12 +623,12 @@ impl FrontendShard {
 
 /// The frontend table: `SHARDS` copy-on-write shards as `ShardedMap` has (an update copies the
 /// shards it writes), but each shard is an open-addressing array with linear probing, kept at
-/// most half full, instead of a hashbrown table: a lookup reads the 128-byte slot its hash names
-/// (sometimes the next) and, for a short IPv4 endpoint list (inline in the slot), nothing else: no separate control bytes, no Service port record, and
+/// most half full, instead of a hashbrown table: a lookup reads the 64-byte slot its hash names
+/// (sometimes the next) and nothing else: no separate control bytes, no Service port record, and
 /// the pipeline can prefetch that slot a stage before it looks (`prefetch`, `find`). What a new
 /// connection does not need lives in a parallel array (`FrontendCold`), so the lines a lookup
-/// touches are dense: at 30k Services of 10 endpoints 64k slots are 8 MiB with the endpoints in
-/// them (before: 4 MiB of 64-byte slots and 7.3 MiB of endpoint copies in blocks of their own).
+/// touches are dense: at 30k Services 64k slots are 4 MB instead of 8 (beyond the caches either
+/// way, but half the pages: the TLB's reach matters as much as the cache's there).
 #[derive(Clone)]
 pub struct FrontendTable {
     shards: Vec<FrontendShard>,
@@ -814,9 +681,8 @@ impl FrontendTable {
         (hash >> 56) as usize % SHARDS
     }
 
-    /// Starts loading the slot a lookup for `hash` begins at (both its lines: the key and
-    /// routes, and the inline endpoints), and the next slot's first line (a probe at half load
-    /// often goes one further). A hint: reads nothing.
+    /// Starts loading the slot a lookup for `hash` begins at, and the next (a probe at half
+    /// load often goes one further). A hint: reads nothing.
     #[inline]
     pub fn prefetch(&self, hash: u64) {
         let hot = &self.shards[Self::shard_of(hash)].hot;
@@ -824,7 +690,6 @@ impl FrontendTable {
             let mask = hot.len() - 1;
             let home = hash as usize & mask;
             kxdp_packet::prefetch::prefetch(&hot[home]);
-            kxdp_packet::prefetch::prefetch_at(&hot[home], 64);
             kxdp_packet::prefetch::prefetch(&hot[(home + 1) & mask]);
         }
     }
@@ -1220,69 +1085,6 @@ mod tests {
         b.remove(&key(8));
         assert!(b.shared_shards(&a) >= SHARDS - 2);
         assert!(a.contains_key(&key(8)) && !b.contains_key(&key(8)));
-    }
-
-    /// A slot holds a short IPv4 list inline and anything else out of line; either way every
-    /// endpoint reads back as the frontend's list holds it, and nothing past its end.
-    #[test]
-    fn endpoints_read_back_inline_or_out_of_line() {
-        let v4 = |n: u32| Endpoint {
-            addr: Addr::from_v4((0x0a00_0000 + n * 7).to_be_bytes()),
-            port: 8000 + n as u16 * 3,
-            local: n % 3 != 1,
-        };
-        let v6 = |n: u32| Endpoint {
-            addr: Addr::from_v6((0xfd00_u128 << 112 | n as u128).to_be_bytes()),
-            port: 443,
-            local: n % 2 == 0,
-        };
-        let lists: Vec<Vec<Endpoint>> = vec![
-            vec![],
-            (0..1).map(v4).collect(),
-            (0..INLINE_ENDPOINTS as u32).map(v4).collect(),
-            (0..INLINE_ENDPOINTS as u32 + 1).map(v4).collect(),
-            (0..3).map(v6).collect(),
-            (0..5_000).map(v4).collect(),
-        ];
-        let mut t = FrontendTable::new();
-        for (n, eps) in lists.iter().enumerate() {
-            let mut fe = frontend(n as u32, 0);
-            fe.endpoints = Arc::from(eps.clone());
-            let len = eps.len() as u32;
-            fe.routes[0].endpoints = EndpointRange { start: 0, len };
-            fe.routes[1].endpoints = EndpointRange {
-                start: len / 2,
-                len: len - len / 2,
-            };
-            fe.routes[2].endpoints = EndpointRange::EMPTY;
-            t.insert(key(n as u32), fe);
-            let inline = InlineEndpoints::of(eps).is_some();
-            assert_eq!(
-                inline,
-                (1..=INLINE_ENDPOINTS).contains(&eps.len()) && n != 4
-            );
-        }
-        for (n, eps) in lists.iter().enumerate() {
-            let e = t.lookup(&key(n as u32)).unwrap();
-            assert_eq!(e.endpoint_count(), eps.len());
-            assert_eq!(e.endpoints().collect::<Vec<_>>(), *eps);
-            for (j, ep) in eps.iter().enumerate() {
-                assert_eq!(e.endpoint(j), Some(*ep));
-                assert!(e.prefetch_endpoint(j));
-            }
-            assert_eq!(e.endpoint(eps.len()), None);
-            assert!(!e.prefetch_endpoint(eps.len()));
-            for class in SourceClass::ALL {
-                let r = e.route(class).endpoints;
-                assert_eq!(
-                    e.endpoints_of(r).collect::<Vec<_>>(),
-                    eps[r.as_range()].to_vec()
-                );
-                for i in 0..r.len as usize {
-                    assert_eq!(e.endpoint_in(r, i), eps[r.start as usize + i]);
-                }
-            }
-        }
     }
 
     fn wy(s: &mut u64) -> u64 {

@@ -5,7 +5,7 @@
 //! lookup on top of the cache miss). glibc can put its whole heap in huge pages
 //! (`GLIBC_TUNABLES=glibc.malloc.hugetlb=1`), the image's static musl binary cannot; so these
 //! arrays come from an arena of their own: 2 MiB-aligned chunks advised `MADV_HUGEPAGE`, cut
-//! into blocks (powers of two from 128 bytes to 1 KiB, then multiples of 1 KiB: a shard of 2^k
+//! into blocks (powers of two from 64 bytes to 1 KiB, then multiples of 1 KiB: a shard of 2^k
 //! slots plus its header would waste half of a power-of-two block) kept on free lists for
 //! reuse. Larger slices are mappings of their own. Memory is never given back to the kernel, only reused: the arena
 //! holds what the largest snapshot needed, as a `malloc` would.
@@ -24,13 +24,11 @@ use std::sync::Mutex;
 
 /// One huge page: the arena maps memory in chunks of this size, aligned to it.
 pub const CHUNK: usize = 2 << 20;
-/// The smallest block, log2: two cache lines. Every block size is then a multiple of 128 and
-/// every block 128-byte aligned, as the frontend table's two-line slots need (a pair of lines the
-/// CPU's adjacent-line prefetcher also fetches together); no two blocks share a line.
-const MIN_SHIFT: u32 = 7;
+/// The smallest block, log2: one cache line, so that no two blocks share a line.
+const MIN_SHIFT: u32 = 6;
 /// Blocks up to this size are powers of two; larger ones multiples of it.
 const STEP: usize = 1024;
-/// Power-of-two classes (128 bytes ..= `STEP`).
+/// Power-of-two classes (64 bytes ..= `STEP`).
 const SMALL_CLASSES: usize = (STEP.trailing_zeros() - MIN_SHIFT + 1) as usize;
 /// Block classes: the powers of two, then 2 KiB ..= 2 MiB in steps of 1 KiB.
 const CLASSES: usize = SMALL_CLASSES + CHUNK / STEP - 1;
@@ -84,7 +82,7 @@ impl Arena {
         }
     }
 
-    /// A 128-byte-aligned block of at least `bytes` (at most `CHUNK`).
+    /// A 64-byte-aligned block of at least `bytes` (at most `CHUNK`).
     pub fn alloc(&mut self, bytes: usize) -> NonNull<u8> {
         let class = Self::class_of(bytes).expect("a block of at most a chunk");
         if let Some(p) = self.free[class].pop() {
@@ -112,7 +110,7 @@ impl Arena {
     }
 
     /// What is left of the current chunk goes on the free lists, as the largest blocks that
-    /// fit (every size is a multiple of 128, so each piece is 128-byte aligned).
+    /// fit (every size is a multiple of 64, so each piece is 64-byte aligned).
     fn retire_chunk_rest(&mut self) {
         let Some(c) = self.chunk else { return };
         while CHUNK - self.used >= 1 << MIN_SHIFT {
@@ -238,7 +236,7 @@ struct Header {
 
 /// An immutable, shared slice of `T` in the huge-page arena: `Arc<[T]>`'s interface as far as
 /// snapshots use it (`Clone` shares, `make_mut` copies a shared slice before writing). An empty
-/// slice takes no block. `T`'s alignment is at most 128. The length is kept beside the pointer,
+/// slice takes no block. `T`'s alignment is at most 64. The length is kept beside the pointer,
 /// as in `Arc<[T]>`'s fat pointer, so that indexing reads no header line; an `Option` of it is
 /// no larger (the pointer is never null).
 pub struct HugeSlice<T> {
@@ -291,7 +289,7 @@ impl<T> HugeSlice<T> {
         } else {
             ARENA.lock().unwrap_or_else(|e| e.into_inner()).alloc(bytes)
         };
-        // SAFETY: the block is ours, at least `bytes` long and 128-byte aligned (so aligned for
+        // SAFETY: the block is ours, at least `bytes` long and 64-byte aligned (so aligned for
         // the header and, at `DATA`, for `T`). The values are moved out of `v` (a bitwise copy),
         // whose length is then 0, so they are dropped once: by the slice.
         let data = unsafe {

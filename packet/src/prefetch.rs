@@ -13,14 +13,6 @@ pub fn prefetch<T>(p: &T) {
     prefetch_addr(p as *const T as *const u8);
 }
 
-/// Starts loading the cache line `offset` bytes into `*p` (the second line of a two-line table
-/// slot, say) without reading `*p` (an `Option` slot's field could only be named by reading its
-/// discriminant).
-#[inline(always)]
-pub fn prefetch_at<T>(p: &T, offset: usize) {
-    prefetch_addr((p as *const T as *const u8).wrapping_add(offset));
-}
-
 /// Starts loading every cache line `*p` spans (a value of at most a few lines, such as a
 /// 128-byte conntrack entry).
 #[inline(always)]
@@ -61,7 +53,6 @@ mod tests {
         prefetch(&v[0]);
         prefetch_lines(&v);
         prefetch_lines(&());
-        prefetch_at(&v, 256);
         assert_eq!(v[63], 7);
     }
 }

@@ -12,8 +12,9 @@
 //! - [`sys`]: interface indexes, network namespaces, ethtool queries, CPU pinning.
 //!
 //! Each `unsafe` block sits in a small named helper with a `// SAFETY:` note saying why it is
-//! sound; the crates above this one (`kxdp-dataplane`, `kxdp-control`) are
-//! `#![forbid(unsafe_code)]`. Building needs no C or BPF toolchain.
+//! sound. `kxdp-packet` and `kxdp-dataplane` deny `unsafe` but for a few measured fast-path
+//! helpers (a prefetch, the pass's unchecked frame accessors: docs/architecture.md, "Unsafe code
+//! in the fast path"). Building needs no C or BPF toolchain.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 

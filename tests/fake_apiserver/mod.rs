@@ -24,6 +24,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -190,6 +191,9 @@ struct Shared {
     live: broadcast::Sender<Live>,
     /// Bumped to cut every open watch connection.
     kill: watch::Sender<u64>,
+    /// Set between `stop` and `restart`: a request that slipped in on a kept-alive connection
+    /// gets 503, and a watch ends before it can deliver anything.
+    stopped: std::sync::atomic::AtomicBool,
     bookmark_interval: Mutex<Duration>,
 }
 
@@ -220,6 +224,7 @@ impl FakeApiServer {
             }),
             live,
             kill,
+            stopped: Default::default(),
             bookmark_interval: Mutex::new(Duration::from_millis(500)),
         });
         let listener = rt
@@ -335,7 +340,12 @@ impl FakeApiServer {
     }
 
     /// Stops serving: the listener closes and every connection is cut.
+    /// When it returns, no watch is open: a change made afterwards reaches no client until
+    /// `restart`.
     pub fn stop(&mut self) {
+        // Before the cut: a watch that subscribes after the cut sees the flag (see
+        // `watch_response`).
+        self.shared.stopped.store(true, Ordering::SeqCst);
         self.drop_watches();
         if let Some(tx) = self.shutdown.take() {
             let _ = tx.send(());
@@ -344,10 +354,21 @@ impl FakeApiServer {
             let rt = self.rt.as_ref().unwrap();
             let _ = rt.block_on(async { tokio::time::timeout(Duration::from_secs(5), t).await });
         }
+        // Graceful shutdown does not wait for the spawned watch streams: wait until each has
+        // dropped its subscription.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while self.open_watches() > 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "watches still open 5 s after stop"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 
     /// Serves again on the same address, with the same objects.
     pub fn restart(&mut self) {
+        self.shared.stopped.store(false, Ordering::SeqCst);
         let rt = self.rt.as_ref().unwrap();
         let addr = self.addr;
         let mut tries = 0;
@@ -768,6 +789,12 @@ async fn handle(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    if shared.stopped.load(Ordering::SeqCst) {
+        return reply(
+            503,
+            status(503, "ServiceUnavailable", "server stopped".into()),
+        );
+    }
     let path = uri.path().trim_end_matches('/').to_string();
     let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
     // Discovery.
@@ -1118,11 +1145,18 @@ fn watch_response(
     };
     let mut kill = shared.kill.subscribe();
     kill.mark_unchanged();
+    // After subscribing: `stop` sets the flag before it cuts, so a watch either sees the flag
+    // here or sees the cut.
+    let stopped = shared.stopped.load(Ordering::SeqCst);
     let interval = *shared.bookmark_interval.lock().unwrap();
     let view = move |o: Value| if meta_only { meta_view(&o) } else { o };
     let line =
         |typ: &str, obj: Value| Bytes::from(format!("{}\n", json!({"type": typ, "object": obj})));
     tokio::spawn(async move {
+        if stopped {
+            let _ = tx.send(Err(std::io::Error::other("server stopped"))).await;
+            return;
+        }
         if gone {
             let _ = tx
                 .send(Ok(line(
@@ -1155,11 +1189,13 @@ fn watch_response(
             let sleep_until =
                 deadline.unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(3600));
             tokio::select! {
-                _ = tokio::time::sleep_until(sleep_until) => return,
+                // A cut wins over an event that is ready at the same time.
+                biased;
                 _ = kill.changed() => {
                     let _ = tx.send(Err(std::io::Error::other("connection cut"))).await;
                     return;
                 }
+                _ = tokio::time::sleep_until(sleep_until) => return,
                 _ = tick.tick(), if bookmarks => {
                     let bm = json!({"kind": res.kind, "apiVersion": res.api_version(),
                                     "metadata": {"resourceVersion": last_rv.to_string()}});

@@ -14,18 +14,21 @@ pub fn prefetch<T>(p: &T) {
 }
 
 /// Starts loading every cache line `*p` spans (a value of at most a few lines, such as a
-/// 128-byte conntrack entry).
+/// 112-byte conntrack entry).
 #[inline(always)]
 pub fn prefetch_lines<T>(p: &T) {
     let start = p as *const T as *const u8;
-    let end = start.wrapping_add(std::mem::size_of::<T>().max(1));
-    // The first line, then one per 64 bytes from the next line boundary on.
-    prefetch_addr(start);
-    let mut line = start.wrapping_add(64 - (start as usize & 63));
-    while line < end {
-        prefetch_addr(line);
-        line = line.wrapping_add(64);
+    let size = std::mem::size_of::<T>();
+    // One every 64 bytes from the start, then the last byte: no two are more than a line apart,
+    // so every line the value spans gets one, wherever it starts. The size is a constant, so
+    // this unrolls into a few prefetches (no loop, no alignment arithmetic); the last may repeat
+    // a line, which costs a hint.
+    let mut off = 0;
+    while off < size {
+        prefetch_addr(start.wrapping_add(off));
+        off += 64;
     }
+    prefetch_addr(start.wrapping_add(size.saturating_sub(1)));
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -393,7 +393,6 @@ impl Pipeline {
             let frame = frames.frame(i);
             // The common frame, with its key packed from the numbers the parse read (not read
             // back from the meta it just stored).
-            s.plain = false;
             if self.link == LinkType::Ethernet {
                 if let Some(p) = parse_plain_v4(frame, &mut s.meta) {
                     s.kind = KIND_IP;
@@ -408,6 +407,7 @@ impl Pipeline {
                     continue;
                 }
             }
+            s.plain = false;
             s.kind = match parse_into(frame, self.link, &mut s.meta) {
                 Ok(true) if s.meta.frag.offset != 0 => KIND_LATER_FRAGMENT,
                 Ok(true) => {
@@ -1118,8 +1118,26 @@ fn established_lane(
     if meta.frag.is_fragment {
         return None;
     }
+    // The verdict's fields that come from the meta, written first, while the parse's values are
+    // at hand: held across the rewrite, they went through the stack (the decide loop has no free
+    // register; "Fast path, session 12: a compact verdict"). A packet the lane declines gets its
+    // verdict written whole by the full path. Every field of `Verdict` is written here or below.
+    v.action = Action::Forward;
+    v.has_addrs = true;
+    v.family = meta.family;
+    v.proto = meta.proto;
+    v.orig_src = meta.src;
+    v.orig_sport = meta.sport;
+    v.orig_dst = meta.dst;
+    v.orig_dport = meta.dport;
+    v.l3_off = meta.l3_off;
+    v.l4_off = meta.l4_off;
+    v.ip_len = meta.ip_len;
+    v.fragment = false;
+    v.egress = 0;
     let state =
         b.ct.on_plain_packet(found, meta.tcp_flags, meta.ip_len as u64, &b.lane)?;
+    v.masq = state & FLAG_MASQ != 0;
     // Packed tuples: [src high, src low, dst high, dst low, ports | proto | family]; the packet
     // leaves as the other tuple reversed, from that tuple's destination to its source.
     let (key, other) = (&s.key, &found.other);
@@ -1130,6 +1148,9 @@ fn established_lane(
         || other[1] != key[3]
         || out_ports != key[4] & 0xffff_ffff;
     let (sport, dport) = (out_ports as u16, (out_ports >> 16) as u16);
+    // (The connection's protocol is the packet's: taken from the other tuple's word, which stays
+    // in a register for the ports, rather than from the meta.)
+    let proto = found.proto();
     // What the general rewrite left, for the rare frame the word rewrites refuse: the verdict
     // reports it instead of the other tuple. (The addresses are made from the words only where
     // the verdict is written: held across the rewrite, they went through the stack.)
@@ -1146,14 +1167,14 @@ fn established_lane(
                 dst: key[3] as u32,
                 sport: key[4] as u16,
                 dport: (key[4] >> 16) as u16,
-                proto: meta.proto,
+                proto,
             };
             let to = PlainV4 {
                 src: out_src,
                 dst: out_dst,
                 sport,
                 dport,
-                proto: meta.proto,
+                proto,
             };
             rewrite_plain_v4_from(buf, &was, &to)
         } else {
@@ -1177,32 +1198,16 @@ fn established_lane(
     } else {
         Reason::ReplyUnnat
     };
-    *v = Verdict {
-        action: Action::Forward,
-        reason,
-        has_addrs: true,
-        family: meta.family,
-        proto: meta.proto,
-        orig_src: meta.src,
-        orig_sport: meta.sport,
-        orig_dst: meta.dst,
-        orig_dport: meta.dport,
-        src: addr_of_words(other[2], other[3]),
-        sport,
-        dst: addr_of_words(other[0], other[1]),
-        dport,
-        masq: state & FLAG_MASQ != 0,
-        service_id: found.service_id,
-        client: if found.dir == DIR_REPLY {
-            addr_of_words(other[0], other[1])
-        } else {
-            meta.src
-        },
-        l3_off: meta.l3_off,
-        l4_off: meta.l4_off,
-        ip_len: meta.ip_len,
-        fragment: false,
-        egress: 0,
+    v.reason = reason;
+    v.src = addr_of_words(other[2], other[3]);
+    v.sport = sport;
+    v.dst = addr_of_words(other[0], other[1]);
+    v.dport = dport;
+    v.service_id = found.service_id;
+    v.client = if found.dir == DIR_REPLY {
+        addr_of_words(other[0], other[1])
+    } else {
+        meta.src
     };
     if let Some(m) = &general {
         fill_out(v, m);

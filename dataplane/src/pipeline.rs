@@ -219,11 +219,20 @@ const KIND_LATER_FRAGMENT: u8 = 3;
 /// Scratch of `prepare_new_flows`, per packet of a pass that conntrack does not know: which
 /// packet, its frontend key's hash, and the endpoint predicted for it (index into the frontend's
 /// endpoints, `NO_PICK` for none) with its route's masquerade flag.
+///
+/// `reply`, `reply_hash` and `predicted` are by the packet's index in the pass (not by miss):
+/// the reply tuple stage 3 built for the predicted endpoint, packed, and its hash, which
+/// `new_flow` inserts as they are when it chooses that endpoint (`Miss::prepared`) rather than
+/// pack and hash the same tuple again. Valid for the packets whose frontend stage 2 found this pass
+/// (`predicted` is reset there); `NO_PICK` when stage 3 built nothing.
 struct NewFlowScratch {
     packet: [u16; MAX_BATCH],
     hash: [u64; MAX_BATCH],
     pick: [u32; MAX_BATCH],
     masq: [bool; MAX_BATCH],
+    predicted: [u32; MAX_BATCH],
+    reply_hash: [u64; MAX_BATCH],
+    reply: [Packed; MAX_BATCH],
 }
 
 const NO_PICK: u32 = u32::MAX;
@@ -246,12 +255,34 @@ struct Batch<'a> {
 
 /// A packet conntrack does not know, as `new_flow` takes it: its index in the pass (its packed
 /// tuple and that tuple's hash are its scratch's, the lookup's: the insert takes them as they
-/// are, read where it needs them rather than copied along), and its frontend (`frontend_of`;
-/// looked up a stage ahead by `prepare_new_flows`).
+/// are, read where it needs them rather than copied along), its frontend (`frontend_of`;
+/// looked up a stage ahead by `prepare_new_flows`), and whether that stage also prepared its
+/// reply tuple (`NewFlowScratch::predicted`: only for a frontend it found this pass).
 #[derive(Clone, Copy)]
 struct Miss<'s> {
     packet: usize,
     frontend: Option<FrontendRef<'s>>,
+    prepared: bool,
+}
+
+/// What every insert attempt of one new connection shares (`new_flow`, `insert_remapped`): the
+/// packet's index in the pass (its packed tuple is the scratch's), that tuple's hash, its first
+/// packet, whether it is masqueraded, and its Service port.
+struct NewEntry<'a> {
+    packet: usize,
+    hash: u64,
+    first: &'a FirstPacket,
+    masq: bool,
+    service_id: u32,
+}
+
+/// The reason a new connection's insert failed for, but for a taken reply tuple (remapped).
+fn create_failed(e: CreateError) -> Reason {
+    match e {
+        CreateError::Invalid => Reason::CtInvalid,
+        CreateError::Insert(InsertError::Full) => Reason::ConntrackFull,
+        CreateError::Insert(InsertError::Exists) => Reason::SnatExhausted,
+    }
 }
 
 /// A packet of a tracked connection, as `established` takes it: its index in the pass (should
@@ -269,6 +300,7 @@ impl Hit<'_> {
         Miss {
             packet: self.packet,
             frontend: frontend_of(snap, meta),
+            prepared: false,
         }
     }
 }
@@ -308,6 +340,9 @@ impl Pipeline {
                 hash: [0; MAX_BATCH],
                 pick: [NO_PICK; MAX_BATCH],
                 masq: [false; MAX_BATCH],
+                predicted: [NO_PICK; MAX_BATCH],
+                reply_hash: [0; MAX_BATCH],
+                reply: [[0; 5]; MAX_BATCH],
             }),
             created: [0; CREATED_WORDS],
             created_any: false,
@@ -535,9 +570,11 @@ impl Pipeline {
                                 self.established(buf, len, &mut meta, hit, v, b)
                             }
                             None => {
+                                let frontend = frontends.get(i).copied().flatten();
                                 let miss = Miss {
                                     packet: i,
-                                    frontend: frontends.get(i).copied().flatten(),
+                                    frontend,
+                                    prepared: frontend.is_some(),
                                 };
                                 self.new_flow(buf, len, &mut meta, miss, v, b)
                             }
@@ -564,8 +601,9 @@ impl Pipeline {
     ///
     /// 1. hash each frontend key and prefetch its slot (`FrontendTable::prefetch`);
     /// 2. look the frontend up, predict the endpoint `new_flow` will choose and prefetch it;
-    /// 3. build the reply tuple that endpoint gives and prefetch its conntrack index slot; then
-    ///    prefetch the entries the batch's inserts will take from this worker's allocation cache.
+    /// 3. build the reply tuple that endpoint gives and prefetch its conntrack index slot (the
+    ///    tuple, packed, and its hash kept for `new_flow`); then prefetch the entries the batch's
+    ///    inserts will take from this worker's allocation cache.
     ///
     /// The prediction runs `new_flow`'s choices on a copy of the random generator, for the common
     /// path only (no session affinity, a SYN or a connectionless first packet, a source the
@@ -602,6 +640,7 @@ impl Pipeline {
                 continue;
             };
             frontends[nf.packet[k] as usize] = Some(fe);
+            nf.predicted[nf.packet[k] as usize] = NO_PICK;
             if fe.has_affinity()
                 || fe
                     .source_ranges()
@@ -626,7 +665,8 @@ impl Pipeline {
                 nf.masq[k] = route.masquerade;
             }
         }
-        // 3. The reply tuple's index slot, and the entries the inserts will take.
+        // 3. The reply tuple's index slot, and the entries the inserts will take. The tuple,
+        // packed, and its hash are kept for `new_flow` (which would otherwise build both again).
         let mut inserts = 0;
         for k in 0..n {
             if nf.pick[k] == NO_PICK {
@@ -644,7 +684,10 @@ impl Pipeline {
                     None => continue,
                 }
             }
-            ct.prefetch_slot(ct.hash(&reply.pack()));
+            let key = reply.pack();
+            let hash = ct.hash(&key);
+            ct.prefetch_slot(hash);
+            (nf.reply[i], nf.reply_hash[i], nf.predicted[i]) = (key, hash, nf.pick[k]);
             inserts += 1;
         }
         ct.prefetch_allocations(&self.retired, inserts);
@@ -732,7 +775,11 @@ impl Pipeline {
         let Batch {
             snap, ct, now_ms, ..
         } = *b;
-        let Miss { packet, frontend } = miss;
+        let Miss {
+            packet,
+            frontend,
+            prepared,
+        } = miss;
         let hash = self.scratch[packet].hash;
         let family = meta.family;
         let Some(fe) = frontend else {
@@ -788,9 +835,12 @@ impl Pipeline {
                 }
             }
         }
-        let (ep, record) = match chosen {
-            Some(ep) => (ep, false),
-            None => (eps[self.pick(eps.len())], affinity_timeout_s > 0),
+        let (ep, record, picked) = match chosen {
+            Some(ep) => (ep, false, None),
+            None => {
+                let p = self.pick(eps.len());
+                (eps[p], affinity_timeout_s > 0, Some(p as u32))
+            }
         };
         // NetworkPolicy judges the connection as the backend sees it: to the chosen endpoint, from
         // the client's own address (before any masquerade). A denied connection leaves no state,
@@ -824,35 +874,48 @@ impl Pipeline {
         }
         // The reply tuple must be unique. Without masquerade it clashes only when the client
         // reaches one backend through two frontends from the same port; then, as the kernel's NAT
-        // does, the source port is remapped (the address is kept), up to `SNAT_ATTEMPTS` times.
-        // The insert itself checks the reply tuple (`InsertError::Exists`), before it takes
-        // anything: no separate lookup first.
-        let mut remaps = 0;
-        let reply_hash = loop {
-            let reply_key = reply.pack();
-            let reply_hash = ct.hash(&reply_key);
-            match ct.create_hashed(
-                &mut self.retired,
-                &self.scratch[packet].key,
-                &reply_key,
-                first,
-                masq,
-                service_id,
-                now_ms,
-                (hash, reply_hash),
-            ) {
-                Ok(_) => break reply_hash,
-                Err(CreateError::Invalid) => return v.set(Reason::CtInvalid),
-                Err(CreateError::Insert(InsertError::Full)) => return v.set(Reason::ConntrackFull),
-                // Taken (before, or by another worker since): another source port.
-                Err(CreateError::Insert(InsertError::Exists)) => {
-                    if remaps == SNAT_ATTEMPTS || !has_ports(reply.proto) {
-                        return v.set(Reason::SnatExhausted);
-                    }
-                    reply.dport = 1024 + (self.next_u64() % (65536 - 1024)) as u16;
-                    remaps += 1;
+        // does, the source port is remapped (the address is kept), up to `SNAT_ATTEMPTS` times
+        // (`insert_remapped`, out of line). The insert itself checks the reply tuple
+        // (`InsertError::Exists`), before it takes anything: no separate lookup first.
+        let entry = NewEntry {
+            packet,
+            hash,
+            first: &first,
+            masq,
+            service_id,
+        };
+        // The first attempt's reply tuple, packed, and its hash are the ones `prepare_new_flows`
+        // built when this is the endpoint it predicted (the same frontend, route and packet give
+        // the same tuple): not packed and hashed again.
+        let packed;
+        let (reply_key, reply_hash) = if prepared
+            && picked.map(|p| route.endpoints.start + p) == Some(self.new_scratch.predicted[packet])
+        {
+            let nf = &self.new_scratch;
+            (&nf.reply[packet], nf.reply_hash[packet])
+        } else {
+            packed = reply.pack();
+            (&packed, ct.hash(&packed))
+        };
+        let inserted = ct.create_hashed(
+            &mut self.retired,
+            &self.scratch[packet].key,
+            reply_key,
+            entry.first,
+            masq,
+            service_id,
+            now_ms,
+            (hash, reply_hash),
+        );
+        let reply_hash = match inserted {
+            Ok(_) => reply_hash,
+            Err(CreateError::Insert(InsertError::Exists)) => {
+                match self.insert_remapped(&entry, &mut reply, ct, now_ms) {
+                    Ok(reply_hash) => reply_hash,
+                    Err(reason) => return v.set(reason),
                 }
             }
+            Err(e) => return v.set(create_failed(e)),
         };
         self.counters.ct_created += 1;
         self.note_created(hash);
@@ -860,6 +923,45 @@ impl Pipeline {
         rewrite_into(buf, meta, v, reply.dst, reply.dport, reply.src, reply.sport);
         v.masq = masq;
         v.set(Reason::ServiceDnat);
+    }
+
+    /// `new_flow`'s insert after its reply tuple was taken (before, or by another worker since):
+    /// the source port remapped, up to `SNAT_ATTEMPTS` times; the reply tuple's hash, or why the
+    /// connection is refused. Out of line: rare, and inlined, its loop's invariant halves of the
+    /// pack and hash were computed ahead of every first attempt.
+    #[cold]
+    #[inline(never)]
+    fn insert_remapped(
+        &mut self,
+        entry: &NewEntry<'_>,
+        reply: &mut Tuple,
+        ct: &Conntrack,
+        now_ms: u64,
+    ) -> Result<u64, Reason> {
+        let mut remaps = 0;
+        loop {
+            if remaps == SNAT_ATTEMPTS || !has_ports(reply.proto) {
+                return Err(Reason::SnatExhausted);
+            }
+            reply.dport = 1024 + (self.next_u64() % (65536 - 1024)) as u16;
+            remaps += 1;
+            let reply_key = reply.pack();
+            let reply_hash = ct.hash(&reply_key);
+            match ct.create_hashed(
+                &mut self.retired,
+                &self.scratch[entry.packet].key,
+                &reply_key,
+                entry.first,
+                entry.masq,
+                entry.service_id,
+                now_ms,
+                (entry.hash, reply_hash),
+            ) {
+                Ok(_) => return Ok(reply_hash),
+                Err(CreateError::Insert(InsertError::Exists)) => continue,
+                Err(e) => return Err(create_failed(e)),
+            }
+        }
     }
 
     /// An ICMP/ICMPv6 error quoting a packet of a tracked connection is translated like a packet

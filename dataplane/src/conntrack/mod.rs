@@ -331,7 +331,7 @@ impl Conntrack {
             None,
             &orig.pack(),
             &reply.pack(),
-            first.into(),
+            &first.into(),
             masq,
             service_id,
             now_ms,
@@ -343,6 +343,8 @@ impl Conntrack {
     /// `create_with` for a caller that has both tuples packed and hashed at hand (`hash` of the
     /// packed original and reply tuples), as the pipeline does: the insert packs and hashes
     /// neither again. The original tuple's hash is also where an early drop looks for a victim.
+    /// `first` by reference: the pipeline holds it across its endpoint choice, and passed by
+    /// value it was copied on the stack on the way in.
     #[allow(clippy::too_many_arguments)]
     #[inline]
     pub fn create_hashed(
@@ -350,7 +352,7 @@ impl Conntrack {
         cache: &mut Retired,
         orig: &Packed,
         reply: &Packed,
-        first: impl Into<FirstPacket>,
+        first: &FirstPacket,
         masq: bool,
         service_id: u32,
         now_ms: u64,
@@ -360,7 +362,7 @@ impl Conntrack {
             Some(cache),
             orig,
             reply,
-            first.into(),
+            first,
             masq,
             service_id,
             now_ms,
@@ -395,7 +397,7 @@ impl Conntrack {
             Some(cache),
             &orig.pack(),
             &reply.pack(),
-            first.into(),
+            &first.into(),
             masq,
             service_id,
             now_ms,
@@ -413,7 +415,7 @@ impl Conntrack {
         cache: Option<&mut Retired>,
         orig: &Packed,
         reply: &Packed,
-        first: FirstPacket,
+        first: &FirstPacket,
         masq: bool,
         service_id: u32,
         now_ms: u64,

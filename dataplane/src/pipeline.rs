@@ -228,10 +228,6 @@ struct NewFlowScratch {
 
 const NO_PICK: u32 = u32::MAX;
 
-/// How many packets behind its parse the parse loop prefetches a plain packet's conntrack entry
-/// (`Pipeline::pass`).
-const ENTRY_PREFETCH_LAG: usize = 8;
-
 /// Words of `Pipeline::created`.
 const CREATED_WORDS: usize = 64;
 
@@ -387,21 +383,10 @@ impl Pipeline {
         assert!(m <= MAX_BATCH);
         let verdicts = &mut verdicts[base..base + m];
         let mut frames = PassFrames::new(frames, base, m);
-        // 1. Parse; hash and prefetch each packet's conntrack index slot, and prefetch the entry
-        // named by the slot of the packet `ENTRY_PREFETCH_LAG` behind; 2. prefetch the other
-        // entries; 3. look up. Done in stages so that a batch's cache misses overlap (at 1M
-        // connections a lookup is two dependent DRAM accesses: slot, then entry).
+        // 1. Parse; hash and prefetch each packet's conntrack index slot; 2. prefetch the entry
+        // each slot names; 3. look up. Done in stages so that a batch's cache misses overlap
+        // (at 1M connections a lookup is two dependent DRAM accesses: slot, then entry).
         for i in 0..m {
-            // The entry of the plain packet `ENTRY_PREFETCH_LAG` behind, whose slot this loop
-            // prefetched that many parses ago (software-pipelined: the slot's wait overlaps the
-            // parses in between, and about as many lines are in flight as a core has fill
-            // buffers, where a loop of its own issued them all at once).
-            if i >= ENTRY_PREFETCH_LAG {
-                let s = &mut self.scratch[i - ENTRY_PREFETCH_LAG];
-                if s.plain {
-                    s.candidate = ct.prefetch_entry(s.hash);
-                }
-            }
             let s = &mut self.scratch[i];
             s.hit = false;
             s.quoted = None;
@@ -461,10 +446,9 @@ impl Pipeline {
             s.hash = ct.hash(&s.key);
             ct.prefetch_slot(s.hash);
         }
-        // 2. Conntrack: the entries the parse loop did not prefetch (the other frames', and the
-        // last `ENTRY_PREFETCH_LAG` plain ones).
-        for (i, s) in self.scratch[..m].iter_mut().enumerate() {
-            if s.kind == KIND_IP && (!s.plain || i + ENTRY_PREFETCH_LAG >= m) {
+        // 2. Conntrack.
+        for s in &mut self.scratch[..m] {
+            if s.kind == KIND_IP {
                 s.candidate = ct.prefetch_entry(s.hash);
             }
         }

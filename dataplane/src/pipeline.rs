@@ -1225,17 +1225,7 @@ fn established_lane(
     // register; "Fast path, session 12: a compact verdict"). A packet the lane declines gets its
     // verdict written whole by the full path. Every field of `Verdict` is written here or below.
     v.action = Action::Forward;
-    v.has_addrs = true;
-    v.family = meta.family;
-    v.proto = meta.proto;
-    v.orig_src = meta.src;
-    v.orig_sport = meta.sport;
-    v.orig_dst = meta.dst;
-    v.orig_dport = meta.dport;
-    v.l3_off = meta.l3_off;
-    v.l4_off = meta.l4_off;
-    v.ip_len = meta.ip_len;
-    v.fragment = false;
+    fill_orig_packet(v, meta);
     v.egress = 0;
     let state =
         b.ct.on_plain_packet(found, meta.tcp_flags, meta.ip_len as u64, &b.lane)?;
@@ -1446,6 +1436,14 @@ fn policy_deny(v: &mut Verdict, meta: &PacketMeta, snap: &Snapshot, decision: De
 
 #[inline]
 fn fill_orig(v: &mut Verdict, m: &PacketMeta) {
+    fill_orig_packet(v, m);
+    v.client = m.src;
+}
+
+/// The verdict's fields that describe the packet as it arrived (`client` aside: the lane writes
+/// it once it knows the packet's direction).
+#[inline(always)]
+fn fill_orig_packet(v: &mut Verdict, m: &PacketMeta) {
     v.has_addrs = true;
     v.family = m.family;
     v.proto = m.proto;
@@ -1453,7 +1451,6 @@ fn fill_orig(v: &mut Verdict, m: &PacketMeta) {
     v.orig_sport = m.sport;
     v.orig_dst = m.dst;
     v.orig_dport = m.dport;
-    v.client = m.src;
     v.l3_off = m.l3_off;
     v.l4_off = m.l4_off;
     v.ip_len = m.ip_len;

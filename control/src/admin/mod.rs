@@ -198,7 +198,7 @@ fn answer(
             let snap = ctx.published.load_full();
             let now = clock_ms();
             let mut n = 0u64;
-            for v in ct.connections() {
+            for v in ct.connections_at(now) {
                 if filter.matches(&v, &snap) {
                     line(w, &CtEntry::from_view(&v, &snap, now)).map_err(io_err)?;
                     n += 1;
@@ -209,7 +209,7 @@ fn answer(
         Request::ConntrackCount { filter } => {
             let snap = ctx.published.load_full();
             let n = ct
-                .connections()
+                .connections_at(clock_ms())
                 .filter(|v| filter.matches(v, &snap))
                 .count();
             Ok(serde_json::json!({ "count": n }))
@@ -218,7 +218,7 @@ fn answer(
             let snap = ctx.published.load_full();
             let now = clock_ms();
             let mut n = 0u64;
-            for v in ct.connections() {
+            for v in ct.connections_at(now) {
                 if filter.matches(&v, &snap) && ct.kill_view(&v) {
                     n += 1;
                     line(w, &CtEntry::from_view(&v, &snap, now)).map_err(io_err)?;
@@ -361,7 +361,7 @@ fn conntrack_events(
     let closed = watch_close(sock);
     let ct = &ctx.dataplane.ct;
     let walk = |snap: &kxdp_dataplane::snapshot::Snapshot| {
-        ct.connections()
+        ct.connections_at(clock_ms())
             .filter(|v| filter.matches(v, snap))
             .map(|v| (v.orig.pack(), v))
             .collect::<HashMap<_, _>>()

@@ -773,9 +773,17 @@ impl Conntrack {
 
     // ---- listings ------------------------------------------------------------------------------
 
-    /// Every live connection (affinity records excluded), streamed.
+    /// Every live connection (affinity records excluded), streamed, including those past their
+    /// expiry that the scan has not reclaimed yet (see `connections_at`).
     pub fn connections(&self) -> impl Iterator<Item = EntryView> + '_ {
         self.table.iter().filter(|v| v.orig.proto != AFFINITY_PROTO)
+    }
+
+    /// `connections` that have not expired at `now_ms`: what listings show. As the kernel's
+    /// `conntrack -L`, an expired connection is gone to them whether or not the expiry scan,
+    /// which may take a minute to reach it, has reclaimed its entry.
+    pub fn connections_at(&self, now_ms: u64) -> impl Iterator<Item = EntryView> + '_ {
+        self.connections().filter(move |v| v.expires_ms >= now_ms)
     }
 
     /// Seconds left before `view` expires at `now_ms`.

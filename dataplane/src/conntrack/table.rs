@@ -547,6 +547,8 @@ pub struct Table {
     /// The latest clock a worker has passed in (to within a second): what 32-bit expiry times
     /// are read against when no caller gives a clock (listings). Written about once a second.
     recent_ms: CachePadded<AtomicU64>,
+    /// The expiry scan's period (see `SWEEP_PERIOD_MIN_MS`), set from the workers' samples.
+    sweep_ms: CachePadded<AtomicU64>,
 }
 
 /// Entries a worker's cache (`Retired`) takes from or gives back to the table at once, and the
@@ -578,8 +580,19 @@ const SLOTS_PER_LINE: usize = 16;
 /// probe finds its key within four slots nearly always).
 const PREFETCH_PROBE: usize = 4;
 
-/// Every used entry and index slot is looked at once per this period (all workers together).
-const SWEEP_PERIOD_MS: u64 = 1_000;
+/// Every used entry and index slot is looked at once per sweep period (all workers together).
+/// The period adapts as the kernel's conntrack garbage collector's does (Linux 5.18, "netfilter:
+/// conntrack: revisit gc autotuning", and its fix "fix the gc rescheduling delay"): it is the mean
+/// time the scanned entries have left, each counted at most `SWEEP_LEFT_CLAMP_MS`, within these
+/// bounds. A scan that meets an entry to reclaim (killed, or expired) goes back to the shortest
+/// period, and so does a table near its maximum (`sweep_period_ms`). Lookups treat an expired
+/// entry as gone, so the period only decides how soon its room is reclaimed.
+const SWEEP_PERIOD_MIN_MS: u64 = 1_000;
+const SWEEP_PERIOD_MAX_MS: u64 = 60_000;
+/// The kernel's `GC_SCAN_INTERVAL_CLAMP`: one long-lived entry does not outweigh many short ones.
+const SWEEP_LEFT_CLAMP_MS: u64 = 300_000;
+/// Entries a worker's scan looks at before it sets the period (`Retired::sample`).
+const SWEEP_SAMPLE: u32 = 1_024;
 
 /// Index slots looked at per early drop (the kernel looks at 8 hash buckets). At most a quarter
 /// of the slots are live, so this sees a few dozen entries.
@@ -697,6 +710,7 @@ impl Table {
             early_drops: AtomicU64::new(0),
             limbo: ArrayQueue::new(g.capacity - g.max_live as usize),
             recent_ms: CachePadded::new(AtomicU64::new(0)),
+            sweep_ms: CachePadded::new(AtomicU64::new(SWEEP_PERIOD_MIN_MS)),
         }
     }
 
@@ -952,7 +966,7 @@ impl Table {
     /// that `index_from` does not walk the same probe again. The slot may be taken meanwhile:
     /// `index_from` then goes on along the probe, as from its start.
     #[inline(always)]
-    fn vacancy(&self, key: &Packed, hash: u64, _now_ms: u64) -> Result<Option<usize>, ()> {
+    fn vacancy(&self, key: &Packed, hash: u64, now_ms: u64) -> Result<Option<usize>, ()> {
         let tag = self.code.tag(hash);
         let mut i = self.home(hash);
         let mut free = None;
@@ -965,8 +979,15 @@ impl Table {
                 free = free.or(Some(i));
             } else {
                 let (stag, idx, dir) = self.code.decode(s);
-                if stag == tag && self.read_if_match(idx, dir, key, &mut Found::default()) {
-                    return Err(());
+                let mut found = Found::default();
+                if stag == tag && self.read_if_match(idx, dir, key, &mut found) {
+                    if !found.expired(now_ms) {
+                        return Err(());
+                    }
+                    // An expired connection holds its tuple no longer (the kernel's
+                    // `nf_conntrack_tuple_taken` reaps it too); the scan, which may not reach
+                    // it for a minute, retires it.
+                    self.kill(idx);
                 }
             }
             i = self.next_slot(i);
@@ -1558,8 +1579,9 @@ impl Table {
     pub fn maintain(&self, now_ms: u64, budget: usize, retired: &mut Retired) -> usize {
         self.note_clock(now_ms);
         // Pace the scans by time: each worker covers its share of the used entries (and of the
-        // index) once per `SWEEP_PERIOD_MS`, so an idle clock costs nothing and a busy one no
-        // more than needed. Lookups check expiry themselves; the scan only reclaims room.
+        // index) once per sweep period (`sweep_period_ms`: 1-60 s, as the kernel's), so an idle
+        // clock costs nothing and a busy one no more than needed. Lookups check expiry
+        // themselves; the scan only reclaims room.
         let elapsed = now_ms.saturating_sub(retired.last_ms);
         retired.last_ms = now_ms;
         // The live count: at every step with one worker; with several, when the clock moved
@@ -1571,7 +1593,7 @@ impl Table {
         let used = (self.next_unused.load(Ordering::Relaxed) as u64)
             .min(n)
             .max(1);
-        let share = self.grace.participants() as u64 * SWEEP_PERIOD_MS;
+        let share = self.grace.participants() as u64 * self.sweep_period_ms();
         retired.entry_credit =
             (retired.entry_credit + elapsed.saturating_mul(used) / share).min(used);
         retired.slot_credit = (retired.slot_credit
@@ -1635,18 +1657,22 @@ impl Table {
             self.prefetch_state(ahead);
             let e = &self.entries[idx as usize];
             let s = e.state().load(Ordering::Acquire);
-            let life = s & LIFE_MASK;
-            let dying = life == LIFE_DYING
-                || (life == LIFE_LIVE
-                    && Clock32::decode(e.expires_or_next().load(Ordering::Relaxed), now_ms)
-                        < now_ms
-                    && {
-                        let killed = self.kill_uncounted(idx);
-                        if killed {
-                            expired += 1;
-                        }
-                        killed
-                    });
+            let dying = match s & LIFE_MASK {
+                LIFE_DYING => true,
+                LIFE_LIVE => {
+                    let expires =
+                        Clock32::decode(e.expires_or_next().load(Ordering::Relaxed), now_ms);
+                    if expires >= now_ms {
+                        self.sample(retired, Some(expires - now_ms));
+                        continue;
+                    }
+                    let killed = self.kill_uncounted(idx);
+                    expired += killed as usize;
+                    killed
+                }
+                _ => continue,
+            };
+            self.sample(retired, None);
             if dying && self.claim_retire(idx) {
                 self.unindex(idx, epoch);
                 retired.items.push((idx, epoch));
@@ -1660,6 +1686,46 @@ impl Table {
         retired.pending_live -= expired as i64;
         self.flush_live(retired, flush_now);
         expired
+    }
+
+    /// The sweep period now: the shortest near the table's maximum (the early drops of a full
+    /// table would otherwise take over the scan's work), else what the samples set.
+    #[inline]
+    pub(crate) fn sweep_period_ms(&self) -> u64 {
+        if self.live.load(Ordering::Relaxed) >= self.max_live - self.max_live / 8 {
+            SWEEP_PERIOD_MIN_MS
+        } else {
+            self.sweep_ms.load(Ordering::Relaxed)
+        }
+    }
+
+    #[cfg(test)]
+    pub(crate) fn sweep_ms_for_tests(&self, ms: u64) {
+        self.sweep_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// Adds a scanned entry to the worker's sample: the time it has left, or None when it was
+    /// to be reclaimed (killed or expired). A full sample sets the period.
+    #[inline]
+    fn sample(&self, retired: &mut Retired, left_ms: Option<u64>) {
+        let r = &mut retired.sample;
+        match left_ms {
+            Some(ms) => r.left_ms += ms.min(SWEEP_LEFT_CLAMP_MS),
+            None => r.reclaimed = true,
+        }
+        r.n += 1;
+        if r.n < SWEEP_SAMPLE {
+            return;
+        }
+        let period = if r.reclaimed {
+            SWEEP_PERIOD_MIN_MS
+        } else {
+            (r.left_ms / r.n as u64).clamp(SWEEP_PERIOD_MIN_MS, SWEEP_PERIOD_MAX_MS)
+        };
+        *r = SweepSample::default();
+        if self.sweep_ms.load(Ordering::Relaxed) != period {
+            self.sweep_ms.store(period, Ordering::Relaxed);
+        }
     }
 
     /// A hint for the expiry scan: starts loading entry `idx`'s state word.
@@ -1853,6 +1919,17 @@ pub struct Retired {
     last_ms: u64,
     entry_credit: u64,
     slot_credit: u64,
+    /// What this worker's scan met since it last set the sweep period.
+    sample: SweepSample,
+}
+
+/// A sample of the expiry scan (`Table::sample`): how many entries, the sum of the time they
+/// had left (each clamped), and whether one of them was to be reclaimed.
+#[derive(Clone, Copy, Debug, Default)]
+struct SweepSample {
+    n: u32,
+    left_ms: u64,
+    reclaimed: bool,
 }
 
 impl Retired {
@@ -1865,6 +1942,7 @@ impl Retired {
             last_ms: 0,
             entry_credit: 0,
             slot_credit: 0,
+            sample: SweepSample::default(),
         }
     }
 

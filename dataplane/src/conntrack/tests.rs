@@ -584,3 +584,113 @@ fn lookup_from_the_candidate_is_the_lookup() {
     let q = conns[1].0.pack();
     assert_eq!(empty.prefetch_entry(empty.hash(&q)), Candidate::MISS);
 }
+
+/// The expiry scan's period follows what it meets, as the kernel's conntrack gc does: the mean
+/// time the entries have left (within 1-60 s); back to 1 s as soon as it meets entries to
+/// reclaim, so killed and expired ones still go within seconds.
+#[test]
+fn sweep_period_follows_what_the_scan_meets() {
+    let ct = Conntrack::new(
+        CtConfig {
+            max_entries: 4000,
+            ..CtConfig::default()
+        },
+        1,
+    );
+    let mut retired = ct.retired_list();
+    let flows: Vec<(Tuple, Tuple)> = (0..2000u32)
+        .map(|i| {
+            let (a, sport) = ((i % 200) as u8, 1000 + (i / 200) as u16);
+            let (o, r) = (tup(a, sport, 41, 53, 17), tup(200, 53, a, sport, 17));
+            (o, r)
+        })
+        .collect();
+    for (o, r) in &flows {
+        ct.create(o, r, 0, false, 0, 0, 0).unwrap();
+    }
+    assert_eq!(
+        ct.table.sweep_period_ms(),
+        1_000,
+        "a new table sweeps every second"
+    );
+    // Unanswered UDP: 30 s to live, so the scan's samples set about 29 s.
+    for t in 1..=3u64 {
+        ct.maintain(t * 1_000, 4096, &mut retired);
+    }
+    let period = ct.table.sweep_period_ms();
+    assert!((27_000..=30_000).contains(&period), "{period}");
+    // Half the connections killed: the scan meets them and goes back to 1 s.
+    for (o, _) in flows.iter().step_by(2) {
+        let f = find(&ct, o, 4_000).unwrap();
+        assert!(ct.kill(f.idx));
+    }
+    let mut t = 4_000;
+    while ct.table.sweep_period_ms() != 1_000 {
+        t += 1_000;
+        ct.maintain(t, 4096, &mut retired);
+        assert!(t < 30_000, "the killed entries were not met in {t} ms");
+    }
+    // The rest expire at 30 s. The samples set the mean time left again (at most 30 s), and
+    // the scan meets every entry within a period: all are reclaimed within 30 s of expiring.
+    while !ct.is_empty() {
+        t += 1_000;
+        ct.maintain(t, 4096, &mut retired);
+        assert!(t <= 60_000, "{} entries left at {t} ms", ct.len());
+    }
+}
+
+/// Near its maximum the table sweeps every second whatever the samples say: the room of expired
+/// connections is then needed soon.
+#[test]
+fn a_table_near_its_maximum_sweeps_every_second() {
+    let ct = small(64);
+    let mut retired = ct.retired_list();
+    for i in 0..56u8 {
+        let (o, r) = (tup(i, 1, 41, 53, 17), tup(200, 53, i, 1, 17));
+        ct.create(&o, &r, 0, false, 0, 0, 0).unwrap();
+    }
+    ct.table.sweep_ms_for_tests(60_000);
+    assert_eq!(ct.table.sweep_period_ms(), 1_000, "56 of 64 live");
+    for i in 0..2u8 {
+        let f = find(&ct, &tup(i, 1, 41, 53, 17), 0).unwrap();
+        ct.kill(f.idx);
+    }
+    ct.maintain(0, 0, &mut retired);
+    assert_eq!(ct.table.sweep_period_ms(), 60_000, "54 of 64 live");
+}
+
+/// A connection past its expiry that the scan has not reclaimed yet holds neither its reply
+/// tuple (a new connection may take it, as with the kernel's `nf_conntrack_tuple_taken`) nor a
+/// place in listings.
+#[test]
+fn an_expired_connection_frees_its_reply_tuple_and_leaves_listings() {
+    let ct = small(1000);
+    let reply = tup(9, 53, 1, 5000, 17);
+    ct.create(&tup(1, 5000, 41, 53, 17), &reply, 0, false, 0, 0, 0)
+        .unwrap();
+    ct.create(
+        &tup(2, 6000, 41, 80, 6),
+        &tup(9, 80, 2, 6000, 6),
+        tcp::SYN,
+        false,
+        0,
+        0,
+        0,
+    )
+    .unwrap();
+    assert_eq!(
+        ct.create(&tup(1, 5000, 42, 53, 17), &reply, 0, false, 0, 29_000, 0),
+        Err(CreateError::Insert(InsertError::Exists)),
+        "still live at 29 s"
+    );
+    assert_eq!(
+        ct.connections_at(31_000).count(),
+        1,
+        "the UDP one expired at 30 s"
+    );
+    assert_eq!(ct.connections().count(), 2, "not reclaimed yet");
+    ct.create(&tup(1, 5000, 42, 53, 17), &reply, 0, false, 0, 31_000, 0)
+        .expect("the expired connection's reply tuple is free");
+    let r = find(&ct, &reply, 31_000).unwrap();
+    assert_eq!(r.other_tuple(), tup(1, 5000, 42, 53, 17));
+}

@@ -422,8 +422,8 @@ impl Pipeline {
         // each slot names; 3. look up. Done in stages so that a batch's cache misses overlap
         // (at 1M connections a lookup is two dependent DRAM accesses: slot, then entry).
         for i in 0..m {
+            // (`hit` is written by the lookup loop, for every packet.)
             let s = &mut self.scratch[i];
-            s.hit = false;
             s.quoted = None;
             let frame = frames.frame(i);
             // The common frame, with its key packed from the numbers the parse read (not read
@@ -481,21 +481,22 @@ impl Pipeline {
             s.hash = ct.hash(&s.key);
             ct.prefetch_slot(s.hash);
         }
-        // 2. Conntrack.
+        // 2. Conntrack, through a view of its index taken once (`Conntrack::table_view`: read
+        // through the table, its fields were reloaded after every store to the scratch).
+        let view = ct.table_view();
         for s in &mut self.scratch[..m] {
             if s.kind == KIND_IP {
-                s.candidate = ct.prefetch_entry(s.hash);
+                s.candidate = view.prefetch_entry(s.hash);
             }
         }
         let mut misses = false;
         for i in 0..m {
             let s = &mut self.scratch[i];
             // Protocol 255 (IANA reserved) is the affinity records' pseudo-protocol: never a
-            // connection.
-            if s.kind == KIND_IP && s.key[4] >> 32 & 0xff != crate::conntrack::AFFINITY_PROTO as u64
-            {
-                s.hit = ct.lookup_into_from(&s.key, s.hash, s.candidate, now_ms, &mut s.found);
-            }
+            // connection. (Compared as the key's byte: one compare with memory.)
+            s.hit = s.kind == KIND_IP
+                && (s.key[4] >> 32) as u8 != crate::conntrack::AFFINITY_PROTO
+                && ct.lookup_in(&view, &s.key, s.hash, s.candidate, now_ms, &mut s.found);
             misses |= s.kind == KIND_IP && !s.hit;
         }
         // The frontend of every packet conntrack does not know, and what its new connection
@@ -528,7 +529,7 @@ impl Pipeline {
             if self.created_any
                 && kind == KIND_IP
                 && self.maybe_created(hash)
-                && self.scratch[i].key[4] >> 32 & 0xff != crate::conntrack::AFFINITY_PROTO as u64
+                && (self.scratch[i].key[4] >> 32) as u8 != crate::conntrack::AFFINITY_PROTO
             {
                 let s = &mut self.scratch[i];
                 s.hit = ct.lookup_into(&s.key, hash, now_ms, &mut s.found);

@@ -26,7 +26,7 @@ use kxdp_packet::{
 
 use crate::conntrack::{
     has_ports, tcp, tcp_state_of, Candidate, Conntrack, CreateError, FirstPacket, Found,
-    InsertError, LaneClock, Packed, PacketError, TableView, Tuple, DIR_ORIG, DIR_REPLY, FLAG_MASQ,
+    InsertError, LaneClock, Packed, PacketError, Tuple, DIR_ORIG, DIR_REPLY, FLAG_MASQ,
 };
 use crate::fragments::{FragDecision, FragmentTable};
 use crate::policy::Decision;
@@ -422,8 +422,8 @@ impl Pipeline {
         // each slot names; 3. look up. Done in stages so that a batch's cache misses overlap
         // (at 1M connections a lookup is two dependent DRAM accesses: slot, then entry).
         for i in 0..m {
-            // (`hit` is written by the lookup loop, for every packet.)
             let s = &mut self.scratch[i];
+            s.hit = false;
             s.quoted = None;
             let frame = frames.frame(i);
             // The common frame, with its key packed from the numbers the parse read (not read
@@ -481,11 +481,23 @@ impl Pipeline {
             s.hash = ct.hash(&s.key);
             ct.prefetch_slot(s.hash);
         }
-        // 2. Conntrack, through a view of its index taken once (`Conntrack::table_view`: read
-        // through the table, its fields were reloaded after every store to the scratch).
-        let view = ct.table_view();
-        prefetch_entries(&view, &mut self.scratch[..m]);
-        let misses = look_up(ct, &view, &mut self.scratch[..m], now_ms);
+        // 2. Conntrack.
+        for s in &mut self.scratch[..m] {
+            if s.kind == KIND_IP {
+                s.candidate = ct.prefetch_entry(s.hash);
+            }
+        }
+        let mut misses = false;
+        for i in 0..m {
+            let s = &mut self.scratch[i];
+            // Protocol 255 (IANA reserved) is the affinity records' pseudo-protocol: never a
+            // connection.
+            if s.kind == KIND_IP && s.key[4] >> 32 & 0xff != crate::conntrack::AFFINITY_PROTO as u64
+            {
+                s.hit = ct.lookup_into_from(&s.key, s.hash, s.candidate, now_ms, &mut s.found);
+            }
+            misses |= s.kind == KIND_IP && !s.hit;
+        }
         // The frontend of every packet conntrack does not know, and what its new connection
         // will touch, prefetched a stage ahead (`prepare_new_flows`). A pass of known
         // connections only (or on a node without Services) does not set up the array at all
@@ -516,7 +528,7 @@ impl Pipeline {
             if self.created_any
                 && kind == KIND_IP
                 && self.maybe_created(hash)
-                && (self.scratch[i].key[4] >> 32) as u8 != crate::conntrack::AFFINITY_PROTO
+                && self.scratch[i].key[4] >> 32 & 0xff != crate::conntrack::AFFINITY_PROTO as u64
             {
                 let s = &mut self.scratch[i];
                 s.hit = ct.lookup_into(&s.key, hash, now_ms, &mut s.found);
@@ -1293,36 +1305,6 @@ fn established_lane(
         fill_out(v, m);
     }
     Some(reason)
-}
-
-/// Stage 2 of a pass (`Pipeline::pass`): prefetches the entry each IP packet's probe names and
-/// keeps it as the packet's candidate. Out of line, as `look_up`: in a function of its own the
-/// loop holds the view's fields in registers (inlined into the pass, a few went through the
-/// stack for every packet); the call is once per pass.
-#[inline(never)]
-fn prefetch_entries(view: &TableView<'_>, scratch: &mut [Slot]) {
-    for s in scratch {
-        if s.kind == KIND_IP {
-            s.candidate = view.prefetch_entry(s.hash);
-        }
-    }
-}
-
-/// Stage 3 of a pass: looks every IP packet up from its candidate (`Conntrack::lookup_in`),
-/// `hit` written for every packet (false for the ones not looked up). Returns whether an IP
-/// packet missed.
-#[inline(never)]
-fn look_up(ct: &Conntrack, view: &TableView<'_>, scratch: &mut [Slot], now_ms: u64) -> bool {
-    let mut misses = false;
-    for s in scratch {
-        // Protocol 255 (IANA reserved) is the affinity records' pseudo-protocol: never a
-        // connection.
-        s.hit = s.kind == KIND_IP
-            && (s.key[4] >> 32) as u8 != crate::conntrack::AFFINITY_PROTO
-            && ct.lookup_in(view, &s.key, s.hash, s.candidate, now_ms, &mut s.found);
-        misses |= s.kind == KIND_IP && !s.hit;
-    }
-    misses
 }
 
 /// Rewrites the packet to `src`:`sport` → `dst`:`dport` (`kxdp_packet::rewrite`) and writes

@@ -447,9 +447,9 @@ struct Lockstep<'a> {
 /// Runs `share` (packets in capture order) through `pipeline` (and the egress stage when
 /// `routes` are given) `repeat` times, epoch by epoch in step with the other workers, handing
 /// every batch's (pass, indexes, verdicts, frames) to `on_batch`.
-// Out of line: called once per worker, and inlined into the worker's closure (session 14's
-// merged build) its loop cost ~5 instructions a packet more; out of line it is also what the
-// benchmarks' callgrind figure (`replay::drive` inclusive) names.
+// Out of line: called once per worker; a build that inlined it into the worker's closure
+// (session 14) lost the function the benchmarks' callgrind figure (`replay::drive` inclusive)
+// names.
 #[inline(never)]
 #[allow(clippy::too_many_arguments)]
 fn drive(

@@ -17,8 +17,8 @@ pub use persist::{
     VERSION_OVERRIDE_ENV,
 };
 pub use table::{
-    Candidate, EntryView, Found, InsertError, Retired, TableView, DIR_ORIG, DIR_REPLY,
-    FLAG_ASSURED, FLAG_MASQ, FLAG_SEEN_REPLY,
+    Candidate, EntryView, Found, InsertError, Retired, DIR_ORIG, DIR_REPLY, FLAG_ASSURED,
+    FLAG_MASQ, FLAG_SEEN_REPLY,
 };
 pub use tuple::{has_ports, hash_packed, packed_proto, Packed, Tuple};
 
@@ -288,7 +288,7 @@ impl Conntrack {
     }
 
     /// [`Conntrack::lookup_into`] trying first the entry `prefetch_entry` named for `hash`
-    /// (`TableView::lookup_into_from`).
+    /// (`Table::lookup_into_from`).
     #[inline(always)]
     pub fn lookup_into_from(
         &self,
@@ -298,29 +298,7 @@ impl Conntrack {
         now_ms: u64,
         out: &mut Found,
     ) -> bool {
-        self.lookup_in(&self.table_view(), key, hash, candidate, now_ms, out)
-    }
-
-    /// The index and the entries as a loop over a batch reads them, taken once before it
-    /// (`TableView`: its `prefetch_entry` and [`Conntrack::lookup_in`]).
-    #[inline(always)]
-    pub fn table_view(&self) -> TableView<'_> {
-        self.table.table_view()
-    }
-
-    /// [`Conntrack::lookup_into_from`] through a view taken before the batch's loop
-    /// (`Conntrack::table_view`).
-    #[inline(always)]
-    pub fn lookup_in(
-        &self,
-        view: &TableView<'_>,
-        key: &Packed,
-        hash: u64,
-        candidate: Candidate,
-        now_ms: u64,
-        out: &mut Found,
-    ) -> bool {
-        if !view.lookup_into_from(key, hash, candidate, out) {
+        if !self.table.lookup_into_from(key, hash, candidate, out) {
             return false;
         }
         if out.expired(now_ms) {

@@ -551,176 +551,6 @@ pub struct Table {
     sweep_ms: CachePadded<AtomicU64>,
 }
 
-/// The index and the entries as a loop over a batch reads them (`Table::table_view`): their slices
-/// and the slot code copied out of the table once. The table holds atomics, so the compiler
-/// cannot assume that a store to the pipeline's scratch left the table's fields as they were:
-/// read through the table, the prefetch pass reloaded seven of them per packet.
-#[derive(Clone, Copy)]
-pub struct TableView<'a> {
-    entries: &'a [Entry],
-    slots: &'a [AtomicU32],
-    code: SlotCode,
-}
-
-impl TableView<'_> {
-    /// Starts loading the entry that `hash`'s probe names, and returns it as the lookup's
-    /// [`Candidate`] (the slot decoded once per packet, not again by the lookup): the first live
-    /// slot with `hash`'s tag among the probe's first `PREFETCH_PROBE` slots, not past the home
-    /// slot's cache line (the line `prefetch_slot` loaded: the probe's slots beyond it would be
-    /// a cache miss of their own). An empty slot first ends the probe: `Candidate::MISS`.
-    /// Otherwise a hint only (`Candidate::NONE`). Until session 11 only the home slot was
-    /// looked at: in a half-full index a linear probe's key is often past its home slot (1.5
-    /// slots on average), and those packets' lookups waited for their entries (est-1m's
-    /// lookups took 43 ns a packet, 20 with this; docs/benchmarks.md "est-1m, session 11").
-    #[inline]
-    pub fn prefetch_entry(&self, hash: u64) -> Candidate {
-        let tag = self.code.tag(hash);
-        let mut i = self.home(hash);
-        for _ in 0..PREFETCH_PROBE {
-            let slot = &self.slots[i];
-            let s = slot.load(Ordering::Relaxed);
-            if s == SLOT_EMPTY {
-                return Candidate::MISS;
-            }
-            if s & TOMB_BIT == 0 {
-                let (stag, idx, dir) = self.code.decode(s);
-                if stag == tag {
-                    if let Some(e) = self.entries.get(idx as usize) {
-                        kxdp_packet::prefetch::prefetch_lines(e);
-                        return Candidate::of(idx, dir);
-                    }
-                    return Candidate::NONE;
-                }
-            }
-            // The last slot of its cache line.
-            if (slot as *const AtomicU32 as usize) & 63 == 60 {
-                return Candidate::NONE;
-            }
-            i = self.next_slot(i);
-        }
-        Candidate::NONE
-    }
-
-    /// The index slot a probe for `hash` starts at (multiply-shift: the index need not be a
-    /// power of two).
-    #[inline(always)]
-    fn home(&self, hash: u64) -> usize {
-        ((hash as u32 as u64 * self.slots.len() as u64) >> 32) as usize
-    }
-
-    #[inline(always)]
-    fn next_slot(&self, i: usize) -> usize {
-        if i + 1 == self.slots.len() {
-            0
-        } else {
-            i + 1
-        }
-    }
-
-    /// [`Table::lookup`] writing what it finds into `out` (the pipeline's per-packet scratch)
-    /// instead of returning it: the entry's words go from the entry to the scratch, not through
-    /// registers spilled to the stack and a copy of the whole `Found` (~25 instructions per
-    /// packet of est-10k). Returns whether it found one; when not, `out` holds nothing usable
-    /// (possibly a torn copy of an entry that did not match or changed meanwhile).
-    #[inline(always)]
-    pub fn lookup_into(&self, key: &Packed, hash: u64, out: &mut Found) -> bool {
-        let tag = self.code.tag(hash);
-        let mut i = self.home(hash);
-        for _ in 0..MAX_PROBE {
-            let s = self.slots[i].load(Ordering::Acquire);
-            if s == SLOT_EMPTY {
-                return false;
-            }
-            if s & TOMB_BIT == 0 {
-                let (stag, idx, dir) = self.code.decode(s);
-                if stag == tag && self.read_if_match(idx, dir, key, out) {
-                    return true;
-                }
-            }
-            i = self.next_slot(i);
-        }
-        false
-    }
-
-    /// [`TableView::lookup_into`], trying first the entry `candidate` names (`prefetch_entry`'s
-    /// decode of the probe's first slots, taken earlier in the same batch): when that entry is
-    /// live and holds `key` (checked as the probe checks it, under its sequence number) it is
-    /// the connection, wherever the index points now; otherwise the probe runs as ever. Saves
-    /// the hit's slot load and decode (most packets of a known connection). `Candidate::MISS`
-    /// (the probe met an empty slot before the key's tag when the prefetch pass read it) is a miss
-    /// without a probe: the answer as of that moment, as a probe a few hundred nanoseconds
-    /// earlier would have given (a connection another worker inserts meanwhile is as racy
-    /// either way; this worker's own inserts come later, in the decide pass).
-    #[inline(always)]
-    pub fn lookup_into_from(
-        &self,
-        key: &Packed,
-        hash: u64,
-        candidate: Candidate,
-        out: &mut Found,
-    ) -> bool {
-        if candidate == Candidate::MISS {
-            return false;
-        }
-        if let Some((idx, dir)) = candidate.get() {
-            if self.read_if_match(idx, dir, key, out) {
-                return true;
-            }
-        }
-        self.lookup_into(key, hash, out)
-    }
-
-    /// Whether entry `idx`'s tuple `dir` is `key` in a live entry; if so its copy, taken under the
-    /// entry's sequence number, is in `out` (written as read: a failed read leaves a torn copy).
-    #[inline(always)]
-    fn read_if_match(&self, idx: u32, dir: u8, key: &Packed, out: &mut Found) -> bool {
-        let Some(e) = self.entries.get(idx as usize) else {
-            return false;
-        };
-        let st1 = e.state().load(Ordering::Acquire);
-        if (st1 >> SEQ_SHIFT) & 1 == 1 || st1 & LIFE_MASK != LIFE_LIVE {
-            return false;
-        }
-        let mine = e.tuple(dir as usize);
-        for (w, k) in mine[..4].iter().zip(key) {
-            if w.load(Ordering::Relaxed) != *k {
-                return false;
-            }
-        }
-        // The last word read once: masked for the compare, whole for the stash bits.
-        let mine4 = mine[4].load(Ordering::Relaxed);
-        if mine4 & KEY_MASK != key[4] {
-            return false;
-        }
-        // The other tuple's words, its last one (ports, protocol, stash bits) stored once, masked.
-        let theirs = e.tuple(1 - dir as usize);
-        for (o, w) in out.other[..4].iter_mut().zip(theirs) {
-            *o = w.load(Ordering::Relaxed);
-        }
-        let theirs4 = theirs[4].load(Ordering::Relaxed);
-        let stash = if dir == DIR_ORIG {
-            Stash::join(mine4, theirs4)
-        } else {
-            Stash::join(theirs4, mine4)
-        };
-        out.other[4] = theirs4 & KEY_MASK;
-        let expires = e.expires_or_next().load(Ordering::Relaxed);
-        std::sync::atomic::fence(Ordering::Acquire);
-        let state = e.state().load(Ordering::Acquire);
-        // The same sequence number and still live: `st1` was live, so one compare of both
-        // fields with it.
-        if (state ^ st1) & (SEQ_MASK | LIFE_MASK) != 0 {
-            return false;
-        }
-        out.idx = idx;
-        out.dir = dir;
-        out.state = state & !SEQ_MASK;
-        out.service_id = stash.service_id;
-        out.expires = expires;
-        true
-    }
-}
-
 /// Entries a worker's cache (`Retired`) takes from or gives back to the table at once, and the
 /// live-count change it keeps to itself before adding it to the shared count.
 const CHUNK: u32 = 32;
@@ -968,30 +798,58 @@ impl Table {
         kxdp_packet::prefetch::prefetch(&self.slots[self.home(hash)]);
     }
 
-    /// The index and the entries as a loop over a batch reads them (`TableView`).
-    #[inline(always)]
-    pub fn table_view(&self) -> TableView<'_> {
-        TableView {
-            entries: &self.entries,
-            slots: &self.slots,
-            code: self.code,
-        }
-    }
-
-    /// [`TableView::prefetch_entry`].
+    /// Starts loading the entry that `hash`'s probe names, and returns it as the lookup's
+    /// [`Candidate`] (the slot decoded once per packet, not again by the lookup): the first live
+    /// slot with `hash`'s tag among the probe's first `PREFETCH_PROBE` slots, not past the home
+    /// slot's cache line (the line `prefetch_slot` loaded: the probe's slots beyond it would be
+    /// a cache miss of their own). An empty slot first ends the probe: `Candidate::MISS`.
+    /// Otherwise a hint only (`Candidate::NONE`). Until session 11 only the home slot was
+    /// looked at: in a half-full index a linear probe's key is often past its home slot (1.5
+    /// slots on average), and those packets' lookups waited for their entries (est-1m's
+    /// lookups took 43 ns a packet, 20 with this; docs/benchmarks.md "est-1m, session 11").
     #[inline]
     pub fn prefetch_entry(&self, hash: u64) -> Candidate {
-        self.table_view().prefetch_entry(hash)
+        let tag = self.code.tag(hash);
+        let mut i = self.home(hash);
+        for _ in 0..PREFETCH_PROBE {
+            let slot = &self.slots[i];
+            let s = slot.load(Ordering::Relaxed);
+            if s == SLOT_EMPTY {
+                return Candidate::MISS;
+            }
+            if s & TOMB_BIT == 0 {
+                let (stag, idx, dir) = self.code.decode(s);
+                if stag == tag {
+                    if let Some(e) = self.entries.get(idx as usize) {
+                        kxdp_packet::prefetch::prefetch_lines(e);
+                        return Candidate::of(idx, dir);
+                    }
+                    return Candidate::NONE;
+                }
+            }
+            // The last slot of its cache line.
+            if (slot as *const AtomicU32 as usize) & 63 == 60 {
+                return Candidate::NONE;
+            }
+            i = self.next_slot(i);
+        }
+        Candidate::NONE
     }
 
+    /// The index slot a probe for `hash` starts at (multiply-shift: the index need not be a
+    /// power of two).
     #[inline(always)]
     fn home(&self, hash: u64) -> usize {
-        self.table_view().home(hash)
+        ((hash as u32 as u64 * self.slots.len() as u64) >> 32) as usize
     }
 
     #[inline(always)]
     fn next_slot(&self, i: usize) -> usize {
-        self.table_view().next_slot(i)
+        if i + 1 == self.slots.len() {
+            0
+        } else {
+            i + 1
+        }
     }
 
     /// Finds the live entry holding `key` in either direction (whether it has expired is the
@@ -1004,15 +862,103 @@ impl Table {
         self.lookup_into(key, hash, &mut found).then_some(found)
     }
 
-    /// [`TableView::lookup_into`].
+    /// [`Table::lookup`] writing what it finds into `out` (the pipeline's per-packet scratch)
+    /// instead of returning it: the entry's words go from the entry to the scratch, not through
+    /// registers spilled to the stack and a copy of the whole `Found` (~25 instructions per
+    /// packet of est-10k). Returns whether it found one; when not, `out` holds nothing usable
+    /// (possibly a torn copy of an entry that did not match or changed meanwhile).
     #[inline(always)]
     pub fn lookup_into(&self, key: &Packed, hash: u64, out: &mut Found) -> bool {
-        self.table_view().lookup_into(key, hash, out)
+        let tag = self.code.tag(hash);
+        let mut i = self.home(hash);
+        for _ in 0..MAX_PROBE {
+            let s = self.slots[i].load(Ordering::Acquire);
+            if s == SLOT_EMPTY {
+                return false;
+            }
+            if s & TOMB_BIT == 0 {
+                let (stag, idx, dir) = self.code.decode(s);
+                if stag == tag && self.read_if_match(idx, dir, key, out) {
+                    return true;
+                }
+            }
+            i = self.next_slot(i);
+        }
+        false
     }
 
+    /// [`Table::lookup_into`], trying first the entry `candidate` names (`prefetch_entry`'s
+    /// decode of the probe's first slots, taken earlier in the same batch): when that entry is
+    /// live and holds `key` (checked as the probe checks it, under its sequence number) it is
+    /// the connection, wherever the index points now; otherwise the probe runs as ever. Saves
+    /// the hit's slot load and decode (most packets of a known connection). `Candidate::MISS`
+    /// (the probe met an empty slot before the key's tag when the prefetch pass read it) is a miss
+    /// without a probe: the answer as of that moment, as a probe a few hundred nanoseconds
+    /// earlier would have given (a connection another worker inserts meanwhile is as racy
+    /// either way; this worker's own inserts come later, in the decide pass).
+    #[inline(always)]
+    pub fn lookup_into_from(
+        &self,
+        key: &Packed,
+        hash: u64,
+        candidate: Candidate,
+        out: &mut Found,
+    ) -> bool {
+        if candidate == Candidate::MISS {
+            return false;
+        }
+        if let Some((idx, dir)) = candidate.get() {
+            if self.read_if_match(idx, dir, key, out) {
+                return true;
+            }
+        }
+        self.lookup_into(key, hash, out)
+    }
+
+    /// Whether entry `idx`'s tuple `dir` is `key` in a live entry; if so its copy, taken under the
+    /// entry's sequence number, is in `out` (written as read: a failed read leaves a torn copy).
     #[inline(always)]
     fn read_if_match(&self, idx: u32, dir: u8, key: &Packed, out: &mut Found) -> bool {
-        self.table_view().read_if_match(idx, dir, key, out)
+        let Some(e) = self.entries.get(idx as usize) else {
+            return false;
+        };
+        let st1 = e.state().load(Ordering::Acquire);
+        if (st1 >> SEQ_SHIFT) & 1 == 1 || st1 & LIFE_MASK != LIFE_LIVE {
+            return false;
+        }
+        let mine = e.tuple(dir as usize);
+        for (j, (w, k)) in mine.iter().zip(key).enumerate() {
+            let mut v = w.load(Ordering::Relaxed);
+            if j == 4 {
+                v &= KEY_MASK;
+            }
+            if v != *k {
+                return false;
+            }
+        }
+        let theirs = e.tuple(1 - dir as usize);
+        for (o, w) in out.other.iter_mut().zip(theirs) {
+            *o = w.load(Ordering::Relaxed);
+        }
+        let mine4 = mine[4].load(Ordering::Relaxed);
+        let stash = if dir == DIR_ORIG {
+            Stash::join(mine4, out.other[4])
+        } else {
+            Stash::join(out.other[4], mine4)
+        };
+        out.other[4] &= KEY_MASK;
+        let expires = e.expires_or_next().load(Ordering::Relaxed);
+        std::sync::atomic::fence(Ordering::Acquire);
+        let state = e.state().load(Ordering::Acquire);
+        if (state ^ st1) & SEQ_MASK != 0 || state & LIFE_MASK != LIFE_LIVE {
+            return false;
+        }
+        out.idx = idx;
+        out.dir = dir;
+        out.state = state & !SEQ_MASK;
+        out.service_id = stash.service_id;
+        out.expires = expires;
+        true
     }
 
     /// `lookup` for an insert: `Err(())` when a live entry holds `key`, else where `key`'s index

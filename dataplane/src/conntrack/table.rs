@@ -591,7 +591,7 @@ const SWEEP_PERIOD_MIN_MS: u64 = 1_000;
 const SWEEP_PERIOD_MAX_MS: u64 = 60_000;
 /// The kernel's `GC_SCAN_INTERVAL_CLAMP`: one long-lived entry does not outweigh many short ones.
 const SWEEP_LEFT_CLAMP_MS: u64 = 300_000;
-/// Entries a worker's scan looks at before it sets the period (`Retired::sample`).
+/// Entries a worker's scan looks at before it sets the period (`Table::sample`).
 const SWEEP_SAMPLE: u32 = 1_024;
 
 /// Index slots looked at per early drop (the kernel looks at 8 hash buckets). At most a quarter

@@ -587,7 +587,7 @@ fn lookup_from_the_candidate_is_the_lookup() {
 
 /// The expiry scan's period follows what it meets, as the kernel's conntrack gc does: the mean
 /// time the entries have left (within 1-60 s); back to 1 s as soon as it meets entries to
-/// reclaim, so killed and expired ones still go within seconds.
+/// reclaim, so the rest of them go within seconds of the first one met.
 #[test]
 fn sweep_period_follows_what_the_scan_meets() {
     let ct = Conntrack::new(

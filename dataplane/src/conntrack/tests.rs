@@ -17,12 +17,16 @@ fn tup(a: u8, sport: u16, b: u8, dport: u16, proto: u8) -> Tuple {
 }
 
 fn small(max: u32) -> Conntrack {
+    with_workers(max, 2)
+}
+
+fn with_workers(max: u32, workers: usize) -> Conntrack {
     Conntrack::new(
         CtConfig {
             max_entries: max,
             ..CtConfig::default()
         },
-        2,
+        workers,
     )
 }
 
@@ -511,13 +515,7 @@ fn two_workers_on_a_large_table_count_in_larger_chunks() {
 #[test]
 fn one_worker_or_a_small_table_counts_at_every_step() {
     for (max, workers) in [(1u32 << 20, 1usize), (2000, 2)] {
-        let ct = Conntrack::new(
-            CtConfig {
-                max_entries: max,
-                ..CtConfig::default()
-            },
-            workers,
-        );
+        let ct = with_workers(max, workers);
         let mut cache = ct.retired_list();
         ct.maintain(1, 0, &mut cache);
         for i in 0..100u32 {
@@ -590,13 +588,7 @@ fn lookup_from_the_candidate_is_the_lookup() {
 /// reclaim, so the rest of them go within seconds of the first one met.
 #[test]
 fn sweep_period_follows_what_the_scan_meets() {
-    let ct = Conntrack::new(
-        CtConfig {
-            max_entries: 4000,
-            ..CtConfig::default()
-        },
-        1,
-    );
+    let ct = with_workers(4000, 1);
     let mut retired = ct.retired_list();
     let flows: Vec<(Tuple, Tuple)> = (0..2000u32)
         .map(|i| {

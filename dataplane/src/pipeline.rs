@@ -25,7 +25,7 @@ use kxdp_packet::{
 };
 
 use crate::conntrack::{
-    has_ports, tcp, tcp_state_of, Candidate, Conntrack, CreateError, FirstPacket, Found,
+    addr_word, has_ports, tcp, tcp_state_of, Candidate, Conntrack, CreateError, FirstPacket, Found,
     InsertError, LaneClock, Packed, PacketError, Tuple, DIR_ORIG, DIR_REPLY, FLAG_MASQ,
 };
 use crate::fragments::{FragDecision, FragmentTable};
@@ -484,7 +484,7 @@ impl Pipeline {
         // 2. Conntrack.
         for s in &mut self.scratch[..m] {
             if s.kind == KIND_IP {
-                s.candidate = ct.prefetch_entry(s.hash);
+                s.candidate = ct.prefetch_entry(&s.key, s.hash);
             }
         }
         let mut misses = false;
@@ -1232,13 +1232,17 @@ fn established_lane(
     v.masq = state & FLAG_MASQ != 0;
     // Packed tuples: [src high, src low, dst high, dst low, ports | proto | family]; the packet
     // leaves as the other tuple reversed, from that tuple's destination to its source.
-    let (key, other) = (&s.key, &found.other);
-    let out_ports = (other[4] >> 16 & 0xffff) | (other[4] & 0xffff) << 16;
-    let translated = other[2] != key[0]
-        || other[3] != key[1]
-        || other[0] != key[2]
-        || other[1] != key[3]
-        || out_ports != key[4] & 0xffff_ffff;
+    let key = &s.key;
+    let other = found.other();
+    let out_ports = (found.other_last >> 16 & 0xffff) | (found.other_last & 0xffff) << 16;
+    // Untranslated: the other tuple is the key reversed. (An IPv4 connection's addresses are
+    // compared in one word: the other tuple's, halves swapped, against the key's.)
+    let translated = out_ports != key[4] & 0xffff_ffff
+        || if found.is_v4() {
+            found.other_addrs.rotate_left(32) != addr_word(key)
+        } else {
+            other[2] != key[0] || other[3] != key[1] || other[0] != key[2] || other[1] != key[3]
+        };
     let (sport, dport) = (out_ports as u16, (out_ports >> 16) as u16);
     // (The connection's protocol is the packet's: taken from the other tuple's word, which stays
     // in a register for the ports, rather than from the meta.)

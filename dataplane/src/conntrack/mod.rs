@@ -20,7 +20,7 @@ pub use table::{
     Candidate, EntryView, Found, InsertError, Retired, DIR_ORIG, DIR_REPLY, FLAG_ASSURED,
     FLAG_MASQ, FLAG_SEEN_REPLY,
 };
-pub use tuple::{has_ports, hash_packed, packed_proto, Packed, Tuple};
+pub use tuple::{addr_word, has_ports, hash_packed, packed_proto, Packed, Tuple};
 
 use kxdp_packet::{Addr, Family};
 use table::{
@@ -264,8 +264,8 @@ impl Conntrack {
     }
 
     #[inline]
-    pub fn prefetch_entry(&self, hash: u64) -> Candidate {
-        self.table.prefetch_entry(hash)
+    pub fn prefetch_entry(&self, key: &Packed, hash: u64) -> Candidate {
+        self.table.prefetch_entry(key, hash)
     }
 
     /// Finds the connection a packet with tuple `key` (packed, with its hash) belongs to. An entry
@@ -671,12 +671,21 @@ impl Conntrack {
 
     // ---- session affinity ------------------------------------------------------------------
 
+    /// The key of a client's affinity record: the client, and the Service port's id in place of
+    /// the destination (as an IPv4-mapped address for an IPv4 client: the table keeps an IPv4
+    /// tuple's addresses as 32 bits, `table::Hot`).
     fn affinity_key(service_id: u32, client: &Addr, family: Family) -> Tuple {
-        let mut svc = [0u8; 16];
-        svc[12..].copy_from_slice(&service_id.to_be_bytes());
+        let svc = match family {
+            Family::V4 => Addr::from_v4(service_id.to_be_bytes()),
+            Family::V6 => {
+                let mut svc = [0u8; 16];
+                svc[12..].copy_from_slice(&service_id.to_be_bytes());
+                Addr(svc)
+            }
+        };
         Tuple {
             src: *client,
-            dst: Addr(svc),
+            dst: svc,
             sport: 0,
             dport: 0,
             proto: AFFINITY_PROTO,

@@ -5,7 +5,8 @@
 //!
 //! ```text
 //! 0       header (4096 bytes, `HEADER_WORDS` u64 words used)
-//! 4096    entries  capacity × 112 bytes  (table::Entry; SCTP tags inside)
+//! 4096    hot      capacity × 64 bytes   (table::Hot: IPv4 tuples, state, counters; SCTP tags)
+//!         cold     capacity × 48 bytes   (table::Cold: the rest of IPv6 tuples)
 //!         index    nslots × 4 bytes      (rebuilt on every open)
 //! ```
 //!
@@ -37,20 +38,39 @@ use std::sync::Arc;
 
 use kxdp_kernel::shm::{Mapping, SharedSlice};
 
-use super::table::{check_entry, Check, Entry, EntryFields, Geometry, Storage, Table};
+use super::table::{
+    check_entry, check_fields, Check, Cold, EntryRef, Geometry, Hot, Storage, Table, KEY_MASK,
+};
+use super::tuple::Packed;
 
 pub const HEADER_BYTES: usize = 4096;
 pub const MAGIC: u64 = u64::from_le_bytes(*b"KXDPCTRK");
-/// The entry layout this build writes (see `table::Entry`).
-pub const LAYOUT_VERSION: u64 = 2;
+/// The entry layout this build writes (see `table::Hot`).
+pub const LAYOUT_VERSION: u64 = 3;
 /// The entry layout, field by field, with offsets: hashed into the header's fingerprint, so that
 /// a change nobody remembered to version is still caught.
 const LAYOUT: &str =
+    "hot 64 align 16, array on a 64-byte boundary; u64 addrs_orig @0 (src low 32 << 32 | dst low \
+32); u64 word4_orig @8 (key bits 0..41, created tick 7 bits @41, service_id low 16 @48); u64 \
+addrs_reply @16; u64 word4_reply @24 (key, created tick high 7 @41, service_id high 16 @48); \
+u64x2 bytes @32 (sctp: bytes orig|reply<<32 @32, tags @40); u32 state @48 (seq bits 24..32); u32 \
+expires_or_next @52 (2 ms units); u32x2 packets @56; cold 48 after capacity hots: per tuple \
+(ipv6 only) u64 src_high, u64 dst_high, u64 src_low_high32 << 32 | dst_low_high32; tuple family \
+bit 40 (set: ipv6; ipv4 addresses are ::ffff:a.b.c.d); slots u32 ((tag<<key_bits | \
+(idx<<1|dir)+1)<<1, tomb epoch<<1|1), nslots = 16-rounded 3.2 x capacity";
+/// Layout version 2 (sessions 11-15), which this build converts: one 112-byte record per entry.
+const LAYOUT_V2: &str =
     "entry 112 align 16; u64x5 tuple_orig @0 (word 4: key bits 0..41, created tick 7 bits @41, \
 service_id low 16 @48); u64x5 tuple_reply @40 (word 4: key, created tick high 7 @41, service_id \
 high 16 @48); u64x2 bytes @80 (sctp: bytes orig|reply<<32 @80, tags @88); u32 state @96 (seq \
 bits 24..32); u32 expires_or_next @100 (2 ms units); u32x2 packets @104; tuple family bit 40; \
 slots u32 ((tag<<key_bits | (idx<<1|dir)+1)<<1, tomb epoch<<1|1), nslots = 16-rounded 3.2 x capacity";
+/// A version-2 entry.
+type EntryV2 = kxdp_kernel::shm::AtomicRecord<12, 4>;
+/// Bytes of one entry (both records; a version-2 entry is as long, so the file's length for a
+/// geometry is the same in both versions).
+const ENTRY_BYTES: usize = std::mem::size_of::<Hot>() + std::mem::size_of::<Cold>();
+const _: () = assert!(ENTRY_BYTES == std::mem::size_of::<EntryV2>());
 /// Test-only: pretend this build's layout version is another (lab tests of an upgrade into an
 /// unreadable layout). Not documented for operators.
 pub const VERSION_OVERRIDE_ENV: &str = "KXDP_TEST_CONNTRACK_LAYOUT_VERSION";
@@ -224,9 +244,11 @@ fn fnv(words: &[u64]) -> u64 {
     h
 }
 
-fn fingerprint() -> u64 {
-    let bytes = LAYOUT.as_bytes();
-    let words: Vec<u64> = bytes
+/// The fingerprint of layout `version` (this build's, or version 2's).
+fn fingerprint_of(version: u64) -> u64 {
+    let layout = if version == 2 { LAYOUT_V2 } else { LAYOUT };
+    let words: Vec<u64> = layout
+        .as_bytes()
         .chunks(8)
         .map(|c| {
             let mut w = [0u8; 8];
@@ -234,12 +256,17 @@ fn fingerprint() -> u64 {
             u64::from_le_bytes(w)
         })
         .collect();
-    fnv(&words) ^ std::mem::size_of::<Entry>() as u64
+    fnv(&words) ^ ENTRY_BYTES as u64
 }
 
-/// The versions this build can read (see the module notes on adding a converter).
+fn fingerprint() -> u64 {
+    fingerprint_of(LAYOUT_VERSION)
+}
+
+/// The versions this build can read (see the module notes on adding a converter): its own, and
+/// version 2 (converted: `convert_v2`).
 fn readable(version: u64, ours: u64) -> bool {
-    version == ours
+    version == ours || (ours == LAYOUT_VERSION && version == 2)
 }
 
 pub fn file_len(g: &Geometry) -> usize {
@@ -272,7 +299,7 @@ impl StateFile {
             MAGIC,
             env.version,
             fingerprint(),
-            std::mem::size_of::<Entry>() as u64,
+            ENTRY_BYTES as u64,
             g.capacity as u64,
             g.nslots as u64,
             g.max_live as u64,
@@ -332,8 +359,9 @@ fn lock(file: &File, path: &Path) -> io::Result<()> {
 /// Why a header cannot be used as it is.
 enum Reject {
     Discard(RestoreResult, String),
-    /// Readable, but written for another table size (its geometry, its clean flag).
-    Migrate(Geometry, bool),
+    /// Readable, but written for another table size or hash seed, or in layout version 2 (its
+    /// geometry, its clean flag, its layout version).
+    Migrate(Geometry, bool, u64),
 }
 
 /// Checks a header read from a file `len` bytes long against what this process expects.
@@ -364,8 +392,8 @@ fn check_header(
             ),
         );
     }
-    if words[H_FINGERPRINT] != fingerprint()
-        || words[H_ENTRY_SIZE] != std::mem::size_of::<Entry>() as u64
+    if words[H_FINGERPRINT] != fingerprint_of(words[H_VERSION])
+        || words[H_ENTRY_SIZE] != ENTRY_BYTES as u64
     {
         return discard(
             DiscardedVersion,
@@ -404,8 +432,8 @@ fn check_header(
             format!("{len} bytes, its header needs {need}"),
         );
     }
-    if old != *want || words[H_SEED] != seed {
-        return Err(Reject::Migrate(old, words[H_CLEAN] == 1));
+    if old != *want || words[H_SEED] != seed || words[H_VERSION] != env.version {
+        return Err(Reject::Migrate(old, words[H_CLEAN] == 1, words[H_VERSION]));
     }
     Ok(words[H_CLEAN] == 1)
 }
@@ -492,25 +520,41 @@ pub(crate) fn open(
                 file,
             )
         }
-        Some(Err(Reject::Migrate(old, clean))) => {
+        Some(Err(Reject::Migrate(old, clean, version))) => {
             // Copy the old file's good entries into a new file, then put it in the old one's place
             // (the old mapping stays valid after the rename).
-            let (old_storage, _) = map(&file, &old, false)?;
             let tmp = path.with_extension("migrating");
             let new_file = open_rw(&tmp, true)?;
             lock(&new_file, &tmp)?;
             let (storage, header) = map(&new_file, &g, true)?;
             let mut k = 0usize;
-            for e in old_storage.entries.iter() {
-                if check_entry(e, env.now_ms, max_expiry_ms) != Check::Keep {
-                    continue;
-                }
+            let mut take = |report: &mut RestoreReport| {
                 if k >= g.max_live as usize {
                     report.dropped += 1;
-                    continue;
+                    return None;
                 }
-                copy_entry(e, &storage.entries[k]);
                 k += 1;
+                Some(storage.entries.at(k - 1))
+            };
+            if version == 2 {
+                for e in map_v2(&file, &old)?.iter() {
+                    if check_entry_v2(e, env.now_ms, max_expiry_ms) != Check::Keep {
+                        continue;
+                    }
+                    if let Some(to) = take(&mut report) {
+                        convert_v2(e, to);
+                    }
+                }
+            } else {
+                let (old_storage, _) = map(&file, &old, false)?;
+                for e in old_storage.entries.iter() {
+                    if check_entry(e, env.now_ms, max_expiry_ms) != Check::Keep {
+                        continue;
+                    }
+                    if let Some(to) = take(&mut report) {
+                        copy_entry(e, to);
+                    }
+                }
             }
             std::fs::rename(&tmp, path)?;
             report.result = RestoreResult::Migrated;
@@ -559,17 +603,87 @@ pub(crate) fn open(
     Ok((table, state, report))
 }
 
-fn copy_entry(from: &Entry, to: &Entry) {
-    for (a, b) in from.w64.iter().zip(&to.w64) {
-        b.store(a.load(Ordering::Relaxed), Ordering::Relaxed);
-    }
-    for (a, b) in from.w32.iter().zip(&to.w32) {
-        b.store(a.load(Ordering::Relaxed), Ordering::Relaxed);
-    }
-    // The sequence number is the new table's own.
+/// Copies entry `from` (another file's) into `to`, with the new table's sequence number.
+fn copy_entry(from: EntryRef<'_>, to: EntryRef<'_>) {
+    to.copy_from(from);
     let st = to.state().load(Ordering::Relaxed);
     to.state()
         .store(st & !super::table::SEQ_MASK, Ordering::Relaxed);
+}
+
+/// The entries of a version-2 file of geometry `g`.
+fn map_v2(file: &File, g: &Geometry) -> io::Result<SharedSlice<EntryV2>> {
+    let m: Arc<Mapping> = Mapping::file(file, file_len(g))?;
+    m.view(HEADER_BYTES, g.capacity)
+        .ok_or_else(|| io::Error::other("state file mapping too small"))
+}
+
+/// A version-2 entry's original and reply tuples, packed, and their last words' stash bits;
+/// None when an IPv4 tuple is not as this layout keeps one (`canonical_v4`).
+fn tuples_v2(e: &EntryV2) -> Option<([Packed; 2], [u64; 2])> {
+    let raw: [Packed; 2] =
+        [0, 1].map(|d| std::array::from_fn(|j| e.w64[5 * d + j].load(Ordering::Relaxed)));
+    let [o, r] = raw.map(|mut p| {
+        p[4] &= KEY_MASK;
+        canonical_v4(p)
+    });
+    Some(([o?, r?], raw.map(|p| p[4] & !KEY_MASK)))
+}
+
+/// A version-2 packed tuple as this layout keeps it: an IPv6 one as it is; an IPv4 one with its
+/// addresses IPv4-mapped. (Version 2 kept an IPv4 affinity record's Service id unmapped, in the
+/// low 32 bits of its destination: mapped now, as `Conntrack::affinity_key` makes it.) None
+/// for an IPv4 tuple with anything else above its addresses' low 32 bits.
+fn canonical_v4(p: Packed) -> Option<Packed> {
+    if p[4] >> 40 & 1 == 1 {
+        return Some(p);
+    }
+    let mapped = |w: u64| matches!(w >> 32, 0 | 0xffff).then_some(0xffff << 32 | w & 0xffff_ffff);
+    if p[0] != 0 || p[2] != 0 {
+        return None;
+    }
+    Some([0, mapped(p[1])?, 0, mapped(p[3])?, p[4]])
+}
+
+/// `check_entry` of a version-2 entry.
+fn check_entry_v2(e: &EntryV2, now_ms: u64, max_expiry_ms: u64) -> Check {
+    let Some((keys, _)) = tuples_v2(e) else {
+        return if e.w32[0].load(Ordering::Relaxed) & super::table::LIFE_MASK
+            == super::table::LIFE_LIVE
+        {
+            Check::Bad
+        } else {
+            Check::NotLive
+        };
+    };
+    check_fields(
+        e.w32[0].load(Ordering::Relaxed),
+        keys,
+        e.w32[1].load(Ordering::Relaxed),
+        now_ms,
+        max_expiry_ms,
+    )
+}
+
+/// Converts a version-2 entry (`check_entry_v2` kept it: its tuples are canonical) into `to`,
+/// with the new table's sequence number.
+fn convert_v2(from: &EntryV2, to: EntryRef<'_>) {
+    let Some((keys, stash)) = tuples_v2(from) else {
+        return;
+    };
+    for d in 0..2 {
+        to.store_tuple(d, &keys[d], stash[d]);
+        to.bytes(d)
+            .store(from.w64[10 + d].load(Ordering::Relaxed), Ordering::Relaxed);
+        to.packets(d)
+            .store(from.w32[2 + d].load(Ordering::Relaxed), Ordering::Relaxed);
+    }
+    to.expires_or_next()
+        .store(from.w32[1].load(Ordering::Relaxed), Ordering::Relaxed);
+    to.state().store(
+        from.w32[0].load(Ordering::Relaxed) & !super::table::SEQ_MASK,
+        Ordering::Relaxed,
+    );
 }
 
 #[cfg(test)]
@@ -866,26 +980,30 @@ mod tests {
         let (ct, _) = open(&path, 100, &env());
         populate(&ct);
         drop(ct); // a crash
-        let entry = |idx: u64, word_byte: u64| HEADER_BYTES as u64 + idx * 112 + word_byte;
-        // Entry 0: a torn insert (live, with an odd sequence number in the state word at 96).
-        patch(&path, entry(0, 96), &(1u32 << 24 | 1).to_ne_bytes());
-        // Entry 2: garbage in the ports/proto/family word of its original tuple (w64[4]).
-        patch(&path, entry(2, 32), &[0xff; 8]);
+                  // `Hot` records (64 bytes): state word at 48, expiry at 52.
+        let entry = |idx: u64, word_byte: u64| HEADER_BYTES as u64 + idx * 64 + word_byte;
+        // Entry 0: a torn insert (live, with an odd sequence number in the state word).
+        patch(&path, entry(0, 48), &(1u32 << 24 | 1).to_ne_bytes());
+        // Entry 2: garbage in the ports/proto/family word of its original tuple (w64[1]).
+        patch(&path, entry(2, 8), &[0xff; 8]);
         // Entry 5 (never used): garbage with a live state; its tuples are zero (protocol 0).
-        patch(&path, entry(5, 96), &1u32.to_ne_bytes());
+        patch(&path, entry(5, 48), &1u32.to_ne_bytes());
         // Entry 6: a live-looking entry expiring in 40 days (past any timeout).
         let orig = tup(60, 1, 41, 80, 17).pack();
         let reply = tup(9, 53, 60, 1, 17).pack();
-        let mut raw = [0u8; 112];
+        let mut raw = [0u8; 64];
         let expiry = |ms: u64| super::super::table::Clock32::encode(ms).to_ne_bytes();
-        raw[100..104].copy_from_slice(&expiry(NOW + 40 * 86_400_000));
-        for (i, w) in orig.iter().chain(&reply).enumerate() {
-            raw[i * 8..8 + i * 8].copy_from_slice(&w.to_ne_bytes());
+        raw[52..56].copy_from_slice(&expiry(NOW + 40 * 86_400_000));
+        for (i, p) in [orig, reply].iter().enumerate() {
+            let words = [super::super::addr_word(p), p[4]];
+            for (j, w) in words.iter().enumerate() {
+                raw[16 * i + 8 * j..][..8].copy_from_slice(&w.to_ne_bytes());
+            }
         }
-        raw[96..100].copy_from_slice(&1u32.to_ne_bytes());
+        raw[48..52].copy_from_slice(&1u32.to_ne_bytes());
         patch(&path, entry(6, 0), &raw);
         // Entry 7: the same with a sane expiry: a good entry the old process wrote last.
-        raw[100..104].copy_from_slice(&expiry(NOW + 10_000));
+        raw[52..56].copy_from_slice(&expiry(NOW + 10_000));
         patch(&path, entry(7, 0), &raw);
         let (ct, r) = open(&path, 100, &env());
         assert_eq!(r.result, RestoreResult::Restored);
@@ -908,6 +1026,94 @@ mod tests {
         }
         assert_eq!(ct.len(), 23);
         assert!(find(&ct, &tup(1, 40001, 41, 80, 6)).is_some());
+    }
+
+    /// A file of layout version 2 (one 112-byte record per entry, sessions 11-15) is converted:
+    /// its connections, IPv4 and IPv6, continue; its garbage is dropped as ever.
+    #[test]
+    fn a_version_2_file_is_converted() {
+        let (_d, path) = dir("v2");
+        let (ct, _) = open(&path, 100, &env());
+        ct.mark_clean_shutdown();
+        drop(ct);
+        let v6 = |last: u16| {
+            Addr([
+                0x20, 1, 0xd, 0xb8, 0, 0, 0, 0, 0xab, 0xcd, 0, 0, 0, 0, 0, last as u8,
+            ])
+        };
+        let conns = [
+            (tup(1, 40001, 41, 80, 6), tup(9, 8080, 1, 40001, 6)),
+            (tup(2, 40002, 41, 53, 17), tup(9, 53, 2, 40002, 17)),
+            (
+                Tuple {
+                    src: v6(1),
+                    dst: v6(2),
+                    sport: 1234,
+                    dport: 443,
+                    proto: 6,
+                    family: Family::V6,
+                },
+                Tuple {
+                    src: v6(3),
+                    dst: v6(1),
+                    sport: 8443,
+                    dport: 1234,
+                    proto: 6,
+                    family: Family::V6,
+                },
+            ),
+        ];
+        // Version 2's record: tuples at 0 and 40, bytes at 80, state at 96, expiry at 100,
+        // packets at 104.
+        let mut file = vec![0u8; 112 * 5];
+        for (k, (o, r)) in conns.iter().enumerate() {
+            let raw = &mut file[112 * k..][..112];
+            for (i, w) in o.pack().iter().chain(&r.pack()).enumerate() {
+                raw[i * 8..][..8].copy_from_slice(&w.to_ne_bytes());
+            }
+            // Service id 7 in the stash (the low 16 bits in the original tuple's last word).
+            raw[32..40].copy_from_slice(&(o.pack()[4] | 7 << 48).to_ne_bytes());
+            raw[80..88].copy_from_slice(&1500u64.to_ne_bytes());
+            let established =
+                (tcp::TcpState::Established as u32) << super::super::table::PROTO_STATE_SHIFT;
+            let state = super::super::table::LIFE_LIVE | if o.proto == 6 { established } else { 0 };
+            raw[96..100].copy_from_slice(&state.to_ne_bytes());
+            let expiry = super::super::table::Clock32::encode(NOW + 60_000);
+            raw[100..104].copy_from_slice(&expiry.to_ne_bytes());
+            raw[104..108].copy_from_slice(&3u32.to_ne_bytes());
+        }
+        // Entry 3: live garbage (protocol 0), dropped.
+        file[112 * 3 + 96..][..4].copy_from_slice(&1u32.to_ne_bytes());
+        patch(&path, HEADER_BYTES as u64, &file);
+        set_header_word(&path, H_FINGERPRINT, fingerprint_of(2));
+        set_header_word(&path, H_VERSION, 2);
+        let (ct, r) = open(&path, 100, &env());
+        assert_eq!(
+            (r.result, r.restored, r.dropped),
+            (RestoreResult::Migrated, 3, 0),
+            "{r:?}"
+        );
+        for (o, r) in &conns {
+            let p = r.pack();
+            let f = ct
+                .lookup(&p, ct.hash(&p), NOW + 1)
+                .expect("converted connection");
+            assert_eq!((f.dir, f.other_tuple(), f.service_id), (DIR_REPLY, *o, 7));
+            let v = ct.connections().find(|v| v.idx == f.idx).unwrap();
+            assert_eq!(
+                (v.orig, v.reply, v.packets, v.bytes),
+                (*o, *r, [3, 0], [1500, 0])
+            );
+        }
+        assert_eq!(header(&path)[H_VERSION], LAYOUT_VERSION);
+        // A second open reads the converted file as it is.
+        drop(ct);
+        let (_ct, r) = open(&path, 100, &env());
+        assert_eq!(
+            (r.result, r.restored),
+            (RestoreResult::Restored, 3),
+            "{r:?}"
+        );
     }
 
     #[test]

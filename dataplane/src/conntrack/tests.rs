@@ -546,7 +546,7 @@ fn lookup_from_the_candidate_is_the_lookup() {
     let from_candidate = |t: &Tuple| {
         let p = t.pack();
         let h = ct.hash(&p);
-        let candidate = ct.prefetch_entry(h);
+        let candidate = ct.prefetch_entry(&p, h);
         let mut out = Found::default();
         ct.lookup_into_from(&p, h, candidate, now, &mut out)
             .then_some(out)
@@ -555,8 +555,8 @@ fn lookup_from_the_candidate_is_the_lookup() {
         for t in [orig, reply] {
             let (a, b) = (from_candidate(t).unwrap(), find(&ct, t, now).unwrap());
             assert_eq!(
-                (a.idx, a.dir, a.other, a.state),
-                (b.idx, b.dir, b.other, b.state)
+                (a.idx, a.dir, a.other(), a.state),
+                (b.idx, b.dir, b.other(), b.state)
             );
         }
         let absent = orig.reversed();
@@ -569,7 +569,7 @@ fn lookup_from_the_candidate_is_the_lookup() {
         .map(|(orig, _)| {
             let p = orig.pack();
             let h = ct.hash(&p);
-            (orig, p, h, ct.prefetch_entry(h))
+            (orig, p, h, ct.prefetch_entry(&p, h))
         })
         .find(|c| c.3 != Candidate::NONE && c.3 != Candidate::MISS)
         .unwrap();
@@ -580,7 +580,7 @@ fn lookup_from_the_candidate_is_the_lookup() {
     // An empty table: every first slot is empty.
     let empty = small(1000);
     let q = conns[1].0.pack();
-    assert_eq!(empty.prefetch_entry(empty.hash(&q)), Candidate::MISS);
+    assert_eq!(empty.prefetch_entry(&q, empty.hash(&q)), Candidate::MISS);
 }
 
 /// The expiry scan's period follows what it meets, as the kernel's conntrack gc does: the mean

@@ -149,6 +149,13 @@ pub fn packed_proto(p: &Packed) -> u8 {
     (p[4] >> 32) as u8
 }
 
+/// A packed tuple's addresses' low 32 bits in one word, the source's above: all of an IPv4
+/// tuple's addresses (the conntrack entry keeps them so, and the fast lane compares them so).
+#[inline(always)]
+pub fn addr_word(p: &Packed) -> u64 {
+    (p[1] as u32 as u64) << 32 | p[3] as u32 as u64
+}
+
 /// A keyed hash of a packed tuple (folded multiply, as in wyhash): fast, and seeded per table so
 /// that nobody can aim tuples at one probe chain.
 #[inline]

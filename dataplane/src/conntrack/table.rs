@@ -7,9 +7,11 @@
 //! per insert) give none of the first three together.
 //!
 //! Layout:
-//! - `entries`: the slab of connections. An entry's tuples are written once, while its sequence
-//!   number is odd, and read under that sequence number (a seqlock), so a reader never acts on a
-//!   half-written or recycled entry. State, expiry and counters are atomics updated in place.
+//! - `entries`: the slab of connections, two arrays by the same index (`Hot`: one cache line with
+//!   all an IPv4 connection's fields; `Cold`: the rest of an IPv6 connection's addresses). An
+//!   entry's tuples are written once, while its sequence number is odd, and read under that
+//!   sequence number (a seqlock), so a reader never acts on a half-written or recycled entry.
+//!   State, expiry and counters are atomics updated in place.
 //! - `slots`: an open-addressing index (linear probing) from tuple hash to (entry, direction).
 //!   Removal leaves a tombstone stamped with the epoch; tombstones and entries are recycled only
 //!   after a grace period (see `grace`), which is what makes probing without locks sound.

@@ -168,6 +168,12 @@ pub fn hash_packed(p: &Packed, seed: u64) -> u64 {
     const K0: u64 = 0xa076_1d64_78bd_642f;
     const K1: u64 = 0xe703_7ed1_a0b4_28db;
     const K2: u64 = 0x8ebc_6af0_9c88_c6e3;
+    if p[4] >> 40 & 1 == 0 {
+        // IPv4: the key's 13 bytes are two words (the other three are the mapped prefix), so
+        // two multiplies rather than four (wyhash's 16-byte case). The conntrack index is
+        // rebuilt on every start (`Table::rebuild`), so no file keeps these values.
+        return mix(mix(addr_word(p) ^ K0 ^ seed, p[4] ^ K1) ^ seed, K2);
+    }
     let a = mix(p[0] ^ K0 ^ seed, p[1] ^ K1);
     let b = mix(p[2] ^ K2 ^ seed, p[3] ^ K0);
     let c = mix(p[4] ^ K1, a ^ b ^ K2);

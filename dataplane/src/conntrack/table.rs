@@ -64,8 +64,8 @@ pub(crate) const SEQ_MASK: u32 = 0xff << SEQ_SHIFT;
 ///   IPv4 connection and a packet of the established fast lane read and write. An IPv4 tuple's
 ///   addresses are 32 bits each, so both tuples fit here with the state and the counters, and a
 ///   packet of an IPv4 connection touches one line of its entry rather than the two or three
-///   of a 112-byte record (session 16: at 10k connections those lines no longer all fit in the
-///   level-2 cache beside the packets; est-10k with 1k flows ran 14 % faster than with 10k).
+///   of a 112-byte record (session 16: est-1m 1.15-1.24× and new connections 1.10-1.17× as
+///   fast; docs/benchmarks.md "one cache line per IPv4 connection").
 /// - `Cold`, 48 bytes: the rest of an IPv6 tuple's addresses, read only for IPv6 connections
 ///   (an IPv4 connection's are the IPv4-mapped prefix, implied by its family bit, and never
 ///   written).

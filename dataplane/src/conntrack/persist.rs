@@ -980,7 +980,8 @@ mod tests {
         let (ct, _) = open(&path, 100, &env());
         populate(&ct);
         drop(ct); // a crash
-                  // `Hot` records (64 bytes): state word at 48, expiry at 52.
+
+        // `Hot` records (64 bytes): state word at 48, expiry at 52.
         let entry = |idx: u64, word_byte: u64| HEADER_BYTES as u64 + idx * 64 + word_byte;
         // Entry 0: a torn insert (live, with an odd sequence number in the state word).
         patch(&path, entry(0, 48), &(1u32 << 24 | 1).to_ne_bytes());

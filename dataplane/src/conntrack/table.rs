@@ -117,6 +117,36 @@ fn is_v4(p: &Packed) -> bool {
     p[4] & FAMILY_V6_BIT == 0
 }
 
+/// Whether an IPv4 packed tuple is as the table keeps one: its addresses IPv4-mapped.
+fn is_mapped_v4(p: &Packed) -> bool {
+    p[0] == 0 && p[2] == 0 && p[1] >> 32 == 0xffff && p[3] >> 32 == 0xffff
+}
+
+/// A tuple packed from the words an entry keeps it in: its addresses' low 32 bits (`addr_word`),
+/// its last word `last`, and for IPv6 the rest (`Cold`'s three words; not read for IPv4, whose
+/// other words are the mapped prefix).
+#[inline(always)]
+fn join_tuple(addrs: u64, last: u64, rest: [u64; 3]) -> Packed {
+    if last & FAMILY_V6_BIT == 0 {
+        [
+            0,
+            V4_MAPPED | addrs >> 32,
+            0,
+            V4_MAPPED | addrs & 0xffff_ffff,
+            last,
+        ]
+    } else {
+        let [src_high, dst_high, halves] = rest;
+        [
+            src_high,
+            (halves >> 32) << 32 | addrs >> 32,
+            dst_high,
+            halves << 32 | addrs & 0xffff_ffff,
+            last,
+        ]
+    }
+}
+
 /// The entries: `Hot` and `Cold` records by the same index.
 pub(crate) struct Entries {
     pub hot: SharedSlice<Hot>,
@@ -195,40 +225,28 @@ impl<'a> EntryRef<'a> {
         &self.hot.w64[2 * (dir & 1)]
     }
 
-    /// Tuple `dir` packed, from its addresses' word and its last word `w4` (stash bits
-    /// included: the caller masks them); an IPv6 tuple's other words from `Cold`.
+    /// Tuple `dir`'s words in `Cold` (IPv6 only).
     #[inline(always)]
-    fn unpack_words(&self, dir: usize, addrs: u64, w4: u64) -> Packed {
-        if w4 & FAMILY_V6_BIT == 0 {
-            [
-                0,
-                V4_MAPPED | addrs >> 32,
-                0,
-                V4_MAPPED | addrs & 0xffff_ffff,
-                w4,
-            ]
-        } else {
-            let c = &self.cold().w64[3 * (dir & 1)..3 * (dir & 1) + 3];
-            let halves = c[2].load(Ordering::Relaxed);
-            [
-                c[0].load(Ordering::Relaxed),
-                (halves >> 32) << 32 | addrs >> 32,
-                c[1].load(Ordering::Relaxed),
-                halves << 32 | addrs & 0xffff_ffff,
-                w4,
-            ]
-        }
+    fn cold_words(&self, dir: usize) -> &'a [AtomicU64] {
+        &self.cold().w64[3 * (dir & 1)..3 * (dir & 1) + 3]
+    }
+
+    /// Tuple `dir`'s `Cold` words, loaded (IPv6 only).
+    #[inline(always)]
+    fn load_cold(&self, dir: usize) -> [u64; 3] {
+        let c = self.cold_words(dir);
+        [0, 1, 2].map(|j| c[j].load(Ordering::Relaxed))
     }
 
     /// The tuple of direction `dir` as a key (the stash bits cleared).
     pub fn key(&self, dir: usize) -> Packed {
-        let mut k = self.unpack_words(
-            dir,
-            self.addr_word(dir).load(Ordering::Relaxed),
-            self.last_word(dir).load(Ordering::Relaxed),
-        );
-        k[4] &= KEY_MASK;
-        k
+        let last = self.last_word(dir).load(Ordering::Relaxed) & KEY_MASK;
+        let rest = if last & FAMILY_V6_BIT == 0 {
+            [0; 3]
+        } else {
+            self.load_cold(dir)
+        };
+        join_tuple(self.addr_word(dir).load(Ordering::Relaxed), last, rest)
     }
 
     /// Whether tuple `dir` is `key` (its stash bits aside). An IPv4 key is compared with `Hot`
@@ -242,15 +260,10 @@ impl<'a> EntryRef<'a> {
             return false;
         }
         if is_v4(key) {
-            debug_assert!(
-                key[0] == 0 && key[2] == 0 && key[1] >> 32 == 0xffff && key[3] >> 32 == 0xffff
-            );
+            debug_assert!(is_mapped_v4(key));
             return true;
         }
-        let c = &self.cold().w64[3 * (dir & 1)..3 * (dir & 1) + 3];
-        c[0].load(Ordering::Relaxed) == key[0]
-            && c[1].load(Ordering::Relaxed) == key[2]
-            && c[2].load(Ordering::Relaxed) == high_halves(key)
+        self.load_cold(dir) == [key[0], key[2], high_halves(key)]
     }
 
     /// Writes tuple `dir` (packed) with `stash` in its last word's high bits.
@@ -258,13 +271,13 @@ impl<'a> EntryRef<'a> {
     pub(crate) fn store_tuple(&self, dir: usize, p: &Packed, stash: u64) {
         self.addr_word(dir).store(addr_word(p), Ordering::Relaxed);
         self.last_word(dir).store(p[4] | stash, Ordering::Relaxed);
-        if !is_v4(p) {
-            let c = &self.cold().w64[3 * (dir & 1)..3 * (dir & 1) + 3];
-            c[0].store(p[0], Ordering::Relaxed);
-            c[1].store(p[2], Ordering::Relaxed);
-            c[2].store(high_halves(p), Ordering::Relaxed);
+        if is_v4(p) {
+            debug_assert!(is_mapped_v4(p));
         } else {
-            debug_assert!(p[0] == 0 && p[2] == 0 && p[1] >> 32 == 0xffff && p[3] >> 32 == 0xffff);
+            let c = self.cold_words(dir);
+            for (w, v) in c.iter().zip([p[0], p[2], high_halves(p)]) {
+                w.store(v, Ordering::Relaxed);
+            }
         }
     }
 
@@ -601,25 +614,7 @@ impl Found {
     /// The other tuple, packed.
     #[inline(always)]
     pub fn other(&self) -> Packed {
-        let a = self.other_addrs;
-        if self.is_v4() {
-            [
-                0,
-                V4_MAPPED | a >> 32,
-                0,
-                V4_MAPPED | a & 0xffff_ffff,
-                self.other_last,
-            ]
-        } else {
-            let [src_high, dst_high, halves] = self.other_rest;
-            [
-                src_high,
-                (halves >> 32) << 32 | a >> 32,
-                dst_high,
-                halves << 32 | a & 0xffff_ffff,
-                self.other_last,
-            ]
-        }
+        join_tuple(self.other_addrs, self.other_last, self.other_rest)
     }
 
     /// The other tuple, unpacked (the full path).
@@ -1167,8 +1162,7 @@ impl Table {
         out.other_addrs = e.addr_word(1 - d).load(Ordering::Relaxed);
         out.other_last = theirs4 & KEY_MASK;
         if !is_v4(key) {
-            let c = &e.cold().w64[3 * (1 - d)..3 * (1 - d) + 3];
-            out.other_rest = [0, 1, 2].map(|j| c[j].load(Ordering::Relaxed));
+            out.other_rest = e.load_cold(1 - d);
         }
         let stash = if dir == DIR_ORIG {
             Stash::join(mine4, theirs4)

@@ -18,6 +18,8 @@
 #   baseline  the est-10k capture, no Services (see above)
 # Flow layouts (issue 13: the figures must hold for any layout), one worker, same sizes:
 #   est-10k-s100 / est-10k-s30k   10k flows over 100 Services (100 flows each) / 30k Services
+#   est-10k-c100 / est-10k-c1     10k flows from 100 client addresses (100 source ports each) /
+#                                 from one (a node's own processes, an ingress or a NAT gateway)
 #   new-s100 / new-s30k           new connections to 100 / 30k Services (10 endpoints each)
 #   new-big                       new connections to one Service of 5,000 endpoints
 #   mixed-s30k                    the mixed capture over 30k Services
@@ -75,12 +77,13 @@ if ! "$KXDP" pcap gen --help >/dev/null 2>&1; then
 fi
 mkdir -p "$OUT"
 
-# gen NAME MODE FLOWS PACKETS [SERVICES [ENDPOINTS [RATE]]]: a capture in $OUT/NAME, regenerated
-# only when the arguments change.
+# gen NAME MODE FLOWS PACKETS [SERVICES [ENDPOINTS [RATE [CLIENTS]]]]: a capture in $OUT/NAME,
+# regenerated only when the arguments change.
 gen() {
     local dir=$OUT/$1
     local args="--services ${5:-$SERVICES} --endpoints ${6:-$ENDPOINTS} --flows $3 --packets $4 --mode $2 --seed 1"
     [[ -n ${7:-} ]] && args+=" --rate $7"
+    [[ -n ${8:-} ]] && args+=" --clients $8"
     if [[ -f $dir/capture.pcap && "$(cat "$dir/args" 2>/dev/null)" == "$args" ]]; then
         return
     fi
@@ -118,6 +121,8 @@ gen new-1m new 1 "$NEW_PACKETS"
 gen mixed-10k mixed 10000 "$PACKETS"
 gen est-10k-s100 established 10000 "$PACKETS" 100
 gen est-10k-s30k established 10000 "$PACKETS" 30000
+gen est-10k-c100 established 10000 "$PACKETS" "$SERVICES" "$ENDPOINTS" "" 100
+gen est-10k-c1 established 10000 "$PACKETS" "$SERVICES" "$ENDPOINTS" "" 1
 gen new-s100 new 1 "$NEW_PACKETS" 100
 gen new-s30k new 1 "$NEW_PACKETS" 30000
 gen new-big new 1 "$NEW_PACKETS" 1 5000
@@ -180,7 +185,7 @@ done
 # Services (and to one Service of 5,000 endpoints) against 100 Services is the ratio of the
 # new-s30k (new-big) row's ns per packet to new-s100's.
 if [[ -n ${base1_ns:-} ]]; then
-    for name in est-10k-s100 est-10k-s30k; do
+    for name in est-10k-s100 est-10k-s30k est-10k-c100 est-10k-c1; do
         read -r s p < <(replay "$name" "$OUT/$name/config.yaml" "$OUT/$name/state.yaml" "$REPEAT" 1)
         row "$name" 1 "$s" "$p" "$base1_ns"
     done
@@ -234,7 +239,7 @@ goal_row "est-1m, Mpps (steady)" "$(val est-1m.1 steady)" 10 min
 goal_row "est-1m on a 10-Mpps capture clock, Mpps (steady)" "$(val est-1m-r10m.1 steady)" 10 min
 goal_row "new-1m, Mpps" "$(val new-1m.1)" 5 min
 goal_row "mixed-10k, Mpps" "$(val mixed-10k.1)" 15 min
-read -r wv wn < <(worst est-10k est-10k-s100 est-10k-s30k) || true
+read -r wv wn < <(worst est-10k est-10k-s100 est-10k-s30k est-10k-c100 est-10k-c1) || true
 goal_row "established, worst layout ($wn), Mpps" "$wv" 25 min
 read -r wv wn < <(worst new-1m new-s100 new-s30k new-big) || true
 goal_row "new connections, worst layout ($wn), Mpps" "$wv" 5 min

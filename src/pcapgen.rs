@@ -13,8 +13,12 @@
 //! | --- | --- | --- |
 //! | ClusterIP of Service `i` | 172.16.0.0/12, `+ 1 + i` | fd00:30::/108, `+ 1 + i` |
 //! | endpoint `k` (all Services) | 10.128.0.0/9, `+ 1 + k` | fd00:0:0:2::/64, `+ 1 + k` |
-//! | client of flow `f` | 10.1.0.0/16 (address `1 + f % 65534`) | fd00:0:0:1::/64 (same index) |
-//! | source port of flow `f` | `1024 + (f / 65534) % 64512` | same |
+//! | client of flow `f` | 10.1.0.0/16 (address `1 + f % C`) | fd00:0:0:1::/64 (same index) |
+//! | source port of flow `f` | `1024 + (f / C) % 64512` | same |
+//!
+//! `C` is `GenSpec::clients`: 65,534 by default (every address of the /16), so that 10k flows
+//! come from 10k clients; fewer put many flows on each client address, as a node's own
+//! processes, an ingress controller or a NAT gateway in front of the pods would.
 //! | nodes | 192.168.0.2 (this node) .. .5 | fd00:ff::2 .. ::5 |
 
 use std::fmt::Write as _;
@@ -84,6 +88,9 @@ pub struct GenSpec {
     /// bytes like on the wire.
     pub payload: usize,
     pub seed: u64,
+    /// Client addresses the flows are spread over (1 to 65,534): flow `f` comes from address
+    /// `f % clients`, source port `1024 + f / clients` (see the module's address plan).
+    pub clients: u32,
     /// Packets per second of the capture's clock (the gap between timestamps). Conntrack's
     /// timeouts and its expiry scan run on this clock in `kxdp replay`: the scan reads each used
     /// entry once per capture second, so a capture replayed faster than its own rate pays that
@@ -102,6 +109,7 @@ impl Default for GenSpec {
             ipv6: false,
             payload: 64,
             seed: 1,
+            clients: CLIENT_ADDRS as u32,
             rate_pps: DEFAULT_RATE_PPS,
         }
     }
@@ -134,7 +142,7 @@ const NAMESPACE: &str = "bench";
 /// kube's default `--max-endpoints-per-slice`.
 const ENDPOINTS_PER_SLICE: u32 = 100;
 /// Client addresses per family (10.1.0.1 .. 10.1.255.254) and source ports per address.
-const CLIENT_ADDRS: u64 = 65_534;
+pub const CLIENT_ADDRS: u64 = 65_534;
 const CLIENT_PORTS: u64 = 64_512;
 /// Limits of the address plan (see the module docs).
 const MAX_SERVICES: u32 = (1 << 20) - 2;
@@ -226,11 +234,18 @@ pub fn generate(spec: &GenSpec, out_dir: &Path) -> io::Result<GenSummary> {
             spec.rate_pps
         )));
     }
-    let plan = Plan::of(spec);
-    if plan.flows() > CLIENT_ADDRS * CLIENT_PORTS {
+    if spec.clients == 0 || spec.clients as u64 > CLIENT_ADDRS {
         return Err(invalid(format!(
-            "{} distinct flows do not fit the client address plan",
-            plan.flows()
+            "clients must be between 1 and {CLIENT_ADDRS}, not {}",
+            spec.clients
+        )));
+    }
+    let plan = Plan::of(spec);
+    if plan.flows() > spec.clients as u64 * CLIENT_PORTS {
+        return Err(invalid(format!(
+            "{} distinct flows do not fit the client plan ({} addresses × {CLIENT_PORTS} source ports)",
+            plan.flows(),
+            spec.clients
         )));
     }
     std::fs::create_dir_all(out_dir)?;
@@ -296,14 +311,15 @@ fn endpoint_ip(fam: Family, k: u64) -> Addr {
     )
 }
 
-fn client(fam: Family, flow: u64) -> (Addr, u16) {
+/// Flow `flow`'s client address and source port, over `clients` addresses.
+fn client(fam: Family, clients: u64, flow: u64) -> (Addr, u16) {
     let addr = addr_plus(
         fam,
         0x0a01_0000,                                   // 10.1.0.0
         0xfd00_0000_0000_0001_0000_0000_0000_0000u128, // fd00:0:0:1::
-        1 + flow % CLIENT_ADDRS,
+        1 + flow % clients,
     );
-    (addr, (1024 + (flow / CLIENT_ADDRS) % CLIENT_PORTS) as u16)
+    (addr, (1024 + (flow / clients) % CLIENT_PORTS) as u16)
 }
 
 fn node_ip(fam: Family, n: usize) -> String {
@@ -565,6 +581,7 @@ fn write_capture(spec: &GenSpec, plan: &Plan, path: &Path) -> io::Result<(u64, u
     let max_frame = spec.payload.clamp(fb.headers().max(MIN_FRAME), MAX_FRAME);
     let min_data_frame = fb.headers().max(MIN_FRAME);
     let services = spec.services as u64;
+    let clients = spec.clients as u64;
     let seed = spec.seed;
     // Flow `f` always goes to the same Service, drawn from the seed (no table needed).
     let service_of =
@@ -584,7 +601,7 @@ fn write_capture(spec: &GenSpec, plan: &Plan, path: &Path) -> io::Result<(u64, u
 
     // The long flows' SYNs, all first.
     for f in 0..plan.long_flows {
-        let (src, sport) = client(fam, f);
+        let (src, sport) = client(fam, clients, f);
         let dst = cluster_ip(fam, service_of(f));
         let frame = fb.tcp(src, sport, dst, 80, SYN, isn_of(f), 0, 0, f as u16);
         out.emit(frame)?;
@@ -617,7 +634,7 @@ fn write_capture(spec: &GenSpec, plan: &Plan, path: &Path) -> io::Result<(u64, u
             new_left -= 1;
             let f = new_flow;
             new_flow += 1;
-            let (src, sport) = client(fam, f);
+            let (src, sport) = client(fam, clients, f);
             let dst = cluster_ip(fam, service_of(f));
             fb.tcp(src, sport, dst, 80, SYN, isn_of(f), 0, 0, f as u16)
         } else {
@@ -634,7 +651,7 @@ fn write_capture(spec: &GenSpec, plan: &Plan, path: &Path) -> io::Result<(u64, u
             next_seq[f as usize] = seq.wrapping_add(data as u32);
             // Every fourth segment pushes, as an application write boundary would.
             let flags = if rng.below(4) == 0 { ACK | PSH } else { ACK };
-            let (src, sport) = client(fam, f);
+            let (src, sport) = client(fam, clients, f);
             let dst = cluster_ip(fam, service_of(f));
             let ack = isn_of(f ^ 0xffff_ffff).wrapping_add(1);
             fb.tcp(src, sport, dst, 80, flags, seq, ack, data, out.index as u16)
@@ -689,6 +706,7 @@ mod tests {
             ipv6: false,
             payload: 200,
             seed: 42,
+            clients: CLIENT_ADDRS as u32,
             rate_pps: DEFAULT_RATE_PPS,
         }
     }
@@ -917,11 +935,53 @@ mod tests {
     #[test]
     fn bad_specs_are_refused() {
         let dir = tempfile::tempdir().unwrap();
+        let refused = |s: &GenSpec| generate(s, dir.path()).unwrap_err().kind();
         let mut s = spec(GenMode::Established);
         s.services = 0;
+        assert_eq!(refused(&s), io::ErrorKind::InvalidInput);
+        for clients in [0, CLIENT_ADDRS as u32 + 1] {
+            let s = GenSpec {
+                clients,
+                ..spec(GenMode::Established)
+            };
+            assert_eq!(
+                refused(&s),
+                io::ErrorKind::InvalidInput,
+                "{clients} clients"
+            );
+        }
+        // More flows than one client's source ports.
+        let s = GenSpec {
+            clients: 1,
+            mode: GenMode::NewConnections,
+            packets: CLIENT_PORTS + 1,
+            ..spec(GenMode::Established)
+        };
+        assert_eq!(refused(&s), io::ErrorKind::InvalidInput);
+    }
+
+    /// `clients` puts the flows on that many addresses, each with its own source ports: every
+    /// flow stays distinct, and the default is the plan every earlier capture had.
+    #[test]
+    fn flows_share_the_clients_given() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = GenSpec {
+            clients: 3,
+            flows: 50,
+            ..spec(GenMode::Established)
+        };
+        generate(&s, dir.path()).unwrap();
+        let ms = metas(dir.path());
+        let srcs: HashSet<Addr> = ms.iter().map(|(m, _)| m.src).collect();
+        let flows: HashSet<_> = ms.iter().map(|(m, _)| (m.src, m.sport)).collect();
+        assert_eq!((srcs.len(), flows.len()), (3, 50));
         assert_eq!(
-            generate(&s, dir.path()).unwrap_err().kind(),
-            io::ErrorKind::InvalidInput
+            client(Family::V4, 3, 7),
+            (Addr::from_v4([10, 1, 0, 2]), 1026)
+        );
+        assert_eq!(
+            client(Family::V4, CLIENT_ADDRS, 65_535),
+            (Addr::from_v4([10, 1, 0, 2]), 1025)
         );
     }
 }

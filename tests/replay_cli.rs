@@ -428,3 +428,28 @@ fn bad_flag_is_exit_2() {
         &["--no-such-flag"],
     );
 }
+
+/// `kxdp pcap gen` refuses a spec its address plan cannot hold as bad input, naming the flag,
+/// and writes nothing.
+#[test]
+fn pcap_gen_refuses_flows_beyond_its_clients() {
+    let dir = tempfile::tempdir().unwrap();
+    let gen = |extra: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_kxdp"))
+            .args(["pcap", "gen", "--out-dir"])
+            .arg(dir.path())
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    assert_exit_2(&gen(&["--clients", "0"]), &["clients"]);
+    assert_exit_2(
+        &gen(&["--clients", "1", "--flows", "70000", "--packets", "70000"]),
+        &["70000 distinct flows", "1 addresses"],
+    );
+    assert!(!dir.path().join("capture.pcap").exists());
+    // Within the plan: 10 flows from 2 clients.
+    let o = gen(&["--clients", "2", "--flows", "10", "--packets", "20"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(dir.path().join("capture.pcap").exists());
+}

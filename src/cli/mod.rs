@@ -201,6 +201,9 @@ struct GenArgs {
     /// Packets per second of the capture's timestamps (the replay's conntrack clock).
     #[arg(long, value_name = "PPS", default_value_t = crate::pcapgen::DEFAULT_RATE_PPS)]
     rate: u64,
+    /// Client addresses the flows come from (1 to 65534; fewer: more source ports per client).
+    #[arg(long, value_name = "N", default_value_t = crate::pcapgen::CLIENT_ADDRS as u32)]
+    clients: u32,
 }
 
 #[derive(Args, Debug)]
@@ -442,9 +445,14 @@ fn cmd_pcap_gen(args: &GenArgs) -> Result<(), CliError> {
         payload: args.payload,
         seed: args.seed,
         rate_pps: args.rate,
+        clients: args.clients,
     };
-    let summary = crate::pcapgen::generate(&spec, &args.out_dir)
-        .map_err(|e| failure(format!("{}: {e}", args.out_dir.display())))?;
+    // A spec the generator refuses (`InvalidInput`) is bad input; anything else (the directory,
+    // the disk) a runtime failure.
+    let summary = crate::pcapgen::generate(&spec, &args.out_dir).map_err(|e| match e.kind() {
+        std::io::ErrorKind::InvalidInput => bad_input(format!("pcap gen: {e}")),
+        _ => failure(format!("{}: {e}", args.out_dir.display())),
+    })?;
     eprintln!(
         "wrote {} ({} services, {} endpoints), {} ({} packets: {} SYN, {} data; {} flows)",
         summary.state.display(),

@@ -35,12 +35,16 @@
 #
 # After the table, a summary against issue 13's goals: one worker's Mpps per case and the worst
 # over the flow layouts (established: est-10k*, new: new-*, mixed: mixed-*), two workers' total
-# against one worker's (same run), and a new connection's cost at 30k Services and to one
-# Service of 5,000 endpoints against 100 Services.
+# against one worker's, and a new connection's cost at 30k Services and to one Service of 5,000
+# endpoints against 100 Services. Those ratios are paired: the two runs of a ratio go back to
+# back, in an order flipped every other round, PAIRS times, and the median ratio is reported (the
+# table runs every one-worker case before any two-worker one, minutes apart, and the host's load
+# drifts over minutes).
 #
 # Usage: benches/replay.sh [--quick]      (any working directory)
 # Environment: WORKERS ("1 2"), RUNS (3; the median is reported), OUT (target/replay-bench),
 # PACKETS (2000000), PACKETS_1M (4000000), NEW_PACKETS (1000000), REPEAT (5), REPEAT_1M (3),
+# PAIRS (5; rounds of each paired ratio),
 # KXDP (a kxdp binary to measure instead of building this tree's, e.g. a kxdp-before).
 # --quick: small captures, one run (checks the script, measures nothing worth keeping).
 set -euo pipefail
@@ -50,6 +54,7 @@ cd "$ROOT"
 
 WORKERS=${WORKERS:-"1 2"}
 RUNS=${RUNS:-3}
+PAIRS=${PAIRS:-5}
 OUT=${OUT:-$ROOT/target/replay-bench}
 PACKETS=${PACKETS:-2000000}
 PACKETS_1M=${PACKETS_1M:-4000000}
@@ -60,7 +65,7 @@ REPEAT_1M=${REPEAT_1M:-3}
 SERVICES=1000
 ENDPOINTS=10
 if [[ ${1:-} == --quick ]]; then
-    RUNS=1 PACKETS=200000 PACKETS_1M=400000 FLOWS_1M=100000 NEW_PACKETS=100000 REPEAT=3 REPEAT_1M=2
+    RUNS=1 PAIRS=1 PACKETS=200000 PACKETS_1M=400000 FLOWS_1M=100000 NEW_PACKETS=100000 REPEAT=3 REPEAT_1M=2
     OUT=$OUT-quick
 fi
 
@@ -211,6 +216,45 @@ if [[ -n ${base1_ns:-} ]]; then
     done
 fi
 
+# Paired ratios (goals 2 and 3): each ratio's two runs back to back, PAIRS rounds.
+# mpps NAME WORKERS REPEAT [CONFIG_DIR]: one run's total Mpps.
+mpps() {
+    local dir=$OUT/${4:-$1}
+    "$KXDP" replay --config "$dir/config.yaml" --state "$dir/state.yaml" --pcap "$OUT/$1/capture.pcap" \
+        --workers "$2" --repeat "$3" --json | jq -r .mpps
+}
+declare -A PAIRED
+# pair KEY LABEL "A: NAME WORKERS REPEAT" "B: NAME WORKERS REPEAT": Mpps(B) / Mpps(A) per round
+# (A first in odd rounds, B first in even ones); the median goes to PAIRED[KEY].
+pair() {
+    local key=$1 label=$2 a b r ratios=() ma mb
+    read -r -a a <<<"$3"
+    read -r -a b <<<"$4"
+    for ((r = 1; r <= PAIRS; r++)); do
+        if ((r % 2)); then
+            ma=$(mpps "${a[@]}"); mb=$(mpps "${b[@]}")
+        else
+            mb=$(mpps "${b[@]}"); ma=$(mpps "${a[@]}")
+        fi
+        ratios+=("$(awk -v a="$ma" -v b="$mb" 'BEGIN { printf "%.3f", b / a }')")
+    done
+    PAIRED[$key]=$(printf '%s\n' "${ratios[@]}" | median | awk '{ printf "%.2f", $1 }')
+    printf '| %-44s | %-36s | %6s |\n' "$label" "${ratios[*]}" "${PAIRED[$key]}"
+}
+echo
+echo "Paired ratios, $PAIRS rounds each (the two runs back to back, order flipped every other round):"
+echo
+echo "| ratio                                        | per round                            | median |"
+echo "| -------------------------------------------- | ------------------------------------ | ------ |"
+if [[ " $WORKERS " == *" 2 "* ]]; then
+    pair est-10k "est-10k: 2 workers / 1 (total Mpps)" "est-10k 1 $REPEAT" "est-10k 2 $REPEAT"
+    pair est-1m "est-1m: 2 workers / 1 (total Mpps)" "est-1m 1 $REPEAT_1M" "est-1m 2 $REPEAT_1M"
+    pair new-1m "new-1m: 2 workers / 1 (total Mpps)" "new-1m 1 1" "new-1m 2 1"
+fi
+# Cost per connection = 1 / Mpps, so the cost ratio is Mpps(new-s100) / Mpps(case).
+pair new-s30k "new connection cost: new-s30k / new-s100" "new-s30k 1 1" "new-s100 1 1"
+pair new-big "new connection cost: new-big / new-s100" "new-big 1 1" "new-s100 1 1"
+
 # summary: the goals of issue 13 against this run's figures.
 # val KEY [STEADY]: the case's figure ("-" when not measured)
 val() {
@@ -246,13 +290,10 @@ goal_row "new connections, worst layout ($wn), Mpps" "$wv" 5 min
 read -r wv wn < <(worst mixed-10k mixed-s30k) || true
 goal_row "mixed, worst layout ($wn), Mpps" "$wv" 15 min
 for name in est-10k est-1m new-1m; do
-    r=$(awk -v a="$(val "$name.1")" -v b="$(val "$name.2")" 'BEGIN { if (a == "-" || b == "-" || a == 0) print "-"; else printf "%.2f", b / a }')
-    goal_row "$name, 2 workers / 1 worker (total Mpps)" "$r" 1.85 min
+    goal_row "$name, 2 workers / 1 worker (total Mpps; paired)" "${PAIRED[$name]:--}" 1.85 min
 done
 for name in new-s30k new-big; do
-    # Cost per connection = 1 / Mpps, so cost ratio = Mpps(new-s100) / Mpps(case).
-    r=$(awk -v a="$(val new-s100.1)" -v b="$(val "$name.1")" 'BEGIN { if (a == "-" || b == "-" || b == 0) print "-"; else printf "%.2f", a / b }')
-    goal_row "new connection cost, $name / new-s100" "$r" 1.1 max
+    goal_row "new connection cost, $name / new-s100 (paired)" "${PAIRED[$name]:--}" 1.1 max
 done
 echo
 echo "verdict reasons of the first run of each case: $OUT/*.json" >&2
@@ -271,4 +312,9 @@ python3 benches/chart.py "$OUT/replay.md" --xy --label case --x workers --value 
 python3 benches/chart.py "$OUT/replay.md" --xy --label case --where workers=1 --value "Mpps / worker" --logx \
     --points "est-10k-s100=100:established,est-10k=1000:established,est-10k-s30k=30000:established,new-s100=100:new connections,new-1m=1000:new connections,new-s30k=30000:new connections,mixed-10k=1000:mixed,mixed-s30k=30000:mixed" \
     --xtitle Services --title "kxdp replay: one worker, Mpps against Services" >"$OUT/replay-mpps-services.svg"
-echo "charts: $OUT/replay-ns-per-packet.svg, replay-mpps-{flows,workers,services}.svg (copy them to docs/img/ with the table into docs/benchmarks.md)" >&2
+# Against client addresses (established, 10k flows, one worker): 1, 100 and 10k clients.
+python3 benches/chart.py "$OUT/replay.md" --xy --label case --where workers=1 --value "Mpps / worker" --logx \
+    --points "est-10k-c1=1:established,est-10k-c100=100:established,est-10k=10000:established" \
+    --xtitle "client addresses" --title "kxdp replay: 10k established flows, one worker, Mpps against clients" \
+    >"$OUT/replay-mpps-clients.svg"
+echo "charts: $OUT/replay-ns-per-packet.svg, replay-mpps-{flows,workers,services,clients}.svg (copy them to docs/img/ with the table into docs/benchmarks.md)" >&2

@@ -15,11 +15,11 @@
 //! | endpoint `k` (all Services) | 10.128.0.0/9, `+ 1 + k` | fd00:0:0:2::/64, `+ 1 + k` |
 //! | client of flow `f` | 10.1.0.0/16 (address `1 + f % C`) | fd00:0:0:1::/64 (same index) |
 //! | source port of flow `f` | `1024 + (f / C) % 64512` | same |
+//! | nodes | 192.168.0.2 (this node) .. .5 | fd00:ff::2 .. ::5 |
 //!
 //! `C` is `GenSpec::clients`: 65,534 by default (every address of the /16), so that 10k flows
 //! come from 10k clients; fewer put many flows on each client address, as a node's own
 //! processes, an ingress controller or a NAT gateway in front of the pods would.
-//! | nodes | 192.168.0.2 (this node) .. .5 | fd00:ff::2 .. ::5 |
 
 use std::fmt::Write as _;
 use std::fs::File;
@@ -88,8 +88,8 @@ pub struct GenSpec {
     /// bytes like on the wire.
     pub payload: usize,
     pub seed: u64,
-    /// Client addresses the flows are spread over (1 to 65,534): flow `f` comes from address
-    /// `f % clients`, source port `1024 + f / clients` (see the module's address plan).
+    /// Client addresses the flows are spread over (1 to 65,534): flow `f` comes from client
+    /// `f % clients` with source port `1024 + f / clients` (see the module's address plan).
     pub clients: u32,
     /// Packets per second of the capture's clock (the gap between timestamps). Conntrack's
     /// timeouts and its expiry scan run on this clock in `kxdp replay`: the scan reads each used

@@ -151,7 +151,7 @@ row() {
     fi
     awk -v name="$1" -v w="$2" -v s="$3" -v p="$4" -v base="$5" -v steady="${6:-}" 'BEGIN {
         ns = s * 1e9 / p * w            # per worker: each worker spends this long on a packet
-        line = sprintf("| %-9s | %7d | %10.2f | %13.2f | %8.1f | %6.2f |", name, w, p / s / 1e6, p / s / 1e6 / w, ns, ns / base)
+        line = sprintf("| %-12s | %7d | %10.2f | %13.2f | %8.1f | %6.2f |", name, w, p / s / 1e6, p / s / 1e6 / w, ns, ns / base)
         if (steady != "") line = line sprintf(" %12.2f | %10.1f | %6.2f |", 1e3 / steady, steady, steady / base)
         else line = line "              |            |        |"
         print line
@@ -166,8 +166,8 @@ echo "kxdp replay, $(date -u +%Y-%m-%dT%H:%MZ), $(git rev-parse --short HEAD 2>/
 echo "machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), Linux $(uname -r)"
 echo "median of $RUNS runs; per-worker figures = total / workers; ratio = ns per packet / baseline's"
 echo
-echo "| case      | workers | Mpps total | Mpps / worker | ns / pkt | ratio  | steady Mpps/w | steady ns  | ratio  |"
-echo "| --------- | ------- | ---------- | ------------- | -------- | ------ | ------------- | ---------- | ------ |"
+echo "| case         | workers | Mpps total | Mpps / worker | ns / pkt | ratio  | steady Mpps/w | steady ns  | ratio  |"
+echo "| ------------ | ------- | ---------- | ------------- | -------- | ------ | ------------- | ---------- | ------ |"
 for w in $WORKERS; do
     read -r bs bp < <(replay est-10k+baseline "$OUT/baseline/config.yaml" "$OUT/baseline/state.yaml" "$REPEAT" "$w")
     base_ns=$(awk -v s="$bs" -v p="$bp" -v w="$w" 'BEGIN { print s * 1e9 / p * w }')

@@ -104,15 +104,21 @@ median() {
     sort -g | awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
 }
 
+# run_json NAME CONFIG STATE REPEAT WORKERS: one replay of NAME's capture (the part of NAME before
+# any "+"); prints its JSON summary.
+run_json() {
+    "$KXDP" replay --config "$2" --state "$3" --pcap "$OUT/${1%%+*}/capture.pcap" \
+        --workers "$5" --repeat "$4" --json
+}
+
 # replay NAME CONFIG STATE REPEAT WORKERS: median seconds over $RUNS runs; prints "SECONDS PACKETS".
 # The first run's summary is kept in $OUT/NAME.w$WORKERS.r$REPEAT.json (reasons, for checking that
 # the traffic did what the case says).
 replay() {
-    local name=$1 config=$2 state=$3 repeat=$4 workers=$5 secs=() packets=0 i
+    local name=$1 repeat=$4 workers=$5 secs=() packets=0 i
     for ((i = 0; i < RUNS; i++)); do
         local json
-        json=$("$KXDP" replay --config "$config" --state "$state" --pcap "$OUT/${name%%+*}/capture.pcap" \
-            --workers "$workers" --repeat "$repeat" --json)
+        json=$(run_json "$@")
         [[ $i == 0 ]] && echo "$json" >"$OUT/$name.w$workers.r$repeat.json"
         secs+=("$(jq -r .seconds <<<"$json")")
         packets=$(jq -r .packets <<<"$json")
@@ -217,11 +223,9 @@ if [[ -n ${base1_ns:-} ]]; then
 fi
 
 # Paired ratios (goals 2 and 3): each ratio's two runs back to back, PAIRS rounds.
-# mpps NAME WORKERS REPEAT [CONFIG_DIR]: one run's total Mpps.
+# mpps NAME WORKERS REPEAT: one run's total Mpps.
 mpps() {
-    local dir=$OUT/${4:-$1}
-    "$KXDP" replay --config "$dir/config.yaml" --state "$dir/state.yaml" --pcap "$OUT/$1/capture.pcap" \
-        --workers "$2" --repeat "$3" --json | jq -r .mpps
+    run_json "$1" "$OUT/$1/config.yaml" "$OUT/$1/state.yaml" "$3" "$2" | jq -r .mpps
 }
 declare -A PAIRED
 # pair KEY LABEL "A: NAME WORKERS REPEAT" "B: NAME WORKERS REPEAT": Mpps(B) / Mpps(A) per round

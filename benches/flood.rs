@@ -221,7 +221,8 @@ fn main() {
                 },
                 &cap,
                 &ReplayOptions::default(),
-            );
+            )
+            .expect("a replay in process memory does not fail");
             let ok = |i: usize| r.verdicts[i].action == Action::Forward;
             let (mut est_ok, mut est_n, mut flood_ok, mut flood_n) = (0u64, 0u64, 0u64, 0u64);
             let mut legit = vec![true; case.legit() as usize];

@@ -45,7 +45,9 @@
 # Environment: WORKERS ("1 2"), RUNS (3; the median is reported), OUT (target/replay-bench),
 # PACKETS (2000000), PACKETS_1M (4000000), NEW_PACKETS (1000000), REPEAT (5), REPEAT_1M (3),
 # PAIRS (5; rounds of each paired ratio),
-# KXDP (a kxdp binary to measure instead of building this tree's, e.g. a kxdp-before).
+# KXDP (a kxdp binary to measure instead of building this tree's, e.g. a kxdp-before),
+# BUILD (pgo: this tree's profile-guided build, scripts/pgo-build.sh, which the image ships; plain:
+# `cargo build --release`).
 # --quick: small captures, one run (checks the script, measures nothing worth keeping).
 set -euo pipefail
 
@@ -71,10 +73,21 @@ fi
 
 command -v jq >/dev/null || { echo "replay.sh: needs jq" >&2; exit 1; }
 
+BUILD_LABEL="given by KXDP"
 if [[ -z ${KXDP:-} ]]; then
-    echo "building release ..." >&2
-    cargo build --release --quiet --bin kxdp
-    KXDP=$ROOT/target/release/kxdp
+    BUILD_LABEL=${BUILD:-pgo}
+    case ${BUILD:-pgo} in
+        pgo)
+            echo "building the profile-guided release (scripts/pgo-build.sh) ..." >&2
+            KXDP=$(scripts/pgo-build.sh)
+            ;;
+        plain)
+            echo "building release ..." >&2
+            cargo build --release --quiet --bin kxdp
+            KXDP=$ROOT/target/release/kxdp
+            ;;
+        *) echo "replay.sh: BUILD is pgo or plain, not ${BUILD}" >&2; exit 2 ;;
+    esac
 fi
 if ! "$KXDP" pcap gen --help >/dev/null 2>&1; then
     echo "replay.sh: this kxdp has no 'pcap gen' subcommand yet" >&2
@@ -104,11 +117,11 @@ median() {
     sort -g | awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
 }
 
-# run_json NAME CONFIG STATE REPEAT WORKERS: one replay of NAME's capture (the part of NAME before
-# any "+"); prints its JSON summary.
+# run_json NAME CONFIG STATE REPEAT WORKERS [REPLAY FLAGS...]: one replay of NAME's capture (the
+# part of NAME before any "+"); prints its JSON summary.
 run_json() {
     "$KXDP" replay --config "$2" --state "$3" --pcap "$OUT/${1%%+*}/capture.pcap" \
-        --workers "$5" --repeat "$4" --json
+        --workers "$5" --repeat "$4" --json "${@:6}"
 }
 
 # replay NAME CONFIG STATE REPEAT WORKERS: median seconds over $RUNS runs; prints "SECONDS PACKETS".
@@ -170,6 +183,7 @@ exec > >(tee "$OUT/replay.md")
 echo
 echo "kxdp replay, $(date -u +%Y-%m-%dT%H:%MZ), $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
 echo "machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), Linux $(uname -r)"
+echo "binary: $KXDP (build: $BUILD_LABEL)"
 echo "median of $RUNS runs; per-worker figures = total / workers; ratio = ns per packet / baseline's"
 echo
 echo "| case         | workers | Mpps total | Mpps / worker | ns / pkt | ratio  | steady Mpps/w | steady ns  | ratio  |"
@@ -223,9 +237,12 @@ if [[ -n ${base1_ns:-} ]]; then
 fi
 
 # Paired ratios (goals 2 and 3): each ratio's two runs back to back, PAIRS rounds.
-# mpps NAME WORKERS REPEAT: one run's total Mpps.
+# mpps NAME WORKERS REPEAT [DIR]: one run's total Mpps; with DIR, the conntrack table in a state
+# file there (`--conntrack-file`), as `kxdp run` keeps it with conntrack.stateFile.
 mpps() {
-    run_json "$1" "$OUT/$1/config.yaml" "$OUT/$1/state.yaml" "$3" "$2" | jq -r .mpps
+    local file=()
+    [[ -n ${4:-} ]] && file=(--conntrack-file "$4/kxdp-bench-conntrack.$$")
+    run_json "$1" "$OUT/$1/config.yaml" "$OUT/$1/state.yaml" "$3" "$2" "${file[@]}" | jq -r .mpps
 }
 declare -A PAIRED
 # pair KEY LABEL "A: NAME WORKERS REPEAT" "B: NAME WORKERS REPEAT": Mpps(B) / Mpps(A) per round
@@ -258,6 +275,19 @@ fi
 # Cost per connection = 1 / Mpps, so the cost ratio is Mpps(new-s100) / Mpps(case).
 pair new-s30k "new connection cost: new-s30k / new-s100" "new-s30k 1 1" "new-s100 1 1"
 pair new-big "new connection cost: new-big / new-s100" "new-big 1 1" "new-s100 1 1"
+# The state file's pages (docs/benchmarks.md, "The state file in huge pages"): est-1m with its
+# table in a file on a plain tmpfs (4 KiB pages, as on the host's /run) and on a tmpfs mounted
+# with huge=within_size (what `kxdp prepare` mounts), against process memory. Root only (mount).
+if [[ $(id -u) == 0 && -d /dev/shm ]]; then
+    HUGE_DIR=$OUT/ct-huge
+    mkdir -p "$HUGE_DIR"
+    mountpoint -q "$HUGE_DIR" || mount -t tmpfs -o huge=within_size,mode=0700 tmpfs "$HUGE_DIR"
+    trap 'umount -l "$HUGE_DIR" 2>/dev/null || true' EXIT
+    pair file-small "est-1m: state file, 4 KiB pages / huge pages" \
+        "est-1m 1 $REPEAT_1M $HUGE_DIR" "est-1m 1 $REPEAT_1M /dev/shm"
+    pair file-huge "est-1m: state file in huge pages / memory" \
+        "est-1m 1 $REPEAT_1M" "est-1m 1 $REPEAT_1M $HUGE_DIR"
+fi
 
 # summary: the goals of issue 13 against this run's figures.
 # val KEY [STEADY]: the case's figure ("-" when not measured)

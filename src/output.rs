@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use kxdp_control::admin::wire::{format_addr, proto_name};
+use kxdp_dataplane::conntrack::TableMemory;
 use kxdp_dataplane::snapshot::Snapshot;
 use kxdp_dataplane::verdict::{Action, Reason, Verdict};
 use kxdp_packet::proto;
@@ -116,6 +117,12 @@ pub struct Summary {
     pub actions: BTreeMap<&'static str, u64>,
     /// Reasons with a non-zero count.
     pub reasons: BTreeMap<&'static str, u64>,
+    /// The memory the conntrack table lived in (process memory, or `--conntrack-file`'s).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub conntrack_table_bytes: Option<u64>,
+    /// Of it, bytes in huge pages at the end (where `/proc/self/smaps` tells).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub conntrack_huge_page_bytes: Option<u64>,
 }
 
 impl Summary {
@@ -156,7 +163,16 @@ impl Summary {
                     (n > 0).then(|| (r.as_str(), n))
                 })
                 .collect(),
+            conntrack_table_bytes: None,
+            conntrack_huge_page_bytes: None,
         }
+    }
+
+    /// With where the conntrack table lived.
+    pub fn with_table_memory(mut self, mem: TableMemory) -> Self {
+        self.conntrack_table_bytes = Some(mem.bytes);
+        self.conntrack_huge_page_bytes = mem.huge_page_bytes;
+        self
     }
 
     pub fn to_json(&self) -> String {

@@ -9,7 +9,8 @@
 //!   starts clean, says so in its log, and both connections are reset promptly, at both ends,
 //!   rather than hanging.
 //!
-//! Only node-a runs kxdp (with `conntrack.stateFile` in the test's directory); node-b's kernel
+//! Only node-a runs kxdp (with `conntrack.stateFile` in the test's directory, on a huge-page
+//! tmpfs that `kxdp prepare` mounts, as the DaemonSet's init container does); node-b's kernel
 //! forwards. Every wait is bounded.
 
 mod cni;
@@ -234,7 +235,18 @@ fn download(ns: &str, to: SocketAddr) -> JoinHandle<Ended> {
     })
 }
 
+/// Unmounts the state file's huge-page tmpfs when the test ends (before the lab's directory
+/// goes).
+struct HugeDir(std::path::PathBuf);
+
+impl Drop for HugeDir {
+    fn drop(&mut self) {
+        let _ = kxdp_dataplane::io::mount::unmount(&self.0);
+    }
+}
+
 struct Setup {
+    _huge: HugeDir,
     lab: Lab,
     server: Server,
     config: String,
@@ -250,10 +262,29 @@ impl Setup {
         lab.warm_neighbours();
         let server = Server::start(&lab.pod("dl-b1").ns);
         let objects = service(&lab, "dl-b1");
-        let ct = lab.dir.path().join("run-kxdp").join("conntrack");
+        // The state file in huge pages, in a directory of its own that `kxdp prepare` mounts
+        // (as the DaemonSet's init container does, on the host): kxdp runs behind `ip netns
+        // exec`, whose mount namespace is its own, and a mount it made there would go with it.
+        let ct = lab.dir.path().join("run-kxdp").join("ct").join("conntrack");
         let config = lab.kxdp_config("node-a", false)
-            + &format!("conntrack: {{stateFile: \"{}\"}}\n", ct.display());
+            + &format!(
+                "conntrack: {{stateFile: \"{}\", stateFileHugePages: true}}\n",
+                ct.display()
+            );
+        let prepare = lab.dir.path().join("prepare.yaml");
+        std::fs::write(&prepare, &config).unwrap();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_kxdp"))
+            .args(["prepare", "--config", prepare.to_str().unwrap()])
+            .output()
+            .unwrap();
+        let huge = HugeDir(ct.parent().unwrap().to_path_buf());
+        assert!(
+            out.status.success(),
+            "kxdp prepare: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         Setup {
+            _huge: huge,
             lab,
             server,
             config,
@@ -350,6 +381,13 @@ fn survives(test: &str, how: Restart) {
         new_log.contains("restored") && !new_log.contains("discarded"),
         "the new kxdp continued the table:\n{new_log}"
     );
+    // In huge pages, both times: the tmpfs `kxdp prepare` mounted outlived the first kxdp.
+    for log in [&old_log, &new_log] {
+        assert!(
+            log.contains("MiB of it in huge pages") && !log.contains(" 0 MiB of it in huge pages"),
+            "the state file is in huge pages:\n{log}"
+        );
+    }
     if matches!(how, Restart::Term) {
         assert!(new_log.contains("clean shutdown"), "{new_log}");
     } else {

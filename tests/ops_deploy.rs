@@ -247,6 +247,28 @@ fn daemon_set_and_config() {
         .unwrap()
         .iter()
         .any(|m| m.name == "run" && m.mount_path == "/run/kxdp"));
+    // The state file in huge pages: the config asks for them in a directory of its own under
+    // the shared host path, and an init container (the only privileged step: a mount that
+    // outlives the pod needs Bidirectional propagation) mounts it with `kxdp prepare`; the
+    // daemon sees it through HostToContainer.
+    assert_eq!(config.conntrack.state_file, "/run/kxdp/ct/conntrack");
+    assert!(config.conntrack.state_file_huge_pages);
+    let init = &pod.init_containers.as_ref().unwrap()[0];
+    assert_eq!(
+        init.command.as_ref().unwrap().join(" "),
+        "/usr/local/bin/kxdp prepare --config /etc/kxdp/config.yaml"
+    );
+    assert_eq!(init.image, c.image);
+    let propagation = |c: &k8s_openapi::api::core::v1::Container| {
+        c.volume_mounts
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|m| m.name == "run" && m.mount_path == "/run/kxdp")
+            .and_then(|m| m.mount_propagation.clone())
+    };
+    assert_eq!(propagation(init).as_deref(), Some("Bidirectional"));
+    assert_eq!(propagation(c).as_deref(), Some("HostToContainer"));
     assert!(pod.termination_grace_period_seconds.unwrap() >= 10);
     // The metrics port the monitoring Service targets is the configured one.
     let svc: Value = yaml_serde::from_str(
@@ -350,6 +372,7 @@ fn monitoring_uses_exported_metrics() {
         "KxdpDropsRising",
         "KxdpConntrackNearFull",
         "KxdpWorkerBusy",
+        "KxdpConntrackSmallPages",
     ] {
         assert!(alerts.contains(&a), "{a} missing: {alerts:?}");
     }

@@ -130,13 +130,7 @@ fn repeat_3_json_summary() {
     let frames = one_way_capture();
     let n = frames.len() as u64;
     let r = env.replay_args(&spaced(&frames, 1_000_000), &["--repeat", "3", "--json"]);
-    let line = r
-        .stdout
-        .lines()
-        .rev()
-        .find(|l| l.trim_start().starts_with('{'))
-        .unwrap_or_else(|| panic!("no JSON summary on stdout:\n{}", r.stdout));
-    let s: Value = serde_json::from_str(line).expect("summary is JSON");
+    let s = r.summary();
     assert_eq!(s["packets"].as_u64(), Some(3 * n), "{s}");
     assert_eq!(s["repeat"].as_u64(), Some(3), "{s}");
     assert_eq!(s["workers"].as_u64(), Some(1), "{s}");
@@ -161,6 +155,45 @@ fn repeat_3_json_summary() {
         Some(3 * 40),
         "not-ip + to-node: {s}"
     );
+}
+
+/// `--conntrack-file`: the table in a state file, as `kxdp run` keeps it; the same verdicts as
+/// in process memory, the table's memory in the summary, and the file removed at the end. A
+/// path that exists is refused (a replay never takes over another table, a running kxdp's
+/// included).
+#[test]
+fn conntrack_file_gives_the_same_verdicts_and_goes_away() {
+    let env = services_env();
+    let frames = spaced(&one_way_capture(), 1_000_000);
+    let memory = env.replay_args(&frames, &["--json"]);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("conntrack");
+    let in_file = env.replay_args(
+        &frames,
+        &["--json", "--conntrack-file", file.to_str().unwrap()],
+    );
+    let (a, b) = (memory.summary(), in_file.summary());
+    assert_eq!(a["reasons"], b["reasons"]);
+    assert_eq!(memory.verdicts, in_file.verdicts);
+    assert!(b["conntrack_table_bytes"].as_u64().unwrap() > 0, "{b}");
+    assert!(b["conntrack_huge_page_bytes"].is_u64(), "{b}");
+    assert!(!file.exists(), "the replay's table file is removed");
+    // A path that exists is bad input, and is left as it was.
+    std::fs::write(&file, b"someone's table").unwrap();
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_kxdp"))
+        .args([
+            "replay",
+            "--config",
+            "/nonexistent.yaml",
+            "--state",
+            "/nonexistent",
+        ])
+        .args(["--pcap", "/nonexistent.pcap", "--conntrack-file"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert_exit_2(&o, &["--conntrack-file", "exists"]);
+    assert_eq!(std::fs::read(&file).unwrap(), b"someone's table");
 }
 
 /// The link type field of a pcap file header (either byte order).

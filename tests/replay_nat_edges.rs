@@ -381,17 +381,6 @@ fn tcp_checksum_of(frame: &[u8]) -> u16 {
     decode(frame, LinkType::Ethernet).tcp.unwrap().checksum
 }
 
-/// The JSON summary printed by `--json`.
-fn summary(r: &Replay) -> Value {
-    let line = r
-        .stdout
-        .lines()
-        .rev()
-        .find(|l| l.trim_start().starts_with('{'))
-        .unwrap_or_else(|| panic!("no JSON summary on stdout:\n{}", r.stdout));
-    serde_json::from_str(line).expect("summary is JSON")
-}
-
 fn reason_count(s: &Value, reason: &str) -> u64 {
     s["reasons"][reason].as_u64().unwrap_or(0)
 }
@@ -904,7 +893,7 @@ fn icmp_errors_quoting_no_connection() {
     r.out(3);
     r.expect(4, "drop", "icmp-error-untracked");
     assert_eq!(r.v(5)["action"], "drop", "{}", r.v(5));
-    let s = summary(&r);
+    let s = r.summary();
     assert_eq!(reason_count(&s, "icmp-error-untracked"), 3, "{s}");
 }
 
@@ -1169,7 +1158,7 @@ fn udp_later_fragment_before_first_is_dropped_then_rest_pass() {
     let d = reassemble(&[3, 4, 5].map(|i| r.by_index[i].clone().unwrap()));
     assert_eq!(d.dst_sock(), sock(DNS_EP, 5353));
     assert_eq!(d.payload, payload_of(3000, 4));
-    assert_eq!(reason_count(&summary(&r), "fragment-no-state"), 1);
+    assert_eq!(reason_count(&r.summary(), "fragment-no-state"), 1);
 }
 
 /// The same with IPv6 fragment headers: in order, out of order, and a later fragment first.
@@ -1368,7 +1357,7 @@ fn non_syn_tcp_without_connection_is_reset() {
     assert!(t.rst, "{t:?}");
     assert_eq!(t.sequence_number, 7777);
     assert_eq!(rst.dst_sock(), sa(c));
-    let s = summary(&r);
+    let s = r.summary();
     assert_eq!(reason_count(&s, "ct-invalid"), 2, "{s}");
     assert_eq!(reason_count(&s, "ct-lost"), 6, "{s}");
 }

@@ -231,6 +231,11 @@ pub struct ConntrackConfig {
     /// Where the table lives so that it survives a restart of kxdp (docs/nat.md § Connection
     /// state across restarts); empty: process memory only.
     pub state_file: String,
+    /// Keep the state file in huge pages: its directory is made a tmpfs mounted with
+    /// `huge=within_size` (mounted by kxdp when it is an empty directory that is not a mount
+    /// point yet). A plain tmpfs (the host's `/run`) gives a file 4 KiB pages only, and a table
+    /// of a million connections then costs a page walk on most lookups.
+    pub state_file_huge_pages: bool,
 }
 
 impl Default for ConntrackConfig {
@@ -243,6 +248,7 @@ impl Default for ConntrackConfig {
             udp_timeout: GoDuration(ct.udp),
             udp_stream_timeout: GoDuration(ct.udp_stream),
             state_file: String::new(),
+            state_file_huge_pages: false,
         }
     }
 }
@@ -847,14 +853,11 @@ pub const MAX_WORKERS: usize = 256;
 /// Linux's largest CPU number on x86-64 (`CONFIG_NR_CPUS` at most 8192).
 pub const MAX_CPU_ID: usize = 8191;
 
-/// Bytes the conntrack table allocates up front for `max_entries` (the layout of
-/// `kxdp_dataplane::conntrack::table::Geometry`: 112-byte entries for `max + max/128` entries,
-/// and 4-byte index slots, 3.2 per entry).
+/// Bytes the conntrack table allocates up front for `max_entries`
+/// (`kxdp_dataplane::conntrack::table_bytes`: 112-byte entries for `max + max/128` entries, and
+/// 4-byte index slots, 3.2 per entry, at least 2^17 below about 40k entries).
 pub fn conntrack_bytes(max_entries: u32) -> u64 {
-    let max = u64::from(max_entries.clamp(16, 1 << 29));
-    let capacity = max + (max / 128).max(1024);
-    let slots = (capacity * 2 * 8 / 5).next_multiple_of(16);
-    capacity * 112 + slots * 4
+    kxdp_dataplane::conntrack::table_bytes(max_entries)
 }
 
 /// What the machine offers, for `check_machine`.
@@ -1207,6 +1210,12 @@ impl DataplaneConfiguration {
             return Err((
                 "nodePortAddresses".into(),
                 "`primary` must be the only entry".into(),
+            ));
+        }
+        if self.conntrack.state_file_huge_pages && self.conntrack.state_file.is_empty() {
+            return Err((
+                "conntrack.stateFileHugePages".into(),
+                "true needs conntrack.stateFile (the huge pages are the state file's); set a path there or set this to false".into(),
             ));
         }
         self.check_ranges()?;
@@ -1828,6 +1837,20 @@ workers: {count: 2, cpus: [0, 1]}
             "{e}"
         );
         assert!(load("localhostNodePorts: false").is_ok());
+    }
+
+    #[test]
+    fn state_file_huge_pages_needs_a_state_file() {
+        let e = load_err("conntrack: {stateFileHugePages: true}");
+        assert!(
+            e.starts_with(
+                "config.yaml:3: conntrack.stateFileHugePages: true needs conntrack.stateFile"
+            ),
+            "{e}"
+        );
+        let c = load("conntrack: {stateFile: /run/kxdp/ct/conntrack, stateFileHugePages: true}")
+            .unwrap();
+        assert!(c.conntrack.state_file_huge_pages);
     }
 
     #[test]

@@ -58,6 +58,8 @@
 //! | `kxdp_conntrack_early_drops_total` | counter | unassured entries dropped to make room |
 //! | `kxdp_conntrack_created_total{worker}` | counter | connections created |
 //! | `kxdp_conntrack_expired_total{worker}` | counter | entries expired by the worker's scan |
+//! | `kxdp_conntrack_table_bytes` | gauge | memory the table lives in (process memory, or the state file) |
+//! | `kxdp_conntrack_table_huge_page_bytes` | gauge | of it, bytes in huge pages (a state file: only on a tmpfs with `huge=`, `conntrack.stateFileHugePages`) |
 //! | `kxdp_conntrack_restore_total{result}` | counter | with `conntrack.stateFile`: 1 for what the start made of the file (`created`, `restored`, `migrated`, `discarded_version`, `discarded_corrupt`, `discarded_boot`, `discarded_truncated`) |
 //! | `kxdp_conntrack_restored_entries` | gauge | entries continued from the state file at start |
 //! | `kxdp_conntrack_restore_dropped_entries` | gauge | malformed or duplicate entries dropped from it |
@@ -431,6 +433,25 @@ impl Collector for DataplaneCollector {
             "Conntrack entries expired",
             &expired,
         )?;
+        let memory = src.ct.memory();
+        let table_bytes = Gauge::<i64>::default();
+        table_bytes.set(memory.bytes as i64);
+        put(
+            &mut enc,
+            "kxdp_conntrack_table_bytes",
+            "Memory the conntrack table lives in (process memory or the state file)",
+            &table_bytes,
+        )?;
+        if let Some(huge) = memory.huge_page_bytes {
+            let huge_bytes = Gauge::<i64>::default();
+            huge_bytes.set(huge as i64);
+            put(
+                &mut enc,
+                "kxdp_conntrack_table_huge_page_bytes",
+                "Of the conntrack table's memory, bytes in huge pages",
+                &huge_bytes,
+            )?;
+        }
         if let Some(r) = src.ct.restore_report() {
             let results = Family::<RestoreLabel, Counter>::default();
             for x in kxdp_dataplane::conntrack::RestoreResult::ALL {
@@ -885,6 +906,16 @@ mod tests {
         ] {
             assert!(text.contains(line), "{line} missing in\n{text}");
         }
+        // The file's length, and a huge-page figure (0 on an ordinary filesystem).
+        let bytes = std::fs::metadata(&path).unwrap().len();
+        assert!(
+            text.contains(&format!("kxdp_conntrack_table_bytes {bytes}\n")),
+            "table bytes missing in\n{text}"
+        );
+        assert!(
+            text.contains("kxdp_conntrack_table_huge_page_bytes "),
+            "{text}"
+        );
     }
 
     #[test]

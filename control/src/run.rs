@@ -244,6 +244,7 @@ pub fn run(
             tracing::info!("kxdp run: {}", report.describe());
         }
     }
+    log_table_memory(&dataplane.ct, &config);
     // Operators: /metrics, /healthz, health check node ports, the admin socket (admin::daemon).
     // Workers use `ops.dataplane` (conntrack and stats shared with the admin API).
     let ops = crate::admin::daemon::start(
@@ -725,5 +726,38 @@ fn run_options(
         kernel_port: host_path.map(|h| h.kxdp_ifindex),
         // With a state file the next kxdp continues the connections: hold them meanwhile.
         hold_for_restart,
+    }
+}
+
+/// Where the conntrack table lives, and how much of it is in huge pages: a state file on a plain
+/// tmpfs is in 4 KiB pages, which at a million connections costs a page walk on most lookups.
+fn log_table_memory(ct: &kxdp_dataplane::conntrack::Conntrack, config: &Config) {
+    let mem = ct.memory();
+    let mib = |b: u64| b as f64 / f64::from(1 << 20);
+    let place = match ct.state_path() {
+        Some(p) => format!("the state file {}", p.display()),
+        None => "process memory".to_string(),
+    };
+    let Some(huge) = mem.huge_page_bytes else {
+        tracing::info!(
+            "kxdp run: conntrack table: {:.0} MiB in {place}",
+            mib(mem.bytes)
+        );
+        return;
+    };
+    let line = format!(
+        "kxdp run: conntrack table: {:.0} MiB in {place}, {:.0} MiB of it in huge pages",
+        mib(mem.bytes),
+        mib(huge)
+    );
+    if mem.in_file && huge < mem.bytes / 2 && mem.bytes >= 64 << 20 {
+        let hint = if config.conntrack.state_file_huge_pages {
+            "see the warning above"
+        } else {
+            "set conntrack.stateFileHugePages: true, docs/operations.md"
+        };
+        tracing::warn!("{line} (lookups will walk page tables: {hint})");
+    } else {
+        tracing::info!("{line}");
     }
 }

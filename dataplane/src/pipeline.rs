@@ -80,9 +80,9 @@ pub unsafe trait Frames {
 }
 
 /// The frames `base..base + m` of a batch, their range checked against `Frames::count` once
-/// (`new`), so that the pass's per-packet accesses skip the implementation's checks (the
-/// replay's `SlotFrames` made three per access, two accesses a packet; docs/benchmarks.md "Fast
-/// path, session 12: proven bounds"). `i < m` is still asserted per access: in the pass's
+/// (`new`), so that the pass's per-packet accesses skip the implementation's checks
+/// (`SlotFrames`, then the replay's frames, made three per access, two accesses a packet;
+/// docs/benchmarks.md "Fast path, session 12: proven bounds"). `i < m` is still asserted per access: in the pass's
 /// loops over `0..m` the compiler proves it and drops the test.
 struct PassFrames<'f, F> {
     frames: &'f mut F,
@@ -1469,7 +1469,8 @@ fn fill_out(v: &mut Verdict, m: &PacketMeta) {
     v.dport = m.dport;
 }
 
-/// Frames held in one contiguous buffer of fixed-size slots (replay, tests, benchmarks).
+/// Frames held in one contiguous buffer of fixed-size slots (tests, criterion benchmarks, the fuzz
+/// target, `kxdp run --inject-pcap`; the replay runs the workers' `UmemBatch`).
 pub struct SlotFrames {
     buf: Vec<u8>,
     lens: Vec<usize>,
@@ -1526,7 +1527,7 @@ impl SlotFrames {
 /// to a few vector moves: a variable-length copy is a `memmove` call per frame, 20 % of the
 /// replay baseline's samples (session 5).
 #[inline(always)]
-fn copy_frame(dst: &mut [u8], src: &[u8]) {
+pub(crate) fn copy_frame(dst: &mut [u8], src: &[u8]) {
     let n = src.len();
     macro_rules! two_blocks {
         ($w:literal) => {{

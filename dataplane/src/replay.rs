@@ -8,7 +8,10 @@
 //! workers ([`balance_clients`]): the workers wait for each other at every epoch's end, so an
 //! epoch lasts as long as its largest share (a hash of the client left that share ~2.5 % above
 //! an even split at 1,000 packets an epoch). A worker copies its packets batch by batch into its
-//! own frame slots, as the kernel copies received frames into UMEM.
+//! own UMEM, as the kernel copies received frames into a socket's (copy mode), and hands them to
+//! the pipeline as the workers do (`UmemBatch`): the replay runs the workers' own instance of
+//! `Pipeline::process`, so it measures, and a profile-guided build learns, the code `kxdp run`
+//! runs.
 //! Conntrack is shared, exactly as in `kxdp run`. Time is the capture's: the capture is cut into
 //! batches once (at most `BATCH` packets, never more than `MAX_BATCH_SPAN_MS` of capture time, a
 //! table update starts a new one), and a batch runs at the timestamp of its first packet (in
@@ -37,10 +40,13 @@ use std::time::Instant;
 use kxdp_packet::pcap::Capture;
 use kxdp_packet::Addr;
 
-use crate::conntrack::{Conntrack, CtConfig};
-use crate::pipeline::{Counters, Pipeline, SlotFrames};
+use crate::conntrack::{Conntrack, CtConfig, TableMemory};
+use crate::io::UmemBatch;
+use crate::pipeline::{copy_frame, Counters, Pipeline};
 use crate::snapshot::Snapshot;
 use crate::verdict::{Action, Verdict};
+use kxdp_kernel::afxdp::{Desc, Umem};
+use std::io;
 
 /// Frames per batch: what one AF_XDP RX burst typically delivers.
 pub const BATCH: usize = 64;
@@ -73,6 +79,11 @@ pub struct ReplayOptions {
     /// as the daemon's workers do: verdicts then carry egress drops and the egress interface,
     /// output frames their new MACs and TTL. None: the pipeline only.
     pub routes: Option<Arc<ReplayRoutes>>,
+    /// Keep the conntrack table in a state file made at this path (`kxdp replay
+    /// --conntrack-file`), as `kxdp run` with `conntrack.stateFile` does, rather than in process
+    /// memory: where the file lives decides its pages (docs/benchmarks.md, "The state file in
+    /// huge pages"). The path must not exist; the file is removed at the end.
+    pub conntrack_file: Option<std::path::PathBuf>,
 }
 
 /// A FIB given in a file and the interfaces kxdp is taken to send on.
@@ -98,6 +109,7 @@ impl Default for ReplayOptions {
             progress: None,
             updates: Vec::new(),
             routes: None,
+            conntrack_file: None,
         }
     }
 }
@@ -119,6 +131,8 @@ pub struct ReplayResult {
     /// Workers that ran: the ones asked for, or 1 when the capture fills the conntrack table
     /// (see the module docs).
     pub workers: usize,
+    /// Where the conntrack table lived, and how much of it in huge pages (taken at the end).
+    pub table_memory: TableMemory,
 }
 
 impl ReplayResult {
@@ -145,12 +159,16 @@ struct WorkerOut {
     recorded: Vec<(u32, Verdict, Option<Vec<u8>>)>,
 }
 
+/// Replays `capture` through `opts.workers` pipelines (the module docs). Fails when a worker's
+/// UMEM cannot be mapped (`Umem::in_memory`: no memory, or no memfd), and with
+/// `opts.conntrack_file` when the table's file cannot be made (it exists, or its directory does
+/// not) or removed.
 pub fn replay(
     snapshot: Arc<Snapshot>,
     ct_config: CtConfig,
     capture: &Capture,
     opts: &ReplayOptions,
-) -> ReplayResult {
+) -> io::Result<ReplayResult> {
     let mut workers = opts.workers.max(1);
     let repeat = opts.repeat.max(1);
     let n = capture.packets.len();
@@ -167,7 +185,7 @@ pub fn replay(
             capture,
             opts.seed,
             workers,
-        );
+        )?;
         if near_full(peak, &ct_config) {
             workers = 1;
             vec![(0..n as u32).collect()]
@@ -175,15 +193,15 @@ pub fn replay(
             shares
         }
     };
-    let ct = Conntrack::new(ct_config.clone(), workers);
-    let max_len = capture
-        .packets
-        .iter()
-        .map(|p| p.data.len())
-        .max()
-        .unwrap_or(0);
-    // Room for a reply longer than the packet it answers (ICMP quotes the packet).
-    let slot_size = (max_len + 256).max(2048).next_power_of_two();
+    let ct = match &opts.conntrack_file {
+        None => Conntrack::new(ct_config.clone(), workers),
+        Some(path) => table_file(path, &ct_config, workers)?,
+    };
+    // Each worker's frames, made before any thread starts (a failure is the replay's error).
+    let slot_size = slot_size_for(capture);
+    let mut frames = (0..workers)
+        .map(|_| ReplayFrames::new(slot_size))
+        .collect::<io::Result<Vec<_>>>()?;
 
     let epochs = cut_epochs(capture, &opts.updates);
     let lockstep = SpinBarrier::new(workers);
@@ -196,8 +214,9 @@ pub fn replay(
     std::thread::scope(|scope| {
         let handles: Vec<_> = shares
             .iter()
+            .zip(frames.drain(..))
             .enumerate()
-            .map(|(w, share)| {
+            .map(|(w, (share, mut frames))| {
                 let (ct, snapshot, barrier, done, finished) =
                     (&ct, &snapshot, &barrier, &done, &finished);
                 let (epochs, lockstep) = (&epochs, &lockstep);
@@ -226,7 +245,7 @@ pub fn replay(
                             leader: w == 0,
                         },
                         repeat,
-                        slot_size,
+                        &mut frames,
                         |pass, idx, verdicts, frames| {
                             if opts.record && pass == 0 {
                                 for (j, v) in verdicts.iter().enumerate() {
@@ -235,7 +254,7 @@ pub fn replay(
                                     let out =
                                         (matches!(v.action, Action::Forward | Action::Reject)
                                             || v.egress != 0)
-                                            .then(|| frames.get(j).to_vec());
+                                            .then(|| frames.frame(j).to_vec());
                                     recorded.push((idx[j], *v, out));
                                 }
                             }
@@ -288,7 +307,7 @@ pub fn replay(
             output[i as usize] = out;
         }
     }
-    ReplayResult {
+    let result = ReplayResult {
         packets: counters.packets,
         seconds,
         actions: counters.actions,
@@ -298,6 +317,28 @@ pub fn replay(
         workers,
         conntrack_entries: ct.len(),
         counters,
+        table_memory: ct.memory(),
+    };
+    if let Some(path) = ct.state_path() {
+        // The table is this replay's alone (`table_file`): its file goes with it.
+        std::fs::remove_file(path)?;
+    }
+    Ok(result)
+}
+
+/// A fresh conntrack table in a state file at `path`, which must not exist (a replay never
+/// continues, nor clobbers, another table: a running kxdp's state file included).
+fn table_file(path: &std::path::Path, config: &CtConfig, workers: usize) -> io::Result<Conntrack> {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)?;
+    match Conntrack::open_file(path, config.clone(), workers) {
+        Ok((ct, _)) => Ok(ct),
+        Err(e) => {
+            let _ = std::fs::remove_file(path);
+            Err(e)
+        }
     }
 }
 
@@ -462,10 +503,9 @@ fn drive(
     clock: &Clock,
     step: Lockstep,
     repeat: u32,
-    slot_size: usize,
-    mut on_batch: impl FnMut(u32, &[u32], &[Verdict], &SlotFrames),
+    frames: &mut ReplayFrames,
+    mut on_batch: impl FnMut(u32, &[u32], &[Verdict], &UmemBatch<'_>),
 ) {
-    let mut frames = SlotFrames::new(BATCH, slot_size);
     let mut verdicts = [Verdict::default(); BATCH];
     let mut batch_idx = [0u32; BATCH];
     let mut hops = [crate::egress::NOT_SENT; BATCH];
@@ -493,11 +533,8 @@ fn drive(
             // keeps its pace. The epoch's end found once, not compared per packet.
             let end = k + share.index[k..].partition_point(|&i| i < e.end);
             loop {
-                frames.clear();
                 let m = (end - k).min(BATCH);
-                for &(start, len) in &share.spans[k..k + m] {
-                    frames.push(&share.data[start..][..len]);
-                }
+                let mut frames = frames.fill(&share.data, &share.spans[k..k + m]);
                 batch_idx[..m].copy_from_slice(&share.index[k..k + m]);
                 k += m;
                 pipeline.process(&mut frames, &mut verdicts[..m], tables, ct, now);
@@ -596,7 +633,7 @@ fn steer_by_client(
     capture: &Capture,
     seed: u64,
     workers: usize,
-) -> (Vec<Vec<u32>>, u32) {
+) -> io::Result<(Vec<Vec<u32>>, u32)> {
     let ct = Conntrack::new(ct_config.clone(), 1);
     let mut peak = 0u32;
     let mut pipeline = Pipeline::new(0, capture.link, seed, &ct);
@@ -604,7 +641,7 @@ fn steer_by_client(
         capture,
         &(0..capture.packets.len() as u32).collect::<Vec<_>>(),
     );
-    let slot_size = slot_size_for(capture);
+    let mut frames = ReplayFrames::new(slot_size_for(capture))?;
     let mut shares: Vec<Vec<u32>> = vec![Vec::new(); workers];
     let clock = Clock::new(capture);
     let epochs = cut_epochs(capture, updates);
@@ -625,7 +662,7 @@ fn steer_by_client(
             leader: true,
         },
         1,
-        slot_size,
+        &mut frames,
         |_, idx, verdicts, _| {
             for (i, v) in idx.iter().zip(verdicts) {
                 let client = if v.has_addrs {
@@ -643,7 +680,7 @@ fn steer_by_client(
     for (i, &c) in client_of.iter().enumerate() {
         shares[owner[c as usize] as usize].push(i as u32);
     }
-    (shares, peak)
+    Ok((shares, peak))
 }
 
 /// Assigns each client (`client_of`: every packet's, numbered in order of first appearance) to a
@@ -742,6 +779,38 @@ fn near_full(peak: u32, cfg: &CtConfig) -> bool {
     // As the table clamps it.
     let max = cfg.max_entries.clamp(16, 1 << 29);
     peak.saturating_add(pressure_margin(max)) >= max
+}
+
+/// A worker's frames: a UMEM of one batch (`Umem::in_memory`, no socket) and its descriptors,
+/// handed to the pipeline as the workers hand theirs (`UmemBatch`).
+struct ReplayFrames {
+    umem: Umem,
+    descs: [Desc; BATCH],
+    frame_size: usize,
+}
+
+impl ReplayFrames {
+    fn new(frame_size: usize) -> io::Result<ReplayFrames> {
+        Ok(ReplayFrames {
+            umem: Umem::in_memory(BATCH as u32, frame_size as u32)?,
+            descs: [Desc::default(); BATCH],
+            frame_size,
+        })
+    }
+
+    /// Copies a batch's frames (`spans` of `data`, at most `BATCH`) into the UMEM, as the kernel
+    /// copies received frames, each truncated to its frame, and returns them as a batch.
+    #[inline]
+    fn fill(&mut self, data: &[u8], spans: &[(usize, usize)]) -> UmemBatch<'_> {
+        let m = spans.len().min(BATCH);
+        for (j, &(start, len)) in spans[..m].iter().enumerate() {
+            let addr = (j * self.frame_size) as u64;
+            let n = len.min(self.frame_size);
+            copy_frame(&mut self.umem.frame_mut(addr)[..n], &data[start..][..n]);
+            self.descs[j] = Desc { addr, len: n };
+        }
+        self.umem.batch(&mut self.descs[..m])
+    }
 }
 
 /// Room for a reply longer than the packet it answers (ICMP quotes the packet).

@@ -449,6 +449,13 @@ struct FrontendCold {
     frontend: Frontend,
 }
 
+impl FrontendCold {
+    /// The frontend of a record taken out of the table (copied if a snapshot still shares it).
+    fn into_frontend(cold: Arc<FrontendCold>) -> Frontend {
+        Arc::try_unwrap(cold).map_or_else(|c| c.frontend.clone(), |c| c.frontend)
+    }
+}
+
 impl FrontendHot {
     fn of(key: &FrontendKey, fe: &Frontend) -> FrontendHot {
         let mut flags = 0;
@@ -489,7 +496,8 @@ impl FrontendHot {
 #[derive(Clone, Copy, Debug)]
 pub struct FrontendRef<'a> {
     hot: &'a FrontendHot,
-    cold: &'a Option<FrontendCold>,
+    /// The slot, not the record: a lookup that does not need the cold part does not load it.
+    cold: &'a Option<Arc<FrontendCold>>,
 }
 
 impl<'a> FrontendRef<'a> {
@@ -548,19 +556,25 @@ impl<'a> FrontendRef<'a> {
             return None;
         }
         self.cold
-            .as_ref()
+            .as_deref()
             .and_then(|c| c.frontend.source_ranges.as_deref())
     }
 
     /// The whole frontend.
     #[inline]
     pub fn frontend(&self) -> Option<&'a Frontend> {
-        self.cold.as_ref().map(|c| &c.frontend)
+        self.cold.as_deref().map(|c| &c.frontend)
     }
 }
 
 /// The smallest non-empty shard (slots).
 const FRONTEND_SHARD_MIN: usize = 8;
+/// A shard has at least this many slots per entry (it grows past a quarter full, and shrinks
+/// below a sixteenth). Half full, as until session 19, a quarter of the lookups at 30k Services
+/// went past their home slot and the probe's branch was mispredicted 0.41 times per new
+/// connection, against none at 100 Services (callgrind's branch simulation): 30k Services cost
+/// a new connection 1.12x what 100 do (issue 13 goal 3: at most 1.1x).
+const FRONTEND_SLOTS_PER_ENTRY: usize = 4;
 
 /// One shard of the frontend table: two arrays of the same length, slot `i` of each holding the
 /// two halves of one entry. The hot half is in the huge-page arena (`HugeSlice`), where the
@@ -569,7 +583,9 @@ const FRONTEND_SHARD_MIN: usize = 8;
 #[derive(Clone)]
 struct FrontendShard {
     hot: HugeSlice<Option<FrontendHot>>,
-    cold: Arc<[Option<FrontendCold>]>,
+    /// Shared records rather than the records themselves: a quarter-full shard's empty slots
+    /// then cost 8 bytes each here (at 30k Services, 10 MB less than inline `FrontendCold`s).
+    cold: Arc<[Option<Arc<FrontendCold>>]>,
 }
 
 impl FrontendShard {
@@ -588,7 +604,7 @@ impl FrontendShard {
         }
         let mask = self.hot.len() - 1;
         let mut i = hash as usize & mask;
-        // A shard is at most half full: the probe meets an empty slot.
+        // A shard is at most a quarter full: the probe meets an empty slot.
         loop {
             match &self.hot[i] {
                 None => return None,
@@ -598,11 +614,11 @@ impl FrontendShard {
         }
     }
 
-    /// This shard's entries in new arrays of `cap` slots (a power of two, at least twice as
-    /// many).
+    /// This shard's entries in new arrays of `cap` slots (a power of two, at least
+    /// `FRONTEND_SLOTS_PER_ENTRY` times as many).
     fn rebuilt(&self, cap: usize) -> FrontendShard {
         let mut hot: Vec<Option<FrontendHot>> = vec![None; cap];
-        let mut cold: Vec<Option<FrontendCold>> = vec![None; cap];
+        let mut cold: Vec<Option<Arc<FrontendCold>>> = vec![None; cap];
         let mask = cap - 1;
         for (h, c) in self.hot.iter().zip(self.cold.iter()) {
             if let (Some(h), Some(c)) = (h, c) {
@@ -623,11 +639,11 @@ impl FrontendShard {
 
 /// The frontend table: `SHARDS` copy-on-write shards as `ShardedMap` has (an update copies the
 /// shards it writes), but each shard is an open-addressing array with linear probing, kept at
-/// most half full, instead of a hashbrown table: a lookup reads the 64-byte slot its hash names
-/// (sometimes the next) and nothing else: no separate control bytes, no Service port record, and
+/// most a quarter full, instead of a hashbrown table: a lookup reads the 64-byte slot its hash
+/// names (rarely the next) and nothing else: no separate control bytes, no Service port record, and
 /// the pipeline can prefetch that slot a stage before it looks (`prefetch`, `find`). What a new
 /// connection does not need lives in a parallel array (`FrontendCold`), so the lines a lookup
-/// touches are dense: at 30k Services 64k slots are 4 MB instead of 8 (beyond the caches either
+/// touches are dense: at 30k Services 128k slots are 8 MB instead of 16 (beyond the caches either
 /// way, but half the pages: the TLB's reach matters as much as the cache's there).
 #[derive(Clone)]
 pub struct FrontendTable {
@@ -738,12 +754,14 @@ impl FrontendTable {
         if let Some(i) = self.shards[s].position(hash, &key) {
             let shard = &mut self.shards[s];
             shard.hot.make_mut()[i] = Some(hot);
-            let old = Arc::make_mut(&mut shard.cold)[i].replace(cold);
-            return old.map(|c| c.frontend);
+            let old = Arc::make_mut(&mut shard.cold)[i].replace(Arc::new(cold));
+            return old.map(FrontendCold::into_frontend);
         }
         let len = self.lens[s] as usize + 1;
-        if len * 2 > self.shards[s].hot.len() {
-            let cap = (len * 2).next_power_of_two().max(FRONTEND_SHARD_MIN);
+        if len * FRONTEND_SLOTS_PER_ENTRY > self.shards[s].hot.len() {
+            let cap = (len * FRONTEND_SLOTS_PER_ENTRY)
+                .next_power_of_two()
+                .max(FRONTEND_SHARD_MIN);
             self.shards[s] = self.shards[s].rebuilt(cap);
         }
         let shard = &mut self.shards[s];
@@ -754,7 +772,7 @@ impl FrontendTable {
             i = (i + 1) & mask;
         }
         hots[i] = Some(hot);
-        Arc::make_mut(&mut shard.cold)[i] = Some(cold);
+        Arc::make_mut(&mut shard.cold)[i] = Some(Arc::new(cold));
         self.lens[s] += 1;
         self.len += 1;
         None
@@ -770,7 +788,7 @@ impl FrontendTable {
         let colds = Arc::make_mut(&mut shard.cold);
         let mask = hots.len() - 1;
         hots[hole] = None;
-        let removed = colds[hole].take().map(|c| c.frontend);
+        let removed = colds[hole].take().map(FrontendCold::into_frontend);
         // Backward-shift deletion: every entry after the hole, up to the next empty slot, that
         // may live at the hole (its home is not between the hole and itself) moves into it, so
         // that no probe stops early and no tombstones accumulate.
@@ -792,8 +810,10 @@ impl FrontendTable {
         let cap = self.shards[s].hot.len();
         if len == 0 {
             self.shards[s] = FrontendShard::empty();
-        } else if len * 8 < cap && cap > FRONTEND_SHARD_MIN {
-            let cap = (len * 2).next_power_of_two().max(FRONTEND_SHARD_MIN);
+        } else if len * FRONTEND_SLOTS_PER_ENTRY * 4 < cap && cap > FRONTEND_SHARD_MIN {
+            let cap = (len * FRONTEND_SLOTS_PER_ENTRY)
+                .next_power_of_two()
+                .max(FRONTEND_SHARD_MIN);
             self.shards[s] = self.shards[s].rebuilt(cap);
         }
         removed
@@ -811,7 +831,7 @@ impl FrontendTable {
     pub fn iter(&self) -> impl Iterator<Item = (&FrontendKey, &Frontend)> + '_ {
         self.shards
             .iter()
-            .flat_map(|s| s.cold.iter().filter_map(|c| c.as_ref()))
+            .flat_map(|s| s.cold.iter().filter_map(|c| c.as_deref()))
             .map(|c| (&c.key, &c.frontend))
     }
 

@@ -39,7 +39,6 @@ use crate::conntrack::Conntrack;
 use crate::egress::{Egress, EgressStats, NOT_SENT};
 use crate::fib::Fib;
 use crate::io::afxdp::{Desc, KernelXskStats, Umem, XskConfig, XskSocket};
-use crate::io::UmemBatch;
 use crate::pipeline::Pipeline;
 use crate::snapshot::Snapshot;
 use crate::stats::{clock_ms, DataplaneStats, SocketSample, FRAME_BYTES, SOCKET_STATS_PERIOD};
@@ -508,10 +507,7 @@ impl Worker {
                     }
                 }
                 {
-                    let mut batch = UmemBatch {
-                        umem: &mut self.umem,
-                        descs: &mut descs[..n],
-                    };
+                    let mut batch = self.umem.batch(&mut descs[..n]);
                     pipeline.process(&mut batch, &mut verdicts, &snap, &shared.ct, now);
                     let before = egress_stats.checksums_completed;
                     egress.process(

@@ -170,6 +170,116 @@ pub struct Desc {
     pub len: usize,
 }
 
+/// A batch of frames in place in the UMEM (`Umem::batch`): what a worker hands its pipeline.
+/// Every address was checked against the mapping when the batch was made, so an access is an
+/// add and a mask: the pipeline reaches each frame two or three times a packet, and
+/// `Umem::frame`'s check at each, with the mapping's fields loaded again through `&mut Umem`,
+/// cost est-10k 12 instructions per packet more (docs/benchmarks.md, "Session 20").
+pub struct UmemFrames<'a> {
+    area: NonNull<u8>,
+    /// The frame size less one (a power of two).
+    chunk_mask: usize,
+    descs: &'a mut [Desc],
+    /// The frames are the UMEM's, borrowed mutably for as long as the batch lives.
+    _umem: std::marker::PhantomData<&'a mut Umem>,
+}
+
+impl UmemFrames<'_> {
+    pub fn len(&self) -> usize {
+        self.descs.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.descs.is_empty()
+    }
+
+    pub fn descs(&self) -> &[Desc] {
+        self.descs
+    }
+
+    /// Frame `i`'s buffer (from its address to the end of its chunk) and its length.
+    #[inline]
+    pub fn frame_mut(&mut self, i: usize) -> (&mut [u8], &mut usize) {
+        let (area, mask) = (self.area, self.chunk_mask);
+        let d = &mut self.descs[i];
+        let (off, cap) = place(d, mask);
+        // SAFETY: see `chunk_mut`; `&mut self` is held for the slice's lifetime.
+        (unsafe { Self::chunk_mut(area, off, cap) }, &mut d.len)
+    }
+
+    /// Frame `i`'s bytes (its length clamped to its chunk).
+    #[inline]
+    pub fn frame(&self, i: usize) -> &[u8] {
+        let d = &self.descs[i];
+        let (off, cap) = place(d, self.chunk_mask);
+        // SAFETY: see `chunk`.
+        unsafe { self.chunk(off, d.len.min(cap)) }
+    }
+
+    /// `frame(i)` without the check of `i`.
+    ///
+    /// # Safety
+    ///
+    /// `i < self.len()`.
+    #[inline(always)]
+    pub unsafe fn frame_unchecked(&self, i: usize) -> &[u8] {
+        // SAFETY: the caller's `i < descs.len()`.
+        let d = unsafe { self.descs.get_unchecked(i) };
+        let (off, cap) = place(d, self.chunk_mask);
+        // SAFETY: see `chunk`.
+        unsafe { self.chunk(off, d.len.min(cap)) }
+    }
+
+    /// `frame_mut(i)` without the check of `i`.
+    ///
+    /// # Safety
+    ///
+    /// `i < self.len()`.
+    #[inline(always)]
+    pub unsafe fn frame_mut_unchecked(&mut self, i: usize) -> (&mut [u8], &mut usize) {
+        let (area, mask) = (self.area, self.chunk_mask);
+        // SAFETY: the caller's `i < descs.len()`.
+        let d = unsafe { self.descs.get_unchecked_mut(i) };
+        let (off, cap) = place(d, mask);
+        // SAFETY: see `chunk_mut`; `&mut self` is held for the slice's lifetime.
+        (unsafe { Self::chunk_mut(area, off, cap) }, &mut d.len)
+    }
+
+    /// The `len` bytes at `off`.
+    ///
+    /// # Safety
+    ///
+    /// `off` is a descriptor's address and `len` at most the rest of its chunk.
+    #[inline(always)]
+    unsafe fn chunk(&self, off: usize, len: usize) -> &[u8] {
+        // SAFETY: `Umem::batch` checked every descriptor's address against the mapping, whose
+        // length is a whole number of chunks, so [off, off + len) is inside the mapping and one
+        // chunk; the batch borrows the UMEM for its lifetime, so nothing else writes it.
+        unsafe { std::slice::from_raw_parts(self.area.as_ptr().add(off), len) }
+    }
+
+    /// The `len` bytes at `off` of the mapping at `area`, writable, for as long as the caller
+    /// says.
+    ///
+    /// # Safety
+    ///
+    /// As `chunk`, and the caller holds the batch mutably for the slice's lifetime, so no other
+    /// slice of the batch lives while this one does.
+    #[inline(always)]
+    unsafe fn chunk_mut<'b>(area: NonNull<u8>, off: usize, len: usize) -> &'b mut [u8] {
+        // SAFETY: as in `chunk`; exclusive by the caller's promise.
+        unsafe { std::slice::from_raw_parts_mut(area.as_ptr().add(off), len) }
+    }
+}
+
+/// Where a descriptor's frame starts in the mapping, and how many bytes its chunk has from there
+/// (`chunk_mask`: the frame size less one).
+#[inline(always)]
+fn place(d: &Desc, chunk_mask: usize) -> (usize, usize) {
+    let off = d.addr as usize;
+    (off, chunk_mask + 1 - (off & chunk_mask))
+}
+
 /// The packet buffer area shared by a worker's sockets.
 pub struct Umem {
     /// The memfd behind the mapping (passed on in a takeover).
@@ -196,22 +306,35 @@ unsafe impl Send for Umem {}
 impl Umem {
     pub fn new(cfg: &XskConfig) -> io::Result<Umem> {
         assert!(cfg.frame_size.is_power_of_two() && (2048..=4096).contains(&cfg.frame_size));
-        let len = cfg.frames as usize * cfg.frame_size as usize;
+        Umem::map(cfg.frames, cfg.frame_size)
+    }
+
+    /// A UMEM that no socket will use, with frames of any power of two from 2048 bytes: `kxdp
+    /// replay` runs the workers' pipeline over it (their frames type, `UmemBatch`, so that it
+    /// measures, and a profile-guided build learns, the code the workers run), and a capture
+    /// may hold frames longer than a page.
+    pub fn in_memory(frames: u32, frame_size: u32) -> io::Result<Umem> {
+        assert!(frame_size.is_power_of_two() && frame_size >= 2048);
+        Umem::map(frames, frame_size)
+    }
+
+    fn map(frames: u32, frame_size: u32) -> io::Result<Umem> {
+        let len = frames as usize * frame_size as usize;
         let memfd = crate::handover::memfd(c"kxdp-umem", len)?;
         let area = map_shared(memfd.as_fd(), len)?;
-        let free = (0..cfg.frames as u64)
+        let free = (0..frames as u64)
             .rev()
-            .map(|i| i * cfg.frame_size as u64)
+            .map(|i| i * frame_size as u64)
             .collect();
         Ok(Umem {
             memfd,
             area,
             len,
-            frame_size: cfg.frame_size,
-            frames: cfg.frames,
+            frame_size,
+            frames,
             free,
             in_hand: 0,
-            owner: vec![0; cfg.frames as usize],
+            owner: vec![0; frames as usize],
             next_socket_id: 1,
         })
     }
@@ -342,6 +465,24 @@ impl Umem {
     pub fn recycle(&mut self, addr: u64) {
         self.in_hand -= 1;
         self.free.push(addr & !(self.frame_size as u64 - 1));
+    }
+
+    /// A batch of received frames (`descs`, off an RX ring), their addresses checked against the
+    /// mapping here, once, rather than at every access ([`UmemFrames`]).
+    #[inline]
+    pub fn batch<'a>(&'a mut self, descs: &'a mut [Desc]) -> UmemFrames<'a> {
+        for d in descs.iter() {
+            assert!(
+                (d.addr as usize) < self.len,
+                "frame address outside the UMEM"
+            );
+        }
+        UmemFrames {
+            area: self.area,
+            chunk_mask: self.frame_size as usize - 1,
+            descs,
+            _umem: std::marker::PhantomData,
+        }
     }
 
     /// The frame's buffer from `addr` to the end of its chunk.
@@ -1077,5 +1218,60 @@ impl Umem {
         self.free.len() as u64
             + self.in_hand as u64
             + sockets.iter().map(|s| s.frames_held() as u64).sum::<u64>()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A batch's frames are where their descriptors say, each writable to the end of its chunk,
+    /// and a length past the chunk (a caller's mistake) is cut to it.
+    #[test]
+    fn a_batch_reaches_each_frame_in_place() {
+        let mut umem = Umem::in_memory(4, 2048).unwrap();
+        for (k, addr) in [0u64, 2048 + 256, 3 * 2048].into_iter().enumerate() {
+            umem.frame_mut(addr)[..3].copy_from_slice(&[k as u8; 3]);
+        }
+        let mut descs = [
+            Desc { addr: 0, len: 3 },
+            Desc {
+                addr: 2048 + 256,
+                len: 3,
+            },
+            Desc {
+                addr: 3 * 2048,
+                len: 3,
+            },
+        ];
+        let mut batch = umem.batch(&mut descs);
+        assert_eq!(batch.len(), 3);
+        for k in 0..3 {
+            assert_eq!(batch.frame(k), &[k as u8; 3][..]);
+            // SAFETY: `k < batch.len()`.
+            assert_eq!(unsafe { batch.frame_unchecked(k) }, batch.frame(k));
+        }
+        let (buf, len) = batch.frame_mut(1);
+        assert_eq!(buf.len(), 2048 - 256);
+        buf[3] = 9;
+        *len = 4;
+        assert_eq!(batch.frame(1), &[1, 1, 1, 9][..]);
+        // SAFETY: `2 < batch.len()`.
+        let (buf, len) = unsafe { batch.frame_mut_unchecked(2) };
+        assert_eq!(buf.len(), 2048);
+        *len = 5000;
+        assert_eq!(batch.frame(2).len(), 2048);
+        assert_eq!(batch.descs()[1].len, 4);
+    }
+
+    #[test]
+    #[should_panic(expected = "frame address outside the UMEM")]
+    fn a_batch_refuses_an_address_outside_the_umem() {
+        let mut umem = Umem::in_memory(2, 2048).unwrap();
+        let mut descs = [Desc {
+            addr: 2 * 2048,
+            len: 64,
+        }];
+        umem.batch(&mut descs);
     }
 }

@@ -8,6 +8,8 @@
 //!   storage, which survives a restart when it is a file), and the CLOCK_MONOTONIC clock.
 //! - [`huge`]: reference-counted slices in memory advised for transparent huge pages (the
 //!   frontend table's slots and endpoint lists).
+//! - [`mount`]: whether a directory is a tmpfs that gives huge pages, and mounting one (the
+//!   conntrack state file's directory).
 //! - [`handover`]: memfds and descriptors passed over a Unix socket (a takeover).
 //! - [`sys`]: interface indexes, network namespaces, ethtool queries, CPU pinning.
 //!
@@ -21,6 +23,7 @@
 pub mod afxdp;
 pub mod handover;
 pub mod huge;
+pub mod mount;
 pub mod netlink;
 pub mod shm;
 pub mod sys;

@@ -76,18 +76,23 @@ impl Mapping {
         unsafe { libc::madvise(self.base.as_ptr().cast(), self.len, libc::MADV_HUGEPAGE) == 0 }
     }
 
-    /// Faults every page in (after `advise_huge_pages`, so that they come as huge pages where
-    /// possible): `MADV_POPULATE_WRITE` (Linux 5.14), else a write of zero per 4 KiB page.
-    fn prefault_zeroed(&self) {
-        // SAFETY: as above; populating writes nothing visible (the pages stay zero).
-        let rc = unsafe {
+    /// `MADV_POPULATE_WRITE` (Linux 5.14) over the whole mapping: every page faulted in
+    /// writable, no contents changed. False where the kernel lacks it.
+    fn populate_write(&self) -> bool {
+        // SAFETY: exactly the range mmap returned; populating changes no contents.
+        unsafe {
             libc::madvise(
                 self.base.as_ptr().cast(),
                 self.len,
                 libc::MADV_POPULATE_WRITE,
-            )
-        };
-        if rc == 0 {
+            ) == 0
+        }
+    }
+
+    /// Faults every page in (after `advise_huge_pages`, so that they come as huge pages where
+    /// possible): `MADV_POPULATE_WRITE` (Linux 5.14), else a write of zero per 4 KiB page.
+    fn prefault_zeroed(&self) {
+        if self.populate_write() {
             return;
         }
         for off in (0..self.len).step_by(4096) {
@@ -107,18 +112,36 @@ impl Mapping {
                 "file shorter than the mapping asked for",
             ));
         }
-        let m = Self::map(
-            len.max(1),
-            libc::MAP_SHARED | libc::MAP_POPULATE,
-            file.as_raw_fd(),
-        )?;
-        // Huge pages of a file on tmpfs come only with the tmpfs `huge=` mount option or
-        // /sys/kernel/mm/transparent_hugepage/shmem_enabled set to `advise` (then this advice
-        // counts; khugepaged collapses the prefaulted pages) or `always`.
+        let m = Self::map(len.max(1), libc::MAP_SHARED, file.as_raw_fd())?;
+        // Huge pages of a file on tmpfs come only with the tmpfs `huge=` mount option
+        // (`kxdp_kernel::mount`; with `huge=advise`, this advice is what asks). Advised before
+        // the pages are faulted in, so that they come huge rather than wait for khugepaged.
         if !cfg!(miri) {
             m.advise_huge_pages();
+            m.prefault_file();
         }
         Ok(Arc::new(m))
+    }
+
+    /// Faults every page of a file mapping in, keeping its contents: `MADV_POPULATE_WRITE`
+    /// (Linux 5.14; as `MAP_POPULATE` did, before the advice), else a read per 4 KiB page.
+    fn prefault_file(&self) {
+        if self.populate_write() {
+            return;
+        }
+        for off in (0..self.len).step_by(4096) {
+            // SAFETY: within the mapping (`off < len`), which the file backs whole (checked by
+            // `file`); a volatile read of a byte changes nothing.
+            unsafe { std::ptr::read_volatile(self.base.as_ptr().add(off)) };
+        }
+    }
+
+    /// How many bytes of this mapping the kernel backs with huge pages now (anonymous THP or
+    /// PMD-mapped tmpfs pages, from `/proc/self/smaps`); None when smaps cannot be read (no
+    /// procfs) or does not list the mapping.
+    pub fn huge_page_bytes(&self) -> Option<u64> {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
+        smaps_huge_bytes(&smaps, self.base.as_ptr() as usize, self.len)
     }
 
     fn map(len: usize, flags: i32, fd: i32) -> io::Result<Mapping> {
@@ -190,6 +213,39 @@ impl Drop for Mapping {
     }
 }
 
+/// The huge-page bytes of the smaps entry that holds `base` (at most `len`: a neighbour the kernel
+/// merged into the same entry is not this mapping's). Written by hand: a few lines of `key: N kB`
+/// under a range header; procfs' parser would bring the whole of procfs for it.
+fn smaps_huge_bytes(smaps: &str, base: usize, len: usize) -> Option<u64> {
+    let mut inside = false;
+    let mut kb = None;
+    for line in smaps.lines() {
+        let first = line.split(' ').next().unwrap_or("");
+        if let Some((start, end)) = first.split_once('-') {
+            if let (Ok(start), Ok(end)) = (
+                usize::from_str_radix(start, 16),
+                usize::from_str_radix(end, 16),
+            ) {
+                if inside {
+                    break;
+                }
+                inside = start <= base && base < end;
+                continue;
+            }
+        }
+        if !inside {
+            continue;
+        }
+        if let Some((key, value)) = line.split_once(':') {
+            if matches!(key, "AnonHugePages" | "ShmemPmdMapped" | "FilePmdMapped") {
+                let n: u64 = value.trim().trim_end_matches("kB").trim().parse().ok()?;
+                kb = Some(kb.unwrap_or(0) + n);
+            }
+        }
+    }
+    kb.map(|kb| (kb * 1024).min(len as u64))
+}
+
 /// A slice of `T` inside a [`Mapping`] (keeps it mapped). Dereferences to `[T]` at the cost of a
 /// `Box<[T]>`'s: a pointer and a length.
 pub struct SharedSlice<T: AtomicPod> {
@@ -202,6 +258,13 @@ pub struct SharedSlice<T: AtomicPod> {
 unsafe impl<T: AtomicPod> Send for SharedSlice<T> {}
 // SAFETY: as above.
 unsafe impl<T: AtomicPod> Sync for SharedSlice<T> {}
+
+impl<T: AtomicPod> SharedSlice<T> {
+    /// The mapping this slice lies in.
+    pub fn mapping(&self) -> &Mapping {
+        &self._map
+    }
+}
 
 impl<T: AtomicPod> std::ops::Deref for SharedSlice<T> {
     type Target = [T];
@@ -284,19 +347,30 @@ mod tests {
         assert_eq!(v[v.len() - 1].load(Ordering::Relaxed), 7);
     }
 
-    #[test]
-    fn file_mapping_is_shared_and_bounds_checked() {
-        let dir = std::env::temp_dir().join(format!("kxdp-shm-test-{}", std::process::id()));
-        let _ = std::fs::create_dir_all(&dir);
-        let path = dir.join("map");
+    /// A file of `len` zero bytes, made anew at `path`, open read-write.
+    fn open_sized(path: &std::path::Path, len: u64) -> File {
         let f = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(true)
-            .open(&path)
+            .open(path)
             .unwrap();
-        f.set_len(8192).unwrap();
+        f.set_len(len).unwrap();
+        f
+    }
+
+    /// `open_sized` in a directory of the test's own (`name`), which the test removes.
+    fn new_file(name: &str, len: u64) -> (std::path::PathBuf, File) {
+        let dir = std::env::temp_dir().join(format!("kxdp-shm-{name}-{}", std::process::id()));
+        let _ = std::fs::create_dir_all(&dir);
+        let f = open_sized(&dir.join("map"), len);
+        (dir, f)
+    }
+
+    #[test]
+    fn file_mapping_is_shared_and_bounds_checked() {
+        let (dir, f) = new_file("test", 8192);
         let a = Mapping::file(&f, 8192).unwrap();
         let b = Mapping::file(&f, 8192).unwrap();
         let va = a.view::<AtomicU64>(4096, 512).unwrap();
@@ -308,5 +382,90 @@ mod tests {
         assert!(Mapping::file(&f, 16384).is_err());
         assert!(monotonic_ms() > 0);
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_file_mapped_again_keeps_its_contents() {
+        // The prefault after the advice must not write: a restart maps a table full of entries.
+        let (dir, f) = new_file("keep", 3 << 20);
+        {
+            let a = Mapping::file(&f, 3 << 20).unwrap();
+            let v = a.view::<AtomicU64>(0, (3 << 20) / 8).unwrap();
+            for i in (0..v.len()).step_by(512) {
+                v[i].store(i as u64 + 1, Ordering::Relaxed);
+            }
+        }
+        let b = Mapping::file(&f, 3 << 20).unwrap();
+        let v = b.view::<AtomicU64>(0, (3 << 20) / 8).unwrap();
+        assert!((0..v.len())
+            .step_by(512)
+            .all(|i| v[i].load(Ordering::Relaxed) == i as u64 + 1));
+        assert!(b.huge_page_bytes().is_some(), "smaps lists the mapping");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn smaps_huge_bytes_are_the_mappings_own() {
+        let smaps = "\
+7f0000000000-7f0000400000 rw-s 00000000 00:30 12 /run/kxdp/ct/conntrack
+Size:               4096 kB
+AnonHugePages:         0 kB
+ShmemPmdMapped:     2048 kB
+FilePmdMapped:         0 kB
+7f0000400000-7f0000600000 rw-p 00000000 00:00 0
+AnonHugePages:      2048 kB
+";
+        assert_eq!(
+            smaps_huge_bytes(smaps, 0x7f00_0000_0000, 4 << 20),
+            Some(2 << 20)
+        );
+        assert_eq!(
+            smaps_huge_bytes(smaps, 0x7f00_0040_0000, 1 << 20),
+            Some(1 << 20),
+            "capped at the mapping's length"
+        );
+        assert_eq!(smaps_huge_bytes(smaps, 0x1000, 4096), None);
+    }
+
+    /// On a tmpfs mounted with `huge=within_size` (what `kxdp run` mounts for the state file) a
+    /// file mapping is in huge pages. Root only (mount); skipped where the kernel gives none.
+    #[test]
+    fn a_file_on_a_huge_tmpfs_is_in_huge_pages() {
+        if is_root() {
+            let dir = std::env::temp_dir().join(format!("kxdp-shm-huge-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            if let Err(e) = crate::mount::mount_huge_tmpfs(&dir) {
+                let _ = std::fs::remove_dir(&dir);
+                panic!("mounting a tmpfs as root: {e}");
+            }
+            let result = std::panic::catch_unwind(|| {
+                assert!(crate::mount::mount_at(&dir)
+                    .unwrap()
+                    .is_some_and(|m| m.gives_huge_pages()));
+                let f = open_sized(&dir.join("table"), 8 << 20);
+                let m = Mapping::file(&f, 8 << 20).unwrap();
+                let thp =
+                    std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
+                        .unwrap_or_default();
+                if !thp.contains("[deny]") {
+                    // (At least half: a 2 MiB page the kernel cannot find at that moment
+                    // leaves that part in small pages, which work the same.)
+                    let huge = m.huge_page_bytes().unwrap();
+                    assert!(huge >= 4 << 20, "{huge} of 8 MiB in huge pages");
+                }
+            });
+            crate::mount::unmount(&dir).unwrap();
+            std::fs::remove_dir(&dir).unwrap();
+            result.unwrap();
+        }
+    }
+
+    fn is_root() -> bool {
+        std::fs::read_to_string("/proc/self/status")
+            .map(|s| {
+                s.lines()
+                    .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"))
+            })
+            .unwrap_or(false)
     }
 }

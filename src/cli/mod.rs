@@ -54,6 +54,14 @@ enum Command {
     /// publishes the tables to AF_XDP workers on the configured interfaces, serves /metrics,
     /// health and the admin socket.
     Run(RunArgs),
+    /// Prepare this node for `kxdp run` with this config, then exit: the huge-page tmpfs for
+    /// the conntrack state file (conntrack.stateFileHugePages). For an init container that may
+    /// mount (CAP_SYS_ADMIN) where the daemon's container may not.
+    Prepare {
+        /// DataplaneConfiguration file.
+        #[arg(long, value_name = "FILE")]
+        config: PathBuf,
+    },
     /// Replay a pcap through the pipeline, from memory, as fast as it goes.
     Replay(ReplayArgs),
     /// Captures and clusters for benchmarks and tests.
@@ -289,6 +297,11 @@ struct ReplayArgs {
     /// localAddresses, routes, neighbours, fdb, kernelPort; see docs/cli.md), as `kxdp run` does.
     #[arg(long, value_name = "FILE")]
     routes: Option<PathBuf>,
+    /// Keep the conntrack table in a state file made at PATH (which must not exist; removed at
+    /// the end), as `kxdp run` with conntrack.stateFile does: the file's filesystem decides its
+    /// pages (a tmpfs without `huge=` gives 4 KiB ones).
+    #[arg(long, value_name = "PATH")]
+    conntrack_file: Option<PathBuf>,
 }
 
 /// The binary's entry point; returns the process exit code.
@@ -351,6 +364,7 @@ where
                 .map_err(run_error),
             )
         }
+        Command::Prepare { config } => finish(cmd_prepare(&config)),
         Command::Replay(args) => finish(cmd_replay(&args)),
         Command::Pcap {
             command: PcapCommand::Gen(args),
@@ -514,7 +528,25 @@ pub fn failure(message: impl ToString) -> CliError {
     }
 }
 
+fn cmd_prepare(path: &Path) -> Result<(), CliError> {
+    let config = Config::load(path).map_err(bad_input)?;
+    match kxdp_control::admin::daemon::prepare_state_dir(&config) {
+        Ok(Some(done)) => eprintln!("kxdp prepare: {done}"),
+        Ok(None) => eprintln!("kxdp prepare: nothing to do"),
+        Err(why) => return Err(failure(why)),
+    }
+    Ok(())
+}
+
 fn cmd_replay(args: &ReplayArgs) -> Result<(), CliError> {
+    if let Some(path) = &args.conntrack_file {
+        if path.exists() {
+            return Err(bad_input(format!(
+                "--conntrack-file {}: exists; a replay makes its table in a new file (and removes it at the end), so name a path that does not exist",
+                path.display()
+            )));
+        }
+    }
     let config = Config::load(&args.config).map_err(bad_input)?;
     config
         .check_memory(&kxdp_control::config::Machine::probe(), false, &args.config)
@@ -578,9 +610,18 @@ fn cmd_replay(args: &ReplayArgs) -> Result<(), CliError> {
         progress,
         updates,
         routes: routes.clone(),
+        conntrack_file: args.conntrack_file.clone(),
     };
     let snapshot = Arc::new(snapshot);
-    let result = replay(snapshot.clone(), config.ct_config(), &capture, &opts);
+    let result = replay(snapshot.clone(), config.ct_config(), &capture, &opts).map_err(|e| {
+        failure(format!(
+            "--conntrack-file {}: {e}",
+            args.conntrack_file
+                .as_deref()
+                .unwrap_or(Path::new(""))
+                .display()
+        ))
+    })?;
     if let Some(b) = bar {
         b.finish_and_clear();
     }
@@ -628,7 +669,8 @@ fn cmd_replay(args: &ReplayArgs) -> Result<(), CliError> {
         result.seconds,
         &result.actions,
         &result.reasons,
-    );
+    )
+    .with_table_memory(result.table_memory);
     // The JSON summary is data (stdout); the human one is commentary (stderr), so that
     // `--verdicts -` on stdout stays pure JSON lines.
     if args.json {

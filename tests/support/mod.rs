@@ -511,6 +511,17 @@ pub struct Replay {
 }
 
 impl Replay {
+    /// The JSON summary `--json` printed (the last JSON line on stdout).
+    pub fn summary(&self) -> Value {
+        let line = self
+            .stdout
+            .lines()
+            .rev()
+            .find(|l| l.trim_start().starts_with('{'))
+            .unwrap_or_else(|| panic!("no JSON summary on stdout:\n{}", self.stdout));
+        serde_json::from_str(line).expect("summary is JSON")
+    }
+
     pub fn v(&self, i: usize) -> &Value {
         &self.verdicts[i]
     }

@@ -61,7 +61,12 @@ pub fn dataplane(config: &Config, extra: usize) -> Dataplane {
     let workers = config.workers.count.max(1) + extra;
     let ct = match config.conntrack.state_file.as_str() {
         "" => Conntrack::new(config.ct_config(), workers),
-        path => open_state_file(Path::new(path), config, workers),
+        path => {
+            if config.conntrack.state_file_huge_pages {
+                huge_page_dir(Path::new(path));
+            }
+            open_state_file(Path::new(path), config, workers)
+        }
     };
     Dataplane {
         ct: Arc::new(ct),
@@ -92,6 +97,106 @@ fn open_state_file(path: &Path, config: &Config, workers: usize) -> Conntrack {
                 );
                 return Conntrack::new(config.ct_config(), workers);
             }
+        }
+    }
+}
+
+/// What `conntrack.stateFileHugePages` asks: the state file's directory a tmpfs that gives huge
+/// pages. An earlier kxdp's mount (the DaemonSet shares it with the host) is used as it is; an
+/// empty directory that is not a mount point gets one; anything else is left alone (mounting
+/// over files would hide them), with a warning: the table then works the same in 4 KiB pages.
+fn huge_page_dir(state_file: &Path) {
+    match prepare_huge_page_dir(state_file) {
+        Ok(None) => {}
+        Ok(Some(done)) => tracing::info!("kxdp run: {done}"),
+        Err(why) => tracing::warn!("kxdp run: {why}; the state file stays in 4 KiB pages"),
+    }
+}
+
+/// `kxdp prepare` and `kxdp run`: makes the directory of `conntrack.stateFile` a tmpfs with huge
+/// pages when the config asks (see `huge_page_dir`). Ok(None): nothing to do (not asked, or
+/// already one); Ok(Some(what was done)); Err(why not, in words).
+pub fn prepare_state_dir(config: &Config) -> Result<Option<String>, String> {
+    let ct = &config.conntrack;
+    if ct.state_file.is_empty() || !ct.state_file_huge_pages {
+        return Ok(None);
+    }
+    prepare_huge_page_dir(Path::new(&ct.state_file))
+}
+
+fn prepare_huge_page_dir(state_file: &Path) -> Result<Option<String>, String> {
+    let Some(dir) = state_file.parent().filter(|d| !d.as_os_str().is_empty()) else {
+        return Err(format!(
+            "conntrack.stateFileHugePages: {}: the state file needs a directory of its own, named in its path (such as /run/kxdp/ct/conntrack)",
+            state_file.display()
+        ));
+    };
+    let why = |e: String| format!("conntrack.stateFileHugePages: {}: {e}", dir.display());
+    let outcome = ensure_huge_page_dir(dir).map_err(why)?;
+    if matches!(outcome, HugeDir::MountedPrivate) {
+        tracing::warn!(
+            "kxdp: the tmpfs mounted at {} has private propagation, in a mount namespace kxdp cannot compare with the host's: if it is kxdp's own (a container volume without mountPropagation: Bidirectional), a restarted kxdp will not find the state file",
+            dir.display()
+        );
+    }
+    Ok((!matches!(outcome, HugeDir::Present)).then(|| {
+        format!(
+            "mounted a tmpfs with huge pages (huge=within_size) at {} for conntrack.stateFile",
+            dir.display()
+        )
+    }))
+}
+
+enum HugeDir {
+    /// Already a tmpfs with huge pages.
+    Present,
+    /// Mounted now, shared with the host (or in its namespace).
+    Mounted,
+    /// Mounted now, private, in a namespace that may be kxdp's own.
+    MountedPrivate,
+}
+
+fn ensure_huge_page_dir(dir: &Path) -> Result<HugeDir, String> {
+    use kxdp_dataplane::io::mount;
+    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create the directory: {e}"))?;
+    match mount::mount_at(dir).map_err(|e| format!("cannot read the mount table: {e}"))? {
+        Some(m) if m.gives_huge_pages() => return Ok(HugeDir::Present),
+        Some(m) => {
+            return Err(format!(
+                "already a mount point ({}, options {}) without huge pages",
+                m.fs_type, m.super_options
+            ))
+        }
+        None => {}
+    }
+    let empty = std::fs::read_dir(dir)
+        .map_err(|e| format!("cannot list the directory: {e}"))?
+        .next()
+        .is_none();
+    if !empty {
+        return Err("not empty, and not a mount point: kxdp mounts a tmpfs only on an empty directory (move the state file into a directory of its own)".into());
+    }
+    mount::mount_huge_tmpfs(dir).map_err(|e| format!("cannot mount a tmpfs there: {e}"))?;
+    // A mount private to kxdp's mount namespace (a container volume without
+    // `mountPropagation: Bidirectional`, `ip netns exec`) goes with the process, and with it
+    // the state file: the next kxdp would find an empty directory and lose every connection.
+    // Keeping connections matters more than huge pages: undo it. (In PID 1's namespace a
+    // private mount stays: a host whose root is not shared.)
+    if mount::mount_at(dir).is_ok_and(|m| m.is_some_and(|m| m.shared)) {
+        return Ok(HugeDir::Mounted);
+    }
+    match mount::in_init_mount_namespace() {
+        Some(true) => Ok(HugeDir::Mounted),
+        None => Ok(HugeDir::MountedPrivate),
+        Some(false) => {
+            let undone = mount::unmount(dir);
+            Err(format!(
+                "a tmpfs mounted there would be private to kxdp's mount namespace{}, so a restarted kxdp would not find the state file; share the directory with the host (DaemonSet: mountPropagation: Bidirectional) or mount the tmpfs there beforehand (mount -t tmpfs -o huge=within_size,mode=0700 tmpfs DIR)",
+                match undone {
+                    Ok(()) => String::new(),
+                    Err(e) => format!(" (and unmounting it failed: {e})"),
+                }
+            ))
         }
     }
 }
@@ -315,5 +420,63 @@ fn inject_loop(
             );
         }
         tracing::info!(packets = capture.packets.len(), "--inject-pcap: replayed");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn is_root() -> bool {
+        std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
+            s.lines()
+                .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"))
+        })
+    }
+
+    /// `conntrack.stateFileHugePages`: an empty directory gets a huge-page tmpfs, which a later
+    /// start finds and keeps; a directory with files is left alone. Root only (mount), as CI runs.
+    #[test]
+    fn a_huge_page_dir_is_mounted_once_and_only_where_empty() {
+        if !is_root() {
+            return;
+        }
+        let base = tempfile::tempdir().unwrap();
+        let dir = base.path().join("ct");
+        let busy = base.path().join("busy");
+        std::fs::create_dir(&busy).unwrap();
+        std::fs::write(busy.join("other"), b"x").unwrap();
+        let first = ensure_huge_page_dir(&dir);
+        let outcome = std::panic::catch_unwind(|| {
+            assert!(
+                matches!(first, Ok(HugeDir::Mounted | HugeDir::MountedPrivate)),
+                "{:?}",
+                first.as_ref().err()
+            );
+            assert!(matches!(ensure_huge_page_dir(&dir), Ok(HugeDir::Present)));
+            // The state file made there is in huge pages (where the kernel has any to give).
+            let cfg = kxdp_dataplane::conntrack::CtConfig {
+                max_entries: 100_000,
+                ..Default::default()
+            };
+            let (ct, _) = Conntrack::open_file(&dir.join("conntrack"), cfg, 1).unwrap();
+            let mem = ct.memory();
+            assert!(mem.in_file);
+            let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
+                .unwrap_or_default();
+            if !thp.contains("[never]") {
+                assert!(
+                    mem.huge_page_bytes.unwrap() >= mem.bytes / 2,
+                    "{mem:?}: the file is not in huge pages"
+                );
+            }
+            let e = ensure_huge_page_dir(&busy).err().unwrap();
+            assert!(e.contains("not empty"), "{e}");
+            assert!(busy.join("other").exists());
+        });
+        if matches!(first, Ok(HugeDir::Mounted | HugeDir::MountedPrivate)) {
+            kxdp_dataplane::io::mount::unmount(&dir).unwrap();
+        }
+        outcome.unwrap();
     }
 }

@@ -17,8 +17,8 @@ pub use persist::{
     VERSION_OVERRIDE_ENV,
 };
 pub use table::{
-    Candidate, EntryView, Found, InsertError, Retired, DIR_ORIG, DIR_REPLY, FLAG_ASSURED,
-    FLAG_MASQ, FLAG_SEEN_REPLY,
+    Candidate, EntryView, Found, InsertError, Retired, TableMemory, DIR_ORIG, DIR_REPLY,
+    FLAG_ASSURED, FLAG_MASQ, FLAG_SEEN_REPLY,
 };
 pub use tuple::{addr_word, has_ports, hash_packed, packed_proto, Packed, Tuple};
 
@@ -149,6 +149,13 @@ impl Timeouts {
     }
 }
 
+/// Bytes a table of `max_entries` allocates up front (its entries and index, `table::Geometry`;
+/// a state file adds a 4 KiB header).
+pub fn table_bytes(max_entries: u32) -> u64 {
+    let g = table::Geometry::for_max_live(max_entries);
+    g.array_bytes().iter().sum::<usize>() as u64
+}
+
 impl Conntrack {
     /// `workers`: how many threads call `enter`/`leave`/`maintain` (each with its own index).
     /// The table lives in process memory (replay, tests, `kxdp run` without a state file).
@@ -236,6 +243,11 @@ impl Conntrack {
     /// period.
     pub fn capacity(&self) -> usize {
         self.table.capacity()
+    }
+
+    /// The memory the table lives in, and how much of it is in huge pages.
+    pub fn memory(&self) -> TableMemory {
+        self.table.memory()
     }
 
     /// Live entries (connections and affinity records).

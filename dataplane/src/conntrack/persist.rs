@@ -28,7 +28,9 @@
 //! the entry layout changes, bump the version, keep the old `LAYOUT` description and add a
 //! converter from the old version next to `migrate` (copy the old records into the new form), so
 //! that an upgrade keeps its connections and a rollback (an older build meeting a newer file)
-//! starts clean with a warning.
+//! starts clean with a warning. Version 4 changed only the index's size for small tables
+//! (`Geometry::for_max_live`): a version-3 file is read as this version's, and migrated (its
+//! entries copied into a file of the new geometry) where its index is smaller than this build's.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read};
@@ -46,18 +48,31 @@ use super::tuple::Packed;
 pub const HEADER_BYTES: usize = 4096;
 pub const MAGIC: u64 = u64::from_le_bytes(*b"KXDPCTRK");
 /// The entry layout this build writes (see `table::Hot`).
-pub const LAYOUT_VERSION: u64 = 3;
-/// The entry layout, field by field, with offsets: hashed into the header's fingerprint, so that
-/// a change nobody remembered to version is still caught.
-const LAYOUT: &str =
-    "hot 64 align 16, array on a 64-byte boundary; u64 addrs_orig @0 (src low 32 << 32 | dst low \
+pub const LAYOUT_VERSION: u64 = 4;
+/// The entry layout of versions 3 and 4, field by field, with offsets (the index slots' rule
+/// follows: `LAYOUT_V3`, `LAYOUT`).
+macro_rules! layout_v3_entries {
+    () => {
+        "hot 64 align 16, array on a 64-byte boundary; u64 addrs_orig @0 (src low 32 << 32 | dst low \
 32); u64 word4_orig @8 (key bits 0..41, created tick 7 bits @41, service_id low 16 @48); u64 \
 addrs_reply @16; u64 word4_reply @24 (key, created tick high 7 @41, service_id high 16 @48); \
 u64x2 bytes @32 (sctp: bytes orig|reply<<32 @32, tags @40); u32 state @48 (seq bits 24..32); u32 \
 expires_or_next @52 (2 ms units); u32x2 packets @56; cold 48 after capacity hots: per tuple \
 (ipv6 only) u64 src_high, u64 dst_high, u64 src_low_high32 << 32 | dst_low_high32; tuple family \
 bit 40 (set: ipv6; ipv4 addresses are ::ffff:a.b.c.d); slots u32 ((tag<<key_bits | \
-(idx<<1|dir)+1)<<1, tomb epoch<<1|1), nslots = 16-rounded 3.2 x capacity";
+(idx<<1|dir)+1)<<1, tomb epoch<<1|1), "
+    };
+}
+/// The entry layout, field by field, with offsets: hashed into the header's fingerprint, so that
+/// a change nobody remembered to version is still caught. Version 4 is version 3 with a small
+/// table's index sparser (`Geometry::for_max_live`): the same entries.
+const LAYOUT: &str = concat!(
+    layout_v3_entries!(),
+    "nslots = 16-rounded 3.2 x capacity, at least min(2^17, 16 x capacity)"
+);
+/// Layout version 3 (sessions 16-18), which this build reads as its own entries, migrating a
+/// small table to its sparser index.
+const LAYOUT_V3: &str = concat!(layout_v3_entries!(), "nslots = 16-rounded 3.2 x capacity");
 /// Layout version 2 (sessions 11-15), which this build converts: one 112-byte record per entry.
 const LAYOUT_V2: &str =
     "entry 112 align 16; u64x5 tuple_orig @0 (word 4: key bits 0..41, created tick 7 bits @41, \
@@ -244,9 +259,13 @@ fn fnv(words: &[u64]) -> u64 {
     h
 }
 
-/// The fingerprint of layout `version` (this build's, or version 2's).
+/// The fingerprint of layout `version` (this build's, or version 2's or 3's).
 fn fingerprint_of(version: u64) -> u64 {
-    let layout = if version == 2 { LAYOUT_V2 } else { LAYOUT };
+    let layout = match version {
+        2 => LAYOUT_V2,
+        3 => LAYOUT_V3,
+        _ => LAYOUT,
+    };
     let words: Vec<u64> = layout
         .as_bytes()
         .chunks(8)
@@ -263,10 +282,25 @@ fn fingerprint() -> u64 {
     fingerprint_of(LAYOUT_VERSION)
 }
 
-/// The versions this build can read (see the module notes on adding a converter): its own, and
-/// version 2 (converted: `convert_v2`).
+/// The versions this build can read (see the module notes on adding a converter): its own,
+/// version 2 (converted: `convert_v2`) and version 3 (the same entries: `same_entries`).
 fn readable(version: u64, ours: u64) -> bool {
-    version == ours || (ours == LAYOUT_VERSION && version == 2)
+    version == ours || (ours == LAYOUT_VERSION && (version == 2 || version == 3))
+}
+
+/// Whether a file of layout `version` holds entries as this build's (`ours`) are: its own, or
+/// version 3, which differs only in the index's size (rebuilt on every open anyway).
+fn same_entries(version: u64, ours: u64) -> bool {
+    version == ours || (ours == LAYOUT_VERSION && version == 3)
+}
+
+/// The geometry a file of layout `version` has for `max_live` entries.
+fn geometry_of(version: u64, max_live: u32) -> Geometry {
+    if version < 4 {
+        Geometry::before_v4(max_live)
+    } else {
+        Geometry::for_max_live(max_live)
+    }
 }
 
 pub fn file_len(g: &Geometry) -> usize {
@@ -416,7 +450,7 @@ fn check_header(
         capacity: words[H_CAPACITY] as usize,
         nslots: words[H_NSLOTS] as usize,
     };
-    if old != Geometry::for_max_live(old.max_live) || words[H_MAX_LIVE] > u32::MAX as u64 {
+    if old != geometry_of(words[H_VERSION], old.max_live) || words[H_MAX_LIVE] > u32::MAX as u64 {
         return discard(
             DiscardedCorrupt,
             format!(
@@ -432,7 +466,9 @@ fn check_header(
             format!("{len} bytes, its header needs {need}"),
         );
     }
-    if old != *want || words[H_SEED] != seed || words[H_VERSION] != env.version {
+    // (A version-3 file of the geometry this build wants, any table from about 40k entries up,
+    // is taken as it is: its header is rewritten as this version's on open.)
+    if old != *want || words[H_SEED] != seed || !same_entries(words[H_VERSION], env.version) {
         return Err(Reject::Migrate(old, words[H_CLEAN] == 1, words[H_VERSION]));
     }
     Ok(words[H_CLEAN] == 1)
@@ -1088,6 +1124,7 @@ mod tests {
         patch(&path, HEADER_BYTES as u64, &file);
         set_header_word(&path, H_FINGERPRINT, fingerprint_of(2));
         set_header_word(&path, H_VERSION, 2);
+        set_header_word(&path, H_NSLOTS, Geometry::before_v4(100).nslots as u64);
         let (ct, r) = open(&path, 100, &env());
         assert_eq!(
             (r.result, r.restored, r.dropped),
@@ -1115,6 +1152,64 @@ mod tests {
             (RestoreResult::Restored, 3),
             "{r:?}"
         );
+    }
+
+    /// What version-3 builds wrote into the header (`LAYOUT_V3` must stay byte for byte).
+    #[test]
+    fn version_3_keeps_its_fingerprint() {
+        assert_eq!(fingerprint_of(3), 0x5d65_7772_f6fd_accf);
+        assert_ne!(fingerprint_of(3), fingerprint());
+    }
+
+    /// A version-3 file as its build left it: this build's entries, the index sized by the rule
+    /// of version 3.
+    fn make_version_3(path: &Path, max: u32) {
+        let (ct, _) = open(path, max, &env());
+        populate(&ct);
+        assert!(ct.mark_clean_shutdown());
+        drop(ct);
+        let g = Geometry::before_v4(max);
+        set_header_word(path, H_VERSION, 3);
+        set_header_word(path, H_FINGERPRINT, fingerprint_of(3));
+        set_header_word(path, H_NSLOTS, g.nslots as u64);
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(path)
+            .unwrap()
+            .set_len(file_len(&g) as u64)
+            .unwrap();
+    }
+
+    #[test]
+    fn a_version_3_file_keeps_its_connections() {
+        // A small table: its index grows (version 4), so the entries are copied into a new file.
+        let (_d, path) = dir("v3small");
+        make_version_3(&path, 100);
+        assert!(Geometry::before_v4(100).nslots < Geometry::for_max_live(100).nslots);
+        let (ct, r) = open(&path, 100, &env());
+        assert_eq!(
+            (r.result, r.restored, r.clean_shutdown),
+            (RestoreResult::Migrated, 4, true),
+            "{r:?}"
+        );
+        assert_restored(&ct);
+        let h = header(&path);
+        assert_eq!(
+            (h[H_VERSION], h[H_NSLOTS] as usize),
+            (LAYOUT_VERSION, Geometry::for_max_live(100).nslots)
+        );
+        // A large one (about 40k entries up) has the same geometry in both: taken as it is.
+        let (_d, path) = dir("v3large");
+        make_version_3(&path, 50_000);
+        assert_eq!(Geometry::before_v4(50_000), Geometry::for_max_live(50_000));
+        let (ct, r) = open(&path, 50_000, &env());
+        assert_eq!(
+            (r.result, r.restored, r.clean_shutdown),
+            (RestoreResult::Restored, 4, true),
+            "{r:?}"
+        );
+        assert_restored(&ct);
+        assert_eq!(header(&path)[H_VERSION], LAYOUT_VERSION);
     }
 
     #[test]

@@ -651,18 +651,37 @@ pub enum InsertError {
     Exists,
 }
 
+/// The fewest index slots a table gets (`Geometry::for_max_live`; a multiple of 16).
+const MIN_INDEX_SLOTS: usize = 1 << 17;
+
 /// How big a table's arrays are for a configured maximum of live entries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Geometry {
     pub max_live: u32,
     /// Entries in the slab: `max_live` plus slack for entries waiting out their grace period.
     pub capacity: usize,
-    /// Index slots (a power of two).
+    /// Index slots (a multiple of 16).
     pub nslots: usize,
 }
 
 impl Geometry {
     pub fn for_max_live(max_live: u32) -> Geometry {
+        let g = Geometry::before_v4(max_live);
+        // A small table's index is made sparser: at least `MIN_INDEX_SLOTS` (512 KiB, a
+        // quarter of this machine's L2), up to 16 slots per entry. In an index as full as the
+        // rule above makes it, a third of the keys are past their home slot, and the probe's
+        // branch on where the key is was a coin toss: 0.66 mispredicted branches per packet of
+        // est-10k (10k flows, `maxEntries` 12,500), 0.22 with this index, which ran about 1.07x
+        // as fast (docs/benchmarks.md, "Session 19"). Tables from about 40k entries up (the
+        // default's 1M) already have that many slots: their memory per connection (issue 13:
+        // at most 128 bytes) is unchanged.
+        let nslots = g.nslots.max(MIN_INDEX_SLOTS.min(g.capacity * 16));
+        Geometry { nslots, ..g }
+    }
+
+    /// The geometry of state file layouts 2 and 3 (`persist`), whose index was always 3.2 slots
+    /// per entry: a file of those versions is checked against it, then migrated.
+    pub fn before_v4(max_live: u32) -> Geometry {
         let max_live = max_live.clamp(16, 1 << 29);
         // The slack only holds entries waiting out a grace period (a batch or two).
         let capacity = max_live as usize + (max_live as usize / 128).max(1024);
@@ -684,6 +703,18 @@ impl Geometry {
             self.nslots * 4,
         ]
     }
+}
+
+/// Where a table's arrays live ([`Table::memory`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TableMemory {
+    /// The mapping's length (a state file's header included).
+    pub bytes: u64,
+    /// Of those, in huge pages (anonymous THP, or a tmpfs mounted with `huge=`); None where
+    /// `/proc/self/smaps` cannot tell.
+    pub huge_page_bytes: Option<u64>,
+    /// In the state file (`conntrack.stateFile`) rather than process memory.
+    pub in_file: bool,
 }
 
 /// The arrays of a table, in process memory or in a state file (`persist`).
@@ -1008,6 +1039,17 @@ impl Table {
 
     pub fn live(&self) -> u32 {
         self.live.load(Ordering::Relaxed)
+    }
+
+    /// The memory the table's arrays live in (one mapping: anonymous, or the state file's), and
+    /// how much of it the kernel backs with huge pages now.
+    pub fn memory(&self) -> TableMemory {
+        let map = self.slots.mapping();
+        TableMemory {
+            bytes: map.len() as u64,
+            huge_page_bytes: map.huge_page_bytes(),
+            in_file: map.is_file(),
+        }
     }
 
     #[inline]

@@ -9,50 +9,42 @@ pub mod route;
 pub mod runner;
 pub mod takeover;
 
-pub use kxdp_kernel::{afxdp, enter_netns, handover, ifindex, xdp};
+pub use kxdp_kernel::{afxdp, enter_netns, handover, ifindex, mount, xdp};
 
 use crate::pipeline::Frames;
-use kxdp_kernel::afxdp::{Desc, Umem};
 
-/// A batch of received frames presented to the pipeline (`Frames`), in place in the UMEM.
-pub struct UmemBatch<'a> {
-    pub umem: &'a mut Umem,
-    pub descs: &'a mut [Desc],
-}
+/// A batch of received frames presented to the pipeline (`Frames`), in place in the UMEM
+/// (`Umem::batch`: the frames' addresses checked once, when the batch is made).
+pub type UmemBatch<'a> = kxdp_kernel::afxdp::UmemFrames<'a>;
 
-// SAFETY (of the trait's promise): `count` is the length of `descs`, which no method changes.
+// SAFETY (of the trait's promise): `count` is the number of descriptors, which no method
+// changes.
 #[allow(unsafe_code)]
 unsafe impl Frames for UmemBatch<'_> {
     #[inline]
     fn count(&self) -> usize {
-        self.descs.len()
+        self.len()
     }
 
     #[inline]
     fn frame_mut(&mut self, i: usize) -> (&mut [u8], &mut usize) {
-        let d = &mut self.descs[i];
-        (self.umem.frame_mut(d.addr), &mut d.len)
+        UmemBatch::frame_mut(self, i)
     }
 
     #[inline]
     fn frame(&self, i: usize) -> &[u8] {
-        let d = &self.descs[i];
-        &self.umem.frame(d.addr)[..d.len]
+        UmemBatch::frame(self, i)
     }
 
-    // Only the descriptor's index goes unchecked: its address and length come from the kernel's
-    // RX ring and stay checked (`Umem::frame`'s assert, the slice to `len`).
     #[inline(always)]
     unsafe fn frame_unchecked(&self, i: usize) -> &[u8] {
-        // SAFETY: the caller's `i < count() == descs.len()`.
-        let d = unsafe { self.descs.get_unchecked(i) };
-        &self.umem.frame(d.addr)[..d.len]
+        // SAFETY: the trait's caller's `i < count() == len()`.
+        unsafe { UmemBatch::frame_unchecked(self, i) }
     }
 
     #[inline(always)]
     unsafe fn frame_mut_unchecked(&mut self, i: usize) -> (&mut [u8], &mut usize) {
         // SAFETY: as in `frame_unchecked`.
-        let d = unsafe { self.descs.get_unchecked_mut(i) };
-        (self.umem.frame_mut(d.addr), &mut d.len)
+        unsafe { UmemBatch::frame_mut_unchecked(self, i) }
     }
 }

@@ -428,15 +428,56 @@ pub struct HostPathConfig {
     /// The NodePorts the node's own processes reach on its own addresses (the API server's
     /// `--service-node-port-range`).
     pub node_port_range: PortRange,
+    /// Devices that carry pod traffic between nodes without kxdp owning them (an overlay's
+    /// VXLAN, IPIP, WireGuard or tun device), by exact name: what kxdp routes through them
+    /// leaves through the kernel, and what the kernel receives on them is steered back to kxdp.
+    /// The default names the devices flannel and Calico create; a name that does not exist on
+    /// the node costs nothing.
+    pub overlay_interfaces: Vec<String>,
 }
+
+/// The overlay devices of the common CNIs: flannel's VXLAN (`flannel.1`, `flannel-v6.1`) and
+/// WireGuard (`flannel-wg`, `flannel-wg-v6`) backends, Calico's VXLAN (`vxlan.calico`,
+/// `vxlan-v6.calico`), IPIP (`tunl0`) and WireGuard (`wireguard.cali`, `wg-v6.cali`) modes.
+pub const DEFAULT_OVERLAY_INTERFACES: [&str; 9] = [
+    "flannel.1",
+    "flannel-v6.1",
+    "flannel-wg",
+    "flannel-wg-v6",
+    "vxlan.calico",
+    "vxlan-v6.calico",
+    "tunl0",
+    "wireguard.cali",
+    "wg-v6.cali",
+];
 
 impl Default for HostPathConfig {
     fn default() -> Self {
         HostPathConfig {
             enabled: true,
             node_port_range: PortRange(30000, 32767),
+            overlay_interfaces: DEFAULT_OVERLAY_INTERFACES.map(String::from).to_vec(),
         }
     }
+}
+
+/// An interface's exact name as the kernel takes it (an `ip rule iif` name: no patterns).
+fn check_interface_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > 15 {
+        return Err(format!("`{name}`: an interface name has 1 to 15 bytes"));
+    }
+    if let Some(c) = name
+        .chars()
+        .find(|c| c.is_whitespace() || matches!(c, '/' | ':' | '*' | '?' | '['))
+    {
+        return Err(format!(
+            "`{name}`: `{c}` cannot stand in an interface name (exact names only, no patterns)"
+        ));
+    }
+    if name == "." || name == ".." {
+        return Err(format!("`{name}` is not an interface name"));
+    }
+    Ok(())
 }
 
 /// `FIRST-LAST`, ports 1 to 65535, FIRST ≤ LAST (the API server's `--service-node-port-range`
@@ -1218,6 +1259,10 @@ impl DataplaneConfiguration {
                 "true needs conntrack.stateFile (the huge pages are the state file's); set a path there or set this to false".into(),
             ));
         }
+        for (i, name) in self.host_path.overlay_interfaces.iter().enumerate() {
+            check_interface_name(name)
+                .map_err(|m| (format!("hostPath.overlayInterfaces[{i}]"), m))?;
+        }
         self.check_ranges()?;
         for (i, o) in self.node_overrides.iter().enumerate() {
             let mut applied = self.clone();
@@ -1563,6 +1608,13 @@ mod tests {
             );
         }
         assert!(load_err("hostPath: {on: true}\n").contains("hostPath"));
+        assert_eq!(c.host_path.overlay_interfaces, DEFAULT_OVERLAY_INTERFACES);
+        let c = load("hostPath: {overlayInterfaces: [wg0, tun-lab]}\n").unwrap();
+        assert_eq!(c.host_path.overlay_interfaces, ["wg0", "tun-lab"]);
+        for bad in ["\"flannel*\"", "\"\"", "a-name-longer-than-15"] {
+            let e = load_err(&format!("hostPath: {{overlayInterfaces: [ok0, {bad}]}}\n"));
+            assert!(e.contains("hostPath.overlayInterfaces[1]"), "{e}");
+        }
     }
 
     #[test]

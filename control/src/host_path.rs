@@ -104,6 +104,7 @@ impl RunningHostPath {
             node_ips: node_ips.clone(),
             service_routes: service_routes(&snap, config),
             node_port_range: Some((range.0, range.1)),
+            overlay_ifs: config.host_path.overlay_interfaces.clone(),
             ..HostPathOptions::default()
         };
         // Rules and routes only for the addresses the node has now (a route's `src` must be
@@ -120,7 +121,7 @@ impl RunningHostPath {
         };
         let (kxdp_if, kxdp_ifindex) = (opts.kxdp_if.clone(), hp.kxdp_ifindex());
         let describe = format!(
-            "host path: {} (kernel) / {} (kxdp), {} service route(s), NodePort rules for {}-{} on {}; route protocol {}, table {}",
+            "host path: {} (kernel) / {} (kxdp), {} service route(s), NodePort rules for {}-{} on {}, overlay devices steered to kxdp: {}; route protocol {}, tables {} and {}",
             opts.host_if,
             opts.kxdp_if,
             opts.service_routes.len(),
@@ -131,8 +132,14 @@ impl RunningHostPath {
                 .map(|a| a.to_string())
                 .collect::<Vec<_>>()
                 .join(", "),
+            if opts.overlay_ifs.is_empty() {
+                "none".to_string()
+            } else {
+                opts.overlay_ifs.join(", ")
+            },
             opts.protocol,
-            opts.table
+            opts.table,
+            opts.overlay_table
         );
         let host_path = Arc::new(Mutex::new(Some(hp)));
         let follower = Arc::new(Mutex::new(Some(NodeAddressFollower::start(

@@ -8,6 +8,7 @@
 //! forward / reject ─► FIB lookup (crate::fib) ─┬─ node address ─► kernel port
 //!                                              ├─ port kxdp owns ─► TTL − 1 (forward only) ─► MACs
 //!                                              │                   ─► L4 checksum completion ─► queued
+//!                                              ├─ port kxdp does not own (overlay) ─► kernel port
 //!                                              └─ miss ─► no-route / no-neighbour / no-egress
 //! direct, destination outside `leaving` ──────────► kernel port (when there is one)
 //! pass ─────────────────────────────────────────► kernel port (or no-kernel-port)
@@ -158,7 +159,9 @@ impl Egress {
                 {
                     Ok(Hop::Kernel)
                 }
-                Action::Forward | Action::Reject if v.has_addrs => fib.lookup(&v.dst, v.family),
+                Action::Forward | Action::Reject if v.has_addrs => {
+                    self.via_kernel_if_unowned(fib.lookup(&v.dst, v.family), fib, kernel.is_some())
+                }
                 // Forward/reject always carry addresses; nothing to route otherwise.
                 Action::Forward | Action::Reject => Err(Miss::NoRoute),
             };
@@ -222,6 +225,35 @@ impl Egress {
                     counters.reclassify(v, Reason::NoNeighbour);
                 }
             }
+        }
+    }
+}
+
+impl Egress {
+    /// A route through an interface kxdp does not send on — an overlay's VXLAN, IPIP, Geneve,
+    /// WireGuard or tun device, whatever its kind — leads to the kernel port when there is one:
+    /// the packet is already translated and judged, and the kernel's path applies the device's
+    /// encapsulation or encryption and the CNI's rules. The host path steers what arrives on
+    /// such devices back to kxdp (`hostPath.overlayInterfaces`), so replies are un-NATed.
+    /// A missing neighbour behind such a device is the kernel's to resolve too; behind a bridge
+    /// whose ports kxdp owns it stays a `no-neighbour` (the refresher resolves it).
+    #[inline]
+    fn via_kernel_if_unowned(
+        &self,
+        hop: Result<Hop, Miss>,
+        fib: &Fib,
+        has_kernel_port: bool,
+    ) -> Result<Hop, Miss> {
+        match hop {
+            Ok(Hop::Port { ifindex, .. }) if has_kernel_port && self.slot(ifindex).is_none() => {
+                Ok(Hop::Kernel)
+            }
+            Err(Miss::NoNeighbour(oif, _))
+                if has_kernel_port && self.slot(oif).is_none() && !fib.is_bridge(oif) =>
+            {
+                Ok(Hop::Kernel)
+            }
+            hop => hop,
         }
     }
 }
@@ -522,6 +554,42 @@ mod tests {
         let egress = Egress::new(&[1, 2, 30], None);
         let r = run_leaving(&packets, &egress, false, Some(&pods), &[3]);
         assert_eq!(r.out, [0, 1, 0, 0]);
+    }
+
+    /// A route through an interface kxdp has no socket on (an overlay device) leads to the
+    /// kernel port, translated and with its TTL left to the kernel; so does a next hop without a
+    /// neighbour behind it. Without a kernel port it stays a `no-egress` drop; a next hop
+    /// without a neighbour on a port kxdp owns, or behind a bridge, stays `no-neighbour`.
+    #[test]
+    fn routes_through_unowned_interfaces_go_to_the_kernel_port() {
+        let packets = vec![
+            (udp([10, 3, 0, 1], 64, false), Reason::ServiceDnat), // unowned link, neighbour known
+            (udp([10, 3, 0, 9], 64, true), Reason::ReplyUnnat),   // unowned link, no neighbour
+            (udp([10, 1, 0, 12], 64, false), Reason::Direct),     // owned veth, no neighbour
+            (udp([10, 2, 0, 6], 64, false), Reason::Direct),      // behind the bridge, unknown
+        ];
+        let egress = Egress::new(&[1, 2, 12, 30], Some(30));
+        let r = run(&packets, &egress, false);
+        let reasons: Vec<&str> = r.verdicts.iter().map(|v| v.reason.as_str()).collect();
+        assert_eq!(
+            reasons,
+            [
+                "service-dnat",
+                "reply-unnat",
+                "no-neighbour",
+                "no-neighbour"
+            ]
+        );
+        assert_eq!(r.out, [3, 3, NOT_SENT, NOT_SENT]);
+        for i in 0..2 {
+            assert_eq!(r.verdicts[i].egress, 30);
+            assert_eq!(&r.frames.get(i)[..12], &[[31; 6], [30; 6]].concat()[..]);
+            assert_eq!(r.frames.get(i)[14 + 8], 64, "the kernel decrements the TTL");
+        }
+        assert_eq!(r.counters.reasons.iter().sum::<u64>(), 4);
+        let egress = Egress::new(&[1, 2, 12, 30], None);
+        let r = run(&packets[..1], &egress, false);
+        assert_eq!(r.verdicts[0].reason, Reason::NoEgress);
     }
 
     /// A frame as a veth with TX checksum offload hands it over: the L4 checksum field holds

@@ -312,6 +312,11 @@ impl Fib {
         })
     }
 
+    /// Whether `ifindex` is a Linux bridge (its ports, not the bridge, carry frames).
+    pub fn is_bridge(&self, ifindex: u32) -> bool {
+        self.links.get(&ifindex).is_some_and(|l| l.bridge)
+    }
+
     /// The MACs of a frame handed to the node's stack through `kernel_port` (the kxdp-side end
     /// of a veth pair): (destination: the peer's MAC, source: the port's). None when the port
     /// or its peer is unknown.

@@ -60,6 +60,27 @@ pub const UDP_PORT: u16 = 5353;
 static SEQ: AtomicU32 = AtomicU32::new(0);
 static SERIAL: Mutex<()> = Mutex::new(());
 
+/// How the nodes' pod ranges are joined.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Underlay {
+    /// Each node routes the other's pod ranges via the other's address over `eth0`.
+    Routes,
+    /// VXLAN as flannel's default backend builds it: `flannel.1` (VNI 1, port 8472, the node's
+    /// subnet's `.0` as a /32), `flannel-v6.1` for IPv6, the other node's subnet
+    /// `via <subnet>.0 dev flannel.1 onlink`, static neighbour and FDB entries.
+    FlannelVxlan,
+    /// VXLAN as Calico's VXLAN mode builds it: `vxlan.calico` (VNI 4096, port 4789, a tunnel
+    /// address from the node's block), IPv4.
+    CalicoVxlan,
+    /// A tun device `kxtun` on each node joined by a userspace relay (UDP port 8999 between the
+    /// nodes' addresses), standing in for an encrypting tunnel such as a userspace WireGuard:
+    /// a device without Ethernet addresses that kxdp cannot own. IPv4 and IPv6.
+    Tun,
+}
+
+/// The tun underlay's device name (it must be in kxdp's `hostPath.overlayInterfaces`).
+pub const TUN_DEVICE: &str = "kxtun";
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Plugin {
     Ptp,
@@ -84,6 +105,8 @@ pub struct Node {
     pub ip6: Ipv6Addr,
     pub pods4: &'static str,
     pub pods6: &'static str,
+    /// The pods' MTU (the overlay's headers taken off 1500).
+    pub mtu: u32,
     ipam_dir: PathBuf,
 }
 
@@ -101,7 +124,7 @@ impl Node {
             "name": "kxdp-lab",
             "type": self.plugin.binary(),
             "ipMasq": true,
-            "mtu": 1500,
+            "mtu": self.mtu,
             "ipam": ipam,
         });
         if self.plugin == Plugin::Bridge {
@@ -156,6 +179,9 @@ pub struct Lab {
     lab_id: String,
     pub dir: tempfile::TempDir,
     ext_servers: Option<Servers>,
+    pub underlay: Underlay,
+    /// The tun underlay's relays, one per node.
+    relays: Vec<std::process::Child>,
     _serial: MutexGuard<'static, ()>,
 }
 
@@ -195,6 +221,11 @@ fn sysctl(ns: &str, kv: &[&str]) {
 impl Lab {
     /// Builds the nodes' network, both nodes and the external host (no pods yet).
     pub fn build(test: &str) -> Lab {
+        Lab::build_over(test, Underlay::Routes)
+    }
+
+    /// [`Lab::build`] with the nodes' pod ranges joined by `underlay`.
+    pub fn build_over(test: &str, underlay: Underlay) -> Lab {
         require(test);
         let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         remove_orphans(PREFIX);
@@ -212,6 +243,8 @@ impl Lab {
             lab_id,
             dir: tempfile::tempdir().expect("tempdir"),
             ext_servers: None,
+            underlay,
+            relays: Vec::new(),
             _serial: serial,
         };
         lab.sw = lab.netns("sw");
@@ -254,20 +287,23 @@ impl Lab {
                 ip6,
                 pods4,
                 pods6,
+                mtu: match underlay {
+                    Underlay::Routes => 1500,
+                    // IPv6 VXLAN takes 70 bytes: the dual-stack pods get the smaller MTU
+                    // (a larger one black-holes big segments of Service traffic: the
+                    // kernel's Packet Too Big would quote the translated packet).
+                    Underlay::FlannelVxlan => 1430,
+                    Underlay::CalicoVxlan => 1450,
+                    Underlay::Tun => 1400,
+                },
                 ipam_dir,
             });
         }
-        // Each node routes the other's pods via the other; the ip-masq-agent-like exclusion.
+        // Each node reaches the other's pods (over the underlay); the ip-masq-agent-like
+        // exclusion.
         for i in 0..2 {
-            let (me, other) = (&lab.nodes[i], &lab.nodes[1 - i]);
-            ip(
-                &me.ns,
-                &format!("route add {} via {}", other.pods4, other.ip4),
-            );
-            ip(
-                &me.ns,
-                &format!("-6 route add {} via {}", other.pods6, other.ip6),
-            );
+            lab.join_pod_ranges(i);
+            let me = &lab.nodes[i];
             for (cmd, cidr) in [("iptables", CLUSTER4), ("ip6tables", CLUSTER6)] {
                 run(
                     "ip",
@@ -297,6 +333,147 @@ impl Lab {
         ip(&ext, &format!("addr add {EXT4}/24 dev eth0"));
         ip(&ext, &format!("addr add {EXT6}/64 dev eth0 nodad"));
         lab
+    }
+
+    /// Node `i`'s route to the other node's pods, as `self.underlay` builds it.
+    fn join_pod_ranges(&mut self, i: usize) {
+        let (me, other) = (&self.nodes[i], &self.nodes[1 - i]);
+        // The subnet's first address (`.0` / `::`) and one near its end, per node.
+        let base4 = |n: &Node, last: u8| {
+            let a: Ipv4Addr = n.pods4.split('/').next().unwrap().parse().unwrap();
+            let o = a.octets();
+            Ipv4Addr::new(o[0], o[1], o[2], last)
+        };
+        let base6 = |n: &Node| n.pods6.split('/').next().unwrap().to_string();
+        let mac = |n: &Node, dev: u8| format!("02:6b:00:00:{dev:02x}:{:02x}", n.ip4.octets()[3]);
+        let ns = me.ns.clone();
+        match self.underlay {
+            Underlay::Routes => {
+                ip(&ns, &format!("route add {} via {}", other.pods4, other.ip4));
+                ip(
+                    &ns,
+                    &format!("-6 route add {} via {}", other.pods6, other.ip6),
+                );
+            }
+            Underlay::FlannelVxlan | Underlay::CalicoVxlan => {
+                let flannel = self.underlay == Underlay::FlannelVxlan;
+                let (dev, vni, port, last) = if flannel {
+                    ("flannel.1", 1, 8472, 0)
+                } else {
+                    ("vxlan.calico", 4096, 4789, 250)
+                };
+                ip(
+                    &ns,
+                    &format!(
+                        "link add {dev} type vxlan id {vni} local {} dev eth0 dstport {port} nolearning",
+                        me.ip4
+                    ),
+                );
+                ip(&ns, &format!("link set {dev} address {}", mac(me, 4)));
+                ip(&ns, &format!("link set {dev} mtu 1450 up"));
+                ip(&ns, &format!("addr add {}/32 dev {dev}", base4(me, last)));
+                let hop = base4(other, last);
+                ip(
+                    &ns,
+                    &format!("route add {} via {hop} dev {dev} onlink", other.pods4),
+                );
+                ip(
+                    &ns,
+                    &format!(
+                        "neigh add {hop} lladdr {} dev {dev} nud permanent",
+                        mac(other, 4)
+                    ),
+                );
+                run(
+                    "ip",
+                    &[
+                        "netns",
+                        "exec",
+                        &ns,
+                        "bridge",
+                        "fdb",
+                        "append",
+                        &mac(other, 4),
+                        "dev",
+                        dev,
+                        "dst",
+                        &other.ip4.to_string(),
+                    ],
+                );
+                if flannel {
+                    let dev = "flannel-v6.1";
+                    ip(
+                        &ns,
+                        &format!(
+                            "link add {dev} type vxlan id 1 local {} dev eth0 dstport 8472 nolearning",
+                            me.ip6
+                        ),
+                    );
+                    ip(&ns, &format!("link set {dev} address {}", mac(me, 6)));
+                    ip(&ns, &format!("link set {dev} mtu 1430 up"));
+                    ip(
+                        &ns,
+                        &format!("-6 addr add {}/128 dev {dev} nodad", base6(me)),
+                    );
+                    let hop = base6(other);
+                    ip(
+                        &ns,
+                        &format!("-6 route add {} via {hop} dev {dev} onlink", other.pods6),
+                    );
+                    ip(
+                        &ns,
+                        &format!(
+                            "-6 neigh add {hop} lladdr {} dev {dev} nud permanent",
+                            mac(other, 6)
+                        ),
+                    );
+                    run(
+                        "ip",
+                        &[
+                            "netns",
+                            "exec",
+                            &ns,
+                            "bridge",
+                            "fdb",
+                            "append",
+                            &mac(other, 6),
+                            "dev",
+                            dev,
+                            "dst",
+                            &other.ip6.to_string(),
+                        ],
+                    );
+                } else {
+                    // Calico's VXLAN mode carries IPv6 on vxlan-v6.calico; the lab keeps its
+                    // IPv6 pod ranges routed over eth0.
+                    ip(
+                        &ns,
+                        &format!("-6 route add {} via {}", other.pods6, other.ip6),
+                    );
+                }
+            }
+            Underlay::Tun => {
+                let child = Command::new("ip")
+                    .args(["netns", "exec", &ns, "python3", "-c", TUN_RELAY])
+                    .args([TUN_DEVICE, &me.ip4.to_string(), &other.ip4.to_string()])
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::piped())
+                    .spawn()
+                    .expect("the tun relay starts");
+                let mut child = child;
+                let mut ready = String::new();
+                BufReader::new(child.stdout.as_mut().unwrap())
+                    .read_line(&mut ready)
+                    .expect("the tun relay says it is ready");
+                assert_eq!(ready.trim(), "ready", "tun relay");
+                self.relays.push(child);
+                let dev = TUN_DEVICE;
+                ip(&ns, &format!("link set {dev} mtu 1400 up"));
+                ip(&ns, &format!("addr add {}/32 dev {dev}", base4(me, 253)));
+                ip(&ns, &format!("route add {} dev {dev}", other.pods4));
+                ip(&ns, &format!("-6 route add {} dev {dev}", other.pods6));
+            }
+        }
     }
 
     /// Creates a namespace (loopback up) and returns its name.
@@ -474,6 +651,11 @@ impl Lab {
 
     pub fn kxdp_config_with(&self, node: &str, interfaces: &[String]) -> String {
         let n = self.node(node);
+        let overlay = if self.underlay == Underlay::Tun {
+            format!("hostPath: {{overlayInterfaces: [{TUN_DEVICE}]}}\n")
+        } else {
+            String::new()
+        };
         format!(
             "apiVersion: kxdp.dev/v1alpha1
 kind: DataplaneConfiguration
@@ -485,7 +667,7 @@ healthzBindAddress: \"\"
 metricsBindAddress: \"\"
 interfaces: [{}]
 workers: {{count: 1, cpus: []}}
-",
+{overlay}",
             n.name,
             n.ip4,
             n.ip6,
@@ -702,11 +884,37 @@ impl Drop for Lab {
             drop(p.servers.take());
         }
         drop(self.ext_servers.take());
+        for r in &mut self.relays {
+            let _ = r.kill();
+            let _ = r.wait();
+        }
         for ns in self.namespaces.drain(..).rev() {
             delete_netns(&ns);
         }
     }
 }
+
+/// A userspace tunnel over UDP between two nodes (argv: device, local address, peer address):
+/// opens the tun device (no packet information header), prints `ready`, then relays every
+/// packet the kernel routes into the device to the peer's relay and every datagram from the
+/// peer into the device. Ends with its process (the lab kills it).
+const TUN_RELAY: &str = r#"
+import fcntl, os, select, socket, struct, sys
+dev, local, peer = sys.argv[1], sys.argv[2], sys.argv[3]
+TUNSETIFF, IFF_TUN, IFF_NO_PI = 0x400454CA, 0x0001, 0x1000
+tun = os.open("/dev/net/tun", os.O_RDWR)
+fcntl.ioctl(tun, TUNSETIFF, struct.pack("16sH", dev.encode(), IFF_TUN | IFF_NO_PI))
+sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+sock.bind((local, 8999))
+print("ready", flush=True)
+while True:
+    r, _, _ = select.select([tun, sock], [], [])
+    if tun in r:
+        sock.sendto(os.read(tun, 65535), (peer, 8999))
+    if sock in r:
+        data, _ = sock.recvfrom(65535)
+        os.write(tun, data)
+"#;
 
 /// The pod's next hop (the gateway of its CNI result).
 fn gateway(p: &Pod, v6: bool) -> IpAddr {

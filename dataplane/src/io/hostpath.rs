@@ -42,6 +42,13 @@
 //!   a `local` rule and the order of everything else stays as it was. Teardown adds the
 //!   original back (same preference and protocol) before removing kxdp's rules.
 //!
+//! - overlay devices (`opts.overlay_ifs`: VXLAN, IPIP, WireGuard, tun — any device kxdp has
+//!   no socket on that carries pod traffic between nodes): the egress stage hands what it routes
+//!   through them to the kernel port, and one rule per device and family
+//!   (`pref 1 iif DEV lookup OVERLAY-TABLE proto TAG`, a default route through `kxdp0` in that
+//!   table) sends what the kernel receives on them to kxdp, so replies are un-NATed and new
+//!   connections to local pods meet NetworkPolicy ([`overlay_return_rules`]).
+//!
 //! The node's addresses change (an address added to or removed from an interface): the NodePort
 //! rules follow them. [`NodeAddressFollower`] holds the candidates (`nodeIPs`, else the Node
 //! object's addresses, updated at each publication) and, on every netlink address event,
@@ -95,6 +102,16 @@ pub struct HostPathOptions {
     /// The next hops behind `kxdp0` (permanent neighbours with `kxdp1`'s MAC).
     pub next_hop4: Ipv4Addr,
     pub next_hop6: Ipv6Addr,
+    /// Devices kxdp does not own that carry pod traffic between nodes (an overlay's VXLAN, IPIP,
+    /// WireGuard or tun device): what the kernel receives on them is steered to kxdp
+    /// ([`overlay_return_rules`]). Exact names: a rule for a device that does not exist (yet)
+    /// waits for it.
+    pub overlay_ifs: Vec<String>,
+    /// The routing table of the overlay rules (a default route through `kxdp0`).
+    pub overlay_table: u32,
+    /// The overlay rules' preference: after the `local` rule (preference 0), so that what the
+    /// overlay carries to the node's own addresses is delivered as before, and before `main`.
+    pub overlay_priority: u32,
 }
 
 impl Default for HostPathOptions {
@@ -112,6 +129,10 @@ impl Default for HostPathOptions {
             host_addr4: Ipv4Addr::new(169, 254, 107, 2),
             next_hop4: Ipv4Addr::new(169, 254, 107, 1),
             next_hop6: Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0x6b, 1),
+            overlay_ifs: Vec::new(),
+            // "ky": the table after the NodePort rules' one.
+            overlay_table: 0x6b79,
+            overlay_priority: 1,
         }
     }
 }
@@ -523,6 +544,7 @@ impl HostPath {
                     .await
                     .map_err(|e| err(&format!("permanent neighbour {nh}"), e))?;
             }
+            overlay_return_rules(&handle, &opts, hi, v6).await?;
             install_node_ports(&handle, &opts, hi).await
         })?;
         self.moved_local = moved;
@@ -724,6 +746,57 @@ fn route_via_host(
             b.build()
         }
     }
+}
+
+/// What the kernel receives on an overlay device (decapsulated or decrypted: a reply of a
+/// connection kxdp translated, or a new connection to a local pod that NetworkPolicy must judge)
+/// would otherwise go straight to the pod. Per device and family one rule
+/// `pref P iif DEV lookup OVERLAY-TABLE proto TAG`, and in that table a default route through
+/// `kxdp0`, send it to kxdp instead; kxdp forwards it to the pod's interface. What kxdp sends
+/// to such a device goes back through `kxdp0` and arrives with `iif kxdp0`, so it never loops.
+async fn overlay_return_rules(
+    handle: &Handle,
+    opts: &HostPathOptions,
+    oif: u32,
+    v6: bool,
+) -> io::Result<()> {
+    if opts.overlay_ifs.is_empty() {
+        return Ok(());
+    }
+    let tag = RouteProtocol::Other(opts.protocol);
+    let mut defaults: Vec<IpNet> = vec!["0.0.0.0/0".parse().unwrap()];
+    if v6 {
+        defaults.push("::/0".parse().unwrap());
+    }
+    for net in defaults {
+        let msg = route_via_host(opts, oif, net, opts.overlay_table, None, None);
+        handle
+            .route()
+            .add(msg)
+            .replace()
+            .execute()
+            .await
+            .map_err(|e| err(&format!("the overlay table's default route ({net})"), e))?;
+        for name in &opts.overlay_ifs {
+            let mut req = handle
+                .rule()
+                .add()
+                .input_interface(name)
+                .table_id(opts.overlay_table)
+                .priority(opts.overlay_priority);
+            let m = req.message_mut();
+            m.header.action = RuleAction::ToTable;
+            m.header.family = match net {
+                IpNet::V4(_) => AddressFamily::Inet,
+                IpNet::V6(_) => AddressFamily::Inet6,
+            };
+            m.attributes.push(RuleAttribute::Protocol(tag));
+            req.execute()
+                .await
+                .map_err(|e| err(&format!("the overlay rule for {name}"), e))?;
+        }
+    }
+    Ok(())
 }
 
 /// The NodePort rules for the node's addresses: per address a host route in kxdp's table and

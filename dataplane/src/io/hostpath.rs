@@ -1076,3 +1076,60 @@ fn sync_node_ips(host_path: &Mutex<Option<HostPath>>, candidates: &Mutex<Vec<IpA
         eprintln!("kxdp: host path: following the node's addresses: {e}");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rtnetlink::packet_core::Emitable;
+
+    /// (type without flags, nested flag, value) of each attribute in `buf`.
+    fn nlas(mut buf: &[u8]) -> Vec<(u16, bool, Vec<u8>)> {
+        let mut out = Vec::new();
+        while buf.len() >= 4 {
+            let len = u16::from_ne_bytes([buf[0], buf[1]]) as usize;
+            let kind = u16::from_ne_bytes([buf[2], buf[3]]);
+            out.push((kind & 0x3fff, kind & 0x8000 != 0, buf[4..len].to_vec()));
+            buf = &buf[(len + 3) & !3..];
+        }
+        out
+    }
+
+    #[test]
+    fn hostpath_devconf_is_the_kernels_set_form() {
+        let attr = devconf_af_spec(
+            &[(IPV4_DEVCONF_RP_FILTER, 0), (IPV4_DEVCONF_ACCEPT_LOCAL, 1)],
+            true,
+        );
+        let mut buf = vec![0u8; attr.buffer_len()];
+        attr.emit(&mut buf);
+        let spec = nlas(&buf);
+        assert_eq!(spec.len(), 1);
+        assert_eq!(spec[0].0, 26, "IFLA_AF_SPEC");
+        let families = nlas(&spec[0].2);
+        assert_eq!(families.len(), 2);
+        assert_eq!(families[0].0, libc::AF_INET as u16);
+        let inet = nlas(&families[0].2);
+        assert_eq!(inet.len(), 1);
+        assert_eq!((inet[0].0, inet[0].1), (IFLA_INET_CONF, true));
+        // Nested u32 attributes typed by the index; a zero is sent, not left out.
+        let conf = nlas(&inet[0].2);
+        assert_eq!(
+            conf,
+            vec![
+                (8, false, 0u32.to_ne_bytes().to_vec()),
+                (23, false, 1u32.to_ne_bytes().to_vec()),
+            ]
+        );
+        assert_eq!(families[1].0, libc::AF_INET6 as u16);
+        // IFLA_INET6_ADDR_GEN_MODE (8) = IN6_ADDR_GEN_MODE_NONE (1), one byte.
+        assert_eq!(nlas(&families[1].2), vec![(8, false, vec![1])]);
+
+        // kxdp1: IPv6 only, no AF_INET part.
+        let attr = devconf_af_spec(&[], true);
+        let mut buf = vec![0u8; attr.buffer_len()];
+        attr.emit(&mut buf);
+        let families = nlas(&nlas(&buf)[0].2);
+        assert_eq!(families.len(), 1);
+        assert_eq!(families[0].0, libc::AF_INET6 as u16);
+    }
+}

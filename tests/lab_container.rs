@@ -7,7 +7,8 @@
 //! connection to a ClusterIP and the node's own connection to a ClusterIP (the host path), with
 //! the host path's per-device settings in place. Without one of the manifest's capabilities it
 //! must fail at once and say what it could not do; with an IPv6 node address and IPv6
-//! forwarding off on the node it must say so in its log.
+//! forwarding off on the node it must say so in its log. Its worker pins itself to a CPU
+//! (`workers.cpus`), which needs no capability.
 //!
 //! Needs root, `unshare`, `mount` and `setpriv` (util-linux).
 
@@ -91,6 +92,13 @@ fn cap_bit(name: &str) -> u32 {
 /// `caps` as the bounding, inheritable and ambient sets (for uid 0 the bounding set is what
 /// the process keeps at exec) and no new privileges.
 fn container_cmd(ns: &str, caps: &[String], args: &[&str]) -> Command {
+    let mut argv = vec![env!("CARGO_BIN_EXE_kxdp"), "run"];
+    argv.extend_from_slice(args);
+    container(ns, caps, &argv)
+}
+
+/// `argv` in the lab's node namespace as the container runs it (see `container_cmd`).
+fn container(ns: &str, caps: &[String], argv: &[&str]) -> Command {
     let list = caps
         .iter()
         .map(|c| format!("+{}", c.to_lowercase()))
@@ -127,20 +135,30 @@ fn container_cmd(ns: &str, caps: &[String], args: &[&str]) -> Command {
     .arg(format!("--inh-caps={set}"))
     .arg(format!("--ambient-caps={set}"))
     .arg(format!("--bounding-set={set}"))
-    .args(["--", env!("CARGO_BIN_EXE_kxdp"), "run"])
-    .args(args);
+    .arg("--")
+    .args(argv);
     cmd
 }
 
-/// The lab's configuration with the node's IPv6 address added to `nodeIPs`, in a file of its own.
-fn config_with_ipv6(dir: &std::path::Path) -> String {
+/// The lab's configuration with the node's IPv6 address added to `nodeIPs` and the worker
+/// pinned to `cpu`, in a file of its own.
+fn lab_config(dir: &std::path::Path, cpu: usize) -> String {
     let (config, _) = lab_files();
     let text = std::fs::read_to_string(&config).unwrap();
-    let text = text.replace(
-        &format!("nodeIPs: [{NODE_IP}]"),
-        &format!("nodeIPs: [{NODE_IP}, {NODE6}]"),
-    );
+    let text = text
+        .replace(
+            &format!("nodeIPs: [{NODE_IP}]"),
+            &format!("nodeIPs: [{NODE_IP}, {NODE6}]"),
+        )
+        .replace(
+            "workers: {count: 1, cpus: []}",
+            &format!("workers: {{count: 1, cpus: [{cpu}]}}"),
+        );
     assert!(text.contains(NODE6), "tests/lab/config.yaml: nodeIPs line");
+    assert!(
+        text.contains(&format!("cpus: [{cpu}]")),
+        "tests/lab/config.yaml: workers line"
+    );
     let path = dir.join("config.yaml");
     std::fs::write(&path, text).unwrap();
     path.to_string_lossy().into_owned()
@@ -229,6 +247,24 @@ fn lab_container_runs_with_the_manifests_capabilities_and_read_only_proc_sys() {
     }
     let caps = manifest_caps();
     let c = Cluster::build();
+    // The container's view: /proc/sys and /sys refuse writes, even with NET_ADMIN.
+    for path in [
+        "/proc/sys/net/ipv4/conf/lo/forwarding",
+        "/sys/class/net/lo/mtu",
+    ] {
+        let out = container(
+            &c.node,
+            &caps,
+            &["sh", "-c", &format!("cat {path} > {path}")],
+        )
+        .output()
+        .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains("Read-only file system"),
+            "{path} is read-only in the container: {err}"
+        );
+    }
     ip(&c.node, &format!("addr add {NODE6}/64 dev up0 nodad"));
     assert_eq!(sysctl(&c.node, "net/ipv6/conf/all/forwarding"), "0");
     let _servers = [
@@ -236,7 +272,9 @@ fn lab_container_runs_with_the_manifests_capabilities_and_read_only_proc_sys() {
         Servers::start(c.pod("web-2"), "10.1.0.12"),
     ];
     let dir = TempDir::new("lab-container");
-    let config = config_with_ipv6(&dir.0);
+    // The last CPU: pinning (sched_setaffinity) needs no capability.
+    let cpu = std::thread::available_parallelism().map_or(1, |n| n.get()) - 1;
+    let config = lab_config(&dir.0, cpu);
     let (_, state) = lab_files();
     let cmd = container_cmd(
         &c.node,
@@ -260,6 +298,24 @@ fn lab_container_runs_with_the_manifests_capabilities_and_read_only_proc_sys() {
         cap_eff(kxdp.child.id()),
         want,
         "kxdp's effective capabilities are the manifest's {caps:?}"
+    );
+
+    // The worker pinned itself.
+    let pid = kxdp.child.id();
+    let worker = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+        .find(|t| {
+            std::fs::read_to_string(t.path().join("comm"))
+                .is_ok_and(|c| c.trim() == "kxdp-worker-0")
+        })
+        .expect("the worker thread kxdp-worker-0");
+    let status = std::fs::read_to_string(worker.path().join("status")).unwrap();
+    assert!(
+        status
+            .lines()
+            .any(|l| l.starts_with("Cpus_allowed_list:") && l.ends_with(&format!("\t{cpu}"))),
+        "the worker is pinned to CPU {cpu}: {status}"
     );
 
     // The host path's per-device settings, set through netlink.

@@ -8,7 +8,9 @@
 //! the host path's per-device settings in place. Without one of the manifest's capabilities it
 //! must fail at once and say what it could not do; with an IPv6 node address and IPv6
 //! forwarding off on the node it must say so in its log. Its worker pins itself to a CPU
-//! (`workers.cpus`), which needs no capability.
+//! (`workers.cpus`), which needs no capability. An upgrade as the DaemonSet does it (the
+//! manifest's command line, the conntrack table in a state file, a second container taking
+//! the dataplane over) works with the same capabilities.
 //!
 //! Needs root, `unshare`, `mount` and `setpriv` (util-linux).
 
@@ -435,4 +437,89 @@ fn lab_container_without_a_manifest_capability_fails_clearly() {
         }
     }
     assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// The DaemonSet's upgrade in the container: `kxdp run` with the manifest's command line
+/// (`--admin`, `--takeover-socket`, `--wait-after-handover`) and the conntrack table in a state
+/// file; a second one, in a container of its own, takes the dataplane over (sockets, UMEM,
+/// programs and maps passed over the takeover socket) and forwards, with the same
+/// capabilities.
+#[test]
+fn lab_container_takeover_with_the_manifests_capabilities() {
+    let test = "lab_container_takeover_with_the_manifests_capabilities";
+    if !lab::available(test) || !tools(test) {
+        return;
+    }
+    let caps = manifest_caps();
+    let c = Cluster::build();
+    let _servers = [
+        Servers::start(c.pod("web-1"), "10.1.0.11"),
+        Servers::start(c.pod("web-2"), "10.1.0.12"),
+    ];
+    let dir = TempDir::new("lab-container-takeover");
+    let (config, state) = lab_files();
+    let text = std::fs::read_to_string(&config).unwrap();
+    let config = dir.0.join("config.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "{text}conntrack: {{stateFile: {}}}\n",
+            dir.0.join("conntrack").display()
+        ),
+    )
+    .unwrap();
+    let (config, admin, takeover) = (
+        config.display().to_string(),
+        dir.0.join("admin.sock").display().to_string(),
+        dir.0.join("takeover.sock").display().to_string(),
+    );
+    let args = [
+        "--config",
+        &config,
+        "--state",
+        &state,
+        "--admin",
+        &admin,
+        "--takeover-socket",
+        &takeover,
+        "--wait-after-handover",
+    ];
+    let client = c.pod("client-1").to_string();
+    let exchange = |log: &dyn Fn() -> String| {
+        let (peer, count) = tcp_exchange(&client, "172.30.0.10:80", 50_000)
+            .unwrap_or_else(|e| panic!("pod → ClusterIP: {e}\n{}", log()));
+        assert_eq!(host(&peer), "10.1.0.13", "pod → ClusterIP\n{}", log());
+        assert_eq!(count, 50_000, "pod → ClusterIP: every byte\n{}", log());
+    };
+    let mut old = Kxdp::spawn(
+        container_cmd(&c.node, &caps, &args),
+        Duration::from_secs(30),
+    );
+    let old_log = {
+        let s = old.stderr.clone();
+        move || s.lock().unwrap().clone()
+    };
+    exchange(&old_log);
+    let mut new = Kxdp::spawn(
+        container_cmd(&c.node, &caps, &args),
+        Duration::from_secs(30),
+    );
+    let new_log = {
+        let s = new.stderr.clone();
+        move || s.lock().unwrap().clone()
+    };
+    assert!(
+        new_log().contains("took over from pid"),
+        "the new kxdp took over:\n{}\nold:\n{}",
+        new_log(),
+        old_log()
+    );
+    exchange(&new_log);
+    for (k, out) in [(&mut new, new_log()), (&mut old, old_log())] {
+        assert!(
+            !out.contains("Operation not permitted") && !out.contains("Read-only file system"),
+            "nothing refused: {out}"
+        );
+        k.stop();
+    }
 }

@@ -551,7 +551,8 @@ impl HostPath {
 
         // Per-device settings before the links come up, through netlink (a container's
         // /proc/sys is read-only; reading it works). conf/all/rp_filter is max'ed with the
-        // interface's. IPv6: no addresses on either side (address generation none), so the
+        // interface's. (A `forwarding` write under /proc/sys also turns LRO off on the device;
+        // a veth has none.) IPv6: no addresses on either side (address generation none), so the
         // kernel never runs DAD or sends solicitations on the pair; routes use the permanent
         // neighbour of fe80::6b:1 onlink and need no address on kxdp0.
         let h = &opts.host_if;

@@ -119,6 +119,14 @@ impl RunningHostPath {
             }
             None => HostPath::setup(&opts)?,
         };
+        let uses_v6 = node_ips.iter().any(|a| a.is_ipv6())
+            || opts
+                .service_routes
+                .iter()
+                .any(|n| matches!(n, IpNet::V6(_)));
+        if uses_v6 && kxdp_dataplane::io::hostpath::ipv6_forwarding_off() {
+            tracing::warn!("host path: IPv6 forwarding is off on this node (net.ipv6.conf.all.forwarding = 0): the kernel drops the IPv6 pod traffic kxdp hands it on {} (to outside the cluster, replies to pods); kxdp does not change it: set it on the node (the CNI usually does)", opts.host_if);
+        }
         let (kxdp_if, kxdp_ifindex) = (opts.kxdp_if.clone(), hp.kxdp_ifindex());
         let describe = format!(
             "host path: {} (kernel) / {} (kxdp), {} service route(s), NodePort rules for {}-{} on {}, overlay devices steered to kxdp: {}; route protocol {}, tables {} and {}",

@@ -47,6 +47,9 @@ pub enum RunError {
         interfaces: String,
         source: std::io::Error,
     },
+    /// The process lacks capabilities the dataplane needs (`check_capabilities`).
+    #[error("{0}")]
+    Capabilities(String),
     /// A takeover of a running kxdp started and failed (the running one carries on).
     #[error("taking over from the running kxdp: {0}")]
     Takeover(String),
@@ -208,6 +211,9 @@ pub fn run(
         kubeconfig.as_deref(),
         &mut preloaded,
     )?;
+    if !config.interfaces.is_empty() {
+        check_capabilities()?;
+    }
     let metrics = Arc::new(Metrics::new());
     let (published, handle) = start_preloaded(
         &config,
@@ -521,6 +527,38 @@ impl kxdp_dataplane::worker::Tables for Published {
     fn wait_newer(&self, seen: u64, timeout: std::time::Duration) -> u64 {
         Published::wait_newer(self, seen, timeout)
     }
+}
+
+/// Fails, naming them, when the process lacks capabilities the dataplane needs (those
+/// deploy/base/daemonset.yaml grants): without the check a missing one shows up as EPERM or
+/// ENOBUFS from a socket, bpf() or netlink call, some of them retried for ever per interface.
+/// No check when the capabilities cannot be read.
+fn check_capabilities() -> Result<(), RunError> {
+    use kxdp_dataplane::io::sys::cap;
+    let Some(eff) = kxdp_dataplane::io::sys::effective_capabilities() else {
+        return Ok(());
+    };
+    let has = |c: u32| eff & (1u64 << c) != 0;
+    let mut missing = Vec::new();
+    if !has(cap::NET_ADMIN) {
+        missing.push("CAP_NET_ADMIN (XDP attach, XSKMAP, the host path's links, routes and rules)");
+    }
+    if !has(cap::NET_RAW) {
+        missing.push("CAP_NET_RAW (AF_XDP sockets)");
+    }
+    if !has(cap::BPF) && !has(cap::SYS_ADMIN) {
+        missing.push("CAP_BPF (loading the XDP program and creating its maps; CAP_SYS_ADMIN on kernels before 5.8)");
+    }
+    if !has(cap::IPC_LOCK) && !kxdp_dataplane::io::sys::memlock_unlimited() {
+        missing.push("CAP_IPC_LOCK (the UMEM is pinned memory beyond RLIMIT_MEMLOCK)");
+    }
+    if missing.is_empty() {
+        return Ok(());
+    }
+    Err(RunError::Capabilities(format!(
+        "missing capabilities: {}; with interfaces configured kxdp run needs CAP_NET_ADMIN, CAP_NET_RAW, CAP_BPF and CAP_IPC_LOCK (deploy/base/daemonset.yaml adds them to the container)",
+        missing.join(", ")
+    )))
 }
 
 /// Attaches the AF_XDP dataplane to the configured interfaces.

@@ -258,3 +258,31 @@ impl Waker {
         let _ = unsafe { libc::read(self.fd(), buf.as_mut_ptr().cast(), buf.len()) };
     }
 }
+
+/// Capability numbers (include/uapi/linux/capability.h) `kxdp run` checks for.
+pub mod cap {
+    pub const NET_ADMIN: u32 = 12;
+    pub const NET_RAW: u32 = 13;
+    pub const IPC_LOCK: u32 = 14;
+    pub const SYS_ADMIN: u32 = 21;
+    pub const BPF: u32 = 39;
+}
+
+/// The process's effective capabilities (the `CapEff` mask of /proc/self/status, bit N for
+/// capability N); None when it cannot be read.
+pub fn effective_capabilities() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let hex = status.lines().find_map(|l| l.strip_prefix("CapEff:"))?;
+    u64::from_str_radix(hex.trim(), 16).ok()
+}
+
+/// Whether RLIMIT_MEMLOCK is unlimited (pinned memory then needs no CAP_IPC_LOCK).
+pub fn memlock_unlimited() -> bool {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `r` is a valid out-pointer for getrlimit.
+    let ok = unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut r) } == 0;
+    ok && r.rlim_cur == libc::RLIM_INFINITY
+}

@@ -20,12 +20,16 @@
 //!
 //! - the veth pair `kxdp0` (stays with the kernel) / `kxdp1` (kxdp attaches XDP and AF_XDP to
 //!   it). `kxdp0` gets a link-local /32 (`169.254.107.2`) so that a loose reverse-path check
-//!   has an address to work with, and the sysctls: `accept_local 1` (frames kxdp injects may
-//!   carry a node address as source: replies of NodePort connections to the node itself),
-//!   `forwarding 1` (pod traffic handed over is routed on), `rp_filter 0` — or `2` (loose) when
-//!   `conf/all/rp_filter` is 1, because the kernel uses the maximum of `all` and the interface:
-//!   strict mode would drop every handed-over pod packet (its source routes via the pod's veth,
-//!   not `kxdp0`). `kxdp1` has IPv6 disabled: the kernel never uses it.
+//!   has an address to work with, and the IPv4 per-device settings: `accept_local 1` (frames
+//!   kxdp injects may carry a node address as source: replies of NodePort connections to the
+//!   node itself), `forwarding 1` (pod traffic handed over is routed on), `rp_filter 0` — or
+//!   `2` (loose) when `conf/all/rp_filter` is 1, because the kernel uses the maximum of `all`
+//!   and the interface: strict mode would drop every handed-over pod packet (its source routes
+//!   via the pod's veth, not `kxdp0`). Both sides have IPv6 address generation `none`: no
+//!   link-local address, so the kernel never runs DAD or sends solicitations on the pair (IPv6
+//!   routes go `via fe80::6b:1 onlink` and need no address on `kxdp0`). IPv6 forwarding is
+//!   gated by `conf/all/forwarding` only (`ip6_forward`), which is the node's to set:
+//!   [`ipv6_forwarding_off`] tells the caller to warn.
 //! - a permanent neighbour on `kxdp0` for the next hops `169.254.107.1` and `fe80::6b:1` with
 //!   `kxdp1`'s MAC: routes through `kxdp0` never wait for ARP/ND (nobody would answer).
 //! - service routes (service CIDRs, externalIPs and LoadBalancer IPs, [`HostPath::set_service_routes`])
@@ -57,8 +61,11 @@
 //! kernel refuses for an address the node does not have.
 //!
 //! Netlink goes through the `rtnetlink` crate on a private current-thread tokio runtime (the API
-//! here is synchronous: setup and route updates are rare control-path calls). Sysctls are plain
-//! writes under `/proc/sys`, which shows the calling thread's network namespace.
+//! here is synchronous: setup and route updates are rare control-path calls). The per-device
+//! settings are netlink too (RTM_SETLINK with IFLA_AF_SPEC, `devconf_af_spec`), not writes
+//! under `/proc/sys`: that needs only CAP_NET_ADMIN and works where `/proc/sys` is read-only,
+//! as in a container that is not privileged. `/proc/sys` is only read (it shows the calling
+//! thread's network namespace).
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -163,8 +170,72 @@ fn version_of(ip: &IpAddr) -> IpVersion {
     }
 }
 
-fn write_sysctl(path: &str, value: &str) -> io::Result<()> {
-    std::fs::write(format!("/proc/sys/{path}"), value).map_err(|e| err(path, e))
+// Attribute types inside IFLA_AF_SPEC → AF_INET → IFLA_INET_CONF: the IPV4_DEVCONF_* indices
+// of include/uapi/linux/ip.h (1-based; the kernel's `inet_validate_link_af` refuses 0 and
+// anything above IPV4_DEVCONF_MAX).
+const IFLA_INET_CONF: u16 = 1;
+const IPV4_DEVCONF_FORWARDING: u16 = 1;
+const IPV4_DEVCONF_RP_FILTER: u16 = 8;
+const IPV4_DEVCONF_ACCEPT_LOCAL: u16 = 23;
+
+/// The `IFLA_AF_SPEC` attribute of an RTM_SETLINK that sets IPv4 per-device settings
+/// (`ipv4`: IPV4_DEVCONF_* index and value, what `conf/IF/...` under /proc/sys shows) and,
+/// with `addr_gen_none`, IPv6's address generation mode to none (IFLA_INET6_ADDR_GEN_MODE 1:
+/// no link-local address, so no DAD, router or neighbour solicitations from the interface).
+///
+/// The IPv4 part is built by hand: the kernel's set path (`inet_set_link_af`) reads
+/// IFLA_INET_CONF as nested u32 attributes whose type is the index, not the flat u32 array a
+/// dump carries, and netlink-packet-route's `AfSpecInet::DevConf` emits the flat array while
+/// its `DevConfRequest` leaves out every zero value, so `rp_filter 0` could not be set.
+fn devconf_af_spec(ipv4: &[(u16, u32)], addr_gen_none: bool) -> LinkAttribute {
+    use rtnetlink::packet_core::{DefaultNla, Emitable, NLA_F_NESTED};
+    use rtnetlink::packet_route::link::{AfSpecInet, AfSpecInet6, AfSpecUnspec, In6AddrGenMode};
+    let mut spec = Vec::new();
+    if !ipv4.is_empty() {
+        let conf: Vec<DefaultNla> = ipv4
+            .iter()
+            .map(|&(index, value)| DefaultNla::new(index, value.to_ne_bytes().to_vec()))
+            .collect();
+        let mut nested = vec![0u8; conf.as_slice().buffer_len()];
+        conf.as_slice().emit(&mut nested);
+        spec.push(AfSpecUnspec::Inet(vec![AfSpecInet::Other(
+            DefaultNla::new(IFLA_INET_CONF | NLA_F_NESTED, nested),
+        )]));
+    }
+    if addr_gen_none {
+        spec.push(AfSpecUnspec::Inet6(vec![AfSpecInet6::AddrGenMode(
+            In6AddrGenMode::None,
+        )]));
+    }
+    LinkAttribute::AfSpecUnspec(spec)
+}
+
+/// Sets per-device settings of `index` through netlink ([`devconf_af_spec`]): needs only
+/// CAP_NET_ADMIN, where writes under /proc/sys need a writable /proc/sys, which a container
+/// that is not privileged does not have.
+async fn set_devconf(
+    handle: &Handle,
+    index: u32,
+    name: &str,
+    ipv4: &[(u16, u32)],
+    addr_gen_none: bool,
+) -> io::Result<()> {
+    let mut msg = LinkUnspec::new_with_index(index).build();
+    msg.attributes.push(devconf_af_spec(ipv4, addr_gen_none));
+    handle
+        .link()
+        .set(msg)
+        .execute()
+        .await
+        .map_err(|e| err(&format!("per-device settings of {name} (netlink)"), e))
+}
+
+/// Whether IPv6 forwarding is off on the node (`net/ipv6/conf/all/forwarding` 0): the kernel
+/// then drops the IPv6 pod traffic kxdp hands over on `kxdp0` (only `conf/all` gates IPv6
+/// forwarding, see net/ipv6/ip6_output.c `ip6_forward`; kxdp reads it and leaves it to the
+/// node). False without IPv6.
+pub fn ipv6_forwarding_off() -> bool {
+    read_sysctl("net/ipv6/conf/all/forwarding").is_ok_and(|v| v == "0")
 }
 
 fn read_sysctl(path: &str) -> io::Result<String> {
@@ -499,21 +570,31 @@ impl HostPath {
         self.host_mac = link_mac(&host).ok_or_else(|| err(&opts.host_if, "no MAC"))?;
         self.kxdp_mac = link_mac(&kxdp).ok_or_else(|| err(&opts.kxdp_if, "no MAC"))?;
 
-        // Sysctls before the links come up. conf/all/rp_filter is max'ed with the interface's.
+        // Per-device settings before the links come up, through netlink (a container's
+        // /proc/sys is read-only; reading it works). conf/all/rp_filter is max'ed with the
+        // interface's. (A `forwarding` write under /proc/sys also turns LRO off on the device;
+        // a veth has none.) IPv6: no addresses on either side (address generation none), so the
+        // kernel never runs DAD or sends solicitations on the pair; routes use the permanent
+        // neighbour of fe80::6b:1 onlink and need no address on kxdp0.
         let h = &opts.host_if;
         let strict_all = read_sysctl("net/ipv4/conf/all/rp_filter")? == "1";
-        let rp = if strict_all { "2" } else { "0" };
-        write_sysctl(&format!("net/ipv4/conf/{h}/rp_filter"), rp)?;
-        write_sysctl(&format!("net/ipv4/conf/{h}/accept_local"), "1")?;
-        write_sysctl(&format!("net/ipv4/conf/{h}/forwarding"), "1")?;
+        let rp = if strict_all { 2 } else { 0 };
         let v6 = std::path::Path::new(&format!("/proc/sys/net/ipv6/conf/{h}")).exists();
-        if v6 {
-            write_sysctl(&format!("net/ipv6/conf/{h}/accept_dad"), "0")?;
-            write_sysctl(&format!("net/ipv6/conf/{h}/forwarding"), "1")?;
-            write_sysctl(&format!("net/ipv6/conf/{}/disable_ipv6", opts.kxdp_if), "1")?;
-        }
+        let ipv4 = [
+            (IPV4_DEVCONF_RP_FILTER, rp),
+            (IPV4_DEVCONF_ACCEPT_LOCAL, 1),
+            (IPV4_DEVCONF_FORWARDING, 1),
+        ];
+        let (hi, ki) = (self.host_ifindex, self.kxdp_ifindex);
+        self.rt.block_on(async {
+            set_devconf(&handle, hi, h, &ipv4, v6).await?;
+            if v6 {
+                set_devconf(&handle, ki, &opts.kxdp_if, &[], true).await?;
+            }
+            Ok::<_, io::Error>(())
+        })?;
 
-        let (hi, ki, kmac) = (self.host_ifindex, self.kxdp_ifindex, self.kxdp_mac);
+        let kmac = self.kxdp_mac;
         let moved = self.rt.block_on(async {
             handle
                 .address()
@@ -1067,5 +1148,62 @@ fn sync_node_ips(host_path: &Mutex<Option<HostPath>>, candidates: &Mutex<Vec<IpA
         .collect();
     if let Err(e) = hp.set_node_ips(&want) {
         eprintln!("kxdp: host path: following the node's addresses: {e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rtnetlink::packet_core::Emitable;
+
+    /// (type without flags, nested flag, value) of each attribute in `buf`.
+    fn nlas(mut buf: &[u8]) -> Vec<(u16, bool, Vec<u8>)> {
+        let mut out = Vec::new();
+        while buf.len() >= 4 {
+            let len = u16::from_ne_bytes([buf[0], buf[1]]) as usize;
+            let kind = u16::from_ne_bytes([buf[2], buf[3]]);
+            out.push((kind & 0x3fff, kind & 0x8000 != 0, buf[4..len].to_vec()));
+            buf = &buf[(len + 3) & !3..];
+        }
+        out
+    }
+
+    #[test]
+    fn hostpath_devconf_is_the_kernels_set_form() {
+        let attr = devconf_af_spec(
+            &[(IPV4_DEVCONF_RP_FILTER, 0), (IPV4_DEVCONF_ACCEPT_LOCAL, 1)],
+            true,
+        );
+        let mut buf = vec![0u8; attr.buffer_len()];
+        attr.emit(&mut buf);
+        let spec = nlas(&buf);
+        assert_eq!(spec.len(), 1);
+        assert_eq!(spec[0].0, 26, "IFLA_AF_SPEC");
+        let families = nlas(&spec[0].2);
+        assert_eq!(families.len(), 2);
+        assert_eq!(families[0].0, libc::AF_INET as u16);
+        let inet = nlas(&families[0].2);
+        assert_eq!(inet.len(), 1);
+        assert_eq!((inet[0].0, inet[0].1), (IFLA_INET_CONF, true));
+        // Nested u32 attributes typed by the index; a zero is sent, not left out.
+        let conf = nlas(&inet[0].2);
+        assert_eq!(
+            conf,
+            vec![
+                (8, false, 0u32.to_ne_bytes().to_vec()),
+                (23, false, 1u32.to_ne_bytes().to_vec()),
+            ]
+        );
+        assert_eq!(families[1].0, libc::AF_INET6 as u16);
+        // IFLA_INET6_ADDR_GEN_MODE (8) = IN6_ADDR_GEN_MODE_NONE (1), one byte.
+        assert_eq!(nlas(&families[1].2), vec![(8, false, vec![1])]);
+
+        // kxdp1: IPv6 only, no AF_INET part.
+        let attr = devconf_af_spec(&[], true);
+        let mut buf = vec![0u8; attr.buffer_len()];
+        attr.emit(&mut buf);
+        let families = nlas(&nlas(&buf)[0].2);
+        assert_eq!(families.len(), 1);
+        assert_eq!(families[0].0, libc::AF_INET6 as u16);
     }
 }

@@ -9,7 +9,7 @@ pub mod route;
 pub mod runner;
 pub mod takeover;
 
-pub use kxdp_kernel::{afxdp, enter_netns, handover, ifindex, mount, xdp};
+pub use kxdp_kernel::{afxdp, enter_netns, handover, ifindex, mount, sys, xdp};
 
 use crate::pipeline::Frames;
 

@@ -18,6 +18,22 @@ fn lab_json_logs_from_start_to_stop() {
     let c = Cluster::build();
     let (config, state) = lab_files();
     let dir = tempfile::tempdir().unwrap();
+    // The lab's config, plus a pattern matching a tun device, which cannot take XDP (no
+    // Ethernet address): `status` reports it as not attached, with the error.
+    let config_text = std::fs::read_to_string(&config)
+        .unwrap()
+        .replace("interfaces: [up0,", "interfaces: [\"vtun*\", up0,");
+    assert!(config_text.contains("vtun*"), "{config_text}");
+    let config = dir.path().join("config.yaml");
+    std::fs::write(&config, config_text).unwrap();
+    let config = config.to_str().unwrap().to_string();
+    let st = Command::new("ip")
+        .args([
+            "netns", "exec", &c.node, "ip", "tuntap", "add", "dev", "vtun0", "mode", "tun",
+        ])
+        .status()
+        .unwrap();
+    assert!(st.success());
     let admin = dir.path().join("admin.sock");
     let admin = admin.to_str().unwrap();
     let mut cmd = Command::new("ip");
@@ -54,13 +70,21 @@ fn lab_json_logs_from_start_to_stop() {
         );
         assert!(i["sockets"].as_u64().unwrap() >= 1, "{i}");
     }
+    let tun = ifaces
+        .iter()
+        .find(|i| i["name"] == "vtun0")
+        .unwrap_or_else(|| panic!("vtun0 not in {v}"));
+    assert_eq!(tun["attached"], false, "{tun}");
+    assert!(!tun["error"].as_str().unwrap().is_empty(), "{tun}");
     let text = Command::new(env!("CARGO_BIN_EXE_kxdp"))
         .args(["status", "--admin", admin])
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&text.stdout);
+    println!("{text}");
     assert!(text.contains("interfaces:  kxdp1 "), "{text}");
     assert!(text.contains("attached, XDP "), "{text}");
+    assert!(text.contains("vtun0            NOT attached: "), "{text}");
 
     let status = k.stop().expect("kxdp run exits");
     assert!(status.success(), "{status:?}");
@@ -92,6 +116,7 @@ fn lab_json_logs_from_start_to_stop() {
     for want in [
         "kxdp run: forwarding on",
         "kxdp: attached up0",
+        "kxdp: vtun0: cannot take kxdp's XDP program",
         "kxdp run: XDP programs detached",
         "kxdp run: worker 0: rx",
         "kxdp run: host path removed",

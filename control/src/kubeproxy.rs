@@ -28,6 +28,9 @@ use crate::config::{
     FEATURE_GATES, KIND, KUBE_PROXY_KIND, MAX_CONNTRACK_ENTRIES,
 };
 
+/// The KubeProxyConfiguration's API version.
+const KUBE_PROXY_API_VERSION: &str = "kubeproxy.config.k8s.io/v1alpha1";
+
 /// A kube-proxy field kxdp could not carry over.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Unmapped {
@@ -112,7 +115,15 @@ pub fn convert(text: &str, file: &Path, cpus: usize) -> Result<Conversion, Conve
             reason: reason.to_string(),
         });
     };
-    f.take("apiVersion")?;
+    // The one version kube-proxy has decoded since 1.10; another would be refused there.
+    if let Some(v) = f.string("apiVersion")? {
+        if v != KUBE_PROXY_API_VERSION {
+            return Err(bad(
+                "apiVersion",
+                format!("`{v}`: expected {KUBE_PROXY_API_VERSION}"),
+            ));
+        }
+    }
     f.take("kind")?;
 
     if let Some(v) = f.string("hostnameOverride")? {
@@ -782,6 +793,17 @@ featureGates:
                 .to_string();
             assert!(e.starts_with(want), "{body}: {e}");
         }
+        let e = convert(
+            "apiVersion: kubeproxy.config.k8s.io/v1beta1\nkind: KubeProxyConfiguration\n",
+            Path::new("kp.yaml"),
+            2,
+        )
+        .unwrap_err()
+        .to_string();
+        assert_eq!(
+            e,
+            "kp.yaml: apiVersion: `kubeproxy.config.k8s.io/v1beta1`: expected kubeproxy.config.k8s.io/v1alpha1"
+        );
         // Null is a field left alone, as kubeadm writes it.
         let c = convert(
             &format!("{head}masqueradeAll: null\nconntrack: {{maxPerCore: null, udpTimeout: null}}\niptables: null\nfeatureGates: null\n"),

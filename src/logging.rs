@@ -61,8 +61,23 @@ pub fn parse_level(s: &str) -> Result<String, String> {
         })
 }
 
+/// Whether logs are JSON: then the binary's own messages (a failed command's `kxdp: ...`, a
+/// panic) are log events too, so that stderr stays one JSON object per line.
+static JSON: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+pub fn json() -> bool {
+    JSON.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Installs the subscriber (a second call, as in unit tests, is harmless).
 pub fn init(opts: &LogOptions) {
+    if opts.format == LogFormat::Json {
+        JSON.store(true, std::sync::atomic::Ordering::Relaxed);
+        // The default hook writes plain lines (and a backtrace note) to stderr.
+        std::panic::set_hook(Box::new(|info| {
+            tracing::error!(target: "kxdp", "kxdp: {info}");
+        }));
+    }
     let rust_log = std::env::var("RUST_LOG").ok();
     let directives = opts.directives(rust_log.as_deref());
     let filter = EnvFilter::builder()

@@ -162,3 +162,34 @@ fn configz_proxy_mode_and_process_metrics() {
     child.kill().unwrap();
     child.wait().unwrap();
 }
+
+/// A KubeProxyConfiguration kube-proxy would refuse for a wrong type is refused by convert too:
+/// exit 2, the file, the field's full path and what was expected.
+#[test]
+fn convert_refuses_wrong_types() {
+    let dir = tempfile::tempdir().unwrap();
+    for (body, want) in [
+        (
+            "masqueradeAll: \"yes\"\n",
+            "masqueradeAll: expected a boolean (true or false), found the string \"yes\"",
+        ),
+        (
+            "conntrack:\n  maxPerCore: lots\n",
+            "conntrack.maxPerCore: expected an integer from 0 to 2147483647, found the string \"lots\"",
+        ),
+        (
+            "conntrack:\n  tcpEstablishedTimeout: 86400\n",
+            "conntrack.tcpEstablishedTimeout: expected a duration string",
+        ),
+    ] {
+        let kp = write(
+            dir.path(),
+            "kube-proxy.yaml",
+            &format!("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n{body}"),
+        );
+        let (code, out, err) = kxdp(&["config", "convert", &kp]);
+        assert_eq!(code, 2, "{body}: {err}");
+        assert!(out.is_empty(), "{out}");
+        assert!(err.contains(&format!("kube-proxy.yaml: {want}")), "{body}: {err}");
+    }
+}

@@ -1265,6 +1265,80 @@ fn monitor_policy_verdicts_sampling_hex_and_live_policy_trace() {
     assert_eq!(o.status.code(), Some(1));
 }
 
+/// `kxdp status`: readiness, the tables (generation, last publication), the source and its
+/// health, the interfaces, drops and conntrack, as a table and as one JSON object.
+#[test]
+fn status_at_a_glance() {
+    let s = start();
+    let a = s.daemon.admin.clone();
+    let a = a.as_path();
+    write_inject(&s.inject, &traffic(), 0);
+    wait_for("3 conntrack entries and a drop", || {
+        let v: Value = serde_json::from_str(ok(a, &["status", "-o", "json"]).trim()).ok()?;
+        (v["conntrack"]["entries"] == 3 && v["drops"]["total"].as_u64()? > 0).then_some(())
+    });
+    let out = ok(a, &["status", "-o", "json"]);
+    assert_eq!(out.lines().count(), 1, "{out}");
+    let v: Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(v["ready"], true, "{v}");
+    assert_eq!(v["healthy"], true, "{v}");
+    assert!(v["generation"].as_u64().unwrap() > 0, "{v}");
+    assert!(
+        v["last_sync"].is_string() && v["last_sync_ago_s"].is_number(),
+        "{v}"
+    );
+    assert_eq!(v["source"]["kind"], "files", "{v}");
+    assert_eq!(
+        v["source"]["detail"],
+        s.env.path("state").display().to_string(),
+        "{v}"
+    );
+    assert_eq!(v["source"]["healthy"], true, "{v}");
+    assert_eq!(v["interfaces"], json!([]), "{v}");
+    assert_eq!(v["conntrack"]["max_entries"], 4096, "{v}");
+    // The SYN to the Service without endpoints was rejected.
+    assert_eq!(v["drops"]["top"][0]["reason"], "no-endpoints", "{v}");
+    assert_eq!(v["drops"]["by_reason"]["no-endpoints"], 1, "{v}");
+
+    let text = ok(a, &["status"]);
+    for want in [
+        "ready:       yes, /healthz ok\n".to_string(),
+        format!(
+            "tables:      generation {}, last published ",
+            v["generation"]
+        ),
+        format!(
+            "source:      --state files ({}), healthy\n",
+            s.env.path("state").display()
+        ),
+        "interfaces:  none configured (no packet is forwarded by kxdp)\n".to_string(),
+        "drops:       1 total (top: no-endpoints 1)\n".to_string(),
+        "conntrack:   3/4096 entries, 0 early drop(s)\n".to_string(),
+    ] {
+        assert!(text.contains(&want), "{want:?} not in:\n{text}");
+    }
+
+    // A source that fails: the state directory becomes unreadable (a file that is no manifest).
+    std::fs::write(s.env.path("state/broken.yaml"), "kind: [\n").unwrap();
+    let v = wait_for("the source's failure", || {
+        let v: Value = serde_json::from_str(ok(a, &["status", "-o", "json"]).trim()).ok()?;
+        (v["source"]["healthy"] == false).then_some(v)
+    });
+    assert!(
+        v["source"]["errors"]["files"]
+            .as_str()
+            .unwrap()
+            .contains("broken.yaml"),
+        "{v}"
+    );
+    let text = ok(a, &["status"]);
+    assert!(text.contains("failing: files: "), "{text}");
+    // No daemon: the same message and exit code as the other commands.
+    let o = kxdp(&s.env.path("nowhere.sock"), &["status"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("cannot connect to the admin socket"));
+}
+
 /// Logs: `--log-format json` gives one JSON object per line; text logs carry no ANSI colour
 /// when stderr is not a terminal.
 #[test]
@@ -1278,7 +1352,15 @@ fn daemon_logs_text_and_json() {
         let v: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
         assert!(v["level"].is_string() && v["timestamp"].is_string(), "{v}");
     }
-    drop(s);
+    // The stop (SIGTERM, as the daemon is dropped) too: every line of the whole run is JSON.
+    let Setup { env, daemon, .. } = s;
+    drop(daemon);
+    let log = std::fs::read_to_string(env.path("stderr.log")).unwrap();
+    for line in log.lines() {
+        let v: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        assert!(v["level"].is_string() && v["timestamp"].is_string(), "{v}");
+    }
+    drop(env);
     let s = start_with(|_| {}, &["-v"]);
     let log = wait_for("a text log line", || {
         let l = std::fs::read_to_string(s.env.path("stderr.log")).ok()?;

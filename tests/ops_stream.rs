@@ -86,6 +86,7 @@ fn million_entry_listing_streams_without_stalling_workers() {
         status: Arc::new(Mutex::new(Status::default())),
         listening: Mutex::new(serde_json::Map::new()),
         control: None,
+        daemon: Default::default(),
     });
     let _server = kxdp_control::admin::serve(&path, ctx, rt.handle()).unwrap();
 

@@ -11,6 +11,10 @@
 //! CPU count, and named as unmapped: the value depends on each node); `healthzBindAddress`,
 //! `metricsBindAddress` → the same; `featureGates` kxdp knows → `featureGates`. Fields kube-proxy
 //! leaves empty, zero or at their defaults are not reported.
+//!
+//! Every field read is type-checked as kube-proxy's strict decoder does (a boolean is `true` or
+//! `false`, not `"yes"`; a count is an integer; a duration a string such as `1h0m0s`): kube-proxy
+//! refuses such a file, so converting it would hide the mistake. `null` is a field left alone.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -23,6 +27,9 @@ use crate::config::{
     parse_cidr, parse_duration, DataplaneConfiguration, GoDuration, NodePortAddress, API_VERSION,
     FEATURE_GATES, KIND, KUBE_PROXY_KIND, MAX_CONNTRACK_ENTRIES,
 };
+
+/// The KubeProxyConfiguration's API version.
+const KUBE_PROXY_API_VERSION: &str = "kubeproxy.config.k8s.io/v1alpha1";
 
 /// A kube-proxy field kxdp could not carry over.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -76,7 +83,7 @@ pub fn convert_file(path: &Path, cpus: usize) -> Result<Conversion, ConvertError
 /// Converts KubeProxyConfiguration text (`file` names it in errors); `cpus` sizes
 /// `conntrack.maxPerCore` as kube-proxy would on this machine.
 pub fn convert(text: &str, file: &Path, cpus: usize) -> Result<Conversion, ConvertError> {
-    let mut doc: Value = yaml_serde::from_str(text).map_err(|e| ConvertError::Yaml {
+    let doc: Value = yaml_serde::from_str(text).map_err(|e| ConvertError::Yaml {
         file: file.to_path_buf(),
         message: e.to_string(),
     })?;
@@ -96,6 +103,7 @@ pub fn convert(text: &str, file: &Path, cpus: usize) -> Result<Conversion, Conve
         field: field.to_string(),
         message,
     };
+    let mut f = Fields { doc, file };
     let mut cfg: DataplaneConfiguration =
         yaml_serde::from_str(&format!("apiVersion: {API_VERSION}\nkind: {KIND}\n"))
             .expect("the minimal configuration is valid");
@@ -107,13 +115,21 @@ pub fn convert(text: &str, file: &Path, cpus: usize) -> Result<Conversion, Conve
             reason: reason.to_string(),
         });
     };
-    take(&mut doc, "apiVersion");
-    take(&mut doc, "kind");
+    // The one version kube-proxy has decoded since 1.10; another would be refused there.
+    if let Some(v) = f.string("apiVersion")? {
+        if v != KUBE_PROXY_API_VERSION {
+            return Err(bad(
+                "apiVersion",
+                format!("`{v}`: expected {KUBE_PROXY_API_VERSION}"),
+            ));
+        }
+    }
+    f.take("kind")?;
 
-    if let Some(v) = take_str(&mut doc, "hostnameOverride") {
+    if let Some(v) = f.string("hostnameOverride")? {
         cfg.node_name = v.to_lowercase();
     }
-    if let Some(v) = take_str(&mut doc, "clusterCIDR") {
+    if let Some(v) = f.string("clusterCIDR")? {
         for (i, c) in v
             .split(',')
             .map(str::trim)
@@ -124,22 +140,28 @@ pub fn convert(text: &str, file: &Path, cpus: usize) -> Result<Conversion, Conve
             cfg.cluster_cidrs.push(net);
         }
     }
-    if let Some(Value::Sequence(list)) = take(&mut doc, "nodePortAddresses") {
+    if let Some(list) = f.take("nodePortAddresses")? {
+        let Value::Sequence(list) = list else {
+            return Err(f.expected("nodePortAddresses", "a list of CIDRs (or `primary`)", &list));
+        };
         for (i, v) in list.iter().enumerate() {
-            let s = v.as_str().unwrap_or_default();
+            let field = format!("nodePortAddresses[{i}]");
+            let Some(s) = v.as_str() else {
+                return Err(f.expected(&field, "a string (a CIDR or `primary`)", v));
+            };
             match s {
                 "primary" => cfg.node_port_addresses.push(NodePortAddress::Primary),
                 // kube-proxy's other keywords: `all` is kxdp's empty list; `localhost` has no
                 // meaning for a dataplane that never sees loopback.
                 "all" => {}
                 "localhost" => note(
-                    &format!("nodePortAddresses[{i}]"),
+                    &field,
                     v,
                     "kxdp never sees loopback traffic (AF_XDP works on the wire), so NodePorts on localhost are not served",
                 ),
-                _ => cfg.node_port_addresses.push(NodePortAddress::Cidr(
-                    parse_cidr(s).map_err(|m| bad(&format!("nodePortAddresses[{i}]"), m))?,
-                )),
+                _ => cfg
+                    .node_port_addresses
+                    .push(NodePortAddress::Cidr(parse_cidr(s).map_err(|m| bad(&field, m))?)),
             }
         }
         if cfg.node_port_addresses.len() > 1
@@ -152,7 +174,7 @@ pub fn convert(text: &str, file: &Path, cpus: usize) -> Result<Conversion, Conve
         }
     }
 
-    let mode = take_str(&mut doc, "mode").unwrap_or_default();
+    let mode = f.string("mode")?.unwrap_or_default();
     let mode_section = match mode.as_str() {
         "" | "iptables" => "iptables",
         "ipvs" => "ipvs",
@@ -167,19 +189,26 @@ pub fn convert(text: &str, file: &Path, cpus: usize) -> Result<Conversion, Conve
         }
     };
     // The active mode's sync periods; the top-level ones (newer kube-proxy) take precedence.
-    for section in ["iptables", "ipvs", "nftables"] {
+    // The other modes' are type-checked too: kube-proxy decodes them all.
+    for section in ["iptables", "ipvs", "nftables", ""] {
         for key in ["syncPeriod", "minSyncPeriod"] {
-            let path = format!("{section}.{key}");
-            if let Some(v) = take_path(&mut doc, &path) {
-                if section == mode_section {
-                    set_sync(&mut cfg, key, &v, &path).map_err(|m| bad(&path, m))?;
-                }
+            let path = if section.is_empty() {
+                key.to_string()
+            } else {
+                format!("{section}.{key}")
+            };
+            let Some(d) = f.duration(&path)? else {
+                continue;
+            };
+            if section != mode_section && !section.is_empty() {
+                continue;
             }
-        }
-    }
-    for key in ["syncPeriod", "minSyncPeriod"] {
-        if let Some(v) = take(&mut doc, key) {
-            set_sync(&mut cfg, key, &v, key).map_err(|m| bad(key, m))?;
+            match key {
+                // kube-proxy treats a zero syncPeriod as unset.
+                "syncPeriod" if d.is_zero() => {}
+                "syncPeriod" => cfg.sync.sync_period = GoDuration(d),
+                _ => cfg.sync.min_sync_period = GoDuration(d),
+            }
         }
     }
     for path in [
@@ -187,29 +216,28 @@ pub fn convert(text: &str, file: &Path, cpus: usize) -> Result<Conversion, Conve
         "nftables.masqueradeAll",
         "masqueradeAll",
     ] {
-        if let Some(Value::Bool(b)) = take_path(&mut doc, path) {
+        if let Some(b) = f.boolean(path)? {
             cfg.masquerade_all |= b;
         }
     }
-    if let Some(v) = take_path(&mut doc, "iptables.localhostNodePorts") {
-        if v.as_bool() == Some(true) {
-            note(
-                "iptables.localhostNodePorts",
-                &v,
-                "kxdp never sees loopback traffic (AF_XDP works on the wire): NodePorts are not served on 127.0.0.1",
-            );
-        }
+    if let Some(true) = f.boolean("iptables.localhostNodePorts")? {
+        note(
+            "iptables.localhostNodePorts",
+            &Value::Bool(true),
+            "kxdp never sees loopback traffic (AF_XDP works on the wire): NodePorts are not served on 127.0.0.1",
+        );
     }
     for (key, field) in [
         ("iptables.masqueradeBit", "masqueradeBit"),
         ("nftables.masqueradeBit", "masqueradeBit"),
         ("masqueradeBit", "masqueradeBit"),
     ] {
-        if let Some(v) = take_path(&mut doc, key) {
-            if !is_default(&v) && v.as_u64() != Some(14) {
+        // kube-proxy's validation: a bit of the 32-bit mark.
+        if let Some(n) = f.integer(key, 0, 31)? {
+            if n != 0 && n != 14 {
                 note(
                     key,
-                    &v,
+                    &Value::Number(n.into()),
                     &format!(
                         "kxdp marks nothing in the kernel ({field} is for iptables/nftables marks)"
                     ),
@@ -225,13 +253,10 @@ pub fn convert(text: &str, file: &Path, cpus: usize) -> Result<Conversion, Conve
         ("conntrack.udpTimeout", 2),
         ("conntrack.udpStreamTimeout", 3),
     ] {
-        let Some(v) = take_path(&mut doc, kp) else {
+        let Some(d) = f.duration(kp)? else {
             continue;
         };
-        let Some(s) = v.as_str().filter(|s| !s.is_empty()) else {
-            continue;
-        };
-        let d = GoDuration(parse_duration(s).map_err(|m| bad(kp, m))?);
+        let d = GoDuration(d);
         let c = &mut cfg.conntrack;
         match set {
             0 => c.tcp_established_timeout = d,
@@ -240,16 +265,17 @@ pub fn convert(text: &str, file: &Path, cpus: usize) -> Result<Conversion, Conve
             _ => c.udp_stream_timeout = d,
         }
     }
-    let per_core = take_path(&mut doc, "conntrack.maxPerCore");
-    let min = take_path(&mut doc, "conntrack.min");
-    let per_core_n = per_core.as_ref().and_then(Value::as_u64).unwrap_or(0);
-    let min_n = min.as_ref().and_then(Value::as_u64).unwrap_or(0);
+    // int32 in kube-proxy, validated at least 0.
+    let per_core_n = f
+        .integer("conntrack.maxPerCore", 0, i32::MAX.into())?
+        .unwrap_or(0) as u64;
+    let min_n = f.integer("conntrack.min", 0, i32::MAX.into())?.unwrap_or(0) as u64;
     if per_core_n > 0 {
         let want = (per_core_n * cpus as u64).max(min_n);
         cfg.conntrack.max_entries = want.min(u64::from(MAX_CONNTRACK_ENTRIES)) as u32;
         note(
             "conntrack.maxPerCore",
-            per_core.as_ref().unwrap_or(&Value::Null),
+            &Value::Number(per_core_n.into()),
             &format!(
                 "kxdp sizes its table with one absolute conntrack.maxEntries; set to {} ({} per core × {cpus} CPUs here, at least conntrack.min): check it for your nodes",
                 cfg.conntrack.max_entries, per_core_n
@@ -258,22 +284,20 @@ pub fn convert(text: &str, file: &Path, cpus: usize) -> Result<Conversion, Conve
     } else if min_n > 0 {
         note(
             "conntrack.min",
-            min.as_ref().unwrap_or(&Value::Null),
+            &Value::Number(min_n.into()),
             "without maxPerCore kube-proxy leaves the kernel's limit alone; kxdp keeps its default conntrack.maxEntries",
         );
     }
-    if let Some(v) = take_path(&mut doc, "conntrack.tcpBeLiberal") {
-        if v.as_bool() == Some(true) {
-            note(
-                "conntrack.tcpBeLiberal",
-                &v,
-                "kxdp's conntrack does not mark out-of-window TCP packets invalid, so there is nothing to relax",
-            );
-        }
+    if let Some(true) = f.boolean("conntrack.tcpBeLiberal")? {
+        note(
+            "conntrack.tcpBeLiberal",
+            &Value::Bool(true),
+            "kxdp's conntrack does not mark out-of-window TCP packets invalid, so there is nothing to relax",
+        );
     }
 
     for (key, is_healthz) in [("healthzBindAddress", true), ("metricsBindAddress", false)] {
-        let Some(s) = take_str(&mut doc, key) else {
+        let Some(s) = f.string(key)? else {
             continue;
         };
         let addr = bind_address(&s, if is_healthz { 10256 } else { 10249 });
@@ -288,22 +312,34 @@ pub fn convert(text: &str, file: &Path, cpus: usize) -> Result<Conversion, Conve
         }
     }
 
-    if let Some(Value::Mapping(gates)) = take(&mut doc, "featureGates") {
+    if let Some(gates) = f.take("featureGates")? {
+        let Value::Mapping(gates) = gates else {
+            return Err(f.expected(
+                "featureGates",
+                "a mapping of gate names to true or false",
+                &gates,
+            ));
+        };
         for (k, v) in gates {
-            let (Some(name), Some(on)) = (k.as_str(), v.as_bool()) else {
-                continue;
+            let Some(name) = k.as_str() else {
+                return Err(f.expected("featureGates", "gate names (strings)", &k));
+            };
+            let field = format!("featureGates.{name}");
+            let Some(on) = v.as_bool() else {
+                return Err(f.expected(&field, "a boolean (true or false)", &v));
             };
             if FEATURE_GATES.iter().any(|(g, _)| *g == name) {
                 cfg.feature_gates.insert(name.to_string(), on);
             } else {
                 note(
-                    &format!("featureGates.{name}"),
+                    &field,
                     &v,
                     "a gate kxdp does not have (its behaviour is either always on in kxdp or not applicable)",
                 );
             }
         }
     }
+    let doc = f.doc;
 
     // Known fields without an equivalent, with the reason; anything else left is reported as
     // unknown to kxdp.
@@ -391,27 +427,6 @@ impl Conversion {
     }
 }
 
-fn set_sync(
-    cfg: &mut DataplaneConfiguration,
-    key: &str,
-    v: &Value,
-    path: &str,
-) -> Result<(), String> {
-    let Some(s) = v.as_str().filter(|s| !s.is_empty()) else {
-        return Ok(());
-    };
-    let d = parse_duration(s).map_err(|m| format!("{m} ({path})"))?;
-    if d == Duration::ZERO && key == "syncPeriod" {
-        return Ok(());
-    }
-    if key == "syncPeriod" {
-        cfg.sync.sync_period = GoDuration(d);
-    } else {
-        cfg.sync.min_sync_period = GoDuration(d);
-    }
-    Ok(())
-}
-
 /// kube-proxy accepts `IP:PORT`, a bare IP, or a CIDR (`0.0.0.0/0`: any address) with the
 /// port implied.
 fn bind_address(s: &str, port: u16) -> Option<SocketAddr> {
@@ -435,22 +450,118 @@ fn bind_address(s: &str, port: u16) -> Option<SocketAddr> {
     None
 }
 
-fn take(doc: &mut Value, key: &str) -> Option<Value> {
-    doc.as_mapping_mut()?.remove(key)
+/// The KubeProxyConfiguration being converted: fields are taken out of it as they are read
+/// (what is left is reported as unmapped), each checked for the type kube-proxy decodes it as.
+struct Fields<'a> {
+    doc: Value,
+    file: &'a Path,
 }
 
-fn take_path(doc: &mut Value, path: &str) -> Option<Value> {
-    match path.split_once('.') {
-        None => take(doc, path),
-        Some((head, rest)) => take_path(doc.get_mut(head)?, rest),
+impl Fields<'_> {
+    fn expected(&self, field: &str, what: &str, found: &Value) -> ConvertError {
+        ConvertError::Field {
+            file: self.file.to_path_buf(),
+            field: field.to_string(),
+            message: format!("expected {what}, found {}", describe(found)),
+        }
+    }
+
+    /// Takes the field at a dotted `path`; `None` when it (or a section on the way) is missing
+    /// or null. A section that is not a mapping is an error.
+    fn take(&mut self, path: &str) -> Result<Option<Value>, ConvertError> {
+        let mut at = &mut self.doc;
+        let mut walked = String::new();
+        let mut parts = path.split('.').peekable();
+        while let Some(key) = parts.next() {
+            if matches!(at, Value::Null) {
+                return Ok(None);
+            }
+            if !at.is_mapping() {
+                let found = at.clone();
+                return Err(self.expected(&walked, "a mapping", &found));
+            }
+            let map = at.as_mapping_mut().expect("checked to be a mapping");
+            if parts.peek().is_none() {
+                return Ok(map.remove(key).filter(|v| !v.is_null()));
+            }
+            match map.get_mut(key) {
+                Some(next) => at = next,
+                None => return Ok(None),
+            }
+            if !walked.is_empty() {
+                walked.push('.');
+            }
+            walked.push_str(key);
+        }
+        Ok(None)
+    }
+
+    /// A string field; empty is unset.
+    fn string(&mut self, path: &str) -> Result<Option<String>, ConvertError> {
+        match self.take(path)? {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s).filter(|s| !s.is_empty())),
+            Some(v) => Err(self.expected(path, "a string", &v)),
+        }
+    }
+
+    fn boolean(&mut self, path: &str) -> Result<Option<bool>, ConvertError> {
+        match self.take(path)? {
+            None => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(b)),
+            Some(v) => Err(self.expected(path, "a boolean (true or false)", &v)),
+        }
+    }
+
+    /// An integer in `min..=max`.
+    fn integer(&mut self, path: &str, min: i64, max: i64) -> Result<Option<i64>, ConvertError> {
+        let Some(v) = self.take(path)? else {
+            return Ok(None);
+        };
+        let what = format!("an integer from {min} to {max}");
+        match v.as_i64() {
+            Some(n) if (min..=max).contains(&n) => Ok(Some(n)),
+            _ => Err(self.expected(path, &what, &v)),
+        }
+    }
+
+    /// A Go duration string (`30s`, `1h0m0s`); empty is unset. A bare number is refused as
+    /// kube-proxy refuses it (metav1.Duration decodes only strings).
+    fn duration(&mut self, path: &str) -> Result<Option<Duration>, ConvertError> {
+        let Some(s) = (match self.take(path)? {
+            None => None,
+            Some(Value::String(s)) => Some(s).filter(|s| !s.is_empty()),
+            Some(v) => {
+                return Err(self.expected(
+                    path,
+                    "a duration string such as \"30s\" or \"1h0m0s\"",
+                    &v,
+                ))
+            }
+        }) else {
+            return Ok(None);
+        };
+        parse_duration(&s)
+            .map(Some)
+            .map_err(|message| ConvertError::Field {
+                file: self.file.to_path_buf(),
+                field: path.to_string(),
+                message,
+            })
     }
 }
 
-fn take_str(doc: &mut Value, key: &str) -> Option<String> {
-    take(doc, key)?
-        .as_str()
-        .filter(|s| !s.is_empty())
-        .map(str::to_owned)
+/// A value as an error message names it: `the string "yes"`, `the number 5`, `a list`.
+fn describe(v: &Value) -> String {
+    match v {
+        Value::Null => "null".into(),
+        Value::Bool(b) => format!("the boolean {b}"),
+        Value::Number(n) => format!("the number {n}"),
+        Value::String(s) => format!("the string {s:?}"),
+        Value::Sequence(_) => "a list".into(),
+        Value::Mapping(_) => "a mapping".into(),
+        Value::Tagged(t) => format!("a value tagged {}", t.tag),
+    }
 }
 
 /// Empty, zero, false or null: what kubeadm writes for a field left alone.
@@ -643,5 +754,64 @@ featureGates:
         .unwrap_err()
         .to_string();
         assert!(e.contains("not KubeProxyConfiguration"), "{e}");
+    }
+
+    /// Every field convert reads is type-checked as kube-proxy's strict decoding does: a wrong
+    /// type names the field's full path and what was expected.
+    #[test]
+    fn wrong_types_are_refused() {
+        let head = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n";
+        for (body, want) in [
+            ("masqueradeAll: \"yes\"\n", "kp.yaml: masqueradeAll: expected a boolean (true or false), found the string \"yes\""),
+            ("conntrack: {maxPerCore: lots}\n", "kp.yaml: conntrack.maxPerCore: expected an integer from 0 to 2147483647, found the string \"lots\""),
+            ("conntrack: {maxPerCore: -1}\n", "kp.yaml: conntrack.maxPerCore: expected an integer from 0 to 2147483647, found the number -1"),
+            ("conntrack: {min: 1.5}\n", "kp.yaml: conntrack.min: expected an integer"),
+            ("conntrack: {tcpBeLiberal: 1}\n", "kp.yaml: conntrack.tcpBeLiberal: expected a boolean"),
+            ("conntrack: {udpTimeout: 30}\n", "kp.yaml: conntrack.udpTimeout: expected a duration string such as \"30s\" or \"1h0m0s\", found the number 30"),
+            ("conntrack: {udpTimeout: forever}\n", "kp.yaml: conntrack.udpTimeout: "),
+            ("conntrack: 5\n", "kp.yaml: conntrack: expected a mapping, found the number 5"),
+            ("iptables: {masqueradeAll: \"true\"}\n", "kp.yaml: iptables.masqueradeAll: expected a boolean"),
+            ("nftables: {masqueradeAll: 1}\n", "kp.yaml: nftables.masqueradeAll: expected a boolean"),
+            ("iptables: {localhostNodePorts: \"false\"}\n", "kp.yaml: iptables.localhostNodePorts: expected a boolean"),
+            ("iptables: {masqueradeBit: \"14\"}\n", "kp.yaml: iptables.masqueradeBit: expected an integer from 0 to 31"),
+            ("masqueradeBit: 40\n", "kp.yaml: masqueradeBit: expected an integer from 0 to 31, found the number 40"),
+            ("ipvs: {syncPeriod: 30}\n", "kp.yaml: ipvs.syncPeriod: expected a duration string"),
+            ("minSyncPeriod: true\n", "kp.yaml: minSyncPeriod: expected a duration string"),
+            ("hostnameOverride: 42\n", "kp.yaml: hostnameOverride: expected a string, found the number 42"),
+            ("clusterCIDR: [10.0.0.0/8]\n", "kp.yaml: clusterCIDR: expected a string, found a list"),
+            ("mode: {iptables: true}\n", "kp.yaml: mode: expected a string, found a mapping"),
+            ("nodePortAddresses: primary\n", "kp.yaml: nodePortAddresses: expected a list of CIDRs (or `primary`), found the string \"primary\""),
+            ("nodePortAddresses: [10.0.0.0/8, 7]\n", "kp.yaml: nodePortAddresses[1]: expected a string (a CIDR or `primary`), found the number 7"),
+            ("healthzBindAddress: 10256\n", "kp.yaml: healthzBindAddress: expected a string"),
+            ("metricsBindAddress: false\n", "kp.yaml: metricsBindAddress: expected a string"),
+            ("featureGates: {PreferSameTrafficDistribution: \"on\"}\n", "kp.yaml: featureGates.PreferSameTrafficDistribution: expected a boolean (true or false), found the string \"on\""),
+            ("featureGates: [a]\n", "kp.yaml: featureGates: expected a mapping of gate names to true or false, found a list"),
+        ] {
+            let e = convert(&format!("{head}{body}"), Path::new("kp.yaml"), 2)
+                .err()
+                .unwrap_or_else(|| panic!("{body} converted"))
+                .to_string();
+            assert!(e.starts_with(want), "{body}: {e}");
+        }
+        let e = convert(
+            "apiVersion: kubeproxy.config.k8s.io/v1beta1\nkind: KubeProxyConfiguration\n",
+            Path::new("kp.yaml"),
+            2,
+        )
+        .unwrap_err()
+        .to_string();
+        assert_eq!(
+            e,
+            "kp.yaml: apiVersion: `kubeproxy.config.k8s.io/v1beta1`: expected kubeproxy.config.k8s.io/v1alpha1"
+        );
+        // Null is a field left alone, as kubeadm writes it.
+        let c = convert(
+            &format!("{head}masqueradeAll: null\nconntrack: {{maxPerCore: null, udpTimeout: null}}\niptables: null\nfeatureGates: null\n"),
+            Path::new("kp.yaml"),
+            2,
+        )
+        .unwrap();
+        assert!(!c.config.masquerade_all);
+        assert!(c.unmapped.is_empty(), "{:?}", c.unmapped);
     }
 }

@@ -266,6 +266,14 @@ pub fn run(
     } else {
         "the API server"
     };
+    {
+        let mut info = ops.context.daemon.lock().unwrap();
+        (info.source, info.source_detail) = match (&state, &kubeconfig) {
+            (Some(s), _) => ("files".into(), s.display().to_string()),
+            (None, Some(k)) => ("api-server".into(), format!("kubeconfig {}", k.display())),
+            (None, None) => ("api-server".into(), String::new()),
+        };
+    }
     // Startup lines are log events (plain or JSON as `--log-format` says, info level: shown by
     // default), so that `kubectl logs` of a JSON-logging daemon stays one object per line.
     let mut afxdp = if config.interfaces.is_empty() {
@@ -361,6 +369,9 @@ pub fn run(
     // this process exits (it waits for that, then starts clean).
     let mut stopping_for: Option<std::os::unix::net::UnixStream> = None;
     loop {
+        // `kxdp status` reads the link manager of the dataplane running now (a takeover that
+        // did not happen resumes the workers).
+        ops.context.daemon.lock().unwrap().links = afxdp.as_ref().map(|(a, _)| a.links_view());
         let conn = rt.block_on(async {
             tokio::select! {
                 _ = int.recv() => None,
@@ -411,7 +422,7 @@ pub fn run(
                 drop(ops);
                 handle.shutdown();
                 crate::takeover::released(&conn);
-                eprintln!(
+                tracing::info!(
                     "kxdp run: handed over to pid {pid} in {} ms, workers stopped at {stopped_at:.6} ({summary}; frames {}); {}",
                     took.as_millis(),
                     if balanced { "all accounted for" } else { "NOT ALL ACCOUNTED FOR" },
@@ -438,17 +449,17 @@ pub fn run(
         // kxdp takes over (RESTART_HOLD); without, they go now.
         if ops.dataplane.ct.state_path().is_some() {
             drop(afxdp.stop_for_restart());
-            eprintln!(
+            tracing::info!(
                 "kxdp run: XDP programs left attached, holding traffic for the next kxdp (up to {}s)",
                 kxdp_dataplane::io::runner::RESTART_HOLD.as_secs()
             );
         } else {
             drop(afxdp.stop());
-            eprintln!("kxdp run: XDP programs detached");
+            tracing::info!("kxdp run: XDP programs detached");
         }
         for (w, c) in counters {
             let g = |x: &std::sync::atomic::AtomicU64| x.load(std::sync::atomic::Ordering::Relaxed);
-            eprintln!(
+            tracing::info!(
                 "kxdp run: worker {w}: rx {} tx {} checksums-completed {} (its drops are counted by reason with the pipeline's)",
                 g(&c.rx),
                 g(&c.tx),
@@ -459,7 +470,7 @@ pub fn run(
         // verdict was ever made for them; docs/afxdp.md).
         for s in ops.dataplane.stats.socket_samples() {
             if s.kernel.rx_lost() > 0 {
-                eprintln!(
+                tracing::warn!(
                     "kxdp run: socket {}/{}: the kernel dropped {} frame(s) before kxdp saw them (RX ring full {}, other {}; afxdp ring sizes: docs/afxdp.md)",
                     s.interface,
                     s.queue,
@@ -471,8 +482,8 @@ pub fn run(
         }
         if let Some(hp) = host_path {
             match hp.teardown() {
-                Ok(()) => eprintln!("kxdp run: host path removed"),
-                Err(e) => eprintln!(
+                Ok(()) => tracing::info!("kxdp run: host path removed"),
+                Err(e) => tracing::warn!(
                     "kxdp run: removing the host path: {e} (the next start replaces what is left)"
                 ),
             }
@@ -482,7 +493,7 @@ pub fn run(
     // reports a clean restore) and let go of it.
     if ops.dataplane.ct.mark_clean_shutdown() {
         if let Some(p) = ops.dataplane.ct.state_path() {
-            eprintln!(
+            tracing::info!(
                 "kxdp run: conntrack state kept in {} ({} entries)",
                 p.display(),
                 ops.dataplane.ct.len()

@@ -311,7 +311,9 @@ pub fn hand_over(
                 Ok(afxdp) => Outcome::Continue { afxdp, why },
                 Err(e) => {
                     // Workers that cannot restart leave nothing to forward with.
-                    eprintln!("kxdp run: takeover by {why}; restarting the workers failed: {e}");
+                    tracing::error!(
+                        "kxdp run: takeover by {why}; restarting the workers failed: {e}"
+                    );
                     std::process::exit(1);
                 }
             }

@@ -232,7 +232,7 @@ fn idle_wait(index: usize) -> (Option<Poller>, Option<Arc<Waker>>) {
     let mut poller = match Poller::new() {
         Ok(p) => Some(p),
         Err(e) => {
-            eprintln!("kxdp: worker {index}: no poll set ({e}); idle workers sleep instead");
+            tracing::warn!("kxdp: worker {index}: no poll set ({e}); idle workers sleep instead");
             None
         }
     };

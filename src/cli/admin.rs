@@ -1,4 +1,4 @@
-//! `kxdp conntrack|services|stats|monitor`: clients of a running daemon's admin socket.
+//! `kxdp status|conntrack|services|stats|monitor`: clients of a running daemon's admin socket.
 
 use std::io::Write;
 use std::net::IpAddr;
@@ -838,9 +838,196 @@ pub fn policy_trace(
     Ok(())
 }
 
+/// `kxdp status`: the daemon at a glance. `-o json`: the daemon's answer as one JSON object.
+pub fn status(a: &AdminArgs) -> Result<(), CmdError> {
+    let end = request(&a.admin, &Request::Status, |_| Ok(())).map_err(fail)?;
+    let mut w = out();
+    let text = match a.output {
+        OutputFormat::Json => format!("{end}\n"),
+        _ => status_text(&end),
+    };
+    let _ = w.write_all(text.as_bytes());
+    let _ = w.flush();
+    Ok(())
+}
+
+/// The human form of the `status` answer.
+fn status_text(s: &serde_json::Value) -> String {
+    use std::fmt::Write as _;
+    let u = |v: &serde_json::Value| v.as_u64().unwrap_or(0);
+    let mut o = String::new();
+    let ready = s["ready"].as_bool().unwrap_or(false);
+    let health = match s["healthy"].as_bool() {
+        Some(true) => ", /healthz ok",
+        Some(false) => ", /healthz failing",
+        None => "",
+    };
+    let _ = writeln!(
+        o,
+        "ready:       {}{health}",
+        if ready {
+            "yes"
+        } else {
+            "no (the first sync has not completed)"
+        }
+    );
+    let last = match s["last_sync"].as_str() {
+        // To the second: the JSON keeps the nanoseconds.
+        Some(t) => format!(
+            "last published {} ({:.0}s ago, took {:.1} ms)",
+            t.split_once('.')
+                .map_or(t.to_string(), |(s, _)| format!("{s}Z")),
+            s["last_sync_ago_s"].as_f64().unwrap_or(0.0),
+            s["last_sync_duration_ms"].as_f64().unwrap_or(0.0)
+        ),
+        None => "never published".into(),
+    };
+    let stale = s["stale_since"]
+        .as_str()
+        .map(|t| format!("; changes waiting since {t}"))
+        .unwrap_or_default();
+    let _ = writeln!(
+        o,
+        "tables:      generation {}, {last}, {} sync(s), {} problem(s){stale}",
+        u(&s["generation"]),
+        u(&s["syncs"]),
+        u(&s["problems"]),
+    );
+    let src = &s["source"];
+    let kind = match src["kind"].as_str().unwrap_or("") {
+        "files" => "--state files",
+        "api-server" => "API server",
+        other => other,
+    };
+    let detail = src["detail"]
+        .as_str()
+        .filter(|d| !d.is_empty())
+        .map(|d| format!(" ({d})"))
+        .unwrap_or_default();
+    let errors: Vec<String> = src["errors"]
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| format!("{k}: {}", v.as_str().unwrap_or_default()))
+                .collect()
+        })
+        .unwrap_or_default();
+    let src_health = if !errors.is_empty() {
+        format!("failing: {}", errors.join("; "))
+    } else if src["healthy"].as_bool() == Some(true) {
+        "healthy".into()
+    } else {
+        "not synced yet".into()
+    };
+    let _ = writeln!(o, "source:      {kind}{detail}, {src_health}");
+    let ifaces = s["interfaces"].as_array().cloned().unwrap_or_default();
+    let configured: Vec<&str> = s["interfaces_configured"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|v| v.as_str()).collect())
+        .unwrap_or_default();
+    if ifaces.is_empty() {
+        let _ = writeln!(
+            o,
+            "interfaces:  {}",
+            if configured.is_empty() {
+                "none configured (no packet is forwarded by kxdp)".to_string()
+            } else {
+                format!("none attached (configured: {})", configured.join(", "))
+            }
+        );
+    }
+    for (n, i) in ifaces.iter().enumerate() {
+        let head = if n == 0 { "interfaces:" } else { "" };
+        let name = i["name"].as_str().unwrap_or("?");
+        let line = if i["attached"].as_bool() == Some(true) {
+            format!(
+                "{name:<16} attached, XDP {}, {} socket(s), {} queue(s), AF_XDP {}, driver {}",
+                i["xdp_mode"].as_str().unwrap_or("?"),
+                u(&i["sockets"]),
+                u(&i["queues"]),
+                if i["zero_copy"].as_bool() == Some(true) {
+                    "zero-copy"
+                } else {
+                    "copy mode"
+                },
+                i["driver"]
+                    .as_str()
+                    .filter(|d| !d.is_empty())
+                    .unwrap_or("?"),
+            )
+        } else {
+            format!(
+                "{name:<16} NOT attached: {}",
+                i["error"].as_str().unwrap_or("?")
+            )
+        };
+        let _ = writeln!(o, "{head:<12} {line}");
+    }
+    let drops = &s["drops"];
+    let top: Vec<String> = drops["top"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|d| format!("{} {}", d["reason"].as_str().unwrap_or("?"), u(&d["count"])))
+                .collect()
+        })
+        .unwrap_or_default();
+    let _ = writeln!(
+        o,
+        "drops:       {} total{}",
+        u(&drops["total"]),
+        if top.is_empty() {
+            String::new()
+        } else {
+            format!(" (top: {})", top.join(", "))
+        }
+    );
+    let ct = &s["conntrack"];
+    let _ = writeln!(
+        o,
+        "conntrack:   {}/{} entries, {} early drop(s)",
+        u(&ct["entries"]),
+        u(&ct["max_entries"]),
+        u(&ct["early_drops"]),
+    );
+    o
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn status_text_shape() {
+        let s = serde_json::json!({
+            "ready": true, "healthy": true, "generation": 7, "syncs": 3, "problems": 0,
+            "last_sync": "2026-01-01T00:00:00.000000000Z", "last_sync_ago_s": 2.0,
+            "last_sync_duration_ms": 1.25, "stale_since": null,
+            "source": {"kind": "api-server", "detail": "", "healthy": false,
+                       "errors": {"services": "connection refused"}},
+            "interfaces_configured": ["eth0", "veth*"],
+            "interfaces": [
+                {"name": "eth0", "attached": true, "xdp_mode": "native", "sockets": 2,
+                 "queues": 2, "zero_copy": true, "driver": "ixgbe"},
+                {"name": "vethx", "attached": false, "error": "no XDP", "sockets": 0}
+            ],
+            "drops": {"total": 12, "top": [{"reason": "no-endpoints", "count": 10},
+                                           {"reason": "malformed", "count": 2}]},
+            "conntrack": {"entries": 5, "max_entries": 1024, "early_drops": 0}
+        });
+        let t = status_text(&s);
+        for want in [
+            "ready:       yes, /healthz ok\n",
+            "tables:      generation 7, last published 2026-01-01T00:00:00Z (2s ago, took 1.2 ms), 3 sync(s), 0 problem(s)\n",
+            "source:      API server, failing: services: connection refused\n",
+            "interfaces:  eth0             attached, XDP native, 2 socket(s), 2 queue(s), AF_XDP zero-copy, driver ixgbe\n",
+            "             vethx            NOT attached: no XDP\n",
+            "drops:       12 total (top: no-endpoints 10, malformed 2)\n",
+            "conntrack:   5/1024 entries, 0 early drop(s)\n",
+        ] {
+            assert!(t.contains(want), "{want:?} not in:\n{t}");
+        }
+    }
 
     #[test]
     fn nat_and_mark_values() {

@@ -76,6 +76,13 @@ enum Command {
         #[command(flatten)]
         admin: admin::AdminArgs,
     },
+    /// A running daemon at a glance: ready or not, the tables' generation and last
+    /// publication, their source and its health, the interfaces (XDP mode, sockets), drops and
+    /// conntrack.
+    Status {
+        #[command(flatten)]
+        admin: admin::AdminArgs,
+    },
     /// Services of a running daemon: frontend -> backends with their state.
     Services {
         #[command(flatten)]
@@ -380,6 +387,7 @@ where
         } => finish(cmd_policy_trace(&args)),
         Command::Conntrack { command, admin } => finish(admin::conntrack(&command, &admin)),
         Command::Services { admin } => finish(admin::services(&admin)),
+        Command::Status { admin } => finish(admin::status(&admin)),
         Command::Stats { args, admin } => finish(admin::stats(&args, &admin)),
         Command::Monitor { args, admin } => finish(admin::monitor(&args, &admin)),
         Command::Cleanup {
@@ -439,7 +447,11 @@ fn finish(r: Result<(), CliError>) -> i32 {
     match r {
         Ok(()) => EXIT_OK,
         Err(e) => {
-            eprintln!("kxdp: {}", e.message);
+            if crate::logging::json() {
+                tracing::error!(target: "kxdp", "kxdp: {}", e.message);
+            } else {
+                eprintln!("kxdp: {}", e.message);
+            }
             e.code
         }
     }

@@ -417,10 +417,11 @@ impl Kxdp {
         use std::io::BufRead;
         let mut child = cmd
             // The sync's debug line "published" lets a test wait until a state it wrote is
-            // in the tables (`KxdpNode::published`).
+            // in the tables (`KxdpNode::published`); the dataplane's info lines name the
+            // interfaces attached and released.
             .env(
                 "RUST_LOG",
-                "warn,kxdp_control::run=info,kxdp_control::sync=debug",
+                "warn,kxdp_control::run=info,kxdp_control::sync=debug,kxdp_dataplane=info",
             )
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::piped())

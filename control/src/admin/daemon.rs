@@ -231,6 +231,7 @@ pub fn start(
         status: handle.status_cell(),
         listening: Mutex::new(serde_json::Map::new()),
         control: Some(handle.sender()),
+        daemon: Default::default(),
     });
     let mut threads = Vec::new();
 
@@ -276,6 +277,11 @@ pub fn start(
         sync_period: config.sync.sync_period.0,
         metrics: metrics.clone(),
     });
+    {
+        let mut info = context.daemon.lock().unwrap();
+        info.health = Some(proxy_health.clone());
+        info.interfaces = config.interfaces.clone();
+    }
     if let Some(addr) = config.healthz_bind_address {
         let h = proxy_health.clone();
         // As kube-proxy: a health server that cannot listen is logged and retried, it does not
@@ -296,8 +302,9 @@ pub fn start(
                     }
                     Err(e) => {
                         if !warned {
-                            tracing::error!(%addr, error = %e, "healthzBindAddress: cannot listen; retrying every 5 s");
-                            eprintln!("kxdp run: healthzBindAddress {addr}: {e}; retrying every 5 s");
+                            tracing::error!(
+                                "kxdp run: healthzBindAddress {addr}: {e}; retrying every 5 s"
+                            );
                             warned = true;
                         }
                         tokio::time::sleep(Duration::from_secs(5)).await;
@@ -333,8 +340,7 @@ pub fn start(
                 Some(server)
             }
             Err(e) => {
-                tracing::error!(path = %path.display(), error = %e, "admin socket: cannot listen; running without it");
-                eprintln!(
+                tracing::error!(
                     "kxdp run: admin socket {}: {e}; running without it",
                     path.display()
                 );

@@ -51,6 +51,122 @@ pub struct AdminContext {
     /// The control loop, for queries against the cluster state (`policy trace`); `None`: no
     /// such queries (they fail with a message saying so).
     pub control: Option<std::sync::mpsc::Sender<crate::sync::Update>>,
+    /// What `status` reports beyond the tables and counters, filled in as `kxdp run` starts.
+    pub daemon: Mutex<DaemonInfo>,
+}
+
+/// The daemon's setup as `kxdp status` shows it.
+#[derive(Default)]
+pub struct DaemonInfo {
+    /// Where the tables come from: `api-server` or `files`.
+    pub source: String,
+    /// The `--state` path, or the API server's address.
+    pub source_detail: String,
+    /// `interfaces` of the configuration (names and patterns).
+    pub interfaces: Vec<String>,
+    /// The AF_XDP dataplane's link manager (None: no interfaces, or not started yet).
+    pub links: Option<kxdp_dataplane::io::runner::LinksView>,
+    /// What `/healthz` answers.
+    pub health: Option<Arc<crate::health::ProxyHealth>>,
+}
+
+/// How many drop reasons `status` names (the rest are in `kxdp stats`).
+const TOP_DROP_REASONS: usize = 5;
+
+/// The `status` answer: readiness, the tables and their source, the interfaces, drops and
+/// conntrack at a glance (`kxdp status`).
+fn status(ctx: &AdminContext) -> serde_json::Value {
+    use serde_json::json;
+    let st = ctx.status.lock().unwrap().clone();
+    let info = ctx.daemon.lock().unwrap();
+    let ct = &ctx.dataplane.ct;
+    let rfc3339 = |t: std::time::SystemTime| humantime::format_rfc3339_seconds(t).to_string();
+    let ago = |t: std::time::SystemTime| {
+        std::time::SystemTime::now()
+            .duration_since(t)
+            .unwrap_or_default()
+            .as_secs_f64()
+    };
+    // Sockets per interface, from what the workers publish.
+    let mut sockets: std::collections::BTreeMap<String, usize> = Default::default();
+    for s in ctx.dataplane.stats.socket_samples() {
+        *sockets.entry(s.interface).or_default() += 1;
+    }
+    let (attached, failed) = info
+        .links
+        .as_ref()
+        .map(|l| l.interfaces())
+        .unwrap_or_default();
+    let mut interfaces: Vec<serde_json::Value> = attached
+        .iter()
+        .map(|i| {
+            json!({
+                "name": i.name,
+                "attached": true,
+                "xdp_mode": i.mode.as_str(),
+                "zero_copy": i.zero_copy,
+                "driver": i.driver,
+                "queues": i.queues,
+                "sockets": sockets.get(&i.name).copied().unwrap_or(0),
+            })
+        })
+        .collect();
+    for (name, error) in failed {
+        if !attached.iter().any(|i| i.name == name) {
+            interfaces.push(json!({
+                "name": name,
+                "attached": false,
+                "error": error,
+                "sockets": sockets.get(&name).copied().unwrap_or(0),
+            }));
+        }
+    }
+    // Drops and rejects by reason, all workers.
+    let mut by_reason: std::collections::BTreeMap<String, u64> = Default::default();
+    for row in worker_rows(&ctx.dataplane.stats) {
+        for (r, n) in row.drops {
+            *by_reason.entry(r).or_default() += n;
+        }
+    }
+    let total: u64 = by_reason.values().sum();
+    let mut top: Vec<(&String, &u64)> = by_reason.iter().collect();
+    top.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+    let top: Vec<serde_json::Value> = top
+        .into_iter()
+        .take(TOP_DROP_REASONS)
+        .map(|(r, n)| json!({"reason": r, "count": n}))
+        .collect();
+    let healthy = info.health.as_ref().map(|h| h.healthy());
+    json!({
+        "generation": ctx.published.generation(),
+        "ready": st.ready,
+        "healthy": healthy,
+        "syncs": st.syncs,
+        "full_syncs": st.full_syncs,
+        "last_sync": st.last_sync.map(|t| humantime::format_rfc3339(t).to_string()),
+        "last_sync_ago_s": st.last_sync.map(ago),
+        "last_sync_duration_ms": st.last_sync_duration.as_secs_f64() * 1e3,
+        "stale_since": st.stale_since().map(rfc3339),
+        "problems": st.problems.len(),
+        "source": {
+            "kind": info.source,
+            "detail": info.source_detail,
+            "healthy": st.ready && st.source_errors.is_empty(),
+            "errors": st.source_errors,
+        },
+        "interfaces_configured": info.interfaces,
+        "interfaces": interfaces,
+        "drops": {"total": total, "top": top, "by_reason": by_reason},
+        "workers": ctx.dataplane.stats.workers(),
+        "conntrack": {
+            "entries": ct.len(),
+            "max_entries": ct.config().max_entries,
+            "early_drops": ct.early_drops(),
+        },
+        "conntrack_entries": ct.len(),
+        "health_check_node_ports": st.health.services.keys().collect::<Vec<_>>(),
+        "listening": ctx.listening.lock().unwrap().clone(),
+    })
 }
 
 /// The running server; dropping it removes the socket.
@@ -251,20 +367,7 @@ fn answer(
             }
             Ok(serde_json::json!({}))
         }
-        Request::Status => {
-            let st = ctx.status.lock().unwrap().clone();
-            Ok(serde_json::json!({
-                "generation": ctx.published.generation(),
-                "ready": st.ready,
-                "syncs": st.syncs,
-                "last_sync": st.last_sync.map(|t| humantime::format_rfc3339(t).to_string()),
-                "problems": st.problems.len(),
-                "workers": ctx.dataplane.stats.workers(),
-                "conntrack_entries": ct.len(),
-                "health_check_node_ports": st.health.services.keys().collect::<Vec<_>>(),
-                "listening": ctx.listening.lock().unwrap().clone(),
-            }))
-        }
+        Request::Status => Ok(status(ctx)),
         Request::Monitor { filter } => monitor(ctx, filter, w, sock, stop),
         Request::ConntrackEvents { filter, events } => {
             conntrack_events(ctx, filter, events, w, sock, stop)

@@ -784,7 +784,7 @@ impl Drop for HostPath {
     fn drop(&mut self) {
         if !self.torn_down {
             if let Err(e) = self.remove() {
-                eprintln!("kxdp: removing the host path: {e}");
+                tracing::warn!("kxdp: removing the host path: {e}");
             }
         }
     }
@@ -1135,7 +1135,7 @@ fn sync_node_ips(host_path: &Mutex<Option<HostPath>>, candidates: &Mutex<Vec<IpA
     let local = match local_node_addrs(&hp.opts) {
         Ok(l) => l,
         Err(e) => {
-            eprintln!("kxdp: host path: reading the node's addresses: {e}");
+            tracing::warn!("kxdp: host path: reading the node's addresses: {e}");
             return;
         }
     };
@@ -1147,7 +1147,7 @@ fn sync_node_ips(host_path: &Mutex<Option<HostPath>>, candidates: &Mutex<Vec<IpA
         .copied()
         .collect();
     if let Err(e) = hp.set_node_ips(&want) {
-        eprintln!("kxdp: host path: following the node's addresses: {e}");
+        tracing::warn!("kxdp: host path: following the node's addresses: {e}");
     }
 }
 

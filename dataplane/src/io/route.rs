@@ -136,7 +136,7 @@ fn refresher(
                     table.store(Arc::new(t));
                     changed.bump();
                 }
-                Err(e) => eprintln!("kxdp: reading routes and neighbours: {e}"),
+                Err(e) => tracing::warn!("kxdp: reading routes and neighbours: {e}"),
             }
         }
         while let Ok((oif, addr, family)) = unresolved.try_recv() {

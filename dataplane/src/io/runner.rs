@@ -122,7 +122,7 @@ impl NodeMaps {
         let ports = node_ports(&snap);
         if snap.generation != last.0 || addrs != last.1 || ports != last.2 {
             if let Err(e) = self.maps.set_node(&addrs, &ports) {
-                eprintln!("kxdp: updating the XDP maps: {e}");
+                tracing::warn!("kxdp: updating the XDP maps: {e}");
             }
             *last = (snap.generation, addrs, ports);
         }
@@ -231,8 +231,33 @@ pub struct Links {
     mode: ModeChoice,
     hold_for_restart: bool,
     pub(crate) attached: HashMap<u32, AttachedLink>,
-    failed: HashMap<u32, (String, Instant)>,
+    /// ifindex → (error, when, name).
+    failed: HashMap<u32, (String, Instant, String)>,
     pub events: Vec<LinkEvent>,
+}
+
+/// The link manager's interfaces as `kxdp status` shows them, shared with the admin API.
+#[derive(Clone)]
+pub struct LinksView(Arc<Mutex<Links>>);
+
+impl LinksView {
+    /// The interfaces attached now (by name), and those matching a pattern that could not take
+    /// kxdp's program, with the error (retried every few seconds).
+    pub fn interfaces(&self) -> (Vec<InterfaceReport>, Vec<(String, String)>) {
+        let Ok(l) = self.0.lock() else {
+            return (Vec::new(), Vec::new());
+        };
+        let mut attached: Vec<InterfaceReport> =
+            l.attached.values().map(|a| a.report.clone()).collect();
+        attached.sort_by(|a, b| a.name.cmp(&b.name));
+        let mut failed: Vec<(String, String)> = l
+            .failed
+            .values()
+            .map(|(error, _, name)| (name.clone(), error.clone()))
+            .collect();
+        failed.sort();
+        (attached, failed)
+    }
 }
 
 /// How long a link that failed waits before the next attempt.
@@ -275,14 +300,14 @@ impl Links {
             if self.attached.contains_key(&l.ifindex) || !matches_any(&self.patterns, &l.name) {
                 continue;
             }
-            if let Some((_, when)) = self.failed.get(&l.ifindex) {
+            if let Some((_, when, _)) = self.failed.get(&l.ifindex) {
                 if now.duration_since(*when) < RETRY_FAILED {
                     continue;
                 }
             }
             match self.attach(&l.name, l.ifindex, l.mac) {
                 Ok(a) => {
-                    eprintln!("kxdp: attached {}", describe(&a.report));
+                    tracing::info!("kxdp: attached {}", describe(&a.report));
                     self.failed.remove(&l.ifindex);
                     self.log(LinkEvent::Attached {
                         name: l.name.clone(),
@@ -303,9 +328,9 @@ impl Links {
                     let repeat = self
                         .failed
                         .get(&l.ifindex)
-                        .is_some_and(|(last, _)| *last == error);
+                        .is_some_and(|(last, _, _)| *last == error);
                     if !repeat {
-                        eprintln!(
+                        tracing::warn!(
                             "kxdp: {}: cannot take kxdp's XDP program and AF_XDP sockets: {error}; \
                              the other interfaces keep working (retried every {}s)",
                             l.name,
@@ -316,7 +341,8 @@ impl Links {
                             error: error.clone(),
                         });
                     }
-                    self.failed.insert(l.ifindex, (error, Instant::now()));
+                    self.failed
+                        .insert(l.ifindex, (error, Instant::now(), l.name.clone()));
                 }
             }
         }
@@ -423,7 +449,7 @@ impl Links {
         // The program first (no more redirects to the sockets), then the sockets.
         a.attachment.take();
         let removed = self.close_sockets(ifindex);
-        eprintln!(
+        tracing::info!(
             "kxdp: {} (ifindex {ifindex}) is gone: {} socket(s) closed, {} of {} frame(s) reclaimed{}",
             a.report.name,
             removed.sockets,
@@ -564,7 +590,7 @@ impl AfXdp {
         // before the first packet of them does (the workers add new ones as they go).
         let (restored, failed) = restore_masq_replies(&maps, &ct, &addrs);
         if restored + failed > 0 {
-            eprintln!(
+            tracing::info!(
                 "kxdp: {restored} masquerade-reply entries rebuilt from conntrack{}",
                 if failed > 0 {
                     format!(" ({failed} failed)")
@@ -794,6 +820,11 @@ impl AfXdp {
         };
         afxdp.spawn_threads()?;
         Ok(afxdp)
+    }
+
+    /// The attached and failed interfaces, readable without `self` (the admin API's status).
+    pub fn links_view(&self) -> LinksView {
+        LinksView(self.links.clone())
     }
 
     /// The interfaces attached now.

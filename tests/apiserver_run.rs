@@ -98,7 +98,7 @@ fn run_against_the_api_server() {
     let cfg = dir.path().join("config.yaml");
     std::fs::write(
         &cfg,
-        format!("apiVersion: kxdp.dev/v1alpha1\nkind: DataplaneConfiguration\nnodeName: node-a\nmetricsBindAddress: 127.0.0.1:{port}\nhealthzBindAddress: \"\"\n"),
+        format!("apiVersion: kxdp.dev/v1alpha1\nkind: DataplaneConfiguration\nnodeName: node-a\nmetricsBindAddress: 127.0.0.1:{port}\nhealthzBindAddress: \"\"\nconntrack: {{stateFile: \"\"}}\n"),
     )
     .unwrap();
     run_until_synced(
@@ -128,7 +128,7 @@ fn run_with_state_files() {
     let cfg = dir.path().join("config.yaml");
     std::fs::write(
         &cfg,
-        format!("apiVersion: kxdp.dev/v1alpha1\nkind: DataplaneConfiguration\nnodeName: node-a\nnodeIPs: [192.168.0.2]\nmetricsBindAddress: 127.0.0.1:{port}\nhealthzBindAddress: \"\"\n"),
+        format!("apiVersion: kxdp.dev/v1alpha1\nkind: DataplaneConfiguration\nnodeName: node-a\nnodeIPs: [192.168.0.2]\nmetricsBindAddress: 127.0.0.1:{port}\nhealthzBindAddress: \"\"\nconntrack: {{stateFile: \"\"}}\n"),
     )
     .unwrap();
     run_until_synced(

@@ -251,7 +251,10 @@ fn daemon_set_and_config() {
     // the shared host path, and an init container (the only privileged step: a mount that
     // outlives the pod needs Bidirectional propagation) mounts it with `kxdp prepare`; the
     // daemon sees it through HostToContainer.
-    assert_eq!(config.conntrack.state_file, "/run/kxdp/ct/conntrack");
+    assert_eq!(
+        config.conntrack.state_file_path(),
+        Some("/run/kxdp/ct/conntrack")
+    );
     assert!(config.conntrack.state_file_huge_pages);
     let init = &pod.init_containers.as_ref().unwrap()[0];
     assert_eq!(

@@ -485,6 +485,7 @@ healthzBindAddress: \"\"
 metricsBindAddress: \"\"
 interfaces: [{}]
 workers: {{count: 1, cpus: []}}
+conntrack: {{stateFile: \"\"}}
 ",
             n.name,
             n.ip4,

@@ -2585,7 +2585,10 @@ nodeOverrides:
         // Unset by default (so that a default that cannot be used is not an error), and so
         // not among the serialized defaults.
         let r = row("conntrack.stateFile");
-        assert!(r.split(" | ").nth(2).unwrap().contains(DEFAULT_STATE_FILE), "{r}");
+        assert!(
+            r.split(" | ").nth(2).unwrap().contains(DEFAULT_STATE_FILE),
+            "{r}"
+        );
         // ...and no row for a field that does not exist.
         for l in doc.lines().filter(|l| l.starts_with("| `")) {
             let f = l[3..].split('`').next().unwrap();

@@ -105,6 +105,31 @@ impl Default for KubeOptions {
     }
 }
 
+/// The requests kxdp makes besides its watches (each of which lists, then watches, its
+/// resource): (API group, resource, verb). `nodeOverrides` reads this node's Node with one GET
+/// at start (`run::node_labels`).
+pub const REQUESTS_BESIDE_WATCHES: &[(&str, &str, &str)] = &[("", "nodes", "get")];
+
+/// Every request kxdp makes to the API server, as RBAC names them: (API group, resource, verb).
+/// deploy/base/rbac.yaml grants exactly these; tests/ops_deploy.rs checks both that and that the
+/// source makes no other call.
+pub fn api_requests() -> std::collections::BTreeSet<(String, String, String)> {
+    let mut all = std::collections::BTreeSet::new();
+    for s in specs("") {
+        for verb in ["list", "watch"] {
+            all.insert((
+                s.resource.group.clone(),
+                s.resource.plural.clone(),
+                verb.to_string(),
+            ));
+        }
+    }
+    for (group, resource, verb) in REQUESTS_BESIDE_WATCHES {
+        all.insert((group.to_string(), resource.to_string(), verb.to_string()));
+    }
+    all
+}
+
 /// The watches kxdp runs for this node.
 pub fn specs(node_name: &str) -> Vec<WatchSpec> {
     let spec =

@@ -111,6 +111,11 @@ fn start_preloaded(
             let kc = rt
                 .block_on(client_config(kubeconfig))
                 .map_err(RunError::Kubeconfig)?;
+            if let Some(w) =
+                crate::sources::kube::service_address_warning(&kc, &config.service_cidrs)
+            {
+                tracing::warn!("{w}");
+            }
             Source::Kube {
                 config: Box::new(kc),
                 options: KubeOptions::default(),

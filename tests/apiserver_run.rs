@@ -372,3 +372,55 @@ fn run_in_cluster_with_the_api_servers_own_address() {
     let err = run_cmd_until_synced(cmd, port);
     assert!(!err.contains("is in serviceCIDRs"), "{err}");
 }
+
+/// `conntrack.stateFile` unset: `kxdp run` keeps the table in /run/kxdp/ct/conntrack when /run
+/// is a tmpfs it can write, and otherwise starts all the same with the table in process memory,
+/// saying why in one warning line. Each case in a mount namespace of its own with a tmpfs of
+/// its own on /run (read-only for the second), so the host's /run is not touched. Needs root
+/// and unshare; skipped (saying so) without them.
+#[test]
+fn run_with_the_default_state_file() {
+    let root = std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"));
+    if !root || Command::new("unshare").arg("--version").output().is_err() {
+        eprintln!("run_with_the_default_state_file: skipped: needs root and unshare");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    std::fs::create_dir(&state).unwrap();
+    std::fs::write(
+        state.join("svc.yaml"),
+        "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: ns}\nspec: {clusterIP: 172.30.0.10, ports: [{port: 80}]}\n",
+    )
+    .unwrap();
+    for (mount, want) in [
+        ("rw", "conntrack table: 0 MiB in the state file /run/kxdp/ct/conntrack"),
+        ("ro", "conntrack.stateFile is not set and its default /run/kxdp/ct/conntrack cannot be used (cannot create the directory /run/kxdp/ct"),
+    ] {
+        let port = free_port();
+        let cfg = dir.path().join("config.yaml");
+        std::fs::write(
+            &cfg,
+            format!("apiVersion: kxdp.dev/v1alpha1\nkind: DataplaneConfiguration\nnodeName: node-a\nmetricsBindAddress: 127.0.0.1:{port}\nhealthzBindAddress: \"\"\nconntrack: {{maxEntries: 1024}}\n"),
+        )
+        .unwrap();
+        let script = format!(
+            "mount -t tmpfs -o {mount} tmpfs /run && exec {kxdp} run --no-admin --config {cfg} --state {state}",
+            kxdp = env!("CARGO_BIN_EXE_kxdp"),
+            cfg = cfg.display(),
+            state = state.display(),
+        );
+        let mut cmd = Command::new("unshare");
+        cmd.args(["--mount", "--propagation", "private", "sh", "-c", &script]);
+        let err = run_cmd_until_synced(cmd, port);
+        assert!(err.contains(want), "{mount}: {err}");
+        let warnings = err
+            .lines()
+            .filter(|l| l.contains("conntrack.stateFile"))
+            .count();
+        assert_eq!(warnings, usize::from(mount == "ro"), "{mount}: {err}");
+    }
+}

@@ -113,21 +113,25 @@ fn open_default_state_file(config: &Config, workers: usize) -> Conntrack {
     }
 }
 
-/// Whether the default state file's directory exists (made if not) on a tmpfs.
+/// Whether the default state file's directory is on a tmpfs (looked at before it is made, so
+/// that nothing is left on a disk), and exists or can be made.
 fn default_state_dir_usable(path: &Path) -> Result<(), String> {
     use kxdp_dataplane::io::mount;
     let dir = path.parent().unwrap_or(Path::new("/"));
-    std::fs::create_dir_all(dir)
-        .map_err(|e| format!("cannot create the directory {}: {e}", dir.display()))?;
-    let m = mount::mount_of(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let existing = dir
+        .ancestors()
+        .find(|d| d.exists())
+        .unwrap_or(Path::new("/"));
+    let m = mount::mount_of(existing).map_err(|e| format!("{}: {e}", existing.display()))?;
     if m.fs_type != "tmpfs" {
         return Err(format!(
             "{} is on {}, not a tmpfs",
-            dir.display(),
+            existing.display(),
             m.fs_type
         ));
     }
-    Ok(())
+    std::fs::create_dir_all(dir)
+        .map_err(|e| format!("cannot create the directory {}: {e}", dir.display()))
 }
 
 /// `Conntrack::open_file`, waiting (up to `STATE_FILE_WAIT`) for another kxdp that still holds

@@ -181,8 +181,14 @@ fn requests_in_source() -> BTreeSet<(String, String, String)> {
                 });
             let resources: Vec<(String, String)> = if l[ctor..].starts_with("Api::<") {
                 let kind = l[ctor + 6..].split('>').next().unwrap();
-                let kind = kind.rsplit("::").next().unwrap().to_lowercase();
-                vec![("".into(), format!("{kind}s"))]
+                let kind = kind.rsplit("::").next().unwrap();
+                // A kind kxdp watches has its group and plural there; another is named so
+                // that the comparison below fails and says which.
+                let known = kxdp_control::sources::kube::specs("")
+                    .into_iter()
+                    .find(|s| s.resource.kind == kind)
+                    .map(|s| (s.resource.group, s.resource.plural));
+                vec![known.unwrap_or_else(|| (format!("(group of {kind})"), kind.to_lowercase()))]
             } else {
                 watched.clone()
             };

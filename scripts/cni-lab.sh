@@ -268,6 +268,8 @@ healthzBindAddress: ""
 metricsBindAddress: ""
 interfaces: [eth0, "veth*"]
 workers: {count: 1, cpus: []}
+# Two nodes on one host: the default state file (/run/kxdp/ct/conntrack) would be shared.
+conntrack: {stateFile: ""}
 EOF
 }
 

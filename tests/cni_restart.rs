@@ -266,11 +266,13 @@ impl Setup {
         // (as the DaemonSet's init container does, on the host): kxdp runs behind `ip netns
         // exec`, whose mount namespace is its own, and a mount it made there would go with it.
         let ct = lab.dir.path().join("run-kxdp").join("ct").join("conntrack");
-        let config = lab.kxdp_config("node-a", false)
-            + &format!(
-                "conntrack: {{stateFile: \"{}\", stateFileHugePages: true}}\n",
+        let config = lab.kxdp_config("node-a", false).replace(
+            "conntrack: {stateFile: \"\"}",
+            &format!(
+                "conntrack: {{stateFile: \"{}\", stateFileHugePages: true}}",
                 ct.display()
-            );
+            ),
+        );
         let prepare = lab.dir.path().join("prepare.yaml");
         std::fs::write(&prepare, &config).unwrap();
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_kxdp"))

@@ -113,7 +113,7 @@ fn configz_proxy_mode_and_process_metrics() {
         dir.path(),
         "c.yaml",
         &format!(
-            "apiVersion: kxdp.dev/v1alpha1\nkind: DataplaneConfiguration\nhealthzBindAddress: \"\"\nmetricsBindAddress: 127.0.0.1:{port}\nconntrack: {{maxEntries: 1024}}\nworkers: {{count: 1}}\nnodeOverrides:\n  - nodeSelector: {{matchLabels: {{pool: edge}}}}\n    workers: {{count: 3}}\n"
+            "apiVersion: kxdp.dev/v1alpha1\nkind: DataplaneConfiguration\nhealthzBindAddress: \"\"\nmetricsBindAddress: 127.0.0.1:{port}\nconntrack: {{maxEntries: 1024, stateFile: \"\"}}\nworkers: {{count: 1}}\nnodeOverrides:\n  - nodeSelector: {{matchLabels: {{pool: edge}}}}\n    workers: {{count: 3}}\n"
         ),
     );
     let mut child = Command::new(env!("CARGO_BIN_EXE_kxdp"))

@@ -866,10 +866,16 @@ fn bench_lab_syn_flood() {
     match mode.as_str() {
         "kxdp" => {
             let (config, state) = lab_files();
-            let cfg = std::fs::read_to_string(&config).unwrap().replace(
-                "workers: {count: 1, cpus: []}",
-                &format!("workers: {{count: 1, cpus: [1]}}\nconntrack: {{maxEntries: {table}}}"),
-            );
+            let cfg = std::fs::read_to_string(&config)
+                .unwrap()
+                .replace(
+                    "workers: {count: 1, cpus: []}",
+                    "workers: {count: 1, cpus: [1]}",
+                )
+                .replace(
+                    "conntrack: {stateFile: \"\"}",
+                    &format!("conntrack: {{stateFile: \"\", maxEntries: {table}}}"),
+                );
             std::fs::write(dir.path().join("config.yaml"), cfg).unwrap();
             _kxdp = Some(Kxdp::start(
                 &c.node,

@@ -188,7 +188,7 @@ clusterCIDRs: [10.0.0.0/8]
 serviceCIDRs: [172.30.0.0/16]
 healthzBindAddress: 127.0.0.1:0
 metricsBindAddress: 127.0.0.1:0
-conntrack: {maxEntries: 4096}
+conntrack: {maxEntries: 4096, stateFile: \"\"}
 sync: {minSyncPeriod: 100ms, syncPeriod: 2s}
 workers: {count: 1}
 "

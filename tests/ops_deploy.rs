@@ -1,7 +1,8 @@
 //! deploy/: every manifest parses into its k8s-openapi type (and round-trips: no misspelt or
-//! unknown field survives), the ClusterRole grants exactly list+watch on each resource the
-//! control plane watches (control/src/sources/kube.rs), the ConfigMap holds a valid
-//! DataplaneConfiguration, and the DaemonSet is wired as docs/operations.md says.
+//! unknown field survives), the ClusterRole grants exactly the requests the code makes (found in
+//! the source, control/src/sources/kube.rs's table), the ConfigMap holds a valid
+//! DataplaneConfiguration, the DaemonSet is wired as docs/operations.md says, and every CNI
+//! overlay only adds its interfaces to the base.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -88,39 +89,155 @@ fn load() -> Objects {
     o
 }
 
+/// The source files (control/src, src) that build an API client call.
+fn rust_sources() -> Vec<(std::path::PathBuf, String)> {
+    fn walk(dir: &Path, out: &mut Vec<(std::path::PathBuf, String)>) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                walk(&p, out);
+            } else if p.extension().is_some_and(|e| e == "rs") {
+                out.push((p.clone(), std::fs::read_to_string(&p).unwrap()));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for d in ["control/src", "src", "dataplane/src", "kernel/src"] {
+        walk(&root().join(d), &mut out);
+    }
+    out
+}
+
+/// The API requests the source makes, found by reading it: each `kube::Api` it builds (bound to
+/// a variable: `let NAME... = Api::...`), its resource (`Api::<Kind>`: that kind; otherwise the
+/// resource of a watch spec, `kube::specs`), and the calls on that variable.
+fn requests_in_source() -> BTreeSet<(String, String, String)> {
+    let watched: Vec<(String, String)> = kxdp_control::sources::kube::specs("")
+        .iter()
+        .map(|s| (s.resource.group.clone(), s.resource.plural.clone()))
+        .collect();
+    let verbs_of = |text: &str, var: &str| -> BTreeSet<&'static str> {
+        let mut v = BTreeSet::new();
+        for (call, verbs) in [
+            ("watcher::watcher({var}", &["list", "watch"][..]),
+            ("metadata_watcher({var}", &["list", "watch"]),
+            ("{var}.get(", &["get"]),
+            ("{var}.get_opt(", &["get"]),
+            ("{var}.get_metadata(", &["get"]),
+            ("{var}.get_metadata_opt(", &["get"]),
+            ("{var}.list(", &["list"]),
+            ("{var}.list_metadata(", &["list"]),
+            ("{var}.watch(", &["watch"]),
+            ("{var}.create(", &["create"]),
+            ("{var}.patch(", &["patch"]),
+            ("{var}.patch_status(", &["patch"]),
+            ("{var}.replace(", &["update"]),
+            ("{var}.delete(", &["delete"]),
+            ("{var}.delete_collection(", &["deletecollection"]),
+            ("{var}.entry(", &["get", "create", "update"]),
+        ] {
+            if text.contains(&call.replace("{var}", var)) {
+                v.extend(verbs);
+            }
+        }
+        v
+    };
+    let mut found = BTreeSet::new();
+    let mut clients = 0;
+    for (path, text) in rust_sources() {
+        let mut prev = "";
+        for line in text.lines() {
+            let l = line.trim();
+            // `let NAME: Type =` on the line before (rustfmt's break).
+            let binding = if l.starts_with("let ") || !prev.ends_with('=') {
+                l
+            } else {
+                prev
+            };
+            prev = l;
+            if l.starts_with("//") || l.starts_with("use ") || !l.contains("Api::") {
+                continue;
+            }
+            let Some(ctor) = [
+                "Api::<",
+                "Api::all",
+                "Api::namespaced",
+                "Api::default_namespaced",
+            ]
+            .iter()
+            .find_map(|c| l.find(c)) else {
+                continue;
+            };
+            clients += 1;
+            let var = binding
+                .strip_prefix("let ")
+                .and_then(|r| r.split([':', ' ', '=']).next())
+                .filter(|v| !v.is_empty())
+                .unwrap_or_else(|| {
+                    panic!(
+                        "{}: `{l}`: an API client not bound by `let NAME = ...`: the requests it makes cannot be read here",
+                        path.display()
+                    )
+                });
+            let resources: Vec<(String, String)> = if l[ctor..].starts_with("Api::<") {
+                let kind = l[ctor + 6..].split('>').next().unwrap();
+                let kind = kind.rsplit("::").next().unwrap();
+                // A kind kxdp watches has its group and plural there; another is named so
+                // that the comparison below fails and says which.
+                let known = kxdp_control::sources::kube::specs("")
+                    .into_iter()
+                    .find(|s| s.resource.kind == kind)
+                    .map(|s| (s.resource.group, s.resource.plural));
+                vec![known.unwrap_or_else(|| (format!("(group of {kind})"), kind.to_lowercase()))]
+            } else {
+                watched.clone()
+            };
+            let verbs = verbs_of(&text, var);
+            assert!(
+                !verbs.is_empty(),
+                "{}: `{l}`: no request found on `{var}`",
+                path.display()
+            );
+            for (g, r) in &resources {
+                for v in &verbs {
+                    found.insert((g.clone(), r.clone(), v.to_string()));
+                }
+            }
+        }
+    }
+    assert!(clients >= 3, "{clients} API clients found in the source");
+    found
+}
+
 #[test]
-fn cluster_role_grants_exactly_what_the_control_plane_watches() {
+fn cluster_role_grants_exactly_the_requests_the_code_makes() {
     let o = load();
     assert_eq!(o.cluster_roles.len(), 1);
     let role = &o.cluster_roles[0];
-    // (group, resource) → verbs granted.
-    let mut granted: BTreeMap<(String, String), BTreeSet<String>> = BTreeMap::new();
+    let mut granted = BTreeSet::new();
     for rule in role.rules.as_deref().unwrap_or_default() {
         assert!(rule.resource_names.is_none() && rule.non_resource_urls.is_none());
         for g in rule.api_groups.as_deref().unwrap_or_default() {
             for r in rule.resources.as_deref().unwrap_or_default() {
-                granted
-                    .entry((g.clone(), r.clone()))
-                    .or_default()
-                    .extend(rule.verbs.iter().cloned());
+                for v in &rule.verbs {
+                    granted.insert((g.clone(), r.clone(), v.clone()));
+                }
             }
         }
     }
-    let watched: BTreeSet<(String, String)> = kxdp_control::sources::kube::specs("node-a")
-        .iter()
-        .map(|s| (s.resource.group.clone(), s.resource.plural.clone()))
-        .collect();
-    assert_eq!(watched.len(), 7, "{watched:?}");
-    let list_watch: BTreeSet<String> = ["list".to_string(), "watch".to_string()].into();
-    for w in &watched {
-        assert_eq!(
-            granted.get(w),
-            Some(&list_watch),
-            "{w:?}: the control plane lists and watches it"
-        );
-    }
-    let extra: Vec<_> = granted.keys().filter(|k| !watched.contains(*k)).collect();
-    assert!(extra.is_empty(), "granted but never watched: {extra:?}");
+    let table = kxdp_control::sources::kube::api_requests();
+    assert_eq!(
+        requests_in_source(),
+        table,
+        "the source's API requests differ from control/src/sources/kube.rs's table"
+    );
+    assert_eq!(
+        granted, table,
+        "deploy/base/rbac.yaml grants other than what kxdp requests"
+    );
+    // nodeOverrides reads the Node with a GET.
+    assert!(table.contains(&("".into(), "nodes".into(), "get".into())));
+    assert_eq!(table.len(), 15, "{table:?}");
 
     // Bound to the DaemonSet's ServiceAccount.
     let sa = &o.service_accounts[0];
@@ -183,7 +300,11 @@ fn daemon_set_and_config() {
         .unwrap();
     assert_eq!(ready.path.as_deref(), Some("/healthz"));
     // The config comes from the ConfigMap.
-    let cm = &o.config_maps[0];
+    let cm = o
+        .config_maps
+        .iter()
+        .find(|c| c.metadata.name.as_deref() == Some("kxdp-config"))
+        .unwrap();
     let vol = pod
         .volumes
         .as_ref()
@@ -195,9 +316,9 @@ fn daemon_set_and_config() {
         Some(&vol.config_map.as_ref().unwrap().name),
         cm.metadata.name.as_ref()
     );
-    let text = &cm.data.as_ref().unwrap()["config.yaml"];
-    let config = kxdp_control::Config::from_yaml_str(text, Path::new("configmap.yaml"))
-        .unwrap_or_else(|e| panic!("{e}"));
+    let data = cm.data.as_ref().unwrap();
+    assert_eq!(data.keys().collect::<Vec<_>>(), ["config.yaml"]);
+    let config = config_of(data, "deploy/base/configmap.yaml");
     // No nodeName: kxdp takes NODE_NAME, which the DaemonSet sets from spec.nodeName.
     assert_eq!(config.node_name, "");
     assert!(!config.interfaces.is_empty());
@@ -213,7 +334,7 @@ fn daemon_set_and_config() {
     let cmd = c.command.as_ref().unwrap().join(" ");
     assert_eq!(
         cmd,
-        "/usr/local/bin/kxdp run --config /etc/kxdp/config.yaml --admin /run/kxdp/admin.sock \
+        "/usr/local/bin/kxdp run --config /etc/kxdp --admin /run/kxdp/admin.sock \
          --takeover-socket /run/kxdp/takeover.sock --wait-after-handover"
     );
     // Upgrades take over: the new pod starts beside the old one (surge), and no port is
@@ -251,12 +372,17 @@ fn daemon_set_and_config() {
     // the shared host path, and an init container (the only privileged step: a mount that
     // outlives the pod needs Bidirectional propagation) mounts it with `kxdp prepare`; the
     // daemon sees it through HostToContainer.
-    assert_eq!(config.conntrack.state_file, "/run/kxdp/ct/conntrack");
+    assert_eq!(
+        config.conntrack.state_file.as_deref(),
+        Some("/run/kxdp/ct/conntrack")
+    );
+    // CPUs differ between nodes: the workers are not pinned unless nodeOverrides says so.
+    assert!(config.workers.cpus.is_empty(), "{:?}", config.workers.cpus);
     assert!(config.conntrack.state_file_huge_pages);
     let init = &pod.init_containers.as_ref().unwrap()[0];
     assert_eq!(
         init.command.as_ref().unwrap().join(" "),
-        "/usr/local/bin/kxdp prepare --config /etc/kxdp/config.yaml"
+        "/usr/local/bin/kxdp prepare --config /etc/kxdp"
     );
     assert_eq!(init.image, c.image);
     let propagation = |c: &k8s_openapi::api::core::v1::Container| {
@@ -289,6 +415,25 @@ fn daemon_set_and_config() {
             .and_then(|v| v.field_ref.as_ref())
             .map(|f| f.field_path.as_str())
             == Some("spec.nodeName")));
+    // The API server's own address, from the ConfigMap kxdp-apiserver that the install fills in
+    // (optional: unset, Kubernetes' ClusterIP stays and kxdp warns).
+    let apiserver = o
+        .config_maps
+        .iter()
+        .find(|c| c.metadata.name.as_deref() == Some("kxdp-apiserver"))
+        .expect("the ConfigMap kxdp-apiserver");
+    assert_eq!(apiserver.metadata.namespace, ds.metadata.namespace);
+    for var in ["KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"] {
+        let e = c.env.as_ref().unwrap().iter().find(|e| e.name == var);
+        let r = e
+            .and_then(|e| e.value_from.as_ref())
+            .and_then(|v| v.config_map_key_ref.as_ref())
+            .unwrap_or_else(|| panic!("{var} is not taken from a ConfigMap"));
+        assert_eq!(Some(&r.name), apiserver.metadata.name.as_ref());
+        assert_eq!(r.key, var);
+        assert_eq!(r.optional, Some(true));
+        assert!(apiserver.data.as_ref().is_none_or(|d| !d.contains_key(var)));
+    }
     // The Dockerfile is multi-stage and ships the binary the command runs.
     let docker =
         std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/Dockerfile"))
@@ -301,38 +446,76 @@ fn root() -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).to_path_buf()
 }
 
-/// Every CNI overlay builds on the base and carries a valid configuration with that CNI's
-/// pod interfaces.
+/// The configuration kxdp reads from a ConfigMap's data mounted as its directory.
+fn config_of(data: &BTreeMap<String, String>, what: &str) -> kxdp_control::Config {
+    let dir = tempfile::tempdir().unwrap();
+    for (k, v) in data {
+        std::fs::write(dir.path().join(k), v).unwrap();
+    }
+    kxdp_control::Config::load_dir(dir.path()).unwrap_or_else(|e| panic!("{what}: {e}"))
+}
+
+const CNIS: [(&str, &str); 6] = [
+    ("calico", "cali*"),
+    ("flannel", "veth*"),
+    ("kindnet", "veth*"),
+    ("aws-vpc-cni", "eni*"),
+    ("bridge", "veth*"),
+    ("ptp", "veth*"),
+];
+
+/// Every CNI overlay builds on the base and only adds a `preset.yaml` with that CNI's pod
+/// interfaces: the base's config.yaml (state file, ports, workers) stays as it is.
 #[test]
 fn cni_overlays() {
-    let want = [
-        ("calico", "cali*"),
-        ("flannel", "veth*"),
-        ("kindnet", "veth*"),
-        ("aws-vpc-cni", "eni*"),
-        ("bridge", "veth*"),
-        ("ptp", "veth*"),
-    ];
-    for (cni, pattern) in want {
+    let o = load();
+    let base = o
+        .config_maps
+        .iter()
+        .find(|c| c.metadata.name.as_deref() == Some("kxdp-config"))
+        .unwrap()
+        .data
+        .clone()
+        .unwrap();
+    for (cni, pattern) in CNIS {
         let dir = root().join("deploy/overlays").join(cni);
         let k = std::fs::read_to_string(dir.join("kustomization.yaml")).unwrap();
         let k: Value = yaml_serde::from_str(&k).unwrap();
         assert_eq!(k["resources"][0], "../../base", "{cni}");
-        let patch = k["patches"][0]["path"].as_str().unwrap();
+        let patches = k["patches"].as_array().unwrap();
+        assert_eq!(patches.len(), 1, "{cni}");
+        let patch = patches[0]["path"].as_str().unwrap();
         let text = std::fs::read_to_string(dir.join(patch)).unwrap();
         let doc: Value = yaml_serde::from_str(&text).unwrap();
         let cm: ConfigMap = typed(patch, &doc);
         assert_eq!(cm.metadata.name.as_deref(), Some("kxdp-config"), "{cni}");
-        let config = kxdp_control::Config::from_yaml_str(
-            &cm.data.unwrap()["config.yaml"],
-            Path::new(&format!("overlays/{cni}/{patch}")),
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
+        let preset = cm.data.unwrap();
+        assert_eq!(preset.keys().collect::<Vec<_>>(), ["preset.yaml"], "{cni}");
+        let fields: Value = yaml_serde::from_str(&preset["preset.yaml"]).unwrap();
+        let fields: Vec<&str> = fields
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(|k| k.as_str())
+            .collect();
+        assert_eq!(
+            fields,
+            ["interfaces"],
+            "{cni}: a preset sets the interfaces only"
+        );
+        let mut data = base.clone();
+        data.extend(preset);
+        let config = config_of(&data, &format!("overlays/{cni}"));
         assert!(
             config.interfaces.iter().any(|i| i == pattern),
             "{cni}: {:?}",
             config.interfaces
         );
+        assert_eq!(
+            config.conntrack.state_file.as_deref(),
+            Some("/run/kxdp/ct/conntrack")
+        );
+        assert!(config.workers.cpus.is_empty());
     }
     let base = std::fs::read_to_string(root().join("deploy/base/kustomization.yaml")).unwrap();
     let base: Value = yaml_serde::from_str(&base).unwrap();
@@ -401,78 +584,104 @@ fn monitoring_uses_exported_metrics() {
     assert!(checked > 20, "{checked}");
 }
 
-/// `kubectl kustomize` renders the base, every CNI overlay and the monitoring directory; in each
-/// rendered overlay the DaemonSet mounts the ConfigMap that is rendered with it, and that
-/// ConfigMap's configuration names the CNI's pod interfaces. Skipped (with a message) when
-/// `kubectl` is not installed.
+/// `kubectl kustomize` renders the base, every CNI overlay and the monitoring directory. Each
+/// rendered overlay is the base plus its interfaces: every object but the kxdp-config ConfigMap
+/// is the base's as rendered (so the DaemonSet's probes, capabilities, volumes and the RBAC
+/// stay), that ConfigMap keeps the base's config.yaml (its state file) and adds preset.yaml, and
+/// the two read as kxdp reads them make a valid configuration with the CNI's pod interfaces.
+/// Skipped (with a message) when `kubectl` is not installed or its kustomize predates v4.
 #[test]
 fn kustomize_renders_every_overlay() {
-    let render = |dir: &str| -> Option<Vec<Value>> {
-        let out = match std::process::Command::new("kubectl")
+    let version = match std::process::Command::new("kubectl")
+        .args(["version", "--client"])
+        .output()
+    {
+        Ok(o) => String::from_utf8_lossy(&o.stdout).to_string(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            eprintln!("kustomize_renders_every_overlay: skipped: kubectl is not installed");
+            return;
+        }
+        Err(e) => panic!("kubectl: {e}"),
+    };
+    if ![
+        "Kustomize Version: v4",
+        "Kustomize Version: v5",
+        "Kustomize Version: v6",
+    ]
+    .iter()
+    .any(|v| version.contains(v))
+    {
+        eprintln!(
+            "kustomize_renders_every_overlay: skipped: kubectl's kustomize is older than v4 ({})",
+            version.trim().replace('\n', "; ")
+        );
+        return;
+    }
+    let render = |dir: &str| -> Vec<Value> {
+        let out = std::process::Command::new("kubectl")
             .args(["kustomize", dir])
             .output()
-        {
-            Ok(o) => o,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
-            Err(e) => panic!("kubectl: {e}"),
-        };
+            .unwrap();
         assert!(
             out.status.success(),
             "kubectl kustomize {dir}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
         let text = String::from_utf8(out.stdout).unwrap();
-        let docs = yaml_serde::Deserializer::from_str(&text)
+        yaml_serde::Deserializer::from_str(&text)
             .map(|d| <Value as k8s_openapi::serde::Deserialize>::deserialize(d).unwrap())
             .filter(|v| !v.is_null())
-            .collect();
-        Some(docs)
+            .collect()
     };
     let root = root();
     let dir = |d: &str| root.join(d).to_str().unwrap().to_string();
-    let Some(base) = render(&dir("deploy/base")) else {
-        eprintln!("kustomize_renders_every_overlay: skipped: kubectl is not installed");
-        return;
-    };
-    assert!(base.iter().any(|d| d["kind"] == "DaemonSet"));
-    let monitoring = render(&dir("deploy/monitoring")).unwrap();
+    let base = render(&dir("deploy/base"));
+    let monitoring = render(&dir("deploy/monitoring"));
     for kind in ["ServiceMonitor", "PrometheusRule"] {
         assert!(monitoring.iter().any(|d| d["kind"] == kind), "{kind}");
     }
-    for (cni, pattern) in [
-        ("calico", "cali*"),
-        ("flannel", "veth*"),
-        ("kindnet", "veth*"),
-        ("aws-vpc-cni", "eni*"),
-        ("bridge", "veth*"),
-        ("ptp", "veth*"),
-    ] {
-        let docs = render(&dir(&format!("deploy/overlays/{cni}"))).unwrap();
-        let of_kind = |k: &str| -> Vec<&Value> { docs.iter().filter(|d| d["kind"] == k).collect() };
-        let ds = of_kind("DaemonSet");
-        assert_eq!(ds.len(), 1, "{cni}");
-        let ds: DaemonSet = typed(cni, ds[0]);
-        let spec = ds.spec.unwrap().template.spec.unwrap();
-        let cm_name = spec
-            .volumes
-            .iter()
-            .flatten()
-            .find_map(|v| v.config_map.as_ref().map(|c| c.name.clone()))
-            .unwrap_or_else(|| panic!("{cni}: the DaemonSet mounts no ConfigMap"));
-        let cm: ConfigMap = of_kind("ConfigMap")
-            .into_iter()
-            .map(|d| typed::<ConfigMap>(cni, d))
-            .find(|c| c.metadata.name.as_deref() == Some(cm_name.as_str()))
-            .unwrap_or_else(|| panic!("{cni}: ConfigMap {cm_name} is not rendered"));
-        let config = kxdp_control::Config::from_yaml_str(
-            &cm.data.unwrap()["config.yaml"],
-            Path::new(&format!("kubectl kustomize deploy/overlays/{cni}")),
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
+    let is_config = |d: &Value| d["kind"] == "ConfigMap" && d["metadata"]["name"] == "kxdp-config";
+    let base_config = base.iter().find(|d| is_config(d)).unwrap();
+    let ds: DaemonSet = typed(
+        "base",
+        base.iter().find(|d| d["kind"] == "DaemonSet").unwrap(),
+    );
+    let pod = ds.spec.unwrap().template.spec.unwrap();
+    let c = &pod.containers[0];
+    assert!(c.liveness_probe.is_some() && c.readiness_probe.is_some());
+    assert!(c.security_context.as_ref().unwrap().capabilities.is_some());
+    assert!(base.iter().any(|d| d["kind"] == "ClusterRole"));
+    for (cni, pattern) in CNIS {
+        let docs = render(&dir(&format!("deploy/overlays/{cni}")));
+        assert_eq!(docs.len(), base.len(), "{cni}");
+        for (d, b) in docs.iter().zip(&base) {
+            if is_config(d) {
+                continue;
+            }
+            assert_eq!(
+                d, b,
+                "{cni}: {} {} differs from the base's",
+                d["kind"], d["metadata"]["name"]
+            );
+        }
+        let cm: ConfigMap = typed(cni, docs.iter().find(|d| is_config(d)).unwrap());
+        let data = cm.data.unwrap();
+        assert_eq!(
+            data["config.yaml"], base_config["data"]["config.yaml"],
+            "{cni}: the base's config.yaml"
+        );
+        let config = config_of(&data, &format!("kubectl kustomize deploy/overlays/{cni}"));
         assert!(
             config.interfaces.iter().any(|i| i == pattern),
             "{cni}: {:?}",
             config.interfaces
         );
+        assert_eq!(
+            config.conntrack.state_file.as_deref(),
+            Some("/run/kxdp/ct/conntrack"),
+            "{cni}"
+        );
+        assert!(config.conntrack.state_file_huge_pages, "{cni}");
+        assert!(config.workers.cpus.is_empty(), "{cni}");
     }
 }

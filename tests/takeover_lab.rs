@@ -415,9 +415,12 @@ fn config_with_state_file(dir: &std::path::Path) -> String {
     let path = dir.join("config.yaml");
     std::fs::write(
         &path,
-        format!(
-            "{config}conntrack: {{stateFile: {}}}\n",
-            dir.join("conntrack").display()
+        config.replace(
+            "conntrack: {stateFile: \"\"}",
+            &format!(
+                "conntrack: {{stateFile: {}}}",
+                dir.join("conntrack").display()
+            ),
         ),
     )
     .unwrap();

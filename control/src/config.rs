@@ -229,8 +229,10 @@ pub struct ConntrackConfig {
     pub udp_timeout: GoDuration,
     pub udp_stream_timeout: GoDuration,
     /// Where the table lives so that it survives a restart of kxdp (docs/nat.md § Connection
-    /// state across restarts); empty: process memory only.
-    pub state_file: String,
+    /// state across restarts); `""`: process memory only; unset: `DEFAULT_STATE_FILE` when it
+    /// can be used (`state_file_path`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub state_file: Option<String>,
     /// Keep the state file in huge pages: its directory is made a tmpfs mounted with
     /// `huge=within_size` (mounted by kxdp when it is an empty directory that is not a mount
     /// point yet). A plain tmpfs (the host's `/run`) gives a file 4 KiB pages only, and a table
@@ -247,8 +249,44 @@ impl Default for ConntrackConfig {
             tcp_close_wait_timeout: GoDuration(ct.tcp_close_wait),
             udp_timeout: GoDuration(ct.udp),
             udp_stream_timeout: GoDuration(ct.udp_stream),
-            state_file: String::new(),
+            state_file: None,
             state_file_huge_pages: false,
+        }
+    }
+}
+
+/// `conntrack.stateFile` when the config leaves it unset: on the host's `/run` (a tmpfs, so a
+/// reboot starts clean), where deploy/base puts it, in a directory of its own so that
+/// `conntrack.stateFileHugePages` can mount a huge-page tmpfs there.
+pub const DEFAULT_STATE_FILE: &str = "/run/kxdp/ct/conntrack";
+
+/// Where the conntrack table lives, as `conntrack.stateFile` says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StateFile<'a> {
+    /// `""`: process memory.
+    Off,
+    /// A path the config names: used as it is.
+    Set(&'a str),
+    /// Unset: `DEFAULT_STATE_FILE`, when it is on a tmpfs and writable; otherwise process memory
+    /// (with one log line saying why).
+    Default,
+}
+
+impl ConntrackConfig {
+    pub fn state_file(&self) -> StateFile<'_> {
+        match self.state_file.as_deref() {
+            Some("") => StateFile::Off,
+            Some(p) => StateFile::Set(p),
+            None => StateFile::Default,
+        }
+    }
+
+    /// The state file's path, set or default; None: `""`.
+    pub fn state_file_path(&self) -> Option<&str> {
+        match self.state_file() {
+            StateFile::Off => None,
+            StateFile::Set(p) => Some(p),
+            StateFile::Default => Some(DEFAULT_STATE_FILE),
         }
     }
 }
@@ -1152,6 +1190,71 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
+fn read_config(path: &Path) -> Result<String, ConfigError> {
+    std::fs::read_to_string(path).map_err(|e| ConfigError {
+        file: path.to_path_buf(),
+        line: None,
+        field: String::new(),
+        message: format!("cannot read: {e}"),
+    })
+}
+
+/// A config directory's files in the order they apply (see `DataplaneConfiguration::load_dir`).
+pub fn config_dir_files(dir: &Path) -> Result<Vec<PathBuf>, String> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(|e| format!("cannot list the directory: {e}"))? {
+        let entry = entry.map_err(|e| format!("cannot list the directory: {e}"))?;
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        // Followed: a ConfigMap volume's files are links into its `..data` directory.
+        if name.starts_with('.') || !name.ends_with(".yaml") || !entry.path().is_file() {
+            continue;
+        }
+        files.push(entry.path());
+    }
+    files.sort_by_key(|p| (!p.ends_with("config.yaml"), p.clone()));
+    if files.is_empty() {
+        return Err("no configuration in the directory (no *.yaml file)".into());
+    }
+    Ok(files)
+}
+
+/// `over` written over `base`: mappings merge key by key, anything else replaces.
+fn merge_yaml(base: &mut yaml_serde::Value, over: yaml_serde::Value) {
+    match (base, over) {
+        (yaml_serde::Value::Mapping(b), yaml_serde::Value::Mapping(o)) => {
+            for (k, v) in o {
+                match b.get_mut(&k) {
+                    Some(slot) => merge_yaml(slot, v),
+                    None => {
+                        b.insert(k, v);
+                    }
+                }
+            }
+        }
+        (slot, v) => *slot = v,
+    }
+}
+
+/// Whether `text` writes the dotted `field` (each of its keys, in turn).
+fn writes_field(text: &str, field: &str) -> bool {
+    let Ok(v) = yaml_serde::from_str::<yaml_serde::Value>(text) else {
+        return false;
+    };
+    let mut at = &v;
+    for seg in field.split('.') {
+        let key = seg.split('[').next().unwrap_or(seg);
+        if key.is_empty() {
+            continue;
+        }
+        match at.get(key) {
+            Some(next) => at = next,
+            None => return false,
+        }
+    }
+    !field.is_empty()
+}
+
 /// The `apiVersion` and `kind` of a kube-proxy configuration file.
 pub const KUBE_PROXY_KIND: &str = "KubeProxyConfiguration";
 
@@ -1164,22 +1267,82 @@ pub fn is_kube_proxy_configuration(text: &str) -> bool {
 }
 
 impl DataplaneConfiguration {
-    /// Reads and validates a config file; an empty `nodeName` becomes `$NODE_NAME`, else the
-    /// hostname (as kube-proxy's `hostnameOverride` falls back to the hostname).
+    /// Reads and validates a config file, or a directory of them (`load_dir`); an empty
+    /// `nodeName` becomes `$NODE_NAME`, else the hostname (as kube-proxy's `hostnameOverride`
+    /// falls back to the hostname).
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
-            file: path.to_path_buf(),
-            line: None,
-            field: String::new(),
-            message: format!("cannot read: {e}"),
-        })?;
-        let mut cfg = Self::from_yaml_str(&text, path)?;
+        let mut cfg = if path.is_dir() {
+            Self::load_dir(path)?
+        } else {
+            Self::from_yaml_str(&read_config(path)?, path)?
+        };
         cfg.node_name = default_node_name(
             &cfg.node_name,
             std::env::var("NODE_NAME").ok().as_deref(),
             hostname().as_deref(),
         );
         Ok(cfg)
+    }
+
+    /// A config directory (a ConfigMap mounted whole): `config.yaml` first, then every other
+    /// `*.yaml` file in name order, each setting the fields it writes over those before it (a
+    /// mapping merges key by key, anything else, lists included, is replaced). So a deployment
+    /// preset adds a file with its `interfaces` and keeps the rest of the base's `config.yaml`.
+    /// Names starting with `.` (the ConfigMap volume's own `..data`) are skipped. An error names
+    /// the file and line that wrote the field at fault (the last one that writes it).
+    pub fn load_dir(dir: &Path) -> Result<Self, ConfigError> {
+        let err = |file: &Path, line: Option<usize>, message: String| ConfigError {
+            file: file.to_path_buf(),
+            line,
+            field: String::new(),
+            message,
+        };
+        let files = config_dir_files(dir).map_err(|e| err(dir, None, e))?;
+        let mut texts = Vec::with_capacity(files.len());
+        for f in files {
+            let text = read_config(&f)?;
+            crate::yaml::check(&text).map_err(|e| err(&f, None, e.to_string()))?;
+            texts.push((f, text));
+        }
+        if let [(file, text)] = &texts[..] {
+            return Self::from_yaml_str(text, file);
+        }
+        let mut merged = yaml_serde::Value::Mapping(Default::default());
+        for (file, text) in &texts {
+            if is_kube_proxy_configuration(text) {
+                // (Refused, with the way to convert it.)
+                return Self::from_yaml_str(text, file);
+            }
+            let v: yaml_serde::Value = yaml_serde::from_str(text)
+                .map_err(|e| err(file, e.location().map(|l| l.line()), e.to_string()))?;
+            match v {
+                yaml_serde::Value::Null => {}
+                v @ yaml_serde::Value::Mapping(_) => merge_yaml(&mut merged, v),
+                _ => {
+                    return Err(err(
+                        file,
+                        None,
+                        "must be a mapping of DataplaneConfiguration fields".into(),
+                    ))
+                }
+            }
+        }
+        let text = yaml_serde::to_string(&merged).expect("a YAML value always serializes");
+        Self::from_yaml_str(&text, dir).map_err(|mut e| {
+            // The file that wrote the field, at its line; else the directory.
+            match texts
+                .iter()
+                .rev()
+                .find_map(|(f, t)| writes_field(t, &e.field).then(|| (f, line_of(t, &e.field))))
+            {
+                Some((f, line)) => {
+                    e.file = f.clone();
+                    e.line = line;
+                }
+                None => e.line = None,
+            }
+            e
+        })
     }
 
     /// Parses and validates config text; `file` only names the source in errors.
@@ -1253,10 +1416,10 @@ impl DataplaneConfiguration {
                 "`primary` must be the only entry".into(),
             ));
         }
-        if self.conntrack.state_file_huge_pages && self.conntrack.state_file.is_empty() {
+        if self.conntrack.state_file_huge_pages && self.conntrack.state_file() == StateFile::Off {
             return Err((
                 "conntrack.stateFileHugePages".into(),
-                "true needs conntrack.stateFile (the huge pages are the state file's); set a path there or set this to false".into(),
+                "true needs a conntrack.stateFile (the huge pages are the state file's), and stateFile is \"\" (process memory); set a path there (or leave it unset for the default) or set this to false".into(),
             ));
         }
         for (i, name) in self.host_path.overlay_interfaces.iter().enumerate() {
@@ -1893,16 +2056,86 @@ workers: {count: 2, cpus: [0, 1]}
 
     #[test]
     fn state_file_huge_pages_needs_a_state_file() {
-        let e = load_err("conntrack: {stateFileHugePages: true}");
+        let e = load_err("conntrack: {stateFile: \"\", stateFileHugePages: true}");
         assert!(
             e.starts_with(
-                "config.yaml:3: conntrack.stateFileHugePages: true needs conntrack.stateFile"
+                "config.yaml:3: conntrack.stateFileHugePages: true needs a conntrack.stateFile"
             ),
             "{e}"
         );
         let c = load("conntrack: {stateFile: /run/kxdp/ct/conntrack, stateFileHugePages: true}")
             .unwrap();
         assert!(c.conntrack.state_file_huge_pages);
+        // Unset: the default path, in huge pages.
+        let c = load("conntrack: {stateFileHugePages: true}").unwrap();
+        assert_eq!(c.conntrack.state_file(), StateFile::Default);
+        assert_eq!(c.conntrack.state_file_path(), Some(DEFAULT_STATE_FILE));
+    }
+
+    #[test]
+    fn a_directory_applies_config_yaml_then_the_others_in_name_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let w = |name: &str, text: &str| std::fs::write(dir.path().join(name), text).unwrap();
+        w(
+            "config.yaml",
+            "apiVersion: kxdp.dev/v1alpha1\nkind: DataplaneConfiguration\nnodeName: n\nconntrack:\n  maxEntries: 4096\n  stateFile: /run/x/ct\ninterfaces: [eth0]\nworkers: {count: 2}\n",
+        );
+        // Before config.yaml by name, after it in effect.
+        w(
+            "aaa.yaml",
+            "interfaces: [eth0, \"cali*\"]\nconntrack: {udpTimeout: 5s}\n",
+        );
+        w("zzz.yaml", "workers: {count: 1}\n");
+        // Not configuration: another extension, and the ConfigMap volume's own entries.
+        w("notes.txt", "interfaces: [nope]");
+        std::fs::create_dir(dir.path().join("..data")).unwrap();
+        w(".hidden.yaml", "interfaces: [nope]");
+        let c = Config::load(dir.path()).unwrap();
+        assert_eq!(c.interfaces, ["eth0", "cali*"]);
+        assert_eq!(c.conntrack.max_entries, 4096);
+        assert_eq!(c.conntrack.state_file.as_deref(), Some("/run/x/ct"));
+        assert_eq!(c.conntrack.udp_timeout.0, Duration::from_secs(5));
+        assert_eq!(c.workers.count, 1);
+        let files = config_dir_files(dir.path()).unwrap();
+        let names: Vec<_> = files.iter().map(|f| f.file_name().unwrap()).collect();
+        assert_eq!(names, ["config.yaml", "aaa.yaml", "zzz.yaml"]);
+
+        // An error names the file (and line) that wrote the field.
+        w("zzz.yaml", "# a preset\nworkers:\n  count: 100000\n");
+        let e = Config::load(dir.path()).unwrap_err();
+        assert_eq!(e.file, dir.path().join("zzz.yaml"));
+        assert_eq!(e.line, Some(3), "{e}");
+        assert_eq!(e.field, "workers.count");
+        w("zzz.yaml", "workers: [1]\n");
+        let e = Config::load(dir.path()).unwrap_err();
+        assert_eq!(e.file, dir.path().join("zzz.yaml"), "{e}");
+        w("zzz.yaml", "- 1\n");
+        let e = Config::load(dir.path()).unwrap_err().to_string();
+        assert!(
+            e.ends_with("zzz.yaml: must be a mapping of DataplaneConfiguration fields"),
+            "{e}"
+        );
+        let empty = tempfile::tempdir().unwrap();
+        let e = Config::load(empty.path()).unwrap_err().to_string();
+        assert!(e.contains("no configuration in the directory"), "{e}");
+    }
+
+    #[test]
+    fn the_state_file_is_on_by_default() {
+        let c = load("").unwrap();
+        assert_eq!(c.conntrack.state_file(), StateFile::Default);
+        assert_eq!(
+            c.conntrack.state_file_path(),
+            Some("/run/kxdp/ct/conntrack")
+        );
+        let off = load("conntrack: {stateFile: \"\"}").unwrap();
+        assert_eq!(off.conntrack.state_file(), StateFile::Off);
+        assert_eq!(off.conntrack.state_file_path(), None);
+        let set = load("conntrack: {stateFile: /tmp/ct}").unwrap();
+        assert_eq!(set.conntrack.state_file(), StateFile::Set("/tmp/ct"));
+        // What is written is what /configz shows: unset stays unset.
+        assert!(!c.to_yaml().contains("stateFile:"), "{}", c.to_yaml());
+        assert!(off.to_yaml().contains("stateFile: ''"), "{}", off.to_yaml());
     }
 
     #[test]
@@ -2401,11 +2634,20 @@ nodeOverrides:
         ] {
             row(extra);
         }
+        // Unset by default (so that a default that cannot be used is not an error), and so
+        // not among the serialized defaults.
+        let r = row("conntrack.stateFile");
+        assert!(
+            r.split(" | ").nth(2).unwrap().contains(DEFAULT_STATE_FILE),
+            "{r}"
+        );
         // ...and no row for a field that does not exist.
         for l in doc.lines().filter(|l| l.starts_with("| `")) {
             let f = l[3..].split('`').next().unwrap();
             assert!(
-                fields.iter().any(|(x, _)| x == f) || f.starts_with("nodeOverrides"),
+                fields.iter().any(|(x, _)| x == f)
+                    || f.starts_with("nodeOverrides")
+                    || f == "conntrack.stateFile",
                 "docs/config.md documents `{f}`, which the configuration does not have"
             );
         }

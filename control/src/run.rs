@@ -114,6 +114,11 @@ fn start_preloaded(
             let kc = rt
                 .block_on(client_config(kubeconfig))
                 .map_err(RunError::Kubeconfig)?;
+            if let Some(w) =
+                crate::sources::kube::service_address_warning(&kc, &config.service_cidrs)
+            {
+                tracing::warn!("{w}");
+            }
             Source::Kube {
                 config: Box::new(kc),
                 options: KubeOptions::default(),
@@ -615,7 +620,8 @@ fn take_over(
     // Without a state file the table is the process's own: made now, outside the window in
     // which the predecessor's workers are stopped (allocating a large table takes a while).
     // With one, it is mapped once the predecessor has stopped writing it (below).
-    let early = config.conntrack.state_file.is_empty().then(&make_dataplane);
+    let early =
+        (config.conntrack.state_file() == crate::config::StateFile::Off).then(&make_dataplane);
     let Some(path) = &opts.socket else {
         return Ok((early.unwrap_or_else(make_dataplane), None));
     };

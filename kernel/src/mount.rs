@@ -46,6 +46,20 @@ pub fn mount_at(dir: &Path) -> io::Result<Option<MountPoint>> {
     Ok(parse_mount_at(&text, &dir))
 }
 
+/// The mount that holds `path` (an existing file or directory): the one at its deepest
+/// ancestor that is a mount point.
+pub fn mount_of(path: &Path) -> io::Result<MountPoint> {
+    let path = path.canonicalize()?;
+    let text = std::fs::read_to_string("/proc/self/mountinfo")?;
+    parse_mount_of(&text, &path)
+        .ok_or_else(|| io::Error::other("no mount holds it in /proc/self/mountinfo"))
+}
+
+fn parse_mount_of(mountinfo: &str, path: &Path) -> Option<MountPoint> {
+    path.ancestors()
+        .find_map(|dir| parse_mount_at(mountinfo, dir))
+}
+
 fn parse_mount_at(mountinfo: &str, dir: &Path) -> Option<MountPoint> {
     let mut found = None;
     for line in mountinfo.lines() {
@@ -168,6 +182,17 @@ mod tests {
         let spaced = parse_mount_at(INFO, Path::new("/run/with space")).unwrap();
         assert!(!spaced.gives_huge_pages(), "huge=never gives none");
         assert!(!spaced.shared);
+    }
+
+    #[test]
+    fn the_mount_holding_a_path_is_its_deepest_mounted_ancestor() {
+        let info = format!("1 0 8:1 / / rw shared:1 - ext4 /dev/sda1 rw\n{INFO}");
+        let m = |p: &str| parse_mount_of(&info, Path::new(p)).unwrap();
+        assert!(m("/run/kxdp/ct/conntrack").gives_huge_pages());
+        assert_eq!(m("/run/kxdp/other").fs_type, "tmpfs");
+        assert!(!m("/run/kxdp/other").gives_huge_pages());
+        assert_eq!(m("/var/lib/kxdp").fs_type, "ext4");
+        assert_eq!(parse_mount_of(INFO, Path::new("/var/lib")), None);
     }
 
     #[test]

@@ -667,6 +667,7 @@ healthzBindAddress: \"\"
 metricsBindAddress: \"\"
 interfaces: [{}]
 workers: {{count: 1, cpus: []}}
+conntrack: {{stateFile: \"\"}}
 {overlay}",
             n.name,
             n.ip4,

@@ -21,7 +21,7 @@ use kxdp_dataplane::stats::{clock_ms, DataplaneStats};
 use kxdp_dataplane::verdict::Verdict;
 
 use super::{AdminContext, AdminServer, Dataplane};
-use crate::config::Config;
+use crate::config::{Config, StateFile, DEFAULT_STATE_FILE};
 use crate::health::{serve_http, ProxyHealth, Response};
 use crate::metrics::Metrics;
 use crate::run::RunError;
@@ -59,14 +59,15 @@ impl Drop for Ops {
 /// the config, and one stats block per worker (`extra` more for pseudo-workers).
 pub fn dataplane(config: &Config, extra: usize) -> Dataplane {
     let workers = config.workers.count.max(1) + extra;
-    let ct = match config.conntrack.state_file.as_str() {
-        "" => Conntrack::new(config.ct_config(), workers),
-        path => {
+    let ct = match config.conntrack.state_file() {
+        StateFile::Off => Conntrack::new(config.ct_config(), workers),
+        StateFile::Set(path) => {
             if config.conntrack.state_file_huge_pages {
                 huge_page_dir(Path::new(path));
             }
             open_state_file(Path::new(path), config, workers)
         }
+        StateFile::Default => open_default_state_file(config, workers),
     };
     Dataplane {
         ct: Arc::new(ct),
@@ -79,24 +80,75 @@ pub fn dataplane(config: &Config, extra: usize) -> Dataplane {
 /// over) is waited for; a file that cannot be created at all leaves the table in process memory
 /// with a warning: forwarding matters more than keeping state.
 fn open_state_file(path: &Path, config: &Config, workers: usize) -> Conntrack {
+    open_file_waiting(path, config, workers).unwrap_or_else(|e| {
+        tracing::warn!(
+            "kxdp run: conntrack.stateFile {}: {e}; keeping the conntrack table in process memory (a restart will lose it)",
+            path.display()
+        );
+        Conntrack::new(config.ct_config(), workers)
+    })
+}
+
+/// `conntrack.stateFile` unset: `DEFAULT_STATE_FILE` when its directory is (or can be made) on a
+/// tmpfs and the file can be written there; otherwise the table in process memory, with one
+/// line saying why and what to set. A file on a disk would outlive a reboot and be written back
+/// to the disk page by page as connections come and go.
+fn open_default_state_file(config: &Config, workers: usize) -> Conntrack {
+    let path = Path::new(DEFAULT_STATE_FILE);
+    let in_memory = |why: String| {
+        tracing::warn!(
+            "kxdp run: conntrack.stateFile is not set and its default {DEFAULT_STATE_FILE} cannot be used ({why}): the conntrack table is in process memory, so a restart of kxdp loses every connection; set conntrack.stateFile to a file on a tmpfs, or to \"\" to keep the table in memory without this warning"
+        );
+        Conntrack::new(config.ct_config(), workers)
+    };
+    if let Err(why) = default_state_dir_usable(path) {
+        return in_memory(why);
+    }
+    if config.conntrack.state_file_huge_pages {
+        huge_page_dir(path);
+    }
+    match open_file_waiting(path, config, workers) {
+        Ok(ct) => ct,
+        Err(e) => in_memory(e.to_string()),
+    }
+}
+
+/// Whether the default state file's directory is on a tmpfs (looked at before it is made, so
+/// that nothing is left on a disk), and exists or can be made.
+fn default_state_dir_usable(path: &Path) -> Result<(), String> {
+    use kxdp_dataplane::io::mount;
+    let dir = path.parent().unwrap_or(Path::new("/"));
+    let existing = dir
+        .ancestors()
+        .find(|d| d.exists())
+        .unwrap_or(Path::new("/"));
+    let m = mount::mount_of(existing).map_err(|e| format!("{}: {e}", existing.display()))?;
+    if m.fs_type != "tmpfs" {
+        return Err(format!(
+            "{} is on {}, not a tmpfs",
+            existing.display(),
+            m.fs_type
+        ));
+    }
+    std::fs::create_dir_all(dir)
+        .map_err(|e| format!("cannot create the directory {}: {e}", dir.display()))
+}
+
+/// `Conntrack::open_file`, waiting (up to `STATE_FILE_WAIT`) for another kxdp that still holds
+/// the file (one that is stopping, or handing over).
+fn open_file_waiting(path: &Path, config: &Config, workers: usize) -> std::io::Result<Conntrack> {
     let deadline = std::time::Instant::now() + STATE_FILE_WAIT;
     loop {
         match Conntrack::open_file(path, config.ct_config(), workers) {
             // (`kxdp run` logs the report.)
-            Ok((ct, _report)) => return ct,
+            Ok((ct, _report)) => return Ok(ct),
             Err(e)
                 if e.kind() == std::io::ErrorKind::WouldBlock
                     && std::time::Instant::now() < deadline =>
             {
                 std::thread::sleep(std::time::Duration::from_millis(20));
             }
-            Err(e) => {
-                tracing::warn!(
-                    "kxdp run: conntrack.stateFile {}: {e}; keeping the conntrack table in process memory (a restart will lose it)",
-                    path.display()
-                );
-                return Conntrack::new(config.ct_config(), workers);
-            }
+            Err(e) => return Err(e),
         }
     }
 }
@@ -118,10 +170,10 @@ fn huge_page_dir(state_file: &Path) {
 /// already one); Ok(Some(what was done)); Err(why not, in words).
 pub fn prepare_state_dir(config: &Config) -> Result<Option<String>, String> {
     let ct = &config.conntrack;
-    if ct.state_file.is_empty() || !ct.state_file_huge_pages {
-        return Ok(None);
+    match ct.state_file_path() {
+        Some(path) if ct.state_file_huge_pages => prepare_huge_page_dir(Path::new(path)),
+        _ => Ok(None),
     }
-    prepare_huge_page_dir(Path::new(&ct.state_file))
 }
 
 fn prepare_huge_page_dir(state_file: &Path) -> Result<Option<String>, String> {

@@ -105,6 +105,31 @@ impl Default for KubeOptions {
     }
 }
 
+/// The requests kxdp makes besides its watches (each of which lists, then watches, its
+/// resource): (API group, resource, verb). `nodeOverrides` reads this node's Node with one GET
+/// at start (`run::node_labels`).
+pub const REQUESTS_BESIDE_WATCHES: &[(&str, &str, &str)] = &[("", "nodes", "get")];
+
+/// Every request kxdp makes to the API server, as RBAC names them: (API group, resource, verb).
+/// deploy/base/rbac.yaml grants exactly these; tests/ops_deploy.rs checks both that and that the
+/// source makes no other call.
+pub fn api_requests() -> std::collections::BTreeSet<(String, String, String)> {
+    let mut all = std::collections::BTreeSet::new();
+    for s in specs("") {
+        for verb in ["list", "watch"] {
+            all.insert((
+                s.resource.group.clone(),
+                s.resource.plural.clone(),
+                verb.to_string(),
+            ));
+        }
+    }
+    for (group, resource, verb) in REQUESTS_BESIDE_WATCHES {
+        all.insert((group.to_string(), resource.to_string(), verb.to_string()));
+    }
+    all
+}
+
 /// The watches kxdp runs for this node.
 pub fn specs(node_name: &str) -> Vec<WatchSpec> {
     let spec =
@@ -189,6 +214,25 @@ pub async fn client_config(kubeconfig: Option<&std::path::Path>) -> Result<kube:
         }
         None => kube::Config::infer().await.map_err(|e| e.to_string()),
     }
+}
+
+/// The warning for an API server address that is a Service ClusterIP (inside `service_cidrs`):
+/// on a node without kube-proxy nothing translates it until kxdp has synced, and kxdp syncs
+/// through it. In a pod that is the `kubernetes` Service's address, which Kubernetes puts in
+/// KUBERNETES_SERVICE_HOST unless the manifest sets the real one. None: an address outside them
+/// (or a name).
+pub fn service_address_warning(
+    kc: &kube::Config,
+    service_cidrs: &[ipnet::IpNet],
+) -> Option<String> {
+    let cluster_url = &kc.cluster_url;
+    let host = cluster_url.host()?;
+    let ip: std::net::IpAddr = host.trim_matches(['[', ']']).parse().ok()?;
+    let cidr = service_cidrs.iter().find(|c| c.contains(&ip))?;
+    let port = cluster_url.port_u16().unwrap_or(443);
+    Some(format!(
+        "kxdp run: the API server address {host}:{port} is in serviceCIDRs ({cidr}): a Service ClusterIP (in a pod, the `kubernetes` Service's, from KUBERNETES_SERVICE_HOST), which on a node without kube-proxy nothing translates until kxdp has synced through it; set KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT to the API server's own address (the DaemonSet takes them from the ConfigMap kxdp-apiserver, docs/install.md)"
+    ))
 }
 
 /// Starts every watch on `rt`; updates go to `tx`.
@@ -1100,6 +1144,29 @@ fn strip_pod(map: &mut Map<String, Value>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cluster_ip_api_server_address_is_named() {
+        let cidrs: Vec<ipnet::IpNet> = vec![
+            "10.96.0.0/12".parse().unwrap(),
+            "fd00:10:96::/112".parse().unwrap(),
+        ];
+        let kc = |url: &str| kube::Config::new(url.parse().unwrap());
+        let warn = |url: &str| service_address_warning(&kc(url), &cidrs);
+        let w = warn("https://10.96.0.1").unwrap();
+        assert!(
+            w.contains("10.96.0.1:443 is in serviceCIDRs (10.96.0.0/12)")
+                && w.contains("KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT")
+                && w.contains("kxdp-apiserver"),
+            "{w}"
+        );
+        assert!(warn("https://[fd00:10:96::1]:6443")
+            .unwrap()
+            .contains("[fd00:10:96::1]:6443 is in serviceCIDRs"));
+        assert_eq!(warn("https://192.168.1.10:6443"), None);
+        assert_eq!(warn("https://api.example.com:6443"), None);
+        assert_eq!(service_address_warning(&kc("https://10.96.0.1"), &[]), None);
+    }
 
     const SVC: &str = r#"{"metadata":{"name":"web","namespace":"shop","resourceVersion":"7","managedFields":[{"manager":"x"}]},"spec":{"clusterIP":"172.30.0.10","ports":[{"port":80}]}}"#;
 

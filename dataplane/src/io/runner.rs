@@ -326,11 +326,13 @@ impl Links {
             }
             // A bridge whose ports kxdp owns or may own is left alone: the ports keep working.
             let attached = match bridge_conflict(&self.patterns, l, links) {
-                Some((on_bridge, on_port, port)) => Err(io::Error::other(format!(
-                    "it is a bridge (matched by `{on_bridge}`) and `{on_port}` matches its port \
-                     {port}: the kernel takes XDP on a bridge or on its ports, not both; kxdp \
-                     stays off the bridge and keeps its ports (remove `{on_bridge}` from \
-                     interfaces, docs/afxdp.md § Bridges)"
+                // Worded without the port's name: the same error while ports come and go is
+                // reported once.
+                Some((on_bridge, on_port, _)) => Err(io::Error::other(format!(
+                    "it is a bridge (matched by `{on_bridge}`) and `{on_port}` matches or could \
+                     match its ports: the kernel takes XDP on a bridge or on its ports, not \
+                     both; kxdp stays off the bridge and keeps its ports (remove `{on_bridge}` \
+                     from interfaces, docs/afxdp.md § Bridges)"
                 ))),
                 None => self.attach(&l.name, l.ifindex, l.mac),
             };

@@ -1,9 +1,14 @@
-//! Source validation on the two-node CNI lab (tests/cni/mod.rs): a pod that sends with another
+//! Safe defaults on the two-node CNI lab (tests/cni/mod.rs).
+//!
+//! Source validation: a pod that sends with another
 //! pod's address cannot pass a NetworkPolicy that admits that pod (`spoofed-source`,
 //! `dataplane/src/antispoof.rs`), on the `ptp` node (a host veth per pod) and on the `bridge`
 //! node (ports of `cni0`, told apart by the FDB); normal pod, node and NodePort traffic is not
 //! touched. Packets are crafted with raw sockets (`tests/cni/spoof.py`, python3, no scapy) and
 //! observed with a packet socket in the protected pod.
+//!
+//! `interfaces` that match a bridge and its ports: refused at start; a bridge that appears
+//! later is left alone and its ports keep working.
 
 #![allow(dead_code)]
 
@@ -234,5 +239,120 @@ spec:
     assert_eq!(got.peer, IpAddr::from(node_a), "masqueraded");
     assert_eq!(spoofed_drops(&ns_a), 2 * 4, "no legitimate packet counted");
     assert_eq!(spoofed_drops(&ns_b), 2 * 8, "no legitimate packet counted");
+    drop((a, b));
+}
+
+/// `interfaces` that match a bridge and its ports: refused at start (exit 2, the field and the
+/// fix named); the documented `[eth0, "veth*"]` serves a pod created after start on the bridge
+/// node; a bridge that appears later matching while ports are attached is left alone, said
+/// once, and the ports keep working.
+#[test]
+fn kxdp_interfaces_matching_a_bridge_and_its_ports() {
+    let mut lab = Lab::build("kxdp_interfaces_matching_a_bridge_and_its_ports");
+    lab.add_pod("node-a", "client-a", &[("app", "client")]);
+    lab.add_pod("node-b", "web-b1", &[("app", "web")]);
+    lab.warm_neighbours();
+    let objects = lab.service("web", 10, "web", Some(30080), false);
+    let ns_b = lab.node("node-b").ns.clone();
+
+    // Refused at start, before anything is attached.
+    let bad = lab.kxdp_config_with("node-b", &["eth0".into(), "veth*".into(), "cni0".into()]);
+    let dir = lab.dir.path().join("refused");
+    std::fs::create_dir_all(dir.join("state")).unwrap();
+    std::fs::write(dir.join("config.yaml"), &bad).unwrap();
+    std::fs::write(
+        dir.join("state/cluster.yaml"),
+        lab.cluster_objects() + &objects,
+    )
+    .unwrap();
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", &ns_b, env!("CARGO_BIN_EXE_kxdp"), "run"])
+        .arg("--config")
+        .arg(dir.join("config.yaml"))
+        .arg("--state")
+        .arg(dir.join("state"))
+        .args(["--no-admin", "--no-takeover"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let refused = lab::wait_until(Duration::from_secs(20), || {
+        matches!(child.try_wait(), Ok(Some(_)))
+    });
+    if !refused {
+        let _ = child.kill();
+    }
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(refused, "kxdp started with cni0 and veth* listed:\n{err}");
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("interfaces[2]") && err.contains("cni0") && err.contains("[eth0, \"veth*\"]"),
+        "the field and the fix named: {err}"
+    );
+    assert!(lab::xdp_on(&ns_b, "cni0").is_none(), "nothing attached");
+
+    // The documented configuration, plus a pattern for a bridge that does not exist yet.
+    let mut ifs: Vec<String> = vec!["eth0".into(), "veth*".into(), "br-late".into()];
+    let a = lab.start_kxdp("node-a", &lab.kxdp_config("node-a", false), &objects);
+    let b = lab.start_kxdp("node-b", &lab.kxdp_config_with("node-b", &ifs), &objects);
+    ifs.clear();
+    // A pod created after start on the bridge node: attached, reached, and it reaches.
+    let late = lab
+        .add_pod("node-b", "late-b", &[("app", "web")])
+        .name
+        .clone();
+    let late = lab.pod(&late);
+    assert!(
+        lab::wait_until(Duration::from_secs(5), || lab::xdp_on(&ns_b, &late.host_if)
+            .is_some()),
+        "kxdp's program on the new pod's port:\n{}",
+        b.log()
+    );
+    let client = lab.pod("client-a");
+    let got = tcp(&client.ns, sa(late.ip4, TCP_PORT), T, 1000).expect("new pod reached");
+    assert_eq!(got.peer, client.ip(false));
+    let got = udp(&late.ns, sa([172, 30, 0, 10], 53), T).expect("new pod reaches the ClusterIP");
+    assert_eq!(got.peer, late.ip(false));
+
+    // A bridge matching `br-late` appears with a port `veth*` matches: one error, no program
+    // on the bridge, the port and the pods keep theirs.
+    lab::ip(&ns_b, "link add br-late type bridge");
+    lab::ip(&ns_b, "link add vethlate0 type veth peer name vethlate1");
+    lab::ip(&ns_b, "link set vethlate0 master br-late");
+    for l in ["br-late", "vethlate0", "vethlate1"] {
+        lab::ip(&ns_b, &format!("link set {l} up"));
+    }
+    assert!(
+        lab::wait_until(Duration::from_secs(10), || b
+            .log()
+            .contains("br-late: cannot")),
+        "the bridge reported:\n{}",
+        b.log()
+    );
+    std::thread::sleep(Duration::from_secs(4)); // past one retry (every 3 s)
+    let log = b.log();
+    let reports: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("br-late: cannot"))
+        .collect();
+    assert_eq!(reports.len(), 1, "said once: {reports:?}");
+    assert!(
+        reports[0].contains("bridge") && reports[0].contains("`veth*` matches or could match"),
+        "{}",
+        reports[0]
+    );
+    assert!(
+        lab::xdp_on(&ns_b, "br-late").is_none(),
+        "the bridge left alone"
+    );
+    assert!(
+        lab::xdp_on(&ns_b, "vethlate0").is_some(),
+        "its port kept kxdp's program"
+    );
+    let got = tcp(&client.ns, sa(late.ip4, TCP_PORT), T, 1000).expect("pods still reached");
+    assert_eq!(got.peer, client.ip(false));
+    lab::ip(&ns_b, "link del vethlate0");
+    lab::ip(&ns_b, "link del br-late");
     drop((a, b));
 }

@@ -515,7 +515,7 @@ impl Worker {
                 }
                 // Spoofed sources go to the batch's tail with their verdicts; the pipeline
                 // takes the rest.
-                let kept = match spoof_checked.get(p) {
+                let screened = match spoof_checked.get(p) {
                     Some(true) => crate::antispoof::screen(
                         &mut descs[..n],
                         |d| {
@@ -540,7 +540,13 @@ impl Worker {
                 }
                 {
                     let mut batch = self.umem.batch(&mut descs[..n]);
-                    pipeline.process(&mut batch, &mut verdicts[..kept], &snap, &shared.ct, now);
+                    pipeline.process(
+                        &mut batch,
+                        &mut verdicts[..screened],
+                        &snap,
+                        &shared.ct,
+                        now,
+                    );
                     let before = egress_stats.checksums_completed;
                     egress.process(
                         &mut batch,

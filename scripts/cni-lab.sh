@@ -299,10 +299,13 @@ stop_kxdp() {
     [ -e "$f" ] || continue
     pid=$(cat "$f") n=$(basename "$f" .pid)
     kill -TERM "$pid" 2>/dev/null || { rm -f "$f"; continue; }
-    for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    local t=0
+    while kill -0 "$pid" 2>/dev/null && [ $t -lt 100 ]; do sleep 0.1; t=$((t + 1)); done
     if kill -0 "$pid" 2>/dev/null; then
       echo "$n (pid $pid) still running 10 s after SIGTERM: SIGKILL" >&2
       kill -KILL "$pid" 2>/dev/null || true
+    else
+      echo "$n stopped by SIGTERM (within $(( (t + 1) * 100 )) ms)"
     fi
     rm -f "$f"
   done

@@ -48,10 +48,13 @@ stop_kxdp() {
   [ -e "$RUN/kxdp.pid" ] || return 0
   local pid; pid=$(cat "$RUN/kxdp.pid")
   if kill -TERM "$pid" 2>/dev/null; then
-    for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    local t=0
+    while kill -0 "$pid" 2>/dev/null && [ $t -lt 100 ]; do sleep 0.1; t=$((t + 1)); done
     if kill -0 "$pid" 2>/dev/null; then
       echo "kxdp (pid $pid) still running 10 s after SIGTERM: SIGKILL" >&2
       kill -KILL "$pid" 2>/dev/null || true
+    else
+      echo "kxdp stopped by SIGTERM (within $(( (t + 1) * 100 )) ms)"
     fi
   fi
   rm -f "$RUN/kxdp.pid"

@@ -461,6 +461,7 @@ impl Worker {
         // Per port: whether its packets' sources are checked (`antispoof::checked`), for the
         // FIB and tables it was worked out from.
         let mut spoof_checked: Vec<bool> = Vec::new();
+        let mut spoof_own: Vec<Vec<(kxdp_packet::Addr, Family)>> = Vec::new();
         let mut spoof_for = (u64::MAX, u64::MAX);
         while !shared.stop.load(Ordering::Relaxed) {
             changed |= self.apply_commands();
@@ -512,6 +513,9 @@ impl Worker {
                             crate::antispoof::checked(mode, &fib, pods, q.ifindex, self.kernel_port)
                         })
                         .collect();
+                    spoof_own = (self.ports.iter())
+                        .map(|q| fib.sources_on(q.ifindex, crate::antispoof::OWN_SOURCES))
+                        .collect();
                 }
                 // Spoofed sources go to the batch's tail with their verdicts; the pipeline
                 // takes the rest.
@@ -524,6 +528,7 @@ impl Worker {
                         },
                         &fib,
                         self.ports[p].ifindex,
+                        &spoof_own[p],
                         &mut verdicts,
                         &mut pipeline.counters,
                     ),

@@ -99,7 +99,7 @@ v4 = [i for i in ips if ":" not in i][0]; v6 = [i for i in ips if ":" in i][0]
 host = [i["name"] for i in r["interfaces"] if "sandbox" not in i and i["name"].startswith("veth")][0]
 print(f"NODE={sys.argv[2]} POD={sys.argv[3]} IP4={v4} IP6={v6} HOSTIF={host} LABELS='{sys.argv[4]}'")
 EOF
-  ip netns exec "$pns" python3 -c "$SERVER" "$pod" > /dev/null 2>&1 &
+  (ip netns exec "$pns" python3 -c "$SERVER" "$pod" > /dev/null 2>&1 < /dev/null &)
 }
 
 pod_var() { # pod_var POD VAR
@@ -138,7 +138,7 @@ up() {
   ip -n "$(ns ext)" link set eth0 up
   ip -n "$(ns ext)" addr add 192.168.77.100/24 dev eth0
   ip -n "$(ns ext)" addr add fd77::100/64 dev eth0 nodad
-  ip netns exec "$(ns ext)" python3 -c "$SERVER" ext > /dev/null 2>&1 &
+  (ip netns exec "$(ns ext)" python3 -c "$SERVER" ext > /dev/null 2>&1 < /dev/null &)
   add_pod a web-a1 "app: web-a"
   add_pod a client-a "app: client"
   add_pod a front-a "app: client, role: frontend"
@@ -279,8 +279,11 @@ start_kxdp() {
   state > "$RUN/state/cluster.yaml"
   for n in a b; do
     config $n > "$RUN/config-$n.yaml"
-    ip netns exec "$(node_ns $n)" "$KXDP" run --config "$RUN/config-$n.yaml" --state "$RUN/state" \
-      --admin "$RUN/admin-$n.sock" > "$RUN/kxdp-$n.log" 2>&1 &
+    # In a subshell: kxdp is no job of this shell (no job notice when it ends); its pid is kept
+    # for stop_kxdp (`ip netns exec` execs kxdp, so $! is kxdp's).
+    (ip netns exec "$(node_ns $n)" "$KXDP" run --config "$RUN/config-$n.yaml" --state "$RUN/state" \
+      --admin "$RUN/admin-$n.sock" > "$RUN/kxdp-$n.log" 2>&1 < /dev/null &
+     echo $! > "$RUN/kxdp-$n.pid")
   done
   for n in a b; do
     for _ in $(seq 100); do grep -q "forwarding on" "$RUN/kxdp-$n.log" && break; sleep 0.1; done
@@ -290,7 +293,28 @@ start_kxdp() {
   warm
 }
 
+# Stops kxdp as `kubectl delete pod` does: SIGTERM (kxdp detaches its programs, removes the host
+# path and exits), a bounded wait, SIGKILL only if it is still there, said so.
+stop_kxdp() {
+  local f pid n
+  for f in "$RUN"/kxdp-*.pid; do
+    [ -e "$f" ] || continue
+    pid=$(cat "$f") n=$(basename "$f" .pid)
+    kill -TERM "$pid" 2>/dev/null || { rm -f "$f"; continue; }
+    local t=0
+    while kill -0 "$pid" 2>/dev/null && [ $t -lt 100 ]; do sleep 0.1; t=$((t + 1)); done
+    if kill -0 "$pid" 2>/dev/null; then
+      echo "$n (pid $pid) still running 10 s after SIGTERM: SIGKILL" >&2
+      kill -KILL "$pid" 2>/dev/null || true
+    else
+      echo "$n stopped by SIGTERM (within $(( (t + 1) * 100 )) ms)"
+    fi
+    rm -f "$f"
+  done
+}
+
 down() {
+  stop_kxdp
   for f in "$RUN"/pod-*.env; do
     [ -e "$f" ] || continue
     (source "$f"; cni "$NODE" DEL "$POD" >/dev/null 2>&1 || true)

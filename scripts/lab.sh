@@ -42,7 +42,26 @@ while True:
 
 [ "$(id -u)" = 0 ] || { echo "scripts/lab.sh: needs root (network namespaces, XDP)" >&2; exit 1; }
 
+# Stops kxdp as `kubectl delete pod` does: SIGTERM (kxdp detaches its programs and exits), a
+# bounded wait, SIGKILL only if it is still there, said so.
+stop_kxdp() {
+  [ -e "$RUN/kxdp.pid" ] || return 0
+  local pid; pid=$(cat "$RUN/kxdp.pid")
+  if kill -TERM "$pid" 2>/dev/null; then
+    local t=0
+    while kill -0 "$pid" 2>/dev/null && [ $t -lt 100 ]; do sleep 0.1; t=$((t + 1)); done
+    if kill -0 "$pid" 2>/dev/null; then
+      echo "kxdp (pid $pid) still running 10 s after SIGTERM: SIGKILL" >&2
+      kill -KILL "$pid" 2>/dev/null || true
+    else
+      echo "kxdp stopped by SIGTERM (within $(( (t + 1) * 100 )) ms)"
+    fi
+  fi
+  rm -f "$RUN/kxdp.pid"
+}
+
 down() {
+  stop_kxdp
   local nss; nss=$(ip netns list | awk '{print $1}' | grep "^$P-" || true)
   # SIGTERM first (kxdp detaches its programs and exits cleanly), then whatever is left.
   for ns in $nss; do for pid in $(ip netns pids "$ns" 2>/dev/null); do kill "$pid" 2>/dev/null || true; done; done
@@ -77,7 +96,7 @@ up() {
   # (Not python's http.server: it looks its own name up in DNS before listening.)
   for p in "${PODS[@]:0:2}"; do
     set -- $p
-    setsid ip netns exec $P-$1 /usr/bin/python3 -c "$SERVER" "$1" "$3" >"$RUN/$1.log" 2>&1 < /dev/null &
+    (setsid ip netns exec $P-$1 /usr/bin/python3 -c "$SERVER" "$1" "$3" >"$RUN/$1.log" 2>&1 < /dev/null &)
   done
   for p in "${PODS[@]:0:2}"; do
     set -- $p
@@ -95,8 +114,11 @@ demo() {
   trap down EXIT
   [ -x "$KXDP" ] || cargo build --release --locked --bin kxdp
   up
-  setsid ip netns exec $NODE "$KXDP" run --config tests/lab/config.yaml --state tests/lab/cluster.yaml \
+  # In a subshell: kxdp is no job of this shell (no job notice when it ends); its pid is kept
+  # for stop_kxdp (`ip netns exec` execs kxdp, so $! is kxdp's).
+  (setsid ip netns exec $NODE "$KXDP" run --config tests/lab/config.yaml --state tests/lab/cluster.yaml \
     --no-admin 2>"$RUN/kxdp.log" </dev/null &
+   echo $! > "$RUN/kxdp.pid")
   for _ in $(seq 100); do grep -q "forwarding on" "$RUN/kxdp.log" 2>/dev/null && break; sleep 0.1; done
   cat "$RUN/kxdp.log"; sleep 1.5
   say() { echo; echo "\$ $*"; }

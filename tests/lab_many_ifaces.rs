@@ -529,6 +529,7 @@ fn bench_many_interfaces_one_worker() {
             mode: Default::default(),
             kernel_port: None,
             hold_for_restart: false,
+            source_validation: Default::default(),
         };
         let t0 = Instant::now();
         let afxdp = AfXdp::start(&opts, tables, ct, None).unwrap();

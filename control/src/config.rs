@@ -91,6 +91,10 @@ pub struct DataplaneConfiguration {
     /// `native` or `generic`.
     #[serde(default)]
     pub xdp_mode: XdpMode,
+    /// Strict reverse-path validation of the sources of packets from pods (docs/hardening.md):
+    /// `strict` (on every pod-facing interface) or `off`.
+    #[serde(default)]
+    pub source_validation: SourceValidation,
     #[serde(default)]
     pub workers: WorkersConfig,
     /// The AF_XDP sockets' ring sizes and each worker's UMEM (docs/afxdp.md).
@@ -112,6 +116,16 @@ pub enum XdpMode {
     Auto,
     Native,
     Generic,
+}
+
+/// `sourceValidation`: whether a packet from a pod's interface must carry a source address the
+/// node routes back through that interface.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SourceValidation {
+    #[default]
+    Strict,
+    Off,
 }
 
 /// One `nodePortAddresses` entry.
@@ -1593,6 +1607,41 @@ impl DataplaneConfiguration {
         self.check_memory(machine, with_umem, file)
     }
 
+    /// `interfaces` against the node's links: an entry that matches a bridge while an entry
+    /// matches, or could match, the bridge's ports is refused (the kernel takes XDP on a bridge
+    /// or on its ports, not both; every pod created later would be refused its program).
+    pub fn check_interfaces(
+        &self,
+        links: &[kxdp_dataplane::fib::Link],
+        file: &Path,
+    ) -> Result<(), ConfigError> {
+        for bridge in links {
+            let Some((on_bridge, on_port, port)) =
+                kxdp_dataplane::io::runner::bridge_conflict(&self.interfaces, bridge, links)
+            else {
+                continue;
+            };
+            let i = self
+                .interfaces
+                .iter()
+                .position(|p| p == on_bridge)
+                .unwrap_or(0);
+            return Err(ConfigError {
+                file: file.to_path_buf(),
+                line: None,
+                field: format!("interfaces[{i}]"),
+                message: format!(
+                    "`{on_bridge}` matches the bridge {} and `{on_port}` matches its port {port}: \
+                     the kernel takes XDP on a bridge or on its ports, not both, so pods created \
+                     later could not be attached; list the ports only (remove `{on_bridge}`, \
+                     e.g. interfaces: [eth0, \"veth*\"]; docs/afxdp.md § Bridges)",
+                    bridge.name
+                ),
+            });
+        }
+        Ok(())
+    }
+
     /// The CPU half of `check_machine`: every CPU in `workers.cpus` is online.
     pub fn check_cpus(&self, machine: &Machine, file: &Path) -> Result<(), ConfigError> {
         let err = |field: &str, message: String| ConfigError {
@@ -1781,6 +1830,50 @@ mod tests {
     }
 
     #[test]
+    fn interfaces_matching_a_bridge_and_its_ports_are_refused() {
+        let link = |ifindex, name: &str, master, bridge| kxdp_dataplane::fib::Link {
+            ifindex,
+            name: name.into(),
+            mac: Some([2; 6]),
+            master,
+            bridge,
+            peer: None,
+            rx_queues: 1,
+        };
+        let links = vec![
+            link(2, "eth0", None, false),
+            link(3, "cni0", None, true),
+            link(4, "veth1234abcd", Some(3), false),
+        ];
+        let cfg = |ifs: &str| load(&format!("interfaces: {ifs}\n")).unwrap();
+        let f = Path::new("config.yaml");
+        let e = cfg("[eth0, \"veth*\", cni0]")
+            .check_interfaces(&links, f)
+            .unwrap_err();
+        assert_eq!(e.field, "interfaces[2]");
+        assert!(e.message.contains("veth1234abcd"), "{}", e.message);
+        assert!(e.message.contains("[eth0, \"veth*\"]"), "{}", e.message);
+        // No port yet: a pattern that could match one is refused too; `*` matches both.
+        let e = cfg("[eth0, \"veth*\", cni0]")
+            .check_interfaces(&links[..2], f)
+            .unwrap_err();
+        assert!(e.message.contains("created later"), "{}", e.message);
+        assert_eq!(
+            cfg("[\"*\"]")
+                .check_interfaces(&links, f)
+                .unwrap_err()
+                .field,
+            "interfaces[0]"
+        );
+        // The ports only, or the bridge only: fine.
+        cfg("[eth0, \"veth*\"]")
+            .check_interfaces(&links, f)
+            .unwrap();
+        cfg("[eth0, cni0]").check_interfaces(&links, f).unwrap();
+        cfg("[]").check_interfaces(&links, f).unwrap();
+    }
+
+    #[test]
     fn xdp_mode_and_idle_back_off() {
         let c = load("").unwrap();
         assert_eq!(c.xdp_mode, XdpMode::Auto);
@@ -1792,6 +1885,10 @@ mod tests {
         assert_eq!(c.workers.idle.spin_polls, 10);
         assert_eq!(c.workers.idle.max_sleep.0, Duration::from_micros(50));
         assert!(load_err("xdpMode: turbo\n").contains("xdpMode"));
+        assert_eq!(c.source_validation, SourceValidation::Strict);
+        let off = load("sourceValidation: off\n").unwrap();
+        assert_eq!(off.source_validation, SourceValidation::Off);
+        assert!(load_err("sourceValidation: loose\n").contains("sourceValidation"));
         assert!(load_err("workers: {idle: {spin: 1}}\n").contains("workers.idle"));
     }
 

@@ -162,6 +162,12 @@ fn node_config(
         !config.interfaces.is_empty(),
         config_path,
     )?;
+    if !config.interfaces.is_empty() {
+        // The links as they are now; a bridge that appears later is checked by the runner.
+        if let Ok(fib) = kxdp_dataplane::io::route::read() {
+            config.check_interfaces(&fib.input().links, config_path)?;
+        }
+    }
     Ok(config)
 }
 
@@ -781,6 +787,14 @@ fn run_options(
         kernel_port: host_path.map(|h| h.kxdp_ifindex),
         // With a state file the next kxdp continues the connections: hold them meanwhile.
         hold_for_restart,
+        source_validation: match config.source_validation {
+            crate::config::SourceValidation::Strict => {
+                kxdp_dataplane::antispoof::SourceValidation::Strict
+            }
+            crate::config::SourceValidation::Off => {
+                kxdp_dataplane::antispoof::SourceValidation::Off
+            }
+        },
     }
 }
 

@@ -88,7 +88,25 @@ pub struct Fib {
     /// replaces the four to six of `resolve` (local, routes, link, neighbour, bridge port).
     /// Keyed by (address, 6 for IPv6 / 4 for IPv4): a route lookup depends on the family.
     resolved: HashMap<(u128, u8), Result<Hop, Miss>, ahash::RandomState>,
+    /// The reverse path of the same destinations (not the node's addresses): the interface a
+    /// packet from that address must arrive on ([`Fib::source_arrives_on`]), one probe.
+    sources: HashMap<(u128, u8), Ingress, ahash::RandomState>,
+    /// Unique per built FIB (0: the empty default): what a worker keys its per-interface
+    /// precomputation on (`crate::antispoof::checked`).
+    id: u64,
     input: FibInput,
+}
+
+/// Where a packet from a source address must arrive (the strict reverse path).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ingress {
+    /// On this interface (the route's, or the bridge port its FDB maps the next hop's MAC to).
+    Port(u32),
+    /// On some port of this bridge: the route goes to the bridge, but which port the next hop
+    /// is on is not known yet (no neighbour entry or FDB entry).
+    Bridge(u32),
+    /// Never from outside: one of the node's own addresses, or no route back.
+    Nowhere,
 }
 
 fn family_key(family: Family) -> u8 {
@@ -125,6 +143,21 @@ fn mask(family: Family, len: u8) -> u128 {
             } else {
                 u128::MAX << (128 - len)
             }
+        }
+    }
+}
+
+/// Sources a strict reverse-path check lets through whatever the route: unspecified and
+/// link-local (`Fib::source_arrives_on`).
+fn exempt_source(src: &Addr, family: Family) -> bool {
+    match family {
+        Family::V4 => {
+            let o = src.v4_octets();
+            o == [0; 4] || (o[0] == 169 && o[1] == 254)
+        }
+        Family::V6 => {
+            let a = src.as_u128();
+            a == 0 || a >> 118 == 0xfe80 >> 6
         }
     }
 }
@@ -211,9 +244,19 @@ impl Fib {
             let hop = fib.resolve(&addr, family);
             fib.resolved
                 .insert((addr.as_u128(), family_key(family)), hop);
+            let from = fib.reverse_path(&addr, family);
+            fib.sources
+                .insert((addr.as_u128(), family_key(family)), from);
         }
+        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        fib.id = NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         fib.input = input;
         fib
+    }
+
+    /// Unique per FIB built (`Fib::new`); 0 for the empty default.
+    pub fn id(&self) -> u64 {
+        self.id
     }
 
     /// What the FIB was built from.
@@ -315,6 +358,88 @@ impl Fib {
     /// Whether `ifindex` is a Linux bridge (its ports, not the bridge, carry frames).
     pub fn is_bridge(&self, ifindex: u32) -> bool {
         self.links.get(&ifindex).is_some_and(|l| l.bridge)
+    }
+
+    /// The strict reverse path of `src` (module docs of `crate::antispoof`): the interface
+    /// through which the FIB would send a packet to `src`, as the kernel's `rp_filter=1` asks,
+    /// and for a route through a bridge the port its FDB maps the next hop's MAC to.
+    fn reverse_path(&self, src: &Addr, family: Family) -> Ingress {
+        let d = src.as_u128();
+        if self.local.contains(&d) {
+            return Ingress::Nowhere;
+        }
+        let Some(r) = self.route(d, family, true) else {
+            return Ingress::Nowhere;
+        };
+        let bridge = self.links.get(&r.oif).is_some_and(|l| l.bridge);
+        if !bridge {
+            return Ingress::Port(r.oif);
+        }
+        let nh = r.gateway.unwrap_or(*src);
+        match self
+            .neigh
+            .get(&(r.oif, nh.as_u128()))
+            .and_then(|mac| self.fdb.get(&(r.oif, *mac)))
+        {
+            Some(&port) => Ingress::Port(port),
+            None => Ingress::Bridge(r.oif),
+        }
+    }
+
+    /// Whether a packet from `src` that arrived on interface `ingress` came the way the FIB
+    /// routes back to `src` (strict reverse-path validation). Sources the kernel's strict
+    /// `rp_filter` lets through whatever the route are accepted: the unspecified address
+    /// (DHCP's `0.0.0.0`, IPv6 duplicate address detection's `::`) and link-local sources
+    /// (`169.254.0.0/16`, `fe80::/10`: ND, router solicitations). One probe for a pod's
+    /// address, a host route or a neighbour (precomputed when the FIB is built); a prefix
+    /// probe per prefix length for anything else.
+    #[inline]
+    pub fn source_arrives_on(&self, src: &Addr, family: Family, ingress: u32) -> bool {
+        if exempt_source(src, family) {
+            return true;
+        }
+        let from = match self.sources.get(&(src.as_u128(), family_key(family))) {
+            Some(from) => *from,
+            None => self.reverse_path(src, family),
+        };
+        match from {
+            Ingress::Port(p) => p == ingress,
+            Ingress::Bridge(b) => self.links.get(&ingress).and_then(|l| l.master) == Some(b),
+            Ingress::Nowhere => false,
+        }
+    }
+
+    /// The addresses (at most `max`) whose strict reverse path is interface `ifindex` among
+    /// those resolved when the FIB was built (a ptp pod's /32 and /128; a bridge port's pod by
+    /// its neighbour entry and the FDB): a worker compares a source with these first and asks
+    /// [`Fib::source_arrives_on`] only for the others. Same answer, fewer probes.
+    pub fn sources_on(&self, ifindex: u32, max: usize) -> Vec<(Addr, Family)> {
+        let mut out: Vec<(Addr, Family)> = self
+            .sources
+            .iter()
+            .filter(|(_, from)| **from == Ingress::Port(ifindex))
+            .map(|((a, f), _)| {
+                let family = if *f == 6 { Family::V6 } else { Family::V4 };
+                (Addr(a.to_be_bytes()), family)
+            })
+            .collect();
+        out.sort_unstable_by_key(|(a, f)| (a.as_u128(), family_key(*f)));
+        out.truncate(max);
+        out
+    }
+
+    /// Whether interface `ifindex` faces pods: the main table routes part of a pod range
+    /// on-link (no gateway) through it or through the bridge it is a port of (a pod's /32 on
+    /// its host veth with the CNI `ptp` plugin or Calico; the pod subnet on `cni0` with the
+    /// `bridge` plugin or flannel). An uplink reaches other nodes' pod ranges through a
+    /// gateway only, so it is not one.
+    pub fn pod_facing(&self, ifindex: u32, pod_ranges: &crate::snapshot::PrefixSet) -> bool {
+        let master = self.links.get(&ifindex).and_then(|l| l.master);
+        self.input.routes.iter().any(|r| {
+            r.gateway.is_none()
+                && (r.oif == ifindex || Some(r.oif) == master)
+                && pod_ranges.contains(&Addr::from_ip(r.dst), family_of(&r.dst))
+        })
     }
 
     /// The MACs of a frame handed to the node's stack through `kernel_port` (the kxdp-side end

@@ -5,6 +5,7 @@
 
 #![deny(unsafe_code)]
 
+pub mod antispoof;
 pub mod conntrack;
 pub mod egress;
 pub mod fib;

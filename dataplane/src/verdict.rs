@@ -110,6 +110,10 @@ reasons! {
     PolicyDeniedIngress = "policy-denied-ingress" => Drop,
     /// A new connection out of a local pod that its egress NetworkPolicies do not allow.
     PolicyDeniedEgress = "policy-denied-egress" => Drop,
+    /// Arrived on a pod-facing interface with a source address the node does not route back
+    /// through that interface (strict reverse path, `crate::antispoof`): a pod using another's
+    /// address. Checked before conntrack, so such a packet touches no connection.
+    SpoofedSource = "spoofed-source" => Drop,
     // The egress stage (`crate::egress`), after the pipeline: where the packet leaves.
     /// No route to the destination (main table).
     NoRoute = "no-route" => Drop,

@@ -222,6 +222,8 @@ pub struct Shared {
     pub unresolved: crossbeam::channel::Sender<(u32, kxdp_packet::Addr, Family)>,
     /// Where replies of new masqueraded connections are registered for the XDP program.
     pub masq: Option<Arc<crate::io::xdp::SharedMaps>>,
+    /// Source validation on pod-facing interfaces (`crate::antispoof`).
+    pub source_validation: crate::antispoof::SourceValidation,
     pub stop: Arc<AtomicBool>,
 }
 
@@ -456,6 +458,11 @@ impl Worker {
         let mut floor_ports: Vec<usize> = Vec::new();
         let mut floor_turn = 0usize;
         let mut socket_stats_due = Instant::now();
+        // Per port: whether its packets' sources are checked (`antispoof::checked`), for the
+        // FIB and tables it was worked out from.
+        let mut spoof_checked: Vec<bool> = Vec::new();
+        let mut spoof_own: Vec<Vec<(kxdp_packet::Addr, Family)>> = Vec::new();
+        let mut spoof_for = (u64::MAX, u64::MAX);
         while !shared.stop.load(Ordering::Relaxed) {
             changed |= self.apply_commands();
             if changed {
@@ -470,6 +477,7 @@ impl Worker {
                 // them per interface.
                 egress = Egress::new(&ifindexes, self.kernel_port);
                 kept = kept_reserve(base, nports);
+                spoof_for = (u64::MAX, u64::MAX);
                 floor_ports = io_floor
                     .iter()
                     .filter_map(|&i| self.ports.iter().position(|p| p.ifindex == i))
@@ -497,6 +505,35 @@ impl Worker {
                 let from_kernel = self.kernel_port == Some(self.ports[p].ifindex);
                 let now = clock_ms();
                 let fib = shared.routes.load();
+                if spoof_for != (fib.id(), snap.generation) {
+                    spoof_for = (fib.id(), snap.generation);
+                    spoof_checked = (self.ports.iter())
+                        .map(|q| {
+                            let (mode, pods) = (shared.source_validation, &snap.cluster_cidrs);
+                            crate::antispoof::checked(mode, &fib, pods, q.ifindex, self.kernel_port)
+                        })
+                        .collect();
+                    spoof_own = (self.ports.iter())
+                        .map(|q| fib.sources_on(q.ifindex, crate::antispoof::OWN_SOURCES))
+                        .collect();
+                }
+                // Spoofed sources go to the batch's tail with their verdicts; the pipeline
+                // takes the rest.
+                let screened = match spoof_checked.get(p) {
+                    Some(true) => crate::antispoof::screen(
+                        &mut descs[..n],
+                        |d| {
+                            let f = self.umem.frame(d.addr);
+                            &f[..d.len.min(f.len())]
+                        },
+                        &fib,
+                        self.ports[p].ifindex,
+                        &spoof_own[p],
+                        &mut verdicts,
+                        &mut pipeline.counters,
+                    ),
+                    _ => n,
+                };
                 let hex = shared.stats.as_ref().is_some_and(|s| s.wants_frames());
                 if hex {
                     for (i, d) in descs[..n].iter().enumerate() {
@@ -508,7 +545,13 @@ impl Worker {
                 }
                 {
                     let mut batch = self.umem.batch(&mut descs[..n]);
-                    pipeline.process(&mut batch, &mut verdicts, &snap, &shared.ct, now);
+                    pipeline.process(
+                        &mut batch,
+                        &mut verdicts[..screened],
+                        &snap,
+                        &shared.ct,
+                        now,
+                    );
                     let before = egress_stats.checksums_completed;
                     egress.process(
                         &mut batch,

@@ -55,6 +55,8 @@ pub struct RunOptions {
     /// hold the traffic meant for kxdp through a restart (`RESTART_HOLD`; `kxdp run` with a
     /// conntrack state file). Off: BPF links, gone with the process.
     pub hold_for_restart: bool,
+    /// Source validation on pod-facing interfaces (`crate::antispoof`).
+    pub source_validation: crate::antispoof::SourceValidation,
 }
 
 /// What was attached where (for the startup report).
@@ -137,6 +139,46 @@ pub fn matches_any(patterns: &[String], name: &str) -> bool {
         .any(|p| wildmatch::WildMatch::new(p).matches(name))
 }
 
+/// A host-side veth name as the CNI `bridge` plugin (and flannel) make them: what a pattern
+/// "could match" among the ports a bridge will get.
+const CNI_PORT_NAME: &str = "veth0a1b2c3d";
+
+/// When `interfaces` matches the bridge `bridge` and also matches, or could match, its ports:
+/// (the entry that matches the bridge, the entry that matches a port, that port or a sample
+/// port name). The kernel takes XDP on a bridge or on its ports, not both: with kxdp's program
+/// on the bridge every port created later is refused (docs/afxdp.md § Bridges).
+pub fn bridge_conflict<'p>(
+    patterns: &'p [String],
+    bridge: &kxdp_kernel::netlink::Link,
+    links: &[kxdp_kernel::netlink::Link],
+) -> Option<(&'p str, &'p str, String)> {
+    if !bridge.bridge {
+        return None;
+    }
+    let matching = |name: &str| {
+        patterns
+            .iter()
+            .find(|p| wildmatch::WildMatch::new(p).matches(name))
+    };
+    let on_bridge = matching(&bridge.name)?;
+    let ports = links.iter().filter(|l| l.master == Some(bridge.ifindex));
+    for port in ports {
+        if let Some(p) = matching(&port.name) {
+            return Some((on_bridge, p, port.name.clone()));
+        }
+    }
+    let wild = |p: &&String| p.contains(['*', '?', '[']);
+    let later = patterns
+        .iter()
+        .filter(wild)
+        .find(|p| wildmatch::WildMatch::new(p).matches(CNI_PORT_NAME))?;
+    Some((
+        on_bridge,
+        later,
+        format!("{CNI_PORT_NAME} (a port created later)"),
+    ))
+}
+
 /// What happened to a link (kept for tests and the admin view; the last 256).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum LinkEvent {
@@ -186,6 +228,7 @@ fn worker_shared(
     stats: Option<Arc<DataplaneStats>>,
     routes: &Routes,
     maps: &Arc<SharedMaps>,
+    source_validation: crate::antispoof::SourceValidation,
 ) -> Shared {
     Shared {
         tables,
@@ -194,6 +237,7 @@ fn worker_shared(
         routes: routes.table.clone(),
         unresolved: routes.unresolved.clone(),
         masq: Some(maps.clone()),
+        source_validation,
         stop: Arc::new(AtomicBool::new(false)),
     }
 }
@@ -305,7 +349,19 @@ impl Links {
                     continue;
                 }
             }
-            match self.attach(&l.name, l.ifindex, l.mac) {
+            // A bridge whose ports kxdp owns or may own is left alone: the ports keep working.
+            let attached = match bridge_conflict(&self.patterns, l, links) {
+                // Worded without the port's name: the same error while ports come and go is
+                // reported once.
+                Some((on_bridge, on_port, _)) => Err(io::Error::other(format!(
+                    "it is a bridge (matched by `{on_bridge}`) and `{on_port}` matches or could \
+                     match its ports: the kernel takes XDP on a bridge or on its ports, not \
+                     both; kxdp stays off the bridge and keeps its ports (remove `{on_bridge}` \
+                     from interfaces, docs/afxdp.md § Bridges)"
+                ))),
+                None => self.attach(&l.name, l.ifindex, l.mac),
+            };
+            match attached {
                 Ok(a) => {
                     tracing::info!("kxdp: attached {}", describe(&a.report));
                     self.failed.remove(&l.ifindex);
@@ -599,7 +655,14 @@ impl AfXdp {
                 }
             );
         }
-        let shared = worker_shared(tables.clone(), ct, stats, &routes, &maps);
+        let shared = worker_shared(
+            tables.clone(),
+            ct,
+            stats,
+            &routes,
+            &maps,
+            opts.source_validation,
+        );
         let mut crew = Crew::default();
         for w in 0..workers {
             let cpu = (!opts.cpus.is_empty()).then(|| opts.cpus[w % opts.cpus.len()]);
@@ -754,7 +817,14 @@ impl AfXdp {
     ) -> io::Result<AfXdp> {
         let parts = crate::io::takeover::Parts::take(desc, fds)?;
         let maps = parts.maps;
-        let shared = worker_shared(tables.clone(), ct, stats, &routes, &maps);
+        let shared = worker_shared(
+            tables.clone(),
+            ct,
+            stats,
+            &routes,
+            &maps,
+            opts.source_validation,
+        );
         let mut crew = Crew::default();
         for (w, (umem, ports)) in parts.workers.into_iter().enumerate() {
             let cpu = (!opts.cpus.is_empty()).then(|| opts.cpus[w % opts.cpus.len()]);

@@ -397,7 +397,9 @@ impl Kxdp {
     /// `start` with extra environment variables.
     pub fn start_with_env(ns: &str, config: &str, state: &str, env: &[(&str, &str)]) -> Kxdp {
         let mut cmd = Command::new("ip");
-        cmd.args(["netns", "exec", ns, env!("CARGO_BIN_EXE_kxdp"), "run"])
+        // Benchmarks run a release build through `KXDP_BIN`; tests, the binary cargo built.
+        let bin = std::env::var("KXDP_BIN").unwrap_or(env!("CARGO_BIN_EXE_kxdp").into());
+        cmd.args(["netns", "exec", ns, &bin, "run"])
             .args([
                 "--config",
                 config,

@@ -148,27 +148,12 @@ pub fn screen<'f, D: Copy>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fib::{FdbEntry, FibInput, Link, LocalAddr, Neighbour, Route};
+    use crate::fib::testing::{ip, link, local, neigh, route};
+    use crate::fib::{FdbEntry, FibInput, Route};
     use std::net::IpAddr;
-
-    fn ip(s: &str) -> IpAddr {
-        s.parse().unwrap()
-    }
 
     fn a(s: &str) -> Addr {
         Addr::from_ip(ip(s))
-    }
-
-    fn link(ifindex: u32, mac: u8) -> Link {
-        Link {
-            ifindex,
-            name: format!("if{ifindex}"),
-            mac: Some([mac; 6]),
-            master: None,
-            bridge: false,
-            peer: None,
-            rx_queues: 1,
-        }
     }
 
     /// eth0 (1: the node network, other nodes' pods via 192.168.0.2), ptp pod veths 2
@@ -190,30 +175,9 @@ mod tests {
         links[5].master = Some(10);
         links[6].peer = Some(31);
         links[7].peer = Some(30);
-        let route = |dst: &str, len, oif, gw: Option<&str>| Route {
-            dst: ip(dst),
-            len,
-            oif,
-            gateway: gw.map(ip),
-            metric: 0,
-        };
-        let neigh = |ifindex, addr: &str, mac| Neighbour {
-            ifindex,
-            addr: ip(addr),
-            mac: [mac; 6],
-        };
         Fib::new(FibInput {
             links,
-            addrs: vec![
-                LocalAddr {
-                    ifindex: 1,
-                    addr: ip("192.168.0.10"),
-                },
-                LocalAddr {
-                    ifindex: 10,
-                    addr: ip("10.2.0.1"),
-                },
-            ],
+            addrs: vec![local(1, "192.168.0.10"), local(10, "10.2.0.1")],
             routes: vec![
                 route("0.0.0.0", 0, 1, Some("192.168.0.1")),
                 route("192.168.0.0", 24, 1, None),

@@ -290,24 +290,9 @@ pub fn complete_l4_checksum(frame: &mut [u8], v: &Verdict) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fib::{FdbEntry, FibInput, Link, LocalAddr, Neighbour, Route};
+    use crate::fib::testing::{ip, link, local, neigh, route};
+    use crate::fib::{FdbEntry, FibInput};
     use crate::pipeline::SlotFrames;
-
-    fn ip(s: &str) -> std::net::IpAddr {
-        s.parse().unwrap()
-    }
-
-    fn link(ifindex: u32, mac: u8) -> Link {
-        Link {
-            ifindex,
-            name: format!("if{ifindex}"),
-            mac: Some([mac; 6]),
-            master: None,
-            bridge: false,
-            peer: None,
-            rx_queues: 1,
-        }
-    }
 
     /// eth0 (1, default route via 192.168.0.1), pod veth (2, 10.1.0.11/32), unowned link (3,
     /// 10.3.0.0/16), bridge cni0 (10, 10.2.0.0/24) with port 12, kernel port 30 ↔ 31.
@@ -325,24 +310,9 @@ mod tests {
         links[4].master = Some(10);
         links[5].peer = Some(31);
         links[6].peer = Some(30);
-        let route = |dst: &str, len, oif, gw: Option<&str>| Route {
-            dst: ip(dst),
-            len,
-            oif,
-            gateway: gw.map(ip),
-            metric: 0,
-        };
-        let neigh = |ifindex, addr: &str, mac| Neighbour {
-            ifindex,
-            addr: ip(addr),
-            mac: [mac; 6],
-        };
         Fib::new(FibInput {
             links,
-            addrs: vec![LocalAddr {
-                ifindex: 1,
-                addr: ip("192.168.0.10"),
-            }],
+            addrs: vec![local(1, "192.168.0.10")],
             routes: vec![
                 route("0.0.0.0", 0, 1, Some("192.168.0.1")),
                 route("10.1.0.11", 32, 2, None),

@@ -475,6 +475,54 @@ impl Fib {
     }
 }
 
+/// Builders of FIB inputs for the unit tests of the stages that read a FIB.
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::{Link, LocalAddr, Neighbour, Route};
+
+    pub fn ip(s: &str) -> std::net::IpAddr {
+        s.parse().unwrap()
+    }
+
+    /// An Ethernet link `if<ifindex>` whose MAC is six times `mac`.
+    pub fn link(ifindex: u32, mac: u8) -> Link {
+        Link {
+            ifindex,
+            name: format!("if{ifindex}"),
+            mac: Some([mac; 6]),
+            master: None,
+            bridge: false,
+            peer: None,
+            rx_queues: 1,
+        }
+    }
+
+    pub fn route(dst: &str, len: u8, oif: u32, gateway: Option<&str>) -> Route {
+        Route {
+            dst: ip(dst),
+            len,
+            oif,
+            gateway: gateway.map(ip),
+            metric: 0,
+        }
+    }
+
+    pub fn neigh(ifindex: u32, addr: &str, mac: u8) -> Neighbour {
+        Neighbour {
+            ifindex,
+            addr: ip(addr),
+            mac: [mac; 6],
+        }
+    }
+
+    pub fn local(ifindex: u32, addr: &str) -> LocalAddr {
+        LocalAddr {
+            ifindex,
+            addr: ip(addr),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

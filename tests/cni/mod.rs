@@ -362,87 +362,34 @@ impl Lab {
                 } else {
                     ("vxlan.calico", 4096, 4789, 250)
                 };
-                ip(
-                    &ns,
-                    &format!(
-                        "link add {dev} type vxlan id {vni} local {} dev eth0 dstport {port} nolearning",
-                        me.ip4
-                    ),
-                );
-                ip(&ns, &format!("link set {dev} address {}", mac(me, 4)));
-                ip(&ns, &format!("link set {dev} mtu 1450 up"));
-                ip(&ns, &format!("addr add {}/32 dev {dev}", base4(me, last)));
-                let hop = base4(other, last);
-                ip(
-                    &ns,
-                    &format!("route add {} via {hop} dev {dev} onlink", other.pods4),
-                );
-                ip(
-                    &ns,
-                    &format!(
-                        "neigh add {hop} lladdr {} dev {dev} nud permanent",
-                        mac(other, 4)
-                    ),
-                );
-                run(
-                    "ip",
-                    &[
-                        "netns",
-                        "exec",
-                        &ns,
-                        "bridge",
-                        "fdb",
-                        "append",
-                        &mac(other, 4),
-                        "dev",
-                        dev,
-                        "dst",
-                        &other.ip4.to_string(),
-                    ],
-                );
+                let v4 = Vxlan {
+                    dev,
+                    vni,
+                    port,
+                    mtu: 1450,
+                    local: me.ip4.into(),
+                    mac: mac(me, 4),
+                    addr: format!("{}/32", base4(me, last)),
+                    remote_pods: other.pods4,
+                    remote_hop: base4(other, last).to_string(),
+                    remote_mac: mac(other, 4),
+                    remote: other.ip4.into(),
+                };
+                v4.build(&ns);
                 if flannel {
-                    let dev = "flannel-v6.1";
-                    ip(
-                        &ns,
-                        &format!(
-                            "link add {dev} type vxlan id 1 local {} dev eth0 dstport 8472 nolearning",
-                            me.ip6
-                        ),
-                    );
-                    ip(&ns, &format!("link set {dev} address {}", mac(me, 6)));
-                    ip(&ns, &format!("link set {dev} mtu 1430 up"));
-                    ip(
-                        &ns,
-                        &format!("-6 addr add {}/128 dev {dev} nodad", base6(me)),
-                    );
-                    let hop = base6(other);
-                    ip(
-                        &ns,
-                        &format!("-6 route add {} via {hop} dev {dev} onlink", other.pods6),
-                    );
-                    ip(
-                        &ns,
-                        &format!(
-                            "-6 neigh add {hop} lladdr {} dev {dev} nud permanent",
-                            mac(other, 6)
-                        ),
-                    );
-                    run(
-                        "ip",
-                        &[
-                            "netns",
-                            "exec",
-                            &ns,
-                            "bridge",
-                            "fdb",
-                            "append",
-                            &mac(other, 6),
-                            "dev",
-                            dev,
-                            "dst",
-                            &other.ip6.to_string(),
-                        ],
-                    );
+                    Vxlan {
+                        dev: "flannel-v6.1",
+                        mtu: 1430,
+                        local: me.ip6.into(),
+                        mac: mac(me, 6),
+                        addr: format!("{}/128", base6(me)),
+                        remote_pods: other.pods6,
+                        remote_hop: base6(other),
+                        remote_mac: mac(other, 6),
+                        remote: other.ip6.into(),
+                        ..v4
+                    }
+                    .build(&ns);
                 } else {
                     // Calico's VXLAN mode carries IPv6 on vxlan-v6.calico; the lab keeps its
                     // IPv6 pod ranges routed over eth0.
@@ -892,6 +839,64 @@ impl Drop for Lab {
         for ns in self.namespaces.drain(..).rev() {
             delete_netns(&ns);
         }
+    }
+}
+
+/// One VXLAN device as flannel and Calico build theirs: no learning, the node's own address
+/// on it, the other node's pod range through the other node's tunnel address (`onlink`), with
+/// a static neighbour entry and an FDB entry to the other node's address.
+struct Vxlan {
+    dev: &'static str,
+    vni: u32,
+    port: u16,
+    mtu: u32,
+    local: IpAddr,
+    mac: String,
+    /// The node's tunnel address with its prefix length.
+    addr: String,
+    remote_pods: &'static str,
+    remote_hop: String,
+    remote_mac: String,
+    remote: IpAddr,
+}
+
+impl Vxlan {
+    fn build(&self, ns: &str) {
+        let (dev, fam) = (self.dev, if self.local.is_ipv6() { "-6" } else { "-4" });
+        ip(
+            ns,
+            &format!(
+                "link add {dev} type vxlan id {} local {} dev eth0 dstport {} nolearning",
+                self.vni, self.local, self.port
+            ),
+        );
+        ip(ns, &format!("link set {dev} address {}", self.mac));
+        ip(ns, &format!("link set {dev} mtu {} up", self.mtu));
+        ip(ns, &format!("{fam} addr add {} dev {dev} nodad", self.addr));
+        let (pods, hop) = (self.remote_pods, &self.remote_hop);
+        ip(
+            ns,
+            &format!("{fam} route add {pods} via {hop} dev {dev} onlink"),
+        );
+        ip(
+            ns,
+            &format!(
+                "{fam} neigh add {hop} lladdr {} dev {dev} nud permanent",
+                self.remote_mac
+            ),
+        );
+        let remote = self.remote.to_string();
+        let fdb = [
+            "bridge",
+            "fdb",
+            "append",
+            &self.remote_mac,
+            "dev",
+            dev,
+            "dst",
+            &remote,
+        ];
+        run("ip", &[&["netns", "exec", ns][..], &fdb[..]].concat());
     }
 }
 

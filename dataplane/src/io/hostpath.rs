@@ -674,13 +674,7 @@ impl HostPath {
             }
             for n in &want {
                 let msg = route_via_host(&opts, hi, *n, RT_TABLE_MAIN, src4, src6);
-                handle
-                    .route()
-                    .add(msg)
-                    .replace()
-                    .execute()
-                    .await
-                    .map_err(|e| err(&format!("service route {n}"), e))?;
+                add_or_replace_route(&handle, msg, &format!("service route {n}")).await?;
             }
             Ok::<(), io::Error>(())
         })?;
@@ -829,6 +823,45 @@ fn route_via_host(
     }
 }
 
+/// A rule `pref PRIORITY iif IIF lookup TABLE proto TAG` of one family, to be completed with
+/// further selectors and executed.
+fn tagged_rule(
+    handle: &Handle,
+    opts: &HostPathOptions,
+    iif: &str,
+    table: u32,
+    priority: u32,
+    v6: bool,
+) -> rtnetlink::RuleAddRequest {
+    let mut req = handle
+        .rule()
+        .add()
+        .input_interface(iif)
+        .table_id(table)
+        .priority(priority);
+    let m = req.message_mut();
+    m.header.action = RuleAction::ToTable;
+    m.header.family = if v6 {
+        AddressFamily::Inet6
+    } else {
+        AddressFamily::Inet
+    };
+    m.attributes
+        .push(RuleAttribute::Protocol(RouteProtocol::Other(opts.protocol)));
+    req
+}
+
+/// Adds a route, replacing one of the same destination, table and metric.
+async fn add_or_replace_route(handle: &Handle, msg: RouteMessage, what: &str) -> io::Result<()> {
+    handle
+        .route()
+        .add(msg)
+        .replace()
+        .execute()
+        .await
+        .map_err(|e| err(what, e))
+}
+
 /// What the kernel receives on an overlay device (decapsulated or decrypted: a reply of a
 /// connection kxdp translated, or a new connection to a local pod that NetworkPolicy must judge)
 /// would otherwise go straight to the pod. Per device and family one rule
@@ -844,37 +877,31 @@ async fn overlay_return_rules(
     if opts.overlay_ifs.is_empty() {
         return Ok(());
     }
-    let tag = RouteProtocol::Other(opts.protocol);
     let mut defaults: Vec<IpNet> = vec!["0.0.0.0/0".parse().unwrap()];
     if v6 {
         defaults.push("::/0".parse().unwrap());
     }
     for net in defaults {
         let msg = route_via_host(opts, oif, net, opts.overlay_table, None, None);
-        handle
-            .route()
-            .add(msg)
-            .replace()
+        add_or_replace_route(
+            handle,
+            msg,
+            &format!("the overlay table's default route ({net})"),
+        )
+        .await?;
+        for name in &opts.overlay_ifs {
+            let v6 = matches!(net, IpNet::V6(_));
+            tagged_rule(
+                handle,
+                opts,
+                name,
+                opts.overlay_table,
+                opts.overlay_priority,
+                v6,
+            )
             .execute()
             .await
-            .map_err(|e| err(&format!("the overlay table's default route ({net})"), e))?;
-        for name in &opts.overlay_ifs {
-            let mut req = handle
-                .rule()
-                .add()
-                .input_interface(name)
-                .table_id(opts.overlay_table)
-                .priority(opts.overlay_priority);
-            let m = req.message_mut();
-            m.header.action = RuleAction::ToTable;
-            m.header.family = match net {
-                IpNet::V4(_) => AddressFamily::Inet,
-                IpNet::V6(_) => AddressFamily::Inet6,
-            };
-            m.attributes.push(RuleAttribute::Protocol(tag));
-            req.execute()
-                .await
-                .map_err(|e| err(&format!("the overlay rule for {name}"), e))?;
+            .map_err(|e| err(&format!("the overlay rule for {name}"), e))?;
         }
     }
     Ok(())
@@ -921,29 +948,12 @@ async fn add_node_port_rules(
     let Some((lo, hi)) = opts.node_port_range else {
         return Ok(());
     };
-    let tag = RouteProtocol::Other(opts.protocol);
     let host = IpNet::new(a, if a.is_ipv4() { 32 } else { 128 }).unwrap();
     let msg = route_via_host(opts, oif, host, opts.table, Some(a), Some(a));
-    handle
-        .route()
-        .add(msg)
-        .replace()
-        .execute()
-        .await
-        .map_err(|e| err(&format!("kxdp table route to {a}"), e))?;
+    add_or_replace_route(handle, msg, &format!("kxdp table route to {a}")).await?;
     for proto in [IpProtocol::Tcp, IpProtocol::Udp, IpProtocol::Sctp] {
-        let mut req = handle
-            .rule()
-            .add()
-            .input_interface("lo")
-            .table_id(opts.table)
-            .priority(0);
+        let mut req = tagged_rule(handle, opts, "lo", opts.table, 0, a.is_ipv6());
         let m = req.message_mut();
-        m.header.action = RuleAction::ToTable;
-        m.header.family = match a {
-            IpAddr::V4(_) => AddressFamily::Inet,
-            IpAddr::V6(_) => AddressFamily::Inet6,
-        };
         m.header.dst_len = host.prefix_len();
         m.attributes.push(RuleAttribute::Destination(a));
         m.attributes.push(RuleAttribute::IpProtocol(proto));
@@ -952,7 +962,6 @@ async fn add_node_port_rules(
                 start: lo,
                 end: hi,
             }));
-        m.attributes.push(RuleAttribute::Protocol(tag));
         req.execute()
             .await
             .map_err(|e| err(&format!("NodePort rule for {a}"), e))?;

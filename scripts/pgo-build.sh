@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The profile-guided release build of kxdp: what deploy/Dockerfile ships and benches/replay.sh
-# measures (docs/benchmarks.md, "Session 20").
+# measures (docs/benchmarks.md, "The workers' frames and the profile-guided build").
 #
 # 1. builds kxdp instrumented (`-Cprofile-generate`);
 # 2. trains it: `kxdp replay` of captures from `kxdp pcap gen` (established, mixed and new

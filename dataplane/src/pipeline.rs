@@ -82,7 +82,7 @@ pub unsafe trait Frames {
 /// The frames `base..base + m` of a batch, their range checked against `Frames::count` once
 /// (`new`), so that the pass's per-packet accesses skip the implementation's checks
 /// (`SlotFrames`, then the replay's frames, made three per access, two accesses a packet;
-/// docs/benchmarks.md "Fast path, session 12: proven bounds"). `i < m` is still asserted per access: in the pass's
+/// docs/benchmarks.md "Bounds checked once"). `i < m` is still asserted per access: in the pass's
 /// loops over `0..m` the compiler proves it and drops the test.
 struct PassFrames<'f, F> {
     frames: &'f mut F,

@@ -174,7 +174,8 @@ pub struct Desc {
 /// Every address was checked against the mapping when the batch was made, so an access is an
 /// add and a mask: the pipeline reaches each frame two or three times a packet, and
 /// `Umem::frame`'s check at each, with the mapping's fields loaded again through `&mut Umem`,
-/// cost est-10k 12 instructions per packet more (docs/benchmarks.md, "Session 20").
+/// cost est-10k 12 instructions per packet more (docs/benchmarks.md, "The workers' frames and
+/// the profile-guided build").
 pub struct UmemFrames<'a> {
     area: NonNull<u8>,
     /// The frame size less one (a power of two).

@@ -578,10 +578,10 @@ pub fn sink(args: &SinkArgs) -> Result<(), CliError> {
     let (mut received, mut bytes) = (0u64, 0u64);
     let (mut first, mut last) = (None::<Instant>, start);
     let mut empty_polls = 0u32;
-    // Benchmarks only (docs/benchmarks.md, "AF_XDP lab, session 8"): while frames keep coming
-    // (one in the last 10 ms), an idle sink naps this long instead of waiting on its sockets,
-    // so it is on no wait queue and the forwarder's CPU does not wake it for every flush into
-    // its ring. 0 (the default): it waits on the sockets.
+    // Benchmarks only (docs/benchmarks.md, "AF_XDP lab: where the worker's time goes"): while
+    // frames keep coming (one in the last 10 ms), an idle sink naps this long instead of
+    // waiting on its sockets, so it is on no wait queue and the forwarder's CPU does not wake
+    // it for every flush into its ring. 0 (the default): it waits on the sockets.
     let nap = std::env::var("KXDP_BENCH_SINK_NAP_US")
         .ok()
         .and_then(|v| v.parse::<u64>().ok())

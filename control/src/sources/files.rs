@@ -35,7 +35,7 @@ mod subset;
 /// At most `n` threads decode a large `--state` file (default: one per core, up to 8). An
 /// application whose global allocator takes one lock for every allocation sets 1: the musl
 /// build's dlmalloc (src/main.rs), where two decoding threads contending on its lock took 1.8×
-/// the time of one (docs/benchmarks.md, "Session 8: the image's allocator").
+/// the time of one (docs/benchmarks.md, "Control plane at cluster scale", current figures).
 pub fn set_max_decode_threads(n: usize) {
     fast::set_max_decode_threads(n);
 }

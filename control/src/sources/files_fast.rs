@@ -215,7 +215,7 @@ fn head(text: &str) -> Option<(&str, &str)> {
 /// the reader reads them (`<<` an ordinary key, the last duplicate wins), through the same parser.
 ///
 /// Until session 5 this was `serde-saphyr` (its `no_schema` options made it as strict), which
-/// decodes at 0.38-0.42× the speed of `yaml_serde` (docs/benchmarks.md, "Session 5").
+/// decodes at 0.38-0.42× the speed of `yaml_serde` (docs/benchmarks.md, "Tried and not kept").
 fn typed<T: DeserializeOwned>(text: &str) -> Option<Box<T>> {
     super::strict::from_str(text).map(Box::new)
 }

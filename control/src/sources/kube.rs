@@ -68,7 +68,7 @@ pub const POD_FIELD_SELECTOR: &str = "status.phase!=Succeeded,status.phase!=Fail
 /// the server never has to build one response of the whole cluster, and the list is read as it
 /// was at the first page's resourceVersion. 500 is client-go's (and kube-proxy's informers')
 /// value; larger pages were not needed: with decoding off the sources' thread a page's round
-/// trip is a small part of the list (docs/benchmarks.md, "Session 4: API list and relist").
+/// trip is a small part of the list (docs/benchmarks.md, "API server").
 pub const LIST_PAGE_SIZE: u32 = 500;
 
 /// One watched kind.

@@ -672,9 +672,9 @@ impl Geometry {
         // rule above makes it, a third of the keys are past their home slot, and the probe's
         // branch on where the key is was a coin toss: 0.66 mispredicted branches per packet of
         // est-10k (10k flows, `maxEntries` 12,500), 0.22 with this index, which ran about 1.07x
-        // as fast (docs/benchmarks.md, "Session 19"). Tables from about 40k entries up (the
-        // default's 1M) already have that many slots: their memory per connection (issue 13:
-        // at most 128 bytes) is unchanged.
+        // as fast (docs/benchmarks.md, "A small table's index made sparser"). Tables from about
+        // 40k entries up (the default's 1M) already have that many slots: their memory per
+        // connection (the budget: at most 128 bytes) is unchanged.
         let nslots = g.nslots.max(MIN_INDEX_SLOTS.min(g.capacity * 16));
         Geometry { nslots, ..g }
     }
@@ -1072,7 +1072,7 @@ impl Table {
     /// Otherwise a hint only (`Candidate::NONE`). Until session 11 only the home slot was
     /// looked at: in a half-full index a linear probe's key is often past its home slot (1.5
     /// slots on average), and those packets' lookups waited for their entries (est-1m's
-    /// lookups took 43 ns a packet, 20 with this; docs/benchmarks.md "est-1m, session 11").
+    /// lookups took 43 ns a packet, 20 with this; docs/benchmarks.md "Where the time goes").
     #[inline]
     pub fn prefetch_entry(&self, key: &Packed, hash: u64) -> Candidate {
         let tag = self.code.tag(hash);

@@ -460,14 +460,13 @@ fn lab_container_takeover_with_the_manifests_capabilities() {
     let (config, state) = lab_files();
     let text = std::fs::read_to_string(&config).unwrap();
     let config = dir.0.join("config.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "{text}conntrack: {{stateFile: {}}}\n",
-            dir.0.join("conntrack").display()
-        ),
-    )
-    .unwrap();
+    // The lab's config keeps its table in memory (`stateFile: ""`); this one in a file.
+    let file = format!(
+        "conntrack: {{stateFile: {}}}",
+        dir.0.join("conntrack").display()
+    );
+    assert!(text.contains("conntrack: {stateFile: \"\"}"), "{text}");
+    std::fs::write(&config, text.replace("conntrack: {stateFile: \"\"}", &file)).unwrap();
     let (config, admin, takeover) = (
         config.display().to_string(),
         dir.0.join("admin.sock").display().to_string(),

@@ -2704,7 +2704,16 @@ nodeOverrides:
             let shown = match value {
                 yaml_serde::Value::String(s) if s.is_empty() => "\"\"".to_string(),
                 yaml_serde::Value::String(s) => s.clone(),
-                yaml_serde::Value::Sequence(_) => "[]".into(),
+                yaml_serde::Value::Sequence(items) => {
+                    let items: Vec<String> = items
+                        .iter()
+                        .map(|v| match v {
+                            yaml_serde::Value::String(s) => s.clone(),
+                            v => yaml_serde::to_string(v).unwrap().trim().to_string(),
+                        })
+                        .collect();
+                    format!("[{}]", items.join(", "))
+                }
                 yaml_serde::Value::Mapping(_) => "{}".into(),
                 v => yaml_serde::to_string(v).unwrap().trim().to_string(),
             };

@@ -570,10 +570,10 @@ impl<'a> FrontendRef<'a> {
 /// The smallest non-empty shard (slots).
 const FRONTEND_SHARD_MIN: usize = 8;
 /// A shard has at least this many slots per entry (it grows past a quarter full, and shrinks
-/// below a sixteenth). Half full, as until session 19, a quarter of the lookups at 30k Services
+/// below a sixteenth). Kept half full, a quarter of the lookups at 30k Services
 /// went past their home slot and the probe's branch was mispredicted 0.41 times per new
 /// connection, against none at 100 Services (callgrind's branch simulation): 30k Services cost
-/// a new connection 1.12x what 100 do (issue 13 goal 3: at most 1.1x).
+/// a new connection 1.12x what 100 do (the target: at most 1.1x).
 const FRONTEND_SLOTS_PER_ENTRY: usize = 4;
 
 /// One shard of the frontend table: two arrays of the same length, slot `i` of each holding the

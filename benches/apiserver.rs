@@ -106,6 +106,7 @@ fn main() {
                 backoff_min: Duration::from_millis(50),
                 backoff_max: Duration::from_millis(400),
                 watch_timeout_s: 290,
+                read_timeout: Duration::from_secs(90),
             },
         },
         Arc::new(Metrics::new()),

@@ -137,6 +137,7 @@ fn kubectl_drives_the_fake_api_server() {
                 backoff_min: Duration::from_millis(50),
                 backoff_max: Duration::from_millis(400),
                 watch_timeout_s: 290,
+                read_timeout: Duration::from_secs(90),
             },
         },
         Arc::new(Metrics::new()),

@@ -1,6 +1,7 @@
 //! The control loop against a stateful fake API server over HTTP (kube-rs watchers, the real
 //! sync code): initial sync, updates, deletes, selectors, a forced 410 and relist, a dropped
-//! connection, the server down for a while and back, a malformed object, metrics.
+//! connection, the server down for a while and back, the server answering 429 or 500 or nothing
+//! at all, a malformed object, metrics.
 //!
 //! Every wait is bounded; servers listen on ephemeral ports of 127.0.0.1 and stop with the test.
 
@@ -9,7 +10,7 @@ mod fake_apiserver;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fake_apiserver::FakeApiServer;
+use fake_apiserver::{FakeApiServer, Fault};
 use kxdp_control::metrics::Metrics;
 use kxdp_control::sources::kube::KubeOptions;
 use kxdp_control::sync::{ControlHandle, ControlLoop, Published, Source};
@@ -33,6 +34,7 @@ fn fast() -> KubeOptions {
         backoff_min: Duration::from_millis(50),
         backoff_max: Duration::from_millis(400),
         watch_timeout_s: 290,
+        read_timeout: Duration::from_secs(90),
     }
 }
 
@@ -117,11 +119,15 @@ fn wait_status(h: &ControlHandle, what: &str, pred: impl Fn(&kxdp_control::sync:
 }
 
 fn start(server: &FakeApiServer) -> (Arc<Published>, ControlHandle) {
+    start_with(server, fast())
+}
+
+fn start_with(server: &FakeApiServer, options: KubeOptions) -> (Arc<Published>, ControlHandle) {
     ControlLoop::spawn(
         config("0s"),
         Source::Kube {
             config: Box::new(server.kube_config()),
-            options: fast(),
+            options,
         },
         Arc::new(Metrics::new()),
     )
@@ -414,6 +420,58 @@ fn server_down_keeps_last_good_tables() {
     });
     wait_status(&h, "recovered", |st| st.source_errors.is_empty());
     h.shutdown();
+}
+
+/// The API server answering 429 (with Retry-After), 500, or accepting requests and answering
+/// nothing: the last good tables stay, the failure shows in the status and the metrics, and
+/// the changes made meanwhile arrive once it answers again.
+#[test]
+fn server_faults_keep_last_good_tables() {
+    for fault in [Fault::Status(429), Fault::Status(500), Fault::Hang] {
+        let server = seeded();
+        // A hung server is noticed after the read timeout: short here, 90 s by default.
+        let options = KubeOptions {
+            read_timeout: Duration::from_secs(1),
+            ..fast()
+        };
+        let (published, h) = start_with(&server, options);
+        wait_for(&published, "initial sync", |s| {
+            endpoints(s, "172.30.0.10", 80).is_some() && endpoints(s, "172.30.0.11", 5432).is_some()
+        });
+        wait_status(&h, "synced", |st| st.source_errors.is_empty());
+        server.set_fault(Some(fault));
+        wait_status(&h, &format!("{fault:?} reported"), |st| {
+            !st.source_errors.is_empty()
+        });
+        let text = h.metrics().encode();
+        assert!(
+            text.contains("kxdp_sync_source_errors_total{source=")
+                && text
+                    .lines()
+                    .any(|l| l.starts_with("kxdp_sync_source_up{") && l.ends_with(" 0")),
+            "{fault:?}: the metrics say the source is down: {text}"
+        );
+        // Changes the failing server does not deliver: the tables stay as they were.
+        server.delete("Service", "ns", "db");
+        server.apply(slice("web-1", "web", &["10.1.0.9"]));
+        std::thread::sleep(Duration::from_millis(300));
+        {
+            let s = published.load();
+            assert_eq!(
+                endpoints(&s, "172.30.0.10", 80),
+                Some(vec!["10.1.0.1:8080".into(), "10.1.0.2:8080".into()]),
+                "{fault:?}: forwarding continues on the last good tables"
+            );
+            assert!(endpoints(&s, "172.30.0.11", 5432).is_some(), "{fault:?}");
+        }
+        server.set_fault(None);
+        wait_for(&published, "the changes after the fault", |s| {
+            endpoints(s, "172.30.0.10", 80) == Some(vec!["10.1.0.9:8080".into()])
+                && endpoints(s, "172.30.0.11", 5432).is_none()
+        });
+        wait_status(&h, "recovered", |st| st.source_errors.is_empty());
+        h.shutdown();
+    }
 }
 
 #[test]

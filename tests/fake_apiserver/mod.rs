@@ -19,7 +19,8 @@
 //!
 //! And what the tests need: in-process writes (`apply`, `delete`), `drop_watches` (connections
 //! cut mid-stream), `send_gone` (410 on every open watch), `compact` (forget the event log),
-//! `stop`/`start` (the server down for a while), and a request log.
+//! `stop`/`start` (the server down for a while), `set_fault` (every request answered with an
+//! error status, or never answered), and a request log.
 #![allow(dead_code)]
 
 use std::collections::{BTreeMap, VecDeque};
@@ -195,6 +196,17 @@ struct Shared {
     /// gets 503, and a watch ends before it can deliver anything.
     stopped: std::sync::atomic::AtomicBool,
     bookmark_interval: Mutex<Duration>,
+    fault: Mutex<Option<Fault>>,
+}
+
+/// How the server misbehaves while a fault is set (`FakeApiServer::set_fault`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// Every request answered with this status (429 with `Retry-After: 1`, as the API server's
+    /// priority and fairness does; 500, 503...).
+    Status(u16),
+    /// Connections accepted, requests read, nothing ever answered.
+    Hang,
 }
 
 /// The server; it runs on its own runtime thread, so tests can be plain `#[test]`s.
@@ -226,6 +238,7 @@ impl FakeApiServer {
             kill,
             stopped: Default::default(),
             bookmark_interval: Mutex::new(Duration::from_millis(500)),
+            fault: Mutex::new(None),
         });
         let listener = rt
             .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
@@ -323,6 +336,15 @@ impl FakeApiServer {
     /// Cuts every open watch connection mid-stream (no 410: clients resume).
     pub fn drop_watches(&self) {
         self.shared.kill.send_modify(|v| *v += 1);
+    }
+
+    /// From now on every request meets `fault` (None: served again). Open watches are cut, so
+    /// that the clients' next requests meet it.
+    pub fn set_fault(&self, fault: Option<Fault>) {
+        *self.shared.fault.lock().unwrap() = fault;
+        if fault.is_some() {
+            self.drop_watches();
+        }
     }
 
     /// Sends `410 Gone` as an ERROR event on every open watch and ends them.
@@ -794,6 +816,37 @@ async fn handle(
             503,
             status(503, "ServiceUnavailable", "server stopped".into()),
         );
+    }
+    let fault = *shared.fault.lock().unwrap();
+    match fault {
+        Some(Fault::Hang) => {
+            // Unanswered while the fault lasts; afterwards (or once stopped) a 503 ends the
+            // request, so that a shutdown never waits on it.
+            while *shared.fault.lock().unwrap() == Some(Fault::Hang)
+                && !shared.stopped.load(Ordering::SeqCst)
+            {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            return reply(503, status(503, "ServiceUnavailable", "hang over".into()));
+        }
+        Some(Fault::Status(code)) => {
+            let reason = match code {
+                429 => "TooManyRequests",
+                500 => "InternalError",
+                503 => "ServiceUnavailable",
+                _ => "Unknown",
+            };
+            let mut r = reply(
+                code,
+                status(code, reason, format!("fault injected: {code}")),
+            );
+            if code == 429 {
+                r.headers_mut()
+                    .insert("retry-after", axum::http::HeaderValue::from_static("1"));
+            }
+            return r;
+        }
+        None => {}
     }
     let path = uri.path().trim_end_matches('/').to_string();
     let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();

@@ -15,7 +15,9 @@
 //! dropped connection or a timeout, and relists on `410 Gone` (kube-rs `watcher`). A relist is
 //! handed over whole (`Update::Relisted`): objects missing from it are deleted, as a reflector
 //! store replaces its contents on `InitDone`. Errors back off exponentially (`KubeOptions`) and
-//! are reported (`Update::SourceError`); the last good tables stay meanwhile.
+//! are reported (`Update::SourceError`); the last good tables stay meanwhile. While a watch
+//! fails, a list of one object (`Probe`, on the same backoff) notices the server answering again:
+//! a resumed watch yields nothing until its kind changes.
 //!
 //! Objects are read one by one (`Received<K>`), so that one object the typed model rejects is
 //! skipped and reported (its last good version stays), instead of failing the whole list and
@@ -92,6 +94,11 @@ pub struct KubeOptions {
     pub backoff_max: Duration,
     /// Server-side watch timeout (the watch is renewed from the last resourceVersion).
     pub watch_timeout_s: u32,
+    /// The longest the client waits for the next bytes of a response (kube-rs's
+    /// `read_timeout`): an API server that accepts connections and then answers nothing is a
+    /// source error after this long, instead of after kube-rs's 295 s. Above the API server's
+    /// bookmark interval (about a minute), so that a quiet watch is not cut.
+    pub read_timeout: Duration,
 }
 
 impl Default for KubeOptions {
@@ -101,6 +108,7 @@ impl Default for KubeOptions {
             backoff_min: Duration::from_millis(800),
             backoff_max: Duration::from_secs(30),
             watch_timeout_s: 290,
+            read_timeout: Duration::from_secs(90),
         }
     }
 }
@@ -244,6 +252,14 @@ pub fn spawn(
     tx: Sender<Update>,
 ) {
     rt.spawn(async move {
+        let mut config = config;
+        config.read_timeout = Some(options.read_timeout);
+        // Counted from each request, not from when its pooled connection went idle.
+        config.reset_reader_on_write = true;
+        // kube-rs would retry a 429 or 503 itself up to 15 times with a delay doubling from 5 ms
+        // (minutes in all) before the watcher saw an error: kxdp's own backoff retries every
+        // error instead, so that each one is reported while the server refuses.
+        config.default_retry = false;
         let client = match Client::try_from(config) {
             Ok(c) => c,
             Err(e) => {
@@ -847,7 +863,48 @@ impl Listing {
     }
 }
 
+/// While a watch fails: a list of one object of its kind (with the watch's selectors), after
+/// a delay that doubles as the watch's backoff does, to see the API server answer again.
+struct Probe {
+    api: Api<DynamicObject>,
+    params: kube::api::ListParams,
+    delay: Expo,
+}
+
+impl Probe {
+    fn new(client: &Client, spec: &WatchSpec, options: &KubeOptions) -> Probe {
+        let mut params = kube::api::ListParams::default().limit(1);
+        if let Some(l) = &spec.labels {
+            params = params.labels(l);
+        }
+        if let Some(f) = &spec.fields {
+            params = params.fields(f);
+        }
+        Probe {
+            api: Api::all_with(client.clone(), &spec.resource),
+            params,
+            delay: Expo {
+                min: options.backoff_min,
+                max: options.backoff_max,
+                next: options.backoff_min,
+            },
+        }
+    }
+
+    /// Waits the next delay, then asks: true when the server answered the list.
+    async fn answered(&mut self) -> bool {
+        let wait = self.delay.next().unwrap_or(self.delay.max);
+        tokio::time::sleep(wait).await;
+        self.api.list_metadata(&self.params).await.is_ok()
+    }
+
+    fn reset(&mut self) {
+        self.delay.reset();
+    }
+}
+
 async fn run(client: Client, spec: WatchSpec, options: KubeOptions, tx: Sender<Update>) {
+    let mut probe = Probe::new(&client, &spec, &options);
     let mut events = stream(client, &spec, &options);
     let mut listing: Option<Listing> = None;
     // What the store holds from this watch (`Got::Held`). Only mutated between polls, when
@@ -856,12 +913,32 @@ async fn run(client: Client, spec: WatchSpec, options: KubeOptions, tx: Sender<U
     let mut failing = false;
     let mut absent = false;
     loop {
-        let next = std::future::poll_fn(|cx| poll_with_held(&mut events, &held, cx)).await;
+        let next = std::future::poll_fn(|cx| poll_with_held(&mut events, &held, cx));
+        let next = if failing && !absent {
+            // A watch that resumes after an error yields nothing until the kind changes:
+            // a quiet kind would stay reported down for good. A small list says it is back.
+            tokio::select! {
+                next = next => next,
+                up = probe.answered() => {
+                    if up {
+                        failing = false;
+                        probe.reset();
+                        if tx.send(Update::SourceUp { source: spec.source.into() }).is_err() {
+                            return;
+                        }
+                    }
+                    continue;
+                }
+            }
+        } else {
+            next.await
+        };
         let Some(ev) = next else { break };
         let update = match ev {
             Ok(ev) => {
                 if failing && !matches!(ev, Event::Init | Event::InitApply(_)) {
                     failing = false;
+                    probe.reset();
                     if tx
                         .send(Update::SourceUp {
                             source: spec.source.into(),
@@ -917,6 +994,7 @@ async fn run(client: Client, spec: WatchSpec, options: KubeOptions, tx: Sender<U
                         held = Arc::new(l.held);
                         absent = false;
                         failing = false;
+                        probe.reset();
                         Update::Relisted {
                             source: spec.source.into(),
                             kind: spec.kind,

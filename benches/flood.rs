@@ -1,4 +1,4 @@
-//! SYN flood against a full conntrack table (issue 12): for floods of 10k, 100k and 1M SYN/s
+//! SYN flood against a full conntrack table: for floods of 10k, 100k and 1M SYN/s
 //! against tables of 1k, 100k and 1M entries, what happens to
 //! - established flows (200, or a fifth of the table if smaller), each sending a data packet and
 //!   getting an answer every 10 ms: their delivery (goal: 100%);

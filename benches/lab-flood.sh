@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# SYN flood on the lab (issue 12): the kernel's nf_conntrack (nftables DNAT) against kxdp
+# SYN flood on the lab: the kernel's nf_conntrack (nftables DNAT) against kxdp
 # (conntrack.maxEntries), same flood, same table sizes, same clients. For each table size
 # (KXDP_FLOOD_TABLES) and flood rate asked (KXDP_FLOOD_RATES, SYN/s, paced by `kxdp pcap send`):
 # established connections intact, legitimate new connections' success, the flood's SYNs that

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The summary of benches/lab.sh's target/lab-bench.jsonl as Markdown tables (stdout):
 per forwarder the highest delivered rate, the highest offered rate without loss (< 0.1%),
-CPU per packet and latency at half load, ratios, issue 13's goals for the AF_XDP path with
+CPU per packet and latency at half load, ratios, the goals for the AF_XDP path with
 met / not met, and every point of the loss curves with where its frames were lost (the
 counters that moved) and kxdp's worker's time on and waiting for its CPU.
 
@@ -46,7 +46,7 @@ def explain(counter):
         return counter + " (RX ring full: the worker was late)"
     return counter
 
-# Issue 13's goals for the AF_XDP path. Below saturation: points offered less than 90% of the
+# The goals for the AF_XDP path. Below saturation: points offered less than 90% of the
 # forwarder's highest delivered rate (the half-load point included).
 def below_saturation(m):
     best = summary[m]["best"]
@@ -74,7 +74,7 @@ for m in modes:
     s_ = summary[m]
     goals.append((f"{m}: CPU per packet, p50 / p99 at half load", f"{s_['cpu']:.0f} ns, {s_['p50']:.0f} / {s_['p99']:.0f} µs", "measured", "-"))
 print()
-print("| issue 13 goal (AF_XDP path) | measured | goal | status |")
+print("| goal (AF_XDP path) | measured | goal | status |")
 print("| --- | --- | --- | --- |")
 for g in goals:
     print("| " + " | ".join(g) + " |")

@@ -25,7 +25,7 @@
 #                                  # forwarder forwards on CPU 1: kxdp's worker is pinned there,
 #                                  # the kernel's paths are steered there by RPS)
 #   KXDP_BENCH_KERNEL_RPS=off      # the kernel's paths forward inside the generator's sendto()
-#                                  # on CPU 0 instead (sinks then on CPU 1): sessions 3-6's layout
+#                                  # on CPU 0 instead (sinks then on CPU 1)
 #   KXDP_BENCH_WORKER_RT=1         # kxdp's worker SCHED_FIFO: a dedicated CPU on this shared
 #                                  # machine (the kernel's paths run in softirq, which no
 #                                  # process delays either)
@@ -43,7 +43,7 @@
 # Per point, target/lab-bench.md explains the loss: the counters that moved (the veths' drops,
 # kxdp's sockets' kernel counters rx_dropped = fill ring empty and rx_ring_full, kxdp's own
 # drops by reason) and kxdp's worker thread's ms on its CPU and ms waiting for it (schedstat);
-# then issue 13's goals (kxdp >= 2x iptables, >= 0.8x the I/O floor, no loss below
+# then the AF_XDP path's goals (kxdp >= 2x iptables, >= 0.8x the I/O floor, no loss below
 # saturation) with met / not met.
 #
 # The method and the numbers are in docs/benchmarks.md ("AF_XDP lab").

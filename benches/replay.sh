@@ -16,7 +16,7 @@
 #             would find them all in conntrack); the table grows from 0 to NEW_PACKETS flows
 #   mixed-10k 10k established flows, then 1 packet in 10 a new connection, one pass
 #   baseline  the est-10k capture, no Services (see above)
-# Flow layouts (issue 13: the figures must hold for any layout), one worker, same sizes:
+# Flow layouts (the figures must hold for any layout), one worker, same sizes:
 #   est-10k-s100 / est-10k-s30k   10k flows over 100 Services (100 flows each) / 30k Services
 #   est-10k-c100 / est-10k-c1     10k flows from 100 client addresses (100 source ports each) /
 #                                 from one (a node's own processes, an ingress or a NAT gateway)
@@ -33,7 +33,7 @@
 # Established captures start with every flow's SYN; the "steady" columns exclude that first-pass
 # cost by difference: (time of REPEAT passes - time of 1 pass) / ((REPEAT - 1) × packets).
 #
-# After the table, a summary against issue 13's goals: one worker's Mpps per case and the worst
+# After the table, a summary against the replay goals: one worker's Mpps per case and the worst
 # over the flow layouts (established: est-10k*, new: new-*, mixed: mixed-*), two workers' total
 # against one worker's, and a new connection's cost at 30k Services and to one Service of 5,000
 # endpoints against 100 Services. Those ratios are paired: the two runs of a ratio go back to
@@ -289,7 +289,7 @@ if [[ $(id -u) == 0 && -d /dev/shm ]]; then
         "est-1m 1 $REPEAT_1M" "est-1m 1 $REPEAT_1M $HUGE_DIR"
 fi
 
-# summary: the goals of issue 13 against this run's figures.
+# summary: the replay goals against this run's figures.
 # val KEY [STEADY]: the case's figure ("-" when not measured)
 val() {
     if [[ ${2:-} == steady ]]; then echo "${STEADY[$1]:--}"; else echo "${MPPS[$1]:--}"; fi
@@ -310,7 +310,7 @@ goal_row() { # NAME MEASURED GOAL KIND(min|max)
     }'
 }
 echo
-echo "| issue 13 goal (one worker unless said)                | measured  | goal     | status       |"
+echo "| goal (one worker unless said)                         | measured  | goal     | status       |"
 echo "| ---------------------------------------------------- | --------- | -------- | ------------ |"
 goal_row "est-10k, Mpps (whole run)" "$(val est-10k.1)" 25 min
 goal_row "est-1m, Mpps (steady)" "$(val est-1m.1 steady)" 10 min

@@ -150,8 +150,8 @@ fn slice(layout: Layout, i: usize, k: usize, salt: usize) -> EndpointSlice {
     };
     // The big Service's changes move a slice's addresses by whole blocks of its size: each
     // change's addresses are new and in no other slice (the EndpointSlice controller never puts
-    // one endpoint in two slices of a Service; until session 5 a shift by `salt` left every
-    // changed slice sharing addresses with its neighbour for good).
+    // one endpoint in two slices of a Service; a shift by `salt` alone would leave every changed
+    // slice sharing addresses with its neighbour for good).
     let shift = if i == 0 { salt * BIG_ENDPOINTS } else { salt };
     let endpoints = (k * PER_SLICE..((k + 1) * PER_SLICE).min(total))
         .map(|j| Endpoint {
@@ -553,8 +553,8 @@ fn startup(layout: Layout, n: usize) -> String {
     let parse = t.elapsed();
     // The same documents, one thread, each straight into its type: `yaml_serde` alone (which
     // takes a plain `80` for a string: not strict enough for the fast path), and read strictly,
-    // as `sources/files_fast.rs` decodes them on every core (since session 7 the block-subset
-    // reader, `sources/files_subset.rs`, with `yaml_serde` for what it leaves).
+    // as `sources/files_fast.rs` decodes them on every core (the block-subset reader,
+    // `sources/files_subset.rs`, with `yaml_serde` for what it leaves).
     let documents: Vec<&str> = text.split("---\n").filter(|d| !d.is_empty()).collect();
     let serde_typed = typed_all(
         &documents,
@@ -693,7 +693,7 @@ fn pods(n: usize) {
                 + 2
         })
         .sum();
-    // Same-run baseline: the same records in the session 4 layout, one map keyed by
+    // Same-run baseline: the same records in the earlier layout, one map keyed by
     // `ObjectKey` (two `String`s per pod).
     let heap_b = live();
     let mut by_object_key: BTreeMap<ObjectKey, kxdp_control::model::PodRecord> = BTreeMap::new();

@@ -2,10 +2,8 @@
 //! node-a, `bridge` on node-b, `host-local` IPAM, dual-stack, `ipMasq: true`), an external host.
 //!
 //! `baseline_*`: no kxdp; the lab itself is right (the kernel forwards, the CNI masquerades).
-//! `kxdp_*`: `kxdp run` on both nodes with every interface listed at startup (what the current
-//! build needs), for the behaviours of issue 10 that it can show. The tests marked
-//! `#[ignore = "issue 10: needs ..."]` are the behaviours that need parts not built yet; they are
-//! complete tests, to be un-ignored as those parts land.
+//! `kxdp_*`: `kxdp run` on both nodes: Services, NodePorts, policy, the node's own traffic,
+//! and the DaemonSet's shape (interfaces by pattern: pods created and deleted while kxdp runs).
 
 mod cni;
 mod lab;
@@ -350,7 +348,7 @@ spec:
 }
 
 // ---------------------------------------------------------------------------------------------
-// Behaviours that need the parts of issue 10 not built yet.
+// The DaemonSet's shape: interfaces by pattern, pods that come and go.
 // ---------------------------------------------------------------------------------------------
 
 /// kxdp configured as a DaemonSet must be (`interfaces: [eth0, "veth*"]`, plus cni0 on the bridge

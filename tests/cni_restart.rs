@@ -1,4 +1,4 @@
-//! Connections across a restart of kxdp (issue 11), in the two-node CNI lab (tests/cni/mod.rs):
+//! Connections across a restart of kxdp, in the two-node CNI lab (tests/cni/mod.rs):
 //! long downloads from a pod on node-b, through node-a's kxdp, one from a pod on node-a to a
 //! ClusterIP (DNAT) and one from the external host to a NodePort of node-a (DNAT and masquerade),
 //! while node-a's kxdp is restarted:

@@ -564,8 +564,8 @@ fn pcap_send(c: &Cluster, mac: &str, rate: &str, seconds: &str, count: u64) -> u
 /// epoll), then the daemon stopped (SIGSTOP: as a busy node keeps a worker from its CPU) while
 /// 100 frames arrive, paced at 20 kpps, and continued. The kernel holds what arrives on the
 /// socket's RX ring as long as its fill ring has frames: every frame reaches the sinks and
-/// vpod3's socket counts no kernel drop. Until session 6 a socket that carried only small
-/// batches kept its base fill share (24 frames: a loop that took fewer than half of it never
+/// vpod3's socket counts no kernel drop. A socket that carried only small batches used to
+/// keep its base fill share (24 frames: a loop that took fewer than half of it never
 /// grew it), so the kernel dropped all but 24 of the burst (`rx_dropped`, fill ring empty);
 /// now any socket that carries traffic has at least `worker::ACTIVE_FILL` (128).
 #[test]

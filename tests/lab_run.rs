@@ -176,7 +176,7 @@ fn lab_nodeport_external_cluster_is_masqueraded() {
 /// (docs/afxdp.md): conntrack lives in the process, so the connection's state is lost. While kxdp
 /// is down the node's kernel gets the packets and drops them (no route to the ClusterIP,
 /// forwarding off); after the restart the stream's next packet is mid-connection without a
-/// conntrack entry and answered with a RST (`ct-lost`, issue 11): the old connection ends at once
+/// conntrack entry and answered with a RST (`ct-lost`): the old connection ends at once
 /// instead of stalling until the application gives up, and new connections work at once. (With
 /// `conntrack.stateFile` the connection continues: tests/cni_restart.rs.)
 #[test]

@@ -1,6 +1,6 @@
 //! Acceptance: a replay's verdicts (actions and reasons) do not depend on the worker count, also
 //! when connections expire by capture time all the way through, because every worker runs on the
-//! same capture clock (issue 12: before, 43 of these 12,000 verdicts differed between one and two
+//! same capture clock (without it, 43 of these 12,000 verdicts differed between one and two
 //! workers, and they differed from run to run).
 
 mod support;
@@ -109,8 +109,8 @@ fn verdicts_are_identical_for_any_worker_count_as_connections_expire() {
 /// The same capture against a table that holds a fraction of its connections (500 entries for
 /// ~3,000 live clients): most new connections find the table full, early drop evicts an
 /// unassured entry for each of them (or the connection is refused, `conntrack-full`), and which
-/// one goes must not depend on how many workers insert at once (issue 12: 305 of these 12,000
-/// verdicts differed between one and two workers).
+/// one goes must not depend on how many workers insert at once (without the single-worker
+/// fallback, 305 of these 12,000 verdicts differed between one and two workers).
 #[test]
 fn verdicts_are_identical_for_any_worker_count_at_a_full_table() {
     let mut env = udp_dns_env();

@@ -1,4 +1,4 @@
-//! Acceptance: NAT at the edges (issue 3), packets in and packets out through the real
+//! Acceptance: NAT at the edges, packets in and packets out through the real
 //! `kxdp replay` binary. ICMP/ICMPv6 errors about tracked connections, in both directions;
 //! IPv4 fragments and IPv6 fragment headers; non-SYN TCP without a connection, RST/FIN and
 //! TIME_WAIT reuse; stale UDP state across a published state update; an SCTP association.

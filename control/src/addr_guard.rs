@@ -1,4 +1,4 @@
-//! Service addresses and ranges that would take over this node's own traffic (issue 12; the
+//! Service addresses and ranges that would take over this node's own traffic (the
 //! CVE-2020-8554 class). Called from the translation entry points (`translate::globals` and
 //! `translate::translate_service`) on their output, so the translation itself stays as it is.
 //!
@@ -186,7 +186,7 @@ spec:
 
     #[test]
     fn a_cluster_ip_equal_to_a_node_address_is_refused() {
-        // Issue 12: it captured the node's SSH port and rejected every other port of the node.
+        // Unguarded, it captured the node's SSH port and rejected every other port of the node.
         let t = run("serviceCIDRs: [172.30.0.0/16]\n", &svc("192.168.0.2", ""));
         assert!(!has(&t, "192.168.0.2", 22));
         assert!(!t
@@ -222,7 +222,7 @@ spec:
 
     #[test]
     fn service_cidrs_over_node_or_pod_ranges_are_left_out() {
-        // Issue 12: a ServiceCIDR of 0.0.0.0/0 dropped pod-to-pod and node traffic.
+        // Unguarded, a ServiceCIDR of 0.0.0.0/0 dropped pod-to-pod and node traffic.
         let state = format!(
             "{}---
 apiVersion: networking.k8s.io/v1

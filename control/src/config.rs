@@ -2281,7 +2281,7 @@ workers: {count: 2, cpus: [0, 1]}
         );
     }
 
-    // issue 12: values that crashed or silently broke the daemon are refused in plain words.
+    // Values that would crash or silently break the daemon are refused in plain words.
     #[test]
     fn huge_conntrack_table_refused() {
         let e = load_err("conntrack:\n  maxEntries: 4294967295\n");

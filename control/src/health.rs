@@ -15,8 +15,8 @@
 //! Every answer is counted in `kubeproxy_proxy_healthz_total{code}` / `kubeproxy_proxy_livez_total{code}`.
 //!
 //! The servers (these and the metrics server) are hyper's HTTP/1.1, one request per connection,
-//! with bounds a slow or hostile client cannot stretch (issue 12: 200 trickling clients were all
-//! held for as long as they trickled): at most `HTTP_LIMITS.max_connections` connections at once
+//! with bounds a slow or hostile client cannot stretch (unbounded, 200 trickling clients were
+//! all held for as long as they trickled): at most `HTTP_LIMITS.max_connections` connections at once
 //! per server (beyond, a new connection is closed at once) and `HTTP_LIMITS.deadline` for a
 //! connection's whole life, request and answer included.
 
@@ -525,7 +525,7 @@ ports: [{port: 80}]
 
     #[tokio::test]
     async fn slow_clients_are_bounded_in_number_and_time() {
-        // Issue 12: slowloris clients trickling bytes were held for as long as they trickled.
+        // Unbounded, slowloris clients trickling bytes were held for as long as they trickled.
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = l.local_addr().unwrap();

@@ -159,8 +159,8 @@ impl Scan {
             }
             if !SPECIAL[usize::from(b)] {
                 // Plain text and blanks change nothing but `leading` and `prev` (the deepest
-                // nesting is already counted): skip the run (session 7: byte by byte, this
-                // check was 30 % of the decoding threads' CPU once parsing got fast).
+                // nesting is already counted): skip the run (byte by byte, this check
+                // was 30 % of the decoding threads' CPU once parsing got fast).
                 let run = rest[i..]
                     .iter()
                     .position(|&c| SPECIAL[usize::from(c)])
@@ -259,7 +259,7 @@ mod tests {
 
     #[test]
     fn deep_flow_nesting_is_refused_naming_the_line() {
-        // Issue 12: 200,000 nested `[` kept the parser busy for 126 s.
+        // Unbounded, 200,000 nested `[` kept the parser busy for 126 s.
         let text = format!("a: 1\nb: {}", "[".repeat(200_000));
         let err = check(&text).unwrap_err();
         assert_eq!(err, LimitError::TooDeep { line: 2 });

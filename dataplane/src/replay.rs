@@ -19,15 +19,15 @@
 //! millisecond form an *epoch*: every worker handles its packets of epoch k at that time, in
 //! batches of its own, and waits for the others before epoch k+1 (lockstep). So a connection's
 //! expiry, the expiry scan and early drops see the same clock in every worker, and verdicts do
-//! not depend on the worker count even when the table is under pressure (issue 12: without the
-//! lockstep a worker ran seconds of capture time ahead and expired or evicted what another still
+//! not depend on the worker count even when the table is under pressure (without the lockstep a
+//! worker ran seconds of capture time ahead and expired or evicted what another still
 //! used). Every packet runs at exactly the clock it would with a barrier per batch; the barrier is
 //! only as frequent as the clock moves (about once per 1,000 packets at a packet per
 //! microsecond, instead of once per 64), so workers scale.
 //!
 //! A full table is the exception: which entry early drop evicts for a new connection depends on
 //! where entries sit in the slab and the index, and on which inserts of a batch come first — so
-//! on how the workers' inserts interleave (issue 12: 305 of 12,000 verdicts differed). The
+//! on how the workers' inserts interleave (305 of 12,000 verdicts differed). The
 //! sequential dry run that steers packets (below) sees the table's peak occupancy; a capture
 //! that brings the table within [`pressure_margin`] of full is replayed by one worker, so its
 //! verdicts are exactly those of `--workers 1` at any table pressure, and every other capture
@@ -489,7 +489,7 @@ struct Lockstep<'a> {
 /// `routes` are given) `repeat` times, epoch by epoch in step with the other workers, handing
 /// every batch's (pass, indexes, verdicts, frames) to `on_batch`.
 // Out of line: called once per worker; a build that inlined it into the worker's closure
-// (session 14) lost the function the benchmarks' callgrind figure (`replay::drive` inclusive)
+// lost the function the benchmarks' callgrind figure (`replay::drive` inclusive)
 // names.
 #[inline(never)]
 #[allow(clippy::too_many_arguments)]

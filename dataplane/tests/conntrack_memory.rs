@@ -1,4 +1,4 @@
-//! Memory per tracked connection (issue 13: at most 128 bytes, both directions and the index
+//! Memory per tracked connection (the goal: at most 128 bytes, both directions and the index
 //! included): the process's resident memory grows by the table when it is made (it is
 //! preallocated and prefaulted, sized by `maxEntries`) and by nothing more when a million
 //! connections fill it. A measurement, not a timed test: ignored by default; run with

@@ -2,7 +2,7 @@
 //! fast path before each read), so these index directly; a wrong offset is a bug, not bad input.
 
 // Through `arr` (one range check, one load): indexing byte by byte was a check and a load per
-// byte, 35 instructions per packet in the NAT rewrite's `get32`s alone (session 6 profile).
+// byte, 35 instructions per packet in the NAT rewrite's `get32`s alone (callgrind).
 #[inline(always)]
 pub(crate) fn get16(b: &[u8], off: usize) -> u16 {
     u16::from_be_bytes(arr(b, off))

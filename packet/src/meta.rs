@@ -172,7 +172,7 @@ pub fn parse(frame: &[u8], link: LinkType) -> Result<Parsed, ParseError> {
 /// and words; copying them as a block right after stalls on store forwarding).
 // Always inlined: called out of line (as the pipeline's grown parse loop let the compiler
 // choose), the fields it stores one by one were read back at once by `Tuple::from_meta`, a
-// store-forwarding stall per packet in the replay profile (session 5).
+// store-forwarding stall per packet in the replay profile.
 #[inline(always)]
 pub fn parse_into(frame: &[u8], link: LinkType, m: &mut PacketMeta) -> Result<bool, ParseError> {
     let (l3, v6) = match link {

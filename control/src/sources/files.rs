@@ -719,7 +719,7 @@ metadata: {name: old}
 
     #[test]
     fn a_fifo_is_refused_not_read() {
-        // Issue 12: a FIFO in place of the state file blocked the file source for ever.
+        // Read, a FIFO in place of the state file would block the file source for ever.
         let dir = tempfile::tempdir().unwrap();
         let fifo = dir.path().join("state.yaml");
         mkfifo(&fifo);

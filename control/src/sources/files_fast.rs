@@ -1,5 +1,5 @@
-//! The fast path of `--state` YAML (issue 14: 47 MB of manifests took 5.7-10.9 s to load, the
-//! parser building a JSON tree of every document and a second pass turning it into the typed
+//! The fast path of `--state` YAML (the plain way, 47 MB of manifests took 5.7-10.9 s to load,
+//! the parser building a JSON tree of every document and a second pass turning it into the typed
 //! objects). Here the text is split at its document markers and the documents are decoded on
 //! all cores, each straight into its k8s-openapi type in one pass, by `files_subset.rs` (or
 //! `yaml_serde` for what it leaves) read through `files_strict.rs` (`typed`), as strictly as the
@@ -214,7 +214,7 @@ fn head(text: &str) -> Option<(&str, &str)> {
 /// meaning; anything else goes to the reader. Merge keys (`<<`) and duplicate keys are read as
 /// the reader reads them (`<<` an ordinary key, the last duplicate wins), through the same parser.
 ///
-/// Until session 5 this was `serde-saphyr` (its `no_schema` options made it as strict), which
+/// This was `serde-saphyr` at first (its `no_schema` options made it as strict), which
 /// decodes at 0.38-0.42× the speed of `yaml_serde` (docs/benchmarks.md, "Tried and not kept").
 fn typed<T: DeserializeOwned>(text: &str) -> Option<Box<T>> {
     super::strict::from_str(text).map(Box::new)

@@ -1,6 +1,6 @@
 //! A reader of the block-style YAML subset that kubectl, `kxdp pcap gen` and the sync bench
 //! write, handing each document straight to serde with its scalars borrowed from the text
-//! (issue 14: libyaml's scanner and parser and `yaml_serde`'s event vector, which copies every
+//! (libyaml's scanner and parser and `yaml_serde`'s event vector, which copies every
 //! scalar, were about half of a 30,000-Service startup).
 //!
 //! Written by hand because no crate does it without a C toolchain: `yaml_serde` (libyaml

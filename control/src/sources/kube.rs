@@ -24,7 +24,7 @@
 //! stalling the kind. A kind the server does not serve (404, e.g. ServiceCIDR on an older
 //! cluster) counts as empty, so that it never holds up the first sync.
 //!
-//! Lists at cluster scale (issue 14: 30,000 Services × 10 endpoints): while kube-rs fetches a
+//! Lists at cluster scale (30,000 Services × 10 endpoints): while kube-rs fetches a
 //! list's pages one after the other on the sources' thread, only each object's metadata is read
 //! there; its text is decoded into the k8s-openapi type on tokio's blocking pool, in chunks of
 //! `DECODE_CHUNK`, at most one chunk per core at a time per watch, overlapping the next pages'
@@ -398,7 +398,7 @@ decodable!(Node => Node, Service => Service, EndpointSlice => EndpointSlice,
 /// name and the reason. Never a deserialization error: one bad object must not fail the page
 /// it came in (the list would stall), so it is skipped and reported instead.
 ///
-/// Issue 14: objects went JSON → `DynamicObject` (through serde's buffering of flattened
+/// Decoded the plain way, objects went JSON → `DynamicObject` (through serde's buffering of flattened
 /// fields) → JSON values again → typed, three conversions; a 30k-Service list took 16.5 s.
 pub struct Received<K> {
     /// Name, namespace and resourceVersion (what the watcher and the key read).

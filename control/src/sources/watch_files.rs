@@ -9,7 +9,7 @@
 //! invalid object) is reported naming the file, document and field, and the last good tables
 //! stay; the next change is read again.
 //!
-//! Careless writes (issue 12):
+//! Careless writes:
 //! - Only a settled state is read: its fingerprint must be the same at two polls in a row, and
 //!   again after reading it. A file caught mid-write (`: > state.yaml`, an editor's truncate and
 //!   rewrite, a slow copy) is read once the writer is done; a file replaced by rename settles at
@@ -58,8 +58,8 @@ pub fn fingerprint(path: &Path) -> Result<Fingerprint, String> {
 
 /// The state as read before the watch starts (`kxdp run` reads it at start to refuse bad input
 /// with exit 2), with the fingerprint the files had before it was read: the watch sends it as
-/// its first state instead of reading the files a second time (issue 14: at 30,000 Services a
-/// read is most of the startup), once the files are seen settled as for any read.
+/// its first state instead of reading the files a second time (at 30,000 Services a read is
+/// most of the startup), once the files are seen settled as for any read.
 pub struct Preloaded {
     fingerprint: Result<Fingerprint, String>,
     taken: Instant,
@@ -294,7 +294,7 @@ mod tests {
 
     #[test]
     fn a_file_caught_mid_write_is_not_published() {
-        // Issue 12: `: > state.yaml` while the daemon ran emptied the tables at once.
+        // Read as it was, `: > state.yaml` while the daemon ran would empty the tables at once.
         let dir = tempfile::tempdir().unwrap();
         let f = dir.path().join("state.yaml");
         let mut tick = 0;

@@ -17,8 +17,8 @@ use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kxdp_dataplane::snapshot::{
-    EmptyAction, Endpoint, EndpointRange, Frontend, FrontendKey, FrontendKind, NodeInfo, PrefixSet,
-    Route, ServicePortInfo, Snapshot, SourceClass,
+    EmptyAction, Endpoint, EndpointRange, Frontend, FrontendKey, FrontendKind, ListedEndpoints,
+    NodeInfo, PrefixSet, Route, ServicePortInfo, Snapshot, SourceClass,
 };
 use kxdp_packet::Addr;
 
@@ -112,7 +112,7 @@ pub struct ServiceOutput {
     pub ports: Vec<Arc<ServicePortInfo>>,
     /// Per Service port (by id): every endpoint its slices list, whatever its conditions
     /// (`Snapshot::listed_endpoints`).
-    pub listed: Vec<(u32, Arc<[(Addr, u16)]>)>,
+    pub listed: Vec<(u32, ListedEndpoints)>,
     pub problems: Vec<Problem>,
     /// Service ports with a Local policy, endpoints, none local: (internal, external).
     pub no_local: (i64, i64),

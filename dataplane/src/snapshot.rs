@@ -169,6 +169,10 @@ pub struct ServicePortInfo {
     pub affinity_timeout_s: u32,
 }
 
+/// Every endpoint (address, target port) a Service port's EndpointSlices list, sorted
+/// (`Snapshot::listed_endpoints`).
+pub type ListedEndpoints = Arc<[(Addr, u16)]>;
+
 /// A set of IP prefixes of both families, matched linearly: the sets a packet is tested against
 /// (cluster CIDRs, service CIDRs, source ranges) hold a handful of prefixes.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -926,7 +930,7 @@ pub struct Snapshot {
     /// reset (`stale::reconcile`); a terminating endpoint is still listed, so its connections
     /// drain. A Service port with no list here (the Service is gone, or the snapshot was built
     /// without lists) leaves its connections alone.
-    pub listed_endpoints: ShardedMap<u32, Arc<[(Addr, u16)]>>,
+    pub listed_endpoints: ShardedMap<u32, ListedEndpoints>,
     /// NetworkPolicy: the compiled rules of this node's pods (empty: nothing is isolated).
     pub policy: Arc<crate::policy::PolicyTables>,
 }

@@ -392,3 +392,88 @@ fn removed_backend_resets_its_clients() {
     assert_eq!(count, 1000);
     drop(kxdp);
 }
+
+/// As `removed_backend_resets_its_clients`, across a restart with the conntrack state file: the
+/// endpoint is removed while kxdp is down; the new process continues the connection from the
+/// file, and its first tables find the endpoint gone, so the client's next send is reset.
+#[test]
+fn backend_removed_while_kxdp_is_down_resets_its_clients() {
+    if !lab::available("backend_removed_while_kxdp_is_down_resets_its_clients") {
+        return;
+    }
+    let (config, state) = lab_files();
+    let dir = tempfile::tempdir().unwrap();
+    let config_text = std::fs::read_to_string(&config).unwrap();
+    let ct_file = dir.path().join("conntrack");
+    let with_file = config_text.replace(
+        "conntrack: {stateFile: \"\"}",
+        &format!(
+            "conntrack: {{stateFile: \"{}\", stateFileHugePages: false}}",
+            ct_file.display()
+        ),
+    );
+    assert_ne!(
+        with_file, config_text,
+        "the lab config names its state file"
+    );
+    let config = dir.path().join("config.yaml");
+    std::fs::write(&config, with_file).unwrap();
+    let config = config.to_str().unwrap().to_string();
+    let cluster = std::fs::read_to_string(&state).unwrap();
+    let both = "- {addresses: [10.1.0.11], conditions: {ready: true}, nodeName: node-a}\n\
+                - {addresses: [10.1.0.12], conditions: {ready: true}, nodeName: node-a}\n";
+    let only = |ip: &str| {
+        cluster.replace(
+            both,
+            &format!("- {{addresses: [{ip}], conditions: {{ready: true}}, nodeName: node-a}}\n"),
+        )
+    };
+    let states = dir.path().join("state");
+    std::fs::create_dir(&states).unwrap();
+    std::fs::write(states.join("cluster.yaml"), only("10.1.0.11")).unwrap();
+    let c = Cluster::build();
+    let _servers = [
+        Servers::start(c.pod("web-1"), "10.1.0.11"),
+        Servers::start(c.pod("web-2"), "10.1.0.12"),
+    ];
+    let mut kxdp = Kxdp::start(&c.node, &config, states.to_str().unwrap());
+    let client = c.pod("client-1").to_string();
+    let path = Lab::path(&client);
+    let s = std::thread::spawn(move || {
+        kxdp_dataplane::io::enter_netns(&path).unwrap();
+        TcpStream::connect_timeout(&"172.30.0.10:80".parse().unwrap(), Duration::from_secs(5))
+            .unwrap()
+    })
+    .join()
+    .unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut greeting = String::new();
+    BufReader::new(s.try_clone().unwrap())
+        .read_line(&mut greeting)
+        .unwrap();
+    assert_eq!(host(greeting.trim()), "10.1.0.13", "greeted by web-1");
+    let st = kxdp.stop().expect("kxdp exited");
+    assert!(st.success(), "{st:?}");
+    // While kxdp is down, web-1 vanishes and its endpoint is removed.
+    lab::ip(c.pod("web-1"), "link del eth0");
+    std::fs::write(states.join("cluster.yaml"), only("10.1.0.12")).unwrap();
+    let kxdp = Kxdp::start(&c.node, &config, states.to_str().unwrap());
+    let marked = "TCP connections of removed endpoints marked";
+    assert!(
+        lab::wait_until(Duration::from_secs(10), || kxdp
+            .stderr
+            .lock()
+            .unwrap()
+            .contains(marked)),
+        "the restored connection was marked:\n{}",
+        kxdp.stderr.lock().unwrap()
+    );
+    let t0 = Instant::now();
+    s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    let _ = (&s).write_all(b"hello again");
+    let mut buf = [0u8; 64];
+    let e = (&s).read(&mut buf).expect_err("the connection is reset");
+    assert_eq!(e.kind(), ErrorKind::ConnectionReset, "{e}");
+    assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
+    drop(kxdp);
+}

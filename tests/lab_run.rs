@@ -2,12 +2,13 @@
 //! client pod in network namespaces) with real sockets: ClusterIP TCP and UDP with responses
 //! reverse-NATed, NodePort from the external client (masqueraded; externalTrafficPolicy Local
 //! keeps the client's address), a Service without endpoints refused at once, an ICMP error
-//! translated back through the NAT, a NetworkPolicy deny that times the client out, and a kxdp
-//! restart during a long transfer.
+//! translated back through the NAT, a NetworkPolicy deny that times the client out, a kxdp
+//! restart during a long transfer, and the clients of a backend that vanished reset once its
+//! endpoint is removed.
 
 mod lab;
 
-use std::io::{BufRead, BufReader, ErrorKind, Write};
+use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
 use std::net::{Shutdown, TcpStream, UdpSocket};
 use std::time::{Duration, Instant};
 
@@ -295,4 +296,184 @@ spec:
             .unwrap_err()
     });
     assert_eq!(e.kind(), ErrorKind::ConnectionRefused);
+}
+
+/// A backend that vanishes without closing (its pod's interface deleted while a client holds a
+/// keep-alive connection to it through the ClusterIP): until the endpoint's removal arrives the
+/// client's data goes unanswered (it would retransmit until its own timeout); once the state
+/// without the endpoint is published, the client's next send is answered with a RST from the
+/// frontend (`backend-gone`) and the connection fails with ECONNRESET within a second, and a new
+/// connection goes to the endpoint still listed (docs/nat.md §4).
+#[test]
+fn removed_backend_resets_its_clients() {
+    if !lab::available("removed_backend_resets_its_clients") {
+        return;
+    }
+    let (config, state) = lab_files();
+    let cluster = std::fs::read_to_string(&state).unwrap();
+    let both = "- {addresses: [10.1.0.11], conditions: {ready: true}, nodeName: node-a}\n\
+                - {addresses: [10.1.0.12], conditions: {ready: true}, nodeName: node-a}\n";
+    assert_eq!(cluster.matches(both).count(), 1, "the lab's web endpoints");
+    let only = |ip: &str| {
+        cluster.replace(
+            both,
+            &format!("- {{addresses: [{ip}], conditions: {{ready: true}}, nodeName: node-a}}\n"),
+        )
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let state_file = dir.path().join("cluster.yaml");
+    std::fs::write(&state_file, only("10.1.0.11")).unwrap();
+    let c = Cluster::build();
+    let _servers = [
+        Servers::start(c.pod("web-1"), "10.1.0.11"),
+        Servers::start(c.pod("web-2"), "10.1.0.12"),
+    ];
+    let kxdp = Kxdp::start(&c.node, &config, dir.path().to_str().unwrap());
+    let client = c.pod("client-1").to_string();
+    // The keep-alive connection, to web-1 (the only endpoint), greeted by the server.
+    let (to_client, conn) = std::sync::mpsc::channel::<TcpStream>();
+    let path = Lab::path(&client);
+    std::thread::spawn(move || {
+        kxdp_dataplane::io::enter_netns(&path).unwrap();
+        let s =
+            TcpStream::connect_timeout(&"172.30.0.10:80".parse().unwrap(), Duration::from_secs(5))
+                .unwrap();
+        to_client.send(s).unwrap();
+    })
+    .join()
+    .unwrap();
+    let mut s = conn.recv().unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut greeting = String::new();
+    BufReader::new(s.try_clone().unwrap())
+        .read_line(&mut greeting)
+        .unwrap();
+    assert_eq!(host(greeting.trim()), "10.1.0.13", "greeted by web-1");
+    // web-1 vanishes without a FIN or a RST: its interface is deleted (its host veth with it).
+    lab::ip(c.pod("web-1"), "link del eth0");
+    // Before the removal arrives, the client's data goes unanswered.
+    s.write_all(b"are you there?").unwrap();
+    s.set_read_timeout(Some(Duration::from_millis(700)))
+        .unwrap();
+    let mut buf = [0u8; 64];
+    let e = (&s)
+        .read(&mut buf)
+        .expect_err("no answer from a vanished backend");
+    assert!(
+        matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut),
+        "no reset before the removal: {e}"
+    );
+    // The EndpointSlice update: web-1 removed for good.
+    std::fs::write(&state_file, only("10.1.0.12")).unwrap();
+    let marked = "TCP connections of removed endpoints marked";
+    assert!(
+        lab::wait_until(Duration::from_secs(10), || kxdp
+            .stderr
+            .lock()
+            .unwrap()
+            .contains(marked)),
+        "the removal was published and the connection marked:\n{}",
+        kxdp.stderr.lock().unwrap()
+    );
+    let t0 = Instant::now();
+    s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    // The next send (a retransmission of the unanswered data may come first) is reset.
+    let _ = s.write_all(b"hello again");
+    let e = (&s).read(&mut buf).expect_err("the connection is reset");
+    assert_eq!(e.kind(), ErrorKind::ConnectionReset, "{e}");
+    assert!(
+        t0.elapsed() < Duration::from_secs(1),
+        "reset within a second: {:?}",
+        t0.elapsed()
+    );
+    // A new connection goes to the endpoint still listed.
+    let (peer, count) = tcp_exchange(&client, "172.30.0.10:80", 1000);
+    assert_eq!(host(&peer), "10.1.0.13");
+    assert_eq!(count, 1000);
+    drop(kxdp);
+}
+
+/// As `removed_backend_resets_its_clients`, across a restart with the conntrack state file: the
+/// endpoint is removed while kxdp is down; the new process continues the connection from the
+/// file, and its first tables find the endpoint gone, so the client's next send is reset.
+#[test]
+fn backend_removed_while_kxdp_is_down_resets_its_clients() {
+    if !lab::available("backend_removed_while_kxdp_is_down_resets_its_clients") {
+        return;
+    }
+    let (config, state) = lab_files();
+    let dir = tempfile::tempdir().unwrap();
+    let config_text = std::fs::read_to_string(&config).unwrap();
+    let ct_file = dir.path().join("conntrack");
+    let with_file = config_text.replace(
+        "conntrack: {stateFile: \"\"}",
+        &format!(
+            "conntrack: {{stateFile: \"{}\", stateFileHugePages: false}}",
+            ct_file.display()
+        ),
+    );
+    assert_ne!(
+        with_file, config_text,
+        "the lab config names its state file"
+    );
+    let config = dir.path().join("config.yaml");
+    std::fs::write(&config, with_file).unwrap();
+    let config = config.to_str().unwrap().to_string();
+    let cluster = std::fs::read_to_string(&state).unwrap();
+    let both = "- {addresses: [10.1.0.11], conditions: {ready: true}, nodeName: node-a}\n\
+                - {addresses: [10.1.0.12], conditions: {ready: true}, nodeName: node-a}\n";
+    let only = |ip: &str| {
+        cluster.replace(
+            both,
+            &format!("- {{addresses: [{ip}], conditions: {{ready: true}}, nodeName: node-a}}\n"),
+        )
+    };
+    let states = dir.path().join("state");
+    std::fs::create_dir(&states).unwrap();
+    std::fs::write(states.join("cluster.yaml"), only("10.1.0.11")).unwrap();
+    let c = Cluster::build();
+    let _servers = [
+        Servers::start(c.pod("web-1"), "10.1.0.11"),
+        Servers::start(c.pod("web-2"), "10.1.0.12"),
+    ];
+    let mut kxdp = Kxdp::start(&c.node, &config, states.to_str().unwrap());
+    let client = c.pod("client-1").to_string();
+    let path = Lab::path(&client);
+    let s = std::thread::spawn(move || {
+        kxdp_dataplane::io::enter_netns(&path).unwrap();
+        TcpStream::connect_timeout(&"172.30.0.10:80".parse().unwrap(), Duration::from_secs(5))
+            .unwrap()
+    })
+    .join()
+    .unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut greeting = String::new();
+    BufReader::new(s.try_clone().unwrap())
+        .read_line(&mut greeting)
+        .unwrap();
+    assert_eq!(host(greeting.trim()), "10.1.0.13", "greeted by web-1");
+    let st = kxdp.stop().expect("kxdp exited");
+    assert!(st.success(), "{st:?}");
+    // While kxdp is down, web-1 vanishes and its endpoint is removed.
+    lab::ip(c.pod("web-1"), "link del eth0");
+    std::fs::write(states.join("cluster.yaml"), only("10.1.0.12")).unwrap();
+    let kxdp = Kxdp::start(&c.node, &config, states.to_str().unwrap());
+    let marked = "TCP connections of removed endpoints marked";
+    assert!(
+        lab::wait_until(Duration::from_secs(10), || kxdp
+            .stderr
+            .lock()
+            .unwrap()
+            .contains(marked)),
+        "the restored connection was marked:\n{}",
+        kxdp.stderr.lock().unwrap()
+    );
+    let t0 = Instant::now();
+    s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    let _ = (&s).write_all(b"hello again");
+    let mut buf = [0u8; 64];
+    let e = (&s).read(&mut buf).expect_err("the connection is reset");
+    assert_eq!(e.kind(), ErrorKind::ConnectionReset, "{e}");
+    assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
+    drop(kxdp);
 }

@@ -1592,57 +1592,204 @@ fn udp_service_from_no_endpoints_to_some() {
     expect_stream_to(&r, 5..8, STATS_NEW);
 }
 
-/// Conntrack survives a publication for TCP: a connection established before the endpoint change
-/// keeps its backend (both directions), while a new connection after it goes to the new endpoint.
-#[test]
-fn tcp_connection_keeps_backend_across_endpoint_change() {
-    let mut env = Env::new();
-    env.add_all(web_service(&[WEB_EP], &[WEB_EP6]));
-    let state2 = env.write_state_update("state2.yaml", &web_service(&[WEB_EP_NEW], &[WEB_EP6]));
+/// The `web` Service with its IPv4 slice's endpoints as given (conditions included).
+fn web_service_eps(eps4: Vec<Value>) -> Vec<Value> {
+    let mut objs = web_service(&[], &[WEB_EP6]);
+    objs[1]["endpoints"] = json!(eps4);
+    objs
+}
+
+/// The SYNs of `n` connections to the `web` ClusterIP from one client's ports, 0.1 s apart.
+fn web_syns(n: u16) -> Vec<(u64, Vec<u8>)> {
     let vip = format!("{WEB_VIP}:80");
-    let client = "10.1.0.50:47000";
+    (0..n)
+        .map(|i| {
+            (
+                T0_NS + i as u64 * 100_000_000,
+                syn(&format!("10.1.0.50:{}", 47000 + i), &vip),
+            )
+        })
+        .collect()
+}
+
+/// Which endpoint each of `web_syns(n)` went to, from a replay of the SYNs alone (replay is
+/// deterministic: the same capture prefix makes the same choices).
+fn web_backends(env: &Env, n: u16) -> Vec<SocketAddr> {
+    let r = env.replay_at(&web_syns(n));
+    (0..n as usize)
+        .map(|i| vsock(r.expect(i, "forward", "service-dnat"), "dst"))
+        .collect()
+}
+
+/// `n` established connections to `web` (handshakes before 5 s: the SYNs, then each backend's
+/// SYN-ACK and its client's ACK), then at 6 s and 7 s one data segment per connection from its
+/// client, and at 8 s one from each backend, with a state update at 5 s: the replay, and the
+/// backend each connection went to.
+fn web_connections_across(
+    env: &Env,
+    update: &std::path::Path,
+    n: u16,
+) -> (Replay, Vec<SocketAddr>) {
+    let backends = web_backends(env, n);
+    let vip = format!("{WEB_VIP}:80");
     let s = 1_000_000_000u64;
-    let backend = format!("{WEB_EP}:8080");
-    let pkts = vec![
-        (T0_NS, syn(client, &vip)),
+    let mut pkts = web_syns(n);
+    for (i, b) in backends.iter().enumerate() {
+        let client = format!("10.1.0.50:{}", 47000 + i);
+        let t = T0_NS + 2 * s + i as u64 * 100_000_000;
+        pkts.push((
+            t,
+            tcp(
+                &b.to_string(),
+                &client,
+                flags::SYN | flags::ACK,
+                5000,
+                1001,
+                b"",
+            ),
+        ));
+        pkts.push((t + s, tcp(&client, &vip, flags::ACK, 1001, 5001, b"")));
+    }
+    for (k, at) in [6u64, 7].into_iter().enumerate() {
+        for i in 0..n as usize {
+            let client = format!("10.1.0.50:{}", 47000 + i);
+            let seq = 1001 + 5 * k as u32;
+            let t = T0_NS + at * s + i as u64 * 1_000_000;
+            pkts.push((
+                t,
+                tcp(&client, &vip, flags::ACK | flags::PSH, seq, 5001, b"hello"),
+            ));
+        }
+    }
+    for (i, b) in backends.iter().enumerate() {
+        let client = format!("10.1.0.50:{}", 47000 + i);
+        let t = T0_NS + 8 * s + i as u64 * 1_000_000;
+        pkts.push((
+            t,
+            tcp(
+                &b.to_string(),
+                &client,
+                flags::ACK | flags::PSH,
+                5001,
+                1011,
+                b"ok",
+            ),
+        ));
+    }
+    pkts.sort_by_key(|(t, _)| *t);
+    let update = format!("5:{}", update.display());
+    let r = env.replay_args(&pkts, &["--state-update", &update, "--json"]);
+    (r, backends)
+}
+
+/// Verdict indexes of `web_connections_across`'s packets, in capture order: the client's data
+/// at 6 s and at 7 s, and the backends' at 8 s, of connection `i` of `n`.
+fn data_index(n: usize, i: usize) -> [usize; 3] {
+    let base = 3 * n;
+    [base + i, base + n + i, base + 2 * n + i]
+}
+
+/// An endpoint removed for good (gone from the EndpointSlices, as when its pod is deleted): the
+/// next packet from the client of a connection pinned to it is answered with a RST from the
+/// frontend (`backend-gone`, sequence number from the packet's ACK) and the connection removed,
+/// so the client ends it at once rather than retransmitting into a vanished backend; its next
+/// packet is `ct-lost`, and a new connection goes to a listed endpoint. Connections to the other
+/// endpoint carry on. Counted once per connection.
+#[test]
+fn tcp_connection_to_a_removed_endpoint_is_reset() {
+    let mut env = Env::new();
+    env.add_all(web_service(&[WEB_EP, WEB_EP_NEW], &[WEB_EP6]));
+    let state2 = env.write_state_update("state2.yaml", &web_service(&[WEB_EP_NEW], &[WEB_EP6]));
+    let n = 16;
+    let (r, backends) = web_connections_across(&env, &state2, n);
+    let gone = sock(WEB_EP, 8080);
+    let kept = sock(WEB_EP_NEW, 8080);
+    assert!(
+        backends.contains(&gone) && backends.contains(&kept),
+        "{backends:?}"
+    );
+    let vip = sa(&format!("{WEB_VIP}:80"));
+    for (i, b) in backends.iter().enumerate() {
+        let client = sock("10.1.0.50", 47000 + i as u16);
+        let [first, second, reply] = data_index(n as usize, i);
+        if *b == gone {
+            r.expect(first, "reject", "backend-gone");
+            let rst = r.out(first);
+            let t = rst.tcp.clone().unwrap();
+            assert!(t.rst, "{i}: {t:?}");
+            assert_eq!(t.sequence_number, 5001, "{i}");
+            assert_eq!(rst.src_sock(), vip, "{i}");
+            assert_eq!(rst.dst_sock(), client, "{i}");
+            // The connection is gone: what follows is a connection without state.
+            r.expect(second, "reject", "ct-lost");
+            r.expect(reply, "forward", "direct");
+        } else {
+            for k in [first, second] {
+                r.expect(k, "forward", "ct-established");
+                assert_eq!(r.out(k).dst_sock(), kept, "{i}");
+            }
+            r.expect(reply, "forward", "reply-unnat");
+            assert_eq!(r.out(reply).src_sock(), vip, "{i}");
+        }
+    }
+    let lost = backends.iter().filter(|b| **b == gone).count();
+    let s = r.summary();
+    assert_eq!(reason_count(&s, "backend-gone"), lost as u64, "{s}");
+    // A new connection after the update goes to the endpoint still listed.
+    let late = vec![
+        (T0_NS, syn("10.1.0.60:40000", &format!("{WEB_VIP}:80"))),
         (
-            T0_NS + s,
-            tcp(&backend, client, flags::SYN | flags::ACK, 5000, 1001, b""),
+            T0_NS + 2_000_000_000,
+            syn("10.1.0.60:40001", &format!("{WEB_VIP}:80")),
         ),
-        (
-            T0_NS + 2 * s,
-            tcp(client, &vip, flags::ACK, 1001, 5001, b""),
-        ),
-        (
-            T0_NS + 6 * s,
-            tcp(client, &vip, flags::ACK | flags::PSH, 1001, 5001, b"after"),
-        ),
-        (
-            T0_NS + 7 * s,
-            tcp(&backend, client, flags::ACK | flags::PSH, 5001, 1006, b"ok"),
-        ),
-        (T0_NS + 8 * s, syn("10.1.0.50:47001", &vip)),
     ];
-    let update = format!("5:{}", state2.display());
-    let r = env.replay_args(&pkts, &["--state-update", &update]);
-    assert_eq!(
-        r.reasons(),
-        [
-            "service-dnat",
-            "reply-unnat",
-            "ct-established",
-            "ct-established",
-            "reply-unnat",
-            "service-dnat"
-        ]
-    );
-    assert_eq!(r.out(3).dst_sock(), sock(WEB_EP, 8080), "kept its backend");
-    assert_eq!(r.out(4).src_sock(), sa(&vip));
-    assert_eq!(
-        r.out(5).dst_sock(),
-        sock(WEB_EP_NEW, 8080),
-        "new connection"
-    );
+    let update = format!("1:{}", state2.display());
+    let r = env.replay_args(&late, &["--state-update", &update]);
+    r.expect(1, "forward", "service-dnat");
+    assert_eq!(r.out(1).dst_sock(), kept);
+}
+
+/// A terminating endpoint (still listed, `terminating: true`) keeps its connections while it
+/// drains: packets both ways are forwarded as before, and only new connections avoid it. Once
+/// it is removed, its connections are reset.
+#[test]
+fn tcp_connection_to_a_terminating_endpoint_keeps_working() {
+    let mut env = Env::new();
+    env.add_all(web_service(&[WEB_EP, WEB_EP_NEW], &[WEB_EP6]));
+    let draining = web_service_eps(vec![
+        ep_cond(WEB_EP, node_of(WEB_EP), Some(false), Some(true), Some(true)),
+        endpoint(WEB_EP_NEW, node_of(WEB_EP_NEW)),
+    ]);
+    let state2 = env.write_state_update("state2.yaml", &draining);
+    let n = 16;
+    let (r, backends) = web_connections_across(&env, &state2, n);
+    let vip = sa(&format!("{WEB_VIP}:80"));
+    assert!(backends.contains(&sock(WEB_EP, 8080)), "{backends:?}");
+    for (i, b) in backends.iter().enumerate() {
+        let [first, second, reply] = data_index(n as usize, i);
+        for k in [first, second] {
+            r.expect(k, "forward", "ct-established");
+            assert_eq!(r.out(k).dst_sock(), *b, "{i}");
+        }
+        r.expect(reply, "forward", "reply-unnat");
+        assert_eq!(r.out(reply).src_sock(), vip, "{i}");
+    }
+    assert_eq!(reason_count(&r.summary(), "backend-gone"), 0);
+    // Not ready, not serving and not terminating (a failing readiness probe): still listed, so
+    // its connections carry on too.
+    let unready = web_service_eps(vec![
+        ep_cond(
+            WEB_EP,
+            node_of(WEB_EP),
+            Some(false),
+            Some(false),
+            Some(false),
+        ),
+        endpoint(WEB_EP_NEW, node_of(WEB_EP_NEW)),
+    ]);
+    let state3 = env.write_state_update("state3.yaml", &unready);
+    let (r, _) = web_connections_across(&env, &state3, n);
+    assert_eq!(reason_count(&r.summary(), "backend-gone"), 0);
 }
 
 // ---- 5. SCTP -------------------------------------------------------------------------------------

@@ -318,6 +318,12 @@ impl Builder {
                 Some(_) => {}
             }
         }
+        for (id, list) in &out.listed {
+            // One list per id, as one record: the first Service to claim an id keeps both.
+            if !self.snap.listed_endpoints.contains_key(id) {
+                self.snap.listed_endpoints.insert(*id, list.clone());
+            }
+        }
         self.no_local.0 += out.no_local.0;
         self.no_local.1 += out.no_local.1;
         if !problems.is_empty() {
@@ -355,6 +361,16 @@ impl Builder {
                 .is_some_and(|x| Arc::ptr_eq(x, sp))
             {
                 self.snap.service_ports.remove(&sp.id);
+            }
+        }
+        for (id, list) in &out.listed {
+            if self
+                .snap
+                .listed_endpoints
+                .get(id)
+                .is_some_and(|x| Arc::ptr_eq(x, list))
+            {
+                self.snap.listed_endpoints.remove(id);
             }
         }
         self.no_local.0 -= out.no_local.0;

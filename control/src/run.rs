@@ -349,29 +349,41 @@ pub fn run(
         },
         _ => None,
     };
-    // Stale UDP state (docs/nat.md): after every publication, UDP connections the new tables no
-    // longer support are deleted, off the workers' path.
+    // Stale state (docs/nat.md): after every publication, UDP connections the new tables no
+    // longer support are deleted and TCP connections of removed endpoints marked for a reset,
+    // off the workers' path.
     let stale_cleaner = {
         let published = published.clone();
         let ct = ops.dataplane.ct.clone();
         let metrics = metrics.clone();
         rt.spawn(async move {
-            // Told of each publication (several while a flush runs are seen as one).
+            // Told of each publication (several while a flush runs are seen as one). The tables
+            // published before this task subscribed are reconciled first: after a restart with
+            // the state file, they find the connections of endpoints removed while kxdp was down.
             let mut publications = published.subscribe();
-            while publications.changed().await.is_ok() {
+            let mut pending = published.load().generation > 0;
+            while std::mem::take(&mut pending) || publications.changed().await.is_ok() {
                 let snapshot = published.load_full();
                 let seen = snapshot.generation;
                 let ct = ct.clone();
                 let started = std::time::Instant::now();
-                let by_family = tokio::task::spawn_blocking(move || {
-                    kxdp_dataplane::stale::flush_stale_udp_by_family(&ct, &snapshot)
+                let done = tokio::task::spawn_blocking(move || {
+                    kxdp_dataplane::stale::reconcile(&ct, &snapshot)
                 })
                 .await
-                .unwrap_or([0, 0]);
+                .unwrap_or_default();
+                let by_family = done.udp_deleted;
                 metrics.conntrack_reconciled(started.elapsed().as_secs_f64(), by_family);
                 let flushed = by_family[0] + by_family[1];
                 if flushed > 0 {
                     tracing::info!(flushed, generation = seen, "stale UDP connections deleted");
+                }
+                if done.tcp_backend_gone > 0 {
+                    tracing::info!(
+                        marked = done.tcp_backend_gone,
+                        generation = seen,
+                        "TCP connections of removed endpoints marked: their clients are reset at their next packet (backend-gone)"
+                    );
                 }
             }
         })

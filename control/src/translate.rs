@@ -17,8 +17,8 @@ use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kxdp_dataplane::snapshot::{
-    EmptyAction, Endpoint, EndpointRange, Frontend, FrontendKey, FrontendKind, NodeInfo, PrefixSet,
-    Route, ServicePortInfo, Snapshot, SourceClass,
+    EmptyAction, Endpoint, EndpointRange, Frontend, FrontendKey, FrontendKind, ListedEndpoints,
+    NodeInfo, PrefixSet, Route, ServicePortInfo, Snapshot, SourceClass,
 };
 use kxdp_packet::Addr;
 
@@ -110,6 +110,9 @@ pub struct ServiceOutput {
     pub frontends: Vec<(FrontendKey, Frontend, bool)>,
     pub cluster_ips: Vec<Addr>,
     pub ports: Vec<Arc<ServicePortInfo>>,
+    /// Per Service port (by id): every endpoint its slices list, whatever its conditions
+    /// (`Snapshot::listed_endpoints`).
+    pub listed: Vec<(u32, ListedEndpoints)>,
     pub problems: Vec<Problem>,
     /// Service ports with a Local policy, endpoints, none local: (internal, external).
     pub no_local: (i64, i64),
@@ -668,6 +671,7 @@ impl<'a> Translator<'a> {
             };
             let port_name = port.name.clone().unwrap_or_default();
             let sp = self.service_port(key, &port_name, &protocol, proto_num, affinity);
+            let mut listed: Vec<(Addr, u16)> = Vec::new();
 
             for f in &families {
                 let empty = Vec::new();
@@ -678,6 +682,7 @@ impl<'a> Translator<'a> {
                         protocol: protocol.clone(),
                     })
                     .unwrap_or(&empty);
+                listed.extend(eps.iter().map(|e| (Addr::from_ip(e.ip), e.port)));
                 let policy = PolicyInfo {
                     internal_local,
                     external_local,
@@ -747,6 +752,9 @@ impl<'a> Translator<'a> {
                     );
                 }
             }
+            listed.sort_unstable();
+            listed.dedup();
+            self.out.listed.push((sp.id, listed.into()));
         }
     }
 

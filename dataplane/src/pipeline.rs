@@ -26,7 +26,8 @@ use kxdp_packet::{
 
 use crate::conntrack::{
     addr_word, has_ports, tcp, tcp_state_of, Candidate, Conntrack, CreateError, FirstPacket, Found,
-    InsertError, LaneClock, Packed, PacketError, Tuple, DIR_ORIG, DIR_REPLY, FLAG_MASQ,
+    InsertError, LaneClock, Packed, PacketError, Tuple, DIR_ORIG, DIR_REPLY, FLAG_BACKEND_GONE,
+    FLAG_MASQ,
 };
 use crate::fragments::{FragDecision, FragmentTable};
 use crate::policy::Decision;
@@ -716,6 +717,19 @@ impl Pipeline {
             ct.kill(found.idx);
             // Fall through to a new connection; the tuple is free again.
             return self.new_flow(buf, len, meta, hit.anew(snap, meta), v, b);
+        }
+        // The connection's endpoint has left its Service for good (`stale::reconcile`): the
+        // client's packet is answered with a RST and the connection removed, so a client whose
+        // backend vanished without closing learns it now. (A client's RST is let through: it
+        // ends the connection anyway. The backend's packets, if it still sends, pass as ever.)
+        if found.state & FLAG_BACKEND_GONE != 0
+            && found.dir == DIR_ORIG
+            && meta.proto == proto::TCP
+            && meta.tcp_flags & tcp::RST == 0
+        {
+            ct.kill(found.idx);
+            v.service_id = found.service_id;
+            return self.reject(buf, len, meta, v, Reason::BackendGone);
         }
         // After a RST nothing but a new SYN (above) or another RST belongs to the connection.
         if meta.proto == proto::TCP

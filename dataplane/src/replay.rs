@@ -73,7 +73,8 @@ pub struct ReplayOptions {
     pub progress: Option<Progress>,
     /// New tables taking effect at capture timestamps (sorted), as a control plane would publish
     /// them: from `at_ns` on, packets see `snapshot`, and UDP connections it no longer supports
-    /// are deleted (`stale::flush_stale_udp`). Every pass starts from the initial snapshot.
+    /// are deleted and TCP connections of removed endpoints marked (`stale::reconcile`). Every
+    /// pass starts from the initial snapshot.
     pub updates: Vec<StateUpdate>,
     /// Run the egress stage after the pipeline against these routes (`kxdp replay --routes`),
     /// as the daemon's workers do: verdicts then carry egress drops and the egress interface,
@@ -522,7 +523,7 @@ fn drive(
                     tables = &updates[next_update].snapshot;
                     next_update += 1;
                     if step.leader {
-                        crate::stale::flush_stale_udp(ct, tables);
+                        crate::stale::reconcile(ct, tables);
                     }
                 }
                 step.barrier.wait();

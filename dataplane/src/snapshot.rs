@@ -169,6 +169,10 @@ pub struct ServicePortInfo {
     pub affinity_timeout_s: u32,
 }
 
+/// Every endpoint (address, target port) a Service port's EndpointSlices list, sorted
+/// (`Snapshot::listed_endpoints`).
+pub type ListedEndpoints = Arc<[(Addr, u16)]>;
+
 /// A set of IP prefixes of both families, matched linearly: the sets a packet is tested against
 /// (cluster CIDRs, service CIDRs, source ranges) hold a handful of prefixes.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -920,6 +924,13 @@ pub struct Snapshot {
     pub frontends: FrontendTable,
     /// Service ports by stable id (conntrack listings, verdicts).
     pub service_ports: ShardedMap<u32, Arc<ServicePortInfo>>,
+    /// Per Service port (by stable id): every endpoint its EndpointSlices list, whatever its
+    /// conditions (ready, serving, terminating), both families, sorted. A TCP connection whose
+    /// endpoint is missing from its Service port's list has lost its backend for good and is
+    /// reset (`stale::reconcile`); a terminating endpoint is still listed, so its connections
+    /// drain. A Service port with no list here (the Service is gone, or the snapshot was built
+    /// without lists) leaves its connections alone.
+    pub listed_endpoints: ShardedMap<u32, ListedEndpoints>,
     /// NetworkPolicy: the compiled rules of this node's pods (empty: nothing is isolated).
     pub policy: Arc<crate::policy::PolicyTables>,
 }
@@ -959,6 +970,13 @@ impl Snapshot {
         } else {
             SourceClass::External
         }
+    }
+
+    /// Whether the EndpointSlices of Service port `service_id` list endpoint `addr`:`port`
+    /// (`listed_endpoints`); None when the snapshot has no list for that Service port.
+    pub fn endpoint_listed(&self, service_id: u32, addr: &Addr, port: u16) -> Option<bool> {
+        let list = self.listed_endpoints.get(&service_id)?;
+        Some(list.binary_search(&(*addr, port)).is_ok())
     }
 
     /// The Service port a conntrack entry or affinity record names, by its stable id.

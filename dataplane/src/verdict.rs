@@ -96,6 +96,11 @@ reasons! {
     /// ends the connection at once instead of retransmitting into a void (after a start without
     /// the previous process's state, a flush, a failover).
     CtLost = "ct-lost" => Reject,
+    /// A TCP packet from the client of a connection whose endpoint has left its Service for good
+    /// (removed from the EndpointSlices; a terminating endpoint keeps its connections): answered
+    /// with a RST from the frontend and the connection removed, so that a client whose backend
+    /// vanished without closing ends it at once instead of retransmitting until its timeout.
+    BackendGone = "backend-gone" => Reject,
     /// An address inside a service CIDR that no Service owns.
     ServiceIpUnallocated = "service-ip-unallocated" => Drop,
     /// A LoadBalancer IP reached from outside loadBalancerSourceRanges.

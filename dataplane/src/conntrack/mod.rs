@@ -18,7 +18,7 @@ pub use persist::{
 };
 pub use table::{
     Candidate, EntryView, Found, InsertError, Retired, TableMemory, DIR_ORIG, DIR_REPLY,
-    FLAG_ASSURED, FLAG_MASQ, FLAG_SEEN_REPLY,
+    FLAG_ASSURED, FLAG_BACKEND_GONE, FLAG_MASQ, FLAG_SEEN_REPLY,
 };
 pub use tuple::{addr_word, has_ports, hash_packed, packed_proto, Packed, Tuple};
 
@@ -559,7 +559,10 @@ impl Conntrack {
                     let st = (state & PROTO_STATE_MASK) >> PROTO_STATE_SHIFT;
                     // After a RST the full path refuses the packet (`ct-invalid`); a state this
                     // packet would move goes there too.
-                    if !tcp_plain_keeps(state, found.dir, tcp_flags) {
+                    // A connection whose backend is gone goes to the full path, which resets it.
+                    if state & FLAG_BACKEND_GONE != 0
+                        || !tcp_plain_keeps(state, found.dir, tcp_flags)
+                    {
                         return None;
                     }
                     return Some(clock.tcp[st as usize]);
@@ -660,6 +663,22 @@ impl Conntrack {
         match self.table.view(view.idx) {
             Some(now) if now.orig == view.orig && now.reply == view.reply => {
                 self.table.kill(view.idx)
+            }
+            _ => false,
+        }
+    }
+
+    /// Marks the connection a listing showed as one whose endpoint has left its Service for good
+    /// (`FLAG_BACKEND_GONE`), if that entry still holds it; true when this call marked it.
+    pub fn mark_backend_gone(&self, view: &EntryView) -> bool {
+        match self.table.view(view.idx) {
+            Some(now) if now.orig == view.orig && now.reply == view.reply => {
+                let marked = std::cell::Cell::new(false);
+                self.table.update_state(view.idx, |s| {
+                    marked.set(s & FLAG_BACKEND_GONE == 0);
+                    s | FLAG_BACKEND_GONE
+                });
+                marked.get()
             }
             _ => false,
         }

@@ -872,6 +872,25 @@ mod tests {
         assert_eq!((r.restored, r.expired, r.dropped), (1, 4, 0)); // the affinity record: 600 s
     }
 
+    /// A connection marked as having lost its backend keeps the mark across a restart: its
+    /// client is still reset at its next packet.
+    #[test]
+    fn the_backend_gone_mark_survives_a_restart() {
+        let (_d, path) = dir("gone");
+        let (ct, _) = open(&path, 100, &env());
+        let orig = tup(50, 1, 41, 80, 6);
+        ct.create(&orig, &tup(9, 8080, 50, 1, 6), tcp::SYN, false, 7, NOW, 0)
+            .unwrap();
+        let view = ct.connections().next().unwrap();
+        assert!(ct.mark_backend_gone(&view));
+        assert!(!ct.mark_backend_gone(&view), "marked once");
+        drop(ct);
+        let (ct, r) = open(&path, 100, &env());
+        assert_eq!((r.result, r.restored), (RestoreResult::Restored, 1));
+        let view = ct.connections().next().unwrap();
+        assert_ne!(view.state & super::super::FLAG_BACKEND_GONE, 0);
+    }
+
     #[test]
     fn truncated_files_are_discarded() {
         let (_d, path) = dir("truncated");

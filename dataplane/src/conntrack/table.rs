@@ -41,6 +41,11 @@ pub const FLAG_SEEN_REPLY: u32 = 1 << 3;
 pub const FLAG_MASQ: u32 = 1 << 4;
 /// Only the original tuple is indexed (affinity records).
 pub const FLAG_SINGLE_KEY: u32 = 1 << 5;
+/// The connection's endpoint has left its Service for good (`stale::reconcile`): the client's
+/// next packet is answered with a RST and the entry removed (`backend-gone`). Set off the packet
+/// path; read from the state word a lookup loads anyway. (A build that does not know the bit
+/// finds such an entry in a state file malformed and drops it: the client then gets `ct-lost`.)
+pub const FLAG_BACKEND_GONE: u32 = 1 << 6;
 /// Protocol state (e.g. TCP state) lives in bits 8..16.
 pub const PROTO_STATE_SHIFT: u32 = 8;
 pub const PROTO_STATE_MASK: u32 = 0xff << PROTO_STATE_SHIFT;
@@ -860,6 +865,7 @@ const KNOWN_STATE_BITS: u32 = LIFE_MASK
     | FLAG_SEEN_REPLY
     | FLAG_MASQ
     | FLAG_SINGLE_KEY
+    | FLAG_BACKEND_GONE
     | PROTO_STATE_MASK
     | 0xff << DIR_FLAGS_SHIFT
     | SEQ_MASK;

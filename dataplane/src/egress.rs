@@ -17,9 +17,9 @@
 //!
 //! Its drops are `Reason`s beside the pipeline's (`no-route`, `no-neighbour`, `no-egress`,
 //! `ttl-expired`, `no-kernel-port`; the worker adds `tx-ring-full` when a TX ring has no room):
-//! the verdict's reason and action are changed and the pipeline's `Counters` moved with
-//! [`Counters::reclassify`], so stats, `/metrics` and `kxdp monitor` count such a packet once,
-//! as the drop it is.
+//! the stage sets them in the packet's verdict. Nothing is counted here: the caller counts the
+//! final verdicts once, after the last stage (`Counters::record`), so stats, `/metrics` and
+//! `kxdp monitor` count such a packet once, as the drop it is.
 //!
 //! The kernel port is the kxdp-side end of a veth pair whose other end is in the node's stack
 //! (created by the host path, `io::hostpath`): `pass` verdicts and packets for the node's own
@@ -48,7 +48,7 @@ use std::collections::HashMap;
 use kxdp_packet::{checksum, Addr, Family, LinkType};
 
 use crate::fib::{Fib, Hop, Miss};
-use crate::pipeline::{Counters, Frames};
+use crate::pipeline::Frames;
 use crate::snapshot::PrefixSet;
 use crate::verdict::{Action, Reason, Verdict};
 
@@ -129,7 +129,6 @@ impl Egress {
         link: LinkType,
         partial_checksums: bool,
         leaving: Option<&PrefixSet>,
-        counters: &mut Counters,
         stats: &mut EgressStats,
         mut unresolved: impl FnMut(u32, Addr, Family),
     ) {
@@ -170,7 +169,7 @@ impl Egress {
             match hop {
                 Ok(Hop::Kernel) => {
                     let Some((slot, ifindex, macs)) = kernel else {
-                        counters.reclassify(v, Reason::NoKernelPort);
+                        v.set(Reason::NoKernelPort);
                         continue;
                     };
                     if let Some((dst_mac, src_mac)) = macs {
@@ -195,7 +194,7 @@ impl Egress {
                     src_mac,
                 }) => {
                     let Some(slot) = self.slot(ifindex) else {
-                        counters.reclassify(v, Reason::NoEgress);
+                        v.set(Reason::NoEgress);
                         continue;
                     };
                     // kxdp routes what it forwards: TTL / hop limit go down by one (replies it
@@ -203,7 +202,7 @@ impl Egress {
                     if v.action == Action::Forward
                         && !kxdp_packet::decrement_ttl_at(frame, v.l3_off as usize)
                     {
-                        counters.reclassify(v, Reason::TtlExpired);
+                        v.set(Reason::TtlExpired);
                         continue;
                     }
                     if ethernet && frame.len() >= 12 {
@@ -219,10 +218,10 @@ impl Egress {
                     out[i] = slot;
                     v.egress = ifindex;
                 }
-                Err(Miss::NoRoute) => counters.reclassify(v, Reason::NoRoute),
+                Err(Miss::NoRoute) => v.set(Reason::NoRoute),
                 Err(Miss::NoNeighbour(oif, addr)) => {
                     unresolved(oif, addr, v.family);
-                    counters.reclassify(v, Reason::NoNeighbour);
+                    v.set(Reason::NoNeighbour);
                 }
             }
         }
@@ -292,7 +291,7 @@ mod tests {
     use super::*;
     use crate::fib::testing::{ip, link, local, neigh, route};
     use crate::fib::{FdbEntry, FibInput};
-    use crate::pipeline::SlotFrames;
+    use crate::pipeline::{Counters, SlotFrames};
 
     /// eth0 (1, default route via 192.168.0.1), pod veth (2, 10.1.0.11/32), unowned link (3,
     /// 10.3.0.0/16), bridge cni0 (10, 10.2.0.0/24) with port 12, kernel port 30 ↔ 31.
@@ -398,8 +397,6 @@ mod tests {
                 v.client = v.dst;
             }
             verdicts.push(v);
-            counters.reasons[*r as usize] += 1;
-            counters.actions[r.action() as usize] += 1;
         }
         let mut out = vec![0; packets.len()];
         let mut stats = EgressStats::default();
@@ -412,10 +409,10 @@ mod tests {
             LinkType::Ethernet,
             partial,
             leaving,
-            &mut counters,
             &mut stats,
             |oif, a, _| unresolved.push((oif, a)),
         );
+        counters.record(&verdicts);
         Run {
             frames,
             verdicts,

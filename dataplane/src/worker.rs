@@ -161,6 +161,13 @@ pub struct IoCounters {
     pub batches: AtomicU64,
 }
 
+/// Per egress port: the frames queued in a batch and their positions in it (fixed capacity,
+/// allocated when the sockets change, never per packet).
+struct TxQueues<'a> {
+    out: &'a mut [Vec<Desc>],
+    out_idx: &'a mut [Vec<u16>],
+}
+
 /// One (interface, queue) a worker polls and sends on.
 pub struct Port {
     pub sock: XskSocket,
@@ -545,7 +552,7 @@ impl Worker {
                 }
                 {
                     let mut batch = self.umem.batch(&mut descs[..n]);
-                    pipeline.process(
+                    pipeline.decide(
                         &mut batch,
                         &mut verdicts[..screened],
                         &snap,
@@ -562,7 +569,6 @@ impl Worker {
                         self.ports[p].complete_checksums,
                         // What the kernel port delivered the kernel already routed to kxdp.
                         (!from_kernel).then_some(&snap.cluster_cidrs),
-                        &mut pipeline.counters,
                         &mut egress_stats,
                         |oif, addr, family| {
                             let _ = shared.unresolved.try_send((oif, addr, family));
@@ -573,45 +579,21 @@ impl Worker {
                         c.checksums_completed.fetch_add(done, Ordering::Relaxed);
                     }
                 }
-                for i in 0..n {
-                    let v = &verdicts[i];
-                    // A new masqueraded connection, or one the node itself opened (through the
-                    // kernel port, source a node address): its replies come to a node address
-                    // on a port the kernel owns or could own; tell the XDP program before the
-                    // packet leaves, so they are steered to kxdp (and un-NATed) instead.
-                    if (v.masq || from_kernel) && v.reason == Reason::ServiceDnat {
-                        if let Some(m) = &shared.masq {
-                            if m.add_masq_reply(v.proto, &v.dst, v.family, v.dport, v.sport)
-                                .is_err()
-                            {
-                                c.masq_map_errors.fetch_add(1, Ordering::Relaxed);
-                            }
-                        }
-                    }
-                    match hops[i] {
-                        NOT_SENT => self.umem.recycle(descs[i].addr),
-                        e => {
-                            out[e as usize].push(descs[i]);
-                            out_idx[e as usize].push(i as u16);
-                        }
-                    }
-                }
-                for e in 0..nports {
-                    if out[e].is_empty() {
-                        continue;
-                    }
-                    let sent = self.ports[e].sock.send(&mut self.umem, &out[e]);
-                    c.tx.fetch_add(sent as u64, Ordering::Relaxed);
-                    // Frames past `sent` did not fit on the TX ring (already recycled).
-                    for &i in &out_idx[e][sent..] {
-                        let v = &mut verdicts[i as usize];
-                        v.egress = 0;
-                        pipeline.counters.reclassify(v, Reason::TxRingFull);
-                    }
-                    self.ports[e].sock.flush_tx();
-                    out[e].clear();
-                    out_idx[e].clear();
-                }
+                let mut q = TxQueues {
+                    out: &mut out,
+                    out_idx: &mut out_idx,
+                };
+                self.queue_batch(
+                    shared,
+                    from_kernel,
+                    &descs[..n],
+                    &verdicts[..n],
+                    &hops[..n],
+                    &mut q,
+                );
+                self.transmit(&mut q, &mut verdicts[..n], &c);
+                // The batch's final verdicts, counted once.
+                pipeline.counters.record(&verdicts[..n]);
                 c.rx.fetch_add(n as u64, Ordering::Relaxed);
                 c.batches.fetch_add(1, Ordering::Relaxed);
                 if let Some(stats) = &shared.stats {
@@ -711,6 +693,62 @@ impl Worker {
         // The last reading, for whoever looks after the stop (a takeover's successor, the log).
         if let Some(stats) = &shared.stats {
             self.publish_sockets(stats);
+        }
+    }
+
+    /// Queues each sent frame of a batch on its egress port (`hops[i]`, from the egress stage)
+    /// and gives the others back to the free list. A new masqueraded connection, or one the
+    /// node itself opened (through the kernel port, source a node address), has its reply
+    /// registered with the XDP program before the packet leaves: replies come to a node address
+    /// on a port the kernel owns or could own, and must be steered to kxdp (and un-NATed).
+    fn queue_batch(
+        &mut self,
+        shared: &Shared,
+        from_kernel: bool,
+        descs: &[Desc],
+        verdicts: &[Verdict],
+        hops: &[u16],
+        q: &mut TxQueues<'_>,
+    ) {
+        for (i, v) in verdicts.iter().enumerate() {
+            if (v.masq || from_kernel) && v.reason == Reason::ServiceDnat {
+                if let Some(m) = &shared.masq {
+                    if m.add_masq_reply(v.proto, &v.dst, v.family, v.dport, v.sport)
+                        .is_err()
+                    {
+                        self.counters
+                            .masq_map_errors
+                            .fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+            match hops[i] {
+                NOT_SENT => self.umem.recycle(descs[i].addr),
+                e => {
+                    q.out[e as usize].push(descs[i]);
+                    q.out_idx[e as usize].push(i as u16);
+                }
+            }
+        }
+    }
+
+    /// One TX submission and kick per egress port with queued frames. Frames that did not fit
+    /// on a TX ring (already back on the free list) become `tx-ring-full` drops in `verdicts`.
+    fn transmit(&mut self, q: &mut TxQueues<'_>, verdicts: &mut [Verdict], c: &IoCounters) {
+        for e in 0..q.out.len().min(self.ports.len()) {
+            if q.out[e].is_empty() {
+                continue;
+            }
+            let sent = self.ports[e].sock.send(&mut self.umem, &q.out[e]);
+            c.tx.fetch_add(sent as u64, Ordering::Relaxed);
+            for &i in &q.out_idx[e][sent..] {
+                let v = &mut verdicts[i as usize];
+                v.egress = 0;
+                v.set(Reason::TxRingFull);
+            }
+            self.ports[e].sock.flush_tx();
+            q.out[e].clear();
+            q.out_idx[e].clear();
         }
     }
 

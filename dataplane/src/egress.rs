@@ -10,6 +10,7 @@
 //!                                              │                   ─► L4 checksum completion ─► queued
 //!                                              ├─ port kxdp does not own (overlay) ─► kernel port
 //!                                              └─ miss ─► no-route / no-neighbour / no-egress
+//!                                                  (no-neighbour: held instead, for a worker)
 //! direct, destination outside `leaving` ──────────► kernel port (when there is one)
 //! pass ─────────────────────────────────────────► kernel port (or no-kernel-port)
 //! drop ─────────────────────────────────────────► nothing
@@ -55,6 +56,11 @@ use crate::verdict::{Action, Reason, Verdict};
 /// `out[i]` of a packet that is not sent.
 pub const NOT_SENT: u16 = u16::MAX;
 
+/// `out[i]` of a packet whose next hop has no neighbour yet, for a stage that holds such
+/// packets ([`Egress::holding`]): its caller keeps the frame until the neighbour resolves
+/// (`crate::hold`) and its verdict is left as the pipeline wrote it.
+pub const HOLD: u16 = u16::MAX - 1;
+
 /// The ports kxdp sends on (their position is the "slot" the stage writes into `out`) and the
 /// optional kernel port.
 #[derive(Clone, Debug, Default)]
@@ -64,6 +70,8 @@ pub struct Egress {
     /// on most nodes): the per-packet port lookup is then one load, not a hash probe.
     dense: Vec<u16>,
     kernel: Option<u32>,
+    /// A next hop without a neighbour entry gives [`HOLD`] instead of a `no-neighbour` drop.
+    hold: bool,
 }
 
 /// Ifindexes below this are looked up in `Egress::dense`.
@@ -99,7 +107,15 @@ impl Egress {
             slots,
             dense,
             kernel,
+            hold: false,
         }
+    }
+
+    /// The stage for a caller that holds frames whose next hop has no neighbour yet: those get
+    /// [`HOLD`] (the resolution is still requested) instead of a `no-neighbour` drop.
+    pub fn holding(mut self, on: bool) -> Egress {
+        self.hold = on;
+        self
     }
 
     /// The slot of the port `ifindex`, if kxdp sends on it.
@@ -221,7 +237,11 @@ impl Egress {
                 Err(Miss::NoRoute) => v.set(Reason::NoRoute),
                 Err(Miss::NoNeighbour(oif, addr)) => {
                     unresolved(oif, addr, v.family);
-                    v.set(Reason::NoNeighbour);
+                    if self.hold {
+                        out[i] = HOLD;
+                    } else {
+                        v.set(Reason::NoNeighbour);
+                    }
                 }
             }
         }
@@ -557,6 +577,56 @@ mod tests {
         let egress = Egress::new(&[1, 2, 12, 30], None);
         let r = run(&packets[..1], &egress, false);
         assert_eq!(r.verdicts[0].reason, Reason::NoEgress);
+    }
+
+    /// A stage that holds (a worker's) gives a next hop without a neighbour `HOLD`, leaves the
+    /// frame and its verdict as the pipeline left them (so that the stage can run again once
+    /// the neighbour resolves) and still asks for the resolution; other outcomes are as usual.
+    #[test]
+    fn a_holding_stage_holds_what_has_no_neighbour_untouched() {
+        let packets = vec![
+            (udp([10, 1, 0, 12], 64, false), Reason::ServiceDnat), // owned veth, no neighbour
+            (udp([10, 2, 0, 6], 64, false), Reason::Direct),       // behind the bridge, unknown
+            (udp([10, 1, 0, 11], 64, false), Reason::Direct),      // resolved
+        ];
+        let egress = Egress::new(&[1, 2, 12, 30], Some(30)).holding(true);
+        let r = run(&packets, &egress, true);
+        assert_eq!(r.out, [HOLD, HOLD, 1]);
+        let reasons: Vec<&str> = r.verdicts.iter().map(|v| v.reason.as_str()).collect();
+        assert_eq!(reasons, ["service-dnat", "direct", "direct"]);
+        assert_eq!(r.verdicts[0].action, Action::Forward);
+        for i in 0..2 {
+            assert_eq!(r.frames.get(i), &packets[i].0[..], "untouched");
+        }
+        assert_eq!(
+            r.unresolved,
+            [
+                (2, Addr::from_ip(ip("10.1.0.12"))),
+                (10, Addr::from_ip(ip("10.2.0.6")))
+            ]
+        );
+        // Once the FIB has the neighbour, the same frame and verdict go out as if never held.
+        let mut frames = SlotFrames::new(1, 2048);
+        frames.push(r.frames.get(0));
+        let mut verdicts = [r.verdicts[0]];
+        let mut out = [NOT_SENT];
+        let mut input = fib().input().clone();
+        input.neighbours.push(neigh(2, "10.1.0.12", 0xa2));
+        egress.process(
+            &mut frames,
+            &mut verdicts,
+            &mut out,
+            &Fib::new(input),
+            LinkType::Ethernet,
+            true,
+            None,
+            &mut EgressStats::default(),
+            |_, _, _| {},
+        );
+        assert_eq!(out, [1]);
+        assert_eq!(verdicts[0].egress, 2);
+        assert_eq!(&frames.get(0)[..12], &[[0xa2; 6], [2; 6]].concat()[..]);
+        assert_eq!(frames.get(0)[14 + 8], 63, "TTL decremented once");
     }
 
     /// A frame as a veth with TX checksum offload hands it over: the L4 checksum field holds

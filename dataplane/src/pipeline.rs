@@ -165,7 +165,7 @@ impl Counters {
     /// [`Pipeline::process`]; the egress stage and a worker's TX: their caller), so a drop a
     /// later stage decides is counted once, under its own reason.
     #[inline]
-    pub fn record(&mut self, verdicts: &[Verdict]) {
+    pub fn record<'v>(&mut self, verdicts: impl IntoIterator<Item = &'v Verdict>) {
         for v in verdicts {
             self.reasons[v.reason as usize] += 1;
             self.actions[v.action as usize] += 1;

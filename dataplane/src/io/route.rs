@@ -5,9 +5,9 @@
 //! look up per packet without a lock or syscall.
 //!
 //! A next hop the neighbour table does not know (or knows as INCOMPLETE/FAILED) cannot be
-//! addressed: the packet is dropped (`no-neighbour`) and the refresher asks the kernel to
-//! resolve it (`RTM_NEWNEIGH` with `NTF_USE`, what sending there would trigger), so the next
-//! packets of the flow go through.
+//! addressed yet: a worker holds the frame (`crate::hold`) and the refresher asks the kernel to
+//! resolve it (`RTM_NEWNEIGH` with `NTF_USE`, what sending there would trigger); the FIB it
+//! publishes once the kernel announces the entry releases the held frames.
 
 use std::collections::HashMap;
 use std::io;

@@ -122,6 +122,10 @@ fn refresher(
         if events.wait(Duration::from_millis(100)) {
             match read() {
                 Ok(t) => {
+                    // A neighbour the kernel now has is asked for again as soon as it goes
+                    // missing (flushed, expired): a frame waiting for it would otherwise wait
+                    // out the pause below with nobody resolving it.
+                    asked.retain(|&(oif, a), _| !t.has_neighbour(oif, a));
                     let now = std::time::Instant::now();
                     for (oif, a, f) in t.unresolved_next_hops() {
                         let key = (oif, a.as_u128());

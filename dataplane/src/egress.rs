@@ -595,8 +595,8 @@ mod tests {
         let reasons: Vec<&str> = r.verdicts.iter().map(|v| v.reason.as_str()).collect();
         assert_eq!(reasons, ["service-dnat", "direct", "direct"]);
         assert_eq!(r.verdicts[0].action, Action::Forward);
-        for i in 0..2 {
-            assert_eq!(r.frames.get(i), &packets[i].0[..], "untouched");
+        for (i, (p, _)) in packets.iter().enumerate().take(2) {
+            assert_eq!(r.frames.get(i), &p[..], "untouched");
         }
         assert_eq!(
             r.unresolved,

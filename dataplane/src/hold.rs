@@ -73,19 +73,19 @@ impl<T: Copy> HoldQueue<T> {
         self.held.is_empty()
     }
 
-    /// Holds `h`, or gives it back when the queue or its neighbour's share is full.
-    pub fn hold(&mut self, h: Held<T>) -> Result<(), Held<T>> {
+    /// Holds `h`; false (not held) when the queue or its neighbour's share is full.
+    pub fn hold(&mut self, h: Held<T>) -> bool {
         if self.held.len() >= self.capacity {
-            return Err(h);
+            return false;
         }
         let same = (self.held.iter())
             .filter(|o| o.oif == h.oif && o.next_hop == h.next_hop)
             .count();
         if same >= self.per_neighbour {
-            return Err(h);
+            return false;
         }
         self.held.push(h);
-        Ok(())
+        true
     }
 
     /// Takes out every held frame `pick` selects, in arrival order, handing each to `out`.
@@ -130,17 +130,17 @@ mod tests {
     #[test]
     fn holds_a_few_frames_per_neighbour_within_the_capacity() {
         let mut q = HoldQueue::new(6, 2);
-        assert!(q.hold(held(1, 2, 11, 100)).is_ok());
-        assert!(q.hold(held(2, 2, 11, 100)).is_ok());
+        assert!(q.hold(held(1, 2, 11, 100)));
+        assert!(q.hold(held(2, 2, 11, 100)));
         // The neighbour's share is full; another neighbour (or the same address on another
         // interface) still has its own.
-        assert_eq!(q.hold(held(3, 2, 11, 100)).unwrap_err().frame, 3);
-        assert!(q.hold(held(4, 2, 12, 100)).is_ok());
-        assert!(q.hold(held(5, 3, 11, 100)).is_ok());
-        assert!(q.hold(held(6, 3, 12, 100)).is_ok());
-        assert!(q.hold(held(7, 4, 11, 100)).is_ok());
+        assert!(!q.hold(held(3, 2, 11, 100)));
+        assert!(q.hold(held(4, 2, 12, 100)));
+        assert!(q.hold(held(5, 3, 11, 100)));
+        assert!(q.hold(held(6, 3, 12, 100)));
+        assert!(q.hold(held(7, 4, 11, 100)));
         // The whole queue is full.
-        assert_eq!(q.hold(held(8, 5, 11, 100)).unwrap_err().frame, 8);
+        assert!(!q.hold(held(8, 5, 11, 100)));
         assert_eq!(q.len(), 6);
         // The capacity was set aside at creation: holding allocates nothing.
         assert!(q.held.capacity() >= 6);
@@ -150,7 +150,7 @@ mod tests {
     fn releases_a_resolved_neighbour_s_frames_in_arrival_order() {
         let mut q = HoldQueue::new(8, 4);
         for (f, nh) in [(1, 11), (2, 12), (3, 11), (4, 11)] {
-            q.hold(held(f, 2, nh, 100)).unwrap();
+            assert!(q.hold(held(f, 2, nh, 100)));
         }
         let mut out = Vec::new();
         let nh = Addr::from_ip([10, 1, 0, 11].into());
@@ -159,16 +159,16 @@ mod tests {
         assert_eq!(q.len(), 1);
         // Released frames free their neighbour's share.
         for f in 5..9 {
-            q.hold(held(f, 2, 11, 100)).unwrap();
+            assert!(q.hold(held(f, 2, 11, 100)));
         }
     }
 
     #[test]
     fn frames_expire_at_their_deadline() {
         let mut q = HoldQueue::new(8, 4);
-        q.hold(held(1, 2, 11, 100)).unwrap();
-        q.hold(held(2, 2, 12, 50)).unwrap();
-        q.hold(held(3, 2, 11, 150)).unwrap();
+        assert!(q.hold(held(1, 2, 11, 100)));
+        assert!(q.hold(held(2, 2, 12, 50)));
+        assert!(q.hold(held(3, 2, 11, 150)));
         assert_eq!(q.next_deadline(), Some(50));
         let mut out = Vec::new();
         q.take_where(|h| h.deadline_ms <= 100, |h| out.push(h.frame));

@@ -791,19 +791,16 @@ impl Worker {
                 NOT_SENT => self.umem.recycle(b.descs[i].addr),
                 HOLD => {
                     let held = match fib.lookup(&v.dst, v.family) {
-                        Err(Miss::NoNeighbour(oif, next_hop)) => self
-                            .held
-                            .hold(Held {
-                                frame: b.descs[i],
-                                verdict: *v,
-                                oif,
-                                next_hop,
-                                ingress: rx.ifindex,
-                                partial_checksums: rx.partial_checksums,
-                                from_kernel: rx.from_kernel,
-                                deadline_ms: now_ms + hold::HOLD_MS,
-                            })
-                            .is_ok(),
+                        Err(Miss::NoNeighbour(oif, next_hop)) => self.held.hold(Held {
+                            frame: b.descs[i],
+                            verdict: *v,
+                            oif,
+                            next_hop,
+                            ingress: rx.ifindex,
+                            partial_checksums: rx.partial_checksums,
+                            from_kernel: rx.from_kernel,
+                            deadline_ms: now_ms + hold::HOLD_MS,
+                        }),
                         _ => false,
                     };
                     if !held {
@@ -881,7 +878,7 @@ impl Worker {
             match hops[j] {
                 NOT_SENT => self.umem.recycle(h.frame.addr),
                 // Still no neighbour: back in the queue until its deadline.
-                HOLD if h.deadline_ms > now && self.held.hold(h).is_ok() => {}
+                HOLD if h.deadline_ms > now && self.held.hold(h) => {}
                 HOLD => {
                     verdicts[j].set(Reason::NoNeighbour);
                     hops[j] = NOT_SENT;

@@ -823,3 +823,86 @@ fn kxdp_link_that_cannot_take_xdp_reported_others_work() {
     let a = tcp(&c.ns, sa(r.lab.pod("srv").ip4, TCP_PORT), T, 10_000).expect("others work");
     assert_eq!(a.peer, IpAddr::from(c.ip4));
 }
+
+/// How long `ns` takes to open a TCP connection to `to` (3 s at most).
+fn connect_time(ns: &str, to: SocketAddr) -> std::io::Result<Duration> {
+    in_ns(ns, move || {
+        let t = Instant::now();
+        let s = std::net::TcpStream::connect_timeout(&to, T)?;
+        let took = t.elapsed();
+        drop(s);
+        Ok(took)
+    })
+}
+
+/// The first connection toward neighbours node-b has never resolved (its neighbour tables
+/// flushed: the endpoints behind its bridge, the external host on the uplink's subnet, none
+/// of which kxdp resolves in advance) opens without a SYN retransmission: kxdp holds the
+/// frames until the kernel has resolved the next hop, then sends them (docs/afxdp.md,
+/// "Forwarding"). Linux retransmits an unanswered SYN after 1 s, so a connection that opens in
+/// well under a second needed none. A pod client through a ClusterIP (IPv4 and IPv6), and the
+/// external host through a NodePort (masqueraded: the endpoint's reply toward it meets a cold
+/// neighbour too).
+#[test]
+fn kxdp_first_connection_to_a_cold_neighbour_is_not_retransmitted() {
+    let r = kxdp_lab("kxdp_first_connection_to_a_cold_neighbour_is_not_retransmitted");
+    let b = r.lab.node("node-b");
+    let client = r.lab.pod("client-b");
+    let cases = [
+        (
+            "pod -> ClusterIP",
+            client.ns.clone(),
+            sa([172, 30, 0, 10], 80),
+        ),
+        (
+            "pod -> ClusterIP (IPv6)",
+            client.ns.clone(),
+            "[fd00:30::a]:80".parse().unwrap(),
+        ),
+        ("external -> NodePort", r.lab.ext.clone(), sa(b.ip4, 30080)),
+        (
+            "external -> NodePort (IPv6)",
+            r.lab.ext.clone(),
+            sa(b.ip6, 30080),
+        ),
+    ];
+    let endpoints: Vec<IpAddr> = ["web-b1", "web-b2"]
+        .iter()
+        .flat_map(|p| {
+            [
+                IpAddr::from(r.lab.pod(p).ip4),
+                IpAddr::from(r.lab.pod(p).ip6),
+            ]
+        })
+        .collect();
+    let mut took_all = Vec::new();
+    for (what, ns, to) in cases {
+        // Open (and close) one connection first: the path works, and conntrack and the pods'
+        // own caches are as after any connection.
+        tcp(&ns, to, T, 100).unwrap_or_else(|e| panic!("{what}: {e}\n{}", r.b.log()));
+        // Twice: the closed connection's last segments may have resolved an entry again.
+        let flush = "ip -4 neigh flush all; ip -6 neigh flush all";
+        lab::sh(&b.ns, flush);
+        std::thread::sleep(Duration::from_millis(200));
+        lab::sh(&b.ns, flush);
+        let left = lab::sh(&b.ns, "ip neigh show; ip -6 neigh show");
+        for e in &endpoints {
+            let reachable = left
+                .lines()
+                .any(|l| l.starts_with(&format!("{e} ")) && l.contains("lladdr"));
+            assert!(
+                !reachable,
+                "{what}: {e} still resolved after the flush:\n{left}"
+            );
+        }
+        let took = connect_time(&ns, to).unwrap_or_else(|e| panic!("{what}: {e}\n{}", r.b.log()));
+        took_all.push((what, took));
+    }
+    eprintln!("first connections: {took_all:?}");
+    for (what, took) in took_all {
+        assert!(
+            took < Duration::from_millis(800),
+            "{what}: the first connection took {took:?} (a SYN was retransmitted)"
+        );
+    }
+}

@@ -25,7 +25,7 @@ use kxdp_packet::{Addr, Family, LinkType, PacketMeta};
 use crate::fib::Fib;
 use crate::pipeline::Counters;
 use crate::snapshot::PrefixSet;
-use crate::verdict::{Action, Reason, Verdict};
+use crate::verdict::{Reason, Verdict};
 
 /// `sourceValidation` (docs/config.md).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -91,8 +91,9 @@ pub const OWN_SOURCES: usize = 4;
 
 /// Screens a batch received on `ingress`: the frames whose source does not arrive on `ingress`
 /// by the FIB are moved to the end of `descs` (the others keep their order), their verdicts
-/// written into `verdicts[kept..]` (`spoofed-source`, with the addresses as received) and
-/// counted in `counters`, once, like every packet. Returns `kept`: the pipeline takes
+/// written into `verdicts[kept..]` (`spoofed-source`, with the addresses as received; counted
+/// with the batch's other verdicts by the caller, `Counters::record`) and their packets and
+/// bytes added to `counters`. Returns `kept`: the pipeline takes
 /// `descs[..kept]`. `frame_of` reads a descriptor's frame; `own` is `fib.sources_on(ingress,
 /// OWN_SOURCES)` (or any part of it), worked out when the FIB changes: a source among them
 /// costs a few compares instead of a probe.
@@ -139,8 +140,6 @@ pub fn screen<'f, D: Copy>(
         v.set(Reason::SpoofedSource);
         counters.packets += 1;
         counters.bytes += frame.len() as u64;
-        counters.reasons[Reason::SpoofedSource as usize] += 1;
-        counters.actions[Action::Drop as usize] += 1;
     }
     kept
 }
@@ -150,6 +149,7 @@ mod tests {
     use super::*;
     use crate::fib::testing::{ip, link, local, neigh, route};
     use crate::fib::{FdbEntry, FibInput, Route};
+    use crate::verdict::Action;
     use std::net::IpAddr;
 
     fn a(s: &str) -> Addr {
@@ -339,7 +339,7 @@ mod tests {
     }
 
     #[test]
-    fn screen_moves_spoofed_frames_to_the_tail_and_counts_them_once() {
+    fn screen_moves_spoofed_frames_to_the_tail_with_their_verdicts() {
         let f = fib();
         let frames = [
             udp4([10, 1, 0, 11], false),
@@ -382,6 +382,7 @@ mod tests {
         assert_eq!(verdicts[3].orig_src, a("10.1.0.12"));
         assert_eq!(verdicts[4].orig_src, a("10.2.0.5"));
         assert_eq!(counters.packets, 2);
+        counters.record(&verdicts[kept..5]);
         assert_eq!(counters.reasons[Reason::SpoofedSource as usize], 2);
         assert_eq!(counters.actions[Action::Drop as usize], 2);
         assert_eq!(counters.bytes, 2 * 42);

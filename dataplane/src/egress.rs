@@ -10,6 +10,7 @@
 //!                                              │                   ─► L4 checksum completion ─► queued
 //!                                              ├─ port kxdp does not own (overlay) ─► kernel port
 //!                                              └─ miss ─► no-route / no-neighbour / no-egress
+//!                                                  (no-neighbour: held instead, for a worker)
 //! direct, destination outside `leaving` ──────────► kernel port (when there is one)
 //! pass ─────────────────────────────────────────► kernel port (or no-kernel-port)
 //! drop ─────────────────────────────────────────► nothing
@@ -17,9 +18,9 @@
 //!
 //! Its drops are `Reason`s beside the pipeline's (`no-route`, `no-neighbour`, `no-egress`,
 //! `ttl-expired`, `no-kernel-port`; the worker adds `tx-ring-full` when a TX ring has no room):
-//! the verdict's reason and action are changed and the pipeline's `Counters` moved with
-//! [`Counters::reclassify`], so stats, `/metrics` and `kxdp monitor` count such a packet once,
-//! as the drop it is.
+//! the stage sets them in the packet's verdict. Nothing is counted here: the caller counts the
+//! final verdicts once, after the last stage (`Counters::record`), so stats, `/metrics` and
+//! `kxdp monitor` count such a packet once, as the drop it is.
 //!
 //! The kernel port is the kxdp-side end of a veth pair whose other end is in the node's stack
 //! (created by the host path, `io::hostpath`): `pass` verdicts and packets for the node's own
@@ -48,12 +49,17 @@ use std::collections::HashMap;
 use kxdp_packet::{checksum, Addr, Family, LinkType};
 
 use crate::fib::{Fib, Hop, Miss};
-use crate::pipeline::{Counters, Frames};
+use crate::pipeline::Frames;
 use crate::snapshot::PrefixSet;
 use crate::verdict::{Action, Reason, Verdict};
 
 /// `out[i]` of a packet that is not sent.
 pub const NOT_SENT: u16 = u16::MAX;
+
+/// `out[i]` of a packet whose next hop has no neighbour yet, for a stage that holds such
+/// packets ([`Egress::holding`]): its caller keeps the frame until the neighbour resolves
+/// (`crate::hold`) and its verdict is left as the pipeline wrote it.
+pub const HOLD: u16 = u16::MAX - 1;
 
 /// The ports kxdp sends on (their position is the "slot" the stage writes into `out`) and the
 /// optional kernel port.
@@ -64,6 +70,8 @@ pub struct Egress {
     /// on most nodes): the per-packet port lookup is then one load, not a hash probe.
     dense: Vec<u16>,
     kernel: Option<u32>,
+    /// A next hop without a neighbour entry gives [`HOLD`] instead of a `no-neighbour` drop.
+    hold: bool,
 }
 
 /// Ifindexes below this are looked up in `Egress::dense`.
@@ -99,7 +107,15 @@ impl Egress {
             slots,
             dense,
             kernel,
+            hold: false,
         }
+    }
+
+    /// The stage for a caller that holds frames whose next hop has no neighbour yet: those get
+    /// [`HOLD`] (the resolution is still requested) instead of a `no-neighbour` drop.
+    pub fn holding(mut self, on: bool) -> Egress {
+        self.hold = on;
+        self
     }
 
     /// The slot of the port `ifindex`, if kxdp sends on it.
@@ -129,7 +145,6 @@ impl Egress {
         link: LinkType,
         partial_checksums: bool,
         leaving: Option<&PrefixSet>,
-        counters: &mut Counters,
         stats: &mut EgressStats,
         mut unresolved: impl FnMut(u32, Addr, Family),
     ) {
@@ -170,7 +185,7 @@ impl Egress {
             match hop {
                 Ok(Hop::Kernel) => {
                     let Some((slot, ifindex, macs)) = kernel else {
-                        counters.reclassify(v, Reason::NoKernelPort);
+                        v.set(Reason::NoKernelPort);
                         continue;
                     };
                     if let Some((dst_mac, src_mac)) = macs {
@@ -195,7 +210,7 @@ impl Egress {
                     src_mac,
                 }) => {
                     let Some(slot) = self.slot(ifindex) else {
-                        counters.reclassify(v, Reason::NoEgress);
+                        v.set(Reason::NoEgress);
                         continue;
                     };
                     // kxdp routes what it forwards: TTL / hop limit go down by one (replies it
@@ -203,7 +218,7 @@ impl Egress {
                     if v.action == Action::Forward
                         && !kxdp_packet::decrement_ttl_at(frame, v.l3_off as usize)
                     {
-                        counters.reclassify(v, Reason::TtlExpired);
+                        v.set(Reason::TtlExpired);
                         continue;
                     }
                     if ethernet && frame.len() >= 12 {
@@ -219,10 +234,14 @@ impl Egress {
                     out[i] = slot;
                     v.egress = ifindex;
                 }
-                Err(Miss::NoRoute) => counters.reclassify(v, Reason::NoRoute),
+                Err(Miss::NoRoute) => v.set(Reason::NoRoute),
                 Err(Miss::NoNeighbour(oif, addr)) => {
                     unresolved(oif, addr, v.family);
-                    counters.reclassify(v, Reason::NoNeighbour);
+                    if self.hold {
+                        out[i] = HOLD;
+                    } else {
+                        v.set(Reason::NoNeighbour);
+                    }
                 }
             }
         }
@@ -292,7 +311,7 @@ mod tests {
     use super::*;
     use crate::fib::testing::{ip, link, local, neigh, route};
     use crate::fib::{FdbEntry, FibInput};
-    use crate::pipeline::SlotFrames;
+    use crate::pipeline::{Counters, SlotFrames};
 
     /// eth0 (1, default route via 192.168.0.1), pod veth (2, 10.1.0.11/32), unowned link (3,
     /// 10.3.0.0/16), bridge cni0 (10, 10.2.0.0/24) with port 12, kernel port 30 ↔ 31.
@@ -398,8 +417,6 @@ mod tests {
                 v.client = v.dst;
             }
             verdicts.push(v);
-            counters.reasons[*r as usize] += 1;
-            counters.actions[r.action() as usize] += 1;
         }
         let mut out = vec![0; packets.len()];
         let mut stats = EgressStats::default();
@@ -412,10 +429,10 @@ mod tests {
             LinkType::Ethernet,
             partial,
             leaving,
-            &mut counters,
             &mut stats,
             |oif, a, _| unresolved.push((oif, a)),
         );
+        counters.record(&verdicts);
         Run {
             frames,
             verdicts,
@@ -560,6 +577,56 @@ mod tests {
         let egress = Egress::new(&[1, 2, 12, 30], None);
         let r = run(&packets[..1], &egress, false);
         assert_eq!(r.verdicts[0].reason, Reason::NoEgress);
+    }
+
+    /// A stage that holds (a worker's) gives a next hop without a neighbour `HOLD`, leaves the
+    /// frame and its verdict as the pipeline left them (so that the stage can run again once
+    /// the neighbour resolves) and still asks for the resolution; other outcomes are as usual.
+    #[test]
+    fn a_holding_stage_holds_what_has_no_neighbour_untouched() {
+        let packets = vec![
+            (udp([10, 1, 0, 12], 64, false), Reason::ServiceDnat), // owned veth, no neighbour
+            (udp([10, 2, 0, 6], 64, false), Reason::Direct),       // behind the bridge, unknown
+            (udp([10, 1, 0, 11], 64, false), Reason::Direct),      // resolved
+        ];
+        let egress = Egress::new(&[1, 2, 12, 30], Some(30)).holding(true);
+        let r = run(&packets, &egress, true);
+        assert_eq!(r.out, [HOLD, HOLD, 1]);
+        let reasons: Vec<&str> = r.verdicts.iter().map(|v| v.reason.as_str()).collect();
+        assert_eq!(reasons, ["service-dnat", "direct", "direct"]);
+        assert_eq!(r.verdicts[0].action, Action::Forward);
+        for (i, (p, _)) in packets.iter().enumerate().take(2) {
+            assert_eq!(r.frames.get(i), &p[..], "untouched");
+        }
+        assert_eq!(
+            r.unresolved,
+            [
+                (2, Addr::from_ip(ip("10.1.0.12"))),
+                (10, Addr::from_ip(ip("10.2.0.6")))
+            ]
+        );
+        // Once the FIB has the neighbour, the same frame and verdict go out as if never held.
+        let mut frames = SlotFrames::new(1, 2048);
+        frames.push(r.frames.get(0));
+        let mut verdicts = [r.verdicts[0]];
+        let mut out = [NOT_SENT];
+        let mut input = fib().input().clone();
+        input.neighbours.push(neigh(2, "10.1.0.12", 0xa2));
+        egress.process(
+            &mut frames,
+            &mut verdicts,
+            &mut out,
+            &Fib::new(input),
+            LinkType::Ethernet,
+            true,
+            None,
+            &mut EgressStats::default(),
+            |_, _, _| {},
+        );
+        assert_eq!(out, [1]);
+        assert_eq!(verdicts[0].egress, 2);
+        assert_eq!(&frames.get(0)[..12], &[[0xa2; 6], [2; 6]].concat()[..]);
+        assert_eq!(frames.get(0)[14 + 8], 63, "TTL decremented once");
     }
 
     /// A frame as a veth with TX checksum offload hands it over: the L4 checksum field holds

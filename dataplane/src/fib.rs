@@ -355,6 +355,11 @@ impl Fib {
         })
     }
 
+    /// Whether the neighbour table has a usable entry for `addr` (`Addr::as_u128`) on `ifindex`.
+    pub fn has_neighbour(&self, ifindex: u32, addr: u128) -> bool {
+        self.neigh.contains_key(&(ifindex, addr))
+    }
+
     /// Whether `ifindex` is a Linux bridge (its ports, not the bridge, carry frames).
     pub fn is_bridge(&self, ifindex: u32) -> bool {
         self.links.get(&ifindex).is_some_and(|l| l.bridge)

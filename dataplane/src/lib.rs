@@ -10,6 +10,7 @@ pub mod conntrack;
 pub mod egress;
 pub mod fib;
 pub mod fragments;
+pub mod hold;
 pub mod io;
 pub mod pipeline;
 pub mod policy;

@@ -16,7 +16,9 @@
 //! Service's chosen endpoint, or the destination as addressed for pod traffic, which is then
 //! tracked as is so that its replies and later packets pass statefully.
 //!
-//! Every outcome is one `Reason`, counted in `Counters`. No allocation, lock or syscall per packet.
+//! Every outcome is one `Reason`, written into the packet's verdict; `Counters::record` counts
+//! the final verdicts once the last stage is done (`Pipeline::process` when the pipeline is the
+//! only stage; the egress stage's callers after it). No allocation, lock or syscall per packet.
 
 use kxdp_packet::{
     build_port_unreachable, build_tcp_rst, parse_into, parse_plain_v4, parse_quoted, proto,
@@ -159,15 +161,16 @@ impl Default for Counters {
 }
 
 impl Counters {
-    /// A later stage (egress) changed the packet's fate: it counts under `to` instead of its
-    /// verdict's current reason and action, and the verdict says so. Still counted once.
+    /// Counts a batch's final verdicts, by reason and action: the one place packets are counted
+    /// by their fate, called once per batch after its last stage (the pipeline alone:
+    /// [`Pipeline::process`]; the egress stage and a worker's TX: their caller), so a drop a
+    /// later stage decides is counted once, under its own reason.
     #[inline]
-    pub fn reclassify(&mut self, v: &mut Verdict, to: Reason) {
-        self.reasons[v.reason as usize] -= 1;
-        self.actions[v.action as usize] -= 1;
-        v.set(to);
-        self.reasons[to as usize] += 1;
-        self.actions[v.action as usize] += 1;
+    pub fn record<'v>(&mut self, verdicts: impl IntoIterator<Item = &'v Verdict>) {
+        for v in verdicts {
+            self.reasons[v.reason as usize] += 1;
+            self.actions[v.action as usize] += 1;
+        }
     }
 
     pub fn add(&mut self, other: &Counters) {
@@ -364,9 +367,26 @@ impl Pipeline {
         self.link
     }
 
-    /// Processes `frames` in place and writes one verdict per frame into `verdicts` (which must be
-    /// at least as long). `now_ms` is the time of the batch (monotonic milliseconds).
+    /// Processes `frames` in place, writes one verdict per frame into `verdicts` (which must be
+    /// at least as long) and counts them (`Counters::record`): for callers with no stage after
+    /// the pipeline. `now_ms` is the time of the batch (monotonic milliseconds).
     pub fn process<F: Frames>(
+        &mut self,
+        frames: &mut F,
+        verdicts: &mut [Verdict],
+        snap: &Snapshot,
+        ct: &Conntrack,
+        now_ms: u64,
+    ) {
+        let n = frames.count().min(verdicts.len());
+        self.decide(frames, verdicts, snap, ct, now_ms);
+        self.counters.record(&verdicts[..n]);
+    }
+
+    /// `process` without counting the verdicts by reason and action: a later stage (egress, a
+    /// worker's TX) may still change them, and the caller counts the final ones once
+    /// (`Counters::record`).
+    pub fn decide<F: Frames>(
         &mut self,
         frames: &mut F,
         verdicts: &mut [Verdict],
@@ -540,8 +560,7 @@ impl Pipeline {
             // The established fast lane: most packets are plain packets of known connections.
             let s = &self.scratch[i];
             if let (KIND_IP, true, None, true) = (kind, s.hit, &s.quoted, lane_on) {
-                if let Some(reason) = established_lane(buf, s, &s.found, v, b) {
-                    self.counters.reasons[reason as usize] += 1;
+                if established_lane(buf, s, &s.found, v, b).is_some() {
                     lane += 1;
                     continue;
                 }
@@ -586,11 +605,7 @@ impl Pipeline {
                     }
                 }
             }
-            self.counters.reasons[v.reason as usize] += 1;
-            self.counters.actions[v.action as usize] += 1;
         }
-        // Every packet of the lane is forwarded.
-        self.counters.actions[Action::Forward as usize] += lane;
         self.counters.fast_lane += lane;
     }
 

@@ -538,7 +538,7 @@ fn drive(
                 let mut frames = frames.fill(&share.data, &share.spans[k..k + m]);
                 batch_idx[..m].copy_from_slice(&share.index[k..k + m]);
                 k += m;
-                pipeline.process(&mut frames, &mut verdicts[..m], tables, ct, now);
+                pipeline.decide(&mut frames, &mut verdicts[..m], tables, ct, now);
                 if let Some(r) = routes {
                     r.egress.process(
                         &mut frames,
@@ -548,11 +548,12 @@ fn drive(
                         pipeline.link(),
                         false,
                         Some(&tables.cluster_cidrs),
-                        &mut pipeline.counters,
                         &mut egress_stats,
                         |_, _, _| {},
                     );
                 }
+                // The batch's final verdicts, counted once.
+                pipeline.counters.record(&verdicts[..m]);
                 if m > 0 {
                     on_batch(pass, &batch_idx[..m], &verdicts[..m], &frames);
                 }

@@ -6,7 +6,10 @@
 //! `ArcSwap` guard, picked up between batches); `Pipeline::process` in place in the UMEM; then
 //! the egress stage (`crate::egress`: FIB lookup, TTL, MACs, checksum completion, the kernel
 //! port) decides each packet's port, and its drops become the verdicts' reasons. Frames to send
-//! are queued per egress port; the rest go back to the free list.
+//! are queued per egress port; frames whose next hop has no neighbour yet are held until it
+//! resolves (`crate::hold`; looked at again when a new FIB is published); the rest go back to
+//! the free list. The batch's final verdicts are counted once, after the TX submission
+//! (`Counters::record`).
 //!
 //! Then one TX ring submission and kick per egress socket, completions back to the free list,
 //! the fill rings topped up. No allocation, lock or syscall per packet: the syscalls are the TX
@@ -36,11 +39,13 @@ use arc_swap::{ArcSwap, Guard};
 use kxdp_packet::{Family, LinkType};
 
 use crate::conntrack::Conntrack;
-use crate::egress::{Egress, EgressStats, NOT_SENT};
+use crate::egress::{Egress, EgressStats, HOLD, NOT_SENT};
 use crate::fib::Fib;
+use crate::fib::Miss;
+use crate::hold::{self, Held, HoldQueue};
 use crate::io::afxdp::{Desc, KernelXskStats, Umem, XskConfig, XskSocket};
-use crate::pipeline::Pipeline;
-use crate::snapshot::Snapshot;
+use crate::pipeline::{Counters, Pipeline};
+use crate::snapshot::{PrefixSet, Snapshot};
 use crate::stats::{clock_ms, DataplaneStats, SocketSample, FRAME_BYTES, SOCKET_STATS_PERIOD};
 use crate::verdict::{Reason, Verdict};
 use kxdp_kernel::sys::{Poller, Waker};
@@ -161,6 +166,28 @@ pub struct IoCounters {
     pub batches: AtomicU64,
 }
 
+/// Where a batch was received: what the egress stage and a held frame need of it.
+#[derive(Clone, Copy)]
+struct Ingress {
+    ifindex: u32,
+    partial_checksums: bool,
+    from_kernel: bool,
+}
+
+/// A received batch after the egress stage: its frames, verdicts and hops.
+struct Batch<'a> {
+    descs: &'a [Desc],
+    verdicts: &'a mut [Verdict],
+    hops: &'a mut [u16],
+}
+
+/// Per egress port: the frames queued in a batch and their positions in it (fixed capacity,
+/// allocated when the sockets change, never per packet).
+struct TxQueues<'a> {
+    out: &'a mut [Vec<Desc>],
+    out_idx: &'a mut [Vec<u16>],
+}
+
 /// One (interface, queue) a worker polls and sends on.
 pub struct Port {
     pub sock: XskSocket,
@@ -210,6 +237,14 @@ pub struct Worker {
     poller: Option<Poller>,
     /// Wakes the idle wait (in the poller with the sockets); see [`Worker::waker`].
     waker: Option<Arc<Waker>>,
+    /// Frames waiting for their next hop's neighbour (`crate::hold`), in hand in the UMEM.
+    held: HoldQueue<Desc>,
+    /// The FIB the held frames were last looked up in (a new one may have their neighbours).
+    held_fib: u64,
+    /// Held frames taken out to be sent on (capacity `hold::CAPACITY`, never grown).
+    releasing: Vec<Held<Desc>>,
+    /// Verdicts of held frames dropped outside a batch (their socket removed), to be counted.
+    discarded: Vec<Verdict>,
 }
 
 /// Shared state a worker runs against.
@@ -270,6 +305,10 @@ impl Worker {
             commands: None,
             poller,
             waker,
+            held: HoldQueue::default(),
+            held_fib: 0,
+            releasing: Vec::with_capacity(hold::CAPACITY),
+            discarded: Vec::with_capacity(hold::CAPACITY),
         };
         let target = fill_target(cfg, 0);
         for &(ifindex, queue, mac, complete_checksums) in ports {
@@ -307,6 +346,10 @@ impl Worker {
             commands: None,
             poller,
             waker,
+            held: HoldQueue::default(),
+            held_fib: 0,
+            releasing: Vec::with_capacity(hold::CAPACITY),
+            discarded: Vec::with_capacity(hold::CAPACITY),
         })
     }
 
@@ -351,6 +394,10 @@ impl Worker {
     }
 
     fn remove_ports(&mut self, ifindex: u32) -> Removed {
+        // Held frames received on its sockets are theirs by the UMEM's accounting (`reclaim`
+        // takes back what they own and is not free): they go back to the free list first.
+        // Those waiting to leave through it have nowhere to go.
+        self.discard_held(|h| h.ingress == ifindex || h.oif == ifindex);
         let mut r = Removed::default();
         let mut i = 0;
         while i < self.ports.len() {
@@ -437,7 +484,7 @@ impl Worker {
         // capacity, allocated when the sockets change (never per packet).
         let mut out: Vec<Vec<Desc>> = Vec::new();
         let mut out_idx: Vec<Vec<u16>> = Vec::new();
-        let mut egress = Egress::new(&[], self.kernel_port);
+        let mut egress = Egress::new(&[], self.kernel_port).holding(true);
         let base = fill_target(&self.xsk, 0);
         let mut kept = 0usize;
         let mut share_window_end = Instant::now() + FILL_SHARE_WINDOW;
@@ -465,6 +512,7 @@ impl Worker {
         let mut spoof_for = (u64::MAX, u64::MAX);
         while !shared.stop.load(Ordering::Relaxed) {
             changed |= self.apply_commands();
+            self.count_discarded(&mut pipeline.counters);
             if changed {
                 changed = false;
                 // A new or closed socket shows in the socket table at once.
@@ -475,7 +523,7 @@ impl Worker {
                 let ifindexes: Vec<u32> = self.ports.iter().map(|p| p.ifindex).collect();
                 // A worker has one socket per (interface, queue) it owns; it sends on one of
                 // them per interface.
-                egress = Egress::new(&ifindexes, self.kernel_port);
+                egress = Egress::new(&ifindexes, self.kernel_port).holding(true);
                 kept = kept_reserve(base, nports);
                 spoof_for = (u64::MAX, u64::MAX);
                 floor_ports = io_floor
@@ -545,7 +593,7 @@ impl Worker {
                 }
                 {
                     let mut batch = self.umem.batch(&mut descs[..n]);
-                    pipeline.process(
+                    pipeline.decide(
                         &mut batch,
                         &mut verdicts[..screened],
                         &snap,
@@ -562,7 +610,6 @@ impl Worker {
                         self.ports[p].complete_checksums,
                         // What the kernel port delivered the kernel already routed to kxdp.
                         (!from_kernel).then_some(&snap.cluster_cidrs),
-                        &mut pipeline.counters,
                         &mut egress_stats,
                         |oif, addr, family| {
                             let _ = shared.unresolved.try_send((oif, addr, family));
@@ -573,45 +620,28 @@ impl Worker {
                         c.checksums_completed.fetch_add(done, Ordering::Relaxed);
                     }
                 }
-                for i in 0..n {
-                    let v = &verdicts[i];
-                    // A new masqueraded connection, or one the node itself opened (through the
-                    // kernel port, source a node address): its replies come to a node address
-                    // on a port the kernel owns or could own; tell the XDP program before the
-                    // packet leaves, so they are steered to kxdp (and un-NATed) instead.
-                    if (v.masq || from_kernel) && v.reason == Reason::ServiceDnat {
-                        if let Some(m) = &shared.masq {
-                            if m.add_masq_reply(v.proto, &v.dst, v.family, v.dport, v.sport)
-                                .is_err()
-                            {
-                                c.masq_map_errors.fetch_add(1, Ordering::Relaxed);
-                            }
-                        }
-                    }
-                    match hops[i] {
-                        NOT_SENT => self.umem.recycle(descs[i].addr),
-                        e => {
-                            out[e as usize].push(descs[i]);
-                            out_idx[e as usize].push(i as u16);
-                        }
-                    }
-                }
-                for e in 0..nports {
-                    if out[e].is_empty() {
-                        continue;
-                    }
-                    let sent = self.ports[e].sock.send(&mut self.umem, &out[e]);
-                    c.tx.fetch_add(sent as u64, Ordering::Relaxed);
-                    // Frames past `sent` did not fit on the TX ring (already recycled).
-                    for &i in &out_idx[e][sent..] {
-                        let v = &mut verdicts[i as usize];
-                        v.egress = 0;
-                        pipeline.counters.reclassify(v, Reason::TxRingFull);
-                    }
-                    self.ports[e].sock.flush_tx();
-                    out[e].clear();
-                    out_idx[e].clear();
-                }
+                let mut q = TxQueues {
+                    out: &mut out,
+                    out_idx: &mut out_idx,
+                };
+                let rx = Ingress {
+                    ifindex: self.ports[p].ifindex,
+                    partial_checksums: self.ports[p].complete_checksums,
+                    from_kernel,
+                };
+                let batch = Batch {
+                    descs: &descs[..n],
+                    verdicts: &mut verdicts[..n],
+                    hops: &mut hops[..n],
+                };
+                self.queue_batch(shared, &fib, rx, batch, &mut q, now);
+                self.transmit(&mut q, &mut verdicts[..n], &c);
+                // The batch's final verdicts, counted once (held frames when they leave).
+                pipeline.counters.record(
+                    (verdicts[..n].iter().zip(&hops[..n]))
+                        .filter(|&(_, &h)| h != HOLD)
+                        .map(|(v, _)| v),
+                );
                 c.rx.fetch_add(n as u64, Ordering::Relaxed);
                 c.batches.fetch_add(1, Ordering::Relaxed);
                 if let Some(stats) = &shared.stats {
@@ -625,6 +655,15 @@ impl Worker {
                         now,
                     );
                 }
+            }
+            if !self.held.is_empty() {
+                let (fib, snap) = (shared.routes.load(), shared.tables.current());
+                let mut q = TxQueues {
+                    out: &mut out,
+                    out_idx: &mut out_idx,
+                };
+                let pods = &snap.cluster_cidrs;
+                self.release_held(shared, &fib, &egress, pods, &mut q, &mut pipeline.counters);
             }
             // Completions and refills for every socket (frames sent on one socket may have
             // been received on another: the UMEM is shared). Each fill ring is topped up to its
@@ -687,8 +726,10 @@ impl Worker {
                             // The sockets' fds wake the wait only for RX. Frames still on a TX
                             // ring (a copy-mode kick sends at most `tx_budget`: 32 on kernels
                             // before 6.17; the rest wait for the next kick) are kicked again a
-                            // millisecond later, not after the safety-net timeout.
-                            let ready = p.wait(if tx_left > 0 { 1 } else { IDLE_WAIT_MS });
+                            // millisecond later, not after the safety-net timeout; held frames
+                            // look for their neighbour as often.
+                            let busy = tx_left > 0 || !self.held.is_empty();
+                            let ready = p.wait(if busy { 1 } else { IDLE_WAIT_MS });
                             if let Some(w) = &self.waker {
                                 if p.is_ready(ready, w.fd()) {
                                     w.clear();
@@ -708,9 +749,200 @@ impl Worker {
                 }
             }
         }
+        // Held frames go back to the free list (a takeover's successor gets a balanced UMEM).
+        self.discard_held(|_| true);
+        self.count_discarded(&mut pipeline.counters);
         // The last reading, for whoever looks after the stop (a takeover's successor, the log).
         if let Some(stats) = &shared.stats {
+            stats.after_batch(self.index, &pipeline.counters, &[], 0, clock_ms());
             self.publish_sockets(stats);
+        }
+    }
+
+    /// Queues each sent frame of a batch on its egress port (`hops[i]`, from the egress stage),
+    /// holds those waiting for a neighbour ([`HOLD`]; a frame the hold queue has no room for
+    /// becomes a `no-neighbour` drop) and gives the others back to the free list. A new
+    /// masqueraded connection, or one the node itself opened (through the kernel port, source a
+    /// node address), has its reply registered with the XDP program before the packet leaves:
+    /// replies come to a node address on a port the kernel owns or could own, and must be
+    /// steered to kxdp (and un-NATed).
+    fn queue_batch(
+        &mut self,
+        shared: &Shared,
+        fib: &Fib,
+        rx: Ingress,
+        b: Batch<'_>,
+        q: &mut TxQueues<'_>,
+        now_ms: u64,
+    ) {
+        for (i, v) in b.verdicts.iter_mut().enumerate() {
+            if (v.masq || rx.from_kernel) && v.reason == Reason::ServiceDnat {
+                if let Some(m) = &shared.masq {
+                    if m.add_masq_reply(v.proto, &v.dst, v.family, v.dport, v.sport)
+                        .is_err()
+                    {
+                        self.counters
+                            .masq_map_errors
+                            .fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+            match b.hops[i] {
+                NOT_SENT => self.umem.recycle(b.descs[i].addr),
+                HOLD => {
+                    let held = match fib.lookup(&v.dst, v.family) {
+                        Err(Miss::NoNeighbour(oif, next_hop)) => self.held.hold(Held {
+                            frame: b.descs[i],
+                            verdict: *v,
+                            oif,
+                            next_hop,
+                            ingress: rx.ifindex,
+                            partial_checksums: rx.partial_checksums,
+                            from_kernel: rx.from_kernel,
+                            deadline_ms: now_ms + hold::HOLD_MS,
+                        }),
+                        _ => false,
+                    };
+                    if !held {
+                        v.set(Reason::NoNeighbour);
+                        b.hops[i] = NOT_SENT;
+                        self.umem.recycle(b.descs[i].addr);
+                    }
+                }
+                e => {
+                    q.out[e as usize].push(b.descs[i]);
+                    q.out_idx[e as usize].push(i as u16);
+                }
+            }
+        }
+    }
+
+    /// Sends on the held frames whose neighbour the FIB now has (looked up again when a new
+    /// FIB is published: the refresher's answer to the resolution the egress stage asked for),
+    /// through the egress stage as if they had just been processed, and drops as
+    /// `no-neighbour` those whose time is up. Their final verdicts are counted here, once.
+    fn release_held(
+        &mut self,
+        shared: &Shared,
+        fib: &Fib,
+        egress: &Egress,
+        pods: &PrefixSet,
+        q: &mut TxQueues<'_>,
+        counters: &mut Counters,
+    ) {
+        let now = clock_ms();
+        let fib_changed = fib.id() != self.held_fib;
+        if !fib_changed && self.held.next_deadline().is_some_and(|d| d > now) {
+            return;
+        }
+        self.held_fib = fib.id();
+        let releasing = &mut self.releasing;
+        self.held.take_where(
+            |h| {
+                h.deadline_ms <= now
+                    || fib_changed
+                        && !matches!(
+                            fib.lookup(&h.verdict.dst, h.verdict.family),
+                            Err(Miss::NoNeighbour(..))
+                        )
+            },
+            |h| releasing.push(h),
+        );
+        if self.releasing.is_empty() {
+            return;
+        }
+        let mut verdicts = [Verdict::default(); hold::CAPACITY];
+        let mut hops = [NOT_SENT; hold::CAPACITY];
+        let mut stats = EgressStats::default();
+        let k = self.releasing.len().min(hold::CAPACITY);
+        for j in 0..k {
+            let h = self.releasing[j];
+            let mut frame = [h.frame];
+            verdicts[j] = h.verdict;
+            {
+                let mut batch = self.umem.batch(&mut frame);
+                egress.process(
+                    &mut batch,
+                    &mut verdicts[j..=j],
+                    &mut hops[j..=j],
+                    fib,
+                    LinkType::Ethernet,
+                    h.partial_checksums,
+                    (!h.from_kernel).then_some(pods),
+                    &mut stats,
+                    |oif, addr, family| {
+                        let _ = shared.unresolved.try_send((oif, addr, family));
+                    },
+                );
+            }
+            match hops[j] {
+                NOT_SENT => self.umem.recycle(h.frame.addr),
+                // Still no neighbour: back in the queue until its deadline.
+                HOLD if h.deadline_ms > now && self.held.hold(h) => {}
+                HOLD => {
+                    verdicts[j].set(Reason::NoNeighbour);
+                    hops[j] = NOT_SENT;
+                    self.umem.recycle(h.frame.addr);
+                }
+                e => {
+                    q.out[e as usize].push(h.frame);
+                    q.out_idx[e as usize].push(j as u16);
+                }
+            }
+        }
+        self.releasing.clear();
+        let io = self.counters.clone();
+        self.transmit(q, &mut verdicts[..k], &io);
+        if stats.checksums_completed > 0 {
+            (io.checksums_completed).fetch_add(stats.checksums_completed, Ordering::Relaxed);
+        }
+        counters.record(
+            (verdicts[..k].iter().zip(&hops[..k]))
+                .filter(|&(_, &h)| h != HOLD)
+                .map(|(v, _)| v),
+        );
+        if let Some(stats) = &shared.stats {
+            stats.after_batch(self.index, counters, &[], 0, now);
+        }
+    }
+
+    /// Gives the held frames `pick` selects back to the free list, as `no-neighbour` drops (to
+    /// be counted: [`Worker::count_discarded`]).
+    fn discard_held(&mut self, pick: impl FnMut(&Held<Desc>) -> bool) {
+        let (umem, discarded) = (&mut self.umem, &mut self.discarded);
+        self.held.take_where(pick, |mut h| {
+            umem.recycle(h.frame.addr);
+            h.verdict.set(Reason::NoNeighbour);
+            h.verdict.egress = 0;
+            discarded.push(h.verdict);
+        });
+    }
+
+    /// Counts the held frames dropped outside a batch.
+    fn count_discarded(&mut self, counters: &mut Counters) {
+        if !self.discarded.is_empty() {
+            counters.record(&self.discarded);
+            self.discarded.clear();
+        }
+    }
+
+    /// One TX submission and kick per egress port with queued frames. Frames that did not fit
+    /// on a TX ring (already back on the free list) become `tx-ring-full` drops in `verdicts`.
+    fn transmit(&mut self, q: &mut TxQueues<'_>, verdicts: &mut [Verdict], c: &IoCounters) {
+        for e in 0..q.out.len().min(self.ports.len()) {
+            if q.out[e].is_empty() {
+                continue;
+            }
+            let sent = self.ports[e].sock.send(&mut self.umem, &q.out[e]);
+            c.tx.fetch_add(sent as u64, Ordering::Relaxed);
+            for &i in &q.out_idx[e][sent..] {
+                let v = &mut verdicts[i as usize];
+                v.egress = 0;
+                v.set(Reason::TxRingFull);
+            }
+            self.ports[e].sock.flush_tx();
+            q.out[e].clear();
+            q.out_idx[e].clear();
         }
     }
 

@@ -5,9 +5,9 @@
 //! look up per packet without a lock or syscall.
 //!
 //! A next hop the neighbour table does not know (or knows as INCOMPLETE/FAILED) cannot be
-//! addressed: the packet is dropped (`no-neighbour`) and the refresher asks the kernel to
-//! resolve it (`RTM_NEWNEIGH` with `NTF_USE`, what sending there would trigger), so the next
-//! packets of the flow go through.
+//! addressed yet: a worker holds the frame (`crate::hold`) and the refresher asks the kernel to
+//! resolve it (`RTM_NEWNEIGH` with `NTF_USE`, what sending there would trigger); the FIB it
+//! publishes once the kernel announces the entry releases the held frames.
 
 use std::collections::HashMap;
 use std::io;
@@ -122,6 +122,10 @@ fn refresher(
         if events.wait(Duration::from_millis(100)) {
             match read() {
                 Ok(t) => {
+                    // A neighbour the kernel now has is asked for again as soon as it goes
+                    // missing (flushed, expired): a frame waiting for it would otherwise wait
+                    // out the pause below with nobody resolving it.
+                    asked.retain(|&(oif, a), _| !t.has_neighbour(oif, a));
                     let now = std::time::Instant::now();
                     for (oif, a, f) in t.unresolved_next_hops() {
                         let key = (oif, a.as_u128());

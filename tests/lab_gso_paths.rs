@@ -14,7 +14,8 @@
 //!   with a virtio-net header and TSO offloads (`kxdp_kernel::tap`), so whole GSO super-frames
 //!   reach userspace; a small forwarder here does the DNAT and its reverse with a flow table and
 //!   exact checksums (a partial one updated as a pseudo-header sum), and writes the frame back
-//!   into the tap for the kernel to route, GSO intact.
+//!   into the tap for the kernel to route, GSO intact;
+//! - `tap2`: the same with two tap queues, one forwarding thread each.
 //!
 //! Every run must complete without errors, the server pod's `TcpInCsumErrors` must stay 0, and the
 //! client pod's TSO must be on for the paths that claim super-frames. CPU is the whole machine's
@@ -33,7 +34,7 @@ mod lab;
 use std::collections::{BTreeMap, HashMap};
 use std::net::Ipv4Addr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -145,8 +146,9 @@ struct Counts {
 /// replies of flows it translated. Fills in the checksums as the header says they are.
 struct Nat {
     endpoint: Ipv4Addr,
-    /// Client (address, port) of each translated flow.
-    flows: HashMap<(Ipv4Addr, u16), ()>,
+    /// Client (address, port) of each translated flow, shared by the queues' threads (the two
+    /// directions of a flow may come out of different queues).
+    flows: Arc<Mutex<HashMap<(Ipv4Addr, u16), ()>>>,
 }
 
 /// Updates a checksum field for a 32-bit (address) change. A partial field (the frame's
@@ -178,9 +180,12 @@ impl Nat {
         let (sport, dport) = (port(f, l4), port(f, l4 + 2));
         // Which address and port field change: (ip offset, port offset, new ip, new port).
         let (ip_at, port_at, new_ip, new_port) = if dst == VIP && dport == VPORT {
-            self.flows.insert((src, sport), ());
+            self.flows.lock().unwrap().insert((src, sport), ());
             (14 + 16, l4 + 2, self.endpoint, TPORT)
-        } else if src == self.endpoint && sport == TPORT && self.flows.contains_key(&(dst, dport)) {
+        } else if src == self.endpoint
+            && sport == TPORT
+            && self.flows.lock().unwrap().contains_key(&(dst, dport))
+        {
             (14 + 12, l4, VIP, VPORT)
         } else {
             return false;
@@ -236,13 +241,11 @@ impl Forwarder {
         let stop = Arc::new(AtomicBool::new(false));
         let counts = Arc::new(Counts::default());
         let mut threads = Vec::new();
+        let flows = Arc::new(Mutex::new(HashMap::new()));
         for q in qs {
-            let (stop, counts) = (stop.clone(), counts.clone());
+            let (stop, counts, flows) = (stop.clone(), counts.clone(), flows.clone());
             threads.push(std::thread::spawn(move || {
-                let mut nat = Nat {
-                    endpoint,
-                    flows: HashMap::new(),
-                };
+                let mut nat = Nat { endpoint, flows };
                 let mut buf = vec![0u8; MAX_FRAME];
                 while !stop.load(Ordering::Relaxed) {
                     if !q.wait_readable(100).expect("poll") {
@@ -418,38 +421,40 @@ fn gso_paths() {
             lab.warm_neighbours();
         }
 
-        let fwd = Forwarder::start(&node, 1, web);
-        lab::sh(
-            &node,
-            &format!(
-                "ip link set {TAP} address {} up && sysctl -qw net.ipv4.conf.{TAP}.rp_filter=0",
-                TAP_MAC.map(|b| format!("{b:02x}")).join(":")
-            ),
-        );
-        for v in &veths {
-            steer(&node, v, true);
-        }
-        if round == 0 {
-            eprint!(
-                "{}",
-                lab::sh(&node, &format!("tc filter show dev {} ingress", veths[0]))
+        for (path, queues) in [("tap", 1), ("tap2", 2)] {
+            let fwd = Forwarder::start(&node, queues, web);
+            lab::sh(
+                &node,
+                &format!(
+                    "ip link set {TAP} address {} up && sysctl -qw net.ipv4.conf.{TAP}.rp_filter=0",
+                    TAP_MAC.map(|b| format!("{b:02x}")).join(":")
+                ),
             );
+            for v in &veths {
+                steer(&node, v, true);
+            }
+            if round == 0 && queues == 1 {
+                eprint!(
+                    "{}",
+                    lab::sh(&node, &format!("tc filter show dev {} ingress", veths[0]))
+                );
+            }
+            record(&mut results, &lab, path, &VIP.to_string(), VPORT);
+            for v in &veths {
+                steer(&node, v, false);
+            }
+            let c = fwd.stop();
+            let frames = c.frames.load(Ordering::Relaxed).max(1);
+            let s = format!(
+                "{path} forwarder: {} frames, {:.0}% GSO, {:.0} B per frame, {} translated",
+                frames,
+                100.0 * c.gso.load(Ordering::Relaxed) as f64 / frames as f64,
+                c.bytes.load(Ordering::Relaxed) as f64 / frames as f64,
+                c.nat.load(Ordering::Relaxed)
+            );
+            eprintln!("  {s}");
+            tap_stats.push(s);
         }
-        record(&mut results, &lab, "tap", &VIP.to_string(), VPORT);
-        for v in &veths {
-            steer(&node, v, false);
-        }
-        let c = fwd.stop();
-        let frames = c.frames.load(Ordering::Relaxed).max(1);
-        let s = format!(
-            "tap forwarder: {} frames, {:.0}% GSO, {:.0} B per frame, {} translated",
-            frames,
-            100.0 * c.gso.load(Ordering::Relaxed) as f64 / frames as f64,
-            c.bytes.load(Ordering::Relaxed) as f64 / frames as f64,
-            c.nat.load(Ordering::Relaxed)
-        );
-        eprintln!("  {s}");
-        tap_stats.push(s);
     }
     lab::sh(&lab.pod("web-a1").ns, "pkill -x iperf3 || true");
     eprintln!(
@@ -468,7 +473,7 @@ fn gso_paths() {
     };
     for streams in [1, 4] {
         let base = med(&format!("iptables P{streams}")).unwrap();
-        for path in ["kernel", "iptables", "kxdp", "tap"] {
+        for path in ["kernel", "iptables", "kxdp", "tap", "tap2"] {
             if let Some((g, c, o)) = med(&format!("{path} P{streams}")) {
                 eprintln!(
                     "| {path}, {streams} stream{} | {g:.2} | {c:.0} | {o:.0} | {:.2} | {:.2} |",
@@ -531,7 +536,7 @@ mod rewrite {
     fn nat() -> Nat {
         Nat {
             endpoint: Ipv4Addr::new(10, 77, 1, 3),
-            flows: HashMap::new(),
+            flows: Arc::default(),
         }
     }
 

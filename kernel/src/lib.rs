@@ -12,7 +12,8 @@
 //!   conntrack state file's directory).
 //! - [`handover`]: memfds and descriptors passed over a Unix socket (a takeover).
 //! - [`tap`]: a multi-queue tap with a virtio-net header: whole GSO packets to and from the kernel.
-//! - [`tc`]: clsact + matchall `mirred` redirects of a pod veth's packets to the tap.
+//! - [`tc`]: clsact + match-everything `u32` filters whose `mirred` action redirects a pod
+//!   veth's packets to the tap.
 //! - [`sys`]: interface indexes, network namespaces, ethtool queries, CPU pinning.
 //!
 //! Each `unsafe` block sits in a small named helper with a `// SAFETY:` note saying why it is

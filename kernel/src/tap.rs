@@ -176,6 +176,26 @@ impl TapQueue {
         &self.name
     }
 
+    /// Makes [`TapQueue::read`] return `WouldBlock` instead of waiting when there is no frame
+    /// (a worker that polls several ports, or busy-polls).
+    pub fn set_nonblocking(&self, on: bool) -> io::Result<()> {
+        // SAFETY: F_GETFL/F_SETFL on a descriptor this queue owns; no memory is passed.
+        let flags = unsafe { libc::fcntl(self.fd.as_raw_fd(), libc::F_GETFL) };
+        if flags < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let flags = if on {
+            flags | libc::O_NONBLOCK
+        } else {
+            flags & !libc::O_NONBLOCK
+        };
+        // SAFETY: as above.
+        if unsafe { libc::fcntl(self.fd.as_raw_fd(), libc::F_SETFL, flags) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
     /// Waits up to `timeout_ms` for a frame to read; false on timeout.
     pub fn wait_readable(&self, timeout_ms: i32) -> io::Result<bool> {
         let mut p = libc::pollfd {

@@ -125,6 +125,17 @@ fn redirect_filter(
     m
 }
 
+/// The two preferences (IPv4, IPv6) kxdp's filters take from `pref`.
+fn prefs(pref: u16) -> io::Result<[(u16, u16); 2]> {
+    match pref.checked_add(1) {
+        Some(next) if pref > 0 => Ok([(pref, ETH_P_IP), (next, ETH_P_IPV6)]),
+        _ => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("tc filter preference {pref}: 1 to 65534 (it and the next one are used)"),
+        )),
+    }
+}
+
 fn context(e: io::Error, what: &str, ifindex: u32) -> io::Error {
     io::Error::new(e.kind(), format!("{what} on interface {ifindex}: {e}"))
 }
@@ -132,6 +143,7 @@ fn context(e: io::Error, what: &str, ifindex: u32) -> io::Error {
 /// Redirects every IPv4 (filter preference `pref`) and IPv6 (`pref + 1`) packet arriving on
 /// `ifindex` to the egress of `target`, adding the clsact qdisc when missing.
 pub fn redirect_ingress(ifindex: u32, target: u32, pref: u16) -> io::Result<()> {
+    let prefs = prefs(pref)?;
     match acked(
         RouteNetlinkMessage::NewQueueDiscipline(clsact(ifindex)),
         NLM_F_CREATE | NLM_F_EXCL,
@@ -139,7 +151,7 @@ pub fn redirect_ingress(ifindex: u32, target: u32, pref: u16) -> io::Result<()> 
         Err(e) if e.raw_os_error() == Some(EEXIST) => {}
         r => r.map_err(|e| context(e, "adding the clsact qdisc", ifindex))?,
     }
-    for (p, proto) in [(pref, ETH_P_IP), (pref + 1, ETH_P_IPV6)] {
+    for (p, proto) in prefs {
         let (handle, flags) = match existing(ifindex, p, proto)
             .map_err(|e| context(e, "listing the ingress filters", ifindex))?
         {
@@ -160,7 +172,7 @@ pub fn redirect_ingress(ifindex: u32, target: u32, pref: u16) -> io::Result<()> 
 /// Removes the filters [`redirect_ingress`] added at `pref` (a missing one is not an error;
 /// the clsact qdisc stays for whoever else uses it).
 pub fn remove_redirect(ifindex: u32, pref: u16) -> io::Result<()> {
-    for (p, proto) in [(pref, ETH_P_IP), (pref + 1, ETH_P_IPV6)] {
+    for (p, proto) in prefs(pref)? {
         match acked(
             // No handle: the whole tcf_proto at this preference, which is kxdp's alone.
             RouteNetlinkMessage::DelTrafficFilter(filter(ifindex, p, proto, TcHandle::UNSPEC)),
@@ -178,6 +190,15 @@ pub fn remove_redirect(ifindex: u32, pref: u16) -> io::Result<()> {
 mod tests {
     use super::*;
     use netlink_packet_core::{Emitable, Parseable};
+
+    #[test]
+    fn preferences_out_of_range_are_refused() {
+        for p in [0, u16::MAX] {
+            let e = redirect_ingress(1, 2, p).err().expect("refused");
+            assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{p}");
+            assert!(remove_redirect(1, p).is_err());
+        }
+    }
 
     #[test]
     fn the_filter_is_what_tc_would_send() {

@@ -194,7 +194,7 @@ mod tests {
     #[test]
     fn preferences_out_of_range_are_refused() {
         for p in [0, u16::MAX] {
-            let e = redirect_ingress(1, 2, p).err().expect("refused");
+            let e = redirect_ingress(1, 2, p).expect_err("refused");
             assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{p}");
             assert!(remove_redirect(1, p).is_err());
         }

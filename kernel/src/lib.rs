@@ -11,6 +11,9 @@
 //! - [`mount`]: whether a directory is a tmpfs that gives huge pages, and mounting one (the
 //!   conntrack state file's directory).
 //! - [`handover`]: memfds and descriptors passed over a Unix socket (a takeover).
+//! - [`tap`]: a multi-queue tap with a virtio-net header: whole GSO packets to and from the kernel.
+//! - [`tc`]: clsact + match-everything `u32` filters whose `mirred` action redirects a pod
+//!   veth's packets to the tap.
 //! - [`sys`]: interface indexes, network namespaces, ethtool queries, CPU pinning.
 //!
 //! Each `unsafe` block sits in a small named helper with a `// SAFETY:` note saying why it is
@@ -27,6 +30,8 @@ pub mod mount;
 pub mod netlink;
 pub mod shm;
 pub mod sys;
+pub mod tap;
+pub mod tc;
 pub mod xdp;
 
 pub use sys::{enter_netns, ifindex};

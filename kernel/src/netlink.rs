@@ -353,6 +353,22 @@ pub fn request_resolution(ifindex: u32, addr: IpAddr) -> io::Result<()> {
     request(RouteNetlinkMessage::NewNeighbour(m))
 }
 
+/// Sends one request with `flags` (plus REQUEST and ACK) and waits for its acknowledgement (the
+/// kernel's error, if any). For the traffic-control requests of [`crate::tc`].
+pub(crate) fn acked(msg: RouteNetlinkMessage, flags: u16) -> io::Result<()> {
+    let s = open(0)?;
+    send(&s, msg, NLM_F_REQUEST | NLM_F_ACK | flags)?;
+    receive(&s, |_| {})
+}
+
+/// A dump request (`msg` says what), every answer passed to `f`. For [`crate::tc`].
+pub(crate) fn dumped(
+    msg: RouteNetlinkMessage,
+    f: impl FnMut(RouteNetlinkMessage),
+) -> io::Result<()> {
+    dump(msg, f)
+}
+
 /// RTM_SETLINK with IFLA_XDP { fd, flags }: attaches (fd >= 0) or removes (fd = -1) an XDP
 /// program the old way, which outlives the process. kxdp attaches with BPF links; this
 /// removes programs others (or an older kxdp) left, and serves the tests that leave one.

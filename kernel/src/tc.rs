@@ -1,0 +1,264 @@
+//! Traffic control through route netlink: steering every IPv4 and IPv6 packet that arrives on
+//! an interface (a pod's host-side veth) to another device (kxdp's tap), as `tc` would with
+//!
+//! ```text
+//! tc qdisc add dev VETH clsact
+//! tc filter add dev VETH ingress protocol ip pref P u32 skip_hw \
+//!     match u32 0 0 action mirred egress redirect dev TAP
+//! ```
+//!
+//! (and `protocol ipv6` at `P + 1`). A `u32` filter with one empty key matches everything; it is
+//! used rather than `matchall` because kernels may lack `CONFIG_NET_CLS_MATCHALL` (this lab's
+//! does) while `u32` is everywhere. ARP and everything else stays with the kernel, so the pod
+//! still resolves its gateway. The filter works on whole socket buffers: a GSO super-frame is
+//! redirected as one, unlike an XDP program on a veth, which makes the kernel turn the peer's
+//! GSO off. Attaching again replaces kxdp's own filter in place (a restart or a takeover never
+//! leaves a moment without it) and leaves other filters of the qdisc alone.
+
+use std::io;
+
+use netlink_packet_core::{NLM_F_CREATE, NLM_F_EXCL, NLM_F_REPLACE};
+use netlink_packet_route::tc::{
+    TcAction, TcActionAttribute, TcActionGeneric, TcActionMirrorOption, TcActionOption,
+    TcActionType, TcAttribute, TcFilterU32Option, TcHandle, TcMessage, TcMirror,
+    TcMirrorActionType, TcOption, TcU32Key, TcU32OptionFlags, TcU32Selector, TcU32SelectorFlags,
+};
+use netlink_packet_route::RouteNetlinkMessage;
+
+use crate::netlink::{acked, dumped};
+
+const ETH_P_IP: u16 = 0x0800;
+const ETH_P_IPV6: u16 = 0x86dd;
+const EEXIST: i32 = 17;
+const ENOENT: i32 = 2;
+const EINVAL: i32 = 22;
+
+/// The clsact qdisc's ingress hook of `ifindex`.
+fn ingress() -> TcHandle {
+    TcHandle {
+        major: 0xffff,
+        minor: TcHandle::MIN_INGRESS,
+    }
+}
+
+/// `tcm_info` of a filter: its preference (priority) and protocol (network byte order).
+fn info(pref: u16, protocol: u16) -> u32 {
+    ((pref as u32) << 16) | protocol.to_be() as u32
+}
+
+fn clsact(ifindex: u32) -> TcMessage {
+    let mut m = TcMessage::with_index(ifindex as i32);
+    m.header.parent = TcHandle::CLSACT;
+    m.header.handle = TcHandle {
+        major: 0xffff,
+        minor: 0,
+    };
+    m.attributes.push(TcAttribute::Kind("clsact".into()));
+    m
+}
+
+fn filter(ifindex: u32, pref: u16, protocol: u16, handle: TcHandle) -> TcMessage {
+    let mut m = TcMessage::with_index(ifindex as i32);
+    m.header.parent = ingress();
+    m.header.handle = handle;
+    m.header.info = info(pref, protocol);
+    m
+}
+
+/// The handle of the u32 node at `pref`/`protocol` on `ifindex`'s ingress, if there is one. The
+/// kernel names a u32 node after its tcf_proto's root hash table (`800:`, `801:`...), which
+/// depends on what was attached before, so a replacement asks rather than guesses.
+fn existing(ifindex: u32, pref: u16, protocol: u16) -> io::Result<Option<TcHandle>> {
+    let mut found = None;
+    let q = filter(ifindex, pref, protocol, TcHandle::UNSPEC);
+    dumped(RouteNetlinkMessage::GetTrafficFilter(q), |m| {
+        if let RouteNetlinkMessage::NewTrafficFilter(m) = m {
+            let h = m.header.handle;
+            // A node has a non-zero node id (the low 12 bits); `800:` itself is the table.
+            if m.header.index == ifindex as i32
+                && m.header.info == info(pref, protocol)
+                && h.minor & 0x0fff != 0
+            {
+                found.get_or_insert(h);
+            }
+        }
+    })
+    .map(|_| found)
+}
+
+/// The match-everything u32 filter whose action redirects to the egress of `target`.
+fn redirect_filter(
+    ifindex: u32,
+    pref: u16,
+    protocol: u16,
+    target: u32,
+    handle: TcHandle,
+) -> TcMessage {
+    let mut generic = TcActionGeneric::default();
+    // The packet is consumed here: the redirect is its only way on.
+    generic.action = TcActionType::Stolen;
+    let mut mirror = TcMirror::default();
+    mirror.generic = generic;
+    mirror.eaction = TcMirrorActionType::EgressRedir;
+    mirror.ifindex = target;
+    let mut action = TcAction::default();
+    action.tab = 1;
+    action.attributes = vec![
+        TcActionAttribute::Kind("mirred".into()),
+        TcActionAttribute::Options(vec![TcActionOption::Mirror(TcActionMirrorOption::Parms(
+            mirror,
+        ))]),
+    ];
+    let mut m = filter(ifindex, pref, protocol, handle);
+    // One key that masks nothing matches every packet; terminal: no further lookups.
+    let mut sel = TcU32Selector::default();
+    sel.flags = TcU32SelectorFlags::Terminal;
+    sel.nkeys = 1;
+    sel.keys = vec![TcU32Key::default()];
+    m.attributes.push(TcAttribute::Kind("u32".into()));
+    m.attributes.push(TcAttribute::Options(vec![
+        TcOption::U32(TcFilterU32Option::Selector(sel)),
+        TcOption::U32(TcFilterU32Option::Action(vec![action])),
+        // Never offloaded to a NIC: the redirect target is a tap.
+        TcOption::U32(TcFilterU32Option::Flags(TcU32OptionFlags::SkipHw)),
+    ]));
+    m
+}
+
+/// The two preferences (IPv4, IPv6) kxdp's filters take from `pref`.
+fn prefs(pref: u16) -> io::Result<[(u16, u16); 2]> {
+    match pref.checked_add(1) {
+        Some(next) if pref > 0 => Ok([(pref, ETH_P_IP), (next, ETH_P_IPV6)]),
+        _ => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("tc filter preference {pref}: 1 to 65534 (it and the next one are used)"),
+        )),
+    }
+}
+
+fn context(e: io::Error, what: &str, ifindex: u32) -> io::Error {
+    io::Error::new(e.kind(), format!("{what} on interface {ifindex}: {e}"))
+}
+
+/// Redirects every IPv4 (filter preference `pref`) and IPv6 (`pref + 1`) packet arriving on
+/// `ifindex` to the egress of `target`, adding the clsact qdisc when missing.
+pub fn redirect_ingress(ifindex: u32, target: u32, pref: u16) -> io::Result<()> {
+    let prefs = prefs(pref)?;
+    match acked(
+        RouteNetlinkMessage::NewQueueDiscipline(clsact(ifindex)),
+        NLM_F_CREATE | NLM_F_EXCL,
+    ) {
+        Err(e) if e.raw_os_error() == Some(EEXIST) => {}
+        r => r.map_err(|e| context(e, "adding the clsact qdisc", ifindex))?,
+    }
+    for (p, proto) in prefs {
+        let (handle, flags) = match existing(ifindex, p, proto)
+            .map_err(|e| context(e, "listing the ingress filters", ifindex))?
+        {
+            Some(h) => (h, NLM_F_REPLACE),
+            None => (TcHandle::UNSPEC, NLM_F_CREATE | NLM_F_EXCL),
+        };
+        acked(
+            RouteNetlinkMessage::NewTrafficFilter(redirect_filter(
+                ifindex, p, proto, target, handle,
+            )),
+            flags,
+        )
+        .map_err(|e| context(e, "adding the u32 redirect filter", ifindex))?;
+    }
+    Ok(())
+}
+
+/// Removes the filters [`redirect_ingress`] added at `pref` (a missing one is not an error;
+/// the clsact qdisc stays for whoever else uses it).
+pub fn remove_redirect(ifindex: u32, pref: u16) -> io::Result<()> {
+    for (p, proto) in prefs(pref)? {
+        match acked(
+            // No handle: the whole tcf_proto at this preference, which is kxdp's alone.
+            RouteNetlinkMessage::DelTrafficFilter(filter(ifindex, p, proto, TcHandle::UNSPEC)),
+            0,
+        ) {
+            // No such filter, or no clsact qdisc at all (EINVAL).
+            Err(e) if matches!(e.raw_os_error(), Some(ENOENT) | Some(EINVAL)) => {}
+            r => r.map_err(|e| context(e, "removing the redirect filter", ifindex))?,
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use netlink_packet_core::{Emitable, Parseable};
+
+    #[test]
+    fn preferences_out_of_range_are_refused() {
+        for p in [0, u16::MAX] {
+            let e = redirect_ingress(1, 2, p).expect_err("refused");
+            assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{p}");
+            assert!(remove_redirect(1, p).is_err());
+        }
+    }
+
+    #[test]
+    fn the_filter_is_what_tc_would_send() {
+        let m = redirect_filter(7, 100, ETH_P_IP, 9, TcHandle::UNSPEC);
+        let mut buf = vec![0u8; m.buffer_len()];
+        m.emit(&mut buf);
+        let back = TcMessage::parse(&buf[..]).unwrap();
+        assert_eq!(back, m);
+        assert_eq!(back.header.index, 7);
+        assert_eq!(back.header.parent.major, 0xffff);
+        assert_eq!(back.header.parent.minor, 0xfff2);
+        // tcm_info as tc prints it: pref 100, protocol 0x0800 in network order.
+        assert_eq!(buf[16..20], info(100, ETH_P_IP).to_ne_bytes());
+        assert_eq!(info(100, ETH_P_IP) >> 16, 100);
+        assert_eq!((info(100, ETH_P_IP) as u16).to_ne_bytes(), [0x08, 0x00]);
+    }
+
+    /// Needs root, `ip` and `tc`; runs in a private network namespace (a thread of its own).
+    #[test]
+    fn attaches_replaces_in_place_and_removes() {
+        std::thread::spawn(|| {
+            // SAFETY: unshare only changes this thread's network namespace.
+            if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+                eprintln!("SKIPPED: no private network namespace");
+                return;
+            }
+            // The output without the action's index (a replacement makes a new action).
+            let sh = |c: &str| {
+                let o = std::process::Command::new("sh").args(["-c", c]).output();
+                o.map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                    .unwrap_or_default()
+                    .lines()
+                    .filter(|l| !l.trim_start().starts_with("index "))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            };
+            sh("ip link add kxva type veth peer name kxvb");
+            let (Ok(veth), Ok(other)) = (crate::ifindex("kxva"), crate::ifindex("kxvb")) else {
+                eprintln!("SKIPPED: no veth here");
+                return;
+            };
+            redirect_ingress(veth, other, 100).unwrap();
+            let first = sh("tc filter show dev kxva ingress");
+            redirect_ingress(veth, other, 100).unwrap();
+            let again = sh("tc filter show dev kxva ingress");
+            assert_eq!(first, again, "attaching again replaces in place");
+            for (pref, proto) in [("100", "ip"), ("101", "ipv6")] {
+                let nodes = again
+                    .lines()
+                    .filter(|l| l.contains(&format!("protocol {proto} pref {pref} u32")))
+                    .filter(|l| l.contains("::"))
+                    .count();
+                assert_eq!(nodes, 1, "{again}");
+            }
+            assert!(again.contains("Egress Redirect to device kxvb"), "{again}");
+            remove_redirect(veth, 100).unwrap();
+            assert_eq!(sh("tc filter show dev kxva ingress").trim(), "");
+            remove_redirect(veth, 100).unwrap();
+        })
+        .join()
+        .unwrap();
+    }
+}

@@ -11,6 +11,7 @@ pub mod egress;
 pub mod fib;
 pub mod fragments;
 pub mod io;
+pub mod maglev;
 pub mod pipeline;
 pub mod policy;
 pub mod replay;

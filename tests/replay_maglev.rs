@@ -212,3 +212,45 @@ fn one_endpoint_of_ten_gone_moves_about_a_tenth() {
         "{others_moved} others moved"
     );
 }
+
+#[test]
+fn mid_stream_packets_are_picked_up_on_another_node() {
+    // The SYNs reached node-a; ECMP then moves the flows to node-b, which has no state for
+    // them: a Maglev Service forwards their next packets to the endpoint node-a chose.
+    let syns = flows(40);
+    let acks: Vec<Vec<u8>> = (0..40)
+        .map(|i| {
+            tcp(
+                &format!("203.0.113.{}:{}", 1 + i % 200, 30000 + i * 7),
+                &format!("{VIP}:80"),
+                flags::ACK | flags::PSH,
+                1001,
+                5001,
+                b"GET / HTTP/1.1\r\n\r\n",
+            )
+        })
+        .collect();
+    let a = backends(&node_env(false, "", web(maglev(), 10, None, false)), &syns);
+    let b = node_env(true, "", web(maglev(), 10, None, true));
+    let r = b.replay(&acks);
+    for (i, want) in a.iter().enumerate() {
+        let v = r.expect(i, "forward", "service-dnat");
+        assert_eq!(v["dst"], want.as_str(), "flow {i}");
+    }
+    // The connection is tracked from there on, as established.
+    let mut both = acks.clone();
+    both.push(tcp(
+        "203.0.113.1:30000",
+        &format!("{VIP}:80"),
+        flags::ACK,
+        1019,
+        5001,
+        b"",
+    ));
+    let r = b.replay(&both);
+    let v = r.expect(40, "forward", "ct-established");
+    assert_eq!(v["dst"], a[0].as_str());
+    // A random Service answers them with a RST, as before (no endpoint knows the connection).
+    let r = node_env(true, "", web(json!({}), 10, None, true)).replay(&acks[..1]);
+    r.expect(0, "reject", "ct-lost");
+}

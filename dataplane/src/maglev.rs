@@ -35,12 +35,12 @@ pub fn is_prime(n: u64) -> bool {
     if n < 2 {
         return false;
     }
-    if n.is_multiple_of(2) {
+    if n % 2 == 0 {
         return n == 2;
     }
     let mut d = 3;
     while d * d <= n {
-        if n.is_multiple_of(d) {
+        if n % d == 0 {
             return false;
         }
         d += 2;
@@ -427,12 +427,14 @@ mod tests {
         assert_eq!(m.table(local).unwrap().len(), 251);
         assert!(m.table(EndpointRange { start: 0, len: 3 }).is_none());
         assert!(Maglev::build(3, DEFAULT_TABLE_SIZE, &pool, &[EndpointRange::EMPTY]).is_none());
-        let mut meta = PacketMeta::default();
-        meta.src = Addr::from_ip("192.0.2.1".parse().unwrap());
-        meta.dst = Addr::from_ip("203.0.113.7".parse().unwrap());
-        meta.sport = 40000;
-        meta.dport = 80;
-        meta.proto = 6;
+        let meta = PacketMeta {
+            src: Addr::from_ip("192.0.2.1".parse().unwrap()),
+            dst: Addr::from_ip("203.0.113.7".parse().unwrap()),
+            sport: 40000,
+            dport: 80,
+            proto: 6,
+            ..Default::default()
+        };
         let p = m.pick(cluster, &meta).unwrap();
         assert!(p < 10);
         assert_eq!(Some(p), m.pick(cluster, &meta));

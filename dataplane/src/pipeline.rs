@@ -813,7 +813,16 @@ impl Pipeline {
         // retransmitting until its timeout (its backend, still sending, is reset by the client's
         // stack). A stray RST is only dropped. (After the empty-route check: a Service with no
         // endpoints at all answers every TCP packet with a RST as `no-endpoints`.)
-        if meta.proto == 6 && meta.tcp_flags & (tcp::SYN | tcp::ACK | tcp::RST) != tcp::SYN {
+        // A Maglev Service instead picks such a packet (an ACK without SYN) up: its table gives
+        // the endpoint the connection's SYN got, whichever node saw it (ECMP moved the flow, or
+        // this node restarted without its state).
+        if meta.proto == 6
+            && meta.tcp_flags & (tcp::SYN | tcp::ACK | tcp::RST) != tcp::SYN
+            && !(meta.tcp_flags & (tcp::SYN | tcp::ACK | tcp::RST) == tcp::ACK
+                && fe
+                    .maglev()
+                    .is_some_and(|m| m.table(route.endpoints).is_some()))
+        {
             if meta.tcp_flags & tcp::RST != 0 {
                 return v.set(Reason::CtInvalid);
             }

@@ -127,6 +127,7 @@ fn snapshot() -> Snapshot {
                 routes: [route(false), route(true), route(true)],
                 endpoints: pool,
                 source_ranges: None,
+                maglev: None,
             },
         );
         s.cluster_ips.insert(cluster_ip(i));

@@ -74,6 +74,7 @@ fn snapshot() -> Snapshot {
             routes: [route(false), route(true), route(true)],
             endpoints,
             source_ranges: None,
+            maglev: None,
         },
     );
     s.cluster_ips.insert(Addr::from_v4(VIP));

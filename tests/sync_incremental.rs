@@ -79,8 +79,14 @@ fn service(r: &mut Rng, i: u64) -> Object {
     } else {
         String::new()
     };
+    // A third of the Services choose Maglev: their tables are part of what must be equal.
+    let annotations = if r.below(3) == 0 {
+        ", annotations: {service.kxdp.dev/lb-algorithm: maglev}"
+    } else {
+        ""
+    };
     object(&format!(
-        "apiVersion: v1\nkind: Service\nmetadata: {{name: s{i}, namespace: {ns}}}\nspec:\n{spec}{status}"
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: s{i}, namespace: {ns}{annotations}}}\nspec:\n{spec}{status}"
     ))
 }
 
@@ -225,6 +231,40 @@ fn an_update_copies_only_the_shards_it_touches() {
         2000,
         "ClusterIPs kept across the update"
     );
+}
+
+/// A change to one Maglev Service's endpoints rebuilds its tables only: the others' are the
+/// same allocations as before.
+#[test]
+fn an_endpoint_change_rebuilds_only_that_services_maglev_tables() {
+    let mut st = ClusterState::new();
+    let mut yaml = String::new();
+    for i in 0..50 {
+        yaml.push_str(&format!(
+            "---\napiVersion: v1\nkind: Service\nmetadata: {{name: s{i}, namespace: n, annotations: {{service.kxdp.dev/lb-algorithm: maglev}}}}\nspec: {{clusterIP: 172.30.0.{}, ports: [{{port: 80, targetPort: 8080}}]}}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: s{i}-1, namespace: n, labels: {{kubernetes.io/service-name: s{i}}}}}\naddressType: IPv4\nports: [{{port: 8080}}]\nendpoints: [{{addresses: [10.1.{i}.1]}}, {{addresses: [10.1.{i}.2]}}, {{addresses: [10.1.{i}.3]}}]\n",
+            i + 1
+        ));
+    }
+    load_str(&yaml, false, Path::new("s.yaml"), &mut st).unwrap();
+    let mut b = Builder::new(config());
+    let before = b.full(&st);
+    let mut slice_yaml = String::new();
+    slice_yaml.push_str("apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: s7-1, namespace: n, labels: {kubernetes.io/service-name: s7}}\naddressType: IPv4\nports: [{port: 8080}]\nendpoints: [{addresses: [10.1.7.1]}, {addresses: [10.1.7.2]}]\n");
+    load_str(&slice_yaml, false, Path::new("s7.yaml"), &mut st).unwrap();
+    let after = b.update(&st, &BTreeSet::from([ObjectKey::new("n", "s7")]));
+    let mut kept = 0;
+    for (k, fb) in before.frontends.iter() {
+        let fa = after.frontends.get(k).unwrap();
+        let (mb, ma) = (fb.maglev.as_ref().unwrap(), fa.maglev.as_ref().unwrap());
+        if fb.service_port.name.as_ref() == "n/s7" {
+            assert_ne!(mb, ma);
+            assert_eq!(ma.tables().next().unwrap().0.len, 2);
+        } else {
+            assert!(std::sync::Arc::ptr_eq(mb, ma), "{k:?} rebuilt");
+            kept += 1;
+        }
+    }
+    assert_eq!(kept, 49);
 }
 
 /// A Service with many EndpointSlices (read slice by slice and kept, `translate::SliceCache`):

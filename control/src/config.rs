@@ -104,6 +104,10 @@ pub struct DataplaneConfiguration {
     /// pod traffic leaving the cluster reach the kernel through the `kxdp0`/`kxdp1` pair.
     #[serde(default)]
     pub host_path: HostPathConfig,
+    /// How a new connection's endpoint is chosen, for Services without the
+    /// `service.kxdp.dev/lb-algorithm` annotation, and the Maglev tables' size and seed.
+    #[serde(default)]
+    pub load_balancing: LoadBalancingConfig,
     /// Per-node settings chosen by the Node object's labels (see `for_node`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub node_overrides: Vec<NodeOverride>,
@@ -511,6 +515,81 @@ impl Default for HostPathConfig {
             overlay_interfaces: DEFAULT_OVERLAY_INTERFACES.map(String::from).to_vec(),
         }
     }
+}
+
+/// How a Service's new connections choose an endpoint (docs/services.md, "Choice").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LbAlgorithm {
+    /// Uniformly at random from the route's list.
+    #[default]
+    Random,
+    /// By the route's Maglev table, indexed by a hash of the 5-tuple: the same endpoint on every
+    /// node with the same endpoints and seed.
+    Maglev,
+}
+
+impl LbAlgorithm {
+    /// The annotation's and the configuration's spelling.
+    pub fn parse(s: &str) -> Option<LbAlgorithm> {
+        match s {
+            "random" => Some(LbAlgorithm::Random),
+            "maglev" => Some(LbAlgorithm::Maglev),
+            _ => None,
+        }
+    }
+}
+
+/// `loadBalancing`: the default endpoint choice and the Maglev tables' shape.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct LoadBalancingConfig {
+    /// The algorithm of Services without the annotation.
+    pub algorithm: LbAlgorithm,
+    /// The largest Maglev table (slots, a prime); smaller routes get smaller tables
+    /// (`kxdp_dataplane::maglev::table_size`).
+    pub maglev_table_size: u32,
+    /// The cluster-wide seed of the Maglev hashes: every node must have the same one for a flow
+    /// to reach the same endpoint whichever node receives it. A string or an integer.
+    #[serde(deserialize_with = "de_seed")]
+    pub maglev_seed: String,
+}
+
+impl Default for LoadBalancingConfig {
+    fn default() -> Self {
+        LoadBalancingConfig {
+            algorithm: LbAlgorithm::Random,
+            maglev_table_size: kxdp_dataplane::maglev::DEFAULT_TABLE_SIZE,
+            maglev_seed: String::new(),
+        }
+    }
+}
+
+impl LoadBalancingConfig {
+    /// The seed as the hashes take it.
+    pub fn seed(&self) -> u64 {
+        kxdp_dataplane::maglev::seed_of(&self.maglev_seed)
+    }
+}
+
+/// A seed written as a string or as an integer (kept as its decimal text).
+fn de_seed<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Seed {
+        S(String),
+        I(u64),
+        N(i64),
+    }
+    Ok(
+        match Seed::deserialize(d)
+            .map_err(|_| serde::de::Error::custom("must be a string or an integer"))?
+        {
+            Seed::S(s) => s,
+            Seed::I(i) => i.to_string(),
+            Seed::N(i) => i.to_string(),
+        },
+    )
 }
 
 /// An interface's exact name as the kernel takes it (an `ip rule iif` name: no patterns).
@@ -925,6 +1004,14 @@ pub const RANGES: &[(&str, Limit, &str)] = &[
             max: MAX_RING as u64,
         },
         "a power of two",
+    ),
+    (
+        "loadBalancing.maglevTableSize",
+        Limit::Int {
+            min: kxdp_dataplane::maglev::MIN_TABLE_SIZE as u64,
+            max: kxdp_dataplane::maglev::MAX_TABLE_SIZE as u64,
+        },
+        "a prime",
     ),
 ];
 
@@ -1441,6 +1528,18 @@ impl DataplaneConfiguration {
                 .map_err(|m| (format!("hostPath.overlayInterfaces[{i}]"), m))?;
         }
         self.check_ranges()?;
+        let size = self.load_balancing.maglev_table_size;
+        if !kxdp_dataplane::maglev::is_prime(size.into()) {
+            let near = kxdp_dataplane::maglev::LADDER
+                .iter()
+                .min_by_key(|&&p| p.abs_diff(size))
+                .copied()
+                .unwrap_or(kxdp_dataplane::maglev::DEFAULT_TABLE_SIZE);
+            return Err((
+                "loadBalancing.maglevTableSize".into(),
+                format!("{size} is not a prime (Maglev needs a prime table size), e.g. {near}"),
+            ));
+        }
         for (i, o) in self.node_overrides.iter().enumerate() {
             let mut applied = self.clone();
             applied.apply(o);
@@ -1507,6 +1606,10 @@ impl DataplaneConfiguration {
         ] {
             v.push((f.into(), Numeric::Int(n.into())));
         }
+        v.push((
+            "loadBalancing.maglevTableSize".into(),
+            Numeric::Int(self.load_balancing.maglev_table_size.into()),
+        ));
         v
     }
 
@@ -1802,6 +1905,30 @@ mod tests {
 
     fn load_err(body: &str) -> String {
         load(body).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn load_balancing_section() {
+        let c = load("").unwrap();
+        assert_eq!(c.load_balancing.algorithm, LbAlgorithm::Random);
+        assert_eq!(c.load_balancing.maglev_table_size, 16381);
+        let c = load("loadBalancing: {algorithm: maglev, maglevTableSize: 65521, maglevSeed: 7}\n")
+            .unwrap();
+        assert_eq!(c.load_balancing.algorithm, LbAlgorithm::Maglev);
+        assert_eq!(c.load_balancing.maglev_seed, "7");
+        let c = load("loadBalancing: {maglevSeed: prod-eu}\n").unwrap();
+        assert_eq!(c.load_balancing.maglev_seed, "prod-eu");
+        assert_eq!(
+            load_err("loadBalancing:\n  maglevTableSize: 16384\n"),
+            "config.yaml:4: loadBalancing.maglevTableSize: 16384 is not a prime (Maglev needs a prime table size), e.g. 16381"
+        );
+        assert_eq!(
+            load_err("loadBalancing: {maglevTableSize: 13}\n"),
+            "config.yaml:3: loadBalancing.maglevTableSize: 13 is too small: at least 251 (a prime)"
+        );
+        assert!(load_err("loadBalancing: {algorithm: ring}\n").contains("loadBalancing.algorithm"));
+        assert!(load_err("loadBalancing: {maglevSeed: [1]}\n")
+            .contains("must be a string or an integer"));
     }
 
     #[test]

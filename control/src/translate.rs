@@ -16,13 +16,14 @@ use std::sync::Arc;
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kxdp_dataplane::maglev::Maglev;
 use kxdp_dataplane::snapshot::{
     EmptyAction, Endpoint, EndpointRange, Frontend, FrontendKey, FrontendKind, ListedEndpoints,
     NodeInfo, PrefixSet, Route, ServicePortInfo, Snapshot, SourceClass,
 };
 use kxdp_packet::Addr;
 
-use crate::config::{Config, NodePortAddress};
+use crate::config::{Config, LbAlgorithm, NodePortAddress};
 use crate::endpoints::{
     categorize, merge_slices, read_slice, Categorized, EndpointInfo, MergedEndpoints, PolicyInfo,
     PortKey, SliceEndpoints, Topology, LABEL_TOPOLOGY_ZONE,
@@ -32,6 +33,9 @@ use crate::model::{ClusterState, ObjectKey};
 /// The annotation cloud providers read when `spec.loadBalancerSourceRanges` is empty.
 pub const ANNOTATION_LB_SOURCE_RANGES: &str =
     "service.beta.kubernetes.io/load-balancer-source-ranges";
+
+/// A Service's endpoint choice, `maglev` or `random` (default: `loadBalancing.algorithm`).
+pub const ANNOTATION_LB_ALGORITHM: &str = "service.kxdp.dev/lb-algorithm";
 
 /// `sessionAffinityConfig.clientIP.timeoutSeconds` when omitted (the API server's default).
 pub const DEFAULT_AFFINITY_TIMEOUT_S: u32 = 10800;
@@ -617,6 +621,8 @@ impl<'a> Translator<'a> {
             0
         };
 
+        let algorithm = self.lb_algorithm(&obj, svc);
+
         let mut slice_problems = Vec::new();
         let merged = match slices {
             Some(cache) => cache.merged(
@@ -692,6 +698,18 @@ impl<'a> Translator<'a> {
                 };
                 let cat = categorize(eps, policy, topo);
                 let (pool, lists) = self.lists(eps, &cat);
+                let maglev = (algorithm == LbAlgorithm::Maglev)
+                    .then(|| {
+                        let lb = &self.config.load_balancing;
+                        Maglev::build(
+                            lb.seed(),
+                            lb.maglev_table_size,
+                            &pool,
+                            &[lists.cluster, lists.local],
+                        )
+                    })
+                    .flatten()
+                    .map(Arc::new);
                 let has_cidr = self.has_cluster_cidr(f.v6);
                 let internal =
                     internal_routes(&cat, policy, lists, self.config.masquerade_all, has_cidr);
@@ -707,7 +725,7 @@ impl<'a> Translator<'a> {
                     &sp,
                     FrontendKind::ClusterIp,
                     internal,
-                    &pool,
+                    (&pool, &maglev),
                     None,
                 );
                 if let Some(np) = node_port {
@@ -717,7 +735,7 @@ impl<'a> Translator<'a> {
                             port: np,
                             proto: proto_num,
                         };
-                        self.node_port(key, &sp, external, &pool);
+                        self.node_port(key, &sp, external, (&pool, &maglev));
                     }
                 }
                 for &ip in &f.external_ips {
@@ -731,7 +749,7 @@ impl<'a> Translator<'a> {
                         &sp,
                         FrontendKind::ExternalIp,
                         external,
-                        &pool,
+                        (&pool, &maglev),
                         None,
                     );
                 }
@@ -747,7 +765,7 @@ impl<'a> Translator<'a> {
                         &sp,
                         FrontendKind::LoadBalancer,
                         external,
-                        &pool,
+                        (&pool, &maglev),
                         firewall.clone(),
                     );
                 }
@@ -836,7 +854,7 @@ impl<'a> Translator<'a> {
         service_port: &Arc<ServicePortInfo>,
         kind: FrontendKind,
         routes: [Route; 3],
-        endpoints: &Arc<[Endpoint]>,
+        (endpoints, maglev): (&Arc<[Endpoint]>, &Option<Arc<Maglev>>),
         source_ranges: Option<Arc<PrefixSet>>,
     ) {
         self.out.frontends.push((
@@ -847,6 +865,7 @@ impl<'a> Translator<'a> {
                 routes,
                 endpoints: endpoints.clone(),
                 source_ranges,
+                maglev: maglev.clone(),
             },
             false,
         ));
@@ -858,7 +877,7 @@ impl<'a> Translator<'a> {
         key: FrontendKey,
         service_port: &Arc<ServicePortInfo>,
         routes: [Route; 3],
-        endpoints: &Arc<[Endpoint]>,
+        (endpoints, maglev): (&Arc<[Endpoint]>, &Option<Arc<Maglev>>),
     ) {
         self.out.frontends.push((
             key,
@@ -868,9 +887,41 @@ impl<'a> Translator<'a> {
                 routes,
                 endpoints: endpoints.clone(),
                 source_ranges: None,
+                maglev: maglev.clone(),
             },
             true,
         ));
+    }
+
+    /// The Service's endpoint choice: the `service.kxdp.dev/lb-algorithm` annotation
+    /// (`maglev` or `random`), else `loadBalancing.algorithm`. Another value is reported and
+    /// the configured default used.
+    fn lb_algorithm(&mut self, obj: &str, svc: &Service) -> LbAlgorithm {
+        let default = self.config.load_balancing.algorithm;
+        let Some(v) = svc
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(ANNOTATION_LB_ALGORITHM))
+        else {
+            return default;
+        };
+        match LbAlgorithm::parse(v.trim()) {
+            Some(a) => a,
+            None => {
+                let name = match default {
+                    LbAlgorithm::Random => "random",
+                    LbAlgorithm::Maglev => "maglev",
+                };
+                self.problem(
+                    obj.to_string(),
+                    format!(
+                        "metadata.annotations[{ANNOTATION_LB_ALGORITHM}]: `{v}` is not `maglev` or `random`; using the configured default, {name}"
+                    ),
+                );
+                default
+            }
+        }
     }
 
     /// `spec.loadBalancerSourceRanges` (entries trimmed: validation lets whitespace through), or,
@@ -1850,6 +1901,79 @@ serviceCIDRs: [172.30.0.0/16]
         assert!(t.problems[0]
             .message
             .contains("loadBalancerSourceRanges[0]"));
+    }
+
+    fn annotated(algorithm: &str, spec: &str) -> String {
+        format!("---\napiVersion: v1\nkind: Service\nmetadata: {{name: web, namespace: ns, annotations: {{service.kxdp.dev/lb-algorithm: {algorithm}}}}}\nspec:\n{spec}\n")
+    }
+
+    #[test]
+    fn lb_algorithm_annotation_and_default() {
+        let np = "  type: NodePort\n  externalTrafficPolicy: Local\n  clusterIP: 172.30.0.10\n  ports: [{name: http, port: 80, nodePort: 30080}]";
+        let yaml = [annotated("maglev", np), web_slice("web")].concat();
+        let t = tr(&cfg(""), &yaml);
+        assert!(t.problems.is_empty(), "{:?}", t.problems);
+        let s = &t.snapshot;
+        let cip = fe(s, "172.30.0.10", 80, TCP);
+        let node = fe(s, "192.168.0.2", 30080, TCP);
+        let m = cip.maglev.as_ref().expect("maglev tables");
+        // One table per route list: the cluster list (2) and the local one (1), shared by the
+        // Service port's frontends.
+        assert!(Arc::ptr_eq(m, node.maglev.as_ref().unwrap()));
+        let lists: Vec<(EndpointRange, usize)> = m.tables().map(|(r, t)| (r, t.len())).collect();
+        assert_eq!(
+            lists,
+            [
+                (EndpointRange { start: 0, len: 2 }, 251),
+                (EndpointRange { start: 2, len: 1 }, 251)
+            ]
+        );
+        for r in &node.routes {
+            assert!(r.endpoints.is_empty() || m.table(r.endpoints).is_some());
+        }
+        // The lookup sees the tables through the frontend table's hot line.
+        let key = FrontendKey {
+            addr: Addr::from_ip("192.168.0.2".parse().unwrap()),
+            port: 30080,
+            proto: TCP,
+        };
+        let r = s.frontend_ref(&key).unwrap();
+        assert!(r.maglev().is_some());
+        assert_eq!(r.route(SourceClass::External), node.routes[2]);
+
+        // `random`, and no annotation: no tables.
+        let yaml = [annotated("random", np), web_slice("web")].concat();
+        let t = tr(&cfg(""), &yaml);
+        assert!(fe(&t.snapshot, "172.30.0.10", 80, TCP).maglev.is_none());
+        assert!(t.problems.is_empty());
+        let plain = [service("web", np), web_slice("web")].concat();
+        let t = tr(&cfg(""), &plain);
+        assert!(fe(&t.snapshot, "172.30.0.10", 80, TCP).maglev.is_none());
+
+        // The configured default applies without the annotation; the annotation overrides it.
+        let mag = cfg("loadBalancing: {algorithm: maglev, maglevTableSize: 1021, maglevSeed: 42}");
+        let t = tr(&mag, &plain);
+        let m = fe(&t.snapshot, "172.30.0.10", 80, TCP)
+            .maglev
+            .clone()
+            .unwrap();
+        assert_eq!(m.seed(), kxdp_dataplane::maglev::seed_of("42"));
+        let t = tr(&mag, &yaml);
+        assert!(fe(&t.snapshot, "172.30.0.10", 80, TCP).maglev.is_none());
+
+        // A value that is neither: reported, and the configured default used.
+        let bad = [annotated("ring-hash", np), web_slice("web")].concat();
+        let t = tr(&cfg(""), &bad);
+        assert!(fe(&t.snapshot, "172.30.0.10", 80, TCP).maglev.is_none());
+        assert_eq!(t.problems.len(), 1, "{:?}", t.problems);
+        assert_eq!(t.problems[0].object, "Service ns/web");
+        assert_eq!(
+            t.problems[0].message,
+            "metadata.annotations[service.kxdp.dev/lb-algorithm]: `ring-hash` is not `maglev` or `random`; using the configured default, random"
+        );
+        let t = tr(&mag, &bad);
+        assert!(fe(&t.snapshot, "172.30.0.10", 80, TCP).maglev.is_some());
+        assert!(t.problems[0].message.ends_with("default, maglev"));
     }
 
     #[test]

@@ -12,6 +12,7 @@ pub mod fib;
 pub mod fragments;
 pub mod hold;
 pub mod io;
+pub mod maglev;
 pub mod pipeline;
 pub mod policy;
 pub mod replay;

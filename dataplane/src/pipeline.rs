@@ -7,7 +7,7 @@
 //! ```text
 //! parse ─► conntrack hit? ─► translate as the connection is            (ct-established / reply-unnat)
 //!            └─ miss ─► frontend (dst, port, proto)?
-//!                        ├─ yes ─► source range ─► route by source class ─► endpoint (affinity | random)
+//!                        ├─ yes ─► source range ─► route by source class ─► endpoint (affinity | Maglev | random)
 //!                        │         ─► masquerade? ─► SNAT port ─► conntrack insert ─► rewrite (service-dnat)
 //!                        └─ no ─► ClusterIP? reject · service CIDR? drop · node address? pass · else forward
 //! ```
@@ -621,9 +621,9 @@ impl Pipeline {
     ///    tuple, packed, and its hash kept for `new_flow`); then prefetch the entries the batch's
     ///    inserts will take from this worker's allocation cache.
     ///
-    /// The prediction runs `new_flow`'s choices on a copy of the random generator, for the common
-    /// path only (no session affinity, a SYN or a connectionless first packet, a source the
-    /// frontend accepts, a non-empty route). It decides nothing: `new_flow` chooses again, in the
+    /// The prediction runs `new_flow`'s choices (a Maglev lookup, or a draw from a copy of the
+    /// random generator), for the common path only (no session affinity, a SYN or a
+    /// connectionless first packet, a source the frontend accepts, a non-empty route). It decides nothing: `new_flow` chooses again, in the
     /// same order with the same generator, so a wrong guess (an affinity hit, a remapped source
     /// port, a connection an earlier packet of the batch created) only wastes a prefetch.
     fn prepare_new_flows<'s>(
@@ -670,8 +670,11 @@ impl Pipeline {
             if route.endpoints.is_empty() {
                 continue;
             }
-            let j =
-                route.endpoints.start as usize + pick_index(&mut rng, route.endpoints.len as usize);
+            let j = route.endpoints.start as usize
+                + match fe.maglev().and_then(|m| m.pick(route.endpoints, meta)) {
+                    Some(p) => p,
+                    None => pick_index(&mut rng, route.endpoints.len as usize),
+                };
             if let Some(ep) = fe.endpoints().get(j) {
                 // A 20-byte endpoint straddles two lines about a third of the time: its first
                 // and its last byte in use (`local`, the same line but for a straddle).
@@ -839,7 +842,16 @@ impl Pipeline {
         // retransmitting until its timeout (its backend, still sending, is reset by the client's
         // stack). A stray RST is only dropped. (After the empty-route check: a Service with no
         // endpoints at all answers every TCP packet with a RST as `no-endpoints`.)
-        if meta.proto == 6 && meta.tcp_flags & (tcp::SYN | tcp::ACK | tcp::RST) != tcp::SYN {
+        // A Maglev Service instead picks such a packet (an ACK without SYN) up: its table gives
+        // the endpoint the connection's SYN got, whichever node saw it (ECMP moved the flow, or
+        // this node restarted without its state).
+        if meta.proto == 6
+            && meta.tcp_flags & (tcp::SYN | tcp::ACK | tcp::RST) != tcp::SYN
+            && !(meta.tcp_flags & (tcp::SYN | tcp::ACK | tcp::RST) == tcp::ACK
+                && fe
+                    .maglev()
+                    .is_some_and(|m| m.table(route.endpoints).is_some()))
+        {
             if meta.tcp_flags & tcp::RST != 0 {
                 return v.set(Reason::CtInvalid);
             }
@@ -850,8 +862,8 @@ impl Pipeline {
         };
         let eps = fe.endpoints_of(route.endpoints);
 
-        // Endpoint: the client's affinity record if it still names an eligible endpoint, else a
-        // uniformly random one.
+        // Endpoint: the client's affinity record if it still names an eligible endpoint, else
+        // the one the Service's Maglev table gives the 5-tuple, else a uniformly random one.
         let mut chosen = None;
         if affinity_timeout_s > 0 {
             if let Some((addr, port, idx)) = ct.affinity_get(service_id, &meta.src, family, now_ms)
@@ -867,7 +879,10 @@ impl Pipeline {
         let (ep, record, picked) = match chosen {
             Some(ep) => (ep, false, None),
             None => {
-                let p = self.pick(eps.len());
+                let p = match fe.maglev().and_then(|m| m.pick(route.endpoints, meta)) {
+                    Some(p) if p < eps.len() => p,
+                    _ => self.pick(eps.len()),
+                };
                 (eps[p], affinity_timeout_s > 0, Some(p as u32))
             }
         };

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use ahash::RandomState;
 use std::hash::Hash;
 
+use crate::maglev::Maglev;
 use hashbrown::HashTable;
 use kxdp_kernel::huge::HugeSlice;
 use kxdp_packet::{Addr, Family};
@@ -106,7 +107,8 @@ impl EndpointRange {
 /// translation time from the traffic policies, topology and endpoint conditions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct Route {
-    /// The endpoints to choose from, uniformly at random (or by session affinity).
+    /// The endpoints to choose from: uniformly at random, or by the frontend's Maglev table of
+    /// this list (`Frontend::maglev`), unless session affinity has chosen.
     pub endpoints: EndpointRange,
     /// Source-NAT the connection to this node's address of the packet's family.
     pub masquerade: bool,
@@ -128,6 +130,9 @@ pub struct Frontend {
     /// loadBalancerSourceRanges (LoadBalancer frontends only): when present, sources outside are
     /// dropped (reason `source-range`).
     pub source_ranges: Option<Arc<PrefixSet>>,
+    /// The Service's `maglev` algorithm: the lookup tables of its route lists (shared by the
+    /// frontends of one Service port and family); None: uniform random choice.
+    pub maglev: Option<Arc<Maglev>>,
 }
 
 impl Frontend {
@@ -439,6 +444,9 @@ const HOT_MASQ: u8 = 1;
 const HOT_DROP: u8 = 1 << 3;
 const HOT_SOURCE_RANGES: u8 = 1 << 6;
 const HOT_AFFINITY: u8 = 1 << 7;
+/// The flags byte is full: a Maglev frontend is marked by the top bit of its first route's
+/// `start` in the hot line (an endpoint list never has 2^31 entries, `Snapshot::validate`).
+const RANGE_MAGLEV: u32 = 1 << 31;
 
 const _: () = assert!(std::mem::size_of::<Option<FrontendHot>>() == 64);
 
@@ -483,7 +491,13 @@ impl FrontendHot {
             proto: key.proto,
             flags,
             service_id: fe.service_port.id,
-            ranges: fe.routes.map(|r| r.endpoints),
+            ranges: {
+                let mut r = fe.routes.map(|r| r.endpoints);
+                if fe.maglev.is_some() {
+                    r[0].start |= RANGE_MAGLEV;
+                }
+                r
+            },
             endpoints: HugeSlice::from_slice(&fe.endpoints),
         }
     }
@@ -515,8 +529,10 @@ impl<'a> FrontendRef<'a> {
     #[inline]
     pub fn route(&self, class: SourceClass) -> Route {
         let i = class as usize;
+        let mut endpoints = self.hot.ranges[i];
+        endpoints.start &= !RANGE_MAGLEV;
         Route {
-            endpoints: self.hot.ranges[i],
+            endpoints,
             masquerade: self.hot.flags & (HOT_MASQ << i) != 0,
             when_empty: if self.hot.flags & (HOT_DROP << i) != 0 {
                 EmptyAction::Drop
@@ -536,6 +552,18 @@ impl<'a> FrontendRef<'a> {
     #[inline]
     pub fn endpoints_of(&self, range: EndpointRange) -> &'a [Endpoint] {
         &self.hot.endpoints[range.as_range()]
+    }
+
+    /// The frontend's Maglev tables, when its Service chose Maglev (read from the cold part,
+    /// only then).
+    #[inline]
+    pub fn maglev(&self) -> Option<&'a Maglev> {
+        if self.hot.ranges[0].start & RANGE_MAGLEV == 0 {
+            return None;
+        }
+        self.cold
+            .as_deref()
+            .and_then(|c| c.frontend.maglev.as_deref())
     }
 
     /// Whether the Service port has session affinity (then `affinity_timeout_s` is not 0).
@@ -988,6 +1016,9 @@ impl Snapshot {
     /// a translation bug is an error, not a worker panic.
     pub fn validate(&self) -> Result<(), String> {
         for (key, fe) in self.frontends.iter() {
+            if fe.endpoints.len() >= RANGE_MAGLEV as usize {
+                return Err(format!("frontend {key:?} has too many endpoints"));
+            }
             for r in &fe.routes {
                 if r.endpoints.as_range().end > fe.endpoints.len() {
                     return Err(format!(
@@ -1034,6 +1065,7 @@ mod tests {
             }),
             endpoints: Arc::from(Vec::new()),
             source_ranges: None,
+            maglev: None,
         }
     }
 

@@ -38,6 +38,7 @@ fn frontend(id: u32, endpoints: u32) -> Frontend {
         }; 3],
         endpoints: Arc::from(eps),
         source_ranges: None,
+        maglev: None,
     }
 }
 

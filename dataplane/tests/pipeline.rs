@@ -69,6 +69,7 @@ fn snapshot(masq_external: bool, affinity: u32) -> Snapshot {
             routes: [route(false), route(true), route(true)],
             endpoints: endpoints.clone(),
             source_ranges: None,
+            maglev: None,
         },
     );
     s.insert_frontend(
@@ -79,6 +80,7 @@ fn snapshot(masq_external: bool, affinity: u32) -> Snapshot {
             routes: [Route::default(); 3],
             endpoints: endpoints.clone(),
             source_ranges: None,
+            maglev: None,
         },
     );
     s.insert_frontend(
@@ -93,6 +95,7 @@ fn snapshot(masq_external: bool, affinity: u32) -> Snapshot {
             }; 3],
             endpoints: endpoints.clone(),
             source_ranges: None,
+            maglev: None,
         },
     );
     s.insert_frontend(
@@ -103,6 +106,7 @@ fn snapshot(masq_external: bool, affinity: u32) -> Snapshot {
             routes: [route(masq_external); 3],
             endpoints,
             source_ranges: None,
+            maglev: None,
         },
     );
     s.cluster_ips.insert(a(VIP));
@@ -523,6 +527,7 @@ fn lane_snapshot(masq_external: bool) -> Snapshot {
             routes: [route(2); 3],
             endpoints: v4_eps,
             source_ranges: None,
+            maglev: None,
         },
     );
     let v6_eps: Arc<[Endpoint]> = vec![Endpoint {
@@ -539,6 +544,7 @@ fn lane_snapshot(masq_external: bool) -> Snapshot {
             routes: [route(1); 3],
             endpoints: v6_eps,
             source_ranges: None,
+            maglev: None,
         },
     );
     s.cluster_ips.insert(Addr::from_v6(VIP6));

@@ -154,6 +154,7 @@ fn snapshot(b: bool) -> Snapshot {
                 ],
                 endpoints: pool.clone(),
                 source_ranges: None,
+                maglev: None,
             },
         );
         if kind == FrontendKind::ClusterIp {

@@ -269,8 +269,13 @@ pub fn trace(state: &ClusterState, snap: &Snapshot, q: &TraceQuery) -> Trace {
             let eps = fe.endpoints_of(route.endpoints);
             let _ = writeln!(
                 out,
-                "  {} eligible endpoint(s), one chosen per connection{}{}; policy judges the chosen one:",
+                "  {} eligible endpoint(s), one chosen per connection{}{}{}; policy judges the chosen one:",
                 eps.len(),
+                if fe.maglev.as_ref().is_some_and(|m| m.table(route.endpoints).is_some()) {
+                    " by Maglev"
+                } else {
+                    ""
+                },
                 if sp.affinity_timeout_s > 0 {
                     " (ClientIP affinity)"
                 } else {

@@ -88,6 +88,16 @@ pub fn next(state: TcpState, fins: u8, dir: u8, flags: u8) -> (TcpState, u8) {
     let both_fins = fins == FIN_ORIG | FIN_REPLY;
     let next = match state {
         None | SynSent if orig && syn && !ack => SynSent,
+        // A connection picked up mid-stream (a Maglev Service, whose endpoint the 5-tuple
+        // names whichever node first saw the SYN): already established, as Linux's loose
+        // pickup has it.
+        None if orig && ack && !syn => {
+            if fin {
+                FinWait
+            } else {
+                Established
+            }
+        }
         None => SynSent,
         SynSent if !orig && syn && ack => SynRecv,
         SynSent => SynSent,
@@ -126,6 +136,14 @@ pub fn next(state: TcpState, fins: u8, dir: u8, flags: u8) -> (TcpState, u8) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mid_stream_pickup_is_established() {
+        assert_eq!(run(&[(0, ACK)]), TcpState::Established);
+        assert_eq!(run(&[(0, ACK), (1, ACK)]), TcpState::Established);
+        assert_eq!(run(&[(0, ACK | FIN)]), TcpState::FinWait);
+        assert_eq!(run(&[(0, SYN | ACK)]), TcpState::SynSent);
+    }
 
     fn run(steps: &[(u8, u8)]) -> TcpState {
         let (mut s, mut f) = (TcpState::None, 0);

@@ -31,7 +31,7 @@ mod lab;
 
 use std::fmt::Write as _;
 use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use lab::kube_proxy::{self, pipe_into};

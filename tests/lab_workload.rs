@@ -124,7 +124,7 @@ const TESTS: &[Test] = &[
     },
     Test {
         case: "remote",
-        name: "wrk keep-alive",
+        name: "wrk",
         unit: "req/s",
         cpu_unit: "µs/req",
         kind: Kind::Wrk { close: false },
@@ -138,7 +138,7 @@ const TESTS: &[Test] = &[
     },
     Test {
         case: "remote",
-        name: "sockperf UDP",
+        name: "sockperf",
         unit: "txn/s",
         cpu_unit: "µs/txn",
         kind: Kind::Sockperf,
@@ -350,7 +350,7 @@ impl PodServers {
              http {{\n  access_log off;\n  keepalive_requests 1000000;\n\
              client_body_temp_path {d}/body; proxy_temp_path {d}/proxy; fastcgi_temp_path {d}/fastcgi;\n\
              uwsgi_temp_path {d}/uwsgi; scgi_temp_path {d}/scgi;\n\
-             server {{ listen {HTTP_PORT} backlog 4096; location / {{ default_type text/plain; return 200 \"{body}\"; }} }}\n}}\n"
+             server {{ listen {HTTP_PORT} backlog=4096; location / {{ default_type text/plain; return 200 \"{body}\"; }} }}\n}}\n"
         );
         std::fs::write(dir.join("nginx.conf"), nginx).unwrap();
         let dnsmasq = format!(
@@ -421,11 +421,17 @@ impl PodServers {
                     .trim()
                     .is_empty()
             });
-            assert!(
-                up,
-                "a server in {ns} does not listen on {port} after 10 s (logs in {})",
-                dir.display()
-            );
+            if !up {
+                // The logs go with the lab's temporary directory: show them now.
+                let logs: String = ["nginx", "nginx-error", "dnsmasq", "sockperf", "iperf3"]
+                    .iter()
+                    .map(|n| {
+                        let log = std::fs::read_to_string(dir.join(format!("{n}.log")));
+                        format!("--- {n}.log\n{}\n", log.unwrap_or_default())
+                    })
+                    .collect();
+                panic!("a server in {ns} does not listen on {port} after 10 s:\n{logs}");
+            }
         }
         s
     }
@@ -746,7 +752,12 @@ fn summary(records: &[Record], modes: &[String], rounds: u64, seconds: u64) -> S
             let meds: Vec<Option<f64>> = modes.iter().map(|m| med(t, m, f)).collect();
             let _ = write!(s, "| {} | {}{what} | {unit} |", t.case, t.name);
             for m in &meds {
-                let _ = write!(s, " {} |", m.map_or("-".into(), fmt));
+                let cell = match m {
+                    Some(e) if what == " errors" => format!("{e:.0}"),
+                    Some(v) => fmt(*v),
+                    None => "-".into(),
+                };
+                let _ = write!(s, " {cell} |");
             }
             if has_kxdp {
                 let k = med(t, "kxdp", f);

@@ -31,9 +31,10 @@ mod lab;
 
 use std::fmt::Write as _;
 use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use lab::kube_proxy::{self, pipe_into};
 use lab::{ip, kxdp_in, lab_files, last_json, Cluster, Kxdp, Lab};
 
 fn env_or(name: &str, default: u64) -> u64 {
@@ -79,135 +80,26 @@ fn filler_state(n: u64) -> String {
     y
 }
 
-fn iptables_rules(n: u64) -> String {
-    let mut r = String::from(
-        "*nat\n:PREROUTING ACCEPT [0:0]\n:INPUT ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:POSTROUTING ACCEPT [0:0]\n\
-         :KUBE-SERVICES - [0:0]\n:KUBE-POSTROUTING - [0:0]\n:KUBE-MARK-MASQ - [0:0]\n\
-         -A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n\
-         -A POSTROUTING -m comment --comment \"kubernetes postrouting rules\" -j KUBE-POSTROUTING\n\
-         -A KUBE-MARK-MASQ -j MARK --or-mark 0x4000\n\
-         -A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN\n\
-         -A KUBE-POSTROUTING -j MARK --xor-mark 0x4000\n\
-         -A KUBE-POSTROUTING -j MASQUERADE --random-fully\n",
-    );
-    let mut svc = |name: &str, vip: &str, proto: &str, port: u16, eps: &[(&str, u16)]| {
-        let _ = writeln!(r, ":KUBE-SVC-{name} - [0:0]");
-        let _ = writeln!(
-            r,
-            "-A KUBE-SERVICES -d {vip}/32 -p {proto} -m {proto} --dport {port} -j KUBE-SVC-{name}"
-        );
-        let _ = writeln!(
-            r,
-            "-A KUBE-SVC-{name} ! -s 10.0.0.0/8 -d {vip}/32 -p {proto} -m {proto} --dport {port} -j KUBE-MARK-MASQ"
-        );
-        for (k, (ep, eport)) in eps.iter().enumerate() {
-            let sep = format!("KUBE-SEP-{name}-{k}");
-            let _ = writeln!(r, ":{sep} - [0:0]");
-            let left = eps.len() - k;
-            if left > 1 {
-                let _ = writeln!(
-                    r,
-                    "-A KUBE-SVC-{name} -m statistic --mode random --probability {:.11} -j {sep}",
-                    1.0 / left as f64
-                );
-            } else {
-                let _ = writeln!(r, "-A KUBE-SVC-{name} -j {sep}");
-            }
-            let _ = writeln!(r, "-A {sep} -s {ep}/32 -j KUBE-MARK-MASQ");
-            let _ = writeln!(
-                r,
-                "-A {sep} -p {proto} -m {proto} -j DNAT --to-destination {ep}:{eport}"
-            );
-        }
-    };
-    // Filler first: the measured Service is the last of KUBE-SERVICES' linear list, as a
-    // Service among many would be on average half-way.
-    for i in 0..n {
-        let (a, b) = (1 + i / 250, 1 + i % 250);
-        svc(
-            &format!("F{i}"),
-            &format!("172.30.{a}.{b}"),
-            "tcp",
-            80,
-            &[
-                (&format!("10.2.{a}.{b}"), 8080),
-                (&format!("10.3.{a}.{b}"), 8080),
-            ],
-        );
-    }
-    svc(
+/// The filler Services and the measured one (`172.30.0.10:53/UDP` to the two web pods, last
+/// of the list: as a Service among many would be on average half-way), as kube-proxy's rules.
+fn kube_proxy_services(n: u64) -> Vec<kube_proxy::Service> {
+    let mut s = kube_proxy::filler(n);
+    s.push(kube_proxy::Service::new(
         "WEB",
         "172.30.0.10",
         "udp",
         53,
         &[("10.1.0.11", 5353), ("10.1.0.12", 5353)],
-    );
-    r.push_str("COMMIT\n");
-    r
+    ));
+    s
+}
+
+fn iptables_rules(n: u64) -> String {
+    kube_proxy::iptables(&kube_proxy_services(n), "10.0.0.0/8")
 }
 
 fn nft_rules(n: u64) -> String {
-    let mut elems = Vec::new();
-    let mut chains = String::new();
-    let mut svc = |name: &str, vip: &str, proto: &str, port: u16, eps: &[(String, u16)]| {
-        elems.push(format!("{vip} . {proto} . {port} : goto service-{name}"));
-        let arms: Vec<String> = (0..eps.len())
-            .map(|k| format!("{k} : goto endpoint-{name}-{k}"))
-            .collect();
-        let _ = writeln!(
-            chains,
-            "  chain service-{name} {{\n    ip daddr {vip} {proto} dport {port} ip saddr != 10.0.0.0/8 jump mark-for-masquerade\n    numgen random mod {} vmap {{ {} }}\n  }}",
-            eps.len(),
-            arms.join(", ")
-        );
-        for (k, (ep, eport)) in eps.iter().enumerate() {
-            let _ = writeln!(
-                chains,
-                "  chain endpoint-{name}-{k} {{\n    ip saddr {ep} jump mark-for-masquerade\n    meta l4proto {proto} dnat to {ep}:{eport}\n  }}"
-            );
-        }
-    };
-    for i in 0..n {
-        let (a, b) = (1 + i / 250, 1 + i % 250);
-        svc(
-            &format!("F{i}"),
-            &format!("172.30.{a}.{b}"),
-            "tcp",
-            80,
-            &[
-                (format!("10.2.{a}.{b}"), 8080),
-                (format!("10.3.{a}.{b}"), 8080),
-            ],
-        );
-    }
-    svc(
-        "WEB",
-        "172.30.0.10",
-        "udp",
-        53,
-        &[("10.1.0.11".into(), 5353), ("10.1.0.12".into(), 5353)],
-    );
-    format!(
-        "table ip kube-proxy {{\n  map service-ips {{\n    type ipv4_addr . inet_proto . inet_service : verdict\n    elements = {{ {} }}\n  }}\n\
-         {chains}\
-         \x20 chain mark-for-masquerade {{\n    meta mark set meta mark or 0x4000\n  }}\n\
-         \x20 chain masquerading {{\n    meta mark & 0x4000 == 0 return\n    meta mark set meta mark xor 0x4000\n    masquerade fully-random\n  }}\n\
-         \x20 chain services {{\n    ip daddr . meta l4proto . th dport vmap @service-ips\n  }}\n\
-         \x20 chain nat-prerouting {{\n    type nat hook prerouting priority dstnat; policy accept;\n    jump services\n  }}\n\
-         \x20 chain nat-postrouting {{\n    type nat hook postrouting priority srcnat; policy accept;\n    jump masquerading\n  }}\n}}\n",
-        elems.join(",\n      ")
-    )
-}
-
-fn pipe_into(ns: &str, cmd: &str, input: &str) {
-    use std::io::Write;
-    let mut c = Command::new("ip")
-        .args(["netns", "exec", ns, "sh", "-c", cmd])
-        .stdin(Stdio::piped())
-        .spawn()
-        .unwrap();
-    c.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
-    assert!(c.wait().unwrap().success(), "{cmd} failed");
+    kube_proxy::nftables(&kube_proxy_services(n), "10.0.0.0/8")
 }
 
 /// `kxdp pcap sink` on eth0 of `ns`, returned once attached.

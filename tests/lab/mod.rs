@@ -6,6 +6,8 @@
 //! Traffic only flows between namespaces a test created.
 #![allow(dead_code)]
 
+pub mod kube_proxy;
+
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};

@@ -2,9 +2,10 @@
 //!
 //! - `healthzBindAddress` (default `0.0.0.0:10256`): `/healthz` answers 200 while the tables are
 //!   being published (the last publication is at most 2 × `syncPeriod` old, and the first one has
-//!   happened) and this node's Node object is not being deleted, else 503; `/livez` is the same
-//!   without the node-deletion condition. The body is kube-proxy's JSON
-//!   (`{"lastUpdated":…,"currentTime":…,"nodeEligible":…}`).
+//!   happened), this node's Node object is not being deleted and no worker has stalled
+//!   ([`WORKER_STALL_MS`]), else 503; `/livez` is the same without the node-deletion condition.
+//!   The body is kube-proxy's JSON (`{"lastUpdated":…,"currentTime":…,"nodeEligible":…}`), plus
+//!   `"stalledWorkers":[…]` while a worker is stalled.
 //! - For every Service with `externalTrafficPolicy: Local` and a `healthCheckNodePort`, an HTTP
 //!   server on that port (the healthzBindAddress IP) answers 200
 //!   with `{"service":{"namespace":…,"name":…},"localEndpoints":N,"serviceProxyHealthy":true}` and
@@ -228,11 +229,25 @@ fn rfc3339(t: SystemTime) -> String {
     humantime::format_rfc3339_nanos(t).to_string()
 }
 
-/// The `/healthz` and `/livez` server's view: the control loop's status and the sync period.
+/// A worker whose loop has not come round for this long makes `/healthz` and `/livez` answer
+/// 503 (`stalledWorkers` in the body). A worker goes round at least every 250 ms when idle
+/// and publishes its socket table every second, idle or busy: ten missed seconds are a stall
+/// (a deadlock, a spin, a system call that never returns), not scheduling on a loaded node.
+/// The DaemonSet's liveness probe (every 10 s, 6 failures) then restarts kxdp about a minute
+/// later; with the state file the connections carry on.
+pub const WORKER_STALL_MS: u64 = 10_000;
+
+/// The `/healthz` and `/livez` server's view: the control loop's status, the sync period and
+/// the workers' progress.
 pub struct ProxyHealth {
     pub status: Arc<Mutex<Status>>,
     pub sync_period: Duration,
     pub metrics: Arc<Metrics>,
+    /// The workers' counters (None: no dataplane, as in tests of the control loop alone).
+    pub workers: Option<Arc<kxdp_dataplane::stats::DataplaneStats>>,
+    /// How long a worker's loop may not come round before it counts as stalled
+    /// ([`WORKER_STALL_MS`] in `kxdp run`).
+    pub worker_stall_ms: u64,
 }
 
 impl ProxyHealth {
@@ -247,18 +262,36 @@ impl ProxyHealth {
         (fresh, !st.health.node_deleting, st.last_sync)
     }
 
+    /// The workers stalled for longer than `worker_stall_ms`.
+    fn stalled(&self) -> Vec<usize> {
+        self.workers
+            .as_ref()
+            .map(|w| {
+                w.stalled(self.worker_stall_ms)
+                    .into_iter()
+                    .map(|(i, _)| i)
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     /// What the health-check node ports report as `serviceProxyHealthy`: `/healthz`'s answer.
     pub fn healthy(&self) -> bool {
         let (fresh, eligible, _) = self.check(SystemTime::now());
-        fresh && eligible
+        fresh && eligible && self.stalled().is_empty()
     }
 
     pub fn answer(&self, path: &str) -> Response {
         let now = SystemTime::now();
         let (fresh, eligible, last) = self.check(now);
+        let stalled = self.stalled();
+        let working = stalled.is_empty();
         let (ok, counter) = match path {
-            "/healthz" => (fresh && eligible, &self.metrics.proxy_healthz_total),
-            "/livez" => (fresh, &self.metrics.proxy_livez_total),
+            "/healthz" => (
+                fresh && eligible && working,
+                &self.metrics.proxy_healthz_total,
+            ),
+            "/livez" => (fresh && working, &self.metrics.proxy_livez_total),
             _ => {
                 return Response {
                     status: 404,
@@ -282,6 +315,10 @@ impl ProxyHealth {
         );
         if path == "/healthz" {
             body.push_str(&format!(r#","nodeEligible":{eligible}"#));
+        }
+        if !working {
+            let list: Vec<String> = stalled.iter().map(|i| i.to_string()).collect();
+            body.push_str(&format!(r#","stalledWorkers":[{}]"#, list.join(",")));
         }
         body.push('}');
         Response {
@@ -434,6 +471,46 @@ pub fn spawn_service_health(
 mod tests {
     use super::*;
     use crate::sources::files::load_str;
+
+    #[test]
+    fn a_stalled_worker_fails_healthz_and_livez() {
+        let stats = Arc::new(kxdp_dataplane::stats::DataplaneStats::new(2));
+        let status = Status {
+            last_sync: Some(SystemTime::now()),
+            ..Default::default()
+        };
+        let h = ProxyHealth {
+            status: Arc::new(Mutex::new(status)),
+            sync_period: Duration::from_secs(30),
+            metrics: Arc::new(Metrics::new()),
+            workers: Some(stats.clone()),
+            worker_stall_ms: 200,
+        };
+        stats.publish_sockets(0, |_| {});
+        stats.publish_sockets(1, |_| {});
+        assert_eq!(h.answer("/healthz").status, 200);
+        assert_eq!(h.answer("/livez").status, 200);
+        assert!(h.healthy());
+        // Worker 0 goes round its loop; worker 1 does not.
+        for _ in 0..5 {
+            std::thread::sleep(Duration::from_millis(60));
+            stats.publish_sockets(0, |_| {});
+        }
+        for path in ["/healthz", "/livez"] {
+            let r = h.answer(path);
+            assert_eq!(r.status, 503, "{path}: {}", r.body);
+            assert!(
+                r.body.contains(r#""stalledWorkers":[1]"#),
+                "{path}: {}",
+                r.body
+            );
+        }
+        assert!(!h.healthy(), "the health-check node ports follow /healthz");
+        stats.publish_sockets(1, |_| {});
+        let r = h.answer("/healthz");
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert!(!r.body.contains("stalledWorkers"), "{}", r.body);
+    }
 
     #[test]
     fn view_from_state() {

@@ -1164,6 +1164,8 @@ mod tests {
             status: h.status_cell(),
             sync_period,
             metrics: h.metrics().clone(),
+            workers: None,
+            worker_stall_ms: crate::health::WORKER_STALL_MS,
         };
         h.sender()
             .send(Update::ReplaceAll {

@@ -45,6 +45,9 @@ pub struct WorkerStats {
     ct_expired: AtomicU64,
     busy_ns: AtomicU64,
     updated_ms: AtomicU64,
+    /// `clock_ms` when the worker last went round its loop's periodic step (its socket table,
+    /// about once a second, idle or busy): a worker whose loop stopped lets it age.
+    alive_ms: AtomicU64,
     reasons: [AtomicU64; Reason::COUNT],
     actions: [AtomicU64; Action::COUNT],
 }
@@ -86,6 +89,8 @@ impl WorkerStats {
             ct_expired: AtomicU64::new(0),
             busy_ns: AtomicU64::new(0),
             updated_ms: AtomicU64::new(0),
+            // Counted from the start: a worker that never gets going is a stall too.
+            alive_ms: AtomicU64::new(clock_ms()),
             reasons: std::array::from_fn(|_| AtomicU64::new(0)),
             actions: std::array::from_fn(|_| AtomicU64::new(0)),
         }
@@ -404,6 +409,21 @@ impl DataplaneStats {
         let mut v = slot.lock().unwrap_or_else(|e| e.into_inner());
         v.clear();
         fill(&mut v);
+        self.workers[worker].alive_ms.store(clock_ms(), Relaxed);
+    }
+
+    /// The workers whose loop has not come round for longer than `after_ms` (they publish
+    /// their socket table about once a second, idle or busy), with how long, in ms.
+    pub fn stalled(&self, after_ms: u64) -> Vec<(usize, u64)> {
+        let now = clock_ms();
+        self.workers
+            .iter()
+            .enumerate()
+            .filter_map(|(i, w)| {
+                let age = now.saturating_sub(w.alive_ms.load(Relaxed));
+                (age > after_ms).then_some((i, age))
+            })
+            .collect()
     }
 
     /// Every worker's sockets, by interface name and queue.

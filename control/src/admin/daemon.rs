@@ -328,6 +328,8 @@ pub fn start(
         status: handle.status_cell(),
         sync_period: config.sync.sync_period.0,
         metrics: metrics.clone(),
+        workers: Some(dp.stats.clone()),
+        worker_stall_ms: crate::health::WORKER_STALL_MS,
     });
     {
         let mut info = context.daemon.lock().unwrap();

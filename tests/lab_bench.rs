@@ -724,7 +724,7 @@ fn tcp_stat(ns: &str, name: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// SYN flood against a conntrack table of `KXDP_FLOOD_TABLE` entries (issue 12), forwarded by
+/// SYN flood against a conntrack table of `KXDP_FLOOD_TABLE` entries, forwarded by
 /// `KXDP_FLOOD_MODE`: `kernel` (nftables DNAT, nf_conntrack with `nf_conntrack_max` set to the
 /// table size for the run and restored after) or `kxdp` (`conntrack.maxEntries`). The flood:
 /// `kxdp pcap send --syn --vary-src` from the ext namespace at `KXDP_FLOOD_RATE` SYN/s (or

@@ -457,7 +457,7 @@ impl Pipeline {
                     // Hashed here, from the words in registers (two of them known zeros), not
                     // read back in the key loop: nothing was stored that a load could stall on;
                     // and its slot prefetched a whole parse loop before the entry prefetch reads
-                    // it (session 10: est-1m and est-10k 1-2 % faster than from the key loop).
+                    // it (est-1m and est-10k 1-2 % faster than from the key loop).
                     s.hash = ct.hash(&s.key);
                     ct.prefetch_slot(s.hash);
                     continue;
@@ -481,7 +481,7 @@ impl Pipeline {
         }
         // The other frames' keys are built in a loop of their own (a plain frame's was packed
         // and hashed by the parse loop): right after the parse, its wide loads of the fields the
-        // parse had just stored one by one stalled on store forwarding (session 5's profile); a
+        // parse had just stored one by one stalled on store forwarding (callgrind); a
         // packet later those stores have long reached the cache.
         for s in &mut self.scratch[..m] {
             if s.kind != KIND_IP || s.plain {
@@ -1266,7 +1266,7 @@ fn established_lane(
     }
     // The verdict's fields that come from the meta, written first, while the parse's values are
     // at hand: held across the rewrite, they went through the stack (the decide loop has no free
-    // register; "Fast path, session 12: a compact verdict"). A packet the lane declines gets its
+    // register). A packet the lane declines gets its
     // verdict written whole by the full path. Every field of `Verdict` is written here or below.
     v.action = Action::Forward;
     fill_orig_packet(v, meta);
@@ -1569,7 +1569,7 @@ impl SlotFrames {
 /// `dst.copy_from_slice(src)` (equal lengths) for frames of any length, with the short frames of
 /// a fast path (16 to 128 bytes) copied as two fixed-size blocks that may overlap, which compile
 /// to a few vector moves: a variable-length copy is a `memmove` call per frame, 20 % of the
-/// replay baseline's samples (session 5).
+/// replay baseline's samples.
 #[inline(always)]
 pub(crate) fn copy_frame(dst: &mut [u8], src: &[u8]) {
     let n = src.len();

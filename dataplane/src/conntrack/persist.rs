@@ -70,10 +70,10 @@ const LAYOUT: &str = concat!(
     layout_v3_entries!(),
     "nslots = 16-rounded 3.2 x capacity, at least min(2^17, 16 x capacity)"
 );
-/// Layout version 3 (sessions 16-18), which this build reads as its own entries, migrating a
+/// Layout version 3 (one 64-byte line per IPv4 connection, a denser index), which this build reads as its own entries, migrating a
 /// small table to its sparser index.
 const LAYOUT_V3: &str = concat!(layout_v3_entries!(), "nslots = 16-rounded 3.2 x capacity");
-/// Layout version 2 (sessions 11-15), which this build converts: one 112-byte record per entry.
+/// Layout version 2, which this build converts: one 112-byte record per entry.
 const LAYOUT_V2: &str =
     "entry 112 align 16; u64x5 tuple_orig @0 (word 4: key bits 0..41, created tick 7 bits @41, \
 service_id low 16 @48); u64x5 tuple_reply @40 (word 4: key, created tick high 7 @41, service_id \
@@ -1084,7 +1084,7 @@ mod tests {
         assert!(find(&ct, &tup(1, 40001, 41, 80, 6)).is_some());
     }
 
-    /// A file of layout version 2 (one 112-byte record per entry, sessions 11-15) is converted:
+    /// A file of layout version 2 (one 112-byte record per entry) is converted:
     /// its connections, IPv4 and IPv6, continue; its garbage is dropped as ever.
     #[test]
     fn a_version_2_file_is_converted() {

@@ -61,7 +61,7 @@ pub const DIR_REPLY: u8 = 1;
 pub(crate) const SEQ_SHIFT: u32 = 24;
 pub(crate) const SEQ_MASK: u32 = 0xff << SEQ_SHIFT;
 
-/// One connection in 112 bytes (issue 13: at most 128 bytes per connection with the index),
+/// One connection in 112 bytes (the goal: at most 128 bytes per connection with the index),
 /// kept in two arrays of records of atomics (`AtomicRecord`, from the kernel crate) so that it
 /// can live in a shared file mapping (`persist`):
 ///
@@ -69,7 +69,7 @@ pub(crate) const SEQ_MASK: u32 = 0xff << SEQ_SHIFT;
 ///   IPv4 connection and a packet of the established fast lane read and write. An IPv4 tuple's
 ///   addresses are 32 bits each, so both tuples fit here with the state and the counters, and a
 ///   packet of an IPv4 connection touches one line of its entry rather than the two or three
-///   of a 112-byte record (session 16: est-1m 1.15-1.24× and new connections 1.10-1.17× as
+///   of a 112-byte record (est-1m 1.15-1.24× and new connections 1.10-1.17× as
 ///   fast; docs/benchmarks.md "one cache line per IPv4 connection").
 /// - `Cold`, 48 bytes: the rest of an IPv6 tuple's addresses, read only for IPv6 connections
 ///   (an IPv4 connection's are the IPv4-mapped prefix, implied by its family bit, and never
@@ -802,10 +802,10 @@ const CHUNK: u32 = 32;
 /// What a worker's cache reserves of never-used entries at once, and keeps of its live-count
 /// change, with several workers on a large table: `CHUNK` per 4,096 entries of capacity, at
 /// least `CHUNK`, at most 8 chunks. Two workers inserting a batch of new connections each took
-/// `next_unused`'s and the live count's cache lines from each other about four times per batch
-/// (session 10). A small table keeps `CHUNK` exactly: a reservation counts as used, and early
-/// drop looks for victims among the used entries (session 9 reserved 256 on every table and a
-/// full 16-entry table then found none); one worker keeps it too (nobody to contend with).
+/// `next_unused`'s and the live count's cache lines from each other about four times per batch.
+/// A small table keeps `CHUNK` exactly: a reservation counts as used, and early
+/// drop looks for victims among the used entries (a reservation of 256 on every table left a
+/// full 16-entry table none to find); one worker keeps it too (nobody to contend with).
 fn worker_chunk(capacity: usize, participants: usize) -> u32 {
     if participants > 1 {
         (capacity / 4096).clamp(CHUNK as usize, 8 * CHUNK as usize) as u32
@@ -1075,9 +1075,9 @@ impl Table {
     /// slot with `hash`'s tag among the probe's first `PREFETCH_PROBE` slots, not past the home
     /// slot's cache line (the line `prefetch_slot` loaded: the probe's slots beyond it would be
     /// a cache miss of their own). An empty slot first ends the probe: `Candidate::MISS`.
-    /// Otherwise a hint only (`Candidate::NONE`). Until session 11 only the home slot was
-    /// looked at: in a half-full index a linear probe's key is often past its home slot (1.5
-    /// slots on average), and those packets' lookups waited for their entries (est-1m's
+    /// Otherwise a hint only (`Candidate::NONE`). Not only the home slot is looked at: in a
+    /// half-full index a linear probe's key is often past its home slot (1.5 slots on average),
+    /// and with the home slot alone those packets' lookups waited for their entries (est-1m's
     /// lookups took 43 ns a packet, 20 with this; docs/benchmarks.md "Where the time goes").
     #[inline]
     pub fn prefetch_entry(&self, key: &Packed, hash: u64) -> Candidate {
@@ -1127,7 +1127,7 @@ impl Table {
     /// Finds the live entry holding `key` in either direction (whether it has expired is the
     /// caller's question: `Found::expired`; `_now_ms` is no longer needed for it). Always
     /// inlined: the hot path's lookup (inline until the pass loop grew, then an out-of-line call
-    /// per packet: session 5's profile).
+    /// per packet in the profile).
     #[inline(always)]
     pub fn lookup(&self, key: &Packed, hash: u64, _now_ms: u64) -> Option<Found> {
         let mut found = Found::default();
@@ -1870,7 +1870,7 @@ impl Table {
         retired.last_ms = now_ms;
         // The live count: at every step with one worker; with several, when the clock moved
         // (so the count trails by at most a clock tick's new connections, or `worker_chunk`).
-        // With chunks of `CHUNK` (one participant, or a small table: as before session 10) at
+        // With chunks of `CHUNK` (one participant, or a small table) at
         // every step; with larger ones only when the clock moved or the change reached a chunk.
         let flush_now = self.worker_chunk == CHUNK || elapsed > 0;
         let n = self.entries.len() as u64;
@@ -2191,7 +2191,7 @@ impl Table {
 ///
 /// Also the worker's allocation cache: free entries and never-used ones it took from the table in
 /// chunks, and the change to the live count it has not yet added to the shared one (added at
-/// every maintenance step), so that a new connection takes no shared atomic (issue 13). Entries
+/// every maintenance step), so that a new connection takes no shared atomic. Entries
 /// in the cache of a worker that stops stay unused until the next start (at most `2 * CHUNK`).
 pub struct Retired {
     items: Vec<(u32, u64)>,

@@ -363,7 +363,7 @@ fn syn_flood(ct: &Conntrack, syns: u32, legit_every: u32, batch: u32) -> (u32, u
 
 #[test]
 fn syn_flood_early_drop_frees_room_at_once() {
-    // Issue 12: at a full table, an early-dropped entry was only reusable once the paced expiry
+    // Without this, at a full table an early-dropped entry was only reusable once the paced expiry
     // scan had recycled it, so after the slack ran out nearly every new connection was refused.
     let ct = small(1000);
     // Before the fix: 97% of the flood and most legitimate handshakes were refused.

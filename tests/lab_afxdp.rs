@@ -355,6 +355,27 @@ fn signal(pid: u32, sig: &str) {
         .status()
         .unwrap();
     assert!(st.success(), "kill {sig} {pid}");
+    if sig == "-STOP" {
+        // The signal is delivered asynchronously: on a loaded machine the worker went on
+        // taking frames for a while after `kill` returned. Wait until every thread is stopped.
+        let stopped = lab::wait_until(Duration::from_secs(5), || {
+            std::fs::read_dir(format!("/proc/{pid}/task"))
+                .map(|tasks| {
+                    tasks.flatten().all(|t| {
+                        std::fs::read_to_string(t.path().join("stat")).is_ok_and(|stat| {
+                            // The state follows the command name's closing parenthesis.
+                            stat.rsplit_once(") ")
+                                .is_some_and(|(_, rest)| rest.starts_with(['T', 't']))
+                        })
+                    })
+                })
+                .unwrap_or(false)
+        });
+        assert!(
+            stopped,
+            "pid {pid}'s threads not all stopped 5 s after SIGSTOP"
+        );
+    }
 }
 
 #[test]

@@ -489,8 +489,9 @@ fn kxdp_pod_created_after_start() {
 }
 
 /// Pods replaced under continuous requests through a ClusterIP: a client on node-a keeps
-/// calling the Service while its endpoints are replaced 10 times (new pod, endpoint added; old
-/// endpoint removed, then the pod deleted): every request answered.
+/// calling the Service while its endpoints are replaced 10 times as a rolling update replaces
+/// them (new pod, endpoint added; the old pod deleted: its endpoint terminating while it drains,
+/// then gone): every request answered.
 #[test]
 fn kxdp_pods_replaced_under_continuous_requests_through_clusterip() {
     let mut lab = Lab::build("kxdp_pods_replaced_under_continuous_requests_through_clusterip");
@@ -511,11 +512,12 @@ fn kxdp_pods_replaced_under_continuous_requests_through_clusterip() {
         lab.update_state_published(&b, &objects(&lab));
         std::thread::sleep(Duration::from_millis(1000));
         let old = format!("srv-{i}");
-        // The endpoint goes first (as the EndpointSlice controller does), the pod after: once
-        // both nodes' tables no longer have it (a pod serves while it terminates), and a moment
-        // for requests already sent to it.
+        // The endpoint turns terminating first (as the EndpointSlice controller lists a pod
+        // being deleted): no new connection goes to it, those open drain. Once both nodes'
+        // tables say so, and a moment for requests already sent to it, the pod ends; its
+        // endpoint leaves with the next update.
         let i = lab.pods.iter().position(|p| p.name == old).unwrap();
-        lab.pods[i].labels.clear();
+        lab.pods[i].terminating = true;
         lab.update_state_published(&a, &objects(&lab));
         lab.update_state_published(&b, &objects(&lab));
         std::thread::sleep(Duration::from_millis(1000));

@@ -155,6 +155,9 @@ pub struct Pod {
     /// The pod's interface on the node (`veth...`).
     pub host_if: String,
     pub labels: Vec<(String, String)>,
+    /// Being deleted: its endpoints are listed `terminating` (serving, not ready), as the
+    /// EndpointSlice controller lists a pod between its deletion and its end.
+    pub terminating: bool,
     /// The ADD result (stdout of the plugin), handed back as `prevResult` on DEL.
     pub result: serde_json::Value,
     servers: Option<Servers>,
@@ -516,6 +519,7 @@ impl Lab {
                 .collect(),
             result,
             servers: Some(servers),
+            terminating: false,
         };
         warm(&n.ns, &[pod.ip4.into(), pod.ip6.into()]);
         warm(&pod.ns, &[gateway(&pod, false), gateway(&pod, true)]);
@@ -729,8 +733,13 @@ spec:
             let eps = selected
                 .iter()
                 .map(|p| {
+                    let conditions = if p.terminating {
+                        "{ready: false, serving: true, terminating: true}"
+                    } else {
+                        "{ready: true}"
+                    };
                     format!(
-                        "- {{addresses: [\"{}\"], conditions: {{ready: true}}, nodeName: {}}}\n",
+                        "- {{addresses: [\"{}\"], conditions: {conditions}, nodeName: {}}}\n",
                         p.ip(v6),
                         self.nodes[p.node].name
                     )

@@ -5,11 +5,9 @@
 
 mod lab;
 
-use std::io::ErrorKind;
-use std::net::UdpSocket;
 use std::time::{Duration, Instant};
 
-use lab::{ip, lab_files, wait_until, xdp_on, Cluster, Kxdp, Lab, Servers};
+use lab::{ip, lab_files, wait_until, xdp_on, Cluster, Kxdp, Servers};
 
 const STORM: usize = 250;
 
@@ -29,27 +27,9 @@ fn config_with(dir: &std::path::Path, extra: &str) -> String {
     path.display().to_string()
 }
 
-/// One UDP request from `ns` to `to` over a new socket (a new connection for kxdp): the answer,
-/// or the error after `tries` sends 500 ms apart.
+/// One UDP request over a new socket, each try waiting 500 ms (`lab::udp_ask`).
 fn udp_ask(ns: &str, to: &str, tries: usize) -> std::io::Result<String> {
-    let to = to.to_string();
-    Lab::in_ns(ns, move || {
-        let s = UdpSocket::bind("0.0.0.0:0")?;
-        s.connect(&to)?;
-        s.set_read_timeout(Some(Duration::from_millis(500)))?;
-        let mut buf = [0u8; 256];
-        for _ in 0..tries {
-            s.send(b"hello")?;
-            match s.recv(&mut buf) {
-                Ok(n) => return Ok(String::from_utf8_lossy(&buf[..n]).into_owned()),
-                Err(e) if e.kind() == ErrorKind::WouldBlock || e.kind() == ErrorKind::TimedOut => {
-                    continue
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        Err(ErrorKind::TimedOut.into())
-    })
+    lab::udp_ask(ns, to, tries, Duration::from_millis(500))
 }
 
 /// The storm's links (`stN`) that carry an XDP program, from one `ip -d -o link show`.

@@ -1201,12 +1201,14 @@ fn watch_response(
     // After subscribing: `stop` sets the flag before it cuts, so a watch either sees the flag
     // here or sees the cut.
     let stopped = shared.stopped.load(Ordering::SeqCst);
+    // The same for a fault: `set_fault` sets it before it cuts the open watches.
+    let faulted = shared.fault.lock().unwrap().is_some();
     let interval = *shared.bookmark_interval.lock().unwrap();
     let view = move |o: Value| if meta_only { meta_view(&o) } else { o };
     let line =
         |typ: &str, obj: Value| Bytes::from(format!("{}\n", json!({"type": typ, "object": obj})));
     tokio::spawn(async move {
-        if stopped {
+        if stopped || faulted {
             let _ = tx.send(Err(std::io::Error::other("server stopped"))).await;
             return;
         }

@@ -477,6 +477,31 @@ impl Drop for Kxdp {
     }
 }
 
+/// One UDP request from `ns` to `to` over a new connected socket (a new connection for kxdp;
+/// datagrams from any other source, an un-NATed reply, are not delivered): the answer, or the
+/// error after `tries` sends, each waiting `wait` for the answer.
+pub fn udp_ask(ns: &str, to: &str, tries: usize, wait: Duration) -> std::io::Result<String> {
+    use std::io::ErrorKind;
+    let to = to.to_string();
+    Lab::in_ns(ns, move || {
+        let s = std::net::UdpSocket::bind("0.0.0.0:0")?;
+        s.connect(&to)?;
+        s.set_read_timeout(Some(wait))?;
+        let mut buf = [0u8; 256];
+        for _ in 0..tries {
+            s.send(b"hello")?;
+            match s.recv(&mut buf) {
+                Ok(n) => return Ok(String::from_utf8_lossy(&buf[..n]).into_owned()),
+                Err(e) if e.kind() == ErrorKind::WouldBlock || e.kind() == ErrorKind::TimedOut => {
+                    continue
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(ErrorKind::TimedOut.into())
+    })
+}
+
 /// The lab's config and state paths.
 pub fn lab_files() -> (String, String) {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/lab");

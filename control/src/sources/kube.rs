@@ -866,7 +866,7 @@ impl Listing {
 /// While a watch fails: a list of one object of its kind (with the watch's selectors), after
 /// a delay that doubles as the watch's backoff does, to see the API server answer again.
 struct Probe {
-    api: Api<DynamicObject>,
+    probe_api: Api<DynamicObject>,
     params: kube::api::ListParams,
     delay: Expo,
 }
@@ -880,8 +880,9 @@ impl Probe {
         if let Some(f) = &spec.fields {
             params = params.fields(f);
         }
+        let probe_api = Api::all_with(client.clone(), &spec.resource);
         Probe {
-            api: Api::all_with(client.clone(), &spec.resource),
+            probe_api,
             params,
             delay: Expo {
                 min: options.backoff_min,
@@ -895,7 +896,7 @@ impl Probe {
     async fn answered(&mut self) -> bool {
         let wait = self.delay.next().unwrap_or(self.delay.max);
         tokio::time::sleep(wait).await;
-        self.api.list_metadata(&self.params).await.is_ok()
+        self.probe_api.list_metadata(&self.params).await.is_ok()
     }
 
     fn reset(&mut self) {

@@ -1,5 +1,5 @@
-//! What `kxdp replay` writes: verdict lines (JSONL) and the run summary (CONTRACT.md, "Replay
-//! verdicts").
+//! What `kxdp replay` writes: verdict lines (JSONL) and the run summary (docs/cli.md,
+//! "`kxdp replay`").
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;

@@ -1,5 +1,5 @@
-//! The control plane's metrics, in one prometheus-client `Registry` (the ops issue's `/metrics`
-//! endpoint encodes it with `Metrics::encode`).
+//! The control plane's metrics, in one prometheus-client `Registry` (the `/metrics` endpoint
+//! encodes it with `Metrics::encode`; the list: docs/operations.md "Metrics").
 //!
 //! Where the meaning matches kube-proxy's, the name is kube-proxy's, with its `kubeproxy_`
 //! subsystem prefix, so that existing dashboards and alerts keep working:

@@ -553,7 +553,7 @@ pub struct WorkerRow {
     pub ct_insert: u64,
     pub ct_found: u64,
     pub ct_expired: u64,
-    /// conntrack -S's `invalid`: packets conntrack could not track (ct-invalid,
+    /// conntrack -S's `invalid`: packets conntrack could not track (ct-invalid, ct-lost,
     /// icmp-error-untracked, fragment-no-state).
     #[serde(default)]
     pub ct_invalid: u64,

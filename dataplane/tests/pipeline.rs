@@ -283,6 +283,18 @@ fn masquerade_without_a_node_address_of_the_family_drops() {
 }
 
 #[test]
+fn affinity_record_is_written_before_masquerade_refuses() {
+    // With ClientIP affinity the endpoint is recorded when it is chosen, before masquerade: a
+    // connection then refused for want of a node address still leaves its client's record.
+    let mut snap = snapshot(true, 600);
+    snap.node.snat_v4 = None;
+    let mut h = Harness::new(snap);
+    let (v, _) = h.one(tcp([203, 0, 113, 1], 5555, VIP, 80, true, false));
+    assert_eq!(v.reason, Reason::NoNodeAddress);
+    assert_eq!(h.ct.len(), 1, "the affinity record, and no connection");
+}
+
+#[test]
 fn masquerade_without_a_free_source_port_drops() {
     // A Service with one endpoint whose connections are all masqueraded to the node's address:
     // 64,512 reply tuples (source ports 1024-65535) plus the clients' own low ports. Two

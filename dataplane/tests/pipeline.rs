@@ -423,6 +423,42 @@ fn session_affinity_pins_a_client() {
 }
 
 #[test]
+fn affinity_record_outside_the_route_is_replaced() {
+    // Affinity never overrides eligibility: a client pinned to an endpoint the route no longer
+    // lists gets another one, and is pinned to that one from then on.
+    let vip80 = FrontendKey {
+        addr: a(VIP),
+        port: 80,
+        proto: proto::TCP,
+    };
+    let mut h = Harness::new(snapshot(false, 600));
+    let full = h.snap.clone();
+    let (_, out) = h.one(tcp(POD, 41000, VIP, 80, true, false));
+    let pinned = meta(&out).dst;
+    // The endpoint list is [EP1, EP2, POD]; the route keeps the other of EP1 and EP2.
+    let (other, at) = if pinned == a(EP1) {
+        (a(EP2), 1)
+    } else {
+        (a(EP1), 0)
+    };
+    let mut only_other = snapshot(false, 600);
+    let mut fe = only_other.frontend(&vip80).unwrap().clone();
+    fe.routes[0].endpoints = EndpointRange { start: at, len: 1 };
+    only_other.insert_frontend(vip80, fe);
+    only_other.validate().unwrap();
+    h.snap = Arc::new(only_other);
+    let (v, out) = h.one(tcp(POD, 41001, VIP, 80, true, false));
+    assert_eq!(v.reason, Reason::ServiceDnat);
+    assert_eq!(meta(&out).dst, other);
+    // Both endpoints listed again: the record now names the other one.
+    h.snap = full;
+    for port in 41002..41022 {
+        let (_, out) = h.one(tcp(POD, port, VIP, 80, true, false));
+        assert_eq!(meta(&out).dst, other, "re-pinned");
+    }
+}
+
+#[test]
 fn full_table_refuses_when_every_entry_is_assured() {
     let snap = snapshot(false, 0);
     let ct = Conntrack::new(

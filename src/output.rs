@@ -260,8 +260,9 @@ mod tests {
         v
     }
 
+    /// The example line docs/cli.md shows.
     #[test]
-    fn contract_example() {
+    fn documented_example() {
         let line = verdict_line(0, &tcp_verdict(), &snapshot(), None);
         assert_eq!(
             line,

@@ -1,5 +1,5 @@
-//! What `kxdp replay` writes: verdict lines (JSONL) and the run summary (CONTRACT.md, "Replay
-//! verdicts").
+//! What `kxdp replay` writes: verdict lines (JSONL) and the run summary (docs/cli.md,
+//! "`kxdp replay`").
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -260,8 +260,9 @@ mod tests {
         v
     }
 
+    /// The example line docs/cli.md shows.
     #[test]
-    fn contract_example() {
+    fn documented_example() {
         let line = verdict_line(0, &tcp_verdict(), &snapshot(), None);
         assert_eq!(
             line,

@@ -301,7 +301,7 @@ fn daemon_ops_end_to_end() {
         (ok(a, &["conntrack", "count"]).trim() == "3").then_some(())
     });
 
-    // ---- conntrack list: JSON as CONTRACT.md, and the table shape ----
+    // ---- conntrack list: JSON as docs/operations.md has it, and the table shape ----
     let entries = json_lines(&ok(a, &["conntrack", "list", "-o", "json"]));
     assert_eq!(entries.len(), 3);
     for e in &entries {

@@ -1,5 +1,5 @@
-//! The control plane's metrics, in one prometheus-client `Registry` (the ops issue's `/metrics`
-//! endpoint encodes it with `Metrics::encode`).
+//! The control plane's metrics, in one prometheus-client `Registry` (the `/metrics` endpoint
+//! encodes it with `Metrics::encode`; the list: docs/operations.md "Metrics").
 //!
 //! Where the meaning matches kube-proxy's, the name is kube-proxy's, with its `kubeproxy_`
 //! subsystem prefix, so that existing dashboards and alerts keep working:
@@ -31,7 +31,7 @@
 //! | metric | type | meaning |
 //! | --- | --- | --- |
 //! | `kxdp_sync_problems_total` | counter | objects (or parts) skipped because they could not be translated or decoded |
-//! | `kxdp_sync_problems` | gauge | problems in the currently published tables |
+//! | `kxdp_sync_problems_current` | gauge | problems in the currently published tables |
 //! | `kxdp_sync_snapshot_generation` | gauge | generation of the published snapshot |
 //! | `kxdp_sync_source_errors_total{source}` | counter | source failures (API server unreachable, unreadable state files); the last good tables stay |
 //! | `kxdp_sync_source_up{source}` | gauge | 1 while the source is connected and synced |

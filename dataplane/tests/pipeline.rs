@@ -269,6 +269,101 @@ fn hairpin_is_masqueraded() {
 }
 
 #[test]
+fn masquerade_without_a_node_address_of_the_family_drops() {
+    let mut snap = snapshot(true, 0);
+    snap.node.snat_v4 = None;
+    let mut h = Harness::new(snap);
+    // An external client's connection is masqueraded: no IPv4 node address, no connection.
+    let (v, _) = h.one(tcp([203, 0, 113, 1], 5555, VIP, 80, true, false));
+    assert_eq!((v.reason, v.action), (Reason::NoNodeAddress, Action::Drop));
+    assert_eq!(h.ct.len(), 0);
+    // A pod's is not masqueraded and goes ahead.
+    let (v, _) = h.one(tcp(POD, 5555, VIP, 80, true, false));
+    assert_eq!(v.reason, Reason::ServiceDnat);
+}
+
+#[test]
+fn affinity_record_is_written_before_masquerade_refuses() {
+    // With ClientIP affinity the endpoint is recorded when it is chosen, before masquerade: a
+    // connection then refused for want of a node address still leaves its client's record.
+    let mut snap = snapshot(true, 600);
+    snap.node.snat_v4 = None;
+    let mut h = Harness::new(snap);
+    let (v, _) = h.one(tcp([203, 0, 113, 1], 5555, VIP, 80, true, false));
+    assert_eq!(v.reason, Reason::NoNodeAddress);
+    assert_eq!(h.ct.len(), 1, "the affinity record, and no connection");
+}
+
+#[test]
+fn masquerade_without_a_free_source_port_drops() {
+    // A Service with one endpoint whose connections are all masqueraded to the node's address:
+    // 64,512 reply tuples (source ports 1024-65535) plus the clients' own low ports. Two
+    // clients sending from 40,000 ports each fill them; past that a connection whose 32 random
+    // ports are all taken is refused, and no two connections ever share a reply tuple.
+    const ONE: [u8; 4] = [172, 30, 0, 50];
+    let mut snap = snapshot(true, 0);
+    let masq = Route {
+        endpoints: EndpointRange { start: 0, len: 1 },
+        masquerade: true,
+        when_empty: EmptyAction::Reject,
+    };
+    snap.insert_frontend(
+        FrontendKey {
+            addr: a(ONE),
+            port: 80,
+            proto: proto::TCP,
+        },
+        Frontend {
+            service_port: Arc::new(ServicePortInfo {
+                name: "ns1/one:http".into(),
+                id: 14,
+                proto: proto::TCP,
+                affinity_timeout_s: 0,
+            }),
+            kind: FrontendKind::ClusterIp,
+            routes: [masq; 3],
+            endpoints: vec![Endpoint {
+                addr: a(EP1),
+                port: 8080,
+                local: true,
+            }]
+            .into(),
+            source_ranges: None,
+            maglev: None,
+        },
+    );
+    snap.cluster_ips.insert(a(ONE));
+    snap.validate().unwrap();
+    let mut h = Harness::new(snap);
+    let (mut exhausted, mut replies) = (0, std::collections::HashSet::new());
+    for client in [[203, 0, 113, 1], [203, 0, 113, 2]] {
+        let ports: Vec<u16> = (1..=40_000).collect();
+        for chunk in ports.chunks(64) {
+            let pkts: Vec<_> = chunk
+                .iter()
+                .map(|&p| tcp(client, p, ONE, 80, true, false))
+                .collect();
+            for (v, out) in h.run(&pkts) {
+                match v.reason {
+                    Reason::ServiceDnat => {
+                        let m = meta(&out);
+                        assert_eq!((m.src, m.dst), (a(NODE), a(EP1)));
+                        assert!(replies.insert(m.sport), "reply tuple reused");
+                    }
+                    Reason::SnatExhausted => {
+                        assert_eq!(v.action, Action::Drop);
+                        exhausted += 1;
+                    }
+                    r => panic!("unexpected {r:?}"),
+                }
+            }
+        }
+    }
+    assert!(exhausted >= 80_000 - 65_535, "{exhausted} refused");
+    assert_eq!(replies.len() + exhausted, 80_000);
+}
+
+#[test]
 fn rejects_drops_and_passes() {
     let mut h = Harness::new(snapshot(false, 0));
     // No endpoints: UDP gets ICMP port unreachable.
@@ -325,6 +420,42 @@ fn session_affinity_pins_a_client() {
         backends.insert(meta(&out).dst);
     }
     assert_eq!(backends.len(), 2);
+}
+
+#[test]
+fn affinity_record_outside_the_route_is_replaced() {
+    // Affinity never overrides eligibility: a client pinned to an endpoint the route no longer
+    // lists gets another one, and is pinned to that one from then on.
+    let vip80 = FrontendKey {
+        addr: a(VIP),
+        port: 80,
+        proto: proto::TCP,
+    };
+    let mut h = Harness::new(snapshot(false, 600));
+    let full = h.snap.clone();
+    let (_, out) = h.one(tcp(POD, 41000, VIP, 80, true, false));
+    let pinned = meta(&out).dst;
+    // The endpoint list is [EP1, EP2, POD]; the route keeps the other of EP1 and EP2.
+    let (other, at) = if pinned == a(EP1) {
+        (a(EP2), 1)
+    } else {
+        (a(EP1), 0)
+    };
+    let mut only_other = snapshot(false, 600);
+    let mut fe = only_other.frontend(&vip80).unwrap().clone();
+    fe.routes[0].endpoints = EndpointRange { start: at, len: 1 };
+    only_other.insert_frontend(vip80, fe);
+    only_other.validate().unwrap();
+    h.snap = Arc::new(only_other);
+    let (v, out) = h.one(tcp(POD, 41001, VIP, 80, true, false));
+    assert_eq!(v.reason, Reason::ServiceDnat);
+    assert_eq!(meta(&out).dst, other);
+    // Both endpoints listed again: the record now names the other one.
+    h.snap = full;
+    for port in 41002..41022 {
+        let (_, out) = h.one(tcp(POD, port, VIP, 80, true, false));
+        assert_eq!(meta(&out).dst, other, "re-pinned");
+    }
 }
 
 #[test]

@@ -1051,7 +1051,7 @@ pub fn udp_reply_to(out: &Decoded, payload: &[u8]) -> Vec<u8> {
     udp_on(LinkType::Ethernet, out.dst_sock(), out.src_sock(), payload)
 }
 
-/// The task's plain interface: `dir` holds `config.yaml` and `state/`; replays `packets`
+/// The plain replay of a test directory: `dir` holds `config.yaml` and `state/`; replays `packets`
 /// (150 ms apart) and returns the verdicts and the output pcap's frames.
 pub fn run_replay(dir: &Path, packets: &[Vec<u8>]) -> (Vec<Value>, Vec<Vec<u8>>) {
     let pcap = dir.join("in.pcap");

@@ -1,7 +1,7 @@
 //! The admin socket's wire format: newline-delimited JSON.
 //!
 //! The client writes one `Request` line. The server answers with zero or more data lines (one
-//! JSON object each: a conntrack entry as CONTRACT.md shows it, a service, a worker, an event)
+//! JSON object each: a conntrack entry as `kxdp conntrack list -o json` prints it, a service, a worker, an event)
 //! and ends with exactly one trailer line: `{"end":{...}}` (success, with a summary) or
 //! `{"error":"message"}`. `monitor` streams until the client closes the connection.
 
@@ -282,7 +282,7 @@ impl CtFilter {
     }
 }
 
-/// One connection, as `kxdp conntrack list -o json` prints it (CONTRACT.md).
+/// One connection, as `kxdp conntrack list -o json` prints it (docs/operations.md).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct CtEntry {
     pub proto: serde_json::Value,
@@ -553,7 +553,7 @@ pub struct WorkerRow {
     pub ct_insert: u64,
     pub ct_found: u64,
     pub ct_expired: u64,
-    /// conntrack -S's `invalid`: packets conntrack could not track (ct-invalid,
+    /// conntrack -S's `invalid`: packets conntrack could not track (ct-invalid, ct-lost,
     /// icmp-error-untracked, fragment-no-state).
     #[serde(default)]
     pub ct_invalid: u64,

@@ -555,8 +555,8 @@ fn startup(layout: Layout, n: usize) -> String {
     let parse = t.elapsed();
     // The same documents, one thread, each straight into its type: `yaml_serde` alone (which
     // takes a plain `80` for a string: not strict enough for the fast path), and read strictly,
-    // as `sources/files_fast.rs` decodes them on every core (the block-subset reader,
-    // `sources/files_subset.rs`, with `yaml_serde` for what it leaves).
+    // as `sources/files/documents.rs` decodes them on every core (the block-subset reader,
+    // `sources/files/block_yaml.rs`, with `yaml_serde` for what it leaves).
     let documents: Vec<&str> = text.split("---\n").filter(|d| !d.is_empty()).collect();
     let serde_typed = typed_all(
         &documents,

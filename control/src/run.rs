@@ -640,7 +640,7 @@ fn take_over(
     let kxdp_if = config
         .host_path
         .enabled
-        .then(|| kxdp_dataplane::io::hostpath::HostPathOptions::default().kxdp_if);
+        .then(|| kxdp_dataplane::io::host_path::HostPathOptions::default().kxdp_if);
     let kernel_port = kxdp_if.as_ref().and_then(|name| {
         parcel
             .dataplane

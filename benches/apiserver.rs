@@ -92,7 +92,7 @@ fn main() {
     kxdp_control::sources::files::load_str(&text, true, std::path::Path::new("b.json"), &mut state)
         .unwrap();
     let t = Instant::now();
-    let snap = kxdp_control::incremental::Builder::new(config()).full(&state);
+    let snap = kxdp_control::translate::Builder::new(config()).full(&state);
     let full_build = t.elapsed();
     assert_eq!(snap.frontends.len(), n);
     drop((snap, state, text));

@@ -11,7 +11,7 @@
 //! - **slice lookup**: every Service's EndpointSlices found through the index, against the old
 //!   namespace scan as the same-run baseline (for `one-ns`/`big` the scan is timed on a sample of
 //!   Services and scaled: the whole would take minutes);
-//! - **full build**: `incremental::Builder::full` (median of 3);
+//! - **full build**: `translate::Builder::full` (median of 3);
 //! - **initial sync via loop**: a `ControlLoop` (`minSyncPeriod: 0`) handed the whole state;
 //!   timed from the send until a reader spinning on `Published::cache().load()` (as a worker
 //!   between batches) sees generation 1;
@@ -46,11 +46,13 @@ use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use kxdp_control::incremental::Builder;
 use kxdp_control::metrics::Metrics;
 use kxdp_control::model::{service_name_of, ClusterState, Object, ObjectKey};
+use kxdp_control::sources::event::Update;
 use kxdp_control::sources::files::decode_one_document;
-use kxdp_control::sync::{ControlLoop, Published, Source, Store, Update};
+use kxdp_control::store::Store;
+use kxdp_control::sync::{ControlLoop, Published, Source};
+use kxdp_control::translate::Builder;
 use kxdp_control::Config;
 
 /// Counts live heap bytes (for the memory columns).
@@ -553,8 +555,8 @@ fn startup(layout: Layout, n: usize) -> String {
     let parse = t.elapsed();
     // The same documents, one thread, each straight into its type: `yaml_serde` alone (which
     // takes a plain `80` for a string: not strict enough for the fast path), and read strictly,
-    // as `sources/files_fast.rs` decodes them on every core (the block-subset reader,
-    // `sources/files_subset.rs`, with `yaml_serde` for what it leaves).
+    // as `sources/files/documents.rs` decodes them on every core (the block-subset reader,
+    // `sources/files/block_yaml.rs`, with `yaml_serde` for what it leaves).
     let documents: Vec<&str> = text.split("---\n").filter(|d| !d.is_empty()).collect();
     let serde_typed = typed_all(
         &documents,

@@ -103,7 +103,11 @@ pub fn wait_for(published: &Published, what: &str, pred: impl Fn(&Snapshot) -> b
     }
 }
 
-fn wait_status(h: &ControlHandle, what: &str, pred: impl Fn(&kxdp_control::sync::Status) -> bool) {
+fn wait_status(
+    h: &ControlHandle,
+    what: &str,
+    pred: impl Fn(&kxdp_control::status::Status) -> bool,
+) {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let st = h.status();

@@ -1,4 +1,4 @@
-//! The host path (dataplane/src/io/hostpath.rs) in a network namespace: the node's own packets
+//! The host path (dataplane/src/io/host_path.rs) in a network namespace: the node's own packets
 //! to a ClusterIP, an externalIP and a NodePort on the node's own address leave on `kxdp0` and
 //! arrive on `kxdp1` (seen with tcpdump on `kxdp1`), other local traffic stays local, frames
 //! written into `kxdp1` reach local sockets (also with a local source address, and through a
@@ -15,7 +15,7 @@ use std::net::{SocketAddr, TcpStream, UdpSocket};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use kxdp_dataplane::io::hostpath::{HostPath, HostPathOptions};
+use kxdp_dataplane::io::host_path::{HostPath, HostPathOptions};
 use lab::{ip, run, Lab};
 
 const NODE4: &str = "192.168.55.2";
@@ -364,7 +364,7 @@ fn wait_for(ns: &str, what: &str, ok: impl Fn(&str) -> bool) -> String {
 /// `ip rule` exactly.
 #[test]
 fn hostpath_node_port_rules_follow_the_node_addresses() {
-    use kxdp_dataplane::io::hostpath::NodeAddressFollower;
+    use kxdp_dataplane::io::host_path::NodeAddressFollower;
     use std::sync::{Arc, Mutex};
     const EXTRA4: &str = "192.168.55.9";
     const EXTRA6: &str = "fd55::9";

@@ -13,7 +13,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kxdp_control::admin::{AdminContext, Dataplane};
-use kxdp_control::sync::{Published, Status};
+use kxdp_control::status::Status;
+use kxdp_control::sync::Published;
 use kxdp_dataplane::conntrack::{Conntrack, CtConfig, Tuple};
 use kxdp_dataplane::snapshot::Snapshot;
 use kxdp_dataplane::stats::{clock_ms, DataplaneStats};

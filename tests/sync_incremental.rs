@@ -7,10 +7,10 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use kxdp_control::incremental::Builder;
 use kxdp_control::model::{ClusterState, Kind, Object, ObjectKey};
 use kxdp_control::sources::files::load_str;
-use kxdp_control::sync::Store;
+use kxdp_control::store::Store;
+use kxdp_control::translate::Builder;
 use kxdp_control::Config;
 use kxdp_dataplane::snapshot::Snapshot;
 

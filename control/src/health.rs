@@ -21,7 +21,7 @@
 //! per server (beyond, a new connection is closed at once) and `HTTP_LIMITS.deadline` for a
 //! connection's whole life, request and answer included.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
@@ -31,122 +31,7 @@ use hyper::body::Bytes;
 use tokio::net::TcpListener;
 
 use crate::metrics::Metrics;
-use crate::model::{ClusterState, ObjectKey};
-use crate::sync::Status;
-
-/// One Service's health-check node port answer.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct HcService {
-    pub namespace: String,
-    pub name: String,
-    /// Ready endpoints on this node.
-    pub local_endpoints: usize,
-}
-
-/// What the health servers need of the cluster state, computed at each publication.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct HealthView {
-    /// This node's Node object has a deletionTimestamp.
-    pub node_deleting: bool,
-    /// healthCheckNodePort → its Service.
-    pub services: Arc<BTreeMap<u16, HcService>>,
-}
-
-impl HealthView {
-    pub fn from_state(state: &ClusterState, node_name: &str) -> HealthView {
-        let node_deleting = state
-            .nodes
-            .get(node_name)
-            .is_some_and(|n| n.metadata.deletion_timestamp.is_some());
-        let mut services = BTreeMap::new();
-        Self::add_services(&mut services, state, node_name, state.services.iter());
-        HealthView {
-            node_deleting,
-            services: Arc::new(services),
-        }
-    }
-
-    /// The view after the Services in `changed` changed (or their EndpointSlices): costs the
-    /// changed Services, not the cluster (the control loop calls it at every partial sync).
-    pub fn updated(
-        &self,
-        state: &ClusterState,
-        node_name: &str,
-        changed: &BTreeSet<ObjectKey>,
-    ) -> HealthView {
-        let touched =
-            |s: &HcService| changed.contains(&ObjectKey::new(s.namespace.clone(), s.name.clone()));
-        let now = changed
-            .iter()
-            .filter_map(|k| state.services.get_key_value(k));
-        if !self.services.values().any(touched) && now.clone().next().is_none() {
-            return self.clone();
-        }
-        let mut services: BTreeMap<u16, HcService> = self
-            .services
-            .iter()
-            .filter(|(_, s)| !touched(s))
-            .map(|(p, s)| (*p, s.clone()))
-            .collect();
-        Self::add_services(&mut services, state, node_name, now);
-        HealthView {
-            node_deleting: self.node_deleting,
-            services: Arc::new(services),
-        }
-    }
-
-    fn add_services<'a>(
-        services: &mut BTreeMap<u16, HcService>,
-        state: &ClusterState,
-        node_name: &str,
-        list: impl Iterator<Item = (&'a ObjectKey, &'a k8s_openapi::api::core::v1::Service)>,
-    ) {
-        for (key, svc) in list {
-            let Some(spec) = &svc.spec else { continue };
-            if spec.external_traffic_policy.as_deref() != Some("Local")
-                || !matches!(
-                    spec.type_.as_deref(),
-                    Some("LoadBalancer") | Some("NodePort")
-                )
-            {
-                continue;
-            }
-            let Some(port) = spec
-                .health_check_node_port
-                .filter(|p| (1..=65535).contains(p))
-            else {
-                continue;
-            };
-            services.insert(
-                port as u16,
-                HcService {
-                    namespace: key.namespace.clone(),
-                    name: key.name.clone(),
-                    local_endpoints: local_endpoints(state, key, node_name),
-                },
-            );
-        }
-    }
-}
-
-/// Ready endpoints of a Service on this node (distinct addresses, as kube-proxy counts them).
-fn local_endpoints(state: &ClusterState, key: &ObjectKey, node_name: &str) -> usize {
-    let mut addrs = BTreeSet::new();
-    for slice in state.slices_of(key) {
-        for ep in &slice.endpoints {
-            if ep.node_name.as_deref() != Some(node_name) {
-                continue;
-            }
-            let ready = ep.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true);
-            if ready {
-                if let Some(a) = ep.addresses.first() {
-                    addrs.insert(a.clone());
-                }
-            }
-        }
-    }
-    addrs.len()
-}
+use crate::status::{HcService, Status};
 
 /// An HTTP answer.
 pub struct Response {
@@ -470,7 +355,9 @@ pub fn spawn_service_health(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::ClusterState;
     use crate::sources::files::load_str;
+    use crate::status::HealthView;
 
     #[test]
     fn a_stalled_worker_fails_healthz_and_livez() {

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ipnet::IpNet;
-use kxdp_dataplane::io::hostpath::{
+use kxdp_dataplane::io::host_path::{
     local_node_addrs, HostPath, HostPathOptions, NodeAddressFollower,
 };
 use kxdp_dataplane::snapshot::{FrontendKind, Snapshot};
@@ -124,7 +124,7 @@ impl RunningHostPath {
                 .service_routes
                 .iter()
                 .any(|n| matches!(n, IpNet::V6(_)));
-        if uses_v6 && kxdp_dataplane::io::hostpath::ipv6_forwarding_off() {
+        if uses_v6 && kxdp_dataplane::io::host_path::ipv6_forwarding_off() {
             tracing::warn!("host path: IPv6 forwarding is off on this node (net.ipv6.conf.all.forwarding = 0): the kernel drops the IPv6 pod traffic kxdp hands it on {} (to outside the cluster, replies to pods); kxdp does not change it: set it on the node (the CNI usually does)", opts.host_if);
         }
         let (kxdp_if, kxdp_ifindex) = (opts.kxdp_if.clone(), hp.kxdp_ifindex());

@@ -273,7 +273,7 @@ fn put<M: EncodeMetric>(
 /// until a loop attaches it). Read at scrape time so that a loop stuck in a rebuild still shows
 /// a growing value.
 #[derive(Clone, Default)]
-struct StaleCollector(Arc<OnceLock<Arc<Mutex<crate::sync::Status>>>>);
+struct StaleCollector(Arc<OnceLock<Arc<Mutex<crate::status::Status>>>>);
 
 impl std::fmt::Debug for StaleCollector {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -787,7 +787,7 @@ impl Metrics {
 
     /// Adds `kxdp_sync_stale_seconds`, read from the control loop's status at each scrape
     /// (`ControlLoop::spawn` attaches its own); a second call is ignored.
-    pub fn attach_status(&self, status: Arc<Mutex<crate::sync::Status>>) {
+    pub fn attach_status(&self, status: Arc<Mutex<crate::status::Status>>) {
         let _ = self.stale.0.set(status);
     }
 
@@ -946,7 +946,7 @@ mod tests {
     fn stale_seconds_from_status() {
         let m = Metrics::new();
         assert!(!m.encode().contains("kxdp_sync_stale_seconds"));
-        let status = Arc::new(Mutex::new(crate::sync::Status::default()));
+        let status = Arc::new(Mutex::new(crate::status::Status::default()));
         m.attach_status(status.clone());
         assert!(
             m.encode().contains("kxdp_sync_stale_seconds 0.0\n"),

@@ -174,7 +174,7 @@ pub struct ClusterState {
     /// namespace: quadratic at thousands of Services in one namespace.
     slices_by_service: HashMap<ObjectKey, BTreeSet<String>>,
     /// The values pods share (label sets, node names, port lists), held once (boxed: the
-    /// state travels by value in `sync::Update`).
+    /// state travels by value in `sources::event::Update`).
     pod_values: Box<PodInterner>,
 }
 

@@ -1,5 +1,5 @@
 //! `kxdp run`: the control plane (syncing from the API server or from `--state` files watched for
-//! changes, publishing the tables), the operator servers (`admin::daemon`), and — for the
+//! changes, publishing the tables), the operator servers (`admin::servers`), and — for the
 //! configured `interfaces` — the AF_XDP dataplane (`kxdp_dataplane::io::runner`): the XDP program
 //! attached to every interface, pinned poll-mode workers that pick up each publication between
 //! batches. With no interfaces configured only the control plane runs, and the command says so.
@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::Config;
+use crate::error::RunError;
 use crate::metrics::Metrics;
 use crate::sources::kube::{client_config, KubeOptions};
 use crate::sources::watch_files::Preloaded;
@@ -22,54 +23,6 @@ use crate::sync::{ControlHandle, ControlLoop, Published, Source};
 
 /// How often `--state` is checked for changes.
 pub const STATE_POLL: Duration = Duration::from_millis(500);
-
-/// Why `run` could not start or stopped. The binary maps the variants to exit codes: bad input
-/// (config, state, kubeconfig) is the operator's to fix; the rest are runtime failures.
-#[derive(Debug, thiserror::Error)]
-pub enum RunError {
-    #[error(transparent)]
-    Config(#[from] crate::config::ConfigError),
-    #[error(transparent)]
-    State(#[from] crate::sources::files::StateError),
-    /// The kubeconfig (or the in-cluster configuration) could not be read.
-    #[error("API server: {0}")]
-    Kubeconfig(String),
-    /// A listener could not be bound.
-    #[error("{what} {addr}: {source}")]
-    Listen {
-        what: &'static str,
-        addr: std::net::SocketAddr,
-        source: std::io::Error,
-    },
-    /// The AF_XDP dataplane could not attach.
-    #[error("attaching to {interfaces}: {source}")]
-    Attach {
-        interfaces: String,
-        source: std::io::Error,
-    },
-    /// The process lacks capabilities the dataplane needs (`check_capabilities`).
-    #[error("{0}")]
-    Capabilities(String),
-    /// A takeover of a running kxdp started and failed (the running one carries on).
-    #[error("taking over from the running kxdp: {0}")]
-    Takeover(String),
-    /// A thread or runtime could not be started.
-    #[error("starting {what}: {source}")]
-    Spawn {
-        what: &'static str,
-        source: std::io::Error,
-    },
-}
-
-impl RunError {
-    /// Whether the operator's input (config, state, kubeconfig) is at fault.
-    pub fn is_bad_input(&self) -> bool {
-        matches!(
-            self,
-            RunError::Config(_) | RunError::State(_) | RunError::Kubeconfig(_)
-        )
-    }
-}
 
 /// Starts the control plane for `config`; the caller attaches workers to the returned tables.
 pub fn start(
@@ -210,7 +163,7 @@ pub fn run(
     config_path: &Path,
     state: Option<PathBuf>,
     kubeconfig: Option<PathBuf>,
-    ops_opts: crate::admin::daemon::OpsOptions,
+    ops_opts: crate::admin::servers::OpsOptions,
     takeover: crate::takeover::TakeoverOptions,
 ) -> Result<(), RunError> {
     let config = Config::load(config_path)?;
@@ -248,7 +201,7 @@ pub fn run(
     // A running kxdp to take over (docs/operations.md § Upgrades): before the servers start,
     // since the predecessor holds their ports until it has handed over. The conntrack table
     // (its state file) is opened only once the predecessor's workers have stopped.
-    let make_dataplane = || crate::admin::daemon::dataplane(&config, extra);
+    let make_dataplane = || crate::admin::servers::dataplane(&config, extra);
     let (dataplane, adopted) = if config.interfaces.is_empty() {
         (make_dataplane(), None)
     } else {
@@ -262,9 +215,9 @@ pub fn run(
         }
     }
     log_table_memory(&dataplane.ct, &config);
-    // Operators: /metrics, /healthz, health check node ports, the admin socket (admin::daemon).
+    // Operators: /metrics, /healthz, health check node ports, the admin socket (admin::servers).
     // Workers use `ops.dataplane` (conntrack and stats shared with the admin API).
-    let ops = crate::admin::daemon::start(
+    let ops = crate::admin::servers::start(
         &config,
         published.clone(),
         &handle,
@@ -687,7 +640,7 @@ fn take_over(
     let kxdp_if = config
         .host_path
         .enabled
-        .then(|| kxdp_dataplane::io::hostpath::HostPathOptions::default().kxdp_if);
+        .then(|| kxdp_dataplane::io::host_path::HostPathOptions::default().kxdp_if);
     let kernel_port = kxdp_if.as_ref().and_then(|name| {
         parcel
             .dataplane

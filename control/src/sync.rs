@@ -10,7 +10,7 @@
 //!   every `sync.syncPeriod`. Nothing is published before every source has synced once (as
 //!   kube-proxy waits for its informers).
 //! - **Incremental work**: the `Store` records which Services a change touches (a Service, or an
-//!   EndpointSlice naming it); a partial sync retranslates only those (`incremental::Builder`).
+//!   EndpointSlice naming it); a partial sync retranslates only those (`translate::Builder`).
 //!   Pods, Namespaces and NetworkPolicies recompile the policy tables only; changes to this node
 //!   or to ServiceCIDRs rebuild everything.
 //! - **Publication**: `Published` is an `ArcSwap<Snapshot>`. A worker `load`s it between batches
@@ -21,7 +21,7 @@
 //!   skipped and reported (log, `kxdp_sync_problems_total`, `Status::events`); an unreadable
 //!   `--state` or an unreachable API server leaves the last good snapshot published and says why.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, TryRecvError};
@@ -33,10 +33,13 @@ use arc_swap::{ArcSwap, Cache, Guard};
 use kxdp_dataplane::snapshot::Snapshot;
 
 use crate::config::Config;
-use crate::incremental::Builder;
 use crate::metrics::Metrics;
-use crate::model::{service_name_of, ClusterState, Kind, Object, ObjectKey};
-use crate::translate::Problem;
+use crate::model::{Kind, ObjectKey};
+use crate::problem::Problem;
+use crate::sources::event::Update;
+use crate::status::{HealthView, Status};
+use crate::store::Store;
+use crate::translate::Builder;
 
 /// The tables the workers read, swapped whole and without a lock, and the subscribers told of
 /// each publication (stale-UDP flush, XDP map refresh) instead of polling the generation.
@@ -110,52 +113,6 @@ impl Published {
     }
 }
 
-/// A query `Update::Inspect` runs on the control thread.
-pub struct Inspect(pub Box<dyn FnOnce(&ClusterState) + Send>);
-
-impl std::fmt::Debug for Inspect {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Inspect(..)")
-    }
-}
-
-/// What a source tells the control loop.
-#[derive(Debug)]
-pub enum Update {
-    /// An object was added or modified.
-    Apply(Object),
-    /// An object was deleted (`kind` as `Object::kind`).
-    Delete { kind: Kind, key: ObjectKey },
-    /// Every object of a kind, after a (re)list: objects of that kind not listed are gone.
-    /// `keep` names objects that were listed but could not be decoded: their last good version
-    /// stays.
-    Relisted {
-        source: String,
-        kind: Kind,
-        objects: Vec<Object>,
-        keep: Vec<ObjectKey>,
-    },
-    /// A whole new state (the files source): replaces everything.
-    ReplaceAll { source: String, state: ClusterState },
-    /// An object that could not be decoded: skipped (its last good version stays), reported.
-    Problem {
-        kind: Kind,
-        key: ObjectKey,
-        problem: Problem,
-    },
-    /// A source failed (API server unreachable, state unreadable); the last good tables stay.
-    SourceError { source: String, message: String },
-    /// A source is connected and synced again.
-    SourceUp { source: String },
-    /// Rebuild everything at the next opportunity.
-    Resync,
-    /// Runs a read-only query against the cluster state on the control thread (the admin
-    /// socket's `policy trace`): the state is read in place, never copied.
-    Inspect(Inspect),
-    /// Stop the loop.
-    Stop,
-}
-
 /// Where the cluster state comes from.
 pub enum Source {
     /// `--state` files, reread when they change (checked every `poll`); `preloaded`, when
@@ -173,241 +130,6 @@ pub enum Source {
     /// Updates sent by the caller through `ControlHandle::sender`; the loop syncs once the caller
     /// has sent a `ReplaceAll` or a `Relisted` for each of `required`.
     Manual { required: Vec<&'static str> },
-}
-
-/// What the loop is doing, for `kxdp` status output and tests.
-#[derive(Clone, Debug, Default)]
-pub struct Status {
-    pub generation: u64,
-    /// Every source has synced once (before that nothing is published).
-    pub ready: bool,
-    pub syncs: u64,
-    pub full_syncs: u64,
-    pub last_sync: Option<SystemTime>,
-    pub last_sync_duration: Duration,
-    /// Problems of the published tables (translation) and of skipped objects (decoding).
-    pub problems: Vec<Problem>,
-    /// Sources that are failing, with the last error.
-    pub source_errors: BTreeMap<String, String>,
-    /// Recent events (problems, source errors and recoveries), newest last; at most 256.
-    pub events: VecDeque<String>,
-    /// What the health servers answer (ops: `health`), as of the last publication.
-    pub health: crate::health::HealthView,
-    /// When the oldest change not yet published was taken from the sources (None: none).
-    pub pending_since: Option<SystemTime>,
-    /// When the rebuild in progress started (None: none in progress).
-    pub building_since: Option<SystemTime>,
-}
-
-const MAX_EVENTS: usize = 256;
-
-impl Status {
-    /// Since when the published tables lag behind what the sources said: the oldest
-    /// unpublished change, or the start of a rebuild still in progress. `None`: up to date
-    /// (as far as the loop has read its queue). Health (`/healthz`) fails once this is older
-    /// than its timeout, as kube-proxy's does for a queued update not applied in time.
-    pub fn stale_since(&self) -> Option<SystemTime> {
-        match (self.pending_since, self.building_since) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
-    }
-
-    fn event(&mut self, e: String) {
-        if self.events.len() == MAX_EVENTS {
-            self.events.pop_front();
-        }
-        self.events.push_back(e);
-    }
-}
-
-/// What changed since the last sync.
-#[derive(Debug, Default)]
-pub struct Changes {
-    /// Services to retranslate (changed, or one of their EndpointSlices changed).
-    pub services: BTreeSet<ObjectKey>,
-    /// Rebuild everything (this node, ServiceCIDRs).
-    pub full: bool,
-    /// Recompile the NetworkPolicy tables (Pods, Namespaces, NetworkPolicies).
-    pub policy: bool,
-    /// The Pods changed (for the policy compiler).
-    pub pods: BTreeSet<ObjectKey>,
-    /// Some Namespace changed (for the policy compiler).
-    pub namespaces: bool,
-    /// Some NetworkPolicy changed (for the policy compiler).
-    pub network_policies: bool,
-    pub service_changes: u64,
-    pub endpoint_changes: u64,
-    /// Change times of the objects (for network_programming_duration_seconds); bounded.
-    pub triggers: Vec<SystemTime>,
-}
-
-const MAX_TRIGGERS: usize = 4096;
-/// The EndpointSlice controller's annotation: when the change that caused this slice happened.
-pub const ANNOTATION_TRIGGER_TIME: &str = "endpoints.kubernetes.io/last-change-trigger-time";
-
-impl Changes {
-    pub fn is_empty(&self) -> bool {
-        self.services.is_empty() && !self.full && !self.policy
-    }
-
-    fn trigger(&mut self, t: SystemTime) {
-        if self.triggers.len() < MAX_TRIGGERS {
-            self.triggers.push(t);
-        }
-    }
-
-    /// Records what an object (the new or the old version of a change) touches: its Service
-    /// (a Service, or the Service an EndpointSlice names), the policy tables, or everything.
-    fn touch(&mut self, key: &ObjectKey, obj: &Object, node_name: &str) {
-        match obj {
-            Object::Service(_) => {
-                self.services.insert(key.clone());
-            }
-            Object::EndpointSlice(s) => {
-                if let Some(svc) = service_name_of(s) {
-                    self.services
-                        .insert(ObjectKey::new(key.namespace.clone(), svc));
-                }
-            }
-            Object::Node(_) => self.full |= key.name == node_name,
-            Object::ServiceCidr(_) => self.full = true,
-            Object::Pod(_) => {
-                self.policy = true;
-                self.pods.insert(key.clone());
-            }
-            Object::Namespace(_) => {
-                self.policy = true;
-                self.namespaces = true;
-            }
-            Object::NetworkPolicy(_) => {
-                self.policy = true;
-                self.network_policies = true;
-            }
-        }
-    }
-
-    /// Counts one change of a kind (the `*_changes` metrics), with its trigger time.
-    fn count(&mut self, kind: Kind, trigger: SystemTime) {
-        match kind {
-            Kind::Service => self.service_changes += 1,
-            Kind::EndpointSlice => self.endpoint_changes += 1,
-            _ => return,
-        }
-        self.trigger(trigger);
-    }
-}
-
-/// The cluster as last seen, and what changed since the last sync.
-pub struct Store {
-    pub state: ClusterState,
-    pub changes: Changes,
-    node_name: String,
-}
-
-impl Store {
-    pub fn new(node_name: &str) -> Store {
-        Store {
-            state: ClusterState::new(),
-            changes: Changes::default(),
-            node_name: node_name.to_string(),
-        }
-    }
-
-    /// Inserts or replaces an object, recording what it touches. An object equal to the one held
-    /// (a relist, a resync) changes nothing.
-    pub fn apply(&mut self, obj: Object, now: SystemTime) {
-        if self.state.holds(&obj) {
-            return;
-        }
-        let key = obj.key();
-        let trigger = match &obj {
-            Object::EndpointSlice(s) => trigger_time(s).unwrap_or(now),
-            _ => now,
-        };
-        self.changes.touch(&key, &obj, &self.node_name);
-        self.changes.count(obj.kind(), trigger);
-        if let Some(old) = self.state.put(obj) {
-            self.changes.touch(&key, &old, &self.node_name);
-        }
-    }
-
-    /// Removes an object, recording what it touches.
-    pub fn delete(&mut self, kind: Kind, key: &ObjectKey, now: SystemTime) {
-        if let Some(old) = self.state.delete(kind, key) {
-            self.changes.touch(key, &old, &self.node_name);
-            self.changes.count(kind, now);
-        }
-    }
-
-    /// Replaces every object of `kind` by `objects` (a relist), keeping the objects named in
-    /// `keep`. Only the objects that differ count as changes.
-    pub fn replace_kind(
-        &mut self,
-        kind: Kind,
-        objects: Vec<Object>,
-        keep: &[ObjectKey],
-        now: SystemTime,
-    ) {
-        if self.state.keys_len(kind) == 0 {
-            // The first list of a kind (startup): nothing to diff against, and everything is
-            // rebuilt anyway; skip the per-object comparisons and change records.
-            if !objects.is_empty() {
-                self.changes.full = true;
-            }
-            for o in objects {
-                self.changes.count(kind, now);
-                self.state.put(o);
-            }
-            return;
-        }
-        let listed: HashSet<ObjectKey> = objects
-            .iter()
-            .map(Object::key)
-            .chain(keep.iter().cloned())
-            .collect();
-        for key in self.state.keys(kind) {
-            if !listed.contains(&key) {
-                self.delete(kind, &key, now);
-            }
-        }
-        for o in objects {
-            self.apply(o, now);
-        }
-    }
-
-    /// Replaces everything (the files source).
-    pub fn replace_all(&mut self, mut state: ClusterState, now: SystemTime) {
-        if self.state.is_empty() {
-            // The first state (startup): taken whole, as `replace_kind` takes a first list
-            // (no diff, a full build), without moving every object out of one store and into
-            // this one again (60,000 objects: 0.1-0.2 s of a `kxdp run --state` startup).
-            self.changes.full |= !state.is_empty();
-            for kind in Kind::ALL {
-                for _ in 0..state.keys_len(kind) {
-                    self.changes.count(kind, now);
-                }
-            }
-            self.state = state;
-            return;
-        }
-        for kind in Kind::ALL {
-            let objects = state.take_kind(kind);
-            self.replace_kind(kind, objects, &[], now);
-        }
-    }
-}
-
-/// `endpoints.kubernetes.io/last-change-trigger-time` of an EndpointSlice (RFC 3339).
-fn trigger_time(s: &k8s_openapi::api::discovery::v1::EndpointSlice) -> Option<SystemTime> {
-    let v = s
-        .metadata
-        .annotations
-        .as_ref()?
-        .get(ANNOTATION_TRIGGER_TIME)?;
-    humantime::parse_rfc3339_weak(v.trim_end_matches('Z'))
-        .ok()
-        .or_else(|| humantime::parse_rfc3339(v).ok())
 }
 
 /// The running control loop: its thread, its runtime (sources), its status.
@@ -894,7 +616,7 @@ impl Loop {
             st.last_sync_duration = elapsed;
             st.pending_since = None;
             st.health = if full {
-                crate::health::HealthView::from_state(&self.store.state, &self.config.node_name)
+                HealthView::from_state(&self.store.state, &self.config.node_name)
             } else {
                 st.health
                     .updated(&self.store.state, &self.config.node_name, &changes.services)
@@ -916,7 +638,9 @@ impl Loop {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::{ClusterState, Object};
     use crate::sources::files::load_str;
+    use crate::store::Changes;
     use kxdp_dataplane::snapshot::{proto, FrontendKey};
     use kxdp_packet::Addr;
     use std::path::Path;

@@ -23,7 +23,7 @@
 //! `kxdp monitor` count such a packet once, as the drop it is.
 //!
 //! The kernel port is the kxdp-side end of a veth pair whose other end is in the node's stack
-//! (created by the host path, `io::hostpath`): `pass` verdicts and packets for the node's own
+//! (created by the host path, `io::host_path`): `pass` verdicts and packets for the node's own
 //! addresses are sent there, with the peer's MAC as destination (broadcast and multicast frames
 //! keep theirs), and the node's stack takes them as if they had arrived on that veth.
 //!

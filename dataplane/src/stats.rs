@@ -24,16 +24,9 @@ use std::sync::Mutex;
 use kxdp_kernel::afxdp::{KernelXskStats, RingSizes};
 use kxdp_packet::{Addr, Family};
 
+pub use crate::clock::clock_ms;
 use crate::pipeline::Counters;
 use crate::verdict::{Action, Reason, Verdict};
-
-/// The dataplane clock: CLOCK_MONOTONIC in milliseconds, plus 1000 (so that "expires at 0" is
-/// never fresh). Absolute rather than counted from process start, so that conntrack times kept in
-/// a state file mean the same to the next process of the same boot. Workers pass it as `now_ms`;
-/// listings compute timeouts with it.
-pub fn clock_ms() -> u64 {
-    1_000 + kxdp_kernel::shm::monotonic_ms()
-}
 
 /// One worker's cumulative counters, as last published.
 #[repr(align(128))]

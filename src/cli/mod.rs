@@ -349,7 +349,7 @@ where
             EXIT_OK
         }
         Command::Run(args) => {
-            let ops = kxdp_control::admin::daemon::OpsOptions {
+            let ops = kxdp_control::admin::servers::OpsOptions {
                 admin_socket: Some(args.admin.clone()),
                 no_admin: args.no_admin,
                 inject_pcap: args.inject_pcap.clone(),
@@ -542,7 +542,7 @@ pub fn failure(message: impl ToString) -> CliError {
 
 fn cmd_prepare(path: &Path) -> Result<(), CliError> {
     let config = Config::load(path).map_err(bad_input)?;
-    match kxdp_control::admin::daemon::prepare_state_dir(&config) {
+    match kxdp_control::admin::servers::prepare_state_dir(&config) {
         Ok(Some(done)) => eprintln!("kxdp prepare: {done}"),
         Ok(None) => eprintln!("kxdp prepare: nothing to do"),
         Err(why) => return Err(failure(why)),

@@ -12,7 +12,7 @@
 //! Wire format: see `wire`. Each connection is served on a thread of its own. The client side
 //! (the `kxdp conntrack|services|stats|monitor` commands) lives in the `kxdp` binary crate.
 
-pub mod daemon;
+pub mod servers;
 pub mod wire;
 
 use std::io::{BufRead, BufReader, BufWriter, Write};
@@ -27,7 +27,8 @@ use kxdp_dataplane::stats::{clock_ms, DataplaneStats, Event};
 use kxdp_dataplane::verdict::{Action, Reason};
 use kxdp_packet::Family;
 
-use crate::sync::{Published, Status};
+use crate::status::Status;
+use crate::sync::Published;
 use wire::*;
 
 /// The default socket path.
@@ -50,7 +51,7 @@ pub struct AdminContext {
     pub listening: Mutex<serde_json::Map<String, serde_json::Value>>,
     /// The control loop, for queries against the cluster state (`policy trace`); `None`: no
     /// such queries (they fail with a message saying so).
-    pub control: Option<std::sync::mpsc::Sender<crate::sync::Update>>,
+    pub control: Option<std::sync::mpsc::Sender<crate::sources::event::Update>>,
     /// What `status` reports beyond the tables and counters, filled in as `kxdp run` starts.
     pub daemon: Mutex<DaemonInfo>,
 }
@@ -398,19 +399,20 @@ fn policy_trace(
     };
     let published = ctx.published.clone();
     let (tx, rx) = std::sync::mpsc::channel();
-    let query = crate::sync::Inspect(Box::new(move |state: &crate::model::ClusterState| {
-        let snap = published.load_full();
-        let q = crate::policy::trace::TraceQuery {
-            from,
-            to,
-            port,
-            proto,
-        };
-        let t = crate::policy::trace::trace(state, &snap, &q);
-        let _ = tx.send((t, snap.generation));
-    }));
+    let query =
+        crate::sources::event::Inspect(Box::new(move |state: &crate::model::ClusterState| {
+            let snap = published.load_full();
+            let q = crate::policy::trace::TraceQuery {
+                from,
+                to,
+                port,
+                proto,
+            };
+            let t = crate::policy::trace::trace(state, &snap, &q);
+            let _ = tx.send((t, snap.generation));
+        }));
     control
-        .send(crate::sync::Update::Inspect(query))
+        .send(crate::sources::event::Update::Inspect(query))
         .map_err(|_| "the control loop has stopped".to_string())?;
     let (t, generation) = rx
         .recv_timeout(Duration::from_secs(10))

@@ -127,7 +127,7 @@ impl PodRecord {
             .iter()
             .map(|(name, proto, num)| ContainerPort {
                 name: Some(name.clone()),
-                protocol: Some(crate::policy::spec::proto_name(*proto).to_string()),
+                protocol: Some(crate::protocol::proto_name(*proto).to_string()),
                 container_port: i32::from(*num),
                 ..Default::default()
             })
@@ -241,7 +241,7 @@ impl PodInterner {
                 for p in c.ports.iter().flatten() {
                     let (Some(name), Some(proto), Ok(num)) = (
                         p.name.as_deref().filter(|n| !n.is_empty()),
-                        crate::policy::spec::proto_number(p.protocol.as_deref().unwrap_or("TCP")),
+                        crate::protocol::proto_number(p.protocol.as_deref().unwrap_or("TCP")),
                         u16::try_from(p.container_port),
                     ) else {
                         continue;

@@ -31,7 +31,7 @@ use kxdp_dataplane::policy::{
 use kxdp_packet::Addr;
 
 use crate::model::{ClusterState, ObjectKey, PodKey, PodRecord, PodStore};
-use crate::translate::Problem;
+use crate::problem::Problem;
 use selector::Selector;
 use spec::{NsScope, Peer, Policy, PortSpec};
 

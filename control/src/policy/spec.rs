@@ -15,10 +15,10 @@ use ipnet::IpNet;
 use k8s_openapi::api::networking::v1::{NetworkPolicy, NetworkPolicyPeer, NetworkPolicyPort};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kxdp_dataplane::policy::{block_ranges, Direction};
-use kxdp_dataplane::snapshot::proto;
 
 use super::selector::Selector;
 use crate::model::ObjectKey;
+pub use crate::protocol::{proto_name, proto_number};
 
 /// Which namespaces a pod peer looks in.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -290,26 +290,6 @@ fn parse_peer(p: &NetworkPolicyPeer, own_ns: &str, field: &str) -> Result<Peer, 
         }
     };
     Ok(Peer::Pods { ns, pods })
-}
-
-pub fn proto_number(name: &str) -> Option<u8> {
-    match name {
-        "TCP" => Some(proto::TCP),
-        "UDP" => Some(proto::UDP),
-        "SCTP" => Some(proto::SCTP),
-        _ => None,
-    }
-}
-
-pub fn proto_name(p: u8) -> &'static str {
-    match p {
-        proto::TCP => "TCP",
-        proto::UDP => "UDP",
-        proto::SCTP => "SCTP",
-        1 => "ICMP",
-        58 => "ICMPv6",
-        _ => "other",
-    }
 }
 
 fn parse_port(p: &NetworkPolicyPort, field: &str) -> Result<Port, String> {

@@ -52,8 +52,8 @@ use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
 use crate::model::{Kind, Object, ObjectKey};
-use crate::sync::Update;
-use crate::translate::Problem;
+use crate::problem::Problem;
+use crate::sources::event::Update;
 
 /// Set on Services (and their EndpointSlices) that another proxy implements; kube-proxy ignores
 /// them.

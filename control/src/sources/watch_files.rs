@@ -26,8 +26,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use crate::model::ClusterState;
 
+use crate::sources::event::Update;
 use crate::sources::files::{collect_files, load_state};
-use crate::sync::Update;
 
 /// The source name in metrics and status.
 pub const SOURCE: &str = "files";

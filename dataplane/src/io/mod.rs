@@ -4,7 +4,7 @@
 //! holds all of the project's `unsafe`; they are re-exported here under their old paths.
 //! See `docs/afxdp.md` for the design and the measured behaviour on veth.
 
-pub mod hostpath;
+pub mod host_path;
 pub mod route;
 pub mod runner;
 pub mod takeover;

@@ -21,10 +21,11 @@ use kxdp_dataplane::snapshot::{FrontendKey, Snapshot};
 use crate::config::Config;
 use crate::model::{ClusterState, ObjectKey};
 use crate::policy::PolicyCompiler;
-use crate::sync::Changes;
-use crate::translate::{
-    globals, translate_service_with, Globals, Problem, ServiceOutput, SliceCache,
-};
+use crate::problem::Problem;
+use crate::store::Changes;
+use crate::translate::output::{Globals, ServiceOutput};
+use crate::translate::service::{globals, translate_service_with};
+use crate::translate::slices::SliceCache;
 
 /// Who claims a frontend key: (is a NodePort, Service id).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -22,9 +22,9 @@ use kxdp_dataplane::verdict::Verdict;
 
 use super::{AdminContext, AdminServer, Dataplane};
 use crate::config::{Config, StateFile, DEFAULT_STATE_FILE};
+use crate::error::RunError;
 use crate::health::{serve_http, ProxyHealth, Response};
 use crate::metrics::Metrics;
-use crate::run::RunError;
 use crate::sync::{ControlHandle, Published};
 
 /// `kxdp run`'s operator options.

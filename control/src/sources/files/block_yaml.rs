@@ -28,7 +28,7 @@
 //! plain scalars that could be floats or non-decimal integers (`1.5`, `0x50`, `.inf`, `+1`),
 //! and anything unexpected. The scalars are handed over as `yaml_serde`'s `deserialize_any`
 //! hands them (`visit_unit`, `visit_bool`, `visit_u64`, `visit_i64`, `visit_borrowed_str`), so
-//! `super::strict::Strict` reads them exactly as it reads `yaml_serde`'s.
+//! `super::typed_yaml::Strict` reads them exactly as it reads `yaml_serde`'s.
 
 use std::fmt;
 
@@ -66,7 +66,7 @@ pub(super) fn from_str<T: de::DeserializeOwned>(text: &str) -> Option<T> {
     let indent = p.indent();
     p.pos += indent;
     let head = p.node_at_line_start(indent).ok()?;
-    let value = T::deserialize(super::strict::Strict(De { p: &mut p, head })).ok()?;
+    let value = T::deserialize(super::typed_yaml::Strict(De { p: &mut p, head })).ok()?;
     p.skip_blank_lines();
     p.eof().then_some(value)
 }
@@ -781,7 +781,7 @@ mod tests {
     fn read<T: DeserializeOwned + PartialEq + fmt::Debug>(text: &str) -> Option<T> {
         let fast = from_str::<T>(text);
         if fast.is_some() {
-            let slow = super::super::strict::with_yaml_serde::<T>(text);
+            let slow = super::super::typed_yaml::with_yaml_serde::<T>(text);
             assert_eq!(
                 fast, slow,
                 "the subset reader and yaml_serde differ on\n{text}"

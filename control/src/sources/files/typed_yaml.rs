@@ -1,6 +1,6 @@
 //! YAML straight into typed objects, reading every value as the one-pass reader does.
 //!
-//! The one-pass reader (`files.rs`) reads each document into JSON values first (`yaml_serde`
+//! The one-pass reader (`files/mod.rs`) reads each document into JSON values first (`yaml_serde`
 //! resolving every scalar: a plain `80` is a number, `true` a boolean, `~` null) and decodes the
 //! type from those values, so a plain `80` where a string is due is an error, and so is a quoted
 //! `"80"` where a number is due. Decoding with `yaml_serde` straight into the type would take
@@ -28,15 +28,7 @@ use serde::de::{
 };
 use serde::Deserialize;
 
-/// `T` decoded from one YAML document (`text` holds exactly one) as the one-pass reader would
-/// decode it, or `None` when it would not, or might not, decode it the same way. The block
-/// subset kubectl writes is read by `super::subset` (scalars borrowed from the text, no event
-/// vector), anything else, or anything it does not take, by `yaml_serde`; both through `Strict`.
-pub(super) fn from_str<T: de::DeserializeOwned>(text: &str) -> Option<T> {
-    super::subset::from_str(text).or_else(|| with_yaml_serde(text))
-}
-
-/// `from_str` with `yaml_serde` alone.
+/// `documents::decode_typed` with `yaml_serde` alone.
 pub(super) fn with_yaml_serde<T: de::DeserializeOwned>(text: &str) -> Option<T> {
     T::deserialize(Strict(yaml_serde::Deserializer::from_str(text))).ok()
 }
@@ -422,6 +414,7 @@ mod tests {
     use serde::de::DeserializeOwned;
     use serde_json::Value;
 
+    use super::super::documents::decode_typed as from_str;
     use super::*;
 
     /// What the one-pass reader makes of `text` as a `T` (through JSON values).

@@ -18,7 +18,8 @@ use kxdp_packet::Addr;
 
 use crate::config::Config;
 use crate::model::{ClusterState, ObjectKey};
-use crate::translate::{Globals, Problem, ServiceOutput};
+use crate::problem::Problem;
+use crate::translate::output::{Globals, ServiceOutput};
 
 /// Leaves out of `g.service_cidrs` every service CIDR that contains a node address or overlaps a
 /// cluster CIDR, with a problem naming it.

@@ -25,26 +25,23 @@ use serde_json::Value;
 
 use crate::model::{ClusterState, Object};
 
-#[path = "files_fast.rs"]
-mod fast;
-#[path = "files_strict.rs"]
-mod strict;
-#[path = "files_subset.rs"]
-mod subset;
+mod block_yaml;
+mod documents;
+mod typed_yaml;
 
 /// At most `n` threads decode a large `--state` file (default: one per core, up to 8). An
 /// application whose global allocator takes one lock for every allocation sets 1: the musl
 /// build's dlmalloc (src/main.rs), where two decoding threads contending on its lock took 1.8×
 /// the time of one (docs/benchmarks.md, "Control plane at cluster scale", current figures).
 pub fn set_max_decode_threads(n: usize) {
-    fast::set_max_decode_threads(n);
+    documents::set_max_decode_threads(n);
 }
 
 /// One YAML document (`text` holds exactly one) decoded straight into `T` as the fast path of
 /// `load_state` decodes it: as strictly as the one-pass reader (`None` where the reader would
 /// refuse it or might read it otherwise). For benchmarks (benches/sync.rs `startup`).
 pub fn decode_one_document<T: DeserializeOwned>(text: &str) -> Option<T> {
-    strict::from_str(text)
+    documents::decode_typed(text)
 }
 
 /// A state source that could not be read: names the file, the document and the field.
@@ -262,7 +259,7 @@ fn load_str_with(
         // reset at every `---` line, so the documents' checks are the whole text's); the
         // one-pass reader checks the whole text. Something the fast path does not take, or an
         // error: the one-pass reader decides, and names the document, object, field and line.
-        match fast::load(text, validate) {
+        match documents::load(text, validate) {
             Some(objects) => objects,
             None => {
                 crate::yaml::check(text).map_err(|e| file_error(file, e.to_string()))?;

@@ -1,11 +1,11 @@
 //! The fast path of `--state` YAML (the plain way, 47 MB of manifests took 5.7-10.9 s to load,
 //! the parser building a JSON tree of every document and a second pass turning it into the typed
 //! objects). Here the text is split at its document markers and the documents are decoded on
-//! all cores, each straight into its k8s-openapi type in one pass, by `files_subset.rs` (or
-//! `yaml_serde` for what it leaves) read through `files_strict.rs` (`typed`), as strictly as the
+//! all cores, each straight into its k8s-openapi type in one pass, by `block_yaml.rs` (or
+//! `yaml_serde` for what it leaves) read through `typed_yaml.rs` (`typed`), as strictly as the
 //! reader reads them.
 //!
-//! It only ever answers when it is sure to agree with the one-pass reader in `files.rs`: text
+//! It only ever answers when it is sure to agree with the one-pass reader in `files/mod.rs`: text
 //! with directives (`%YAML`), document-end markers (`...`) or a byte-order mark is left to it,
 //! and so is any document, or file, with an error of any kind: the reader then parses the file
 //! again and names the file, document, object, field and line as before. Errors are rare and
@@ -217,7 +217,7 @@ fn head(text: &str) -> Option<(&str, &str)> {
 /// This was `serde-saphyr` at first (its `no_schema` options made it as strict), which
 /// decodes at 0.38-0.42× the speed of `yaml_serde` (docs/benchmarks.md, "Tried and not kept").
 fn typed<T: DeserializeOwned>(text: &str) -> Option<Box<T>> {
-    super::strict::from_str(text).map(Box::new)
+    decode_typed(text).map(Box::new)
 }
 
 /// One segment's objects; `None` on any error (the limits of `crate::yaml::check` included).
@@ -263,6 +263,14 @@ fn generic(text: &str, validate: bool) -> Option<SegmentOut> {
         super::decode_document(v, "", validate, &mut out.objects).ok()?;
     }
     Some(out)
+}
+
+/// `T` decoded from one YAML document (`text` holds exactly one) as the one-pass reader would
+/// decode it, or `None` when it would not, or might not, decode it the same way. The block
+/// subset kubectl writes is read by `super::block_yaml` (scalars borrowed from the text, no event
+/// vector), anything else, or anything it does not take, by `yaml_serde`; both through `Strict`.
+pub(super) fn decode_typed<T: serde::de::DeserializeOwned>(text: &str) -> Option<T> {
+    super::block_yaml::from_str(text).or_else(|| super::typed_yaml::with_yaml_serde(text))
 }
 
 #[cfg(test)]

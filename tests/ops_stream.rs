@@ -20,7 +20,7 @@ use kxdp_dataplane::stats::{clock_ms, DataplaneStats};
 use kxdp_packet::{Addr, Family};
 
 const N: u32 = 1 << 20;
-const SYN: u8 = 0x02;
+use kxdp_packet::tcp::flags::SYN;
 
 fn tuple(src: IpAddr, sport: u16, dst: IpAddr, dport: u16) -> Tuple {
     Tuple {

@@ -370,7 +370,7 @@ pub struct AfXdpConfig {
 
 impl Default for AfXdpConfig {
     fn default() -> Self {
-        let x = kxdp_dataplane::io::afxdp::XskConfig::default();
+        let x = kxdp_kernel::afxdp::XskConfig::default();
         AfXdpConfig {
             frames: x.frames,
             rx_ring_size: x.rx_ring_size,
@@ -418,8 +418,8 @@ impl From<AfXdpDocument> for AfXdpConfig {
 
 impl AfXdpConfig {
     /// The socket and UMEM sizes the workers use (frame size and zero-copy as by default).
-    pub fn xsk(&self) -> kxdp_dataplane::io::afxdp::XskConfig {
-        kxdp_dataplane::io::afxdp::XskConfig {
+    pub fn xsk(&self) -> kxdp_kernel::afxdp::XskConfig {
+        kxdp_kernel::afxdp::XskConfig {
             frames: self.frames,
             rx_ring_size: self.rx_ring_size,
             fill_ring_size: self.fill_ring_size,
@@ -2463,7 +2463,7 @@ workers: {count: 2, cpus: [0, 1]}
     fn afxdp_ring_sizes_and_frames() {
         let c = load("").unwrap();
         let x = c.afxdp.xsk();
-        let d = kxdp_dataplane::io::afxdp::XskConfig::default();
+        let d = kxdp_kernel::afxdp::XskConfig::default();
         assert_eq!(
             (x.frames, x.rx_ring_size, x.fill_ring_size, x.tx_ring_size),
             (d.frames, d.rx_ring_size, d.fill_ring_size, d.tx_ring_size),

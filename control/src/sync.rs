@@ -917,7 +917,8 @@ impl Loop {
 mod tests {
     use super::*;
     use crate::sources::files::load_str;
-    use kxdp_dataplane::snapshot::{proto, FrontendKey};
+    use kxdp_dataplane::snapshot::FrontendKey;
+    use kxdp_packet::proto;
     use kxdp_packet::Addr;
     use std::path::Path;
 

@@ -1119,7 +1119,7 @@ pub fn service_port_id(namespace: &str, name: &str, port_name: &str, protocol: &
 mod tests {
     use super::*;
     use crate::sources::files::load_str_unvalidated;
-    use kxdp_dataplane::snapshot::proto::{SCTP, TCP, UDP};
+    use kxdp_packet::proto::{SCTP, TCP, UDP};
     use std::path::Path;
 
     const BASE: &str = "apiVersion: kxdp.dev/v1alpha1

@@ -6,7 +6,8 @@
 
 use crate::addr::{Addr, Family};
 use crate::field::get16;
-use crate::meta::{proto, PacketMeta};
+use crate::meta::PacketMeta;
+use crate::proto;
 
 /// A checksum that does not verify, or a meta that does not match the frame.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

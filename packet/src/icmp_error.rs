@@ -9,8 +9,9 @@
 use crate::addr::{Addr, Family};
 use crate::checksum::{fold, sum, update16, update_addr};
 use crate::field::{get16, set16};
-use crate::meta::{proto, PacketMeta};
-use crate::{ipv4, ipv6};
+use crate::meta::PacketMeta;
+use crate::proto;
+use crate::{ipv4, ipv6, tcp, udp};
 
 /// The quoted ("inner") packet of an ICMP error, located in the frame.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -178,8 +179,8 @@ pub fn rewrite_icmp_error(frame: &mut [u8], meta: &mut PacketMeta, q: &Quoted, r
                 set16(frame, il4, rw.inner_sport);
                 set16(frame, il4 + 2, rw.inner_dport);
                 let at = match q.proto {
-                    proto::TCP => Some(16),
-                    proto::UDP => Some(6),
+                    proto::TCP => Some(tcp::field::CHECKSUM),
+                    proto::UDP => Some(udp::field::CHECKSUM),
                     _ => None, // SCTP's CRC32c covers the whole packet: not quoted, left as is
                 };
                 if let Some(at) = at {

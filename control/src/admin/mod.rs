@@ -657,7 +657,7 @@ fn hex(bytes: &[u8]) -> String {
 
 fn event_row(e: &Event, snap: &kxdp_dataplane::snapshot::Snapshot) -> EventRow {
     let v = &e.verdict;
-    let ports = kxdp_dataplane::conntrack::has_ports(v.proto);
+    let ports = kxdp_packet::IpProto(v.proto).has_ports();
     let translated = v.has_addrs
         && v.action == Action::Forward
         && (v.src != v.orig_src

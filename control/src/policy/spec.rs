@@ -15,7 +15,7 @@ use ipnet::IpNet;
 use k8s_openapi::api::networking::v1::{NetworkPolicy, NetworkPolicyPeer, NetworkPolicyPort};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kxdp_dataplane::policy::{block_ranges, Direction};
-use kxdp_dataplane::snapshot::proto;
+use kxdp_packet::IpProto;
 
 use super::selector::Selector;
 use crate::model::ObjectKey;
@@ -292,31 +292,15 @@ fn parse_peer(p: &NetworkPolicyPeer, own_ns: &str, field: &str) -> Result<Peer, 
     Ok(Peer::Pods { ns, pods })
 }
 
-pub fn proto_number(name: &str) -> Option<u8> {
-    match name {
-        "TCP" => Some(proto::TCP),
-        "UDP" => Some(proto::UDP),
-        "SCTP" => Some(proto::SCTP),
-        _ => None,
-    }
-}
-
-pub fn proto_name(p: u8) -> &'static str {
-    match p {
-        proto::TCP => "TCP",
-        proto::UDP => "UDP",
-        proto::SCTP => "SCTP",
-        1 => "ICMP",
-        58 => "ICMPv6",
-        _ => "other",
-    }
-}
-
 fn parse_port(p: &NetworkPolicyPort, field: &str) -> Result<Port, String> {
     let protocol = p.protocol.as_deref().unwrap_or("TCP");
-    let proto = proto_number(protocol).ok_or_else(|| {
-        format!("{field}.protocol: `{protocol}` is not TCP, UDP or SCTP: kxdp cannot enforce it")
-    })?;
+    let proto = IpProto::from_port_protocol(protocol)
+        .map(u8::from)
+        .ok_or_else(|| {
+            format!(
+                "{field}.protocol: `{protocol}` is not TCP, UDP or SCTP: kxdp cannot enforce it"
+            )
+        })?;
     let num = |v: i32, f: &str| -> Result<u16, String> {
         match u16::try_from(v) {
             Ok(n) if n > 0 => Ok(n),

@@ -27,13 +27,13 @@ use crossbeam::channel::{bounded, Sender};
 
 use crate::conntrack::{Conntrack, FLAG_MASQ};
 use crate::fib::Fib;
-use crate::io::afxdp::XskConfig;
 use crate::io::route::Routes;
-use crate::io::xdp::{Attachment, ModeChoice, SharedMaps, XdpMode, XdpProgram};
 use crate::snapshot::{FrontendKind, Snapshot};
 use crate::stats::DataplaneStats;
 use crate::worker::{Backoff, IoCounters, PortCommand, Removed, Shared, Tables, Worker};
+use kxdp_kernel::afxdp::XskConfig;
 use kxdp_kernel::sys::{driver_of, rx_queues_of, Waker};
+use kxdp_kernel::xdp::{Attachment, ModeChoice, SharedMaps, XdpMode, XdpProgram};
 
 #[derive(Clone, Debug)]
 pub struct RunOptions {

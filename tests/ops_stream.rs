@@ -14,9 +14,10 @@ use std::time::{Duration, Instant};
 
 use kxdp_control::admin::{AdminContext, Dataplane};
 use kxdp_control::sync::{Published, Status};
+use kxdp_dataplane::clock::clock_ms;
 use kxdp_dataplane::conntrack::{Conntrack, CtConfig, Tuple};
 use kxdp_dataplane::snapshot::Snapshot;
-use kxdp_dataplane::stats::{clock_ms, DataplaneStats};
+use kxdp_dataplane::stats::DataplaneStats;
 use kxdp_packet::{Addr, Family};
 
 const N: u32 = 1 << 20;

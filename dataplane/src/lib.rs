@@ -6,6 +6,7 @@
 #![deny(unsafe_code)]
 
 pub mod antispoof;
+pub mod clock;
 pub mod conntrack;
 pub mod egress;
 pub mod fib;

@@ -38,6 +38,7 @@ use std::time::{Duration, Instant};
 use arc_swap::{ArcSwap, Guard};
 use kxdp_packet::{Family, LinkType};
 
+use crate::clock::clock_ms;
 use crate::conntrack::Conntrack;
 use crate::egress::{Egress, EgressStats, HOLD, NOT_SENT};
 use crate::fib::Fib;
@@ -45,7 +46,7 @@ use crate::fib::Miss;
 use crate::hold::{self, Held, HoldQueue};
 use crate::pipeline::{Counters, Pipeline};
 use crate::snapshot::{PrefixSet, Snapshot};
-use crate::stats::{clock_ms, DataplaneStats, SocketSample, FRAME_BYTES, SOCKET_STATS_PERIOD};
+use crate::stats::{DataplaneStats, SocketSample, FRAME_BYTES, SOCKET_STATS_PERIOD};
 use crate::verdict::{Reason, Verdict};
 use kxdp_kernel::afxdp::{Desc, KernelXskStats, Umem, XskConfig, XskSocket};
 use kxdp_kernel::sys::{Poller, Waker};

@@ -15,9 +15,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use kxdp_dataplane::clock::clock_ms;
 use kxdp_dataplane::conntrack::Conntrack;
 use kxdp_dataplane::pipeline::{Pipeline, SlotFrames};
-use kxdp_dataplane::stats::{clock_ms, DataplaneStats};
+use kxdp_dataplane::stats::DataplaneStats;
 use kxdp_dataplane::verdict::Verdict;
 
 use super::{AdminContext, AdminServer, Dataplane};

@@ -22,8 +22,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use kxdp_dataplane::clock::clock_ms;
 use kxdp_dataplane::conntrack::Conntrack;
-use kxdp_dataplane::stats::{clock_ms, DataplaneStats, Event};
+use kxdp_dataplane::stats::{DataplaneStats, Event};
 use kxdp_dataplane::verdict::{Action, Reason};
 use kxdp_packet::Family;
 

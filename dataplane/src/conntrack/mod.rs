@@ -232,7 +232,7 @@ impl Conntrack {
     pub fn mark_clean_shutdown(&self) -> bool {
         self.state_file
             .as_ref()
-            .is_some_and(|s| s.mark_clean(crate::stats::clock_ms()))
+            .is_some_and(|s| s.mark_clean(crate::clock::clock_ms()))
     }
 
     pub fn config(&self) -> &CtConfig {

@@ -223,7 +223,7 @@ impl Environment {
     pub fn current() -> Environment {
         Environment {
             boot_id: boot_id(),
-            now_ms: crate::stats::clock_ms(),
+            now_ms: crate::clock::clock_ms(),
             version: std::env::var(VERSION_OVERRIDE_ENV)
                 .ok()
                 .and_then(|v| v.parse().ok())

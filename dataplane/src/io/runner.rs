@@ -583,7 +583,7 @@ fn node_addrs(snap: &Snapshot, local: &[IpAddr]) -> Vec<IpAddr> {
 pub const RESTART_HOLD: Duration = Duration::from_secs(10);
 
 fn hold_deadline_ns() -> u64 {
-    kxdp_kernel::shm::monotonic_ms().saturating_add(RESTART_HOLD.as_millis() as u64) * 1_000_000
+    kxdp_kernel::sys::monotonic_ms().saturating_add(RESTART_HOLD.as_millis() as u64) * 1_000_000
 }
 
 /// Puts every tracked connection whose replies come to a node address (masqueraded ones, and

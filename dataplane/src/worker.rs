@@ -3,7 +3,7 @@
 //! destination with the right MAC addresses.
 //!
 //! Per batch: receive up to `BATCH` frames from one socket; load the current tables (an
-//! `ArcSwap` guard, picked up between batches); `Pipeline::process` in place in the UMEM; then
+//! `ArcSwap` guard, picked up between batches); `Pipeline::decide` in place in the UMEM; then
 //! the egress stage (`crate::egress`: FIB lookup, TTL, MACs, checksum completion, the kernel
 //! port) decides each packet's port, and its drops become the verdicts' reasons. Frames to send
 //! are queued per egress port; frames whose next hop has no neighbour yet are held until it

@@ -25,7 +25,8 @@ use kxdp_control::metrics::Metrics;
 use kxdp_control::sources::kube::KubeOptions;
 use kxdp_control::sync::{ControlLoop, Source};
 use kxdp_control::Config;
-use kxdp_dataplane::snapshot::{proto, FrontendKey};
+use kxdp_dataplane::snapshot::FrontendKey;
+use kxdp_packet::proto;
 use kxdp_packet::Addr;
 use serde_json::{json, Value};
 

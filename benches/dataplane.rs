@@ -18,10 +18,11 @@ use etherparse::PacketBuilder;
 use kxdp_dataplane::conntrack::{Conntrack, CtConfig, Packed, Tuple};
 use kxdp_dataplane::pipeline::{Pipeline, SlotFrames};
 use kxdp_dataplane::snapshot::{
-    proto, EmptyAction, Endpoint, EndpointRange, Frontend, FrontendKey, FrontendKind, NodeInfo,
-    PrefixSet, Route, ServicePortInfo, Snapshot,
+    EmptyAction, Endpoint, EndpointRange, Frontend, FrontendKey, FrontendKind, NodeInfo, PrefixSet,
+    Route, ServicePortInfo, Snapshot,
 };
 use kxdp_dataplane::verdict::{Reason, Verdict};
+use kxdp_packet::proto;
 use kxdp_packet::{Addr, Family, LinkType};
 
 /// One AF_XDP RX burst (and `replay`'s batch).

@@ -20,11 +20,12 @@ use etherparse::PacketBuilder;
 use kxdp_dataplane::conntrack::CtConfig;
 use kxdp_dataplane::replay::{replay, ReplayOptions};
 use kxdp_dataplane::snapshot::{
-    proto, EmptyAction, Endpoint, EndpointRange, Frontend, FrontendKey, FrontendKind, NodeInfo,
-    Route, ServicePortInfo, Snapshot,
+    EmptyAction, Endpoint, EndpointRange, Frontend, FrontendKey, FrontendKind, NodeInfo, Route,
+    ServicePortInfo, Snapshot,
 };
 use kxdp_dataplane::verdict::{Action, Reason};
 use kxdp_packet::pcap::{Capture, CapturedPacket};
+use kxdp_packet::proto;
 use kxdp_packet::{Addr, LinkType};
 
 const VIP: [u8; 4] = [172, 30, 0, 1];

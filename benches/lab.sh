@@ -62,10 +62,12 @@ if ! command -v iptables-restore >/dev/null || ! command -v nft >/dev/null || ! 
 fi
 
 echo "== build (release; the test build also builds the kxdp binary it runs)"
-cargo test --release --locked --test lab_bench --no-run
+# The I/O floor (mode kxdp-floor) is a feature of its own, never in a product build; with it the
+# product loop is unchanged (the worker picks the floor's loop once, when it starts).
+cargo test --release --locked --features bench-io-floor --test lab_bench --no-run
 # The test binary is run directly (not through cargo, which would rebuild the kxdp binary that
 # mode kxdp-ref swaps); its working directory is the crate's root, as under cargo.
-testbin=$(cargo test --release --locked --test lab_bench --no-run --message-format=json 2>/dev/null |
+testbin=$(cargo test --release --locked --features bench-io-floor --test lab_bench --no-run --message-format=json 2>/dev/null |
   python3 -c 'import json,sys
 for l in sys.stdin:
     m = json.loads(l)

@@ -8,13 +8,8 @@ use kxdp_control::admin::wire::{format_addr, proto_name};
 use kxdp_dataplane::conntrack::TableMemory;
 use kxdp_dataplane::snapshot::Snapshot;
 use kxdp_dataplane::verdict::{Action, Reason, Verdict};
-use kxdp_packet::proto;
+use kxdp_packet::{proto, IpProto};
 use serde::Serialize;
-
-/// Whether addresses of this protocol carry a port in verdicts.
-fn has_ports(p: u8) -> bool {
-    matches!(p, proto::TCP | proto::UDP | proto::SCTP)
-}
 
 #[derive(Serialize)]
 struct Line<'a> {
@@ -78,7 +73,7 @@ pub fn verdict_line(index: u64, v: &Verdict, snapshot: &Snapshot, egress: Option
         egress,
     };
     if v.has_addrs {
-        let ports = has_ports(v.proto);
+        let ports = IpProto(v.proto).has_ports();
         let orig_src = format_addr(v.orig_src, v.family, v.orig_sport, ports);
         let orig_dst = format_addr(v.orig_dst, v.family, v.orig_dport, ports);
         line.proto = Some(proto_name(v.proto));

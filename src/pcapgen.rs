@@ -162,9 +162,7 @@ const TCP_HDR: usize = 20;
 /// Largest frame generated (a standard 1500-byte MTU plus the Ethernet header).
 const MAX_FRAME: usize = 1514;
 
-const SYN: u8 = 0x02;
-const PSH: u8 = 0x08;
-const ACK: u8 = 0x10;
+use kxdp_packet::tcp::flags::{ACK, PSH, SYN};
 
 fn invalid(msg: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidInput, msg)

@@ -14,7 +14,8 @@ use kxdp_control::metrics::Metrics;
 use kxdp_control::sources::kube::KubeOptions;
 use kxdp_control::sync::{ControlLoop, Published, Source};
 use kxdp_control::Config;
-use kxdp_dataplane::snapshot::{proto, FrontendKey, Snapshot};
+use kxdp_dataplane::snapshot::{FrontendKey, Snapshot};
+use kxdp_packet::proto;
 use kxdp_packet::Addr;
 
 fn kubectl(dir: &Path, args: &[&str]) -> String {

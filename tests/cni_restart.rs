@@ -102,7 +102,7 @@ impl Server {
         let (ready_tx, ready) = mpsc::channel();
         let (path, st) = (format!("/var/run/netns/{ns}"), stop.clone());
         let thread = std::thread::spawn(move || {
-            kxdp_dataplane::io::enter_netns(&path).expect("setns");
+            kxdp_kernel::enter_netns(&path).expect("setns");
             let l = TcpListener::bind(("0.0.0.0", DL_PORT)).expect("bind the download port");
             l.set_nonblocking(true).unwrap();
             ready_tx.send(()).unwrap();
@@ -178,7 +178,7 @@ fn serve(mut s: TcpStream, stop: &AtomicBool) -> Ended {
 fn download(ns: &str, to: SocketAddr) -> JoinHandle<Ended> {
     let path = format!("/var/run/netns/{ns}");
     std::thread::spawn(move || {
-        kxdp_dataplane::io::enter_netns(&path).expect("setns");
+        kxdp_kernel::enter_netns(&path).expect("setns");
         let mut s = match TcpStream::connect_timeout(&to, Duration::from_secs(5)) {
             Ok(s) => s,
             Err(e) => {
@@ -241,7 +241,7 @@ struct HugeDir(std::path::PathBuf);
 
 impl Drop for HugeDir {
     fn drop(&mut self) {
-        let _ = kxdp_dataplane::io::mount::unmount(&self.0);
+        let _ = kxdp_kernel::mount::unmount(&self.0);
     }
 }
 

@@ -459,8 +459,13 @@ fn setup(c: &Cluster, mode: &str, services: u64, dir: &std::path::Path) -> (Opti
             std::fs::create_dir(&sdir).unwrap();
             std::fs::copy(&state, sdir.join("00.yaml")).unwrap();
             std::fs::write(sdir.join("10.yaml"), filler_state(services)).unwrap();
-            // The daemon inherits the variable (benchmark only; see dataplane/src/worker.rs).
+            // The daemon inherits the variable; only a build with the `bench-io-floor` feature
+            // reads it (dataplane/src/worker.rs).
             if mode == "kxdp-floor" {
+                let floor_built = cfg!(feature = "bench-io-floor");
+                if !floor_built {
+                    panic!("KXDP_BENCH_MODE=kxdp-floor needs `--features bench-io-floor` (benches/lab.sh)");
+                }
                 std::env::set_var("KXDP_BENCH_IO_FLOOR", "vpod1,vpod2");
             } else {
                 std::env::remove_var("KXDP_BENCH_IO_FLOOR");
@@ -819,7 +824,7 @@ fn bench_lab_syn_flood() {
     let client = Lab::path(c.pod("client-1"));
     let (st, cl) = (stop.clone(), client.clone());
     let established = std::thread::spawn(move || {
-        kxdp_dataplane::io::enter_netns(&cl).unwrap();
+        kxdp_kernel::enter_netns(&cl).unwrap();
         // A connection that cannot be opened (three tries) counts as not intact.
         let mut conns: Vec<(TcpStream, u64)> = (0..established_n)
             .filter_map(|_| {
@@ -915,7 +920,7 @@ fn bench_lab_syn_flood() {
     while t0.elapsed().as_secs_f64() < seconds - 0.8 {
         let (cl, ok) = (client.clone(), ok.clone());
         attempts.push(std::thread::spawn(move || {
-            kxdp_dataplane::io::enter_netns(&cl).unwrap();
+            kxdp_kernel::enter_netns(&cl).unwrap();
             if let Ok(mut s) = TcpStream::connect_timeout(
                 &"172.30.0.10:80".parse().unwrap(),
                 Duration::from_secs(1),

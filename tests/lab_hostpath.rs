@@ -191,7 +191,7 @@ fn deliver(ns: &str, port: u16, frame: Vec<u8>) -> Option<SocketAddr> {
     let p = Lab::path(ns);
     let (tx, rx) = std::sync::mpsc::channel();
     let t = std::thread::spawn(move || {
-        kxdp_dataplane::io::enter_netns(&p).unwrap();
+        kxdp_kernel::enter_netns(&p).unwrap();
         let s = UdpSocket::bind(("0.0.0.0", port)).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
         tx.send(()).unwrap();
@@ -490,7 +490,7 @@ fn hostpath_ipv6_frames_written_into_kxdp1_are_delivered_and_forwarded() {
         let p = Lab::path(at);
         let (tx, rx) = std::sync::mpsc::channel();
         let t = std::thread::spawn(move || {
-            kxdp_dataplane::io::enter_netns(&p).unwrap();
+            kxdp_kernel::enter_netns(&p).unwrap();
             let s = UdpSocket::bind(("::", port)).unwrap();
             s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
             tx.send(()).unwrap();

@@ -172,7 +172,7 @@ fn lab_restart_during_long_transfer() {
     let (progress_tx, progress_rx) = std::sync::mpsc::channel::<u64>();
     let path = Lab::path(&client);
     let transfer = std::thread::spawn(move || {
-        kxdp_dataplane::io::enter_netns(&path).unwrap();
+        kxdp_kernel::enter_netns(&path).unwrap();
         let mut s =
             TcpStream::connect_timeout(&"172.30.0.10:80".parse().unwrap(), Duration::from_secs(5))
                 .unwrap();
@@ -316,7 +316,7 @@ fn removed_backend_resets_its_clients() {
     let (to_client, conn) = std::sync::mpsc::channel::<TcpStream>();
     let path = Lab::path(&client);
     std::thread::spawn(move || {
-        kxdp_dataplane::io::enter_netns(&path).unwrap();
+        kxdp_kernel::enter_netns(&path).unwrap();
         let s =
             TcpStream::connect_timeout(&"172.30.0.10:80".parse().unwrap(), Duration::from_secs(5))
                 .unwrap();
@@ -403,7 +403,7 @@ fn backend_removed_while_kxdp_is_down_resets_its_clients() {
     let client = c.pod("client-1").to_string();
     let path = Lab::path(&client);
     let s = std::thread::spawn(move || {
-        kxdp_dataplane::io::enter_netns(&path).unwrap();
+        kxdp_kernel::enter_netns(&path).unwrap();
         TcpStream::connect_timeout(&"172.30.0.10:80".parse().unwrap(), Duration::from_secs(5))
             .unwrap()
     })

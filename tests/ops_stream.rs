@@ -15,13 +15,14 @@ use std::time::{Duration, Instant};
 use kxdp_control::admin::{AdminContext, Dataplane};
 use kxdp_control::status::Status;
 use kxdp_control::sync::Published;
+use kxdp_dataplane::clock::clock_ms;
 use kxdp_dataplane::conntrack::{Conntrack, CtConfig, Tuple};
 use kxdp_dataplane::snapshot::Snapshot;
-use kxdp_dataplane::stats::{clock_ms, DataplaneStats};
+use kxdp_dataplane::stats::DataplaneStats;
 use kxdp_packet::{Addr, Family};
 
 const N: u32 = 1 << 20;
-const SYN: u8 = 0x02;
+use kxdp_packet::tcp::flags::SYN;
 
 fn tuple(src: IpAddr, sport: u16, dst: IpAddr, dport: u16) -> Tuple {
     Tuple {

@@ -113,7 +113,7 @@ impl Sinks {
         let (p, a, st) = (Lab::path(ns), addr.to_string(), stop.clone());
         let (tx, rx) = std::sync::mpsc::channel();
         threads.push(std::thread::spawn(move || {
-            kxdp_dataplane::io::enter_netns(&p).unwrap();
+            kxdp_kernel::enter_netns(&p).unwrap();
             let s = UdpSocket::bind(format!("{a}:5353")).unwrap();
             s.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
             tx.send(()).unwrap();
@@ -168,7 +168,7 @@ impl Load {
         let (p, st, sn) = (Lab::path(client_ns), stop.clone(), sent.clone());
         let at = seen;
         threads.push(std::thread::spawn(move || {
-            kxdp_dataplane::io::enter_netns(&p).unwrap();
+            kxdp_kernel::enter_netns(&p).unwrap();
             let socks: Vec<UdpSocket> = [CLUSTER_IP_UDP, DIRECT_UDP]
                 .iter()
                 .map(|to| {
@@ -205,7 +205,7 @@ impl Load {
         }));
         let (p, st, pr) = (Lab::path(client_ns), stop.clone(), probes.clone());
         threads.push(std::thread::spawn(move || {
-            kxdp_dataplane::io::enter_netns(&p).unwrap();
+            kxdp_kernel::enter_netns(&p).unwrap();
             while !st.load(Ordering::Relaxed) {
                 let at = Instant::now();
                 let ok = probe_once();
@@ -468,7 +468,7 @@ fn upload_to(
 ) -> std::thread::JoinHandle<Option<u64>> {
     let p = Lab::path(client_ns);
     std::thread::spawn(move || {
-        kxdp_dataplane::io::enter_netns(&p).unwrap();
+        kxdp_kernel::enter_netns(&p).unwrap();
         let mut s =
             TcpStream::connect_timeout(&to.parse().unwrap(), Duration::from_secs(5)).ok()?;
         s.set_read_timeout(Some(Duration::from_secs(15))).ok()?;

@@ -16,7 +16,6 @@ pub mod model;
 pub mod policy;
 pub mod problem;
 pub mod process_metrics;
-pub mod protocol;
 pub mod run;
 pub mod sources;
 pub mod status;

@@ -208,7 +208,7 @@ struct SocketRingLabel {
 
 /// The kernel's per-socket counters (`XDP_STATISTICS`) as `/metrics` names them:
 /// (metric name without `_total`, help, field).
-type KernelField = fn(&kxdp_dataplane::io::afxdp::KernelXskStats) -> u64;
+type KernelField = fn(&kxdp_kernel::afxdp::KernelXskStats) -> u64;
 const XSK_COUNTERS: [(&str, &str, KernelField); 6] = [
     (
         "kxdp_xsk_rx_ring_full",

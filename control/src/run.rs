@@ -521,8 +521,8 @@ impl kxdp_dataplane::worker::Tables for Published {
 /// ENOBUFS from a socket, bpf() or netlink call, some of them retried for ever per interface.
 /// No check when the capabilities cannot be read.
 fn check_capabilities() -> Result<(), RunError> {
-    use kxdp_dataplane::io::sys::cap;
-    let Some(eff) = kxdp_dataplane::io::sys::effective_capabilities() else {
+    use kxdp_kernel::sys::cap;
+    let Some(eff) = kxdp_kernel::sys::effective_capabilities() else {
         return Ok(());
     };
     let has = |c: u32| eff & (1u64 << c) != 0;
@@ -536,7 +536,7 @@ fn check_capabilities() -> Result<(), RunError> {
     if !has(cap::BPF) && !has(cap::SYS_ADMIN) {
         missing.push("CAP_BPF (loading the XDP program and creating its maps; CAP_SYS_ADMIN on kernels before 5.8)");
     }
-    if !has(cap::IPC_LOCK) && !kxdp_dataplane::io::sys::memlock_unlimited() {
+    if !has(cap::IPC_LOCK) && !kxdp_kernel::sys::memlock_unlimited() {
         missing.push("CAP_IPC_LOCK (the UMEM is pinned memory beyond RLIMIT_MEMLOCK)");
     }
     if missing.is_empty() {
@@ -726,7 +726,7 @@ fn run_options(
     host_path: Option<&crate::host_path::RunningHostPath>,
     hold_for_restart: bool,
 ) -> kxdp_dataplane::io::runner::RunOptions {
-    use kxdp_dataplane::io::xdp::ModeChoice;
+    use kxdp_kernel::xdp::ModeChoice;
     let mode = match config.xdp_mode {
         crate::config::XdpMode::Auto => ModeChoice::Auto,
         crate::config::XdpMode::Native => ModeChoice::Native,

@@ -641,7 +641,8 @@ mod tests {
     use crate::model::{ClusterState, Object};
     use crate::sources::files::load_str;
     use crate::store::Changes;
-    use kxdp_dataplane::snapshot::{proto, FrontendKey};
+    use kxdp_dataplane::snapshot::FrontendKey;
+    use kxdp_packet::proto;
     use kxdp_packet::Addr;
     use std::path::Path;
 

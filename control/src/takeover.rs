@@ -27,9 +27,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use kxdp_dataplane::io::handover::{recv_message, send_message};
 use kxdp_dataplane::io::runner::{AfXdp, Quiesced};
 use kxdp_dataplane::io::takeover::Description;
+use kxdp_kernel::handover::{recv_message, send_message};
 use serde::{Deserialize, Serialize};
 
 /// Where a running kxdp listens for its successor.

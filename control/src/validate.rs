@@ -10,7 +10,7 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kxdp_dataplane::snapshot::proto;
+use kxdp_packet::proto;
 
 /// One field that fails a check: its path inside the object and why, in plain words.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -23,11 +23,11 @@
 use kxdp_packet::{
     build_port_unreachable, build_tcp_rst, parse_into, parse_plain_v4, parse_quoted, proto,
     rewrite, rewrite_icmp_error, rewrite_plain_v4_from, rewrite_v4_ports, Addr, ErrorRewrite,
-    LinkType, PacketMeta, PlainV4, Quoted,
+    IpProto, LinkType, PacketMeta, PlainV4, Quoted,
 };
 
 use crate::conntrack::{
-    addr_word, has_ports, tcp, tcp_state_of, Candidate, Conntrack, CreateError, FirstPacket, Found,
+    addr_word, tcp, tcp_state_of, Candidate, Conntrack, CreateError, FirstPacket, Found,
     InsertError, LaneClock, Packed, PacketError, Tuple, DIR_ORIG, DIR_REPLY, FLAG_BACKEND_GONE,
     FLAG_MASQ,
 };
@@ -419,9 +419,10 @@ impl Pipeline {
         ct.flush_pending(&mut self.retired);
     }
 
-    // The decide loop indexes `verdicts` and `self.scratch` by the packet (its body calls
-    // `&mut self` methods, so no iterator over the scratch can stay borrowed across it).
-    #[allow(clippy::needless_range_loop)]
+    /// One pass of at most `MAX_BATCH` frames (`base..base + m` of the batch), one stage at a
+    /// time over the whole pass so that the pass's cache misses overlap (at 1M connections a
+    /// lookup is two dependent DRAM accesses: slot, then entry): parse, key, prefetch the
+    /// entries, look up, prepare the new connections, decide and rewrite.
     fn pass<F: Frames>(
         &mut self,
         frames: &mut F,
@@ -430,25 +431,46 @@ impl Pipeline {
         verdicts: &mut [Verdict],
         b: &Batch<'_>,
     ) {
-        let Batch {
-            snap, ct, now_ms, ..
-        } = *b;
         // The pass's bounds, checked once (`process` passes at most `MAX_BATCH` frames of a batch
-        // no longer than `verdicts`): with `m` and the verdicts' slice proven here, the loops'
+        // no longer than `verdicts`): with `m` and the verdicts' slice proven here, the stages'
         // `scratch[i]` and `verdicts[i]` (`i < m`) compile without a check of their own.
         assert!(m <= MAX_BATCH);
         let verdicts = &mut verdicts[base..base + m];
         let mut frames = PassFrames::new(frames, base, m);
-        // 1. Parse; hash and prefetch each packet's conntrack index slot; 2. prefetch the entry
-        // each slot names; 3. look up. Done in stages so that a batch's cache misses overlap
-        // (at 1M connections a lookup is two dependent DRAM accesses: slot, then entry).
+        self.parse(&frames, m, b.ct);
+        self.key_others(m, b.ct);
+        self.prefetch_entries(m, b.ct);
+        let misses = self.lookup(m, b.ct, b.now_ms);
+        // The frontend of every packet conntrack does not know, and what its new connection
+        // will touch, prefetched a stage ahead (`prepare_new_flows`). A pass of known
+        // connections only (or on a node without Services) does not set up the array at all
+        // (its 4 KB of `None`, and the filter's clearing below, were about 25 instructions per
+        // packet of est-10k); a packet the array does not cover was not a miss when it was
+        // filled: no frontend, as then.
+        let mut frontend_buf;
+        let frontends: &[Option<FrontendRef<'_>>] = if misses && !b.snap.frontends.is_empty() {
+            frontend_buf = [None; MAX_BATCH];
+            self.prepare_new_flows(&mut frontend_buf[..m], b.snap, b.ct);
+            &frontend_buf[..m]
+        } else {
+            &[]
+        };
+        self.decide_all(&mut frames, m, verdicts, frontends, b);
+    }
+
+    /// Stage 1, parse: each frame's kind and meta. The common frame (plain IPv4 TCP/UDP on
+    /// Ethernet) also has its key packed from the numbers the parse read (not read back from the
+    /// meta it just stored), hashed and its conntrack index slot prefetched.
+    // The stages index `self.scratch` by the packet (their bodies call `&mut self` methods, so
+    // no iterator over the scratch can stay borrowed across them).
+    #[allow(clippy::needless_range_loop)]
+    #[inline(always)]
+    fn parse<F: Frames>(&mut self, frames: &PassFrames<'_, F>, m: usize, ct: &Conntrack) {
         for i in 0..m {
             let s = &mut self.scratch[i];
             s.hit = false;
             s.quoted = None;
             let frame = frames.frame(i);
-            // The common frame, with its key packed from the numbers the parse read (not read
-            // back from the meta it just stored).
             if self.link == LinkType::Ethernet {
                 if let Some(p) = parse_plain_v4(frame, &mut s.meta) {
                     s.kind = KIND_IP;
@@ -479,10 +501,14 @@ impl Pipeline {
                 Err(_) => KIND_MALFORMED,
             };
         }
-        // The other frames' keys are built in a loop of their own (a plain frame's was packed
-        // and hashed by the parse loop): right after the parse, its wide loads of the fields the
-        // parse had just stored one by one stalled on store forwarding (callgrind); a
-        // packet later those stores have long reached the cache.
+    }
+
+    /// Stage 1b: the keys of the other IP frames, hashed and their slots prefetched, in a loop
+    /// of their own: right after the parse, its wide loads of the fields the parse had just
+    /// stored one by one stalled on store forwarding (callgrind); a packet later those stores
+    /// have long reached the cache.
+    #[inline(always)]
+    fn key_others(&mut self, m: usize, ct: &Conntrack) {
         for s in &mut self.scratch[..m] {
             if s.kind != KIND_IP || s.plain {
                 continue;
@@ -502,12 +528,22 @@ impl Pipeline {
             s.hash = ct.hash(&s.key);
             ct.prefetch_slot(s.hash);
         }
-        // 2. Conntrack.
+    }
+
+    /// Stage 2: prefetch the conntrack entry each slot names.
+    #[inline(always)]
+    fn prefetch_entries(&mut self, m: usize, ct: &Conntrack) {
         for s in &mut self.scratch[..m] {
             if s.kind == KIND_IP {
                 s.candidate = ct.prefetch_entry(&s.key, s.hash);
             }
         }
+    }
+
+    /// Stage 3: look every IP packet's connection up; returns whether any was not found.
+    #[allow(clippy::needless_range_loop)]
+    #[inline(always)]
+    fn lookup(&mut self, m: usize, ct: &Conntrack, now_ms: u64) -> bool {
         let mut misses = false;
         for i in 0..m {
             let s = &mut self.scratch[i];
@@ -519,24 +555,25 @@ impl Pipeline {
             }
             misses |= s.kind == KIND_IP && !s.hit;
         }
-        // The frontend of every packet conntrack does not know, and what its new connection
-        // will touch, prefetched a stage ahead (`prepare_new_flows`). A pass of known
-        // connections only (or on a node without Services) does not set up the array at all
-        // (its 4 KB of `None`, and the filter's clearing below, were about 25 instructions per
-        // packet of est-10k); a packet
-        // the array does not cover was not a miss when it was filled: no frontend, as then.
-        let mut frontend_buf;
-        let frontends: &[Option<FrontendRef<'_>>] = if misses && !snap.frontends.is_empty() {
-            frontend_buf = [None; MAX_BATCH];
-            self.prepare_new_flows(&mut frontend_buf[..m], snap, ct);
-            &frontend_buf[..m]
-        } else {
-            &[]
-        };
-        // 3. Decide and rewrite. A packet may belong to a connection an earlier packet of this
-        // pass created (a SYN and its SYN-ACK, a burst of one new UDP flow): the lookup is redone
-        // for packets whose hash the `created` filter has seen (cleared only when the pass
-        // before set a bit).
+        misses
+    }
+
+    /// Stage 4, decide and rewrite: the established fast lane for plain packets of known
+    /// connections, the full path ([`Pipeline::decide_slow`]) for the rest. A packet may belong
+    /// to a connection an earlier packet of this pass created (a SYN and its SYN-ACK, a burst
+    /// of one new UDP flow): the lookup is redone for packets whose hash the `created` filter
+    /// has seen (cleared only when the pass before set a bit).
+    #[allow(clippy::needless_range_loop)]
+    #[inline(always)]
+    fn decide_all<F: Frames>(
+        &mut self,
+        frames: &mut PassFrames<'_, F>,
+        m: usize,
+        verdicts: &mut [Verdict],
+        frontends: &[Option<FrontendRef<'_>>],
+        b: &Batch<'_>,
+    ) {
+        let (ct, now_ms) = (b.ct, b.now_ms);
         if self.created_any {
             self.created = [0; CREATED_WORDS];
             self.created_any = false;
@@ -565,48 +602,66 @@ impl Pipeline {
                     continue;
                 }
             }
-            *v = Verdict::default();
-            match kind {
-                KIND_NOT_IP => v.set(Reason::NotIp),
-                KIND_MALFORMED => v.set(Reason::Malformed),
-                KIND_LATER_FRAGMENT => {
-                    let mut meta = self.scratch[i].meta;
-                    fill_orig(v, &meta);
-                    self.later_fragment(buf, &mut meta, v, snap, now_ms);
+            self.decide_slow(buf, len, i, kind, v, frontends, b);
+        }
+        self.counters.fast_lane += lane;
+    }
+
+    /// The full path of one packet (`i` of the pass, of `kind`): not IP, malformed, a later
+    /// fragment, an ICMP error, a packet of a known connection, or a new connection's first.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn decide_slow(
+        &mut self,
+        buf: &mut [u8],
+        len: &mut usize,
+        i: usize,
+        kind: u8,
+        v: &mut Verdict,
+        frontends: &[Option<FrontendRef<'_>>],
+        b: &Batch<'_>,
+    ) {
+        let (snap, now_ms) = (b.snap, b.now_ms);
+        *v = Verdict::default();
+        match kind {
+            KIND_NOT_IP => v.set(Reason::NotIp),
+            KIND_MALFORMED => v.set(Reason::Malformed),
+            KIND_LATER_FRAGMENT => {
+                let mut meta = self.scratch[i].meta;
+                fill_orig(v, &meta);
+                self.later_fragment(buf, &mut meta, v, snap, now_ms);
+            }
+            _ => {
+                let mut meta = self.scratch[i].meta;
+                fill_orig(v, &meta);
+                let found = self.scratch[i].hit.then_some(self.scratch[i].found);
+                if let Some(q) = self.scratch[i].quoted {
+                    self.icmp_error(buf, &mut meta, &q, found.as_ref(), v, snap);
+                    return;
                 }
-                _ => {
-                    let mut meta = self.scratch[i].meta;
-                    fill_orig(v, &meta);
-                    let found = self.scratch[i].hit.then_some(self.scratch[i].found);
-                    if let Some(q) = self.scratch[i].quoted {
-                        self.icmp_error(buf, &mut meta, &q, found.as_ref(), v, snap);
-                    } else {
-                        match found {
-                            Some(found) => {
-                                let hit = Hit {
-                                    packet: i,
-                                    found: &found,
-                                };
-                                self.established(buf, len, &mut meta, hit, v, b)
-                            }
-                            None => {
-                                let frontend = frontends.get(i).copied().flatten();
-                                let miss = Miss {
-                                    packet: i,
-                                    frontend,
-                                    prepared: frontend.is_some(),
-                                };
-                                self.new_flow(buf, len, &mut meta, miss, v, b)
-                            }
-                        }
-                        if meta.frag.more {
-                            self.remember_first_fragment(&meta, v, now_ms);
-                        }
+                match found {
+                    Some(found) => {
+                        let hit = Hit {
+                            packet: i,
+                            found: &found,
+                        };
+                        self.established(buf, len, &mut meta, hit, v, b)
                     }
+                    None => {
+                        let frontend = frontends.get(i).copied().flatten();
+                        let miss = Miss {
+                            packet: i,
+                            frontend,
+                            prepared: frontend.is_some(),
+                        };
+                        self.new_flow(buf, len, &mut meta, miss, v, b)
+                    }
+                }
+                if meta.frag.more {
+                    self.remember_first_fragment(&meta, v, now_ms);
                 }
             }
         }
-        self.counters.fast_lane += lane;
     }
 
     /// Looks up the frontends of a pass's conntrack misses, and prefetches what their new
@@ -661,7 +716,7 @@ impl Pipeline {
                 || fe
                     .source_ranges()
                     .is_some_and(|r| !r.contains(&meta.src, meta.family))
-                || (meta.proto == 6
+                || (meta.proto == proto::TCP
                     && meta.tcp_flags & (tcp::SYN | tcp::ACK | tcp::RST) != tcp::SYN)
             {
                 continue;
@@ -845,7 +900,7 @@ impl Pipeline {
         // A Maglev Service instead picks such a packet (an ACK without SYN) up: its table gives
         // the endpoint the connection's SYN got, whichever node saw it (ECMP moved the flow, or
         // this node restarted without its state).
-        if meta.proto == 6
+        if meta.proto == proto::TCP
             && meta.tcp_flags & (tcp::SYN | tcp::ACK | tcp::RST) != tcp::SYN
             && !(meta.tcp_flags & (tcp::SYN | tcp::ACK | tcp::RST) == tcp::ACK
                 && fe
@@ -984,7 +1039,7 @@ impl Pipeline {
     ) -> Result<u64, Reason> {
         let mut remaps = 0;
         loop {
-            if remaps == SNAT_ATTEMPTS || !has_ports(reply.proto) {
+            if remaps == SNAT_ATTEMPTS || !IpProto(reply.proto).has_ports() {
                 return Err(Reason::SnatExhausted);
             }
             reply.dport = 1024 + (self.next_u64() % (65536 - 1024)) as u16;
@@ -1156,8 +1211,8 @@ impl Pipeline {
         now_ms: u64,
     ) {
         let trackable = match meta.proto {
-            6 => meta.tcp_flags & (tcp::SYN | tcp::ACK | tcp::RST) == tcp::SYN,
-            17 | 132 => true,
+            proto::TCP => meta.tcp_flags & (tcp::SYN | tcp::ACK | tcp::RST) == tcp::SYN,
+            proto::UDP | proto::SCTP => true,
             _ => meta.is_icmp_echo_request(),
         };
         if !trackable || meta.l4_off == 0 {
@@ -1202,7 +1257,7 @@ impl Pipeline {
             v.action = Action::Drop;
             return;
         }
-        let reply_len = if meta.proto == 6 {
+        let reply_len = if meta.proto == proto::TCP {
             build_tcp_rst(buf, *len, self.link, meta)
         } else {
             build_port_unreachable(buf, *len, self.link, meta)
@@ -1215,9 +1270,17 @@ impl Pipeline {
         }
         *len = reply_len;
         v.src = meta.dst;
-        v.sport = if meta.proto == 6 { meta.dport } else { 0 };
+        v.sport = if meta.proto == proto::TCP {
+            meta.dport
+        } else {
+            0
+        };
         v.dst = meta.src;
-        v.dport = if meta.proto == 6 { meta.sport } else { 0 };
+        v.dport = if meta.proto == proto::TCP {
+            meta.sport
+        } else {
+            0
+        };
     }
 
     #[inline]

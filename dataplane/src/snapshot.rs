@@ -15,13 +15,6 @@ use hashbrown::HashTable;
 use kxdp_kernel::huge::HugeSlice;
 use kxdp_packet::{Addr, Family};
 
-/// IP protocol numbers of the transports a Service port can name.
-pub mod proto {
-    pub const TCP: u8 = 6;
-    pub const UDP: u8 = 17;
-    pub const SCTP: u8 = 132;
-}
-
 /// What a frontend is reached as. Decides nothing by itself (the routes do); it names the rule in
 /// listings and verdicts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -1040,6 +1033,7 @@ impl Snapshot {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kxdp_packet::proto;
     use std::collections::HashMap;
 
     fn frontend(id: u32, affinity: u32) -> Frontend {

@@ -15,8 +15,8 @@
 //! read-modify-write), and copies dropped/rejected verdicts into the worker's ring only while a
 //! `kxdp monitor` client is attached (one relaxed load otherwise); every verdict while a client
 //! asked for all of them (`Monitor::all`), and the packets' first `FRAME_BYTES` bytes while one
-//! asked for hex dumps and the worker hands its frames over (`after_batch_with_frames`). Workers should use `clock_ms`
-//! as their `now_ms`, so that conntrack timeouts shown by the admin API use the same clock.
+//! asked for hex dumps and the worker hands its frames over (`after_batch_with_frames`). Workers should use
+//! `clock::clock_ms` as their `now_ms`, so that conntrack timeouts shown by the admin API use the same clock.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Mutex;
@@ -24,7 +24,7 @@ use std::sync::Mutex;
 use kxdp_kernel::afxdp::{KernelXskStats, RingSizes};
 use kxdp_packet::{Addr, Family};
 
-pub use crate::clock::clock_ms;
+use crate::clock::clock_ms;
 use crate::pipeline::Counters;
 use crate::verdict::{Action, Reason, Verdict};
 

@@ -3,7 +3,7 @@
 //! destination with the right MAC addresses.
 //!
 //! Per batch: receive up to `BATCH` frames from one socket; load the current tables (an
-//! `ArcSwap` guard, picked up between batches); `Pipeline::process` in place in the UMEM; then
+//! `ArcSwap` guard, picked up between batches); `Pipeline::decide` in place in the UMEM; then
 //! the egress stage (`crate::egress`: FIB lookup, TTL, MACs, checksum completion, the kernel
 //! port) decides each packet's port, and its drops become the verdicts' reasons. Frames to send
 //! are queued per egress port; frames whose next hop has no neighbour yet are held until it
@@ -14,7 +14,7 @@
 //! Then one TX ring submission and kick per egress socket, completions back to the free list,
 //! the fill rings topped up. No allocation, lock or syscall per packet: the syscalls are the TX
 //! kicks (one per socket per batch, only when the kernel asks), the idle back-off's sleeps, and
-//! one `bpf()` map update per new masqueraded connection (its reply, see `io::xdp`).
+//! one `bpf()` map update per new masqueraded connection (its reply, see `kxdp_kernel::xdp`).
 //!
 //! Idle wait: after an empty poll of all sockets the worker spins `spin_polls` polls, then waits
 //! on all its sockets at once (one `poll()` over their fds, `IDLE_WAIT_MS` at most) and
@@ -38,16 +38,17 @@ use std::time::{Duration, Instant};
 use arc_swap::{ArcSwap, Guard};
 use kxdp_packet::{Family, LinkType};
 
+use crate::clock::clock_ms;
 use crate::conntrack::Conntrack;
 use crate::egress::{Egress, EgressStats, HOLD, NOT_SENT};
 use crate::fib::Fib;
 use crate::fib::Miss;
 use crate::hold::{self, Held, HoldQueue};
-use crate::io::afxdp::{Desc, KernelXskStats, Umem, XskConfig, XskSocket};
 use crate::pipeline::{Counters, Pipeline};
 use crate::snapshot::{PrefixSet, Snapshot};
-use crate::stats::{clock_ms, DataplaneStats, SocketSample, FRAME_BYTES, SOCKET_STATS_PERIOD};
+use crate::stats::{DataplaneStats, SocketSample, FRAME_BYTES, SOCKET_STATS_PERIOD};
 use crate::verdict::{Reason, Verdict};
+use kxdp_kernel::afxdp::{Desc, KernelXskStats, Umem, XskConfig, XskSocket};
 use kxdp_kernel::sys::{Poller, Waker};
 
 /// Frames per RX batch.
@@ -256,7 +257,7 @@ pub struct Shared {
     pub routes: Arc<ArcSwap<Fib>>,
     pub unresolved: crossbeam::channel::Sender<(u32, kxdp_packet::Addr, Family)>,
     /// Where replies of new masqueraded connections are registered for the XDP program.
-    pub masq: Option<Arc<crate::io::xdp::SharedMaps>>,
+    pub masq: Option<Arc<kxdp_kernel::xdp::SharedMaps>>,
     /// Source validation on pod-facing interfaces (`crate::antispoof`).
     pub source_validation: crate::antispoof::SourceValidation,
     pub stop: Arc<AtomicBool>,
@@ -278,6 +279,123 @@ fn idle_wait(index: usize) -> (Option<Poller>, Option<Arc<Waker>>) {
         .and_then(|p| Waker::new().and_then(|w| p.add(w.fd()).map(|_| w)).ok())
         .map(Arc::new);
     (poller, waker)
+}
+
+/// What [`Worker::run`] keeps from one loop to the next: the pipeline, a batch's buffers, the
+/// per-port TX queues and the loop's clocks. Sized when the sockets change, never per packet.
+struct RunState {
+    pipeline: Pipeline,
+    descs: [Desc; BATCH],
+    verdicts: [Verdict; BATCH],
+    /// The first bytes of each received packet, kept only while a `--hex` monitor listens (the
+    /// pipeline rewrites frames in place; monitors show packets as received).
+    received: [[u8; FRAME_BYTES]; BATCH],
+    received_len: [usize; BATCH],
+    hops: [u16; BATCH],
+    /// Per egress port: frames queued in this batch and their batch positions (fixed
+    /// capacity).
+    out: Vec<Vec<Desc>>,
+    out_idx: Vec<Vec<u16>>,
+    egress: Egress,
+    egress_stats: EgressStats,
+    /// The base fill share and the frames kept for sockets still to come ([`kept_reserve`]).
+    base: u32,
+    kept: usize,
+    /// The sockets changed since the per-port state was sized (true at the start).
+    changed: bool,
+    /// Frames still on TX rings after the last refill.
+    tx_left: u32,
+    /// When this loop's housekeeping ran.
+    loop_at: Instant,
+    share_window_end: Instant,
+    socket_stats_due: Instant,
+    idle: IdleState,
+    spoof: SpoofState,
+    /// The worker's I/O counters (its `counters`), held apart so that `transmit` can borrow
+    /// the worker.
+    io: Arc<IoCounters>,
+}
+
+/// The idle back-off's state (see the module docs).
+struct IdleState {
+    polls: u32,
+    busy_at: Instant,
+    sleep_us: u32,
+}
+
+/// Per port: whether its packets' sources are checked (`antispoof::checked`) and the port's
+/// own sources, for the FIB and tables (`valid_for`) they were worked out from.
+struct SpoofState {
+    checked: Vec<bool>,
+    own: Vec<Vec<(kxdp_packet::Addr, Family)>>,
+    valid_for: (u64, u64),
+}
+
+impl RunState {
+    fn new(w: &Worker, shared: &Shared) -> RunState {
+        let now = Instant::now();
+        RunState {
+            pipeline: Pipeline::new(
+                w.index,
+                LinkType::Ethernet,
+                0x6b78_6470 ^ w.index as u64,
+                &shared.ct,
+            ),
+            descs: [Desc::default(); BATCH],
+            verdicts: [Verdict::default(); BATCH],
+            received: [[0u8; FRAME_BYTES]; BATCH],
+            received_len: [0usize; BATCH],
+            hops: [NOT_SENT; BATCH],
+            out: Vec::new(),
+            out_idx: Vec::new(),
+            egress: Egress::new(&[], w.kernel_port).holding(true),
+            egress_stats: EgressStats::default(),
+            base: fill_target(&w.xsk, 0),
+            kept: 0,
+            changed: true,
+            tx_left: 0,
+            loop_at: now,
+            share_window_end: now + FILL_SHARE_WINDOW,
+            socket_stats_due: now,
+            idle: IdleState {
+                polls: 0,
+                busy_at: now,
+                sleep_us: w.backoff.min_sleep_us,
+            },
+            spoof: SpoofState {
+                checked: Vec::new(),
+                own: Vec::new(),
+                valid_for: (u64::MAX, u64::MAX),
+            },
+            io: w.counters.clone(),
+        }
+    }
+
+    /// Copies the first bytes of the batch's `n` frames as received, for a `--hex` monitor.
+    fn keep_received(&mut self, umem: &Umem, n: usize) {
+        for (i, d) in self.descs[..n].iter().enumerate() {
+            let f = umem.frame(d.addr);
+            let k = d.len.min(FRAME_BYTES).min(f.len());
+            self.received[i][..k].copy_from_slice(&f[..k]);
+            self.received_len[i] = k;
+        }
+    }
+}
+
+/// The benchmark-only I/O floor (`benches/lab.sh`): which interfaces a worker sends every
+/// received frame out of, unchanged.
+#[cfg(feature = "bench-io-floor")]
+mod io_floor {
+    /// The interfaces named (comma separated) in `KXDP_BENCH_IO_FLOOR`, None when it is unset
+    /// or names none.
+    pub fn from_env() -> Option<Vec<u32>> {
+        let ports: Vec<u32> = std::env::var("KXDP_BENCH_IO_FLOOR")
+            .ok()?
+            .split(',')
+            .filter_map(|n| kxdp_kernel::sys::ifindex(n.trim()).ok())
+            .collect();
+        (!ports.is_empty()).then_some(ports)
+    }
 }
 
 impl Worker {
@@ -464,299 +582,359 @@ impl Worker {
             })
     }
 
-    /// The poll loop; returns when `shared.stop` is set.
+    /// The poll loop; returns when `shared.stop` is set. One loop: apply the runner's commands,
+    /// receive and process a batch per socket, send on the held frames whose neighbour resolved,
+    /// transmit and refill every socket, then the housekeeping of the clocks and, when nothing
+    /// came, the idle back-off.
     pub fn run(&mut self, shared: &Shared) {
-        let mut pipeline = Pipeline::new(
-            self.index,
-            LinkType::Ethernet,
-            0x6b78_6470 ^ self.index as u64,
-            &shared.ct,
-        );
-        let mut descs = [Desc::default(); BATCH];
-        let mut verdicts = [Verdict::default(); BATCH];
-        // The first bytes of each received packet, kept only while a `--hex` monitor listens
-        // (the pipeline rewrites frames in place; monitors show packets as received).
-        let mut received = [[0u8; FRAME_BYTES]; BATCH];
-        let mut received_len = [0usize; BATCH];
-        let mut hops = [NOT_SENT; BATCH];
-        let mut nports = 0;
-        // Per egress port: frames queued in this batch and their batch positions. Fixed
-        // capacity, allocated when the sockets change (never per packet).
-        let mut out: Vec<Vec<Desc>> = Vec::new();
-        let mut out_idx: Vec<Vec<u16>> = Vec::new();
-        let mut egress = Egress::new(&[], self.kernel_port).holding(true);
-        let base = fill_target(&self.xsk, 0);
-        let mut kept = 0usize;
-        let mut share_window_end = Instant::now() + FILL_SHARE_WINDOW;
-        let mut changed = true;
-        let mut egress_stats = EgressStats::default();
-        let mut idle_polls = 0u32;
-        let mut busy_at = Instant::now();
-        let mut sleep_us = self.backoff.min_sleep_us;
-        let c = self.counters.clone();
-        // Benchmarks only (`benches/lab.sh`, the I/O floor): every received frame is sent out
-        // unchanged, without the pipeline or the egress stage, batch by batch in turn out of the
-        // interfaces listed (comma separated).
-        let io_floor: Vec<u32> = std::env::var("KXDP_BENCH_IO_FLOOR")
-            .unwrap_or_default()
-            .split(',')
-            .filter_map(|n| kxdp_kernel::sys::ifindex(n.trim()).ok())
-            .collect();
-        let mut floor_ports: Vec<usize> = Vec::new();
-        let mut floor_turn = 0usize;
-        let mut socket_stats_due = Instant::now();
-        // Per port: whether its packets' sources are checked (`antispoof::checked`), for the
-        // FIB and tables it was worked out from.
-        let mut spoof_checked: Vec<bool> = Vec::new();
-        let mut spoof_own: Vec<Vec<(kxdp_packet::Addr, Family)>> = Vec::new();
-        let mut spoof_for = (u64::MAX, u64::MAX);
+        #[cfg(feature = "bench-io-floor")]
+        if let Some(floor) = io_floor::from_env() {
+            return self.run_io_floor(shared, &floor);
+        }
+        let mut st = RunState::new(self, shared);
         while !shared.stop.load(Ordering::Relaxed) {
-            changed |= self.apply_commands();
-            self.count_discarded(&mut pipeline.counters);
-            if changed {
-                changed = false;
-                // A new or closed socket shows in the socket table at once.
-                socket_stats_due = Instant::now();
-                nports = self.ports.len();
-                out = (0..nports).map(|_| Vec::with_capacity(BATCH)).collect();
-                out_idx = (0..nports).map(|_| Vec::with_capacity(BATCH)).collect();
-                let ifindexes: Vec<u32> = self.ports.iter().map(|p| p.ifindex).collect();
-                // A worker has one socket per (interface, queue) it owns; it sends on one of
-                // them per interface.
-                egress = Egress::new(&ifindexes, self.kernel_port).holding(true);
-                kept = kept_reserve(base, nports);
-                spoof_for = (u64::MAX, u64::MAX);
-                floor_ports = io_floor
-                    .iter()
-                    .filter_map(|&i| self.ports.iter().position(|p| p.ifindex == i))
-                    .collect();
-            }
-            let mut got = 0;
-            for p in 0..nports {
-                let n = self.ports[p].sock.receive(&mut self.umem, &mut descs);
-                if n == 0 {
-                    continue;
-                }
+            self.commands(&mut st);
+            let got = self.receive_and_process(shared, &mut st);
+            self.send_released(shared, &mut st);
+            self.complete_and_refill(&mut st);
+            self.housekeeping(shared, &mut st);
+            self.idle(shared, &mut st, got);
+        }
+        self.finish(shared, &mut st.pipeline);
+    }
+
+    /// Applies the runner's commands and, when the sockets changed, sizes what is per port;
+    /// returns whether they changed.
+    fn commands(&mut self, st: &mut RunState) -> bool {
+        st.changed |= self.apply_commands();
+        self.count_discarded(&mut st.pipeline.counters);
+        if !st.changed {
+            return false;
+        }
+        st.changed = false;
+        // A new or closed socket shows in the socket table at once.
+        st.socket_stats_due = Instant::now();
+        let nports = self.ports.len();
+        st.out = (0..nports).map(|_| Vec::with_capacity(BATCH)).collect();
+        st.out_idx = (0..nports).map(|_| Vec::with_capacity(BATCH)).collect();
+        let ifindexes: Vec<u32> = self.ports.iter().map(|p| p.ifindex).collect();
+        // A worker has one socket per (interface, queue) it owns; it sends on one of them per
+        // interface.
+        st.egress = Egress::new(&ifindexes, self.kernel_port).holding(true);
+        st.kept = kept_reserve(st.base, nports);
+        st.spoof.valid_for = (u64::MAX, u64::MAX);
+        true
+    }
+
+    /// Receives up to a batch from every socket and takes each batch through the pipeline, the
+    /// egress stage and TX; returns the frames received.
+    #[inline]
+    fn receive_and_process(&mut self, shared: &Shared, st: &mut RunState) -> usize {
+        let mut got = 0;
+        for p in 0..self.ports.len() {
+            let n = self.ports[p].sock.receive(&mut self.umem, &mut st.descs);
+            if n > 0 {
                 got += n;
-                if !floor_ports.is_empty() {
-                    floor_turn = (floor_turn + 1) % floor_ports.len();
-                    let e = floor_ports[floor_turn];
-                    let sent = self.ports[e].sock.send(&mut self.umem, &descs[..n]);
-                    self.ports[e].sock.flush_tx();
-                    c.tx.fetch_add(sent as u64, Ordering::Relaxed);
-                    c.rx.fetch_add(n as u64, Ordering::Relaxed);
-                    continue;
-                }
-                let t0 = Instant::now();
-                let snap = shared.tables.current();
-                // Received from the node's own stack (the host path's kxdp1).
-                let from_kernel = self.kernel_port == Some(self.ports[p].ifindex);
-                let now = clock_ms();
-                let fib = shared.routes.load();
-                if spoof_for != (fib.id(), snap.generation) {
-                    spoof_for = (fib.id(), snap.generation);
-                    spoof_checked = (self.ports.iter())
-                        .map(|q| {
-                            let (mode, pods) = (shared.source_validation, &snap.cluster_cidrs);
-                            crate::antispoof::checked(mode, &fib, pods, q.ifindex, self.kernel_port)
-                        })
-                        .collect();
-                    spoof_own = (self.ports.iter())
-                        .map(|q| fib.sources_on(q.ifindex, crate::antispoof::OWN_SOURCES))
-                        .collect();
-                }
-                // Spoofed sources go to the batch's tail with their verdicts; the pipeline
-                // takes the rest.
-                let screened = match spoof_checked.get(p) {
-                    Some(true) => crate::antispoof::screen(
-                        &mut descs[..n],
-                        |d| {
-                            let f = self.umem.frame(d.addr);
-                            &f[..d.len.min(f.len())]
-                        },
-                        &fib,
-                        self.ports[p].ifindex,
-                        &spoof_own[p],
-                        &mut verdicts,
-                        &mut pipeline.counters,
-                    ),
-                    _ => n,
-                };
-                let hex = shared.stats.as_ref().is_some_and(|s| s.wants_frames());
-                if hex {
-                    for (i, d) in descs[..n].iter().enumerate() {
-                        let f = self.umem.frame(d.addr);
-                        let k = d.len.min(FRAME_BYTES).min(f.len());
-                        received[i][..k].copy_from_slice(&f[..k]);
-                        received_len[i] = k;
-                    }
-                }
-                {
-                    let mut batch = self.umem.batch(&mut descs[..n]);
-                    pipeline.decide(
-                        &mut batch,
-                        &mut verdicts[..screened],
-                        &snap,
-                        &shared.ct,
-                        now,
-                    );
-                    let before = egress_stats.checksums_completed;
-                    egress.process(
-                        &mut batch,
-                        &mut verdicts[..n],
-                        &mut hops[..n],
-                        &fib,
-                        LinkType::Ethernet,
-                        self.ports[p].complete_checksums,
-                        // What the kernel port delivered the kernel already routed to kxdp.
-                        (!from_kernel).then_some(&snap.cluster_cidrs),
-                        &mut egress_stats,
-                        |oif, addr, family| {
-                            let _ = shared.unresolved.try_send((oif, addr, family));
-                        },
-                    );
-                    let done = egress_stats.checksums_completed - before;
-                    if done > 0 {
-                        c.checksums_completed.fetch_add(done, Ordering::Relaxed);
-                    }
-                }
-                let mut q = TxQueues {
-                    out: &mut out,
-                    out_idx: &mut out_idx,
-                };
-                let rx = Ingress {
-                    ifindex: self.ports[p].ifindex,
-                    partial_checksums: self.ports[p].complete_checksums,
-                    from_kernel,
-                };
-                let batch = Batch {
-                    descs: &descs[..n],
-                    verdicts: &mut verdicts[..n],
-                    hops: &mut hops[..n],
-                };
-                self.queue_batch(shared, &fib, rx, batch, &mut q, now);
-                self.transmit(&mut q, &mut verdicts[..n], &c);
-                // The batch's final verdicts, counted once (held frames when they leave).
-                pipeline.counters.record(
-                    (verdicts[..n].iter().zip(&hops[..n]))
-                        .filter(|&(_, &h)| h != HOLD)
-                        .map(|(v, _)| v),
-                );
-                c.rx.fetch_add(n as u64, Ordering::Relaxed);
-                c.batches.fetch_add(1, Ordering::Relaxed);
-                if let Some(stats) = &shared.stats {
-                    let frame = |i: usize| hex.then(|| &received[i][..received_len[i]]);
-                    stats.after_batch_with_frames(
-                        self.index,
-                        &pipeline.counters,
-                        &verdicts[..n],
-                        &frame,
-                        t0.elapsed().as_nanos() as u64,
-                        now,
-                    );
-                }
-            }
-            if !self.held.is_empty() {
-                let (fib, snap) = (shared.routes.load(), shared.tables.current());
-                let mut q = TxQueues {
-                    out: &mut out,
-                    out_idx: &mut out_idx,
-                };
-                let pods = &snap.cluster_cidrs;
-                self.release_held(shared, &fib, &egress, pods, &mut q, &mut pipeline.counters);
-            }
-            // Completions and refills for every socket (frames sent on one socket may have
-            // been received on another: the UMEM is shared). Each fill ring is topped up to its
-            // share, i.e. by what it consumed: an idle socket keeps its share, a busy one gets
-            // back what it used, and no socket hoards what another needs.
-            for port in &mut self.ports {
-                port.sock.complete(&mut self.umem);
-                port.sock.flush_tx();
-            }
-            let mut tx_left = 0;
-            let mut round = FillRound::new(kept, self.ports.iter().map(|p| p.fill_deficit()).sum());
-            for port in &mut self.ports {
-                let held = port.sock.fill_outstanding();
-                let own = port.fill_deficit();
-                port.fill_target = round.share(
-                    port.fill_target,
-                    &mut port.demand,
-                    held,
-                    port.sock.fill_ring_level(),
-                    port.sock.rings().fill,
-                    self.umem.free_frames(),
-                );
-                // Above its share (it shrank): no top-up until the kernel has used the excess.
-                if held < port.fill_target {
-                    port.sock.refill(&mut self.umem, port.fill_target - held);
-                }
-                let (deficit, topped) = (port.fill_deficit(), port.sock.fill_outstanding());
-                round.topped(&mut port.demand, own, deficit, topped);
-                tx_left += port.sock.tx_pending();
-            }
-            let loop_at = Instant::now();
-            if loop_at >= share_window_end {
-                for port in &mut self.ports {
-                    port.fill_target = shrunk_fill_share(port.fill_target, port.demand.peak);
-                    port.demand.peak = 0;
-                }
-                share_window_end = loop_at + FILL_SHARE_WINDOW;
-            }
-            // The kernel's counters of frames lost before kxdp saw them: one getsockopt per
-            // socket about once a second, never per packet.
-            if let Some(stats) = &shared.stats {
-                if loop_at >= socket_stats_due {
-                    self.publish_sockets(stats);
-                    socket_stats_due = loop_at + SOCKET_STATS_PERIOD;
-                }
-            }
-            if got > 0 {
-                idle_polls = 0;
-                busy_at = loop_at;
-                sleep_us = self.backoff.min_sleep_us;
-            } else {
-                idle_polls = idle_polls.saturating_add(1);
-                if idle_polls > self.backoff.spin_polls || busy_at.elapsed() > SPIN_LIMIT {
-                    c.idle_sleeps.fetch_add(1, Ordering::Relaxed);
-                    // Idle: the live count gets this worker's new connections now rather than
-                    // at its next busy millisecond.
-                    pipeline.flush_conntrack(&shared.ct);
-                    match &mut self.poller {
-                        Some(p) => {
-                            // The sockets' fds wake the wait only for RX. Frames still on a TX
-                            // ring (a copy-mode kick sends at most `tx_budget`: 32 on kernels
-                            // before 6.17; the rest wait for the next kick) are kicked again a
-                            // millisecond later, not after the safety-net timeout; held frames
-                            // look for their neighbour as often.
-                            let busy = tx_left > 0 || !self.held.is_empty();
-                            let ready = p.wait(if busy { 1 } else { IDLE_WAIT_MS });
-                            if let Some(w) = &self.waker {
-                                if p.is_ready(ready, w.fd()) {
-                                    w.clear();
-                                }
-                            }
-                            // Spin again after a wake-up: what woke us usually brings more.
-                            idle_polls = 0;
-                            busy_at = Instant::now();
-                        }
-                        _ => {
-                            std::thread::sleep(Duration::from_micros(sleep_us as u64));
-                            sleep_us = (sleep_us * 2).min(self.backoff.max_sleep_us);
-                        }
-                    }
-                } else {
-                    std::hint::spin_loop();
-                }
+                self.process_batch(shared, st, p, n);
             }
         }
-        // Held frames go back to the free list (a takeover's successor gets a balanced UMEM).
+        got
+    }
+
+    /// One received batch of `n` frames on port `p`: source validation, the pipeline, the
+    /// egress stage, queueing and TX, then its final verdicts counted once.
+    #[inline]
+    fn process_batch(&mut self, shared: &Shared, st: &mut RunState, p: usize, n: usize) {
+        let t0 = Instant::now();
+        let snap = shared.tables.current();
+        // Received from the node's own stack (the host path's kxdp1).
+        let from_kernel = self.kernel_port == Some(self.ports[p].ifindex);
+        let now = clock_ms();
+        let fib = shared.routes.load();
+        // Spoofed sources go to the batch's tail with their verdicts; the pipeline takes the
+        // rest.
+        let screened = self.screen_sources(shared, st, &fib, &snap, p, n);
+        let hex = shared.stats.as_ref().is_some_and(|s| s.wants_frames());
+        if hex {
+            st.keep_received(&self.umem, n);
+        }
+        {
+            let mut batch = self.umem.batch(&mut st.descs[..n]);
+            (st.pipeline).decide(
+                &mut batch,
+                &mut st.verdicts[..screened],
+                &snap,
+                &shared.ct,
+                now,
+            );
+            let before = st.egress_stats.checksums_completed;
+            st.egress.process(
+                &mut batch,
+                &mut st.verdicts[..n],
+                &mut st.hops[..n],
+                &fib,
+                LinkType::Ethernet,
+                self.ports[p].complete_checksums,
+                // What the kernel port delivered the kernel already routed to kxdp.
+                (!from_kernel).then_some(&snap.cluster_cidrs),
+                &mut st.egress_stats,
+                |oif, addr, family| {
+                    let _ = shared.unresolved.try_send((oif, addr, family));
+                },
+            );
+            let done = st.egress_stats.checksums_completed - before;
+            if done > 0 {
+                (st.io.checksums_completed).fetch_add(done, Ordering::Relaxed);
+            }
+        }
+        let mut q = TxQueues {
+            out: &mut st.out,
+            out_idx: &mut st.out_idx,
+        };
+        let rx = Ingress {
+            ifindex: self.ports[p].ifindex,
+            partial_checksums: self.ports[p].complete_checksums,
+            from_kernel,
+        };
+        let batch = Batch {
+            descs: &st.descs[..n],
+            verdicts: &mut st.verdicts[..n],
+            hops: &mut st.hops[..n],
+        };
+        self.queue_batch(shared, &fib, rx, batch, &mut q, now);
+        let c = &st.io;
+        self.transmit(&mut q, &mut st.verdicts[..n], c);
+        // The batch's final verdicts, counted once (held frames when they leave).
+        st.pipeline.counters.record(
+            (st.verdicts[..n].iter().zip(&st.hops[..n]))
+                .filter(|&(_, &h)| h != HOLD)
+                .map(|(v, _)| v),
+        );
+        c.rx.fetch_add(n as u64, Ordering::Relaxed);
+        c.batches.fetch_add(1, Ordering::Relaxed);
+        if let Some(stats) = &shared.stats {
+            let frame = |i: usize| hex.then(|| &st.received[i][..st.received_len[i]]);
+            stats.after_batch_with_frames(
+                self.index,
+                &st.pipeline.counters,
+                &st.verdicts[..n],
+                &frame,
+                t0.elapsed().as_nanos() as u64,
+                now,
+            );
+        }
+    }
+
+    /// Moves the batch's frames with spoofed sources to its tail with their verdicts (on ports
+    /// whose sources are checked: `antispoof::checked`); returns how many frames are left for
+    /// the pipeline.
+    #[inline]
+    fn screen_sources(
+        &self,
+        shared: &Shared,
+        st: &mut RunState,
+        fib: &Fib,
+        snap: &Snapshot,
+        p: usize,
+        n: usize,
+    ) -> usize {
+        let spoof = &mut st.spoof;
+        if spoof.valid_for != (fib.id(), snap.generation) {
+            spoof.valid_for = (fib.id(), snap.generation);
+            spoof.checked = (self.ports.iter())
+                .map(|q| {
+                    let (mode, pods) = (shared.source_validation, &snap.cluster_cidrs);
+                    crate::antispoof::checked(mode, fib, pods, q.ifindex, self.kernel_port)
+                })
+                .collect();
+            spoof.own = (self.ports.iter())
+                .map(|q| fib.sources_on(q.ifindex, crate::antispoof::OWN_SOURCES))
+                .collect();
+        }
+        match spoof.checked.get(p) {
+            Some(true) => crate::antispoof::screen(
+                &mut st.descs[..n],
+                |d| {
+                    let f = self.umem.frame(d.addr);
+                    &f[..d.len.min(f.len())]
+                },
+                fib,
+                self.ports[p].ifindex,
+                &spoof.own[p],
+                &mut st.verdicts,
+                &mut st.pipeline.counters,
+            ),
+            _ => n,
+        }
+    }
+
+    /// Sends on the held frames whose neighbour resolved or whose time is up
+    /// ([`Worker::release_held`]).
+    fn send_released(&mut self, shared: &Shared, st: &mut RunState) {
+        if self.held.is_empty() {
+            return;
+        }
+        let (fib, snap) = (shared.routes.load(), shared.tables.current());
+        let mut q = TxQueues {
+            out: &mut st.out,
+            out_idx: &mut st.out_idx,
+        };
+        let (egress, pods) = (&st.egress, &snap.cluster_cidrs);
+        self.release_held(
+            shared,
+            &fib,
+            egress,
+            pods,
+            &mut q,
+            &mut st.pipeline.counters,
+        );
+    }
+
+    /// Completions and refills for every socket (frames sent on one socket may have been
+    /// received on another: the UMEM is shared). Each fill ring is topped up to its share, i.e.
+    /// by what it consumed: an idle socket keeps its share, a busy one gets back what it used,
+    /// and no socket hoards what another needs.
+    fn complete_and_refill(&mut self, st: &mut RunState) {
+        for port in &mut self.ports {
+            port.sock.complete(&mut self.umem);
+            port.sock.flush_tx();
+        }
+        st.tx_left = 0;
+        let owed = self.ports.iter().map(|p| p.fill_deficit()).sum();
+        let mut round = FillRound::new(st.kept, owed);
+        for port in &mut self.ports {
+            let held = port.sock.fill_outstanding();
+            let own = port.fill_deficit();
+            port.fill_target = round.share(
+                port.fill_target,
+                &mut port.demand,
+                held,
+                port.sock.fill_ring_level(),
+                port.sock.rings().fill,
+                self.umem.free_frames(),
+            );
+            // Above its share (it shrank): no top-up until the kernel has used the excess.
+            if held < port.fill_target {
+                port.sock.refill(&mut self.umem, port.fill_target - held);
+            }
+            let (deficit, topped) = (port.fill_deficit(), port.sock.fill_outstanding());
+            round.topped(&mut port.demand, own, deficit, topped);
+            st.tx_left += port.sock.tx_pending();
+        }
+    }
+
+    /// The loop's clocks: the fill shares' window, and the kernel's counters of frames lost
+    /// before kxdp saw them (one getsockopt per socket about once a second, never per packet).
+    fn housekeeping(&mut self, shared: &Shared, st: &mut RunState) {
+        let now = Instant::now();
+        st.loop_at = now;
+        if now >= st.share_window_end {
+            for port in &mut self.ports {
+                port.fill_target = shrunk_fill_share(port.fill_target, port.demand.peak);
+                port.demand.peak = 0;
+            }
+            st.share_window_end = now + FILL_SHARE_WINDOW;
+        }
+        if let Some(stats) = &shared.stats {
+            if now >= st.socket_stats_due {
+                self.publish_sockets(stats);
+                st.socket_stats_due = now + SOCKET_STATS_PERIOD;
+            }
+        }
+    }
+
+    /// The idle back-off (see the module docs): after `got` frames, resets it; after an empty
+    /// poll, spins, then waits on the sockets (or sleeps without a poll set).
+    fn idle(&mut self, shared: &Shared, st: &mut RunState, got: usize) {
+        let idle = &mut st.idle;
+        if got > 0 {
+            idle.polls = 0;
+            idle.busy_at = st.loop_at;
+            idle.sleep_us = self.backoff.min_sleep_us;
+            return;
+        }
+        idle.polls = idle.polls.saturating_add(1);
+        if idle.polls <= self.backoff.spin_polls && idle.busy_at.elapsed() <= SPIN_LIMIT {
+            std::hint::spin_loop();
+            return;
+        }
+        self.counters.idle_sleeps.fetch_add(1, Ordering::Relaxed);
+        // Idle: the live count gets this worker's new connections now rather than at its next
+        // busy millisecond.
+        st.pipeline.flush_conntrack(&shared.ct);
+        match &mut self.poller {
+            Some(p) => {
+                // The sockets' fds wake the wait only for RX. Frames still on a TX ring (a
+                // copy-mode kick sends at most `tx_budget`: 32 on kernels before 6.17; the rest
+                // wait for the next kick) are kicked again a millisecond later, not after the
+                // safety-net timeout; held frames look for their neighbour as often.
+                let busy = st.tx_left > 0 || !self.held.is_empty();
+                let ready = p.wait(if busy { 1 } else { IDLE_WAIT_MS });
+                if let Some(w) = &self.waker {
+                    if p.is_ready(ready, w.fd()) {
+                        w.clear();
+                    }
+                }
+                // Spin again after a wake-up: what woke us usually brings more.
+                idle.polls = 0;
+                idle.busy_at = Instant::now();
+            }
+            None => {
+                std::thread::sleep(Duration::from_micros(idle.sleep_us as u64));
+                idle.sleep_us = (idle.sleep_us * 2).min(self.backoff.max_sleep_us);
+            }
+        }
+    }
+
+    /// After the stop: held frames go back to the free list (a takeover's successor gets a
+    /// balanced UMEM), and the last reading is published for whoever looks after the stop (a
+    /// takeover's successor, the log).
+    fn finish(&mut self, shared: &Shared, pipeline: &mut Pipeline) {
         self.discard_held(|_| true);
         self.count_discarded(&mut pipeline.counters);
-        // The last reading, for whoever looks after the stop (a takeover's successor, the log).
         if let Some(stats) = &shared.stats {
             stats.after_batch(self.index, &pipeline.counters, &[], 0, clock_ms());
             self.publish_sockets(stats);
         }
+    }
+
+    /// The I/O floor (benchmarks only, `bench-io-floor` feature): every received frame is sent
+    /// out unchanged, without the pipeline or the egress stage, batch by batch in turn out of
+    /// the `floor` interfaces; completions, refills and the idle back-off as in `run`.
+    #[cfg(feature = "bench-io-floor")]
+    fn run_io_floor(&mut self, shared: &Shared, floor: &[u32]) {
+        let mut st = RunState::new(self, shared);
+        let (mut turn, mut out) = (0usize, Vec::new());
+        while !shared.stop.load(Ordering::Relaxed) {
+            if self.commands(&mut st) {
+                out = (floor.iter())
+                    .filter_map(|&i| self.ports.iter().position(|p| p.ifindex == i))
+                    .collect();
+            }
+            let mut got = 0;
+            for p in 0..self.ports.len() {
+                let n = self.ports[p].sock.receive(&mut self.umem, &mut st.descs);
+                got += n;
+                if n == 0 {
+                    continue;
+                }
+                if out.is_empty() {
+                    // None of the floor's interfaces is this worker's: the product path.
+                    self.process_batch(shared, &mut st, p, n);
+                    continue;
+                }
+                turn = (turn + 1) % out.len();
+                let e = out[turn];
+                let sent = self.ports[e].sock.send(&mut self.umem, &st.descs[..n]);
+                self.ports[e].sock.flush_tx();
+                (self.counters.tx).fetch_add(sent as u64, Ordering::Relaxed);
+                (self.counters.rx).fetch_add(n as u64, Ordering::Relaxed);
+            }
+            self.complete_and_refill(&mut st);
+            self.housekeeping(shared, &mut st);
+            self.idle(shared, &mut st, got);
+        }
+        self.finish(shared, &mut st.pipeline);
     }
 
     /// Queues each sent frame of a batch on its egress port (`hops[i]`, from the egress stage),

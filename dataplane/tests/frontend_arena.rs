@@ -6,10 +6,11 @@
 use std::sync::Arc;
 
 use kxdp_dataplane::snapshot::{
-    proto, EmptyAction, Endpoint, EndpointRange, Frontend, FrontendKey, FrontendKind,
-    FrontendTable, Route, ServicePortInfo, SourceClass,
+    EmptyAction, Endpoint, EndpointRange, Frontend, FrontendKey, FrontendKind, FrontendTable,
+    Route, ServicePortInfo, SourceClass,
 };
 use kxdp_kernel::huge::{arena_mapped, CHUNK};
+use kxdp_packet::proto;
 use kxdp_packet::Addr;
 
 fn frontend(id: u32, endpoints: u32) -> Frontend {

@@ -14,10 +14,8 @@ use std::sync::{Arc, OnceLock};
 
 use kxdp_dataplane::conntrack::{Conntrack, CtConfig};
 use kxdp_dataplane::pipeline::{Pipeline, SlotFrames};
-use kxdp_dataplane::snapshot::{
-    proto, EmptyAction, Endpoint, EndpointRange, Frontend, FrontendKey, FrontendKind, NodeInfo,
-    Route, ServicePortInfo, Snapshot,
-};
+use kxdp_dataplane::snapshot::{EmptyAction, Endpoint, EndpointRange, Frontend, FrontendKey, FrontendKind, NodeInfo, Route, ServicePortInfo, Snapshot};
+use kxdp_packet::proto;
 use kxdp_dataplane::verdict::Verdict;
 use kxdp_packet::{Addr, LinkType};
 use libfuzzer_sys::fuzz_target;

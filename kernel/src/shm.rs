@@ -333,20 +333,6 @@ pub fn unlock(file: &File) -> io::Result<()> {
     }
 }
 
-/// CLOCK_MONOTONIC in milliseconds: the same clock in every process of one boot (unlike
-/// `Instant`, whose value is opaque), so times stored in a file stay meaningful to the next
-/// process.
-pub fn monotonic_ms() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid out-pointer; CLOCK_MONOTONIC always exists on Linux.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    debug_assert_eq!(rc, 0);
-    ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -436,7 +422,7 @@ mod tests {
         assert!(a.view::<AtomicU64>(4096, 513).is_none());
         assert!(a.view::<AtomicU64>(4, 1).is_none());
         assert!(Mapping::file(&f, 16384).is_err());
-        assert!(monotonic_ms() > 0);
+        assert!(crate::sys::monotonic_ms() > 0);
         let _ = std::fs::remove_dir_all(&dir);
     }
 

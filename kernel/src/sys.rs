@@ -123,6 +123,20 @@ pub fn monotonic_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
+/// CLOCK_MONOTONIC in milliseconds: the same clock in every process of one boot (unlike
+/// `Instant`, whose value is opaque), so times stored in a file stay meaningful to the next
+/// process.
+pub fn monotonic_ms() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid out-pointer; CLOCK_MONOTONIC always exists on Linux.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    debug_assert_eq!(rc, 0);
+    ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
+}
+
 /// Pins the calling thread to `cpu`. Returns whether the kernel accepted it.
 pub fn pin_current_thread(cpu: usize) -> bool {
     if cpu >= libc::CPU_SETSIZE as usize {

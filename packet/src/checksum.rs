@@ -6,7 +6,9 @@
 
 use crate::addr::{Addr, Family};
 use crate::field::get16;
-use crate::meta::{proto, PacketMeta};
+use crate::meta::PacketMeta;
+use crate::proto;
+use crate::udp;
 
 /// A checksum that does not verify, or a meta that does not match the frame.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -186,11 +188,11 @@ pub fn verify(frame: &[u8], meta: &PacketMeta) -> Result<(), ChecksumError> {
             if l4.len() < 8 {
                 return Err(ChecksumError::Truncated);
             }
-            let ulen = get16(l4, 4) as usize;
+            let ulen = get16(l4, udp::field::LEN) as usize;
             if ulen < 8 || ulen > l4.len() {
                 return Err(ChecksumError::Truncated);
             }
-            if meta.family == Family::V4 && get16(l4, 6) == 0 {
+            if meta.family == Family::V4 && get16(l4, udp::field::CHECKSUM) == 0 {
                 true
             } else {
                 let ph = pseudo_header(&meta.src, &meta.dst, meta.family, proto::UDP, ulen as u32);

@@ -8,9 +8,10 @@
 
 use crate::addr::{Addr, Family};
 use crate::checksum::{fold, sum, update16, update_addr};
-use crate::field::{get16, set16};
-use crate::meta::{proto, PacketMeta};
-use crate::{ipv4, ipv6};
+use crate::field::{arr, get16, set16};
+use crate::meta::PacketMeta;
+use crate::proto;
+use crate::{ipv4, ipv6, tcp, udp};
 
 /// The quoted ("inner") packet of an ICMP error, located in the frame.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -62,10 +63,10 @@ pub fn parse_quoted(frame: &[u8], meta: &PacketMeta) -> Option<Quoted> {
             if hl < ipv4::MIN_HEADER_LEN || hl > inner.len() {
                 return None;
             }
-            let fo = get16(inner, 6);
-            q.proto = inner[9];
-            q.src = Addr::from_v4([inner[12], inner[13], inner[14], inner[15]]);
-            q.dst = Addr::from_v4([inner[16], inner[17], inner[18], inner[19]]);
+            let fo = get16(inner, ipv4::field::FLAGS_FRAG);
+            q.proto = inner[ipv4::field::PROTOCOL];
+            q.src = Addr::from_v4(arr(inner, ipv4::field::SRC));
+            q.dst = Addr::from_v4(arr(inner, ipv4::field::DST));
             if fo & 0x1fff != 0 {
                 return Some(q); // a non-first fragment quotes no transport header
             }
@@ -75,9 +76,11 @@ pub fn parse_quoted(frame: &[u8], meta: &PacketMeta) -> Option<Quoted> {
             if inner.len() < ipv6::HEADER_LEN || inner[0] >> 4 != 6 {
                 return None;
             }
-            q.src = Addr(crate::field::arr(inner, 8));
-            q.dst = Addr(crate::field::arr(inner, 24));
-            let chain = ipv6::walk_chain(&inner[ipv6::HEADER_LEN..], inner[6]).ok()?;
+            q.src = Addr(arr(inner, ipv6::field::SRC));
+            q.dst = Addr(arr(inner, ipv6::field::DST));
+            let chain =
+                ipv6::walk_chain(&inner[ipv6::HEADER_LEN..], inner[ipv6::field::NEXT_HEADER])
+                    .ok()?;
             q.proto = chain.proto;
             if !chain.has_l4 {
                 return Some(q);
@@ -178,8 +181,8 @@ pub fn rewrite_icmp_error(frame: &mut [u8], meta: &mut PacketMeta, q: &Quoted, r
                 set16(frame, il4, rw.inner_sport);
                 set16(frame, il4 + 2, rw.inner_dport);
                 let at = match q.proto {
-                    proto::TCP => Some(16),
-                    proto::UDP => Some(6),
+                    proto::TCP => Some(tcp::field::CHECKSUM),
+                    proto::UDP => Some(udp::field::CHECKSUM),
                     _ => None, // SCTP's CRC32c covers the whole packet: not quoted, left as is
                 };
                 if let Some(at) = at {

@@ -5,21 +5,8 @@
 use crate::addr::{Addr, Family};
 use crate::ethernet::{self, ethertype};
 use crate::field::{arr, get16, get32};
+use crate::protocol::proto;
 use crate::{icmpv4, icmpv6, ipv4, ipv6, sctp, tcp, udp, LinkType, ParseError};
-
-/// IP protocol numbers the dataplane handles.
-pub mod proto {
-    /// ICMP (IPv4).
-    pub const ICMP: u8 = 1;
-    /// TCP.
-    pub const TCP: u8 = 6;
-    /// UDP.
-    pub const UDP: u8 = 17;
-    /// ICMPv6.
-    pub const ICMPV6: u8 = 58;
-    /// SCTP.
-    pub const SCTP: u8 = 132;
-}
 
 /// Fragmentation state of an IP packet (IPv4 flags/offset or the IPv6 fragment header).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]

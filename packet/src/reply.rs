@@ -7,7 +7,8 @@
 
 use crate::addr::{Addr, Family};
 use crate::field::{get16, get32};
-use crate::meta::{proto, PacketMeta};
+use crate::meta::PacketMeta;
+use crate::proto;
 use crate::tcp::flags;
 use crate::{ethernet, icmpv4, icmpv6, ipv4, ipv6, tcp, LinkType};
 

@@ -7,7 +7,8 @@
 use crate::addr::{Addr, Family};
 use crate::checksum::{addr_delta, delta32, fold, update16};
 use crate::field::{arr, get16, get32, set16, set32};
-use crate::meta::{proto, PacketMeta, PlainV4, PLAIN_V4_L3, PLAIN_V4_L4, PLAIN_V4_LEN};
+use crate::meta::{PacketMeta, PlainV4, PLAIN_V4_L3, PLAIN_V4_L4, PLAIN_V4_LEN};
+use crate::proto;
 use crate::{icmpv4, icmpv6, ipv4, ipv6, sctp, tcp, udp, ParseError};
 
 /// Rewrites source/destination address and port (ICMP/ICMPv6 echo: the identifier, taken from

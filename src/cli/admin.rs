@@ -334,7 +334,7 @@ pub fn conntrack(cmd: &ConntrackCommand, a: &AdminArgs) -> Result<(), CmdError> 
             if matches!(cmd, ConntrackCommand::Get(_)) {
                 let ports = filter
                     .proto
-                    .is_some_and(kxdp_dataplane::conntrack::has_ports);
+                    .is_some_and(|p| kxdp_packet::IpProto(p).has_ports());
                 if filter.proto.is_none()
                     || filter.orig_src.is_none()
                     || filter.orig_dst.is_none()

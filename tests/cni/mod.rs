@@ -1119,7 +1119,7 @@ impl Servers {
             stop.clone(),
         );
         threads.push(std::thread::spawn(move || {
-            kxdp_dataplane::io::enter_netns(&path).expect("setns");
+            kxdp_kernel::enter_netns(&path).expect("setns");
             let s = UdpSocket::bind("[::]:5353").expect("bind UDP 5353");
             s.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
             tx.send(()).unwrap();

@@ -23,7 +23,7 @@ pub struct Lab {
 /// Whether lab tests can run here. Prints why not and returns false only where the kernel lacks
 /// AF_XDP; without root the lab cannot be built at all, which is a failure, not a skip.
 pub fn available(test: &str) -> bool {
-    if !kxdp_dataplane::io::afxdp::af_xdp_available() {
+    if !kxdp_kernel::afxdp::af_xdp_available() {
         eprintln!("SKIPPED {test}: this kernel has no AF_XDP sockets (EAFNOSUPPORT)");
         return false;
     }
@@ -114,7 +114,7 @@ impl Lab {
         m
     }
 
-    /// Path of a namespace for `kxdp_dataplane::io::enter_netns`.
+    /// Path of a namespace for `kxdp_kernel::enter_netns`.
     pub fn path(ns: &str) -> String {
         format!("/var/run/netns/{ns}")
     }
@@ -123,7 +123,7 @@ impl Lab {
     pub fn in_ns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
         let p = Lab::path(ns);
         std::thread::spawn(move || {
-            kxdp_dataplane::io::enter_netns(&p).expect("setns");
+            kxdp_kernel::enter_netns(&p).expect("setns");
             f()
         })
         .join()
@@ -323,7 +323,7 @@ pub fn spawn_greet_and_count_server(
 ) -> std::thread::JoinHandle<()> {
     let (tx, rx) = std::sync::mpsc::channel();
     let t = std::thread::spawn(move || {
-        kxdp_dataplane::io::enter_netns(&netns_path).expect("setns");
+        kxdp_kernel::enter_netns(&netns_path).expect("setns");
         let l = std::net::TcpListener::bind(&bind).expect("bind the TCP server");
         l.set_nonblocking(true).unwrap();
         tx.send(()).unwrap();
@@ -360,7 +360,7 @@ impl Servers {
         let (p, a, st) = (Lab::path(ns), addr.to_string(), stop.clone());
         let (tx, rx) = std::sync::mpsc::channel();
         threads.push(std::thread::spawn(move || {
-            kxdp_dataplane::io::enter_netns(&p).unwrap();
+            kxdp_kernel::enter_netns(&p).unwrap();
             let s = std::net::UdpSocket::bind(format!("{a}:5353")).unwrap();
             s.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
             tx.send(()).unwrap();

@@ -624,13 +624,7 @@ pub fn assert_spread(h: &BTreeMap<SocketAddr, usize>, eligible: &[&str]) {
 
 // ---- packets ----------------------------------------------------------------------------------
 
-pub mod flags {
-    pub const FIN: u8 = 0x01;
-    pub const SYN: u8 = 0x02;
-    pub const RST: u8 = 0x04;
-    pub const PSH: u8 = 0x08;
-    pub const ACK: u8 = 0x10;
-}
+pub use kxdp_packet::tcp::flags;
 
 fn ip_step(link: LinkType, src: IpAddr, dst: IpAddr) -> PacketBuilderStep<IpHeaders> {
     match link {

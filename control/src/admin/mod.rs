@@ -22,8 +22,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use kxdp_dataplane::clock::clock_ms;
 use kxdp_dataplane::conntrack::Conntrack;
-use kxdp_dataplane::stats::{clock_ms, DataplaneStats, Event};
+use kxdp_dataplane::stats::{DataplaneStats, Event};
 use kxdp_dataplane::verdict::{Action, Reason};
 use kxdp_packet::Family;
 
@@ -659,7 +660,7 @@ fn hex(bytes: &[u8]) -> String {
 
 fn event_row(e: &Event, snap: &kxdp_dataplane::snapshot::Snapshot) -> EventRow {
     let v = &e.verdict;
-    let ports = kxdp_dataplane::conntrack::has_ports(v.proto);
+    let ports = kxdp_packet::IpProto(v.proto).has_ports();
     let translated = v.has_addrs
         && v.action == Action::Forward
         && (v.src != v.orig_src

@@ -15,9 +15,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use kxdp_dataplane::clock::clock_ms;
 use kxdp_dataplane::conntrack::Conntrack;
 use kxdp_dataplane::pipeline::{Pipeline, SlotFrames};
-use kxdp_dataplane::stats::{clock_ms, DataplaneStats};
+use kxdp_dataplane::stats::DataplaneStats;
 use kxdp_dataplane::verdict::Verdict;
 
 use super::{AdminContext, AdminServer, Dataplane};
@@ -116,7 +117,7 @@ fn open_default_state_file(config: &Config, workers: usize) -> Conntrack {
 /// Whether the default state file's directory is on a tmpfs (looked at before it is made, so
 /// that nothing is left on a disk), and exists or can be made.
 fn default_state_dir_usable(path: &Path) -> Result<(), String> {
-    use kxdp_dataplane::io::mount;
+    use kxdp_kernel::mount;
     let dir = path.parent().unwrap_or(Path::new("/"));
     let existing = dir
         .ancestors()
@@ -209,7 +210,7 @@ enum HugeDir {
 }
 
 fn ensure_huge_page_dir(dir: &Path) -> Result<HugeDir, String> {
-    use kxdp_dataplane::io::mount;
+    use kxdp_kernel::mount;
     std::fs::create_dir_all(dir).map_err(|e| format!("cannot create the directory: {e}"))?;
     match mount::mount_at(dir).map_err(|e| format!("cannot read the mount table: {e}"))? {
         Some(m) if m.gives_huge_pages() => return Ok(HugeDir::Present),
@@ -535,7 +536,7 @@ mod tests {
             assert!(busy.join("other").exists());
         });
         if matches!(first, Ok(HugeDir::Mounted | HugeDir::MountedPrivate)) {
-            kxdp_dataplane::io::mount::unmount(&dir).unwrap();
+            kxdp_kernel::mount::unmount(&dir).unwrap();
         }
         outcome.unwrap();
     }

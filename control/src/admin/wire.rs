@@ -13,19 +13,12 @@ use kxdp_dataplane::snapshot::Snapshot;
 use kxdp_packet::Family;
 use serde::{Deserialize, Serialize};
 
-use kxdp_packet::{proto, Addr};
+use kxdp_packet::{Addr, IpProto};
 
 /// The protocol as verdicts and listings name it: `TCP`, `UDP`, `SCTP`, `ICMP`, `ICMPv6`, else
 /// the number.
 pub fn proto_name(p: u8) -> serde_json::Value {
-    match p {
-        proto::TCP => "TCP".into(),
-        proto::UDP => "UDP".into(),
-        proto::SCTP => "SCTP".into(),
-        proto::ICMP => "ICMP".into(),
-        proto::ICMPV6 => "ICMPv6".into(),
-        n => n.into(),
-    }
+    IpProto(p).name().map_or_else(|| p.into(), Into::into)
 }
 
 /// `ip:port` when `with_port`, `ip` otherwise; IPv6 as `[addr]:port`.

@@ -361,7 +361,7 @@ pub struct AfXdpConfig {
 
 impl Default for AfXdpConfig {
     fn default() -> Self {
-        let x = kxdp_dataplane::io::afxdp::XskConfig::default();
+        let x = kxdp_kernel::afxdp::XskConfig::default();
         AfXdpConfig {
             frames: x.frames,
             rx_ring_size: x.rx_ring_size,
@@ -409,8 +409,8 @@ impl From<AfXdpDocument> for AfXdpConfig {
 
 impl AfXdpConfig {
     /// The socket and UMEM sizes the workers use (frame size and zero-copy as by default).
-    pub fn xsk(&self) -> kxdp_dataplane::io::afxdp::XskConfig {
-        kxdp_dataplane::io::afxdp::XskConfig {
+    pub fn xsk(&self) -> kxdp_kernel::afxdp::XskConfig {
+        kxdp_kernel::afxdp::XskConfig {
             frames: self.frames,
             rx_ring_size: self.rx_ring_size,
             fill_ring_size: self.fill_ring_size,

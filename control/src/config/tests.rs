@@ -574,7 +574,7 @@ fn overflowing_duration_refused() {
 fn afxdp_ring_sizes_and_frames() {
     let c = load("").unwrap();
     let x = c.afxdp.xsk();
-    let d = kxdp_dataplane::io::afxdp::XskConfig::default();
+    let d = kxdp_kernel::afxdp::XskConfig::default();
     assert_eq!(
         (x.frames, x.rx_ring_size, x.fill_ring_size, x.tx_ring_size),
         (d.frames, d.rx_ring_size, d.fill_ring_size, d.tx_ring_size),

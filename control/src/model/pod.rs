@@ -17,6 +17,7 @@ use k8s_openapi::api::core::v1::{Container, ContainerPort, Pod, PodIP, PodSpec, 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::ObjectKey;
+use kxdp_packet::IpProto;
 
 /// A label set (shared by the pods that have it).
 pub type Labels = Arc<BTreeMap<String, String>>;
@@ -127,7 +128,7 @@ impl PodRecord {
             .iter()
             .map(|(name, proto, num)| ContainerPort {
                 name: Some(name.clone()),
-                protocol: Some(crate::protocol::proto_name(*proto).to_string()),
+                protocol: Some(IpProto(*proto).name().unwrap_or("other").to_string()),
                 container_port: i32::from(*num),
                 ..Default::default()
             })
@@ -241,7 +242,8 @@ impl PodInterner {
                 for p in c.ports.iter().flatten() {
                     let (Some(name), Some(proto), Ok(num)) = (
                         p.name.as_deref().filter(|n| !n.is_empty()),
-                        crate::protocol::proto_number(p.protocol.as_deref().unwrap_or("TCP")),
+                        IpProto::from_port_protocol(p.protocol.as_deref().unwrap_or("TCP"))
+                            .map(u8::from),
                         u16::try_from(p.container_port),
                     ) else {
                         continue;

@@ -15,10 +15,10 @@ use ipnet::IpNet;
 use k8s_openapi::api::networking::v1::{NetworkPolicy, NetworkPolicyPeer, NetworkPolicyPort};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kxdp_dataplane::policy::{block_ranges, Direction};
+use kxdp_packet::IpProto;
 
 use super::selector::Selector;
 use crate::model::ObjectKey;
-pub use crate::protocol::{proto_name, proto_number};
 
 /// Which namespaces a pod peer looks in.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -294,9 +294,13 @@ fn parse_peer(p: &NetworkPolicyPeer, own_ns: &str, field: &str) -> Result<Peer, 
 
 fn parse_port(p: &NetworkPolicyPort, field: &str) -> Result<Port, String> {
     let protocol = p.protocol.as_deref().unwrap_or("TCP");
-    let proto = proto_number(protocol).ok_or_else(|| {
-        format!("{field}.protocol: `{protocol}` is not TCP, UDP or SCTP: kxdp cannot enforce it")
-    })?;
+    let proto = IpProto::from_port_protocol(protocol)
+        .map(u8::from)
+        .ok_or_else(|| {
+            format!(
+                "{field}.protocol: `{protocol}` is not TCP, UDP or SCTP: kxdp cannot enforce it"
+            )
+        })?;
     let num = |v: i32, f: &str| -> Result<u16, String> {
         match u16::try_from(v) {
             Ok(n) if n > 0 => Ok(n),

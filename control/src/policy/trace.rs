@@ -7,9 +7,9 @@ use std::net::IpAddr;
 
 use kxdp_dataplane::policy::{Direction, PolicyTables, Side};
 use kxdp_dataplane::snapshot::{EmptyAction, FrontendKey, Snapshot, SourceClass};
-use kxdp_packet::{Addr, Family};
+use kxdp_packet::{Addr, Family, IpProto};
 
-use super::spec::{self, proto_name};
+use super::spec;
 use super::{pod_view, PodView};
 use crate::model::ClusterState;
 
@@ -100,7 +100,7 @@ fn list(v: &[String]) -> String {
 }
 
 fn sock(ip: IpAddr, port: u16, proto: u8) -> String {
-    if matches!(proto, 6 | 17 | 132) {
+    if IpProto(proto).has_ports() {
         match ip {
             IpAddr::V4(a) => format!("{a}:{port}"),
             IpAddr::V6(a) => format!("[{a}]:{port}"),
@@ -159,11 +159,16 @@ fn describe_side(
                         let what = if e.proto == 0 {
                             "any".to_string()
                         } else if e.lo == 0 && e.hi == u16::MAX {
-                            format!("{} any port", proto_name(e.proto))
+                            format!("{} any port", IpProto(e.proto).name().unwrap_or("other"))
                         } else if e.lo == e.hi {
-                            format!("{} {}", proto_name(e.proto), e.lo)
+                            format!("{} {}", IpProto(e.proto).name().unwrap_or("other"), e.lo)
                         } else {
-                            format!("{} {}-{}", proto_name(e.proto), e.lo, e.hi)
+                            format!(
+                                "{} {}-{}",
+                                IpProto(e.proto).name().unwrap_or("other"),
+                                e.lo,
+                                e.hi
+                            )
                         };
                         let by = t.rules.get(e.rule as usize).map(|r| r.to_string());
                         format!("{what} ({})", by.unwrap_or_default())
@@ -172,7 +177,7 @@ fn describe_side(
                 format!(
                     "denied: {peer_ip} is a peer only on {} (not {} on this port)",
                     allowed.join(", "),
-                    proto_name(proto)
+                    IpProto(proto).name().unwrap_or("other")
                 )
             }
         }
@@ -194,7 +199,7 @@ pub fn trace(state: &ClusterState, snap: &Snapshot, q: &TraceQuery) -> Trace {
     let _ = writeln!(
         out,
         "connection   {} {} -> {}",
-        proto_name(q.proto),
+        IpProto(q.proto).name().unwrap_or("other"),
         q.from,
         sock(q.to, q.port, q.proto)
     );
@@ -292,7 +297,7 @@ pub fn trace(state: &ClusterState, snap: &Snapshot, q: &TraceQuery) -> Trace {
                     out,
                     "service      {} is a ClusterIP without {} port {}: reject (service-port-unknown)",
                     q.to,
-                    proto_name(q.proto),
+                    IpProto(q.proto).name().unwrap_or("other"),
                     q.port
                 );
                 verdicts.push(BackendVerdict {

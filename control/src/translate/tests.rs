@@ -4,7 +4,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use ipnet::IpNet;
-use kxdp_dataplane::snapshot::proto::{SCTP, TCP, UDP};
+use kxdp_packet::proto::{SCTP, TCP, UDP};
 use kxdp_dataplane::snapshot::{
     EmptyAction, EndpointRange, Frontend, FrontendKey, FrontendKind, Route, ServicePortInfo,
     Snapshot, SourceClass,

@@ -20,9 +20,9 @@ pub use table::{
     Candidate, EntryView, Found, InsertError, Retired, TableMemory, DIR_ORIG, DIR_REPLY,
     FLAG_ASSURED, FLAG_BACKEND_GONE, FLAG_MASQ, FLAG_SEEN_REPLY,
 };
-pub use tuple::{addr_word, has_ports, hash_packed, packed_proto, Packed, Tuple};
+pub use tuple::{addr_word, hash_packed, packed_proto, Packed, Tuple};
 
-use kxdp_packet::{Addr, Family};
+use kxdp_packet::{proto, Addr, Family};
 use table::{
     Clock32, Table, DIR_FLAGS_SHIFT, FLAG_SINGLE_KEY, PROTO_STATE_MASK, PROTO_STATE_SHIFT,
 };
@@ -455,7 +455,7 @@ impl Conntrack {
         let expires = now_ms + self.timeout_ms(proto, state);
         // The first packet is the connection's too (conntrack -L counts it). SCTP keeps both
         // directions' bytes in one word, 32 bits each (`Table::count_sctp`).
-        let first_bytes = if proto == 132 {
+        let first_bytes = if proto == proto::SCTP {
             first.bytes as u32 as u64
         } else {
             first.bytes
@@ -475,7 +475,7 @@ impl Conntrack {
                 hashes,
             )
             .map_err(CreateError::Insert)?;
-        if proto == 132 {
+        if proto == proto::SCTP {
             self.table.set_tags(idx, tags);
         }
         Ok(idx)
@@ -497,13 +497,13 @@ impl Conntrack {
         let proto = found.proto();
         let dir = found.dir;
         let tcp_flags = packet.tcp_flags;
-        if proto == 132 {
+        if proto == proto::SCTP {
             return self.on_sctp_packet(found, packet, bytes, now_ms);
         }
         // UDP becomes a stream (assured, long timeout) once answered and still active two
         // seconds after it began, as in the kernel: a single DNS exchange stays short-lived.
         let udp_stream_age =
-            proto == 17 && self.table.age_ms(found.idx, now_ms) >= UDP_STREAM_AGE_MS;
+            proto == proto::UDP && self.table.age_ms(found.idx, now_ms) >= UDP_STREAM_AGE_MS;
         let state = self
             .table
             .update_state(found.idx, |cur| {
@@ -644,7 +644,7 @@ impl Conntrack {
             .ok_or(PacketError::Gone)?;
         self.table
             .set_expires(found.idx, now_ms + self.timeout_ms(found.proto(), state));
-        if found.proto() == 132 {
+        if found.proto() == proto::SCTP {
             self.table.count_sctp(found.idx, found.dir, bytes);
         } else {
             self.table.count(found.idx, found.dir, bytes);
@@ -853,13 +853,13 @@ fn next_state(cur: u32, proto: u8, dir: u8, tcp_flags: u8, udp_stream_age: bool)
     }
     if s & FLAG_SEEN_REPLY != 0 {
         match proto {
-            17 if udp_stream_age => s |= FLAG_ASSURED,
+            proto::UDP if udp_stream_age => s |= FLAG_ASSURED,
             // ICMP is assured once answered; TCP once established, SCTP once its association is.
-            1 | 58 => s |= FLAG_ASSURED,
+            proto::ICMP | proto::ICMPV6 => s |= FLAG_ASSURED,
             _ => {}
         }
     }
-    if proto == 6 {
+    if proto == proto::TCP {
         let (next, dirflags) = tcp::next(
             TcpState::from_u8(((s & PROTO_STATE_MASK) >> PROTO_STATE_SHIFT) as u8),
             (s >> DIR_FLAGS_SHIFT) as u8,

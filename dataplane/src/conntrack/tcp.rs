@@ -17,10 +17,8 @@ pub enum TcpState {
     Close = 8,
 }
 
-pub const FIN: u8 = 0x01;
-pub const SYN: u8 = 0x02;
-pub const RST: u8 = 0x04;
-pub const ACK: u8 = 0x10;
+/// The TCP flag bits conntrack reads, as the packet crate defines them.
+pub use kxdp_packet::tcp::flags::{ACK, FIN, RST, SYN};
 
 /// Direction flags kept beside the state: a FIN was seen from the original / reply side.
 const FIN_ORIG: u8 = 1;

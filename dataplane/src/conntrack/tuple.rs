@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use kxdp_packet::{Addr, Family, PacketMeta};
+use kxdp_packet::{Addr, Family, IpProto, PacketMeta};
 
 /// One direction of a connection. For ICMP echo both ports carry the identifier.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -111,7 +111,7 @@ impl Tuple {
     /// protocols without ports).
     pub fn endpoint(addr: &Addr, port: u16, family: Family, proto: u8) -> String {
         let ip = addr.to_ip(family);
-        if has_ports(proto) {
+        if IpProto(proto).has_ports() {
             match ip {
                 std::net::IpAddr::V4(a) => format!("{a}:{port}"),
                 std::net::IpAddr::V6(a) => format!("[{a}]:{port}"),
@@ -120,13 +120,6 @@ impl Tuple {
             ip.to_string()
         }
     }
-}
-
-/// Whether the protocol has ports that NAT rewrites (TCP, UDP, SCTP).
-#[inline]
-pub fn has_ports(proto: u8) -> bool {
-    use kxdp_packet::proto::{SCTP, TCP, UDP};
-    matches!(proto, TCP | UDP | SCTP)
 }
 
 impl fmt::Debug for Tuple {

@@ -1,15 +1,13 @@
 //! Packet I/O for `kxdp run`: the runner that attaches to interfaces and starts the workers
 //! ([`runner`]), and the route refresher ([`route`]). The kernel-facing pieces (AF_XDP sockets
 //! and UMEM, the XDP program, bpf(), netlink, ethtool) live in the `kxdp-kernel` crate, which
-//! holds all of the project's `unsafe`; they are re-exported here under their old paths.
+//! holds all of the project's `unsafe`; reach them by that crate's own paths.
 //! See `docs/afxdp.md` for the design and the measured behaviour on veth.
 
 pub mod host_path;
 pub mod route;
 pub mod runner;
 pub mod takeover;
-
-pub use kxdp_kernel::{afxdp, enter_netns, handover, ifindex, mount, sys, xdp};
 
 use crate::pipeline::Frames;
 

@@ -27,13 +27,13 @@ use crossbeam::channel::{bounded, Sender};
 
 use crate::conntrack::{Conntrack, FLAG_MASQ};
 use crate::fib::Fib;
-use crate::io::afxdp::XskConfig;
 use crate::io::route::Routes;
-use crate::io::xdp::{Attachment, ModeChoice, SharedMaps, XdpMode, XdpProgram};
 use crate::snapshot::{FrontendKind, Snapshot};
 use crate::stats::DataplaneStats;
 use crate::worker::{Backoff, IoCounters, PortCommand, Removed, Shared, Tables, Worker};
+use kxdp_kernel::afxdp::XskConfig;
 use kxdp_kernel::sys::{driver_of, rx_queues_of, Waker};
+use kxdp_kernel::xdp::{Attachment, ModeChoice, SharedMaps, XdpMode, XdpProgram};
 
 #[derive(Clone, Debug)]
 pub struct RunOptions {
@@ -583,7 +583,7 @@ fn node_addrs(snap: &Snapshot, local: &[IpAddr]) -> Vec<IpAddr> {
 pub const RESTART_HOLD: Duration = Duration::from_secs(10);
 
 fn hold_deadline_ns() -> u64 {
-    kxdp_kernel::shm::monotonic_ms().saturating_add(RESTART_HOLD.as_millis() as u64) * 1_000_000
+    kxdp_kernel::sys::monotonic_ms().saturating_add(RESTART_HOLD.as_millis() as u64) * 1_000_000
 }
 
 /// Puts every tracked connection whose replies come to a node address (masqueraded ones, and

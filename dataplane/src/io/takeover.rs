@@ -19,10 +19,10 @@ use std::os::fd::{BorrowedFd, OwnedFd};
 
 use serde::{Deserialize, Serialize};
 
-use crate::io::afxdp::{RingSizes, Umem, UmemState, XskSocket, XskState};
 use crate::io::runner::{AttachedLink, InterfaceReport, Quiesced};
-use crate::io::xdp::{Attachment, SharedMaps, XdpMode, XdpProgram};
 use crate::worker::Port;
+use kxdp_kernel::afxdp::{RingSizes, Umem, UmemState, XskSocket, XskState};
+use kxdp_kernel::xdp::{Attachment, SharedMaps, XdpMode, XdpProgram};
 
 /// The description's format; a successor refuses another one (and the predecessor resumes).
 pub const DESCRIPTION_VERSION: u32 = 1;

@@ -21,6 +21,7 @@
 //!   and the XDP program's maps (bpftool): RSS, open descriptors, conntrack entries, UMEM
 //!   frames in use (`kxdp_umem_frames - kxdp_umem_free_frames`), entries of the program's hash
 //!   maps. Slopes by least squares over each process's life after a warm-up.
+//! - Drops by reason (`kxdp_drops_total`) per process, and around each failure outside the gap.
 //!
 //! Output (`KXDP_SOAK_OUT`, target/soak): `samples.csv`, `requests.csv` (failures only),
 //! `kxdp-node-*.log`, and the report `soak.md` (without `KXDP_SOAK_OUT`, also `target/soak.md`). Fails when a
@@ -387,6 +388,36 @@ struct Sample {
     conntrack: f64,
     umem_in_use: f64,
     bpf_entries: f64,
+    /// `kxdp_drops_total` by reason (cumulative over the process's life).
+    drops: BTreeMap<String, f64>,
+}
+
+/// `kxdp_drops_total{reason="R"} N` lines: R → N.
+fn drops(text: &str) -> BTreeMap<String, f64> {
+    text.lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix("kxdp_drops_total{reason=\"")?;
+            let (reason, n) = rest.split_once("\"} ")?;
+            Some((reason.to_string(), n.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// Drops by reason between two samples of one process, the reasons that rose.
+fn drops_between(a: &Sample, b: &Sample) -> String {
+    let rose: Vec<String> = b
+        .drops
+        .iter()
+        .filter_map(|(r, n)| {
+            let d = n - a.drops.get(r).copied().unwrap_or(0.0);
+            (d > 0.0).then(|| format!("{r} {d}"))
+        })
+        .collect();
+    if rose.is_empty() {
+        "none".into()
+    } else {
+        rose.join(", ")
+    }
 }
 
 /// `/metrics` of the kxdp in `ns` (its metrics address on the node's loopback).
@@ -459,6 +490,7 @@ fn sample(node: &'static str, ns: &str, pid: u32, at: f64) -> Option<Sample> {
         conntrack: metric(&m, "kxdp_conntrack_entries"),
         umem_in_use: metric(&m, "kxdp_umem_frames") - metric(&m, "kxdp_umem_free_frames"),
         bpf_entries: bpf_entries(ns),
+        drops: drops(&m),
     })
 }
 
@@ -1028,6 +1060,57 @@ fn soak() {
     }
 
     // Logs.
+    // Drops: over each process's life, and around each failure outside the gap (the samples
+    // before and after it on each node), to tell where a lost request's packets went.
+    let _ = writeln!(report, "\n## Drops by reason\n");
+    let pids: BTreeSet<(&str, u32)> = samples.iter().map(|s| (s.node, s.pid)).collect();
+    for (node, pid) in &pids {
+        let mine: Vec<&Sample> = samples
+            .iter()
+            .filter(|s| s.node == *node && s.pid == *pid)
+            .collect();
+        if let (Some(a), Some(b)) = (mine.first(), mine.last()) {
+            let _ = writeln!(
+                report,
+                "- {node} pid {pid}, {:.0}-{:.0} s: {}",
+                a.at,
+                b.at,
+                drops_between(a, b)
+            );
+        }
+    }
+    let mut failed_at: Vec<f64> = outcomes
+        .iter()
+        .filter(|o| o.error.is_some() && !in_gap(o.at))
+        .map(|o| o.at)
+        .collect();
+    failed_at.sort_by(f64::total_cmp);
+    let mut episodes: Vec<f64> = Vec::new();
+    for at in failed_at {
+        if episodes.last().is_none_or(|t| at - t > 10.0) {
+            episodes.push(at);
+        }
+    }
+    for t in &episodes {
+        for (node, pid) in &pids {
+            let mine: Vec<&Sample> = samples
+                .iter()
+                .filter(|s| s.node == *node && s.pid == *pid)
+                .collect();
+            let before = mine.iter().rev().find(|s| s.at <= t - 1.0);
+            let after = mine.iter().find(|s| s.at >= t + 6.0);
+            if let (Some(a), Some(b)) = (before, after) {
+                let _ = writeln!(
+                    report,
+                    "- around the failures at {t:.1} s, {node} ({:.0}-{:.0} s): {}",
+                    a.at,
+                    b.at,
+                    drops_between(a, b)
+                );
+            }
+        }
+    }
+
     let _ = writeln!(report, "\n## Warnings and errors in the logs\n");
     let mut bad = Vec::new();
     for (name, log) in &logs {
@@ -1077,4 +1160,26 @@ fn soak() {
             .join("\n")
     );
     assert!(bad.is_empty(), "unexpected log lines:\n{}", bad.join("\n"));
+}
+
+/// The report's arithmetic (no lab needed).
+#[test]
+fn metrics_drops_and_slopes() {
+    let text = "# HELP kxdp_drops_total x\nkxdp_drops_total{reason=\"policy-deny\"} 3\nkxdp_drops_total{reason=\"no-endpoints\"} 0\nkxdp_umem_frames{worker=\"0\"} 8192\nkxdp_umem_frames{worker=\"1\"} 8192\nkxdp_umem_free_frames{worker=\"0\"} 8000\n";
+    let d = drops(text);
+    assert_eq!(d["policy-deny"], 3.0);
+    assert_eq!(d["no-endpoints"], 0.0);
+    assert_eq!(metric(text, "kxdp_umem_frames"), 16384.0);
+    assert_eq!(metric(text, "kxdp_umem_free_frames"), 8000.0);
+    let (mut a, mut b) = (Sample::default(), Sample::default());
+    a.drops = d.clone();
+    b.drops = d;
+    b.drops.insert("policy-deny".into(), 5.0);
+    assert_eq!(drops_between(&a, &b), "policy-deny 2");
+    assert_eq!(drops_between(&a, &a), "none");
+    let pts: Vec<(f64, f64)> = (0..10)
+        .map(|i| (i as f64 * 60.0, 100.0 + i as f64))
+        .collect();
+    assert!((slope_per_hour(&pts).unwrap() - 60.0).abs() < 1e-9);
+    assert_eq!(slope_per_hour(&pts[..2]), None);
 }

@@ -13,8 +13,8 @@
 //! `conntrack.stateFile` in the test's directory, on a huge-page tmpfs that `kxdp prepare`
 //! mounts, as the DaemonSet's init container does; and with the default configuration (no
 //! `conntrack.stateFile` key, so `/run/kxdp/ct/conntrack`), each kxdp in a mount namespace of
-//! its own where `/run/kxdp` is a tmpfs of the test's, so the host's `/run/kxdp` is not
-//! touched. Every wait is bounded.
+//! its own where `/run/kxdp` is a tmpfs of the test's, so nothing of the host's `/run/kxdp` (made
+//! if missing) is touched. Every wait is bounded.
 
 mod cni;
 mod lab;

@@ -9,9 +9,12 @@
 //!   starts clean, says so in its log, and both connections are reset promptly, at both ends,
 //!   rather than hanging.
 //!
-//! Only node-a runs kxdp (with `conntrack.stateFile` in the test's directory, on a huge-page
-//! tmpfs that `kxdp prepare` mounts, as the DaemonSet's init container does); node-b's kernel
-//! forwards. Every wait is bounded.
+//! Only node-a runs kxdp; node-b's kernel forwards. The first two run twice: with
+//! `conntrack.stateFile` in the test's directory, on a huge-page tmpfs that `kxdp prepare`
+//! mounts, as the DaemonSet's init container does; and with the default configuration (no
+//! `conntrack.stateFile` key, so `/run/kxdp/ct/conntrack`), each kxdp in a mount namespace of
+//! its own where `/run/kxdp` is a tmpfs of the test's, so nothing of the host's `/run/kxdp` (made
+//! if missing) is touched. Every wait is bounded.
 
 mod cni;
 mod lab;
@@ -245,10 +248,22 @@ impl Drop for HugeDir {
     }
 }
 
+/// Where node-a's kxdp keeps its conntrack table.
+#[derive(Clone, Copy, PartialEq)]
+enum StateFile {
+    /// `conntrack.stateFile` in the test's directory, in huge pages.
+    HugePages,
+    /// No `conntrack.stateFile` key: the default path, on a tmpfs of the test's seen as
+    /// `/run/kxdp` by kxdp only.
+    Default,
+}
+
 struct Setup {
-    _huge: HugeDir,
+    /// Unmounted on drop, before the lab's directory goes.
+    mounted: HugeDir,
     lab: Lab,
     server: Server,
+    mode: StateFile,
     config: String,
     state: String,
     objects: String,
@@ -256,12 +271,39 @@ struct Setup {
 
 impl Setup {
     fn new(test: &str) -> Setup {
+        Setup::with(test, StateFile::HugePages)
+    }
+
+    fn with(test: &str, mode: StateFile) -> Setup {
         let mut lab = Lab::build(test);
         lab.add_pod("node-a", "client-a", &[("app", "client")]);
         lab.add_pod("node-b", "dl-b1", &[("app", "dl")]);
         lab.warm_neighbours();
         let server = Server::start(&lab.pod("dl-b1").ns);
         let objects = service(&lab, "dl-b1");
+        if mode == StateFile::Default {
+            let config = lab
+                .kxdp_config("node-a", false)
+                .replace("conntrack: {stateFile: \"\"}\n", "");
+            assert!(!config.contains("stateFile"), "{config}");
+            // The host's view of kxdp's /run/kxdp: a tmpfs (the default path must be on one),
+            // unmounted when the test ends.
+            let run = lab.dir.path().join("run-kxdp");
+            std::fs::create_dir_all(&run).unwrap();
+            lab::run(
+                "mount",
+                &["-t", "tmpfs", "kxdp-test", run.to_str().unwrap()],
+            );
+            return Setup {
+                mounted: HugeDir(run),
+                lab,
+                server,
+                mode,
+                config,
+                state: String::new(),
+                objects,
+            };
+        }
         // The state file in huge pages, in a directory of its own that `kxdp prepare` mounts
         // (as the DaemonSet's init container does, on the host): kxdp runs behind `ip netns
         // exec`, whose mount namespace is its own, and a mount it made there would go with it.
@@ -286,9 +328,10 @@ impl Setup {
             String::from_utf8_lossy(&out.stderr)
         );
         Setup {
-            _huge: huge,
+            mounted: huge,
             lab,
             server,
+            mode,
             config,
             state: String::new(),
             objects,
@@ -297,6 +340,9 @@ impl Setup {
 
     /// Starts node-a's kxdp (first time: writes its config and state files).
     fn start(&mut self, env: &[(&str, &str)]) -> Kxdp {
+        if self.mode == StateFile::Default {
+            return self.start_default();
+        }
         if self.state.is_empty() {
             let k = self.lab.start_kxdp("node-a", &self.config, &self.objects);
             self.state = k.state.to_string_lossy().into_owned();
@@ -313,6 +359,35 @@ impl Setup {
             &self.state,
             env,
         )
+    }
+
+    /// `kxdp run` with the default state file: in a private mount namespace whose `/run/kxdp`
+    /// is the test's tmpfs (`unshare` and `ip netns exec` exec, so the child is kxdp itself and
+    /// the test's signals reach it).
+    fn start_default(&mut self) -> Kxdp {
+        let dir = self.lab.dir.path().join("kxdp-node-a");
+        let state = dir.join("state");
+        if self.state.is_empty() {
+            std::fs::create_dir_all(&state).unwrap();
+            std::fs::write(dir.join("config.yaml"), &self.config).unwrap();
+            std::fs::write(
+                state.join("cluster.yaml"),
+                self.lab.cluster_objects() + &self.objects,
+            )
+            .unwrap();
+            self.state = state.to_string_lossy().into_owned();
+        }
+        let bin = std::env::var("KXDP_BIN").unwrap_or(env!("CARGO_BIN_EXE_kxdp").into());
+        let script = format!(
+            "mkdir -p /run/kxdp && mount --bind {run} /run/kxdp && exec ip netns exec {ns} {bin} run --config {cfg} --state {state} --no-admin --no-takeover",
+            run = self.mounted.0.display(),
+            ns = self.lab.node("node-a").ns,
+            cfg = dir.join("config.yaml").display(),
+            state = self.state,
+        );
+        let mut cmd = std::process::Command::new("unshare");
+        cmd.args(["--mount", "--propagation", "private", "sh", "-c", &script]);
+        Kxdp::spawn(cmd, Duration::from_secs(20))
     }
 
     fn targets(&self) -> [(&'static str, String, SocketAddr); 2] {
@@ -344,8 +419,8 @@ enum Restart {
 }
 
 /// Downloads through ClusterIP and NodePort complete with every byte across a restart.
-fn survives(test: &str, how: Restart) {
-    let mut s = Setup::new(test);
+fn survives(test: &str, how: Restart, mode: StateFile) {
+    let mut s = Setup::with(test, mode);
     let mut k = s.start(&[]);
     let downloads: Vec<_> = s
         .targets()
@@ -383,12 +458,21 @@ fn survives(test: &str, how: Restart) {
         new_log.contains("restored") && !new_log.contains("discarded"),
         "the new kxdp continued the table:\n{new_log}"
     );
-    // In huge pages, both times: the tmpfs `kxdp prepare` mounted outlived the first kxdp.
     for log in [&old_log, &new_log] {
-        assert!(
-            log.contains("MiB of it in huge pages") && !log.contains(" 0 MiB of it in huge pages"),
-            "the state file is in huge pages:\n{log}"
-        );
+        if mode == StateFile::HugePages {
+            // In huge pages, both times: the tmpfs `kxdp prepare` mounted outlived the first kxdp.
+            assert!(
+                log.contains("MiB of it in huge pages")
+                    && !log.contains(" 0 MiB of it in huge pages"),
+                "the state file is in huge pages:\n{log}"
+            );
+        } else {
+            assert!(
+                log.contains("in the state file /run/kxdp/ct/conntrack")
+                    && !log.contains("cannot be used"),
+                "the default state file, with the default configuration:\n{log}"
+            );
+        }
     }
     if matches!(how, Restart::Term) {
         assert!(new_log.contains("clean shutdown"), "{new_log}");
@@ -409,12 +493,41 @@ fn survives(test: &str, how: Restart) {
 
 #[test]
 fn downloads_survive_sigterm_restart() {
-    survives("downloads_survive_sigterm_restart", Restart::Term);
+    survives(
+        "downloads_survive_sigterm_restart",
+        Restart::Term,
+        StateFile::HugePages,
+    );
 }
 
 #[test]
 fn downloads_survive_sigkill_restart() {
-    survives("downloads_survive_sigkill_restart", Restart::Kill);
+    survives(
+        "downloads_survive_sigkill_restart",
+        Restart::Kill,
+        StateFile::HugePages,
+    );
+}
+
+/// The default configuration (no `conntrack.stateFile`): the state file is on by default, so a
+/// SIGTERM restart loses no download.
+#[test]
+fn default_config_downloads_survive_sigterm_restart() {
+    survives(
+        "default_config_downloads_survive_sigterm_restart",
+        Restart::Term,
+        StateFile::Default,
+    );
+}
+
+/// The default configuration: a SIGKILL restart loses no download.
+#[test]
+fn default_config_downloads_survive_sigkill_restart() {
+    survives(
+        "default_config_downloads_survive_sigkill_restart",
+        Restart::Kill,
+        StateFile::Default,
+    );
 }
 
 /// A new build that cannot read the state file's layout starts clean, says so, and the

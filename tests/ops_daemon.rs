@@ -571,6 +571,8 @@ fn daemon_ops_end_to_end() {
         "kxdp_conntrack_early_drops_total 0".to_string(),
         format!("kxdp_conntrack_created_total{{{wl}}} 3"),
         format!("kxdp_worker_busy_ratio{{{wl}}} "),
+        format!("kxdp_umem_frames{{{wl}}} "),
+        format!("kxdp_umem_free_frames{{{wl}}} "),
         format!("kxdp_worker_busy_seconds_total{{{wl}}} "),
         "kxdp_workers 2".to_string(),
         "kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family=\"IPv4\"} ".to_string(),

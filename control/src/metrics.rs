@@ -53,6 +53,7 @@
 //! | `kxdp_verdicts_total{reason}` | counter | every packet by reason, all workers |
 //! | `kxdp_worker_busy_seconds_total{worker}` | counter | time spent processing batches |
 //! | `kxdp_worker_busy_ratio{worker}` | gauge | share of wall time busy since the previous scrape |
+//! | `kxdp_umem_frames{worker}`, `kxdp_umem_free_frames{worker}` | gauge | the worker's UMEM frames, and those on its free list |
 //! | `kxdp_conntrack_entries` | gauge | live conntrack entries (connections and affinity records) |
 //! | `kxdp_conntrack_max_entries` | gauge | the configured maximum |
 //! | `kxdp_conntrack_early_drops_total` | counter | unassured entries dropped to make room |
@@ -319,6 +320,8 @@ impl Collector for DataplaneCollector {
         let ratio = Family::<WorkerLabel, Gauge<f64, AtomicU64>>::default();
         let created = Family::<WorkerLabel, Counter>::default();
         let expired = Family::<WorkerLabel, Counter>::default();
+        let umem_frames = Family::<WorkerLabel, Gauge>::default();
+        let umem_free = Family::<WorkerLabel, Gauge>::default();
         let drops = Family::<ReasonLabel, Counter>::default();
         let verdicts = Family::<ReasonLabel, Counter>::default();
         let mut prev = src.prev.lock().unwrap();
@@ -340,6 +343,8 @@ impl Collector for DataplaneCollector {
             busy.get_or_create(&w).inc_by(s.busy_ns as f64 / 1e9);
             created.get_or_create(&w).inc_by(s.ct_created);
             expired.get_or_create(&w).inc_by(s.ct_expired);
+            umem_frames.get_or_create(&w).set(s.umem_frames as i64);
+            umem_free.get_or_create(&w).set(s.umem_free as i64);
             let (pb, pt) = prev[i];
             let wall = now.duration_since(pt).as_nanos() as f64;
             let r = if wall > 0.0 {
@@ -395,6 +400,18 @@ impl Collector for DataplaneCollector {
             "kxdp_worker_busy_ratio",
             "Share of wall time spent processing batches since the previous scrape",
             &ratio,
+        )?;
+        put(
+            &mut enc,
+            "kxdp_umem_frames",
+            "Frames of the worker's UMEM",
+            &umem_frames,
+        )?;
+        put(
+            &mut enc,
+            "kxdp_umem_free_frames",
+            "Frames on the worker's UMEM free list (the others are on the kernel's rings, in flight or held)",
+            &umem_free,
         )?;
         encode_sockets(&mut enc, &src.stats)?;
         let entries = Gauge::<i64>::default();

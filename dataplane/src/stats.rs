@@ -41,6 +41,10 @@ pub struct WorkerStats {
     /// `clock_ms` when the worker last went round its loop's periodic step (its socket table,
     /// about once a second, idle or busy): a worker whose loop stopped lets it age.
     alive_ms: AtomicU64,
+    /// The worker's UMEM: its frames and those on its free list (the rest are lent to the
+    /// kernel's rings, in flight, or held for a neighbour), published with its socket table.
+    umem_frames: AtomicU64,
+    umem_free: AtomicU64,
     reasons: [AtomicU64; Reason::COUNT],
     actions: [AtomicU64; Action::COUNT],
 }
@@ -57,6 +61,10 @@ pub struct WorkerSample {
     pub busy_ns: u64,
     /// `clock_ms` of the last publication (0: never).
     pub updated_ms: u64,
+    /// Frames of the worker's UMEM, and those on its free list (0 and 0 before its first
+    /// socket table).
+    pub umem_frames: u64,
+    pub umem_free: u64,
     pub reasons: Vec<u64>,
     pub actions: Vec<u64>,
 }
@@ -84,6 +92,8 @@ impl WorkerStats {
             updated_ms: AtomicU64::new(0),
             // Counted from the start: a worker that never gets going is a stall too.
             alive_ms: AtomicU64::new(clock_ms()),
+            umem_frames: AtomicU64::new(0),
+            umem_free: AtomicU64::new(0),
             reasons: std::array::from_fn(|_| AtomicU64::new(0)),
             actions: std::array::from_fn(|_| AtomicU64::new(0)),
         }
@@ -115,6 +125,8 @@ impl WorkerStats {
             ct_expired: self.ct_expired.load(Relaxed),
             busy_ns: self.busy_ns.load(Relaxed),
             updated_ms: self.updated_ms.load(Relaxed),
+            umem_frames: self.umem_frames.load(Relaxed),
+            umem_free: self.umem_free.load(Relaxed),
             reasons: self.reasons.iter().map(|a| a.load(Relaxed)).collect(),
             actions: self.actions.iter().map(|a| a.load(Relaxed)).collect(),
         }
@@ -405,6 +417,15 @@ impl DataplaneStats {
         self.workers[worker].alive_ms.store(clock_ms(), Relaxed);
     }
 
+    /// Publishes worker `worker`'s UMEM occupancy: `frames` in all, `free` on its free list
+    /// (only that worker calls it, with its socket table).
+    pub fn publish_umem(&self, worker: usize, frames: u64, free: u64) {
+        if let Some(w) = self.workers.get(worker) {
+            w.umem_frames.store(frames, Relaxed);
+            w.umem_free.store(free, Relaxed);
+        }
+    }
+
     /// The workers whose loop has not come round for longer than `after_ms` (they publish
     /// their socket table about once a second, idle or busy), with how long, in ms.
     pub fn stalled(&self, after_ms: u64) -> Vec<(usize, u64)> {
@@ -513,6 +534,20 @@ impl Drop for Monitor<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn umem_occupancy_per_worker() {
+        let s = DataplaneStats::new(2);
+        assert_eq!(
+            (s.samples()[1].umem_frames, s.samples()[1].umem_free),
+            (0, 0)
+        );
+        s.publish_umem(1, 8192, 8000);
+        s.publish_umem(5, 1, 1); // no such worker: ignored
+        let w = &s.samples()[1];
+        assert_eq!((w.umem_frames, w.umem_free), (8192, 8000));
+        assert_eq!(s.samples()[0].umem_frames, 0);
+    }
 
     #[test]
     fn counters_and_events() {

@@ -1134,6 +1134,11 @@ impl Worker {
             }
         }
         let index = self.index;
+        stats.publish_umem(
+            index,
+            u64::from(self.umem.frame_count()),
+            self.umem.free_frames() as u64,
+        );
         stats.publish_sockets(index, |rows| {
             rows.extend(self.ports.iter().map(|p| SocketSample {
                 worker: index,

@@ -12,6 +12,11 @@
 //! assured TCP connection starts closing (`Table::note_closing`). It is never removed when the
 //! entry stops being droppable (assured, killed, expired, recycled): the reader skips such
 //! records lazily, so a push is one `fetch_add` and one store, and a pop amortizes to O(1).
+//! A worker inserting far from the table's maximum keeps its records in its own cache
+//! (`Retired`) and pushes them `CHUNK` at a time and at every maintenance step, as it counts
+//! its new connections (`Table::insert`): no shared atomic per new connection. Across workers
+//! the order is then exact to within a batch; near the maximum, where early drop happens, every
+//! record goes in at once, behind that worker's held ones.
 //!
 //! A record holds the entry's index, a second-chance bit, and as many low bits of the entry's
 //! sequence number (`SEQ_SHIFT`; it changes with every reuse of the entry) as fit beside them:
@@ -66,15 +71,29 @@ impl DropQueue {
         }
     }
 
-    /// Records that entry `idx`, with sequence number `seq` (`SEQ_SHIFT`'s bits, shifted
-    /// down), became droppable now.
+    /// The record of entry `idx` with sequence number `seq` (`SEQ_SHIFT`'s bits, shifted down).
+    #[inline(always)]
+    pub fn record(&self, idx: u32, seq: u32, second_chance: bool) -> u32 {
+        idx | (second_chance as u32) << self.idx_bits
+            | ((seq >> 1) & self.seq_mask) << (self.idx_bits + 1)
+    }
+
+    /// Records that entry `idx`, with sequence number `seq`, became droppable now.
     #[inline]
     pub fn push(&self, idx: u32, seq: u32, second_chance: bool) {
-        let rec = idx
-            | (second_chance as u32) << self.idx_bits
-            | ((seq >> 1) & self.seq_mask) << (self.idx_bits + 1);
-        let pos = self.admit.fetch_add(1, Ordering::Relaxed);
-        self.ring[(pos & self.mask) as usize].store(rec, Ordering::Release);
+        self.push_records(&[self.record(idx, seq, second_chance)]);
+    }
+
+    /// Pushes records (`record`) in their order: one shared atomic for all of them.
+    #[inline]
+    pub fn push_records(&self, recs: &[u32]) {
+        if recs.is_empty() {
+            return;
+        }
+        let pos = self.admit.fetch_add(recs.len() as u64, Ordering::Relaxed);
+        for (k, &rec) in recs.iter().enumerate() {
+            self.ring[((pos + k as u64) & self.mask) as usize].store(rec, Ordering::Release);
+        }
     }
 
     /// Whether `rec` was pushed for the entry as it is now (sequence number `seq`).

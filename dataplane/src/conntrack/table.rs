@@ -850,9 +850,13 @@ const SWEEP_SAMPLE: u32 = 1_024;
 /// of the slots are live, so this sees a few dozen entries.
 const EARLY_DROP_SCAN: usize = 128;
 
-/// Records of `drop_queue` one early drop looks at, at most, for a victim still droppable
-/// (each looked at once: a flood's early drops pop about one each).
-const DROP_QUEUE_LOOK: usize = 64;
+/// Records of `drop_queue` one early drop looks at, at most, for a victim still droppable. Each
+/// record is looked at once: under a flood an early drop pops about one. When a flood begins, the
+/// records of the connections admitted before it (assured since, or gone) come first: this
+/// bounds what one packet spends on them (256 loads of state words, tens of microseconds at
+/// worst), and the sampled scan stands in until they are through (at 2^20 entries, about 4,000
+/// early drops).
+const DROP_QUEUE_LOOK: usize = 256;
 
 /// Whether an entry (its state word `st`, its protocol `proto`) may be dropped early to make
 /// room: live, and unassured or a TCP connection that is closing (FIN_WAIT, CLOSE_WAIT,
@@ -1366,12 +1370,14 @@ impl Table {
         // yet) and counts locally while the table is far from full; near the maximum, and for
         // callers without a cache, a place is taken in the shared count. A full table
         // early-drops a victim whose place the new connection takes over (the count stays).
+        let mut far_from_full = false;
         let counted = match cache.as_deref_mut() {
             Some(c)
                 if (self.live.load(Ordering::Relaxed) as i64 + c.pending_live)
                     < self.cached_below =>
             {
                 c.pending_live += 1;
+                far_from_full = true;
                 true
             }
             Some(c) => {
@@ -1398,7 +1404,7 @@ impl Table {
         if !counted && !self.early_drop(early_drop_hint, now_ms) {
             return Err(InsertError::Full);
         }
-        let idx = match cache {
+        let idx = match cache.as_deref_mut() {
             Some(c) => {
                 let idx = self.alloc_cached(c);
                 if idx.is_none() {
@@ -1445,9 +1451,23 @@ impl Table {
             self.index_from(hr, from, idx, DIR_REPLY);
         }
         self.index_from(ho, self.home(ho), idx, DIR_ORIG);
-        // Indexed first: a victim is unindexed when dropped.
+        // An early-drop candidate from now on (indexed first: a victim is unindexed when
+        // dropped). Far from the maximum a worker holds the record back (see `fifo`).
         if flags_and_state & FLAG_ASSURED == 0 {
-            self.drop_queue.push(idx, seq, false);
+            let rec = self.drop_queue.record(idx, seq, false);
+            match cache {
+                Some(c) if far_from_full => {
+                    c.admitted.push(rec);
+                    if c.admitted.len() == CHUNK as usize {
+                        self.flush_admitted(c);
+                    }
+                }
+                Some(c) => {
+                    c.admitted.push(rec);
+                    self.flush_admitted(c);
+                }
+                None => self.drop_queue.push_records(&[rec]),
+            }
         }
         Ok(idx)
     }
@@ -1497,9 +1517,17 @@ impl Table {
     }
 
     /// Adds what a worker's cache has not yet added to the live count (a worker that stops: the
-    /// count is then exact at rest).
+    /// count is then exact at rest), and pushes its held early-drop records.
     pub fn flush_pending(&self, c: &mut Retired) {
         self.flush_live(c, true);
+        self.flush_admitted(c);
+    }
+
+    /// Pushes the early-drop records a worker's cache holds (`fifo`).
+    #[inline]
+    fn flush_admitted(&self, c: &mut Retired) {
+        self.drop_queue.push_records(&c.admitted);
+        c.admitted.clear();
     }
 
     /// A free entry for a worker: from its own cache, else a chunk from the table (one shared
@@ -1950,6 +1978,7 @@ impl Table {
         // themselves; the scan only reclaims room.
         let elapsed = now_ms.saturating_sub(retired.last_ms);
         retired.last_ms = now_ms;
+        self.flush_admitted(retired);
         // The live count: at every step with one worker; with several, when the clock moved
         // (so the count trails by at most a clock tick's new connections, or `worker_chunk`).
         // With chunks of `CHUNK` (one participant, or a small table) at
@@ -2281,6 +2310,8 @@ pub struct Retired {
     /// Never-used entries `.0..1` reserved for this worker.
     unused: (u32, u32),
     pending_live: i64,
+    /// Early-drop records of this worker's new connections not yet pushed (`fifo`).
+    admitted: Vec<u32>,
     /// The clock at the previous maintenance step, and the scan work it has earned since.
     last_ms: u64,
     entry_credit: u64,
@@ -2305,6 +2336,7 @@ impl Retired {
             free: Vec::with_capacity(2 * CHUNK as usize),
             unused: (0, 0),
             pending_live: 0,
+            admitted: Vec::with_capacity(CHUNK as usize),
             last_ms: 0,
             entry_credit: 0,
             slot_credit: 0,

@@ -156,9 +156,9 @@ fn syn(w: u8, i: u16) -> (Tuple, Tuple) {
 
 /// Two workers flood a full table with SYNs, each from its own allocation cache, so that both
 /// push early-drop records, pop them and drop victims at once (`fifo`): what a lookup finds is
-/// whole, the table never holds more than its maximum, and nearly every SYN finds room (its
-/// table holds unassured entries only; a victim is reused once the other worker has left its
-/// batch, so now and then none is ready).
+/// whole, and the table never holds more than its maximum. (Some SYNs are refused: a victim's
+/// entry is reused only once the other worker has left the batch it was in, and with both
+/// workers always in one, none is ready at times.)
 #[test]
 fn two_workers_flood_a_full_table() {
     let ct = Conntrack::with_seed(
@@ -174,14 +174,11 @@ fn two_workers_flood_a_full_table() {
             let ct = &ct;
             s.spawn(move || {
                 let mut retired = ct.retired_list();
-                let mut refused = 0;
                 for i in 0..FLOOD_SYNS {
                     let (orig, reply) = syn(w, i);
                     ct.enter(w as usize);
                     let hint = ct.hash(&orig.pack());
-                    refused += ct
-                        .create_with(&mut retired, &orig, &reply, 0x02u8, false, 7, 1, hint)
-                        .is_err() as u16;
+                    let _ = ct.create_with(&mut retired, &orig, &reply, 0x02u8, false, 7, 1, hint);
                     let packed = reply.pack();
                     if let Some(found) = ct.lookup(&packed, ct.hash(&packed), 1) {
                         assert_eq!(found.other_tuple(), orig, "torn entry");
@@ -192,7 +189,6 @@ fn two_workers_flood_a_full_table() {
                     }
                 }
                 ct.flush_pending(&mut retired);
-                eprintln!("worker {w}: {refused} refused");
             });
         }
     });

@@ -131,7 +131,7 @@ fn workers_insert_look_up_kill_and_expire_while_a_reader_checks_entries_whole() 
 }
 
 /// SYNs per worker in `two_workers_flood_a_full_table`.
-const FLOOD_SYNS: u16 = if cfg!(miri) { 40 } else { 4_000 };
+const FLOOD_SYNS: u16 = if cfg!(miri) { 12 } else { 4_000 };
 
 /// Worker `w`'s SYN `i` to 172.30.0.1:80, DNATed to 10.128.0.1:8080.
 fn syn(w: u8, i: u16) -> (Tuple, Tuple) {

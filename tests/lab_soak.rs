@@ -353,7 +353,7 @@ fn load(l: Load, t0: Instant, stop: Arc<AtomicBool>, out: Outcomes) -> std::thre
     } = l;
     let path = format!("/var/run/netns/{ns}");
     std::thread::spawn(move || {
-        kxdp_dataplane::io::enter_netns(&path).expect("setns");
+        kxdp_kernel::enter_netns(&path).expect("setns");
         let mut next = Instant::now();
         while !stop.load(Ordering::Relaxed) {
             let at = since(t0);

@@ -4,11 +4,11 @@ use std::path::Path;
 use std::sync::Arc;
 
 use ipnet::IpNet;
-use kxdp_packet::proto::{SCTP, TCP, UDP};
 use kxdp_dataplane::snapshot::{
     EmptyAction, EndpointRange, Frontend, FrontendKey, FrontendKind, Route, ServicePortInfo,
     Snapshot, SourceClass,
 };
+use kxdp_packet::proto::{SCTP, TCP, UDP};
 use kxdp_packet::Addr;
 
 use super::*;

@@ -4,6 +4,7 @@
 //! connection table), keyed by client address and Service port, invisible to connection listings.
 
 mod config;
+mod fifo;
 mod grace;
 mod persist;
 pub mod sctp;
@@ -510,6 +511,15 @@ impl Conntrack {
                 next_state(cur, proto, dir, tcp_flags, udp_stream_age)
             })
             .ok_or(PacketError::Gone)?;
+        if proto == 6
+            && tcp_flags & (tcp::FIN | tcp::RST) != 0
+            && state & FLAG_ASSURED != 0
+            && tcp_state_of(state) as u8 >= TcpState::FinWait as u8
+        {
+            // Closing: droppable early from now on (a second FIN queues it again; the older
+            // record is the one that counts).
+            self.table.note_closing(found.idx, state);
+        }
         self.table
             .set_expires(found.idx, now_ms + self.timeout_ms(proto, state));
         self.table.count(found.idx, dir, bytes);

@@ -23,6 +23,7 @@ use crossbeam::queue::ArrayQueue;
 use crossbeam::utils::CachePadded;
 use kxdp_kernel::shm::{AtomicRecord, Mapping, SharedSlice};
 
+use super::fifo::DropQueue;
 use super::grace::Grace;
 use super::tuple::{addr_word, hash_packed, Packed, Tuple};
 
@@ -221,6 +222,11 @@ impl<'a> EntryRef<'a> {
         &self.hot.w32[2 + (dir & 1)]
     }
     /// Tuple `dir`'s last word: the key's ports, protocol and family, and the stash above.
+    /// The connection's IP protocol (in the original tuple's last word).
+    #[inline(always)]
+    fn proto(&self) -> u8 {
+        (self.last_word(0).load(Ordering::Relaxed) >> 32) as u8
+    }
     #[inline(always)]
     fn last_word(&self, dir: usize) -> &'a AtomicU64 {
         &self.hot.w64[2 * (dir & 1) + 1]
@@ -788,6 +794,8 @@ pub struct Table {
     /// paced expiry scan (a SYN flood at a full table would otherwise exhaust the slack in
     /// milliseconds and refuse everything after). Bounded, allocated once.
     limbo: ArrayQueue<(u32, u64)>,
+    /// Entries in the order they became droppable early: the victims, oldest first.
+    drop_queue: DropQueue,
     /// The latest clock a worker has passed in (to within a second): what 32-bit expiry times
     /// are read against when no caller gives a clock (listings). Written about once a second.
     recent_ms: CachePadded<AtomicU64>,
@@ -841,6 +849,28 @@ const SWEEP_SAMPLE: u32 = 1_024;
 /// Index slots looked at per early drop (the kernel looks at 8 hash buckets). At most a quarter
 /// of the slots are live, so this sees a few dozen entries.
 const EARLY_DROP_SCAN: usize = 128;
+
+/// Records of `drop_queue` one early drop looks at, at most, for a victim still droppable. Each
+/// record is looked at once: under a flood an early drop pops about one. When a flood begins, the
+/// records of the connections admitted before it (assured since, or gone) come first: this
+/// bounds what one packet spends on them (256 loads of state words, tens of microseconds at
+/// worst), and the sampled scan stands in until they are through (at 2^20 entries, about 4,000
+/// early drops).
+const DROP_QUEUE_LOOK: usize = 256;
+
+/// Whether an entry (its state word `st`, its protocol `proto`) may be dropped early to make
+/// room: live, and unassured or a TCP connection that is closing (FIN_WAIT, CLOSE_WAIT,
+/// LAST_ACK, TIME_WAIT, CLOSE: the kernel's `tcp_can_early_drop`, which its garbage collector
+/// applies near a full table). Closed connections otherwise hold the room for their 120 s of
+/// TIME_WAIT: a full table of them refuses every new connection.
+#[inline]
+fn droppable(st: u32, proto: u8) -> bool {
+    st & LIFE_MASK == LIFE_LIVE
+        && (st & FLAG_ASSURED == 0
+            || (proto == 6
+                && (st & PROTO_STATE_MASK) >> PROTO_STATE_SHIFT
+                    >= super::tcp::TcpState::FinWait as u32))
+}
 
 /// Longest probe sequence before a lookup gives up: a table kept at most half full by live keys
 /// stays far below it; it bounds the work of a pathological chain.
@@ -970,6 +1000,7 @@ impl Table {
             slot_cursor: CachePadded::new(AtomicU64::new(0)),
             early_drops: AtomicU64::new(0),
             limbo: ArrayQueue::new(g.capacity - g.max_live as usize),
+            drop_queue: DropQueue::new(g.capacity, g.max_live),
             recent_ms: CachePadded::new(AtomicU64::new(0)),
             sweep_ms: CachePadded::new(AtomicU64::new(SWEEP_PERIOD_MIN_MS)),
         }
@@ -1035,6 +1066,15 @@ impl Table {
         }
         *self.free_head.get_mut() = head;
         *self.next_unused.get_mut() = high as u32;
+        // The order the connections became droppable in is not in the file: slab order.
+        for idx in 0..high {
+            let e = self.entries.at(idx);
+            let st = e.state().load(Ordering::Relaxed);
+            if droppable(st, e.proto()) {
+                self.drop_queue
+                    .push(idx as u32, (st & SEQ_MASK) >> SEQ_SHIFT, false);
+            }
+        }
         *self.live.get_mut() = counts.kept as u32;
         counts
     }
@@ -1330,12 +1370,14 @@ impl Table {
         // yet) and counts locally while the table is far from full; near the maximum, and for
         // callers without a cache, a place is taken in the shared count. A full table
         // early-drops a victim whose place the new connection takes over (the count stays).
+        let mut far_from_full = false;
         let counted = match cache.as_deref_mut() {
             Some(c)
                 if (self.live.load(Ordering::Relaxed) as i64 + c.pending_live)
                     < self.cached_below =>
             {
                 c.pending_live += 1;
+                far_from_full = true;
                 true
             }
             Some(c) => {
@@ -1362,7 +1404,7 @@ impl Table {
         if !counted && !self.early_drop(early_drop_hint, now_ms) {
             return Err(InsertError::Full);
         }
-        let idx = match cache {
+        let idx = match cache.as_deref_mut() {
             Some(c) => {
                 let idx = self.alloc_cached(c);
                 if idx.is_none() {
@@ -1409,7 +1451,33 @@ impl Table {
             self.index_from(hr, from, idx, DIR_REPLY);
         }
         self.index_from(ho, self.home(ho), idx, DIR_ORIG);
+        // An early-drop candidate from now on (indexed first: a victim is unindexed when
+        // dropped). Far from the maximum a worker holds the record back (see `fifo`).
+        if flags_and_state & FLAG_ASSURED == 0 {
+            let rec = self.drop_queue.record(idx, seq, false);
+            match cache {
+                Some(c) if far_from_full => {
+                    c.admitted.push(rec);
+                    if c.admitted.len() == CHUNK as usize {
+                        self.flush_admitted(c);
+                    }
+                }
+                Some(c) => {
+                    c.admitted.push(rec);
+                    self.flush_admitted(c);
+                }
+                None => self.drop_queue.push_records(&[rec]),
+            }
+        }
         Ok(idx)
+    }
+
+    /// An assured TCP connection `idx` started closing (its state word now `state`): it joins
+    /// the early-drop victims, behind those already waiting (the kernel's `tcp_can_early_drop`:
+    /// a closing connection may go to make room).
+    pub fn note_closing(&self, idx: u32, state: u32) {
+        self.drop_queue
+            .push(idx, (state & SEQ_MASK) >> SEQ_SHIFT, false);
     }
 
     /// Puts (`idx`, `dir`) in the first free slot of `hash`'s probe from slot `from` (its home,
@@ -1449,9 +1517,17 @@ impl Table {
     }
 
     /// Adds what a worker's cache has not yet added to the live count (a worker that stops: the
-    /// count is then exact at rest).
+    /// count is then exact at rest), and pushes its held early-drop records.
     pub fn flush_pending(&self, c: &mut Retired) {
         self.flush_live(c, true);
+        self.flush_admitted(c);
+    }
+
+    /// Pushes the early-drop records a worker's cache holds (`fifo`).
+    #[inline]
+    fn flush_admitted(&self, c: &mut Retired) {
+        self.drop_queue.push_records(&c.admitted);
+        c.admitted.clear();
     }
 
     /// A free entry for a worker: from its own cache, else a chunk from the table (one shared
@@ -1672,39 +1748,22 @@ impl Table {
         }
     }
 
-    /// Early drop (as the kernel's): removes one unassured entry near `hint`, and frees it for the
-    /// caller's insert at once (see `limbo`). Among the unassured entries of `EARLY_DROP_SCAN` index slots
-    /// the oldest goes — beyond the kernel, which takes the first it meets: under a flood, a
-    /// handshake begun a moment ago then survives, while the flood's older half-open entries make
-    /// room (a sampled LRU, as Redis evicts).
+    /// Early drop (as the kernel's): removes one droppable entry (`droppable`: unassured, or a
+    /// closing TCP connection) and frees it for the caller's insert at once (see `limbo`).
+    ///
+    /// The victim is the entry that became droppable first (`drop_queue`), beyond the kernel,
+    /// which takes the first it meets in a few hash buckets: under a flood every handshake then
+    /// has the time the flood needs to turn over all the droppable room, rather than the odds
+    /// of a draw at every new connection. A handshake its server answered (SEEN_REPLY, not yet
+    /// assured) is put back once at the tail: it is about to be assured, a bare SYN may never
+    /// be. When the queue has nothing (its records all stale, or lapped), a sample of the
+    /// index near `hint`, then of the slab, gives its oldest droppable entry.
     fn early_drop(&self, hint: u64, now_ms: u64) -> bool {
-        // Walk the index from the hint's slot, as the kernel walks hash buckets from the new
-        // tuple's: the index holds live entries only, whatever their place in the slab.
-        let start = self.home(hint);
         for _attempt in 0..4 {
-            let mut victim = None;
-            let mut oldest_age = 0u64;
-            let mut i = start;
-            for _ in 0..EARLY_DROP_SCAN {
-                let s = self.slots[i].load(Ordering::Acquire);
-                i = self.next_slot(i);
-                if s == SLOT_EMPTY || s & TOMB_BIT != 0 {
-                    continue;
-                }
-                let (_, idx, _) = self.code.decode(s);
-                let e = self.entries.at(idx as usize);
-                let st = e.state().load(Ordering::Acquire);
-                if st & LIFE_MASK != LIFE_LIVE || st & FLAG_ASSURED != 0 {
-                    continue;
-                }
-                let age = e.stash().age_ms(now_ms);
-                if victim.is_none() || age > oldest_age {
-                    victim = Some(idx);
-                    oldest_age = age;
-                }
-            }
-            // A small table spreads its few entries thinly over the index: then the slab.
-            let Some(idx) = victim.or_else(|| self.unassured_in_slab(hint)) else {
+            let Some(idx) = self
+                .oldest_droppable()
+                .or_else(|| self.sampled_droppable(hint, now_ms))
+            else {
                 return false;
             };
             // The victim's place in the live count goes to the caller's connection.
@@ -1713,13 +1772,64 @@ impl Table {
                 self.retire_now(idx);
                 return true;
             }
-            // Another worker took this one: sample again.
+            // Another worker took this one: look again.
         }
         false
     }
 
-    /// The first live unassured entry of the slab from `hint` on (a bounded look).
-    fn unassured_in_slab(&self, hint: u64) -> Option<u32> {
+    /// The entry that became droppable first and still is, from `drop_queue` (stale records
+    /// skipped, at most `DROP_QUEUE_LOOK` of them per call).
+    fn oldest_droppable(&self) -> Option<u32> {
+        for _ in 0..DROP_QUEUE_LOOK {
+            let rec = self.drop_queue.pop()?;
+            let Some(e) = self.entries.get(rec.idx as usize) else {
+                continue;
+            };
+            let st = e.state().load(Ordering::Acquire);
+            let seq = (st & SEQ_MASK) >> SEQ_SHIFT;
+            if !self.drop_queue.seq_matches(&rec, seq) || !droppable(st, e.proto()) {
+                continue;
+            }
+            if st & (FLAG_ASSURED | FLAG_SEEN_REPLY) == FLAG_SEEN_REPLY && !rec.second_chance {
+                self.drop_queue.push(rec.idx, seq, true);
+                continue;
+            }
+            return Some(rec.idx);
+        }
+        None
+    }
+
+    /// The oldest droppable entry of `EARLY_DROP_SCAN` index slots from `hint`'s (by creation
+    /// time, to 16 ms), else the first of the slab from `hint` on.
+    fn sampled_droppable(&self, hint: u64, now_ms: u64) -> Option<u32> {
+        // Walk the index from the hint's slot, as the kernel walks hash buckets from the new
+        // tuple's: the index holds live entries only, whatever their place in the slab.
+        let mut victim = None;
+        let mut oldest_age = 0u64;
+        let mut i = self.home(hint);
+        for _ in 0..EARLY_DROP_SCAN {
+            let s = self.slots[i].load(Ordering::Acquire);
+            i = self.next_slot(i);
+            if s == SLOT_EMPTY || s & TOMB_BIT != 0 {
+                continue;
+            }
+            let (_, idx, _) = self.code.decode(s);
+            let e = self.entries.at(idx as usize);
+            if !droppable(e.state().load(Ordering::Acquire), e.proto()) {
+                continue;
+            }
+            let age = e.stash().age_ms(now_ms);
+            if victim.is_none() || age > oldest_age {
+                victim = Some(idx);
+                oldest_age = age;
+            }
+        }
+        // A small table spreads its few entries thinly over the index: then the slab.
+        victim.or_else(|| self.droppable_in_slab(hint))
+    }
+
+    /// The first droppable entry of the slab from `hint` on (a bounded look).
+    fn droppable_in_slab(&self, hint: u64) -> Option<u32> {
         let n = (self.next_unused.load(Ordering::Relaxed) as usize).clamp(1, self.entries.len());
         let start = hint as usize % n;
         (0..EARLY_DROP_SCAN.min(n))
@@ -1730,7 +1840,7 @@ impl Table {
                     .at(idx as usize)
                     .state()
                     .load(Ordering::Acquire);
-                s & LIFE_MASK == LIFE_LIVE && s & FLAG_ASSURED == 0
+                droppable(s, self.entries.at(idx as usize).proto())
             })
     }
 
@@ -1868,6 +1978,7 @@ impl Table {
         // themselves; the scan only reclaims room.
         let elapsed = now_ms.saturating_sub(retired.last_ms);
         retired.last_ms = now_ms;
+        self.flush_admitted(retired);
         // The live count: at every step with one worker; with several, when the clock moved
         // (so the count trails by at most a clock tick's new connections, or `worker_chunk`).
         // With chunks of `CHUNK` (one participant, or a small table) at
@@ -2199,6 +2310,8 @@ pub struct Retired {
     /// Never-used entries `.0..1` reserved for this worker.
     unused: (u32, u32),
     pending_live: i64,
+    /// Early-drop records of this worker's new connections not yet pushed (`fifo`).
+    admitted: Vec<u32>,
     /// The clock at the previous maintenance step, and the scan work it has earned since.
     last_ms: u64,
     entry_credit: u64,
@@ -2223,6 +2336,7 @@ impl Retired {
             free: Vec::with_capacity(2 * CHUNK as usize),
             unused: (0, 0),
             pending_live: 0,
+            admitted: Vec::with_capacity(CHUNK as usize),
             last_ms: 0,
             entry_credit: 0,
             slot_credit: 0,

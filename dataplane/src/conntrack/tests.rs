@@ -686,3 +686,148 @@ fn an_expired_connection_frees_its_reply_tuple_and_leaves_listings() {
     let r = find(&ct, &reply, 31_000).unwrap();
     assert_eq!(r.other_tuple(), tup(1, 5000, 42, 53, 17));
 }
+
+/// SYN `i` of a flood against 10.1.0.41:80 (its original and reply tuples).
+fn flood_syn(i: u32) -> (Tuple, Tuple) {
+    let src = Addr::from_v4([172, 18, (i >> 8) as u8, i as u8]);
+    let o = Tuple {
+        src,
+        sport: 1000 + (i >> 16) as u16,
+        ..tup(0, 0, 41, 80, 6)
+    };
+    let r = Tuple {
+        dst: src,
+        dport: o.sport,
+        ..tup(200, 80, 0, 0, 6)
+    };
+    (o, r)
+}
+
+fn assure(ct: &Conntrack, o: &Tuple, r: &Tuple, now: u64) {
+    ct.on_packet(&find(ct, r, now).unwrap(), tcp::SYN | tcp::ACK, 60, now)
+        .unwrap();
+    ct.on_packet(&find(ct, o, now).unwrap(), tcp::ACK, 60, now)
+        .unwrap();
+}
+
+/// Early drop evicts the entry that became droppable first, never one younger than the oldest
+/// unassured entry: at a full table (a tenth of it established), after each new SYN of a flood
+/// exactly the oldest unassured entry is gone, and the established connections all stay. The
+/// SYNs all come in the same millisecond (their creation times cannot tell them apart). Both
+/// allocation paths: a worker's cache (`create_with`, one worker and two) and the shared one
+/// (`create`).
+#[test]
+fn early_drop_evicts_the_oldest_unassured_entry_first() {
+    for (cached, workers) in [(true, 1), (true, 2), (false, 1)] {
+        let max = 1000u32;
+        let ct = with_workers(max, workers);
+        let mut retired = ct.retired_list();
+        let mut create = |o: &Tuple, r: &Tuple, now: u64| {
+            let hint = ct.hash(&o.pack());
+            ct.enter(0);
+            let res = if cached {
+                ct.create_with(&mut retired, o, r, tcp::SYN, false, 0, now, hint)
+            } else {
+                ct.create(o, r, tcp::SYN, false, 0, now, hint)
+            };
+            ct.leave(0);
+            res
+        };
+        let est: Vec<(Tuple, Tuple)> = (0..100u16)
+            .map(|i| (tup(1, 2000 + i, 41, 80, 6), tup(200, 80, 1, 2000 + i, 6)))
+            .collect();
+        for (o, r) in &est {
+            create(o, r, 0).unwrap();
+            assure(&ct, o, r, 0);
+        }
+        let now = 5;
+        // The unassured entries, oldest first.
+        let mut live = std::collections::VecDeque::new();
+        for i in 0..5 * max {
+            let (o, r) = flood_syn(i);
+            create(&o, &r, now).unwrap_or_else(|e| panic!("{i}: {e:?}"));
+            live.push_back(o);
+            if live.len() + est.len() > max as usize {
+                let victim = live.pop_front().unwrap();
+                let ctx = format!("cached {cached}, {workers} workers, SYN {i}");
+                assert!(
+                    find(&ct, &victim, now).is_none(),
+                    "{ctx}: the oldest is there"
+                );
+                assert!(find(&ct, &live[0], now).is_some(), "{ctx}: a younger went");
+            }
+        }
+        assert!(live.iter().all(|o| find(&ct, o, now).is_some()));
+        assert!(est.iter().all(|(o, _)| find(&ct, o, now).is_some()));
+        assert_eq!(ct.early_drops(), (5 * max - (max - 100)) as u64);
+    }
+}
+
+/// A handshake its server answered (SYN_RECV-like: seen a reply, not yet assured) is passed
+/// over once: after the flood has turned the whole room over, it is still there while the SYNs
+/// admitted beside it are gone.
+#[test]
+fn early_drop_passes_over_an_answered_handshake_once() {
+    let max = 1000u32;
+    let ct = with_workers(max, 1);
+    let now = 5;
+    let syn = |i: u32| {
+        let (o, r) = flood_syn(i);
+        ct.create(&o, &r, tcp::SYN, false, 0, now, ct.hash(&o.pack()))
+            .unwrap();
+    };
+    for i in 0..max + 10 {
+        syn(i);
+    }
+    let (o, r) = flood_syn(500);
+    ct.on_packet(&find(&ct, &r, now).unwrap(), tcp::SYN | tcp::ACK, 60, now)
+        .unwrap();
+    for i in max + 10..2 * max {
+        syn(i);
+    }
+    assert!(
+        find(&ct, &o, now).is_some(),
+        "the answered handshake went in its turn"
+    );
+    assert!(find(&ct, &flood_syn(499).0, now).is_none());
+    assert!(find(&ct, &flood_syn(501).0, now).is_none());
+    // Its second turn comes.
+    for i in 2 * max..3 * max {
+        syn(i);
+    }
+    assert!(find(&ct, &o, now).is_none());
+}
+
+/// A closed connection may go to make room (the kernel's `tcp_can_early_drop`): a table full of
+/// assured connections refuses a new one until one of them closes, then that one goes.
+#[test]
+fn a_closed_connection_makes_room_for_a_new_one() {
+    let max = 16u32;
+    let ct = with_workers(max, 1);
+    let conns: Vec<(Tuple, Tuple)> = (0..max as u16)
+        .map(|i| (tup(1, 2000 + i, 41, 80, 6), tup(200, 80, 1, 2000 + i, 6)))
+        .collect();
+    for (o, r) in &conns {
+        ct.create(o, r, tcp::SYN, false, 0, 0, 0).unwrap();
+        assure(&ct, o, r, 0);
+    }
+    let (no, nr) = flood_syn(1);
+    assert_eq!(
+        ct.create(&no, &nr, tcp::SYN, false, 0, 1, 0),
+        Err(CreateError::Insert(InsertError::Full))
+    );
+    let (co, cr) = conns[7];
+    for (t, flags) in [
+        (co, tcp::FIN | tcp::ACK),
+        (cr, tcp::FIN | tcp::ACK),
+        (co, tcp::ACK),
+    ] {
+        ct.on_packet(&find(&ct, &t, 2).unwrap(), flags, 60, 2)
+            .unwrap();
+    }
+    ct.create(&no, &nr, tcp::SYN, false, 0, 3, 0).unwrap();
+    assert!(find(&ct, &co, 3).is_none());
+    for (k, (o, _)) in conns.iter().enumerate() {
+        assert_eq!(find(&ct, o, 3).is_some(), k != 7, "connection {k}");
+    }
+}

@@ -331,6 +331,14 @@ struct SpoofState {
     valid_for: (u64, u64),
 }
 
+/// The seed of a worker's random endpoint choice: random per process (std's `RandomState` keys
+/// come from the OS), so that the n-th new connection does not get the same endpoint on every
+/// node and after every restart. Replay keeps its fixed seeds (its runs are deterministic).
+fn endpoint_choice_seed(worker: usize) -> u64 {
+    use std::hash::BuildHasher;
+    std::collections::hash_map::RandomState::new().hash_one(worker)
+}
+
 impl RunState {
     fn new(w: &Worker, shared: &Shared) -> RunState {
         let now = Instant::now();
@@ -338,7 +346,7 @@ impl RunState {
             pipeline: Pipeline::new(
                 w.index,
                 LinkType::Ethernet,
-                0x6b78_6470 ^ w.index as u64,
+                endpoint_choice_seed(w.index),
                 &shared.ct,
             ),
             descs: [Desc::default(); BATCH],

@@ -308,6 +308,7 @@ fn bench(c: &mut Criterion) {
         pods: &changed,
         namespaces: false,
         policies: false,
+        cluster_policies: false,
     };
     let mut flip = false;
     g.bench_function("recompile_one_label_change", |b| {

@@ -114,6 +114,17 @@ impl DirRules {
             .map(|e| e.rule)
     }
 
+    /// The lowest rule index among the entries matching `proto`/`port` for `addr` (cluster
+    /// tiers number their rules in evaluation order, so the lowest is the first that applies).
+    #[inline]
+    pub fn lookup_first(&self, addr: &Addr, proto: u8, port: u16) -> Option<u32> {
+        self.ports_for(addr)
+            .iter()
+            .filter(|e| e.matches(proto, port))
+            .map(|e| e.rule)
+            .min()
+    }
+
     /// Number of segments (for statistics and tests).
     pub fn segments(&self) -> usize {
         self.starts.len()
@@ -318,23 +329,132 @@ impl Direction {
     }
 }
 
-/// Where a rule comes from: `namespace/policy`, direction, index in the policy's list.
+/// A ClusterNetworkPolicy tier.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Tier {
+    /// Before NetworkPolicy.
+    Admin,
+    /// After NetworkPolicy, for pods no NetworkPolicy isolates.
+    Baseline,
+}
+
+impl Tier {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Tier::Admin => "Admin",
+            Tier::Baseline => "Baseline",
+        }
+    }
+}
+
+/// What a ClusterNetworkPolicy rule does with the connections it matches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Action {
+    Accept,
+    Deny,
+    /// Skips the rest of the tier (Admin: on to NetworkPolicy).
+    Pass,
+}
+
+impl Action {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Accept => "Accept",
+            Action::Deny => "Deny",
+            Action::Pass => "Pass",
+        }
+    }
+}
+
+/// A ClusterNetworkPolicy rule's place: its tier, its policy's priority and its action.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ClusterRule {
+    pub tier: Tier,
+    pub priority: i32,
+    pub action: Action,
+}
+
+/// Where a rule comes from: `namespace/policy` (a ClusterNetworkPolicy: its name), direction,
+/// index in the policy's list, and for a ClusterNetworkPolicy its tier, priority and action.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct RuleInfo {
     pub policy: Arc<str>,
     pub direction: Direction,
     pub index: u32,
+    pub cluster: Option<ClusterRule>,
 }
 
 impl fmt::Display for RuleInfo {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{} {}[{}]",
-            self.policy,
-            self.direction.as_str(),
-            self.index
-        )
+        match &self.cluster {
+            None => write!(
+                f,
+                "{} {}[{}]",
+                self.policy,
+                self.direction.as_str(),
+                self.index
+            ),
+            Some(c) => write!(
+                f,
+                "ClusterNetworkPolicy {} ({} tier, priority {}) {}[{}] {}",
+                self.policy,
+                c.tier.as_str(),
+                c.priority,
+                self.direction.as_str(),
+                self.index,
+                c.action.as_str()
+            ),
+        }
+    }
+}
+
+/// One ClusterNetworkPolicy tier's rules for a pod and direction: `rules` names, per address,
+/// entries whose `rule` is an index into `order` (evaluation order: priority, then policy name,
+/// then rule order), so the lowest matching index is the rule that decides.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TierRules {
+    pub rules: DirRules,
+    /// Per evaluation index: the rule (index into [`PolicyTables::rules`]) and its action.
+    pub order: Box<[(u32, Action)]>,
+}
+
+impl TierRules {
+    /// The first rule matching, and its action.
+    #[inline]
+    pub fn first(&self, addr: &Addr, proto: u8, port: u16) -> Option<(u32, Action)> {
+        self.rules
+            .lookup_first(addr, proto, port)
+            .map(|i| self.order[i as usize])
+    }
+}
+
+/// The ClusterNetworkPolicy tiers selecting a local pod, per direction (`None`: no policy of
+/// that tier selects it with rules of that direction).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClusterPod {
+    pub admin_ingress: Option<Arc<TierRules>>,
+    pub admin_egress: Option<Arc<TierRules>>,
+    pub baseline_ingress: Option<Arc<TierRules>>,
+    pub baseline_egress: Option<Arc<TierRules>>,
+    /// The ClusterNetworkPolicies that select the pod (names, evaluation order), for listings.
+    pub policies: Arc<[Arc<str>]>,
+}
+
+impl ClusterPod {
+    pub fn tier(&self, tier: Tier, dir: Direction) -> Option<&TierRules> {
+        match (tier, dir) {
+            (Tier::Admin, Direction::Ingress) => self.admin_ingress.as_deref(),
+            (Tier::Admin, Direction::Egress) => self.admin_egress.as_deref(),
+            (Tier::Baseline, Direction::Ingress) => self.baseline_ingress.as_deref(),
+            (Tier::Baseline, Direction::Egress) => self.baseline_egress.as_deref(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.admin_ingress.is_none()
+            && self.admin_egress.is_none()
+            && self.baseline_ingress.is_none()
+            && self.baseline_egress.is_none()
     }
 }
 
@@ -350,6 +470,9 @@ pub struct LocalPod {
     /// The policies that select this pod for ingress / egress (`namespace/name`), for listings.
     pub ingress_policies: Arc<[Arc<str>]>,
     pub egress_policies: Arc<[Arc<str>]>,
+    /// The ClusterNetworkPolicies selecting this pod (`None`: none; the NetworkPolicy
+    /// judgement alone, as fast as without them).
+    pub cluster: Option<Arc<ClusterPod>>,
     /// New connections denied, counted by the workers (relaxed; only on the drop path).
     pub denied_ingress: AtomicU64,
     pub denied_egress: AtomicU64,
@@ -377,10 +500,22 @@ pub enum Side {
     Node,
     /// A pod talking to itself: always allowed.
     SelfTraffic,
-    /// Allowed by this rule (index into [`PolicyTables::rules`]).
+    /// Allowed by this rule (index into [`PolicyTables::rules`]): a NetworkPolicy rule or a
+    /// ClusterNetworkPolicy Accept.
     Allowed(u32),
     /// Isolated and no rule allows it.
     Denied,
+    /// Denied by this ClusterNetworkPolicy rule (Deny, or an Admin Pass that NetworkPolicy
+    /// then denied is `Denied`).
+    DeniedBy(u32),
+}
+
+impl Side {
+    /// Whether this side lets the connection through.
+    #[inline]
+    pub fn allows(self) -> bool {
+        !matches!(self, Side::Denied | Side::DeniedBy(_))
+    }
 }
 
 /// Every local pod's compiled policy, and what the judgement needs about this node.
@@ -411,7 +546,8 @@ impl PolicyTables {
         };
         for (pod, addrs) in pods {
             let i = t.pods.len() as u32;
-            t.any_isolated |= pod.ingress.is_some() || pod.egress.is_some();
+            t.any_isolated |=
+                pod.ingress.is_some() || pod.egress.is_some() || pod.cluster.is_some();
             for a in addrs {
                 t.local.entry(a).or_insert(i);
             }
@@ -471,14 +607,30 @@ impl PolicyTables {
             return Decision::Allow;
         }
         if let Some(i) = self.local_pod(src) {
-            if let Some(r) = &self.pods[i as usize].egress {
+            let p = &self.pods[i as usize];
+            if let Some(c) = &p.cluster {
+                if !self
+                    .side(c, &p.egress, Direction::Egress, dst, proto, dport)
+                    .allows()
+                {
+                    return Decision::DenyEgress(i);
+                }
+            } else if let Some(r) = &p.egress {
                 if r.lookup(dst, proto, dport).is_none() && !self.is_node(dst) {
                     return Decision::DenyEgress(i);
                 }
             }
         }
         if let Some(i) = self.local_pod(dst) {
-            if let Some(r) = &self.pods[i as usize].ingress {
+            let p = &self.pods[i as usize];
+            if let Some(c) = &p.cluster {
+                if !self
+                    .side(c, &p.ingress, Direction::Ingress, src, proto, dport)
+                    .allows()
+                {
+                    return Decision::DenyIngress(i);
+                }
+            } else if let Some(r) = &p.ingress {
                 if r.lookup(src, proto, dport).is_none() && !self.is_node(src) {
                     return Decision::DenyIngress(i);
                 }
@@ -487,8 +639,47 @@ impl PolicyTables {
         Decision::Allow
     }
 
+    /// One side of a pod that ClusterNetworkPolicies select, in the API's order: the Admin
+    /// tier (Accept and Deny final, Pass on to NetworkPolicy), NetworkPolicy (final for an
+    /// isolated pod), the Baseline tier (Pass ends it), then allowed. This node is always
+    /// allowed, as for NetworkPolicy. `np`: the pod's NetworkPolicy rules for `dir`.
+    fn side(
+        &self,
+        c: &ClusterPod,
+        np: &Option<Arc<DirRules>>,
+        dir: Direction,
+        peer: &Addr,
+        proto: u8,
+        port: u16,
+    ) -> Side {
+        if self.is_node(peer) {
+            return Side::Node;
+        }
+        if let Some(t) = c.tier(Tier::Admin, dir) {
+            match t.first(peer, proto, port) {
+                Some((r, Action::Accept)) => return Side::Allowed(r),
+                Some((r, Action::Deny)) => return Side::DeniedBy(r),
+                Some((_, Action::Pass)) | None => {}
+            }
+        }
+        if let Some(r) = np {
+            return match r.lookup(peer, proto, port) {
+                Some(rule) => Side::Allowed(rule),
+                None => Side::Denied,
+            };
+        }
+        if let Some(t) = c.tier(Tier::Baseline, dir) {
+            match t.first(peer, proto, port) {
+                Some((r, Action::Accept)) => return Side::Allowed(r),
+                Some((r, Action::Deny)) => return Side::DeniedBy(r),
+                Some((_, Action::Pass)) | None => {}
+            }
+        }
+        Side::NotIsolated
+    }
+
     /// Both sides of the judgement, for traces: (egress at the source, ingress at the
-    /// destination). `judge` allows exactly when neither side is `Denied`.
+    /// destination). `judge` allows exactly when neither side is `Denied` or `DeniedBy`.
     pub fn explain(&self, src: &Addr, dst: &Addr, proto: u8, dport: u16) -> (Side, Side) {
         let side = |pod: &Addr, peer: &Addr, dir: Direction| -> Side {
             let Some(i) = self.local_pod(pod) else {
@@ -499,6 +690,12 @@ impl PolicyTables {
                 Direction::Ingress => &p.ingress,
                 Direction::Egress => &p.egress,
             };
+            if let Some(c) = &p.cluster {
+                if src == dst {
+                    return Side::SelfTraffic;
+                }
+                return self.side(c, rules, dir, peer, proto, dport);
+            }
             let Some(r) = rules else {
                 return Side::NotIsolated;
             };

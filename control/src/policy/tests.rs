@@ -640,6 +640,7 @@ fn incremental_changes_touch_only_affected_pods() {
             pods: &pods,
             namespaces: false,
             policies: false,
+            cluster_policies: false,
         };
         let (t, _) = c.compile_changes("node-a", &node_addrs(), &state_of(objs), Some(changes));
         (t, c.stats)
@@ -799,6 +800,7 @@ fn incremental_peer_index_equals_full_compile() {
                 pods: &pods,
                 namespaces,
                 policies,
+                cluster_policies: false,
             }),
         );
         let (full, _) = compile("node-a", &node_addrs(), &st);
@@ -940,6 +942,7 @@ fn randomized_incremental_equals_full_compile() {
                 pods: &changed,
                 namespaces: namespaces_changed,
                 policies: policies_changed,
+                cluster_policies: false,
             }),
         );
         let (full, _) = compile("node-a", &node_addrs(), &st);

@@ -142,11 +142,23 @@ impl DirRules {
 pub struct DirRulesBuilder {
     ranges: Vec<(u128, u128, u32)>,
     lists: Vec<Vec<PortEntry>>,
+    /// Rule numbers are an evaluation order (cluster tiers): an entry an any-protocol entry
+    /// covers is kept when its rule comes first.
+    ordered: bool,
 }
 
 impl DirRulesBuilder {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A builder for a ClusterNetworkPolicy tier: the lowest matching rule decides, so no
+    /// entry of a lower rule is merged away (`DirRules::lookup_first`).
+    pub fn ordered() -> Self {
+        DirRulesBuilder {
+            ordered: true,
+            ..Self::default()
+        }
     }
 
     /// Allows `entries` for every address in each of `ranges` (inclusive bounds).
@@ -217,7 +229,7 @@ impl DirRulesBuilder {
                     .iter()
                     .flat_map(|&(id, _)| self.lists[id as usize].iter().copied())
                     .collect();
-                normalize(&mut set);
+                normalize(&mut set, self.ordered);
                 match interned.get(&set) {
                     Some(&s) => s,
                     None => {
@@ -253,12 +265,16 @@ impl DirRulesBuilder {
 }
 
 /// Sorts a port set and keeps one entry per (protocol, range): the lowest rule index. An entry
-/// covered by an any-protocol entry is dropped too.
-fn normalize(set: &mut Vec<PortEntry>) {
+/// covered by an any-protocol entry is dropped too (`ordered`: unless its rule comes first).
+fn normalize(set: &mut Vec<PortEntry>, ordered: bool) {
     set.sort_unstable();
     set.dedup_by(|b, a| a.proto == b.proto && a.lo == b.lo && a.hi == b.hi);
     if let Some(any) = set.first().copied().filter(|e| e.proto == ANY_PROTO) {
-        set.retain(|e| e.proto == ANY_PROTO || !(any.lo <= e.lo && e.hi <= any.hi));
+        set.retain(|e| {
+            e.proto == ANY_PROTO
+                || !(any.lo <= e.lo && e.hi <= any.hi)
+                || (ordered && e.rule < any.rule)
+        });
     }
 }
 

@@ -1272,7 +1272,7 @@ fn build_tier(parts: &[&PolicyDir], ports: &[(String, u8, u16)], rules: &[RuleIn
         rule: index_of[&e.rule],
         ..*e
     };
-    let mut b = DirRulesBuilder::new();
+    let mut b = DirRulesBuilder::ordered();
     for d in parts {
         for (ranges, entries) in &d.contributions {
             let e: Vec<PortEntry> = entries.iter().map(renumber).collect();

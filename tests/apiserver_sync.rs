@@ -578,3 +578,87 @@ fn writes_over_http_while_watching() {
     });
     h.shutdown();
 }
+
+fn cnp_objects() -> (Value, Value, Value) {
+    let ns = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ns", "labels": {"team": "a"}}});
+    let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web", "namespace": "ns", "labels": {"app": "web"}},
+                     "spec": {"nodeName": "node-a", "containers": [{"name": "c", "image": "i"}]},
+                     "status": {"phase": "Running", "podIP": "10.1.0.1", "podIPs": [{"ip": "10.1.0.1"}]}});
+    let cnp = json!({"apiVersion": "policy.networking.k8s.io/v1alpha2", "kind": "ClusterNetworkPolicy",
+                     "metadata": {"name": "guardrail"},
+                     "spec": {"tier": "Admin", "priority": 10, "subject": {"namespaces": {"matchLabels": {"team": "a"}}},
+                              "ingress": [{"action": "Deny", "from": [{"networks": ["0.0.0.0/0"]}]}]}});
+    (ns, pod, cnp)
+}
+
+/// The local pod's ClusterNetworkPolicy tiers as published (None: no pod 10.1.0.1, or no
+/// policy selects it).
+fn cluster_selected(snap: &Snapshot) -> Option<bool> {
+    let t = &snap.policy;
+    let i = t.local_pod(&Addr::from_ip("10.1.0.1".parse().unwrap()))?;
+    Some(t.pods()[i as usize].cluster.is_some())
+}
+
+/// ClusterNetworkPolicies from the API server: added, changed and deleted through the watch.
+/// (An `ingress` peer with `networks` is refused by name: ingress peers have none.)
+#[test]
+fn cluster_network_policies_are_watched() {
+    let server = seeded();
+    let (ns, pod, cnp) = (cnp_objects().0, cnp_objects().1, cnp_objects().2);
+    server.apply(ns);
+    server.apply(pod);
+    server.apply(cnp.clone());
+    let (published, h) = start(&server);
+    wait_for(&published, "the policy selects the pod", |s| {
+        cluster_selected(s) == Some(true)
+    });
+    wait_status(&h, "the ingress networks peer is refused", |st| {
+        st.problems.iter().any(|p| {
+            p.object == "ClusterNetworkPolicy guardrail"
+                && p.message
+                    .contains("spec.ingress[0].from[0].networks: only egress peers have networks")
+        })
+    });
+    let mut other = cnp;
+    other["spec"]["subject"] = json!({"namespaces": {"matchLabels": {"team": "b"}}});
+    server.apply(other);
+    wait_for(&published, "the changed policy no longer selects it", |s| {
+        cluster_selected(s) == Some(false)
+    });
+    server.apply(cnp_objects().2);
+    wait_for(&published, "selected again", |s| {
+        cluster_selected(s) == Some(true)
+    });
+    assert!(server.delete("ClusterNetworkPolicy", "", "guardrail"));
+    wait_for(&published, "deleted", |s| {
+        cluster_selected(s) == Some(false)
+    });
+    assert!(h.status().source_errors.is_empty());
+    h.shutdown();
+}
+
+/// A cluster without the ClusterNetworkPolicy CRD (404 on its list) syncs as before: no source
+/// error, no problem; the kind counts as empty.
+#[test]
+fn cluster_without_the_crd_syncs() {
+    let server = seeded();
+    server.set_served("clusternetworkpolicies", false);
+    let (ns, pod, _) = cnp_objects();
+    server.apply(ns);
+    server.apply(pod);
+    let (published, h) = start(&server);
+    wait_for(&published, "initial sync", |s| {
+        endpoints(s, "172.30.0.10", 80).is_some() && cluster_selected(s) == Some(false)
+    });
+    let st = h.status();
+    assert!(st.ready);
+    assert!(st.source_errors.is_empty(), "{:?}", st.source_errors);
+    assert!(
+        !st.events
+            .iter()
+            .any(|e| e.contains("clusternetworkpolicies")),
+        "{:?}",
+        st.events
+    );
+    h.shutdown();
+}

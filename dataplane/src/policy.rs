@@ -929,6 +929,117 @@ mod tests {
         assert_eq!(r.lookup(&p, UDP, 443), None);
     }
 
+    /// Cluster tiers: the lowest evaluation index decides, even under a later any-protocol
+    /// rule (which a NetworkPolicy port set merges away).
+    #[test]
+    fn ordered_tiers_keep_the_first_rule() {
+        let all = block("0.0.0.0/0", &[]);
+        let build = |mut b: DirRulesBuilder| {
+            b.add(&all, &[PortEntry::range(TCP, 8080, 8080, 0)]);
+            b.add(&all, &[PortEntry::any(1)]);
+            b.add(&all, &[PortEntry::range(TCP, 80, 80, 2)]);
+            b.build()
+        };
+        let p = a("1.2.3.4");
+        let t = TierRules {
+            rules: build(DirRulesBuilder::ordered()),
+            order: Box::new([(7, Action::Accept), (8, Action::Deny), (9, Action::Pass)]),
+        };
+        assert_eq!(t.first(&p, TCP, 8080), Some((7, Action::Accept)));
+        assert_eq!(t.first(&p, TCP, 80), Some((8, Action::Deny)));
+        assert_eq!(t.first(&p, UDP, 8080), Some((8, Action::Deny)));
+        // Unordered: the any-protocol entry covers the others.
+        assert_eq!(build(DirRulesBuilder::new()).lookup(&p, TCP, 8080), Some(1));
+    }
+
+    /// A pod with cluster tiers: Admin Accept/Deny final, Pass on to NetworkPolicy, Baseline
+    /// only when no NetworkPolicy isolates, the node always allowed.
+    #[test]
+    fn cluster_sides_in_api_order() {
+        let tier = |entries: &[(&str, PortEntry)], order: &[(u32, Action)]| {
+            let mut b = DirRulesBuilder::ordered();
+            for (peer, e) in entries {
+                b.add(&block(peer, &[]), &[*e]);
+            }
+            Arc::new(TierRules {
+                rules: b.build(),
+                order: order.into(),
+            })
+        };
+        // Admin: 10.9/16 Deny TCP 22, 10.8/16 Pass, 10.7/16 Accept. Baseline: Deny everything
+        // on UDP.
+        let admin = tier(
+            &[
+                ("10.9.0.0/16", PortEntry::range(TCP, 22, 22, 0)),
+                ("10.8.0.0/16", PortEntry::any(1)),
+                ("10.7.0.0/16", PortEntry::any(2)),
+            ],
+            &[(0, Action::Deny), (1, Action::Pass), (2, Action::Accept)],
+        );
+        let baseline = tier(
+            &[("0.0.0.0/0", PortEntry::range(UDP, 0, u16::MAX, 0))],
+            &[(3, Action::Deny)],
+        );
+        let cluster = Arc::new(ClusterPod {
+            admin_ingress: Some(admin),
+            baseline_ingress: Some(baseline),
+            ..Default::default()
+        });
+        let mut open = pod("ns/open", None, None);
+        open.cluster = Some(cluster.clone());
+        // The same pod isolated by a NetworkPolicy allowing 10.8.0.1 on TCP.
+        let mut isolated = pod(
+            "ns/iso",
+            Some(rules_from(
+                &["10.8.0.1"],
+                &[PortEntry::range(TCP, 0, u16::MAX, 4)],
+            )),
+            None,
+        );
+        isolated.cluster = Some(cluster);
+        let t = PolicyTables::new(
+            vec![(open, vec![a("10.1.0.1")]), (isolated, vec![a("10.1.0.2")])],
+            vec![a("192.168.0.2")],
+            vec![],
+        );
+        assert!(t.any_isolated());
+        use Decision::*;
+        let cases: &[(&str, &str, u8, u16, Decision)] = &[
+            ("10.9.0.1", "10.1.0.1", TCP, 22, DenyIngress(0)),
+            ("10.9.0.1", "10.1.0.1", TCP, 23, Allow),
+            ("10.9.0.1", "10.1.0.1", UDP, 22, DenyIngress(0)),
+            ("10.7.0.1", "10.1.0.1", UDP, 53, Allow),
+            ("10.8.0.1", "10.1.0.1", UDP, 53, DenyIngress(0)),
+            ("10.8.0.1", "10.1.0.2", UDP, 53, DenyIngress(1)),
+            ("10.8.0.1", "10.1.0.2", TCP, 80, Allow),
+            ("10.8.0.2", "10.1.0.2", TCP, 80, DenyIngress(1)),
+            ("10.7.0.1", "10.1.0.2", UDP, 53, Allow),
+            ("192.168.0.2", "10.1.0.2", UDP, 53, Allow),
+            ("10.1.0.2", "10.1.0.2", UDP, 53, Allow),
+        ];
+        for &(s, d, proto, port, want) in cases {
+            assert_eq!(
+                t.judge(&a(s), &a(d), proto, port),
+                want,
+                "{s} -> {d} {proto}/{port}"
+            );
+            let (e, i) = t.explain(&a(s), &a(d), proto, port);
+            assert_eq!(
+                e.allows() && i.allows(),
+                want == Allow,
+                "{s} -> {d}: {e:?} {i:?}"
+            );
+        }
+        assert_eq!(
+            t.explain(&a("10.9.0.1"), &a("10.1.0.1"), TCP, 22).1,
+            Side::DeniedBy(0)
+        );
+        assert_eq!(
+            t.explain(&a("10.7.0.1"), &a("10.1.0.1"), TCP, 22).1,
+            Side::Allowed(2)
+        );
+    }
+
     fn pod(name: &str, ingress: Option<DirRules>, egress: Option<DirRules>) -> LocalPod {
         LocalPod {
             name: name.into(),

@@ -638,7 +638,7 @@ fn cluster_network_policies_are_watched() {
 }
 
 /// A cluster without the ClusterNetworkPolicy CRD (404 on its list) syncs as before: no source
-/// error, no problem; the kind counts as empty.
+/// error, no problem; the kind counts as empty. The CRD installed later is picked up.
 #[test]
 fn cluster_without_the_crd_syncs() {
     let server = seeded();
@@ -660,5 +660,11 @@ fn cluster_without_the_crd_syncs() {
         "{:?}",
         st.events
     );
+    // The CRD installed later: picked up by the retried list.
+    server.set_served("clusternetworkpolicies", true);
+    server.apply(cnp_objects().2);
+    wait_for(&published, "the policy after the CRD came", |s| {
+        cluster_selected(s) == Some(true)
+    });
     h.shutdown();
 }

@@ -447,6 +447,22 @@ fn bench(c: &mut Criterion) {
     g.bench_function("compile_full_1k_np_100_cnp_150k_pods", |b| {
         b.iter(|| black_box(PolicyCompiler::new().compile("node-0", &node_addrs(), &large_cnp)))
     });
+    // ClusterNetworkPolicies alone (no NetworkPolicy): what they cost by themselves.
+    let cnp_only = with_cluster_policies(
+        &cluster_at(
+            Scale {
+                policies_per_ns: 0,
+                ..LARGE
+            },
+            None,
+        ),
+        100,
+        10,
+    );
+    g.bench_function("compile_full_100_cnp_no_np_150k_pods", |b| {
+        b.iter(|| black_box(PolicyCompiler::new().compile("node-0", &node_addrs(), &cnp_only)))
+    });
+    drop(cnp_only);
     let mut flip = false;
     g.bench_function("recompile_one_label_change_100_cnp_150k_pods", |b| {
         b.iter(|| {

@@ -168,7 +168,7 @@ fn initial_sync_updates_deletes_and_selectors() {
     assert_eq!(endpoints(&snap, "172.30.0.11", 5432), Some(vec![]));
     // kube-proxy's selectors were sent (once every watch is open: the first publication can
     // come before the last watch request).
-    server.wait_watches(7);
+    server.wait_watches(8);
     let reqs = server.requests();
     assert!(reqs.iter().any(|r| r.plural == "services"
         && r.label_selector.as_deref()
@@ -256,7 +256,7 @@ fn dropped_connection_resumes_from_resource_version() {
     wait_for(&published, "initial sync", |s| {
         endpoints(s, "172.30.0.10", 80).is_some()
     });
-    server.wait_watches(7);
+    server.wait_watches(8);
     let lists = lists_of(&server, "services");
     let rv_before = server.resource_version();
     server.drop_watches();
@@ -309,7 +309,7 @@ fn paginated_list_and_relist_keep_forwarding() {
         2,
         "pages 2 and 3 continue the first: {pages:?}"
     );
-    server.wait_watches(7);
+    server.wait_watches(8);
 
     // A relist after 410 (on resume from a compacted resourceVersion): a worker sees every
     // Service at every moment meanwhile, then the change made while the watches were down.
@@ -347,7 +347,7 @@ fn gone_forces_a_relist() {
     wait_for(&published, "initial sync", |s| {
         endpoints(s, "172.30.0.10", 80).is_some()
     });
-    server.wait_watches(7);
+    server.wait_watches(8);
     let lists = lists_of(&server, "services");
     // 410 on every open watch, mid-stream.
     server.send_gone();

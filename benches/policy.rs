@@ -151,6 +151,85 @@ fn cluster_at(sc: Scale, relabel: Option<u32>) -> ClusterState {
     st
 }
 
+/// `n` ClusterNetworkPolicies of every kind (Admin and Baseline; namespace and pod subjects;
+/// Accept, Deny and Pass; namespace, pod and network peers; TCP/UDP/SCTP numbers, ranges and
+/// named ports), `priority_of_first` the first one's priority (a change toggles it).
+fn cluster_policies(n: u32, priority_of_first: i64) -> String {
+    let mut out = String::new();
+    for k in 0..n {
+        let team = format!("t{}", k % 5);
+        let app = format!("app-{}", k % APPS);
+        let (tier, spec) = match k % 5 {
+            0 => (
+                "Admin",
+                json!({
+                "subject": {"namespaces": {"matchLabels": {"team": team}}},
+                "ingress": [
+                    {"action": "Deny", "from": [{"namespaces": {"matchLabels": {"env": "dev"}}}],
+                     "protocols": [{"tcp": {"destinationPort": {"number": 22}}}]},
+                    {"action": "Accept", "from": [{"pods": {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app": app}}}}]}]}),
+            ),
+            1 => (
+                "Admin",
+                json!({
+                "subject": {"pods": {"namespaceSelector": {"matchLabels": {"env": "prod"}}, "podSelector": {"matchLabels": {"tier": "front"}}}},
+                "egress": [
+                    {"action": "Pass", "to": [{"namespaces": {"matchLabels": {"team": team}}}]},
+                    {"action": "Accept", "to": [{"networks": ["10.0.0.0/8"]}],
+                     "protocols": [{"tcp": {"destinationPort": {"range": {"start": 5432, "end": 5440}}}}]},
+                    {"action": "Deny", "to": [{"networks": ["0.0.0.0/0", "::/0"]}],
+                     "protocols": [{"udp": {"destinationPort": {"number": 53}}}]}]}),
+            ),
+            2 => (
+                "Baseline",
+                json!({
+                "subject": {"pods": {"namespaceSelector": {"matchLabels": {"team": team}}, "podSelector": {"matchLabels": {"app": app}}}},
+                "ingress": [{"action": "Deny", "from": [{"namespaces": {"matchLabels": {"team": team}}}]}]}),
+            ),
+            3 => (
+                "Admin",
+                json!({
+                "subject": {"namespaces": {}},
+                "ingress": [{"action": "Accept", "from": [{"namespaces": {"matchLabels": {"env": "prod"}}}],
+                             "protocols": [{"destinationNamedPort": "http"}, {"sctp": {"destinationPort": {"number": 9000}}}]}]}),
+            ),
+            _ => (
+                "Baseline",
+                json!({
+                "subject": {"namespaces": {"matchLabels": {"env": "dev"}}},
+                "egress": [
+                    {"action": "Accept", "to": [{"pods": {"namespaceSelector": {}, "podSelector": {"matchLabels": {"tier": "front"}}}}],
+                     "protocols": [{"destinationNamedPort": "dns"}]},
+                    {"action": "Deny", "to": [{"networks": ["203.0.113.0/24"]}]}]}),
+            ),
+        };
+        let mut spec = spec;
+        spec["tier"] = json!(tier);
+        spec["priority"] = json!(if k == 0 {
+            priority_of_first
+        } else {
+            (k % 50) as i64
+        });
+        let doc = json!({"apiVersion": "policy.networking.k8s.io/v1alpha2", "kind": "ClusterNetworkPolicy",
+                         "metadata": {"name": format!("cnp-{k}")}, "spec": spec});
+        out.push_str(&format!("{}\n", serde_json::to_string(&doc).unwrap()));
+    }
+    out
+}
+
+/// `st` with `n` ClusterNetworkPolicies.
+fn with_cluster_policies(st: &ClusterState, n: u32, priority_of_first: i64) -> ClusterState {
+    let mut st = st.clone();
+    kxdp_control::sources::files::load_str(
+        &cluster_policies(n, priority_of_first),
+        true,
+        Path::new("cnp.json"),
+        &mut st,
+    )
+    .unwrap();
+    st
+}
+
 fn node_addrs() -> Vec<Addr> {
     vec![Addr::from_v4([192, 168, 0, 2])]
 }
@@ -308,6 +387,7 @@ fn bench(c: &mut Criterion) {
         pods: &changed,
         namespaces: false,
         policies: false,
+        cluster_policies: false,
     };
     let mut flip = false;
     g.bench_function("recompile_one_label_change", |b| {
@@ -343,6 +423,71 @@ fn bench(c: &mut Criterion) {
             flip = !flip;
             let st = if flip { &large_relabelled } else { &large };
             black_box(compiler.compile_changes("node-0", &node_addrs(), st, Some(changes)))
+        })
+    });
+    g.finish();
+
+    // The same with 100 ClusterNetworkPolicies: full compile, one pod label change, and one
+    // ClusterNetworkPolicy changed (its priority toggled).
+    let large_cnp = with_cluster_policies(&large, 100, 10);
+    let large_cnp_relabelled = with_cluster_policies(&large_relabelled, 100, 10);
+    let large_cnp_changed = with_cluster_policies(&large, 100, 11);
+    let mut compiler = PolicyCompiler::new();
+    let (t, problems) = compiler.compile("node-0", &node_addrs(), &large_cnp);
+    assert!(problems.is_empty(), "{problems:?}");
+    let selected = t.pods().iter().filter(|p| p.cluster.is_some()).count();
+    eprintln!(
+        "policy bench (150k pods, 100 ClusterNetworkPolicies): {:?}, {selected} local pods selected",
+        compiler.stats
+    );
+    let mut g = c.benchmark_group("policy_compile_150k_cnp");
+    g.sample_size(10)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(5));
+    g.bench_function("compile_full_1k_np_100_cnp_150k_pods", |b| {
+        b.iter(|| black_box(PolicyCompiler::new().compile("node-0", &node_addrs(), &large_cnp)))
+    });
+    // ClusterNetworkPolicies alone (no NetworkPolicy): what they cost by themselves.
+    let cnp_only = with_cluster_policies(
+        &cluster_at(
+            Scale {
+                policies_per_ns: 0,
+                ..LARGE
+            },
+            None,
+        ),
+        100,
+        10,
+    );
+    g.bench_function("compile_full_100_cnp_no_np_150k_pods", |b| {
+        b.iter(|| black_box(PolicyCompiler::new().compile("node-0", &node_addrs(), &cnp_only)))
+    });
+    drop(cnp_only);
+    let mut flip = false;
+    g.bench_function("recompile_one_label_change_100_cnp_150k_pods", |b| {
+        b.iter(|| {
+            flip = !flip;
+            let st = if flip {
+                &large_cnp_relabelled
+            } else {
+                &large_cnp
+            };
+            black_box(compiler.compile_changes("node-0", &node_addrs(), st, Some(changes)))
+        })
+    });
+    let none = std::collections::BTreeSet::new();
+    let cnp_changes = PolicyChanges {
+        pods: &none,
+        namespaces: false,
+        policies: false,
+        cluster_policies: true,
+    };
+    let mut flip = false;
+    g.bench_function("recompile_one_cnp_change_150k_pods", |b| {
+        b.iter(|| {
+            flip = !flip;
+            let st = if flip { &large_cnp_changed } else { &large_cnp };
+            black_box(compiler.compile_changes("node-0", &node_addrs(), st, Some(cnp_changes)))
         })
     });
     g.finish();

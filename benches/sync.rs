@@ -758,6 +758,7 @@ fn pods(n: usize) {
             pods: &changed,
             namespaces: false,
             policies: false,
+            cluster_policies: false,
         };
         let r = compiler.compile_changes("node-0", &node, &state, Some(changes));
         times.push(t.elapsed());

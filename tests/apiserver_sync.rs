@@ -173,7 +173,7 @@ fn initial_sync_updates_deletes_and_selectors() {
     assert_eq!(endpoints(&snap, "172.30.0.11", 5432), Some(vec![]));
     // kube-proxy's selectors were sent (once every watch is open: the first publication can
     // come before the last watch request).
-    server.wait_watches(7);
+    server.wait_watches(8);
     let reqs = server.requests();
     assert!(reqs.iter().any(|r| r.plural == "services"
         && r.label_selector.as_deref()
@@ -261,7 +261,7 @@ fn dropped_connection_resumes_from_resource_version() {
     wait_for(&published, "initial sync", |s| {
         endpoints(s, "172.30.0.10", 80).is_some()
     });
-    server.wait_watches(7);
+    server.wait_watches(8);
     let lists = lists_of(&server, "services");
     let rv_before = server.resource_version();
     server.drop_watches();
@@ -314,7 +314,7 @@ fn paginated_list_and_relist_keep_forwarding() {
         2,
         "pages 2 and 3 continue the first: {pages:?}"
     );
-    server.wait_watches(7);
+    server.wait_watches(8);
 
     // A relist after 410 (on resume from a compacted resourceVersion): a worker sees every
     // Service at every moment meanwhile, then the change made while the watches were down.
@@ -352,7 +352,7 @@ fn gone_forces_a_relist() {
     wait_for(&published, "initial sync", |s| {
         endpoints(s, "172.30.0.10", 80).is_some()
     });
-    server.wait_watches(7);
+    server.wait_watches(8);
     let lists = lists_of(&server, "services");
     // 410 on every open watch, mid-stream.
     server.send_gone();
@@ -580,6 +580,96 @@ fn writes_over_http_while_watching() {
             && endpoints(s, "172.30.0.40", 80).is_none()
             && endpoints(s, "172.30.0.10", 8000).is_some()
             && endpoints(s, "172.30.0.11", 5432).is_none()
+    });
+    h.shutdown();
+}
+
+fn cnp_objects() -> (Value, Value, Value) {
+    let ns = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ns", "labels": {"team": "a"}}});
+    let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web", "namespace": "ns", "labels": {"app": "web"}},
+                     "spec": {"nodeName": "node-a", "containers": [{"name": "c", "image": "i"}]},
+                     "status": {"phase": "Running", "podIP": "10.1.0.1", "podIPs": [{"ip": "10.1.0.1"}]}});
+    let cnp = json!({"apiVersion": "policy.networking.k8s.io/v1alpha2", "kind": "ClusterNetworkPolicy",
+                     "metadata": {"name": "guardrail"},
+                     "spec": {"tier": "Admin", "priority": 10, "subject": {"namespaces": {"matchLabels": {"team": "a"}}},
+                              "ingress": [{"action": "Deny", "from": [{"networks": ["0.0.0.0/0"]}]}]}});
+    (ns, pod, cnp)
+}
+
+/// The local pod's ClusterNetworkPolicy tiers as published (None: no pod 10.1.0.1, or no
+/// policy selects it).
+fn cluster_selected(snap: &Snapshot) -> Option<bool> {
+    let t = &snap.policy;
+    let i = t.local_pod(&Addr::from_ip("10.1.0.1".parse().unwrap()))?;
+    Some(t.pods()[i as usize].cluster.is_some())
+}
+
+/// ClusterNetworkPolicies from the API server: added, changed and deleted through the watch.
+/// (An `ingress` peer with `networks` is refused by name: ingress peers have none.)
+#[test]
+fn cluster_network_policies_are_watched() {
+    let server = seeded();
+    let (ns, pod, cnp) = (cnp_objects().0, cnp_objects().1, cnp_objects().2);
+    server.apply(ns);
+    server.apply(pod);
+    server.apply(cnp.clone());
+    let (published, h) = start(&server);
+    wait_for(&published, "the policy selects the pod", |s| {
+        cluster_selected(s) == Some(true)
+    });
+    wait_status(&h, "the ingress networks peer is refused", |st| {
+        st.problems.iter().any(|p| {
+            p.object == "ClusterNetworkPolicy guardrail"
+                && p.message
+                    .contains("spec.ingress[0].from[0].networks: only egress peers have networks")
+        })
+    });
+    let mut other = cnp;
+    other["spec"]["subject"] = json!({"namespaces": {"matchLabels": {"team": "b"}}});
+    server.apply(other);
+    wait_for(&published, "the changed policy no longer selects it", |s| {
+        cluster_selected(s) == Some(false)
+    });
+    server.apply(cnp_objects().2);
+    wait_for(&published, "selected again", |s| {
+        cluster_selected(s) == Some(true)
+    });
+    assert!(server.delete("ClusterNetworkPolicy", "", "guardrail"));
+    wait_for(&published, "deleted", |s| {
+        cluster_selected(s) == Some(false)
+    });
+    assert!(h.status().source_errors.is_empty());
+    h.shutdown();
+}
+
+/// A cluster without the ClusterNetworkPolicy CRD (404 on its list) syncs as before: no source
+/// error, no problem; the kind counts as empty. The CRD installed later is picked up.
+#[test]
+fn cluster_without_the_crd_syncs() {
+    let server = seeded();
+    server.set_served("clusternetworkpolicies", false);
+    let (ns, pod, _) = cnp_objects();
+    server.apply(ns);
+    server.apply(pod);
+    let (published, h) = start(&server);
+    wait_for(&published, "initial sync", |s| {
+        endpoints(s, "172.30.0.10", 80).is_some() && cluster_selected(s) == Some(false)
+    });
+    let st = h.status();
+    assert!(st.ready);
+    assert!(st.source_errors.is_empty(), "{:?}", st.source_errors);
+    assert!(
+        !st.events
+            .iter()
+            .any(|e| e.contains("clusternetworkpolicies")),
+        "{:?}",
+        st.events
+    );
+    // The CRD installed later: picked up by the retried list.
+    server.set_served("clusternetworkpolicies", true);
+    server.apply(cnp_objects().2);
+    wait_for(&published, "the policy after the CRD came", |s| {
+        cluster_selected(s) == Some(true)
     });
     h.shutdown();
 }

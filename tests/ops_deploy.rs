@@ -237,7 +237,7 @@ fn cluster_role_grants_exactly_the_requests_the_code_makes() {
     );
     // nodeOverrides reads the Node with a GET.
     assert!(table.contains(&("".into(), "nodes".into(), "get".into())));
-    assert_eq!(table.len(), 15, "{table:?}");
+    assert_eq!(table.len(), 17, "{table:?}");
 
     // Bound to the DaemonSet's ServiceAccount.
     let sa = &o.service_accounts[0];

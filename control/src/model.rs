@@ -20,6 +20,8 @@ use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{NetworkPolicy, ServiceCIDR};
 
+pub use crate::policy::cluster::ClusterNetworkPolicy;
+
 /// `namespace/name`; cluster-scoped objects have an empty namespace.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct ObjectKey {
@@ -63,11 +65,12 @@ pub enum Kind {
     EndpointSlice,
     NetworkPolicy,
     ServiceCidr,
+    ClusterNetworkPolicy,
 }
 
 impl Kind {
     /// Every kind, in the order a whole state is handed over (nodes and ranges first).
-    pub const ALL: [Kind; 7] = [
+    pub const ALL: [Kind; 8] = [
         Kind::Node,
         Kind::Namespace,
         Kind::Pod,
@@ -75,6 +78,7 @@ impl Kind {
         Kind::EndpointSlice,
         Kind::NetworkPolicy,
         Kind::ServiceCidr,
+        Kind::ClusterNetworkPolicy,
     ];
 
     /// The Kubernetes `kind`.
@@ -87,12 +91,16 @@ impl Kind {
             Kind::EndpointSlice => "EndpointSlice",
             Kind::NetworkPolicy => "NetworkPolicy",
             Kind::ServiceCidr => "ServiceCIDR",
+            Kind::ClusterNetworkPolicy => "ClusterNetworkPolicy",
         }
     }
 
     /// Cluster-scoped kinds are held by name alone.
     pub fn cluster_scoped(self) -> bool {
-        matches!(self, Kind::Node | Kind::Namespace | Kind::ServiceCidr)
+        matches!(
+            self,
+            Kind::Node | Kind::Namespace | Kind::ServiceCidr | Kind::ClusterNetworkPolicy
+        )
     }
 }
 
@@ -112,6 +120,7 @@ pub enum Object {
     EndpointSlice(Box<EndpointSlice>),
     NetworkPolicy(Box<NetworkPolicy>),
     ServiceCidr(Box<ServiceCIDR>),
+    ClusterNetworkPolicy(Box<ClusterNetworkPolicy>),
 }
 
 impl Object {
@@ -124,6 +133,7 @@ impl Object {
             Object::EndpointSlice(_) => Kind::EndpointSlice,
             Object::NetworkPolicy(_) => Kind::NetworkPolicy,
             Object::ServiceCidr(_) => Kind::ServiceCidr,
+            Object::ClusterNetworkPolicy(_) => Kind::ClusterNetworkPolicy,
         }
     }
 
@@ -136,6 +146,7 @@ impl Object {
             Object::EndpointSlice(o) => &o.metadata,
             Object::NetworkPolicy(o) => &o.metadata,
             Object::ServiceCidr(o) => &o.metadata,
+            Object::ClusterNetworkPolicy(o) => &o.metadata,
         }
     }
 
@@ -169,6 +180,8 @@ pub struct ClusterState {
     pub endpoint_slices: BTreeMap<ObjectKey, EndpointSlice>,
     pub network_policies: BTreeMap<ObjectKey, NetworkPolicy>,
     pub service_cidrs: BTreeMap<String, ServiceCIDR>,
+    /// ClusterNetworkPolicies by name.
+    pub cluster_network_policies: BTreeMap<String, ClusterNetworkPolicy>,
     /// Service (namespace/name) → the names of its EndpointSlices (label
     /// `kubernetes.io/service-name`). Without it finding a Service's slices meant scanning its
     /// namespace: quadratic at thousands of Services in one namespace.
@@ -255,6 +268,13 @@ macro_rules! with_table {
                 let ($t, $wrap) = (&mut $state.service_cidrs, Object::ServiceCidr);
                 $body
             }
+            Kind::ClusterNetworkPolicy => {
+                let ($t, $wrap) = (
+                    &mut $state.cluster_network_policies,
+                    Object::ClusterNetworkPolicy,
+                );
+                $body
+            }
         }
     };
 }
@@ -286,6 +306,13 @@ macro_rules! with_object {
             }
             Object::ServiceCidr($o) => {
                 let ($t, $wrap) = (&mut $state.service_cidrs, Object::ServiceCidr);
+                $body
+            }
+            Object::ClusterNetworkPolicy($o) => {
+                let ($t, $wrap) = (
+                    &mut $state.cluster_network_policies,
+                    Object::ClusterNetworkPolicy,
+                );
                 $body
             }
         }
@@ -337,6 +364,9 @@ impl ClusterState {
             Object::EndpointSlice(o) => self.endpoint_slices.find(&key) == Some(&**o),
             Object::NetworkPolicy(o) => self.network_policies.find(&key) == Some(&**o),
             Object::ServiceCidr(o) => self.service_cidrs.find(&key) == Some(&**o),
+            Object::ClusterNetworkPolicy(o) => {
+                self.cluster_network_policies.find(&key) == Some(&**o)
+            }
         }
     }
 
@@ -365,6 +395,7 @@ impl ClusterState {
             Kind::EndpointSlice => self.endpoint_slices.find(key).is_some(),
             Kind::NetworkPolicy => self.network_policies.find(key).is_some(),
             Kind::ServiceCidr => self.service_cidrs.find(key).is_some(),
+            Kind::ClusterNetworkPolicy => self.cluster_network_policies.find(key).is_some(),
         }
     }
 
@@ -378,6 +409,7 @@ impl ClusterState {
             Kind::EndpointSlice => self.endpoint_slices.len(),
             Kind::NetworkPolicy => self.network_policies.len(),
             Kind::ServiceCidr => self.service_cidrs.len(),
+            Kind::ClusterNetworkPolicy => self.cluster_network_policies.len(),
         }
     }
 
@@ -391,6 +423,7 @@ impl ClusterState {
             Kind::EndpointSlice => self.endpoint_slices.keys_vec(),
             Kind::NetworkPolicy => self.network_policies.keys_vec(),
             Kind::ServiceCidr => self.service_cidrs.keys_vec(),
+            Kind::ClusterNetworkPolicy => self.cluster_network_policies.keys_vec(),
         }
     }
 
@@ -423,6 +456,7 @@ impl ClusterState {
             + self.endpoint_slices.len()
             + self.network_policies.len()
             + self.service_cidrs.len()
+            + self.cluster_network_policies.len()
     }
 
     pub fn is_empty(&self) -> bool {

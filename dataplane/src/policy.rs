@@ -114,6 +114,17 @@ impl DirRules {
             .map(|e| e.rule)
     }
 
+    /// The lowest rule index among the entries matching `proto`/`port` for `addr` (cluster
+    /// tiers number their rules in evaluation order, so the lowest is the first that applies).
+    #[inline]
+    pub fn lookup_first(&self, addr: &Addr, proto: u8, port: u16) -> Option<u32> {
+        self.ports_for(addr)
+            .iter()
+            .filter(|e| e.matches(proto, port))
+            .map(|e| e.rule)
+            .min()
+    }
+
     /// Number of segments (for statistics and tests).
     pub fn segments(&self) -> usize {
         self.starts.len()
@@ -131,11 +142,23 @@ impl DirRules {
 pub struct DirRulesBuilder {
     ranges: Vec<(u128, u128, u32)>,
     lists: Vec<Vec<PortEntry>>,
+    /// Rule numbers are an evaluation order (cluster tiers): an entry an any-protocol entry
+    /// covers is kept when its rule comes first.
+    ordered: bool,
 }
 
 impl DirRulesBuilder {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A builder for a ClusterNetworkPolicy tier: the lowest matching rule decides, so no
+    /// entry of a lower rule is merged away (`DirRules::lookup_first`).
+    pub fn ordered() -> Self {
+        DirRulesBuilder {
+            ordered: true,
+            ..Self::default()
+        }
     }
 
     /// Allows `entries` for every address in each of `ranges` (inclusive bounds).
@@ -206,7 +229,7 @@ impl DirRulesBuilder {
                     .iter()
                     .flat_map(|&(id, _)| self.lists[id as usize].iter().copied())
                     .collect();
-                normalize(&mut set);
+                normalize(&mut set, self.ordered);
                 match interned.get(&set) {
                     Some(&s) => s,
                     None => {
@@ -242,12 +265,16 @@ impl DirRulesBuilder {
 }
 
 /// Sorts a port set and keeps one entry per (protocol, range): the lowest rule index. An entry
-/// covered by an any-protocol entry is dropped too.
-fn normalize(set: &mut Vec<PortEntry>) {
+/// covered by an any-protocol entry is dropped too (`ordered`: unless its rule comes first).
+fn normalize(set: &mut Vec<PortEntry>, ordered: bool) {
     set.sort_unstable();
     set.dedup_by(|b, a| a.proto == b.proto && a.lo == b.lo && a.hi == b.hi);
     if let Some(any) = set.first().copied().filter(|e| e.proto == ANY_PROTO) {
-        set.retain(|e| e.proto == ANY_PROTO || !(any.lo <= e.lo && e.hi <= any.hi));
+        set.retain(|e| {
+            e.proto == ANY_PROTO
+                || !(any.lo <= e.lo && e.hi <= any.hi)
+                || (ordered && e.rule < any.rule)
+        });
     }
 }
 
@@ -318,23 +345,132 @@ impl Direction {
     }
 }
 
-/// Where a rule comes from: `namespace/policy`, direction, index in the policy's list.
+/// A ClusterNetworkPolicy tier.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Tier {
+    /// Before NetworkPolicy.
+    Admin,
+    /// After NetworkPolicy, for pods no NetworkPolicy isolates.
+    Baseline,
+}
+
+impl Tier {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Tier::Admin => "Admin",
+            Tier::Baseline => "Baseline",
+        }
+    }
+}
+
+/// What a ClusterNetworkPolicy rule does with the connections it matches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Action {
+    Accept,
+    Deny,
+    /// Skips the rest of the tier (Admin: on to NetworkPolicy).
+    Pass,
+}
+
+impl Action {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Accept => "Accept",
+            Action::Deny => "Deny",
+            Action::Pass => "Pass",
+        }
+    }
+}
+
+/// A ClusterNetworkPolicy rule's place: its tier, its policy's priority and its action.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ClusterRule {
+    pub tier: Tier,
+    pub priority: i32,
+    pub action: Action,
+}
+
+/// Where a rule comes from: `namespace/policy` (a ClusterNetworkPolicy: its name), direction,
+/// index in the policy's list, and for a ClusterNetworkPolicy its tier, priority and action.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct RuleInfo {
     pub policy: Arc<str>,
     pub direction: Direction,
     pub index: u32,
+    pub cluster: Option<ClusterRule>,
 }
 
 impl fmt::Display for RuleInfo {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{} {}[{}]",
-            self.policy,
-            self.direction.as_str(),
-            self.index
-        )
+        match &self.cluster {
+            None => write!(
+                f,
+                "{} {}[{}]",
+                self.policy,
+                self.direction.as_str(),
+                self.index
+            ),
+            Some(c) => write!(
+                f,
+                "ClusterNetworkPolicy {} ({} tier, priority {}) {}[{}] {}",
+                self.policy,
+                c.tier.as_str(),
+                c.priority,
+                self.direction.as_str(),
+                self.index,
+                c.action.as_str()
+            ),
+        }
+    }
+}
+
+/// One ClusterNetworkPolicy tier's rules for a pod and direction: `rules` names, per address,
+/// entries whose `rule` is an index into `order` (evaluation order: priority, then policy name,
+/// then rule order), so the lowest matching index is the rule that decides.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TierRules {
+    pub rules: DirRules,
+    /// Per evaluation index: the rule (index into [`PolicyTables::rules`]) and its action.
+    pub order: Box<[(u32, Action)]>,
+}
+
+impl TierRules {
+    /// The first rule matching, and its action.
+    #[inline]
+    pub fn first(&self, addr: &Addr, proto: u8, port: u16) -> Option<(u32, Action)> {
+        self.rules
+            .lookup_first(addr, proto, port)
+            .map(|i| self.order[i as usize])
+    }
+}
+
+/// The ClusterNetworkPolicy tiers selecting a local pod, per direction (`None`: no policy of
+/// that tier selects it with rules of that direction).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClusterPod {
+    pub admin_ingress: Option<Arc<TierRules>>,
+    pub admin_egress: Option<Arc<TierRules>>,
+    pub baseline_ingress: Option<Arc<TierRules>>,
+    pub baseline_egress: Option<Arc<TierRules>>,
+    /// The ClusterNetworkPolicies that select the pod (names, evaluation order), for listings.
+    pub policies: Arc<[Arc<str>]>,
+}
+
+impl ClusterPod {
+    pub fn tier(&self, tier: Tier, dir: Direction) -> Option<&TierRules> {
+        match (tier, dir) {
+            (Tier::Admin, Direction::Ingress) => self.admin_ingress.as_deref(),
+            (Tier::Admin, Direction::Egress) => self.admin_egress.as_deref(),
+            (Tier::Baseline, Direction::Ingress) => self.baseline_ingress.as_deref(),
+            (Tier::Baseline, Direction::Egress) => self.baseline_egress.as_deref(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.admin_ingress.is_none()
+            && self.admin_egress.is_none()
+            && self.baseline_ingress.is_none()
+            && self.baseline_egress.is_none()
     }
 }
 
@@ -350,6 +486,9 @@ pub struct LocalPod {
     /// The policies that select this pod for ingress / egress (`namespace/name`), for listings.
     pub ingress_policies: Arc<[Arc<str>]>,
     pub egress_policies: Arc<[Arc<str>]>,
+    /// The ClusterNetworkPolicies selecting this pod (`None`: none; the NetworkPolicy
+    /// judgement alone, as fast as without them).
+    pub cluster: Option<Arc<ClusterPod>>,
     /// New connections denied, counted by the workers (relaxed; only on the drop path).
     pub denied_ingress: AtomicU64,
     pub denied_egress: AtomicU64,
@@ -377,10 +516,22 @@ pub enum Side {
     Node,
     /// A pod talking to itself: always allowed.
     SelfTraffic,
-    /// Allowed by this rule (index into [`PolicyTables::rules`]).
+    /// Allowed by this rule (index into [`PolicyTables::rules`]): a NetworkPolicy rule or a
+    /// ClusterNetworkPolicy Accept.
     Allowed(u32),
     /// Isolated and no rule allows it.
     Denied,
+    /// Denied by this ClusterNetworkPolicy rule (Deny, or an Admin Pass that NetworkPolicy
+    /// then denied is `Denied`).
+    DeniedBy(u32),
+}
+
+impl Side {
+    /// Whether this side lets the connection through.
+    #[inline]
+    pub fn allows(self) -> bool {
+        !matches!(self, Side::Denied | Side::DeniedBy(_))
+    }
 }
 
 /// Every local pod's compiled policy, and what the judgement needs about this node.
@@ -411,7 +562,8 @@ impl PolicyTables {
         };
         for (pod, addrs) in pods {
             let i = t.pods.len() as u32;
-            t.any_isolated |= pod.ingress.is_some() || pod.egress.is_some();
+            t.any_isolated |=
+                pod.ingress.is_some() || pod.egress.is_some() || pod.cluster.is_some();
             for a in addrs {
                 t.local.entry(a).or_insert(i);
             }
@@ -471,14 +623,30 @@ impl PolicyTables {
             return Decision::Allow;
         }
         if let Some(i) = self.local_pod(src) {
-            if let Some(r) = &self.pods[i as usize].egress {
+            let p = &self.pods[i as usize];
+            if let Some(c) = &p.cluster {
+                if !self
+                    .side(c, &p.egress, Direction::Egress, dst, proto, dport)
+                    .allows()
+                {
+                    return Decision::DenyEgress(i);
+                }
+            } else if let Some(r) = &p.egress {
                 if r.lookup(dst, proto, dport).is_none() && !self.is_node(dst) {
                     return Decision::DenyEgress(i);
                 }
             }
         }
         if let Some(i) = self.local_pod(dst) {
-            if let Some(r) = &self.pods[i as usize].ingress {
+            let p = &self.pods[i as usize];
+            if let Some(c) = &p.cluster {
+                if !self
+                    .side(c, &p.ingress, Direction::Ingress, src, proto, dport)
+                    .allows()
+                {
+                    return Decision::DenyIngress(i);
+                }
+            } else if let Some(r) = &p.ingress {
                 if r.lookup(src, proto, dport).is_none() && !self.is_node(src) {
                     return Decision::DenyIngress(i);
                 }
@@ -487,8 +655,47 @@ impl PolicyTables {
         Decision::Allow
     }
 
+    /// One side of a pod that ClusterNetworkPolicies select, in the API's order: the Admin
+    /// tier (Accept and Deny final, Pass on to NetworkPolicy), NetworkPolicy (final for an
+    /// isolated pod), the Baseline tier (Pass ends it), then allowed. This node is always
+    /// allowed, as for NetworkPolicy. `np`: the pod's NetworkPolicy rules for `dir`.
+    fn side(
+        &self,
+        c: &ClusterPod,
+        np: &Option<Arc<DirRules>>,
+        dir: Direction,
+        peer: &Addr,
+        proto: u8,
+        port: u16,
+    ) -> Side {
+        if self.is_node(peer) {
+            return Side::Node;
+        }
+        if let Some(t) = c.tier(Tier::Admin, dir) {
+            match t.first(peer, proto, port) {
+                Some((r, Action::Accept)) => return Side::Allowed(r),
+                Some((r, Action::Deny)) => return Side::DeniedBy(r),
+                Some((_, Action::Pass)) | None => {}
+            }
+        }
+        if let Some(r) = np {
+            return match r.lookup(peer, proto, port) {
+                Some(rule) => Side::Allowed(rule),
+                None => Side::Denied,
+            };
+        }
+        if let Some(t) = c.tier(Tier::Baseline, dir) {
+            match t.first(peer, proto, port) {
+                Some((r, Action::Accept)) => return Side::Allowed(r),
+                Some((r, Action::Deny)) => return Side::DeniedBy(r),
+                Some((_, Action::Pass)) | None => {}
+            }
+        }
+        Side::NotIsolated
+    }
+
     /// Both sides of the judgement, for traces: (egress at the source, ingress at the
-    /// destination). `judge` allows exactly when neither side is `Denied`.
+    /// destination). `judge` allows exactly when neither side is `Denied` or `DeniedBy`.
     pub fn explain(&self, src: &Addr, dst: &Addr, proto: u8, dport: u16) -> (Side, Side) {
         let side = |pod: &Addr, peer: &Addr, dir: Direction| -> Side {
             let Some(i) = self.local_pod(pod) else {
@@ -499,6 +706,12 @@ impl PolicyTables {
                 Direction::Ingress => &p.ingress,
                 Direction::Egress => &p.egress,
             };
+            if let Some(c) = &p.cluster {
+                if src == dst {
+                    return Side::SelfTraffic;
+                }
+                return self.side(c, rules, dir, peer, proto, dport);
+            }
             let Some(r) = rules else {
                 return Side::NotIsolated;
             };
@@ -714,6 +927,117 @@ mod tests {
         assert_eq!(r.lookup(&p, TCP, 9001), None);
         assert_eq!(r.lookup(&p, TCP, 443), Some(7));
         assert_eq!(r.lookup(&p, UDP, 443), None);
+    }
+
+    /// Cluster tiers: the lowest evaluation index decides, even under a later any-protocol
+    /// rule (which a NetworkPolicy port set merges away).
+    #[test]
+    fn ordered_tiers_keep_the_first_rule() {
+        let all = block("0.0.0.0/0", &[]);
+        let build = |mut b: DirRulesBuilder| {
+            b.add(&all, &[PortEntry::range(TCP, 8080, 8080, 0)]);
+            b.add(&all, &[PortEntry::any(1)]);
+            b.add(&all, &[PortEntry::range(TCP, 80, 80, 2)]);
+            b.build()
+        };
+        let p = a("1.2.3.4");
+        let t = TierRules {
+            rules: build(DirRulesBuilder::ordered()),
+            order: Box::new([(7, Action::Accept), (8, Action::Deny), (9, Action::Pass)]),
+        };
+        assert_eq!(t.first(&p, TCP, 8080), Some((7, Action::Accept)));
+        assert_eq!(t.first(&p, TCP, 80), Some((8, Action::Deny)));
+        assert_eq!(t.first(&p, UDP, 8080), Some((8, Action::Deny)));
+        // Unordered: the any-protocol entry covers the others.
+        assert_eq!(build(DirRulesBuilder::new()).lookup(&p, TCP, 8080), Some(1));
+    }
+
+    /// A pod with cluster tiers: Admin Accept/Deny final, Pass on to NetworkPolicy, Baseline
+    /// only when no NetworkPolicy isolates, the node always allowed.
+    #[test]
+    fn cluster_sides_in_api_order() {
+        let tier = |entries: &[(&str, PortEntry)], order: &[(u32, Action)]| {
+            let mut b = DirRulesBuilder::ordered();
+            for (peer, e) in entries {
+                b.add(&block(peer, &[]), &[*e]);
+            }
+            Arc::new(TierRules {
+                rules: b.build(),
+                order: order.into(),
+            })
+        };
+        // Admin: 10.9/16 Deny TCP 22, 10.8/16 Pass, 10.7/16 Accept. Baseline: Deny everything
+        // on UDP.
+        let admin = tier(
+            &[
+                ("10.9.0.0/16", PortEntry::range(TCP, 22, 22, 0)),
+                ("10.8.0.0/16", PortEntry::any(1)),
+                ("10.7.0.0/16", PortEntry::any(2)),
+            ],
+            &[(0, Action::Deny), (1, Action::Pass), (2, Action::Accept)],
+        );
+        let baseline = tier(
+            &[("0.0.0.0/0", PortEntry::range(UDP, 0, u16::MAX, 0))],
+            &[(3, Action::Deny)],
+        );
+        let cluster = Arc::new(ClusterPod {
+            admin_ingress: Some(admin),
+            baseline_ingress: Some(baseline),
+            ..Default::default()
+        });
+        let mut open = pod("ns/open", None, None);
+        open.cluster = Some(cluster.clone());
+        // The same pod isolated by a NetworkPolicy allowing 10.8.0.1 on TCP.
+        let mut isolated = pod(
+            "ns/iso",
+            Some(rules_from(
+                &["10.8.0.1"],
+                &[PortEntry::range(TCP, 0, u16::MAX, 4)],
+            )),
+            None,
+        );
+        isolated.cluster = Some(cluster);
+        let t = PolicyTables::new(
+            vec![(open, vec![a("10.1.0.1")]), (isolated, vec![a("10.1.0.2")])],
+            vec![a("192.168.0.2")],
+            vec![],
+        );
+        assert!(t.any_isolated());
+        use Decision::*;
+        let cases: &[(&str, &str, u8, u16, Decision)] = &[
+            ("10.9.0.1", "10.1.0.1", TCP, 22, DenyIngress(0)),
+            ("10.9.0.1", "10.1.0.1", TCP, 23, Allow),
+            ("10.9.0.1", "10.1.0.1", UDP, 22, DenyIngress(0)),
+            ("10.7.0.1", "10.1.0.1", UDP, 53, Allow),
+            ("10.8.0.1", "10.1.0.1", UDP, 53, DenyIngress(0)),
+            ("10.8.0.1", "10.1.0.2", UDP, 53, DenyIngress(1)),
+            ("10.8.0.1", "10.1.0.2", TCP, 80, Allow),
+            ("10.8.0.2", "10.1.0.2", TCP, 80, DenyIngress(1)),
+            ("10.7.0.1", "10.1.0.2", UDP, 53, Allow),
+            ("192.168.0.2", "10.1.0.2", UDP, 53, Allow),
+            ("10.1.0.2", "10.1.0.2", UDP, 53, Allow),
+        ];
+        for &(s, d, proto, port, want) in cases {
+            assert_eq!(
+                t.judge(&a(s), &a(d), proto, port),
+                want,
+                "{s} -> {d} {proto}/{port}"
+            );
+            let (e, i) = t.explain(&a(s), &a(d), proto, port);
+            assert_eq!(
+                e.allows() && i.allows(),
+                want == Allow,
+                "{s} -> {d}: {e:?} {i:?}"
+            );
+        }
+        assert_eq!(
+            t.explain(&a("10.9.0.1"), &a("10.1.0.1"), TCP, 22).1,
+            Side::DeniedBy(0)
+        );
+        assert_eq!(
+            t.explain(&a("10.7.0.1"), &a("10.1.0.1"), TCP, 22).1,
+            Side::Allowed(2)
+        );
     }
 
     fn pod(name: &str, ingress: Option<DirRules>, egress: Option<DirRules>) -> LocalPod {

@@ -58,7 +58,7 @@ impl Res {
     }
 }
 
-pub const RESOURCES: [Res; 7] = [
+pub const RESOURCES: [Res; 8] = [
     Res {
         group: "",
         version: "v1",
@@ -121,6 +121,16 @@ pub const RESOURCES: [Res; 7] = [
         kind: "ServiceCIDR",
         namespaced: false,
         short: &[],
+    },
+    // A CRD: `FakeApiServer::set_served` takes it away, as a cluster without it.
+    Res {
+        group: "policy.networking.k8s.io",
+        version: "v1alpha2",
+        plural: "clusternetworkpolicies",
+        singular: "clusternetworkpolicy",
+        kind: "ClusterNetworkPolicy",
+        namespaced: false,
+        short: &["cnp"],
     },
 ];
 
@@ -197,6 +207,8 @@ struct Shared {
     stopped: std::sync::atomic::AtomicBool,
     bookmark_interval: Mutex<Duration>,
     fault: Mutex<Option<Fault>>,
+    /// Resources (plurals) not served: their requests get 404, as for a CRD not installed.
+    unserved: Mutex<Vec<&'static str>>,
 }
 
 /// How the server misbehaves while a fault is set (`FakeApiServer::set_fault`).
@@ -239,6 +251,7 @@ impl FakeApiServer {
             stopped: Default::default(),
             bookmark_interval: Mutex::new(Duration::from_millis(500)),
             fault: Mutex::new(None),
+            unserved: Mutex::new(Vec::new()),
         });
         let listener = rt
             .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
@@ -269,6 +282,15 @@ impl FakeApiServer {
                 .await;
         }));
         self.shutdown = Some(tx);
+    }
+
+    /// Serves `plural` or not (404 on every request for it, as a CRD not installed).
+    pub fn set_served(&self, plural: &'static str, served: bool) {
+        let mut u = self.shared.unserved.lock().unwrap();
+        u.retain(|p| *p != plural);
+        if !served {
+            u.push(plural);
+        }
     }
 
     pub fn url(&self) -> String {
@@ -896,10 +918,12 @@ async fn handle(
         ["apis", g, v, rest @ ..] => (*g, *v, rest),
         _ => return reply(404, status(404, "NotFound", format!("no route {path}"))),
     };
+    let unserved = shared.unserved.lock().unwrap().clone();
     let find = |plural: &str| {
         RESOURCES
             .iter()
             .find(|r| r.group == group && r.version == version && r.plural == plural)
+            .filter(|r| !unserved.contains(&r.plural))
             .copied()
     };
     // (resource, namespace, name)

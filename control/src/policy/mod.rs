@@ -16,6 +16,7 @@
 //!    this compilation or the previous one ([`PolicyCompiler`] keeps them), is reused; only new
 //!    keys are built. Pods with the same key share one `Arc<DirRules>`.
 
+pub mod cluster;
 pub mod selector;
 pub mod spec;
 pub mod trace;
@@ -26,12 +27,14 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use kxdp_dataplane::policy::{
-    DirRules, DirRulesBuilder, Direction, LocalPod, PolicyTables, PortEntry, RuleInfo,
+    Action, ClusterPod, ClusterRule, DirRules, DirRulesBuilder, Direction, LocalPod, PolicyTables,
+    PortEntry, RuleInfo, Tier, TierRules,
 };
 use kxdp_packet::Addr;
 
 use crate::model::{ClusterState, ObjectKey, PodKey, PodRecord, PodStore};
 use crate::problem::Problem;
+use cluster::ClusterPolicy;
 use selector::Selector;
 use spec::{NsScope, Peer, Policy, PortSpec};
 
@@ -55,6 +58,8 @@ pub struct CompileStats {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct DirKey {
     dir: Direction,
+    /// A ClusterNetworkPolicy tier (`None`: NetworkPolicy).
+    tier: Option<Tier>,
     /// Fingerprints of the selecting policies' directions, in policy order.
     parts: Vec<u64>,
     /// The pod's named container ports, when a selecting ingress rule uses a named port.
@@ -83,6 +88,11 @@ pub struct PolicyCompiler {
     last: LastOutput,
     /// Which policy directions each selector result and named list is used by.
     deps: Deps,
+    /// The ClusterNetworkPolicies as last parsed, in evaluation order (tier, priority, name),
+    /// with their problems.
+    cluster_parsed: Option<(Vec<ClusterPolicy>, Vec<Problem>)>,
+    /// Compiled ClusterNetworkPolicy tiers by key (as `cache`).
+    tier_cache: HashMap<DirKey, Arc<TierRules>>,
 }
 
 /// One input of a peer union: a selector result (by identity) or an ipBlock's ranges.
@@ -234,6 +244,8 @@ pub struct PolicyChanges<'a> {
     pub namespaces: bool,
     /// Some NetworkPolicy changed.
     pub policies: bool,
+    /// Some ClusterNetworkPolicy changed.
+    pub cluster_policies: bool,
 }
 
 /// The peer index, kept across compilations and updated from the changed pods: every pod,
@@ -511,6 +523,8 @@ struct PolicyDir {
     contributions: Vec<(Ranges, Vec<PortEntry>)>,
     /// Ingress named ports: (peers, name, protocol, rule id), resolved per selected pod.
     named_ingress: Vec<(Ranges, String, u8, u32)>,
+    /// The rule ids of the direction's rules, in rule order (cluster tiers number them).
+    rule_ids: Vec<u32>,
 }
 
 const EVERYTHING: (u128, u128) = (0, u128::MAX);
@@ -520,11 +534,18 @@ impl PolicyCompiler {
         Self::default()
     }
 
-    fn rule_id(&mut self, policy: &Arc<str>, direction: Direction, index: u32) -> u32 {
+    fn rule_id(
+        &mut self,
+        policy: &Arc<str>,
+        direction: Direction,
+        index: u32,
+        cluster: Option<ClusterRule>,
+    ) -> u32 {
         let info = RuleInfo {
             policy: policy.clone(),
             direction,
             index,
+            cluster,
         };
         if let Some(&id) = self.rule_ids.get(&info) {
             return id;
@@ -658,7 +679,13 @@ impl PolicyCompiler {
         let mut h = std::collections::hash_map::DefaultHasher::new();
         (p.hash, dir).hash(&mut h);
         for rule in p.rules(dir).into_iter().flatten() {
-            let id = self.rule_id(&p.name, dir, rule.index);
+            let cluster = p.cluster.map(|(tier, priority)| ClusterRule {
+                tier,
+                priority,
+                action: rule.action.unwrap_or(Action::Accept),
+            });
+            let id = self.rule_id(&p.name, dir, rule.index, cluster);
+            out.rule_ids.push(id);
             if rule.void {
                 continue;
             }
@@ -773,14 +800,31 @@ impl PolicyCompiler {
                     }
                     policies.push(p);
                 }
-                // Directions of policies gone are not kept.
+                // Directions of policies gone are not kept (ClusterNetworkPolicies' are
+                // pruned with theirs).
                 let keys: std::collections::HashSet<&ObjectKey> =
                     policies.iter().map(|p| &p.key).collect();
-                self.dirs.retain(|(k, _), _| keys.contains(k));
+                self.dirs
+                    .retain(|(k, _), _| k.namespace.is_empty() || keys.contains(k));
                 // The last output is by policy index: none of it is reused.
                 self.last = LastOutput::default();
                 self.deps = Deps::of(&policies);
                 (policies, problems)
+            }
+        };
+        // ClusterNetworkPolicies, in evaluation order.
+        if changes.is_none_or(|c| c.cluster_policies) {
+            self.cluster_parsed = None;
+        }
+        let (cluster, cluster_problems) = match self.cluster_parsed.take() {
+            Some(p) => p,
+            None => {
+                let (cluster, problems) = parse_cluster(state);
+                let names: std::collections::HashSet<&str> =
+                    cluster.iter().map(|c| &*c.policy.name).collect();
+                self.dirs
+                    .retain(|(k, _), _| !k.namespace.is_empty() || names.contains(k.name.as_str()));
+                (cluster, problems)
             }
         };
         // Namespaces relabelled (or everything built anew): every result that selects
@@ -893,6 +937,55 @@ impl PolicyCompiler {
             }
             out_pods.push((e.local_pod(), e.addrs.clone()));
         }
+        // 5. ClusterNetworkPolicies: their directions (compiled again only when their inputs
+        // changed, as NetworkPolicies'), then each local pod's tiers, by (namespace, labels,
+        // named ports): pods alike share them.
+        let mut cluster_dirs: HashMap<(usize, Direction), Arc<PolicyDir>> = HashMap::new();
+        if !index.local.is_empty() {
+            for (i, c) in cluster.iter().enumerate() {
+                for dir in [Direction::Ingress, Direction::Egress] {
+                    if c.policy.rules(dir).is_some() {
+                        let d = self.policy_dir(&c.policy, dir, &mut index);
+                        cluster_dirs.insert((i, dir), d);
+                    }
+                }
+            }
+        }
+        if !cluster.is_empty() {
+            let mut memo: HashMap<(&str, *const BTreeMap<String, String>, *const Vec<_>), _> =
+                HashMap::new();
+            let empty = BTreeMap::new();
+            for ((lp, _), k) in out_pods.iter_mut().zip(&index.local) {
+                let pod = index.pods.get(k).expect("indexed pod");
+                let m = (
+                    k.namespace.as_str(),
+                    Arc::as_ptr(&pod.labels),
+                    Arc::as_ptr(&pod.ports),
+                );
+                let cp = match memo.get(&m) {
+                    Some(cp) => Option::clone(cp),
+                    None => {
+                        let ns_labels = index.ns_labels.get(&k.namespace).unwrap_or(&empty);
+                        let cp = cluster_pod(
+                            &cluster,
+                            ns_labels,
+                            pod,
+                            &cluster_dirs,
+                            &self.rules,
+                            &mut self.tier_cache,
+                        );
+                        memo.insert(m, cp.clone());
+                        cp
+                    }
+                };
+                lp.cluster = cp;
+            }
+        }
+        self.tier_cache.retain(|_, r| Arc::strong_count(r) > 1);
+        let mut problems = problems;
+        problems.extend(cluster_problems.iter().cloned());
+        self.cluster_parsed = Some((cluster, cluster_problems));
+
         self.last.dirs = compiled;
         // Compiled rules no pod holds any more are not kept.
         self.cache.retain(|_, r| Arc::strong_count(r) > 1);
@@ -907,7 +1000,8 @@ impl PolicyCompiler {
         });
         let tables = PolicyTables::new(out_pods, node, self.rules.clone());
         self.index = Some(index);
-        self.parsed = Some((policies, problems.clone()));
+        let np_problems = problems.len() - self.cluster_parsed.as_ref().map_or(0, |c| c.1.len());
+        self.parsed = Some((policies, problems[..np_problems].to_vec()));
         (tables, problems)
     }
 }
@@ -1031,6 +1125,7 @@ fn local_out(
         let uses_named = parts.iter().any(|d| !d.named_ingress.is_empty());
         let key = DirKey {
             dir,
+            tier: None,
             parts: parts.iter().map(|d| d.fingerprint).collect(),
             named: if uses_named { p.ports.to_vec() } else { vec![] },
         };
@@ -1072,6 +1167,134 @@ fn build_dir(parts: &[&PolicyDir], ports: &[(String, u8, u16)]) -> DirRules {
         return DirRules::deny_all();
     }
     b.build()
+}
+
+/// Parses the ClusterNetworkPolicies, in evaluation order: tier, priority, then name (the API
+/// leaves equal priorities to the implementation; by name is deterministic).
+fn parse_cluster(state: &ClusterState) -> (Vec<ClusterPolicy>, Vec<Problem>) {
+    let mut out = Vec::with_capacity(state.cluster_network_policies.len());
+    let mut problems = Vec::new();
+    for (name, cnp) in &state.cluster_network_policies {
+        let (c, probs) = cluster::parse(name, cnp);
+        for m in probs {
+            tracing::warn!(policy = %name, "ClusterNetworkPolicy: {m}");
+            problems.push(Problem {
+                object: format!("ClusterNetworkPolicy {name}"),
+                message: m,
+            });
+        }
+        out.push(c);
+    }
+    out.sort_by(|a, b| {
+        (a.tier, a.priority, &a.policy.name).cmp(&(b.tier, b.priority, &b.policy.name))
+    });
+    (out, problems)
+}
+
+/// A local pod's ClusterNetworkPolicy tiers (`None` when no policy with rules selects it).
+fn cluster_pod(
+    cluster: &[ClusterPolicy],
+    ns_labels: &BTreeMap<String, String>,
+    pod: &PeerPod,
+    dirs: &HashMap<(usize, Direction), Arc<PolicyDir>>,
+    rules: &[RuleInfo],
+    cache: &mut HashMap<DirKey, Arc<TierRules>>,
+) -> Option<Arc<ClusterPod>> {
+    let selecting: Vec<usize> = (0..cluster.len())
+        .filter(|&i| cluster[i].subject.matches(ns_labels, &pod.labels))
+        .collect();
+    if selecting.is_empty() {
+        return None;
+    }
+    let mut out = ClusterPod {
+        policies: selecting
+            .iter()
+            .map(|&i| cluster[i].policy.name.clone())
+            .collect(),
+        ..Default::default()
+    };
+    for tier in [Tier::Admin, Tier::Baseline] {
+        for dir in [Direction::Ingress, Direction::Egress] {
+            let parts: Vec<&PolicyDir> = selecting
+                .iter()
+                .filter(|&&i| cluster[i].tier == tier)
+                .filter_map(|&i| dirs.get(&(i, dir)).map(|d| &**d))
+                .collect();
+            if parts.is_empty() {
+                continue;
+            }
+            let uses_named = parts.iter().any(|d| !d.named_ingress.is_empty());
+            let key = DirKey {
+                dir,
+                tier: Some(tier),
+                parts: parts.iter().map(|d| d.fingerprint).collect(),
+                named: if uses_named {
+                    pod.ports.to_vec()
+                } else {
+                    vec![]
+                },
+            };
+            let t = match cache.get(&key) {
+                Some(t) => t.clone(),
+                None => {
+                    let t = Arc::new(build_tier(&parts, &pod.ports, rules));
+                    cache.insert(key, t.clone());
+                    t
+                }
+            };
+            let slot = match (tier, dir) {
+                (Tier::Admin, Direction::Ingress) => &mut out.admin_ingress,
+                (Tier::Admin, Direction::Egress) => &mut out.admin_egress,
+                (Tier::Baseline, Direction::Ingress) => &mut out.baseline_ingress,
+                (Tier::Baseline, Direction::Egress) => &mut out.baseline_egress,
+            };
+            *slot = Some(t);
+        }
+    }
+    (!out.is_empty()).then(|| Arc::new(out))
+}
+
+/// One tier of one pod direction from its selecting policies' parts, in evaluation order: the
+/// entries name evaluation indices, so the lowest matching one is the rule that decides.
+fn build_tier(parts: &[&PolicyDir], ports: &[(String, u8, u16)], rules: &[RuleInfo]) -> TierRules {
+    let mut order: Vec<(u32, Action)> = Vec::new();
+    let mut index_of: HashMap<u32, u32> = HashMap::new();
+    for d in parts {
+        for &id in &d.rule_ids {
+            let action = rules[id as usize]
+                .cluster
+                .map_or(Action::Accept, |c| c.action);
+            index_of.insert(id, order.len() as u32);
+            order.push((id, action));
+        }
+    }
+    let renumber = |e: &PortEntry| PortEntry {
+        rule: index_of[&e.rule],
+        ..*e
+    };
+    let mut b = DirRulesBuilder::ordered();
+    for d in parts {
+        for (ranges, entries) in &d.contributions {
+            let e: Vec<PortEntry> = entries.iter().map(renumber).collect();
+            b.add(ranges, &e);
+        }
+        for (ranges, name, proto, id) in &d.named_ingress {
+            let entries: Vec<PortEntry> = ports
+                .iter()
+                .filter(|(n, p, _)| n == name && p == proto)
+                .map(|&(_, p, num)| PortEntry::range(p, num, num, index_of[id]))
+                .collect();
+            b.add(ranges, &entries);
+        }
+    }
+    TierRules {
+        rules: if b.is_empty() {
+            DirRules::deny_all()
+        } else {
+            b.build()
+        },
+        order: order.into_boxed_slice(),
+    }
 }
 
 /// Compiles without keeping anything (what `translate` does).

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use ipnet::IpNet;
 use k8s_openapi::api::networking::v1::{NetworkPolicy, NetworkPolicyPeer, NetworkPolicyPort};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use kxdp_dataplane::policy::{block_ranges, Direction};
+use kxdp_dataplane::policy::{block_ranges, Action, Direction, Tier};
 use kxdp_packet::IpProto;
 
 use super::selector::Selector;
@@ -69,6 +69,8 @@ pub struct Rule {
     pub ports: Option<Vec<Port>>,
     /// Every listed peer or every listed port was invalid: the rule allows nothing.
     pub void: bool,
+    /// A ClusterNetworkPolicy rule's action (`None`: a NetworkPolicy rule, which allows).
+    pub action: Option<Action>,
 }
 
 /// A parsed NetworkPolicy.
@@ -83,6 +85,8 @@ pub struct Policy {
     pub egress: Option<Vec<Rule>>,
     /// Fingerprint of the parsed content (name, subject, rules).
     pub hash: u64,
+    /// A ClusterNetworkPolicy's tier and priority (`None`: a NetworkPolicy).
+    pub cluster: Option<(Tier, i32)>,
 }
 
 impl Policy {
@@ -188,6 +192,7 @@ pub fn parse(key: &ObjectKey, np: &NetworkPolicy) -> (Policy, Vec<String>) {
                 peers,
                 ports,
                 void,
+                action: None,
             });
         }
         rules
@@ -234,6 +239,7 @@ pub fn parse(key: &ObjectKey, np: &NetworkPolicy) -> (Policy, Vec<String>) {
             ingress,
             egress,
             hash: h.finish(),
+            cluster: None,
         },
         problems,
     )

@@ -88,6 +88,35 @@ pub fn selecting(state: &ClusterState, pod: &PodView<'_>) -> (Vec<String>, Vec<S
             eg.push(key.to_string());
         }
     }
+    // ClusterNetworkPolicies, in evaluation order.
+    if !state.cluster_network_policies.is_empty() {
+        let ns = super::namespace_labels(state);
+        let empty = Default::default();
+        let ns_labels = ns.get(&pod.key.namespace).unwrap_or(&empty);
+        let mut cluster: Vec<_> = state
+            .cluster_network_policies
+            .iter()
+            .map(|(name, c)| super::cluster::parse(name, c).0)
+            .filter(|c| c.subject.matches(ns_labels, pod.labels))
+            .collect();
+        cluster.sort_by(|a, b| {
+            (a.tier, a.priority, &a.policy.name).cmp(&(b.tier, b.priority, &b.policy.name))
+        });
+        for c in cluster {
+            let text = format!(
+                "ClusterNetworkPolicy {} ({} tier, priority {})",
+                c.policy.name,
+                c.tier.as_str(),
+                c.priority
+            );
+            if c.policy.ingress.is_some() {
+                ing.push(text.clone());
+            }
+            if c.policy.egress.is_some() {
+                eg.push(text);
+            }
+        }
+    }
     (ing, eg)
 }
 
@@ -125,6 +154,13 @@ fn describe_side(
         Side::SelfTraffic => "allowed: a pod can always reach itself".into(),
         Side::Allowed(r) => format!(
             "allowed by {}",
+            t.rules
+                .get(r as usize)
+                .map(|r| r.to_string())
+                .unwrap_or_else(|| format!("rule #{r}"))
+        ),
+        Side::DeniedBy(r) => format!(
+            "denied by {}",
             t.rules
                 .get(r as usize)
                 .map(|r| r.to_string())
@@ -356,9 +392,9 @@ pub fn trace(state: &ClusterState, snap: &Snapshot, q: &TraceQuery) -> Trace {
             "  ingress at destination: {}",
             describe_side(t, i, Direction::Ingress, &addr, &src, q.proto)
         );
-        let (action, reason) = if e == Side::Denied {
+        let (action, reason) = if !e.allows() {
             ("drop", "policy-denied-egress")
-        } else if i == Side::Denied {
+        } else if !i.allows() {
             ("drop", "policy-denied-ingress")
         } else {
             ("forward", service_reason)

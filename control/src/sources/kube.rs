@@ -51,7 +51,7 @@ use kube::Client;
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
-use crate::model::{Kind, Object, ObjectKey};
+use crate::model::{ClusterNetworkPolicy, Kind, Object, ObjectKey};
 use crate::problem::Problem;
 use crate::sources::event::Update;
 
@@ -202,6 +202,15 @@ pub fn specs(node_name: &str) -> Vec<WatchSpec> {
             "servicecidrs",
             Kind::ServiceCidr,
             ApiResource::erase::<ServiceCIDR>(&()),
+            None,
+            None,
+            false,
+        ),
+        // A cluster without the CRD answers 404: treated as none, as above.
+        spec(
+            "clusternetworkpolicies",
+            Kind::ClusterNetworkPolicy,
+            ApiResource::erase::<ClusterNetworkPolicy>(&()),
             None,
             None,
             false,
@@ -391,7 +400,8 @@ macro_rules! decodable {
     )*};
 }
 decodable!(Node => Node, Service => Service, EndpointSlice => EndpointSlice,
-    NetworkPolicy => NetworkPolicy, ServiceCIDR => ServiceCidr);
+    NetworkPolicy => NetworkPolicy, ServiceCIDR => ServiceCidr,
+    ClusterNetworkPolicy => ClusterNetworkPolicy);
 
 /// An object of kind `K` as received: decoded in one pass from the response's JSON into `K`
 /// (each object's text is taken as it is, then decoded), or, when it does not decode, its
@@ -714,6 +724,9 @@ fn stream(client: Client, spec: &WatchSpec, options: &KubeOptions) -> EventStrea
         Kind::EndpointSlice => return typed_stream::<EndpointSlice>(client, spec, wc, backoff),
         Kind::NetworkPolicy => return typed_stream::<NetworkPolicy>(client, spec, wc, backoff),
         Kind::ServiceCidr => return typed_stream::<ServiceCIDR>(client, spec, wc, backoff),
+        Kind::ClusterNetworkPolicy => {
+            return typed_stream::<ClusterNetworkPolicy>(client, spec, wc, backoff)
+        }
         // Pods are stripped to what policy reads before decoding (a field kxdp does not read
         // cannot make one undecodable); Namespaces are watched as metadata.
         Kind::Pod | Kind::Namespace => {}
@@ -1154,6 +1167,7 @@ pub fn decode(spec: &WatchSpec, o: DynamicObject) -> Result<Object, (ObjectKey, 
         Kind::EndpointSlice => typed(v).map(Object::EndpointSlice),
         Kind::NetworkPolicy => typed(v).map(Object::NetworkPolicy),
         Kind::ServiceCidr => typed(v).map(Object::ServiceCidr),
+        Kind::ClusterNetworkPolicy => typed(v).map(Object::ClusterNetworkPolicy),
     };
     r.map_err(|message| {
         (

@@ -21,6 +21,8 @@ pub struct Changes {
     pub namespaces: bool,
     /// Some NetworkPolicy changed (for the policy compiler).
     pub network_policies: bool,
+    /// Some ClusterNetworkPolicy changed (for the policy compiler).
+    pub cluster_network_policies: bool,
     pub service_changes: u64,
     pub endpoint_changes: u64,
     /// Change times of the objects (for network_programming_duration_seconds); bounded.
@@ -68,6 +70,10 @@ impl Changes {
             Object::NetworkPolicy(_) => {
                 self.policy = true;
                 self.network_policies = true;
+            }
+            Object::ClusterNetworkPolicy(_) => {
+                self.policy = true;
+                self.cluster_network_policies = true;
             }
         }
     }

@@ -102,6 +102,7 @@ impl Builder {
                     pods: &changes.pods,
                     namespaces: changes.namespaces,
                     policies: changes.network_policies,
+                    cluster_policies: changes.cluster_network_policies,
                 }),
             );
         }

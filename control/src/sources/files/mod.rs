@@ -405,6 +405,9 @@ fn decode_document(
         ("discovery.k8s.io/v1", "EndpointSlice") => Object::EndpointSlice(decode.typed(doc)?),
         ("networking.k8s.io/v1", "NetworkPolicy") => Object::NetworkPolicy(decode.typed(doc)?),
         ("networking.k8s.io/v1", "ServiceCIDR") => Object::ServiceCidr(decode.typed(doc)?),
+        (crate::policy::cluster::API_VERSION, crate::policy::cluster::KIND) => {
+            Object::ClusterNetworkPolicy(decode.typed(doc)?)
+        }
         _ => {
             tracing::debug!(api_version, kind, object = %label, "ignoring object of a kind kxdp does not use");
             return Ok(());
@@ -469,6 +472,7 @@ fn with_defaults(mut obj: Object, ctx: &DecodeCtx<'_>) -> Result<Object, DocErro
         Object::Node(o) => (&mut o.metadata, false),
         Object::Namespace(o) => (&mut o.metadata, false),
         Object::ServiceCidr(o) => (&mut o.metadata, false),
+        Object::ClusterNetworkPolicy(o) => (&mut o.metadata, false),
         Object::Pod(o) => (&mut o.metadata, true),
         Object::Service(o) => (&mut o.metadata, true),
         Object::EndpointSlice(o) => (&mut o.metadata, true),

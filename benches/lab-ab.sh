@@ -6,7 +6,7 @@
 # rx_ring_full), its drops by reason, the veths' drop counters, the sinks' drops, and the
 # worker thread's ms on its CPU and waiting for it (schedstat). Mechanisms, not rates: on a
 # shared machine compare the two binaries' counters point by point (docs/benchmarks.md,
-# "AF_XDP lab: where the loss happens"). Needs root; its namespaces are lab-e-* (removed at the
+# "AF_XDP lab", "Where the time goes, and where the loss happens"). Needs root; its namespaces are lab-e-* (removed at the
 # end).
 #
 #   BEFORE=/path/kxdp-before AFTER=target/release/kxdp benches/lab-ab.sh [ROUNDS=2]

@@ -38,7 +38,7 @@
 #                                  # processes either. With KXDP_BENCH_WORKER_RT=1: the
 #                                  # forwarding on CPU 1 goes ahead of other processes in every
 #                                  # mode (a machine shared with builds; docs/benchmarks.md,
-#                                  # "AF_XDP lab: where the worker's time goes")
+#                                  # "AF_XDP lab", "Where the time goes, and where the loss happens")
 #
 # Per point, target/lab-bench.md explains the loss: the counters that moved (the veths' drops,
 # kxdp's sockets' kernel counters rx_dropped = fill ring empty and rx_ring_full, kxdp's own

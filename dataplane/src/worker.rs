@@ -1171,7 +1171,7 @@ impl Worker {
 /// other sockets' reserve): a veth's NAPI poll delivers up to 64 frames and a kick of the
 /// sender in copy mode 32 before the worker can wake, more than the base share (24 with the
 /// defaults), so an idle socket's first burst lost what did not fit (measured in the lab at low
-/// rates, docs/benchmarks.md "AF_XDP lab: where the loss happens").
+/// rates, docs/benchmarks.md "AF_XDP lab", "Where the time goes, and where the loss happens").
 pub const ACTIVE_FILL: u32 = 2 * BATCH as u32;
 
 /// A socket's fill share after a loop (see `Port::fill_target`), from its share now, the

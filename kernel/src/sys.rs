@@ -172,7 +172,7 @@ pub(crate) fn poll_readable(fd: i32, timeout: std::time::Duration) -> bool {
 /// worker runs, so the kernel walked that queue (a lock with interrupts off and the epoll
 /// callback) for every frame it sent (`sock_wfree` wakes writers) and every RX flush, even
 /// with nobody waiting: about 7% of a saturated worker's CPU in the lab (docs/benchmarks.md,
-/// "AF_XDP lab: where the worker's time goes"). `poll()` is on the wait queues only while the
+/// "AF_XDP lab", "Where the time goes, and where the loss happens"). `poll()` is on the wait queues only while the
 /// worker sleeps.
 pub struct Poller {
     fds: Vec<libc::pollfd>,

@@ -578,7 +578,7 @@ pub fn sink(args: &SinkArgs) -> Result<(), CliError> {
     let (mut received, mut bytes) = (0u64, 0u64);
     let (mut first, mut last) = (None::<Instant>, start);
     let mut empty_polls = 0u32;
-    // Benchmarks only (docs/benchmarks.md, "AF_XDP lab: where the worker's time goes"): while
+    // Benchmarks only (docs/benchmarks.md, "AF_XDP lab", "Where the time goes, and where the loss happens"): while
     // frames keep coming (one in the last 10 ms), an idle sink naps this long instead of
     // waiting on its sockets, so it is on no wait queue and the forwarder's CPU does not wake
     // it for every flush into its ring. 0 (the default): it waits on the sockets.

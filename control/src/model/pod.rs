@@ -291,7 +291,7 @@ impl std::fmt::Display for PodKey<'_> {
 /// would iterate). Each namespace is held once rather than once per pod and names are
 /// `Box<str>`: at 150k pods the map entries are most of the store, and an `ObjectKey` (two
 /// `String`s, 48 bytes and two heap strings) per pod made the store three times the size of
-/// what it keeps (docs/benchmarks.md, "NetworkPolicy compile and pod memory").
+/// what it keeps (docs/benchmarks.md, "Control plane at cluster scale").
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct PodStore {
     by_ns: BTreeMap<Box<str>, BTreeMap<Box<str>, PodRecord>>,

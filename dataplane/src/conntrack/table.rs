@@ -71,7 +71,7 @@ pub(crate) const SEQ_MASK: u32 = 0xff << SEQ_SHIFT;
 ///   addresses are 32 bits each, so both tuples fit here with the state and the counters, and a
 ///   packet of an IPv4 connection touches one line of its entry rather than the two or three
 ///   of a 112-byte record (est-1m 1.15-1.24× and new connections 1.10-1.17× as
-///   fast; docs/benchmarks.md "one cache line per IPv4 connection").
+///   fast; docs/benchmarks.md "est-10k waits for the index, not the entries").
 /// - `Cold`, 48 bytes: the rest of an IPv6 tuple's addresses, read only for IPv6 connections
 ///   (an IPv4 connection's are the IPv4-mapped prefix, implied by its family bit, and never
 ///   written).
@@ -683,7 +683,7 @@ impl Geometry {
         // rule above makes it, a third of the keys are past their home slot, and the probe's
         // branch on where the key is was a coin toss: 0.66 mispredicted branches per packet of
         // est-10k (10k flows, `maxEntries` 12,500), 0.22 with this index, which ran about 1.07x
-        // as fast (docs/benchmarks.md, "A small table's index made sparser"). Tables from about
+        // as fast (docs/benchmarks.md, "est-10k waits for the index, not the entries"). Tables from about
         // 40k entries up (the default's 1M) already have that many slots: their memory per
         // connection (the budget: at most 128 bytes) is unchanged.
         let nslots = g.nslots.max(MIN_INDEX_SLOTS.min(g.capacity * 16));

@@ -215,7 +215,7 @@ fn head(text: &str) -> Option<(&str, &str)> {
 /// the reader reads them (`<<` an ordinary key, the last duplicate wins), through the same parser.
 ///
 /// This was `serde-saphyr` at first (its `no_schema` options made it as strict), which
-/// decodes at 0.38-0.42× the speed of `yaml_serde` (docs/benchmarks.md, "Tried and not kept").
+/// decodes at 0.38-0.42× the speed of `yaml_serde` (measured on a 30,000-Service state).
 fn typed<T: DeserializeOwned>(text: &str) -> Option<Box<T>> {
     decode_typed(text).map(Box::new)
 }

@@ -1,7 +1,7 @@
 //! kxdp's fast path. Safe Rust but for a few hot-path helpers: the kernel boundary (AF_XDP,
 //! bpf(), netlink, ethtool) is the `kxdp-kernel` crate. `unsafe` is denied crate-wide; the
 //! helpers that measured faster without a bounds check the compiler cannot drop each
-//! carry `#[allow(unsafe_code)]` and a `// SAFETY:` note (docs/architecture.md, "Unsafe code").
+//! carry `#[allow(unsafe_code)]` and a `// SAFETY:` note (docs/dataplane.md, "Unsafe code").
 
 #![deny(unsafe_code)]
 

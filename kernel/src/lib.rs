@@ -18,7 +18,7 @@
 //!
 //! Each `unsafe` block sits in a small named helper with a `// SAFETY:` note saying why it is
 //! sound. `kxdp-packet` and `kxdp-dataplane` deny `unsafe` but for a few measured fast-path
-//! helpers (a prefetch, the pass's unchecked frame accessors: docs/architecture.md, "Unsafe code
+//! helpers (a prefetch, the pass's unchecked frame accessors: docs/dataplane.md, "Unsafe code
 //! in the fast path"). Building needs no C or BPF toolchain.
 
 #![deny(unsafe_op_in_unsafe_fn)]

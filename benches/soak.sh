@@ -31,23 +31,9 @@ done
 
 # Debian packages: nginx for the HTTP servers, bpftool to count the XDP program's map entries,
 # the CNI plugins the lab is made with, ss to see servers listen.
-need=()
-for t in nginx:nginx-light bpftool:bpftool ss:iproute2 iptables-save:iptables; do
-  command -v "${t%%:*}" >/dev/null || need+=("${t#*:}")
-done
-[ -x /usr/lib/cni/ptp ] && [ -x /usr/lib/cni/bridge ] || need+=(containernetworking-plugins)
-if [ ${#need[@]} -gt 0 ]; then
-  echo "== installing ${need[*]}"
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${need[@]}" >/dev/null ||
-    { apt-get update -q >/dev/null &&
-      DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${need[@]}" >/dev/null; }
-fi
-
-if [ -z "${KXDP_BIN:-}" ]; then
-  echo "== build (release kxdp)"
-  cargo build --release --locked --bin kxdp
-  export KXDP_BIN=$PWD/target/release/kxdp
-fi
+. benches/lab-common.sh
+install_missing nginx:nginx-light bpftool:bpftool ss:iproute2 iptables-save:iptables
+release_binary
 out=${KXDP_SOAK_OUT:-$PWD/target/soak}
 if [ -n "$quick" ]; then
   export KXDP_SOAK_SECS=75

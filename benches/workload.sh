@@ -32,24 +32,10 @@ done
 
 # Debian packages: the tools, the CNI plugins the lab is made with, the kernel modes' rule
 # loaders. dnsmasq-base: the binary without the host service the `dnsmasq` package starts.
-need=()
-for t in iperf3:iperf3 wrk:wrk nginx:nginx-light sockperf:sockperf dnsperf:dnsperf \
-  dnsmasq:dnsmasq-base nft:nftables iptables-restore:iptables ss:iproute2; do
-  command -v "${t%%:*}" >/dev/null || need+=("${t#*:}")
-done
-[ -x /usr/lib/cni/ptp ] && [ -x /usr/lib/cni/bridge ] || need+=(containernetworking-plugins)
-if [ ${#need[@]} -gt 0 ]; then
-  echo "== installing ${need[*]}"
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${need[@]}" >/dev/null ||
-    { apt-get update -q >/dev/null &&
-      DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${need[@]}" >/dev/null; }
-fi
-
-if [ -z "${KXDP_BIN:-}" ]; then
-  echo "== build (release kxdp)"
-  cargo build --release --locked --bin kxdp
-  export KXDP_BIN=$PWD/target/release/kxdp
-fi
+. benches/lab-common.sh
+install_missing iperf3:iperf3 wrk:wrk nginx:nginx-light sockperf:sockperf dnsperf:dnsperf \
+  dnsmasq:dnsmasq-base nft:nftables iptables-restore:iptables ss:iproute2
+release_binary
 out=${KXDP_WORKLOAD_OUT:-$PWD/target/workload}
 export KXDP_WORKLOAD_OUT=$out
 if [ -n "$quick" ]; then

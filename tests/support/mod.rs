@@ -1090,3 +1090,69 @@ impl Env {
         p
     }
 }
+
+/// The first packet of a new connection: TCP SYN, UDP datagram or SCTP INIT.
+pub fn opener(proto: &str, src: &str, sport: u16, dst: &str, dport: u16) -> Vec<u8> {
+    let hp = |ip: &str, port: u16| {
+        if ip.contains(':') {
+            format!("[{ip}]:{port}")
+        } else {
+            format!("{ip}:{port}")
+        }
+    };
+    let (s, d) = (hp(src, sport), hp(dst, dport));
+    match proto {
+        "TCP" => syn(&s, &d),
+        "UDP" => udp(&s, &d, b"probe"),
+        "SCTP" => sctp_init(&s, &d),
+        _ => unreachable!(),
+    }
+}
+
+/// Replays one new connection per (row source, column destination, probe) of a reachability
+/// grid and compares every verdict with its cell: `.` forwarded (`direct`), `i` / `e` dropped
+/// with `policy-denied-ingress` / `policy-denied-egress`, `n` passed to this node's stack.
+/// `addr` turns the grid's names into addresses.
+#[track_caller]
+pub fn replay_policy_grid(
+    env: &Env,
+    addr: impl Fn(&str) -> String,
+    probes: &[(&str, u16)],
+    expected: &str,
+) {
+    let mut lines = expected.lines().map(str::trim).filter(|l| !l.is_empty());
+    let dsts: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+    let mut frames = Vec::new();
+    let mut want = Vec::new();
+    for line in lines {
+        let mut w = line.split_whitespace();
+        let src = w.next().unwrap();
+        let cells: Vec<&str> = w.collect();
+        assert_eq!(cells.len(), dsts.len(), "row {src}");
+        for (dst, cell) in dsts.iter().zip(cells) {
+            assert_eq!(cell.len(), probes.len(), "{src} -> {dst}");
+            for (&(proto, port), c) in probes.iter().zip(cell.chars()) {
+                let sport = 20000 + frames.len() as u16;
+                frames.push(opener(proto, &addr(src), sport, &addr(dst), port));
+                want.push((format!("{src} -> {dst} {proto}/{port}"), c));
+            }
+        }
+    }
+    let r = env.replay(&frames);
+    let mut bad = Vec::new();
+    for (i, (what, c)) in want.iter().enumerate() {
+        let v = r.v(i);
+        let got = (v["action"].as_str().unwrap(), v["reason"].as_str().unwrap());
+        let expect = match c {
+            '.' => ("forward", "direct"),
+            'i' => ("drop", "policy-denied-ingress"),
+            'e' => ("drop", "policy-denied-egress"),
+            'n' => ("pass", "to-node"),
+            _ => panic!("bad cell {c}"),
+        };
+        if got != expect {
+            bad.push(format!("{what}: want {expect:?}, got {got:?}"));
+        }
+    }
+    assert!(bad.is_empty(), "reachability differs:\n{}", bad.join("\n"));
+}

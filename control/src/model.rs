@@ -20,7 +20,8 @@ use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{NetworkPolicy, ServiceCIDR};
 
-pub use crate::policy::cluster::ClusterNetworkPolicy;
+pub mod cluster_network_policy;
+pub use cluster_network_policy::ClusterNetworkPolicy;
 
 /// `namespace/name`; cluster-scoped objects have an empty namespace.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]

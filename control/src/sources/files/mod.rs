@@ -405,9 +405,10 @@ fn decode_document(
         ("discovery.k8s.io/v1", "EndpointSlice") => Object::EndpointSlice(decode.typed(doc)?),
         ("networking.k8s.io/v1", "NetworkPolicy") => Object::NetworkPolicy(decode.typed(doc)?),
         ("networking.k8s.io/v1", "ServiceCIDR") => Object::ServiceCidr(decode.typed(doc)?),
-        (crate::policy::cluster::API_VERSION, crate::policy::cluster::KIND) => {
-            Object::ClusterNetworkPolicy(decode.typed(doc)?)
-        }
+        (
+            crate::model::cluster_network_policy::API_VERSION,
+            crate::model::cluster_network_policy::KIND,
+        ) => Object::ClusterNetworkPolicy(decode.typed(doc)?),
         _ => {
             tracing::debug!(api_version, kind, object = %label, "ignoring object of a kind kxdp does not use");
             return Ok(());

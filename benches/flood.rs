@@ -24,8 +24,6 @@ mod flood;
 use std::sync::Arc;
 
 use flood::Case;
-use kxdp_dataplane::conntrack::CtConfig;
-use kxdp_dataplane::replay::{replay, ReplayOptions};
 use kxdp_dataplane::snapshot::Snapshot;
 use kxdp_dataplane::verdict::{Action, Reason};
 
@@ -80,18 +78,7 @@ fn main() {
 }
 
 fn run_case(snap: &Arc<Snapshot>, name: &str, case: &Case, json: bool) {
-    let (cap, roles) = flood::capture(case);
-    let r = replay(
-        snap.clone(),
-        CtConfig {
-            max_entries: case.table,
-            ..CtConfig::default()
-        },
-        &cap,
-        &ReplayOptions::default(),
-    )
-    .expect("a replay in process memory does not fail");
-    let s = flood::score(case, &roles, &r);
+    let (s, r) = flood::run(snap, case);
     assert_eq!(s.setup_dropped, 0, "{name}: setup packets dropped");
     let count = |reason: Reason| r.reasons[reason as usize];
     let others: Vec<String> = Reason::ALL

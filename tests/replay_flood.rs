@@ -6,22 +6,8 @@ mod flood;
 
 use std::sync::Arc;
 
-use kxdp_dataplane::conntrack::CtConfig;
-use kxdp_dataplane::replay::{replay, ReplayOptions};
-
 fn run(case: &flood::Case) -> flood::Score {
-    let (cap, roles) = flood::capture(case);
-    let r = replay(
-        Arc::new(flood::snapshot()),
-        CtConfig {
-            max_entries: case.table,
-            ..CtConfig::default()
-        },
-        &cap,
-        &ReplayOptions::default(),
-    )
-    .expect("a replay in process memory does not fail");
-    let s = flood::score(case, &roles, &r);
+    let (s, _) = flood::run(&Arc::new(flood::snapshot()), case);
     eprintln!("{s:?}");
     s
 }

@@ -16,7 +16,8 @@
 use std::sync::Arc;
 
 use etherparse::PacketBuilder;
-use kxdp_dataplane::replay::ReplayResult;
+use kxdp_dataplane::conntrack::CtConfig;
+use kxdp_dataplane::replay::{replay, ReplayOptions, ReplayResult};
 use kxdp_dataplane::snapshot::{
     EmptyAction, Endpoint, EndpointRange, Frontend, FrontendKey, FrontendKind, NodeInfo, Route,
     ServicePortInfo, Snapshot,
@@ -273,4 +274,21 @@ pub fn score(case: &Case, roles: &[Role], r: &ReplayResult) -> Score {
         flood_pct: pct(flood_ok, flood_n),
         setup_dropped,
     }
+}
+
+/// Replays a case through `snap` with a table of `case.table` entries: the score and the replay's
+/// own counts.
+pub fn run(snap: &Arc<Snapshot>, case: &Case) -> (Score, ReplayResult) {
+    let (cap, roles) = capture(case);
+    let r = replay(
+        snap.clone(),
+        CtConfig {
+            max_entries: case.table,
+            ..CtConfig::default()
+        },
+        &cap,
+        &ReplayOptions::default(),
+    )
+    .expect("a replay in process memory does not fail");
+    (score(case, &roles, &r), r)
 }

@@ -9,7 +9,10 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 
+mod object_key;
 mod pod;
+
+pub use object_key::ObjectKey;
 
 pub use pod::{
     Labels, NamedPort, NamedPorts, NodeName, PodInterner, PodIps, PodKey, PodPhase, PodRecord,
@@ -22,39 +25,6 @@ use k8s_openapi::api::networking::v1::{NetworkPolicy, ServiceCIDR};
 
 pub mod cluster_network_policy;
 pub use cluster_network_policy::ClusterNetworkPolicy;
-
-/// `namespace/name`; cluster-scoped objects have an empty namespace.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
-pub struct ObjectKey {
-    pub namespace: String,
-    pub name: String,
-}
-
-impl ObjectKey {
-    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
-        ObjectKey {
-            namespace: namespace.into(),
-            name: name.into(),
-        }
-    }
-
-    pub fn cluster(name: impl Into<String>) -> Self {
-        ObjectKey {
-            namespace: String::new(),
-            name: name.into(),
-        }
-    }
-}
-
-impl fmt::Display for ObjectKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.namespace.is_empty() {
-            f.write_str(&self.name)
-        } else {
-            write!(f, "{}/{}", self.namespace, self.name)
-        }
-    }
-}
 
 /// A kind of object kxdp reads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::{Container, ContainerPort, Pod, PodIP, PodSpec, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use super::ObjectKey;
+use super::object_key::ObjectKey;
 use kxdp_packet::IpProto;
 
 /// A label set (shared by the pods that have it).

@@ -246,7 +246,7 @@ fn decode(text: &str, validate: bool) -> Option<SegmentOut> {
         Some(("networking.k8s.io/v1", "ServiceCIDR")) => Object::ServiceCidr(typed(text)?),
         _ => return generic(text, validate),
     };
-    let obj = super::finish(obj, "", "", validate).ok()?;
+    let obj = super::object::finish(obj, "", "", validate).ok()?;
     Some(SegmentOut {
         documents: 1,
         objects: vec![obj],
@@ -260,7 +260,7 @@ fn generic(text: &str, validate: bool) -> Option<SegmentOut> {
     for de in yaml_serde::Deserializer::from_str(text) {
         let v = <Value as serde::Deserialize>::deserialize(de).ok()?;
         out.documents += 1;
-        super::decode_document(v, "", validate, &mut out.objects).ok()?;
+        super::object::decode_document(v, "", validate, &mut out.objects).ok()?;
     }
     Some(out)
 }

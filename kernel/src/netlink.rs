@@ -83,6 +83,11 @@ pub struct Dump {
     pub addrs: Vec<LocalAddr>,
     pub routes: Vec<Route>,
     pub neighbours: Vec<Neighbour>,
+    /// Those of `neighbours` the kernel holds as STALE: usable, but nothing has confirmed them
+    /// lately, and the kernel's garbage collector may remove them.
+    pub stale: Vec<(u32, IpAddr)>,
+    /// Next hops the kernel tried to resolve and got no answer from (FAILED).
+    pub failed: Vec<(u32, IpAddr)>,
     pub fdb: Vec<FdbEntry>,
 }
 
@@ -245,6 +250,19 @@ fn usable(state: NeighbourState) -> bool {
     )
 }
 
+/// The interface and address of a neighbour entry, whatever its state.
+fn neighbour_addr(m: &NeighbourMessage) -> Option<(u32, IpAddr)> {
+    m.attributes.iter().find_map(|a| match a {
+        NeighbourAttribute::Destination(NeighbourAddress::Inet(v4)) => {
+            Some((m.header.ifindex, (*v4).into()))
+        }
+        NeighbourAttribute::Destination(NeighbourAddress::Inet6(v6)) => {
+            Some((m.header.ifindex, (*v6).into()))
+        }
+        _ => None,
+    })
+}
+
 fn neighbour_of(m: &NeighbourMessage) -> Option<Neighbour> {
     if !usable(m.header.state) {
         return None;
@@ -320,6 +338,11 @@ pub fn dump_all() -> io::Result<Dump> {
         nm.header.family = family;
         dump(RouteNetlinkMessage::GetNeighbour(nm), |m| {
             if let RouteNetlinkMessage::NewNeighbour(n) = m {
+                match n.header.state {
+                    NeighbourState::Stale => d.stale.extend(neighbour_addr(&n)),
+                    NeighbourState::Failed => d.failed.extend(neighbour_addr(&n)),
+                    _ => {}
+                }
                 d.neighbours.extend(neighbour_of(&n));
             }
         })?;

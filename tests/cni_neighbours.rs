@@ -29,8 +29,9 @@ fn kernel_view(ns: &str, pod: IpAddr, host_if: &str) -> String {
 
 /// Requests from a client pod to a Service whose endpoint is another pod, both on node-b's
 /// `cni0` (kxdp translates and forwards both ways on node-b, so the bridge sees neither pod's
-/// traffic) while the bridge ages its FDB entries out 4 s after their last frame (300 s by
-/// default), then once more while node-b's neighbours are flushed (what a change of the bridge's
+/// traffic), kxdp started with both pods' FDB entries gone, while the bridge ages its FDB
+/// entries out 4 s after their last frame (300 s by default), then once more while node-b's
+/// neighbours are flushed (what a change of the bridge's
 /// MAC does): every request answered, and the pods' IPv4 neighbour entries usable at the end.
 #[test]
 fn kxdp_bridge_pods_reachable_across_fdb_ageing_and_a_neighbour_flush() {
@@ -40,6 +41,29 @@ fn kxdp_bridge_pods_reachable_across_fdb_ageing_and_a_neighbour_flush() {
     lab.add_pod("node-b", "web", &[("app", "web")]);
     lab.warm_neighbours();
     ip(&b, "link set cni0 type bridge ageing_time 400");
+    // kxdp starts with the pods on no bridge port, as after a restart once the bridge forgot
+    // them: they are addressable only once the bridge has learned them again.
+    for p in ["client", "web"] {
+        let host_if = lab.pod(p).host_if.clone();
+        let fdb = lab::run(
+            "ip",
+            &[
+                "netns", "exec", &b, "bridge", "fdb", "show", "dev", &host_if,
+            ],
+        );
+        for mac in fdb
+            .lines()
+            .filter(|l| !l.contains("permanent"))
+            .filter_map(|l| l.split_whitespace().next())
+        {
+            lab::run(
+                "ip",
+                &[
+                    "netns", "exec", &b, "bridge", "fdb", "del", mac, "dev", &host_if, "master",
+                ],
+            );
+        }
+    }
     let conf = lab.kxdp_config("node-b", false);
     let kxdp = lab.start_kxdp("node-b", &conf, &lab.service("web", 20, "web", None, false));
     let pods: Vec<(IpAddr, String)> = ["client", "web"]

@@ -23,7 +23,10 @@
 //!   it FAILED;
 //! - a bridge FDB entry the bridge aged out is kept as long as its port is still a port of that
 //!   bridge and no other port has claimed the MAC: a pod's MAC moves only with its veth, whose
-//!   removal ends the entry.
+//!   removal ends the entry;
+//! - a neighbour behind a bridge whose MAC is on no port (its FDB entry aged out before kxdp
+//!   started, or never learned) is probed at once (its entry set to PROBE), every
+//!   [`ASK_KEPT`]: the answer crosses the bridge, which learns the port.
 
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
@@ -50,6 +53,15 @@ struct Seen {
     at: Instant,
 }
 
+/// What to ask the kernel for a next hop.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ask {
+    /// Use it (`RTM_NEWNEIGH` with `NTF_USE`): resolve it, or refresh a STALE entry.
+    Use(u32, IpAddr),
+    /// Probe it now with this MAC (its entry set to PROBE).
+    Probe(u32, IpAddr, [u8; 6]),
+}
+
 /// See the module docs.
 #[derive(Debug, Default)]
 pub struct Keeper {
@@ -60,6 +72,8 @@ pub struct Keeper {
     kept: Vec<Key>,
     /// STALE neighbours at the last [`Keeper::complete`].
     stale: Vec<Key>,
+    /// Neighbours behind a bridge whose MAC is on none of its ports, with that MAC.
+    unported: Vec<(Key, [u8; 6])>,
     asked: HashMap<Key, Instant>,
 }
 
@@ -130,26 +144,54 @@ impl Keeper {
             .extend(input.stale.iter().filter(|k| present.contains(k)).copied());
         self.stale.sort_unstable();
         self.stale.dedup();
-        let (kept, stale) = (&self.kept, &self.stale);
-        self.asked
-            .retain(|k, _| kept.binary_search(k).is_ok() || stale.binary_search(k).is_ok());
+
+        let bridges: HashSet<u32> = input
+            .links
+            .iter()
+            .filter(|l| l.bridge)
+            .map(|l| l.ifindex)
+            .collect();
+        let ported: HashSet<(u32, [u8; 6])> = input.fdb.iter().map(|e| (e.bridge, e.mac)).collect();
+        self.unported.clear();
+        self.unported.extend(
+            input
+                .neighbours
+                .iter()
+                .filter(|n| bridges.contains(&n.ifindex) && !ported.contains(&(n.ifindex, n.mac)))
+                .map(|n| ((n.ifindex, n.addr), n.mac)),
+        );
+        self.unported.sort_unstable();
+
+        let (kept, stale, unported) = (&self.kept, &self.stale, &self.unported);
+        self.asked.retain(|k, _| {
+            kept.binary_search(k).is_ok()
+                || stale.binary_search(k).is_ok()
+                || unported.iter().any(|(u, _)| u == k)
+        });
     }
 
-    /// The next hops to ask the kernel to use now (`RTM_NEWNEIGH` with `NTF_USE`): kept
-    /// neighbours every [`ASK_KEPT`], STALE ones every [`ASK_STALE`].
-    pub fn due(&mut self, now: Instant) -> Vec<(u32, IpAddr)> {
+    /// What to ask the kernel now: kept neighbours (used) and neighbours on no bridge port
+    /// (probed) every [`ASK_KEPT`], STALE ones (used) every [`ASK_STALE`].
+    pub fn due(&mut self, now: Instant) -> Vec<Ask> {
         let mut out = Vec::new();
-        for (keys, every) in [(&self.kept, ASK_KEPT), (&self.stale, ASK_STALE)] {
-            for k in keys {
-                let ask = self
-                    .asked
-                    .get(k)
-                    .is_none_or(|t| now.saturating_duration_since(*t) >= every);
-                if ask {
-                    self.asked.insert(*k, now);
-                    out.push(*k);
-                }
+        let mut ask = |k: &Key, every: Duration, what: Ask| {
+            let due = self
+                .asked
+                .get(k)
+                .is_none_or(|t| now.saturating_duration_since(*t) >= every);
+            if due {
+                self.asked.insert(*k, now);
+                out.push(what);
             }
+        };
+        for &(k, mac) in &self.unported {
+            ask(&k, ASK_KEPT, Ask::Probe(k.0, k.1, mac));
+        }
+        for k in &self.kept {
+            ask(k, ASK_KEPT, Ask::Use(k.0, k.1));
+        }
+        for k in &self.stale {
+            ask(k, ASK_STALE, Ask::Use(k.0, k.1));
         }
         out
     }
@@ -302,11 +344,34 @@ mod tests {
         i.stale = vec![(10, ip("10.2.0.5")), (10, ip("10.2.0.99"))];
         k.complete(&mut i, t0);
         // Only the listed (usable) one; again only after ASK_STALE.
-        assert_eq!(k.due(t0), vec![(10, ip("10.2.0.5"))]);
+        assert_eq!(k.due(t0), vec![Ask::Use(10, ip("10.2.0.5"))]);
         assert!(k.due(t0 + Duration::from_secs(1)).is_empty());
-        assert_eq!(k.due(t0 + ASK_STALE), vec![(10, ip("10.2.0.5"))]);
+        assert_eq!(k.due(t0 + ASK_STALE), vec![Ask::Use(10, ip("10.2.0.5"))]);
         // Confirmed since (no longer STALE): not asked for.
         k.complete(&mut input(), t0 + ASK_STALE);
         assert!(k.due(t0 + ASK_STALE * 3).is_empty());
+    }
+
+    #[test]
+    fn a_neighbour_on_no_bridge_port_is_probed() {
+        let t0 = Instant::now();
+        let mut k = Keeper::default();
+        // The bridge never learned the pod's port (or forgot it before kxdp started).
+        let mut i = input();
+        i.fdb.clear();
+        k.complete(&mut i, t0);
+        assert_eq!(k.due(t0), vec![Ask::Probe(10, ip("10.2.0.5"), [0xb5; 6])]);
+        assert!(k.due(t0 + Duration::from_millis(500)).is_empty());
+        assert_eq!(k.due(t0 + ASK_KEPT).len(), 1);
+        // Learned: no more probes (and the entry is kept from then on).
+        k.complete(&mut input(), t0 + ASK_KEPT);
+        assert!(k.due(t0 + ASK_KEPT * 3).is_empty());
+        // A neighbour on a plain link needs no port.
+        let mut up = input();
+        up.fdb.clear();
+        up.neighbours.retain(|n| n.ifindex == 1);
+        let mut k = Keeper::default();
+        k.complete(&mut up, t0);
+        assert!(k.due(t0).is_empty());
     }
 }

@@ -376,6 +376,28 @@ pub fn request_resolution(ifindex: u32, addr: IpAddr) -> io::Result<()> {
     request(RouteNetlinkMessage::NewNeighbour(m))
 }
 
+/// Asks the kernel to probe `addr` on `ifindex` now: its entry set to PROBE with `mac` (the MAC
+/// it has), so the kernel sends a unicast ARP / neighbour solicitation at once and marks it
+/// REACHABLE on the answer. `NTF_USE` does nothing to a REACHABLE entry and lets a STALE one wait
+/// `delay_first_probe_time` (5 s) before probing.
+pub fn probe_neighbour(ifindex: u32, addr: IpAddr, mac: [u8; 6]) -> io::Result<()> {
+    let mut m = NeighbourMessage::default();
+    m.header.family = match addr {
+        IpAddr::V4(_) => AddressFamily::Inet,
+        IpAddr::V6(_) => AddressFamily::Inet6,
+    };
+    m.header.ifindex = ifindex;
+    m.header.state = NeighbourState::Probe;
+    m.attributes
+        .push(NeighbourAttribute::Destination(match addr {
+            IpAddr::V4(v4) => NeighbourAddress::Inet(v4),
+            IpAddr::V6(v6) => NeighbourAddress::Inet6(v6),
+        }));
+    m.attributes
+        .push(NeighbourAttribute::LinkLayerAddress(mac.to_vec()));
+    request(RouteNetlinkMessage::NewNeighbour(m))
+}
+
 /// Sends one request with `flags` (plus REQUEST and ACK) and waits for its acknowledgement (the
 /// kernel's error, if any). For the traffic-control requests of [`crate::tc`].
 pub(crate) fn acked(msg: RouteNetlinkMessage, flags: u16) -> io::Result<()> {

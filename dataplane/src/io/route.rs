@@ -11,8 +11,9 @@
 //!
 //! Next hops kxdp forwards to are kept addressable although the kernel never sends there
 //! (`crate::neigh`): STALE neighbours are refreshed before the kernel collects them, a
-//! neighbour the kernel flushed keeps its last MAC while it is resolved again, and a bridge FDB
-//! entry the bridge aged out stays while its port does.
+//! neighbour the kernel flushed keeps its last MAC while it is resolved again, a bridge FDB
+//! entry the bridge aged out stays while its port does, and a neighbour behind a bridge whose
+//! MAC is on no port is probed so that the bridge learns it.
 
 use std::collections::HashMap;
 use std::io;
@@ -26,7 +27,7 @@ use kxdp_packet::{Addr, Family};
 use kxdp_kernel::netlink;
 
 use crate::fib::Fib;
-use crate::neigh::Keeper;
+use crate::neigh::{Ask, Keeper};
 
 /// Reads the calling thread's namespace's tables into a FIB.
 pub fn read() -> io::Result<Fib> {
@@ -43,8 +44,11 @@ fn read_kept(keeper: &mut Keeper) -> io::Result<Fib> {
 }
 
 fn ask_due(keeper: &mut Keeper, now: Instant) {
-    for (oif, addr) in keeper.due(now) {
-        let _ = netlink::request_resolution(oif, addr);
+    for ask in keeper.due(now) {
+        let _ = match ask {
+            Ask::Use(oif, addr) => netlink::request_resolution(oif, addr),
+            Ask::Probe(oif, addr, mac) => netlink::probe_neighbour(oif, addr, mac),
+        };
     }
 }
 

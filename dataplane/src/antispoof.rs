@@ -207,6 +207,7 @@ mod tests {
                     mac: [0xb2; 6],
                 },
             ],
+            ..Default::default()
         })
     }
 

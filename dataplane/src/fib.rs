@@ -624,6 +624,7 @@ mod tests {
                 port: 12,
                 mac: [0xb5; 6],
             }],
+            ..Default::default()
         })
     }
 

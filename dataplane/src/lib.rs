@@ -14,6 +14,7 @@ pub mod fragments;
 pub mod hold;
 pub mod io;
 pub mod maglev;
+pub mod neigh;
 pub mod pipeline;
 pub mod policy;
 pub mod replay;

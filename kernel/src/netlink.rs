@@ -83,6 +83,11 @@ pub struct Dump {
     pub addrs: Vec<LocalAddr>,
     pub routes: Vec<Route>,
     pub neighbours: Vec<Neighbour>,
+    /// Those of `neighbours` the kernel holds as STALE: usable, but nothing has confirmed them
+    /// lately, and the kernel's garbage collector may remove them.
+    pub stale: Vec<(u32, IpAddr)>,
+    /// Next hops the kernel tried to resolve and got no answer from (FAILED).
+    pub failed: Vec<(u32, IpAddr)>,
     pub fdb: Vec<FdbEntry>,
 }
 
@@ -245,6 +250,19 @@ fn usable(state: NeighbourState) -> bool {
     )
 }
 
+/// The interface and address of a neighbour entry, whatever its state.
+fn neighbour_addr(m: &NeighbourMessage) -> Option<(u32, IpAddr)> {
+    m.attributes.iter().find_map(|a| match a {
+        NeighbourAttribute::Destination(NeighbourAddress::Inet(v4)) => {
+            Some((m.header.ifindex, (*v4).into()))
+        }
+        NeighbourAttribute::Destination(NeighbourAddress::Inet6(v6)) => {
+            Some((m.header.ifindex, (*v6).into()))
+        }
+        _ => None,
+    })
+}
+
 fn neighbour_of(m: &NeighbourMessage) -> Option<Neighbour> {
     if !usable(m.header.state) {
         return None;
@@ -320,6 +338,11 @@ pub fn dump_all() -> io::Result<Dump> {
         nm.header.family = family;
         dump(RouteNetlinkMessage::GetNeighbour(nm), |m| {
             if let RouteNetlinkMessage::NewNeighbour(n) = m {
+                match n.header.state {
+                    NeighbourState::Stale => d.stale.extend(neighbour_addr(&n)),
+                    NeighbourState::Failed => d.failed.extend(neighbour_addr(&n)),
+                    _ => {}
+                }
                 d.neighbours.extend(neighbour_of(&n));
             }
         })?;
@@ -350,6 +373,28 @@ pub fn request_resolution(ifindex: u32, addr: IpAddr) -> io::Result<()> {
             IpAddr::V4(v4) => NeighbourAddress::Inet(v4),
             IpAddr::V6(v6) => NeighbourAddress::Inet6(v6),
         }));
+    request(RouteNetlinkMessage::NewNeighbour(m))
+}
+
+/// Asks the kernel to probe `addr` on `ifindex` now: its entry set to PROBE with `mac` (the MAC
+/// it has), so the kernel sends a unicast ARP / neighbour solicitation at once and marks it
+/// REACHABLE on the answer. `NTF_USE` does nothing to a REACHABLE entry and lets a STALE one wait
+/// `delay_first_probe_time` (5 s) before probing.
+pub fn probe_neighbour(ifindex: u32, addr: IpAddr, mac: [u8; 6]) -> io::Result<()> {
+    let mut m = NeighbourMessage::default();
+    m.header.family = match addr {
+        IpAddr::V4(_) => AddressFamily::Inet,
+        IpAddr::V6(_) => AddressFamily::Inet6,
+    };
+    m.header.ifindex = ifindex;
+    m.header.state = NeighbourState::Probe;
+    m.attributes
+        .push(NeighbourAttribute::Destination(match addr {
+            IpAddr::V4(v4) => NeighbourAddress::Inet(v4),
+            IpAddr::V6(v6) => NeighbourAddress::Inet6(v6),
+        }));
+    m.attributes
+        .push(NeighbourAttribute::LinkLayerAddress(mac.to_vec()));
     request(RouteNetlinkMessage::NewNeighbour(m))
 }
 

@@ -8,12 +8,18 @@
 //! addressed yet: a worker holds the frame (`crate::hold`) and the refresher asks the kernel to
 //! resolve it (`RTM_NEWNEIGH` with `NTF_USE`, what sending there would trigger); the FIB it
 //! publishes once the kernel announces the entry releases the held frames.
+//!
+//! Next hops kxdp forwards to are kept addressable although the kernel never sends there
+//! (`crate::neigh`): STALE neighbours are refreshed before the kernel collects them, a
+//! neighbour the kernel flushed keeps its last MAC while it is resolved again, a bridge FDB
+//! entry the bridge aged out stays while its port does, and a neighbour behind a bridge whose
+//! MAC is on no port is probed so that the bridge learns it.
 
 use std::collections::HashMap;
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use kxdp_packet::{Addr, Family};
@@ -21,10 +27,29 @@ use kxdp_packet::{Addr, Family};
 use kxdp_kernel::netlink;
 
 use crate::fib::Fib;
+use crate::neigh::{Ask, Keeper};
 
 /// Reads the calling thread's namespace's tables into a FIB.
 pub fn read() -> io::Result<Fib> {
     Ok(Fib::new(netlink::dump_all()?))
+}
+
+/// [`read`], completed by `keeper` (`crate::neigh`), whose due next hops are then asked for.
+fn read_kept(keeper: &mut Keeper) -> io::Result<Fib> {
+    let mut input = netlink::dump_all()?;
+    let now = Instant::now();
+    keeper.complete(&mut input, now);
+    ask_due(keeper, now);
+    Ok(Fib::new(input))
+}
+
+fn ask_due(keeper: &mut Keeper, now: Instant) {
+    for ask in keeper.due(now) {
+        let _ = match ask {
+            Ask::Use(oif, addr) => netlink::request_resolution(oif, addr),
+            Ask::Probe(oif, addr, mac) => netlink::probe_neighbour(oif, addr, mac),
+        };
+    }
 }
 
 /// Asks the kernel to resolve `addr` on `ifindex` (RTM_NEWNEIGH with NTF_USE).
@@ -77,7 +102,8 @@ impl Routes {
     pub fn start() -> io::Result<Routes> {
         // Subscribe before the first read so that no change is missed in between.
         let events = netlink::Events::subscribe()?;
-        let first = read()?;
+        let mut keeper = Keeper::default();
+        let first = read_kept(&mut keeper)?;
         // Resolve the next hops we already know of, so that the first packet toward a pod or
         // gateway the node has not talked to yet is not dropped for want of a MAC address.
         for (oif, a, f) in first.unresolved_next_hops() {
@@ -90,7 +116,7 @@ impl Routes {
         let (t2, s2, c2) = (table.clone(), stop.clone(), changed.clone());
         let thread = std::thread::Builder::new()
             .name("kxdp-routes".into())
-            .spawn(move || refresher(events, &t2, &c2, &rx, &s2))?;
+            .spawn(move || refresher(events, keeper, &t2, &c2, &rx, &s2))?;
         Ok(Routes {
             table,
             changed,
@@ -112,6 +138,7 @@ impl Drop for Routes {
 
 fn refresher(
     mut events: netlink::Events,
+    mut keeper: Keeper,
     table: &ArcSwap<Fib>,
     changed: &Changed,
     unresolved: &crossbeam::channel::Receiver<(u32, Addr, Family)>,
@@ -120,7 +147,7 @@ fn refresher(
     let mut asked: HashMap<(u32, u128), std::time::Instant> = HashMap::new();
     while !stop.load(Ordering::Relaxed) {
         if events.wait(Duration::from_millis(100)) {
-            match read() {
+            match read_kept(&mut keeper) {
                 Ok(t) => {
                     // A neighbour the kernel now has is asked for again as soon as it goes
                     // missing (flushed, expired): a frame waiting for it would otherwise wait
@@ -142,6 +169,10 @@ fn refresher(
                 }
                 Err(e) => tracing::warn!("kxdp: reading routes and neighbours: {e}"),
             }
+        } else {
+            // Quiet tables: a kept or STALE neighbour the kernel did nothing about is asked
+            // for again on time.
+            ask_due(&mut keeper, Instant::now());
         }
         while let Ok((oif, addr, family)) = unresolved.try_recv() {
             let now = std::time::Instant::now();

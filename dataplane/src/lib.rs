@@ -20,5 +20,6 @@ pub mod replay;
 pub mod snapshot;
 pub mod stale;
 pub mod stats;
+pub mod tap;
 pub mod verdict;
 pub mod worker;

@@ -694,13 +694,13 @@ fn open_tap(opts: &RunOptions, workers: usize) -> io::Result<(Option<TapTarget>,
     if let Err(e) = std::fs::write(conf(&t.device), "0") {
         tracing::warn!("kxdp: tap {}: rp_filter: {e}", t.device);
     }
-    // The kernel applies the larger of `all` and the device's value.
+    // The kernel applies the larger of `all` and the device's value: strict (1) drops, loose
+    // (2) passes (the pods' addresses are routed, through their veths).
     let all = std::fs::read_to_string(conf("all")).unwrap_or_default();
-    if all.trim() != "0" && !all.is_empty() {
+    if all.trim() == "1" {
         tracing::warn!(
-            "kxdp: net.ipv4.conf.all.rp_filter is {}: the kernel drops what the tap {} hands \
-             back from pods; set it to 0 (docs/afxdp.md)",
-            all.trim(),
+            "kxdp: net.ipv4.conf.all.rp_filter is 1 (strict): the kernel drops what the tap {} \
+             hands back from pods; set it to 0 or 2 (docs/afxdp.md)",
             t.device
         );
     }

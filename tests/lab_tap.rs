@@ -8,7 +8,9 @@
 //! keeps TSO and GSO on, no TCP checksum error in either pod, conntrack tracked the flow (the
 //! Service's DNAT, its replies un-NATed, a connection created), and super-frames were counted
 //! as their segments; a NetworkPolicy deny is enforced on the tap path (the connection times
-//! out, `policy-denied-ingress`); a ClusterIP whose endpoint is on node-b works, its replies
+//! out, `policy-denied-ingress`); IPv6 through the IPv6 ClusterIP after the pod's neighbour
+//! cache was flushed (neighbour discovery stays with the kernel); a Service without endpoints is refused with kxdp's RST
+//! written into the tap; a ClusterIP whose endpoint is on node-b works, its replies
 //! arriving on the uplink through AF_XDP; a clean stop removes the redirects and the tap.
 //!
 //! ```sh
@@ -18,7 +20,7 @@
 mod cni;
 mod lab;
 
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv6Addr};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -102,6 +104,7 @@ fn tap_mode_end_to_end() {
                 &format!("{{name: tcp, port: {IPERF_PORT},"),
             )
         + &lab.service("remote", 11, "remote", None, false)
+        + &lab.service("empty", 13, "nobody", None, false)
         + "apiVersion: networking.k8s.io/v1
 kind: NetworkPolicy
 metadata: {name: web-from-clients, namespace: lab}
@@ -205,6 +208,20 @@ spec:
     );
     assert!(t0.elapsed() >= Duration::from_secs(2));
     assert!(metric(&node, "kxdp_drops_total{reason=\"policy-denied-ingress\"}") >= 1);
+
+    // IPv6: the pod resolves its gateway again (neighbour discovery stays with the kernel),
+    // then connects through the IPv6 ClusterIP.
+    lab::sh(&client.ns, "ip -6 neigh flush dev eth0");
+    let v6 = Ipv6Addr::new(0xfd00, 0x30, 0, 0, 0, 0, 0, 0xa);
+    let a = tcp(&client.ns, sa(v6, 80), T, 1000).expect("IPv6 ClusterIP");
+    assert_eq!(a.peer, IpAddr::from(client.ip6));
+
+    // A Service without endpoints: kxdp's RST, written into the tap, refuses at once.
+    let t0 = Instant::now();
+    let e = tcp(&client.ns, sa([172, 30, 0, 13], 80), T, 0).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused, "{e}");
+    assert!(t0.elapsed() < Duration::from_secs(1));
+    assert!(metric(&node, "kxdp_verdicts_total{reason=\"no-endpoints\"}") >= 1);
 
     // An endpoint on node-b: the request leaves node-a through the kernel (from the tap), the
     // replies come back on the uplink (AF_XDP) and reach the pod through the kernel port.

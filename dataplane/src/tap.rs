@@ -28,7 +28,8 @@ use crate::verdict::{Action, Reason, Verdict};
 /// Frames a worker reads from its tap queue per loop (8 × 64 KB buffers: half a MB per worker).
 pub const TAP_BATCH: usize = 8;
 
-/// The tc filter preference of kxdp's redirects (IPv4 here, IPv6 at the next one).
+/// The tc filter preference of kxdp's redirects (IPv4 here, IPv6 neighbour discovery passed at
+/// the next one, the IPv6 redirect at the one after: `kxdp_kernel::tc`).
 pub const TC_PREF: u16 = 0xcd00;
 
 /// The offloads kxdp's tap takes: partial checksums and TCP super-frames of both families.

@@ -12,6 +12,7 @@
 #   sudo benches/workload.sh                  # 3 rounds, 5 s per test (about 8 minutes)
 #   sudo benches/workload.sh --quick          # 1 round, 1 s per test: checks that it works
 #   ROUNDS=5 SECONDS_PER_TEST=10 MODES="kxdp iptables" sudo -E benches/workload.sh
+#   MODES="kxdp kxdp-tap iptables" sudo -E benches/workload.sh   # with the pods through the tap
 #   KXDP_BIN=/path/kxdp sudo -E benches/workload.sh   # another kxdp binary (no release build)
 #
 # Results: target/workload/results.jsonl (one JSON line per measurement),

@@ -9,6 +9,8 @@
 //! - `iptables`: the ClusterIP as kube-proxy's iptables rules DNAT it (the target);
 //! - `kxdp`: `kxdp run` on the node (`interfaces: [eth0, "veth*"]`: XDP on the pods' veths),
 //!   only when `KXDP_BIN` names a release build;
+//! - `kxdp-tap`: the same with `podInterception: {mode: tap}` (the pods' veths redirected into
+//!   kxdp's tap, the workers' tap port: `kxdp_dataplane::tap`), also only with `KXDP_BIN`;
 //! - `tap`: no XDP on the pods' veths; a clsact qdisc on each host-side veth with a match-all
 //!   `u32` filter whose `mirred egress redirect` sends every IPv4 packet from the pod to a tap opened
 //!   with a virtio-net header and TSO offloads (`kxdp_kernel::tap`), so whole GSO super-frames
@@ -26,6 +28,9 @@
 //! cargo build --release --bin kxdp
 //! KXDP_BIN=$PWD/target/release/kxdp cargo test --test lab_gso_paths -- --ignored --nocapture
 //! ```
+//!
+//! `KXDP_GSO_PATHS` (comma separated, e.g. `iptables,kxdp,kxdp-tap`) runs only those paths
+//! (`iptables` always runs: the ratios are to it); `KXDP_GSO_ROUNDS` sets the rounds.
 //!
 //! Figures and the decision they support: docs/afxdp.md, "Pod traffic as super-frames".
 
@@ -68,30 +73,35 @@ fn cpu() -> (u64, u64) {
     (total - v[3] - v[4], total)
 }
 
-/// User and system jiffies of this process (the tap forwarder's threads; iperf3 runs apart).
-fn own_cpu() -> u64 {
-    let s = std::fs::read_to_string("/proc/self/stat").unwrap();
+/// User and system jiffies of process `pid` (kxdp), or of this one (the tap forwarder's
+/// threads; iperf3 runs apart).
+fn own_cpu(pid: Option<u32>) -> u64 {
+    let at = pid.map_or("self".to_string(), |p| p.to_string());
+    let s = std::fs::read_to_string(format!("/proc/{at}/stat")).unwrap_or_default();
+    if s.is_empty() {
+        return 0;
+    }
     let after = &s[s.rfind(')').unwrap() + 2..];
     let f: Vec<&str> = after.split_whitespace().collect();
     // Fields 14 and 15 (utime, stime), counted from the state (field 3).
     f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
 }
 
-/// One iperf3 run: Gbit/s received, the machine's CPU ms per Gbit and this process's (the
-/// forwarder's); panics on an error.
-fn iperf(lab: &Lab, to: &str, port: u16, streams: u32) -> (f64, f64, f64) {
+/// One iperf3 run: Gbit/s received, the machine's CPU ms per Gbit and the forwarder's (kxdp's
+/// process `pid`, or this one's); panics on an error.
+fn iperf(lab: &Lab, to: &str, port: u16, streams: u32, pid: Option<u32>) -> (f64, f64, f64) {
     let c = lab.pod("client-a");
     let ticks = 1000 / 100; // USER_HZ
     let mut tries = 0;
     let (j, b0, b1, o0, o1) = loop {
-        let o0 = own_cpu();
+        let o0 = own_cpu(pid);
         let (b0, _) = cpu();
         let out = lab::sh(
             &c.ns,
             &format!("timeout 20 iperf3 -c {to} -p {port} -P {streams} -t {SECONDS} -J || true"),
         );
         let (b1, _) = cpu();
-        let o1 = own_cpu();
+        let o1 = own_cpu(pid);
         let j: serde_json::Value =
             serde_json::from_str(&out).unwrap_or_else(|e| panic!("iperf3 output: {e}: {out}"));
         // The server may still be closing the previous test: not a failure of the path.
@@ -325,11 +335,11 @@ fn steer(node_ns: &str, veth: &str, on: bool) {
 
 type Results = BTreeMap<String, Vec<(f64, f64, f64)>>;
 
-fn record(results: &mut Results, lab: &Lab, path: &str, to: &str, port: u16) {
+fn record(results: &mut Results, lab: &Lab, path: &str, to: &str, port: u16, pid: Option<u32>) {
     for streams in [1, 4] {
         let server = lab.pod("web-a1").ns.clone();
         let before = csum_errors(&server);
-        let (g, ms, own) = iperf(lab, to, port, streams);
+        let (g, ms, own) = iperf(lab, to, port, streams, pid);
         let bad = csum_errors(&server) - before;
         let off = offloads(lab);
         eprintln!(
@@ -425,23 +435,43 @@ fn gso_paths() {
         .ok()
         .and_then(|r| r.parse().ok())
         .unwrap_or(ROUNDS);
+    let only = std::env::var("KXDP_GSO_PATHS").ok();
+    let on =
+        |p: &str| p == "iptables" || only.as_ref().is_none_or(|o| o.split(',').any(|x| x == p));
     for round in 0..rounds {
         eprintln!("round {}", round + 1);
-        record(&mut results, &lab, "kernel", &web.to_string(), TPORT);
+        if on("kernel") {
+            record(&mut results, &lab, "kernel", &web.to_string(), TPORT, None);
+        }
 
         iptables_dnat(&node, web, true);
-        record(&mut results, &lab, "iptables", &VIP.to_string(), VPORT);
+        record(
+            &mut results,
+            &lab,
+            "iptables",
+            &VIP.to_string(),
+            VPORT,
+            None,
+        );
         iptables_dnat(&node, web, false);
 
-        if kxdp {
-            let k = lab.start_kxdp("node-a", &lab.kxdp_config("node-a", false), &objects);
+        for (path, extra) in [("kxdp", ""), ("kxdp-tap", "podInterception: {mode: tap}\n")] {
+            if !kxdp || !on(path) {
+                continue;
+            }
+            let config = lab.kxdp_config("node-a", false) + extra;
+            let k = lab.start_kxdp("node-a", &config, &objects);
             lab.warm_neighbours();
-            record(&mut results, &lab, "kxdp", &VIP.to_string(), VPORT);
+            let pid = Some(k.kxdp.child.id());
+            record(&mut results, &lab, path, &VIP.to_string(), VPORT, pid);
             drop(k);
             lab.warm_neighbours();
         }
 
         for (path, queues, spin) in [("tap", 1, false), ("tap2", 2, false), ("tap-spin", 1, true)] {
+            if !on(path) {
+                continue;
+            }
             let fwd = Forwarder::start(&node, queues, spin, web);
             lab::sh(
                 &node,
@@ -459,7 +489,7 @@ fn gso_paths() {
                     lab::sh(&node, &format!("tc filter show dev {} ingress", veths[0]))
                 );
             }
-            record(&mut results, &lab, path, &VIP.to_string(), VPORT);
+            record(&mut results, &lab, path, &VIP.to_string(), VPORT, None);
             for v in &veths {
                 steer(&node, v, false);
             }
@@ -492,7 +522,9 @@ fn gso_paths() {
     };
     for streams in [1, 4] {
         let base = med(&format!("iptables P{streams}")).unwrap();
-        for path in ["kernel", "iptables", "kxdp", "tap", "tap2", "tap-spin"] {
+        for path in [
+            "kernel", "iptables", "kxdp", "kxdp-tap", "tap", "tap2", "tap-spin",
+        ] {
             if let Some((g, c, o)) = med(&format!("{path} P{streams}")) {
                 eprintln!(
                     "| {path}, {streams} stream{} | {g:.2} | {c:.0} | {o:.0} | {:.2} | {:.2} |",

@@ -530,6 +530,7 @@ fn bench_many_interfaces_one_worker() {
             kernel_port: None,
             hold_for_restart: false,
             source_validation: Default::default(),
+            tap: None,
         };
         let t0 = Instant::now();
         let afxdp = AfXdp::start(&opts, tables, ct, None).unwrap();

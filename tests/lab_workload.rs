@@ -20,7 +20,8 @@
 //!
 //! Knobs: `KXDP_WORKLOAD_ROUNDS` (3), `KXDP_WORKLOAD_SECONDS` (5), `KXDP_WORKLOAD_QUICK=1` (one
 //! round of one second: checks that everything works, not how fast), `KXDP_WORKLOAD_MODES`
-//! (`kxdp iptables nftables`), `KXDP_WORKLOAD_OUT` (target/workload). Output: one JSON line per
+//! (`kxdp iptables nftables`; also `kxdp-tap`: kxdp with `podInterception: {mode: tap}`),
+//! `KXDP_WORKLOAD_OUT` (target/workload). Output: one JSON line per
 //! measurement in `results.jsonl`, the medians, ratios and CPU per unit in `summary.md`
 //! (`benches/workload.sh` draws the charts from it). Fails if any measurement did not produce
 //! a result. Figures: docs/benchmarks.md, "Workloads".
@@ -560,10 +561,17 @@ impl Drop for ModeGuard<'_> {
 fn set_up<'a>(lab: &'a Lab, mode: &str, objects: &str) -> ModeGuard<'a> {
     let nodes: Vec<&str> = lab.nodes.iter().map(|n| n.ns.as_str()).collect();
     match mode {
-        "kxdp" => ModeGuard::Kxdp(
+        "kxdp" | "kxdp-tap" => ModeGuard::Kxdp(
             ["node-a", "node-b"]
                 .iter()
-                .map(|n| lab.start_kxdp(n, &lab.kxdp_config(n, false), objects))
+                .map(|n| {
+                    let mut config = lab.kxdp_config(n, false);
+                    if mode == "kxdp-tap" {
+                        // The pods' veths through kxdp's tap (docs/afxdp.md).
+                        config += "podInterception: {mode: tap}\n";
+                    }
+                    lab.start_kxdp(n, &config, objects)
+                })
                 .collect(),
         ),
         "iptables" => {
@@ -582,7 +590,9 @@ fn set_up<'a>(lab: &'a Lab, mode: &str, objects: &str) -> ModeGuard<'a> {
             }
             ModeGuard::Nftables(nodes)
         }
-        other => panic!("KXDP_WORKLOAD_MODES: unknown mode {other:?} (kxdp, iptables, nftables)"),
+        other => panic!(
+            "KXDP_WORKLOAD_MODES: unknown mode {other:?} (kxdp, kxdp-tap, iptables, nftables)"
+        ),
     }
 }
 
@@ -716,7 +726,7 @@ fn summary(records: &[Record], modes: &[String], rounds: u64, seconds: u64) -> S
         modes.join(", "),
         load.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
     );
-    let kernel: Vec<&String> = modes.iter().filter(|m| *m != "kxdp").collect();
+    let kernel: Vec<&String> = modes.iter().filter(|m| !m.starts_with("kxdp")).collect();
     let has_kxdp = modes.iter().any(|m| m == "kxdp");
     s += "| case | test | unit |";
     for m in modes {
@@ -820,8 +830,8 @@ fn workload() {
         .collect();
     for m in &modes {
         assert!(
-            ["kxdp", "iptables", "nftables"].contains(&m.as_str()),
-            "KXDP_WORKLOAD_MODES: unknown mode {m:?} (kxdp, iptables, nftables)"
+            ["kxdp", "kxdp-tap", "iptables", "nftables"].contains(&m.as_str()),
+            "KXDP_WORKLOAD_MODES: unknown mode {m:?} (kxdp, kxdp-tap, iptables, nftables)"
         );
     }
     for tool in [

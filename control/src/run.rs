@@ -760,6 +760,7 @@ fn run_options(
                 kxdp_dataplane::antispoof::SourceValidation::Off
             }
         },
+        tap: config.pod_interception.run_options(),
     }
 }
 

@@ -21,5 +21,6 @@ pub mod replay;
 pub mod snapshot;
 pub mod stale;
 pub mod stats;
+pub mod tap;
 pub mod verdict;
 pub mod worker;

@@ -173,6 +173,16 @@ impl Counters {
         }
     }
 
+    /// [`Counters::record`] for verdicts that stand for several packets each (a GSO super-frame
+    /// counts as the segments it becomes): `(verdict, packets)`.
+    #[inline]
+    pub fn record_weighted<'v>(&mut self, verdicts: impl IntoIterator<Item = (&'v Verdict, u64)>) {
+        for (v, n) in verdicts {
+            self.reasons[v.reason as usize] += n;
+            self.actions[v.action as usize] += n;
+        }
+    }
+
     pub fn add(&mut self, other: &Counters) {
         self.packets += other.packets;
         self.bytes += other.bytes;
@@ -1623,6 +1633,22 @@ impl SlotFrames {
         true
     }
 
+    /// Receives frames straight into the free slots after a `clear`: `read(i, slot)` writes
+    /// frame `i` into its slot and returns its length, or None when there is no more. Stops
+    /// when the slots are full; returns the frame count.
+    #[inline]
+    pub fn receive(&mut self, mut read: impl FnMut(usize, &mut [u8]) -> Option<usize>) -> usize {
+        while self.count < self.lens.len() {
+            let off = self.count * self.slot;
+            let Some(n) = read(self.count, &mut self.buf[off..][..self.slot]) else {
+                break;
+            };
+            self.lens[self.count] = n.min(self.slot);
+            self.count += 1;
+        }
+        self.count
+    }
+
     // `[off..][..len]`: two length checks and no overflow check of `off + len`.
     pub fn get(&self, i: usize) -> &[u8] {
         &self.buf[i * self.slot..][..self.lens[i]]
@@ -1650,7 +1676,7 @@ pub(crate) fn copy_frame(dst: &mut [u8], src: &[u8]) {
     }
 }
 
-// SAFETY (of the trait's promise): `count` changes only in `push` and `clear`.
+// SAFETY (of the trait's promise): `count` changes only in `push`, `receive` and `clear`.
 #[allow(unsafe_code)]
 unsafe impl Frames for SlotFrames {
     #[inline]
@@ -1669,8 +1695,8 @@ unsafe impl Frames for SlotFrames {
         self.get(i)
     }
 
-    // The unchecked forms rest on what `new` and `push` keep: `buf.len() == lens.len() * slot`
-    // (`new`, its product checked), `count <= lens.len()` (`push` stops at full). A frame's
+    // The unchecked forms rest on what `new`, `push` and `receive` keep: `buf.len() == lens.len() * slot`
+    // (`new`, its product checked), `count <= lens.len()` (`push` and `receive` stop at full). A frame's
     // length is clamped to the slot (a caller of `frame_mut` may have written any length).
     #[inline(always)]
     unsafe fn frame_unchecked(&self, i: usize) -> &[u8] {

@@ -47,6 +47,7 @@ use crate::hold::{self, Held, HoldQueue};
 use crate::pipeline::{Counters, Pipeline};
 use crate::snapshot::{PrefixSet, Snapshot};
 use crate::stats::{DataplaneStats, SocketSample, FRAME_BYTES, SOCKET_STATS_PERIOD};
+use crate::tap::TapPort;
 use crate::verdict::{Reason, Verdict};
 use kxdp_kernel::afxdp::{Desc, KernelXskStats, Umem, XskConfig, XskSocket};
 use kxdp_kernel::sys::{Poller, Waker};
@@ -165,6 +166,8 @@ pub struct IoCounters {
     pub masq_map_errors: AtomicU64,
     pub idle_sleeps: AtomicU64,
     pub batches: AtomicU64,
+    /// Frames read from the tap queue (`rx` counts the packets they stand for).
+    pub tap_frames: AtomicU64,
 }
 
 /// Where a batch was received: what the egress stage and a held frame need of it.
@@ -246,6 +249,8 @@ pub struct Worker {
     releasing: Vec<Held<Desc>>,
     /// Verdicts of held frames dropped outside a batch (their socket removed), to be counted.
     discarded: Vec<Verdict>,
+    /// This worker's queue of kxdp's tap (`podInterception: tap`, `crate::tap`).
+    tap: Option<TapPort>,
 }
 
 /// Shared state a worker runs against.
@@ -435,6 +440,7 @@ impl Worker {
             held_fib: 0,
             releasing: Vec::with_capacity(hold::CAPACITY),
             discarded: Vec::with_capacity(hold::CAPACITY),
+            tap: None,
         };
         let target = fill_target(cfg, 0);
         for &(ifindex, queue, mac, complete_checksums) in ports {
@@ -476,6 +482,7 @@ impl Worker {
             held_fib: 0,
             releasing: Vec::with_capacity(hold::CAPACITY),
             discarded: Vec::with_capacity(hold::CAPACITY),
+            tap: None,
         })
     }
 
@@ -517,6 +524,17 @@ impl Worker {
             kernel: KernelXskStats::default(),
         });
         Ok(r)
+    }
+
+    /// Gives the worker its queue of kxdp's tap (before it starts): polled beside its sockets,
+    /// and in the set its idle wait waits on.
+    pub fn attach_tap(&mut self, port: TapPort) -> std::io::Result<()> {
+        if let Some(p) = &mut self.poller {
+            use std::os::fd::AsRawFd;
+            p.add(port.queue.as_raw_fd())?;
+        }
+        self.tap = Some(port);
+        Ok(())
     }
 
     fn remove_ports(&mut self, ifindex: u32) -> Removed {
@@ -591,7 +609,8 @@ impl Worker {
     }
 
     /// The poll loop; returns when `shared.stop` is set. One loop: apply the runner's commands,
-    /// receive and process a batch per socket, send on the held frames whose neighbour resolved,
+    /// receive and process a batch per socket and one from the tap queue (when the worker has
+    /// one), send on the held frames whose neighbour resolved,
     /// transmit and refill every socket, then the housekeeping of the clocks and, when nothing
     /// came, the idle back-off.
     pub fn run(&mut self, shared: &Shared) {
@@ -602,7 +621,7 @@ impl Worker {
         let mut st = RunState::new(self, shared);
         while !shared.stop.load(Ordering::Relaxed) {
             self.commands(&mut st);
-            let got = self.receive_and_process(shared, &mut st);
+            let got = self.receive_and_process(shared, &mut st) + self.tap_round(shared, &mut st);
             self.send_released(shared, &mut st);
             self.complete_and_refill(&mut st);
             self.housekeeping(shared, &mut st);
@@ -731,6 +750,51 @@ impl Worker {
                 now,
             );
         }
+    }
+
+    /// One batch from the tap queue (`crate::tap`), if the worker has one: up to `TAP_BATCH`
+    /// frames read without waiting, the pipeline over them, each written back into the tap by
+    /// its verdict (the kernel routes it: no egress stage); counted as the packets they stand
+    /// for (a super-frame as its segments). Returns the frames read.
+    fn tap_round(&mut self, shared: &Shared, st: &mut RunState) -> usize {
+        let Some(tap) = &mut self.tap else {
+            return 0;
+        };
+        let n = tap.receive();
+        if n == 0 {
+            return 0;
+        }
+        let t0 = Instant::now();
+        let snap = shared.tables.current();
+        let now = clock_ms();
+        let verdicts = &mut st.verdicts[..n];
+        (st.pipeline).decide(&mut tap.frames, verdicts, &snap, &shared.ct, now);
+        for v in verdicts.iter() {
+            register_masq_reply(shared, &self.counters, v, false);
+        }
+        let sent = tap.send(verdicts);
+        let c = &mut st.pipeline.counters;
+        let weights: [u64; crate::tap::TAP_BATCH] = std::array::from_fn(|i| {
+            if i < n {
+                tap.weight(i, &verdicts[i])
+            } else {
+                0
+            }
+        });
+        // The pipeline counted one packet per frame.
+        c.packets += weights.iter().sum::<u64>() - n as u64;
+        c.record_weighted(verdicts.iter().zip(weights));
+        let io = &st.io;
+        io.rx
+            .fetch_add(tap.segs[..n].iter().sum(), Ordering::Relaxed);
+        io.tx.fetch_add(sent.segments, Ordering::Relaxed);
+        io.tap_frames.fetch_add(n as u64, Ordering::Relaxed);
+        io.batches.fetch_add(1, Ordering::Relaxed);
+        if let Some(stats) = &shared.stats {
+            let busy = t0.elapsed().as_nanos() as u64;
+            stats.after_batch(self.index, &st.pipeline.counters, verdicts, busy, now);
+        }
+        n
     }
 
     /// Moves the batch's frames with spoofed sources to its tail with their verdicts (on ports
@@ -962,17 +1026,7 @@ impl Worker {
         now_ms: u64,
     ) {
         for (i, v) in b.verdicts.iter_mut().enumerate() {
-            if (v.masq || rx.from_kernel) && v.reason == Reason::ServiceDnat {
-                if let Some(m) = &shared.masq {
-                    if m.add_masq_reply(v.proto, &v.dst, v.family, v.dport, v.sport)
-                        .is_err()
-                    {
-                        self.counters
-                            .masq_map_errors
-                            .fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-            }
+            register_masq_reply(shared, &self.counters, v, rx.from_kernel);
             match b.hops[i] {
                 NOT_SENT => self.umem.recycle(b.descs[i].addr),
                 HOLD => {
@@ -1164,6 +1218,22 @@ impl Worker {
     pub fn frames_accounted(&self) -> u64 {
         let socks: Vec<&XskSocket> = self.ports.iter().map(|p| &p.sock).collect();
         self.umem.frames_accounted(&socks)
+    }
+}
+
+/// Registers the reply of a new connection whose replies come to a node address (masqueraded,
+/// or opened by the node itself: `from_kernel`) with the XDP program, which must steer them to
+/// kxdp (and the un-NAT) however they arrive.
+#[inline]
+fn register_masq_reply(shared: &Shared, io: &IoCounters, v: &Verdict, from_kernel: bool) {
+    if (v.masq || from_kernel) && v.reason == Reason::ServiceDnat {
+        if let Some(m) = &shared.masq {
+            if m.add_masq_reply(v.proto, &v.dst, v.family, v.dport, v.sport)
+                .is_err()
+            {
+                io.masq_map_errors.fetch_add(1, Ordering::Relaxed);
+            }
+        }
     }
 }
 

@@ -196,6 +196,43 @@ impl TapQueue {
         Ok(())
     }
 
+    /// The device's Ethernet address (`SIOCGIFHWADDR` on the queue): what a frame written into
+    /// the tap must be addressed to, or the kernel drops it as another host's.
+    pub fn mac(&self) -> io::Result<[u8; 6]> {
+        let mut ifr = ifreq(&self.name, 0)?;
+        ioctl(
+            &self.fd,
+            libc::SIOCGIFHWADDR as libc::c_ulong,
+            &mut ifr as *mut libc::ifreq as libc::c_ulong,
+        )
+        .map_err(|e| io::Error::new(e.kind(), format!("tap {}: SIOCGIFHWADDR: {e}", self.name)))?;
+        // SAFETY: SIOCGIFHWADDR filled in the sockaddr member of the union.
+        let sa = unsafe { ifr.ifr_ifru.ifru_hwaddr };
+        let mut mac = [0u8; 6];
+        for (m, b) in mac.iter_mut().zip(sa.sa_data.iter()) {
+            *m = *b as u8;
+        }
+        Ok(mac)
+    }
+
+    /// Sets the device up (`SIOCSIFFLAGS` through a datagram socket of the calling thread's
+    /// network namespace, the one the tap was opened in).
+    pub fn set_up(&self) -> io::Result<()> {
+        // SAFETY: a plain socket() call; the result is checked.
+        let sock = fd_result(unsafe {
+            libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0)
+        } as libc::c_long)?;
+        let mut ifr = ifreq(&self.name, 0)?;
+        let get = &mut ifr as *mut libc::ifreq as libc::c_ulong;
+        ioctl(&sock, libc::SIOCGIFFLAGS as libc::c_ulong, get)?;
+        // SAFETY: SIOCGIFFLAGS filled in the flags member of the union.
+        let flags = unsafe { ifr.ifr_ifru.ifru_flags };
+        ifr.ifr_ifru.ifru_flags = flags | libc::IFF_UP as libc::c_short;
+        let set = &mut ifr as *mut libc::ifreq as libc::c_ulong;
+        ioctl(&sock, libc::SIOCSIFFLAGS as libc::c_ulong, set)
+            .map_err(|e| io::Error::new(e.kind(), format!("tap {}: setting it up: {e}", self.name)))
+    }
+
     /// Waits up to `timeout_ms` for a frame to read; false on timeout.
     pub fn wait_readable(&self, timeout_ms: i32) -> io::Result<bool> {
         let mut p = libc::pollfd {
@@ -351,6 +388,9 @@ mod tests {
                 !qs[0].wait_readable(0).unwrap(),
                 "a down tap has nothing to read"
             );
+            let mac = qs[0].mac().unwrap();
+            assert_eq!(mac[0] & 1, 0, "a unicast address: {mac:02x?}");
+            qs[0].set_up().unwrap();
             drop(qs);
             assert!(
                 crate::ifindex(name).is_err(),

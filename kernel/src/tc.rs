@@ -7,10 +7,19 @@
 //!     match u32 0 0 action mirred egress redirect dev TAP
 //! ```
 //!
-//! (and `protocol ipv6` at `P + 1`). A `u32` filter with one empty key matches everything; it is
+//! (and `protocol ipv6` at `P + 2`). A `u32` filter with one empty key matches everything; it is
 //! used rather than `matchall` because kernels may lack `CONFIG_NET_CLS_MATCHALL` (this lab's
 //! does) while `u32` is everywhere. ARP and everything else stays with the kernel, so the pod
-//! still resolves its gateway. The filter works on whole socket buffers: a GSO super-frame is
+//! still resolves its gateway; so does IPv6 neighbour discovery: a filter at `P + 1` lets
+//! ICMPv6 with hop limit 255 (RFC 4861 requires it of router and neighbour messages; other
+//! traffic leaves a host with less) on to the kernel without an action, as
+//!
+//! ```text
+//! tc filter add dev VETH ingress protocol ipv6 pref P+1 u32 skip_hw \
+//!     match u32 0x00003aff 0x0000ffff at 4
+//! ```
+//!
+//! since a neighbour solicitation answered from the tap would leave through the tap. The filter works on whole socket buffers: a GSO super-frame is
 //! redirected as one, unlike an XDP program on a veth, which makes the kernel turn the peer's
 //! GSO off. Attaching again replaces kxdp's own filter in place (a restart or a takeover never
 //! leaves a moment without it) and leaves other filters of the qdisc alone.
@@ -86,6 +95,27 @@ fn existing(ifindex: u32, pref: u16, protocol: u16) -> io::Result<Option<TcHandl
     .map(|_| found)
 }
 
+/// The u32 filter that lets IPv6 neighbour discovery (ICMPv6, hop limit 255: the word at
+/// offset 4 of the IPv6 header ends in next header 58 and hop limit 255) on to the kernel: a
+/// match without an action ends the classification with "ok".
+fn nd_pass_filter(ifindex: u32, pref: u16, handle: TcHandle) -> TcMessage {
+    let mut m = filter(ifindex, pref, ETH_P_IPV6, handle);
+    let mut sel = TcU32Selector::default();
+    sel.flags = TcU32SelectorFlags::Terminal;
+    sel.nkeys = 1;
+    let mut key = TcU32Key::default();
+    key.mask = 0x0000_ffff;
+    key.val = 0x0000_3aff;
+    key.off = 4;
+    sel.keys = vec![key];
+    m.attributes.push(TcAttribute::Kind("u32".into()));
+    m.attributes.push(TcAttribute::Options(vec![
+        TcOption::U32(TcFilterU32Option::Selector(sel)),
+        TcOption::U32(TcFilterU32Option::Flags(TcU32OptionFlags::SkipHw)),
+    ]));
+    m
+}
+
 /// The match-everything u32 filter whose action redirects to the egress of `target`.
 fn redirect_filter(
     ifindex: u32,
@@ -125,13 +155,18 @@ fn redirect_filter(
     m
 }
 
-/// The two preferences (IPv4, IPv6) kxdp's filters take from `pref`.
-fn prefs(pref: u16) -> io::Result<[(u16, u16); 2]> {
-    match pref.checked_add(1) {
-        Some(next) if pref > 0 => Ok([(pref, ETH_P_IP), (next, ETH_P_IPV6)]),
+/// The preferences kxdp's filters take from `pref`: the IPv4 redirect, the IPv6 neighbour
+/// discovery pass (`true`), the IPv6 redirect.
+fn prefs(pref: u16) -> io::Result<[(u16, u16, bool); 3]> {
+    match pref.checked_add(2) {
+        Some(last) if pref > 0 => Ok([
+            (pref, ETH_P_IP, false),
+            (pref + 1, ETH_P_IPV6, true),
+            (last, ETH_P_IPV6, false),
+        ]),
         _ => Err(io::Error::new(
             io::ErrorKind::InvalidInput,
-            format!("tc filter preference {pref}: 1 to 65534 (it and the next one are used)"),
+            format!("tc filter preference {pref}: 1 to 65533 (it and the next two are used)"),
         )),
     }
 }
@@ -140,8 +175,9 @@ fn context(e: io::Error, what: &str, ifindex: u32) -> io::Error {
     io::Error::new(e.kind(), format!("{what} on interface {ifindex}: {e}"))
 }
 
-/// Redirects every IPv4 (filter preference `pref`) and IPv6 (`pref + 1`) packet arriving on
-/// `ifindex` to the egress of `target`, adding the clsact qdisc when missing.
+/// Redirects every IPv4 (filter preference `pref`) and IPv6 (`pref + 2`) packet arriving on
+/// `ifindex` to the egress of `target` but IPv6 neighbour discovery (passed at `pref + 1`),
+/// adding the clsact qdisc when missing.
 pub fn redirect_ingress(ifindex: u32, target: u32, pref: u16) -> io::Result<()> {
     let prefs = prefs(pref)?;
     match acked(
@@ -151,20 +187,20 @@ pub fn redirect_ingress(ifindex: u32, target: u32, pref: u16) -> io::Result<()> 
         Err(e) if e.raw_os_error() == Some(EEXIST) => {}
         r => r.map_err(|e| context(e, "adding the clsact qdisc", ifindex))?,
     }
-    for (p, proto) in prefs {
+    for (p, proto, nd) in prefs {
         let (handle, flags) = match existing(ifindex, p, proto)
             .map_err(|e| context(e, "listing the ingress filters", ifindex))?
         {
             Some(h) => (h, NLM_F_REPLACE),
             None => (TcHandle::UNSPEC, NLM_F_CREATE | NLM_F_EXCL),
         };
-        acked(
-            RouteNetlinkMessage::NewTrafficFilter(redirect_filter(
-                ifindex, p, proto, target, handle,
-            )),
-            flags,
-        )
-        .map_err(|e| context(e, "adding the u32 redirect filter", ifindex))?;
+        let m = if nd {
+            nd_pass_filter(ifindex, p, handle)
+        } else {
+            redirect_filter(ifindex, p, proto, target, handle)
+        };
+        acked(RouteNetlinkMessage::NewTrafficFilter(m), flags)
+            .map_err(|e| context(e, "adding the u32 redirect filter", ifindex))?;
     }
     Ok(())
 }
@@ -172,7 +208,7 @@ pub fn redirect_ingress(ifindex: u32, target: u32, pref: u16) -> io::Result<()> 
 /// Removes the filters [`redirect_ingress`] added at `pref` (a missing one is not an error;
 /// the clsact qdisc stays for whoever else uses it).
 pub fn remove_redirect(ifindex: u32, pref: u16) -> io::Result<()> {
-    for (p, proto) in prefs(pref)? {
+    for (p, proto, _) in prefs(pref)? {
         match acked(
             // No handle: the whole tcf_proto at this preference, which is kxdp's alone.
             RouteNetlinkMessage::DelTrafficFilter(filter(ifindex, p, proto, TcHandle::UNSPEC)),
@@ -193,7 +229,7 @@ mod tests {
 
     #[test]
     fn preferences_out_of_range_are_refused() {
-        for p in [0, u16::MAX] {
+        for p in [0, u16::MAX - 1, u16::MAX] {
             let e = redirect_ingress(1, 2, p).expect_err("refused");
             assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{p}");
             assert!(remove_redirect(1, p).is_err());
@@ -214,6 +250,13 @@ mod tests {
         assert_eq!(buf[16..20], info(100, ETH_P_IP).to_ne_bytes());
         assert_eq!(info(100, ETH_P_IP) >> 16, 100);
         assert_eq!((info(100, ETH_P_IP) as u16).to_ne_bytes(), [0x08, 0x00]);
+        let nd = nd_pass_filter(7, 101, TcHandle::UNSPEC);
+        let mut buf = vec![0u8; nd.buffer_len()];
+        nd.emit(&mut buf);
+        assert_eq!(TcMessage::parse(&buf[..]).unwrap(), nd);
+        // The key as tc sends it: value and mask in network order.
+        let key = [0x00, 0x00, 0xff, 0xff, 0x00, 0x00, 0x3a, 0xff];
+        assert!(buf.windows(8).any(|w| w == key), "{buf:02x?}");
     }
 
     /// Needs root, `ip` and `tc`; runs in a private network namespace (a thread of its own).
@@ -245,7 +288,7 @@ mod tests {
             redirect_ingress(veth, other, 100).unwrap();
             let again = sh("tc filter show dev kxva ingress");
             assert_eq!(first, again, "attaching again replaces in place");
-            for (pref, proto) in [("100", "ip"), ("101", "ipv6")] {
+            for (pref, proto) in [("100", "ip"), ("101", "ipv6"), ("102", "ipv6")] {
                 let nodes = again
                     .lines()
                     .filter(|l| l.contains(&format!("protocol {proto} pref {pref} u32")))
@@ -254,6 +297,8 @@ mod tests {
                 assert_eq!(nodes, 1, "{again}");
             }
             assert!(again.contains("Egress Redirect to device kxvb"), "{again}");
+            // Neighbour discovery passes: the key at 4 with no action.
+            assert!(again.contains("match 00003aff/0000ffff at 4"), "{again}");
             remove_redirect(veth, 100).unwrap();
             assert_eq!(sh("tc filter show dev kxva ingress").trim(), "");
             remove_redirect(veth, 100).unwrap();

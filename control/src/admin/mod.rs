@@ -105,6 +105,7 @@ fn status(ctx: &AdminContext) -> serde_json::Value {
             json!({
                 "name": i.name,
                 "attached": true,
+                "interception": i.interception.as_str(),
                 "xdp_mode": i.mode.as_str(),
                 "zero_copy": i.zero_copy,
                 "driver": i.driver,

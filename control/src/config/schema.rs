@@ -86,6 +86,10 @@ pub struct DataplaneConfiguration {
     /// `strict` (on every pod-facing interface) or `off`.
     #[serde(default)]
     pub source_validation: SourceValidation,
+    /// How the workers get the traffic of pod interfaces: XDP, or a tc redirect into kxdp's tap
+    /// that keeps the pods' GSO super-frames whole (docs/afxdp.md § Pod traffic as super-frames).
+    #[serde(default)]
+    pub pod_interception: PodInterceptionConfig,
     #[serde(default)]
     pub workers: WorkersConfig,
     /// The AF_XDP sockets' ring sizes and each worker's UMEM (docs/afxdp.md).
@@ -121,6 +125,50 @@ pub enum SourceValidation {
     #[default]
     Strict,
     Off,
+}
+
+/// `podInterception.mode`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum InterceptionMode {
+    /// kxdp's XDP program and AF_XDP sockets on every matched interface.
+    #[default]
+    Xdp,
+    /// Matched interfaces that also match `podInterception.interfaces` get a tc redirect into
+    /// kxdp's tap instead.
+    Tap,
+}
+
+/// `podInterception`: which of the matched interfaces are pods' interfaces intercepted through
+/// kxdp's tap instead of XDP (docs/afxdp.md § Pod traffic as super-frames).
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct PodInterceptionConfig {
+    pub mode: InterceptionMode,
+    /// Names or shell-style patterns; only interfaces that `interfaces` matches too.
+    pub interfaces: Vec<String>,
+    /// The tap's name (created by kxdp, one queue per worker).
+    pub tap_device: String,
+}
+
+impl Default for PodInterceptionConfig {
+    fn default() -> Self {
+        PodInterceptionConfig {
+            mode: InterceptionMode::Xdp,
+            interfaces: vec!["veth*".into()],
+            tap_device: kxdp_dataplane::io::runner::TAP_DEVICE.into(),
+        }
+    }
+}
+
+impl PodInterceptionConfig {
+    /// The runner's tap options (None in mode xdp).
+    pub fn run_options(&self) -> Option<kxdp_dataplane::io::runner::TapOptions> {
+        (self.mode == InterceptionMode::Tap).then(|| kxdp_dataplane::io::runner::TapOptions {
+            device: self.tap_device.clone(),
+            interfaces: self.interfaces.clone(),
+        })
+    }
 }
 
 /// One `nodePortAddresses` entry.

@@ -115,6 +115,48 @@ fn interfaces_matching_a_bridge_and_its_ports_are_refused() {
 }
 
 #[test]
+fn pod_interception() {
+    let c = load("").unwrap();
+    assert_eq!(c.pod_interception, PodInterceptionConfig::default());
+    assert_eq!(c.pod_interception.mode, InterceptionMode::Xdp);
+    assert!(c.pod_interception.run_options().is_none());
+    let c = load("interfaces: [eth0, \"veth*\"]\npodInterception: {mode: tap}\n").unwrap();
+    let t = c.pod_interception.run_options().expect("tap");
+    assert_eq!(t.interfaces, ["veth*"]);
+    assert_eq!(t.device, "kxdptap0");
+    let c =
+        load("podInterception: {mode: tap, interfaces: [\"lxc*\"], tapDevice: pods0}\n").unwrap();
+    assert_eq!(c.pod_interception.run_options().unwrap().device, "pods0");
+    for (bad, field) in [
+        ("podInterception: {mode: bpf}\n", "podInterception.mode"),
+        ("podInterception: tap\n", "podInterception"),
+        (
+            "podInterception: {mode: tap, interfaces: []}\n",
+            "podInterception.interfaces",
+        ),
+        (
+            "podInterception: {interfaces: [\"a b\"]}\n",
+            "podInterception.interfaces[0]",
+        ),
+        (
+            "podInterception: {tapDevice: \"a/b\"}\n",
+            "podInterception.tapDevice",
+        ),
+        (
+            "podInterception: {tapDevice: pods0, queues: 2}\n",
+            "podInterception",
+        ),
+        (
+            "interfaces: [\"*\"]\npodInterception: {mode: tap}\n",
+            "podInterception.tapDevice",
+        ),
+    ] {
+        let e = load_err(bad);
+        assert!(e.contains(field), "{bad:?}: {e}");
+    }
+}
+
+#[test]
 fn xdp_mode_and_idle_back_off() {
     let c = load("").unwrap();
     assert_eq!(c.xdp_mode, XdpMode::Auto);

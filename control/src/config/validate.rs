@@ -6,8 +6,8 @@ use super::duration::format_go_duration;
 use super::errors::range_of;
 use super::limits::Limit;
 use super::schema::{
-    check_interface_name, DataplaneConfiguration, NodePortAddress, StateFile, API_VERSION,
-    FEATURE_GATES, KIND,
+    check_interface_name, DataplaneConfiguration, InterceptionMode, NodePortAddress, StateFile,
+    API_VERSION, FEATURE_GATES, KIND,
 };
 
 impl DataplaneConfiguration {
@@ -50,6 +50,36 @@ impl DataplaneConfiguration {
             return Err((
                 "conntrack.stateFileHugePages".into(),
                 "true needs a conntrack.stateFile (the huge pages are the state file's), and stateFile is \"\" (process memory); set a path there (or leave it unset for the default) or set this to false".into(),
+            ));
+        }
+        let pods = &self.pod_interception;
+        check_interface_name(&pods.tap_device)
+            .map_err(|m| ("podInterception.tapDevice".into(), m))?;
+        if pods.mode == InterceptionMode::Tap && pods.interfaces.is_empty() {
+            return Err((
+                "podInterception.interfaces".into(),
+                "mode tap needs at least one interface name or pattern (e.g. [\"veth*\"])".into(),
+            ));
+        }
+        for (i, p) in pods.interfaces.iter().enumerate() {
+            if p.is_empty() || p.len() > 15 || p.chars().any(|c| c.is_whitespace() || c == '/') {
+                return Err((
+                    format!("podInterception.interfaces[{i}]"),
+                    format!(
+                        "`{p}`: an interface name or pattern has 1 to 15 bytes, no blank or `/`"
+                    ),
+                ));
+            }
+        }
+        if pods.mode == InterceptionMode::Tap
+            && kxdp_dataplane::io::runner::matches_any(&self.interfaces, &pods.tap_device)
+        {
+            return Err((
+                "podInterception.tapDevice".into(),
+                format!(
+                    "`{}` is matched by `interfaces`: kxdp's own tap cannot be one of its interfaces; choose another name",
+                    pods.tap_device
+                ),
             ));
         }
         for (i, name) in self.host_path.overlay_interfaces.iter().enumerate() {

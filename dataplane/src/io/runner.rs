@@ -30,9 +30,11 @@ use crate::fib::Fib;
 use crate::io::route::Routes;
 use crate::snapshot::{FrontendKind, Snapshot};
 use crate::stats::DataplaneStats;
+use crate::tap::TapPort;
 use crate::worker::{Backoff, IoCounters, PortCommand, Removed, Shared, Tables, Worker};
 use kxdp_kernel::afxdp::XskConfig;
 use kxdp_kernel::sys::{driver_of, rx_queues_of, Waker};
+use kxdp_kernel::tap::TapQueue;
 use kxdp_kernel::xdp::{Attachment, ModeChoice, SharedMaps, XdpMode, XdpProgram};
 
 #[derive(Clone, Debug)]
@@ -57,6 +59,47 @@ pub struct RunOptions {
     pub hold_for_restart: bool,
     /// Source validation on pod-facing interfaces (`crate::antispoof`).
     pub source_validation: crate::antispoof::SourceValidation,
+    /// Pod interfaces intercepted through kxdp's tap instead of XDP (`podInterception: tap`);
+    /// None: every matched interface takes the XDP program.
+    pub tap: Option<TapOptions>,
+}
+
+/// Pod interception through kxdp's tap (`crate::tap`): the tap device, created at start with
+/// one queue per worker, and which of the matched interfaces get a tc redirect into it.
+#[derive(Clone, Debug)]
+pub struct TapOptions {
+    pub device: String,
+    /// Names or shell-style patterns; an interface must also match `RunOptions::interfaces`.
+    pub interfaces: Vec<String>,
+}
+
+/// The tap's name unless configured otherwise.
+pub const TAP_DEVICE: &str = "kxdptap0";
+
+/// How an attached interface's traffic reaches the workers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Interception {
+    /// kxdp's XDP program and AF_XDP sockets.
+    #[default]
+    Xdp,
+    /// A tc redirect of what arrives into kxdp's tap (whole GSO super-frames).
+    Tap,
+}
+
+impl Interception {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Interception::Xdp => "xdp",
+            Interception::Tap => "tap",
+        }
+    }
+}
+
+/// kxdp's tap as the link manager uses it.
+struct TapTarget {
+    ifindex: u32,
+    name: String,
+    patterns: Vec<String>,
 }
 
 /// What was attached where (for the startup report).
@@ -70,6 +113,8 @@ pub struct InterfaceReport {
     pub replaced_stale: bool,
     pub driver: String,
     pub complete_checksums: bool,
+    /// XDP, or a tc redirect into the tap (`mode`, `queues` and `zero_copy` then say nothing).
+    pub interception: Interception,
 }
 
 pub struct AfXdp {
@@ -95,6 +140,9 @@ pub struct AfXdp {
     routes: Routes,
     /// Programs held through netlink keep a hold deadline ahead (`RunOptions::hold_for_restart`).
     hold_for_restart: bool,
+    /// The tc redirects into the tap stay in place when this process goes (a restart: what the
+    /// pods send meanwhile is dropped, not routed by a kernel without Service rules).
+    keep_redirects: bool,
 }
 
 /// The longest the link manager and the XDP-map refresh wait for news (they are woken by route
@@ -202,7 +250,8 @@ pub(crate) struct AttachedLink {
     pub(crate) report: InterfaceReport,
     /// Detaches on drop; dropped before the sockets close.
     pub(crate) attachment: Option<Attachment>,
-    pub(crate) prog: XdpProgram,
+    /// None for a link intercepted through the tap.
+    pub(crate) prog: Option<XdpProgram>,
 }
 
 /// A worker's command channel and what wakes it from its idle wait to read it.
@@ -274,6 +323,7 @@ pub struct Links {
     maps: Arc<SharedMaps>,
     mode: ModeChoice,
     hold_for_restart: bool,
+    tap: Option<TapTarget>,
     pub(crate) attached: HashMap<u32, AttachedLink>,
     /// ifindex → (error, when, name).
     failed: HashMap<u32, (String, Instant, String)>,
@@ -341,7 +391,13 @@ impl Links {
         let mut order: Vec<&kxdp_kernel::netlink::Link> = links.iter().collect();
         order.sort_by_key(|l| l.bridge);
         for l in order {
-            if self.attached.contains_key(&l.ifindex) || !matches_any(&self.patterns, &l.name) {
+            if self.attached.contains_key(&l.ifindex)
+                || !matches_any(&self.patterns, &l.name)
+                || self
+                    .tap
+                    .as_ref()
+                    .is_some_and(|t| t.ifindex == l.ifindex || t.name == l.name)
+            {
                 continue;
             }
             if let Some((_, when, _)) = self.failed.get(&l.ifindex) {
@@ -359,7 +415,12 @@ impl Links {
                      both; kxdp stays off the bridge and keeps its ports (remove `{on_bridge}` \
                      from interfaces, docs/afxdp.md § Bridges)"
                 ))),
-                None => self.attach(&l.name, l.ifindex, l.mac),
+                None => match &self.tap {
+                    Some(t) if matches_any(&t.patterns, &l.name) => {
+                        self.attach_tap(&l.name, l.ifindex)
+                    }
+                    _ => self.attach(&l.name, l.ifindex, l.mac),
+                },
             };
             match attached {
                 Ok(a) => {
@@ -387,9 +448,14 @@ impl Links {
                         .is_some_and(|(last, _, _)| *last == error);
                     if !repeat {
                         tracing::warn!(
-                            "kxdp: {}: cannot take kxdp's XDP program and AF_XDP sockets: {error}; \
-                             the other interfaces keep working (retried every {}s)",
+                            "kxdp: {}: cannot take {}: {error}; the other interfaces keep \
+                             working (retried every {}s)",
                             l.name,
+                            match &self.tap {
+                                Some(t) if matches_any(&t.patterns, &l.name) =>
+                                    "the tc redirect into kxdp's tap",
+                                _ => "kxdp's XDP program and AF_XDP sockets",
+                            },
                             RETRY_FAILED.as_secs()
                         );
                         self.log(LinkEvent::Failed {
@@ -399,6 +465,42 @@ impl Links {
                     }
                     self.failed
                         .insert(l.ifindex, (error, Instant::now(), l.name.clone()));
+                }
+            }
+        }
+    }
+
+    /// Redirects everything IP that arrives on `ifindex` into the tap (`podInterception: tap`):
+    /// no XDP program, so the kernel leaves the pod its GSO.
+    fn attach_tap(&mut self, name: &str, ifindex: u32) -> io::Result<AttachedLink> {
+        let tap = self.tap.as_ref().expect("only for tap links");
+        kxdp_kernel::tc::redirect_ingress(ifindex, tap.ifindex, crate::tap::TC_PREF)?;
+        Ok(AttachedLink {
+            report: InterfaceReport {
+                name: name.to_string(),
+                ifindex,
+                queues: 0,
+                mode: XdpMode::Generic,
+                zero_copy: false,
+                replaced_stale: false,
+                driver: driver_of(name).unwrap_or_default(),
+                complete_checksums: false,
+                interception: Interception::Tap,
+            },
+            attachment: None,
+            prog: None,
+        })
+    }
+
+    /// Removes the tap redirect of every link intercepted so (a clean stop: the pods' traffic
+    /// goes back to the kernel).
+    fn remove_redirects(&mut self) {
+        for a in self.attached.values() {
+            if a.report.interception == Interception::Tap {
+                if let Err(e) =
+                    kxdp_kernel::tc::remove_redirect(a.report.ifindex, crate::tap::TC_PREF)
+                {
+                    tracing::warn!("kxdp: {}: removing the tap redirect: {e}", a.report.name);
                 }
             }
         }
@@ -469,9 +571,10 @@ impl Links {
                 replaced_stale: attachment.replaced_stale,
                 driver,
                 complete_checksums: complete,
+                interception: Interception::Xdp,
             },
             attachment: Some(attachment),
-            prog,
+            prog: Some(prog),
         })
     }
 
@@ -502,6 +605,23 @@ impl Links {
         let Some(mut a) = self.attached.remove(&ifindex) else {
             return;
         };
+        if a.report.interception == Interception::Tap {
+            // The link is gone, and its filters with it; a failure says only that.
+            let _ = kxdp_kernel::tc::remove_redirect(ifindex, crate::tap::TC_PREF);
+            tracing::info!(
+                "kxdp: {} (ifindex {ifindex}) is gone: tap redirect released",
+                a.report.name
+            );
+            self.log(LinkEvent::Released {
+                name: a.report.name.clone(),
+                ifindex,
+                removed: Removed {
+                    balanced: true,
+                    ..Removed::default()
+                },
+            });
+            return;
+        }
         // The program first (no more redirects to the sockets), then the sockets.
         a.attachment.take();
         let removed = self.close_sockets(ifindex);
@@ -526,6 +646,13 @@ impl Links {
 }
 
 fn describe(i: &InterfaceReport) -> String {
+    if i.interception == Interception::Tap {
+        return format!(
+            "{}: driver {}, tc redirect into kxdp's tap (GSO super-frames)",
+            i.name,
+            if i.driver.is_empty() { "?" } else { &i.driver }
+        );
+    }
     format!(
         "{}: driver {}, {} queue(s), XDP {}{}, AF_XDP {}, checksums {}",
         i.name,
@@ -548,6 +675,54 @@ fn describe(i: &InterfaceReport) -> String {
             "as received"
         }
     )
+}
+
+/// Opens kxdp's tap when `opts.tap` asks for it (in the calling thread's network namespace):
+/// one queue per worker, set up, reverse-path filtering off on it (what the tap hands back
+/// comes from pods the kernel routes through other interfaces). Returns the link manager's
+/// view of it and the workers' ports (to be popped, one each).
+fn open_tap(opts: &RunOptions, workers: usize) -> io::Result<(Option<TapTarget>, Vec<TapPort>)> {
+    let Some(t) = &opts.tap else {
+        return Ok((None, Vec::new()));
+    };
+    let queues = TapQueue::open(&t.device, workers, crate::tap::TAP_OFFLOADS)
+        .map_err(|e| io::Error::new(e.kind(), format!("podInterception: tap: {e}")))?;
+    let mac = queues[0].mac()?;
+    queues[0].set_up()?;
+    let ifindex = kxdp_kernel::sys::ifindex(&t.device)?;
+    let conf = |path: &str| format!("/proc/sys/net/ipv4/conf/{path}/rp_filter");
+    if let Err(e) = std::fs::write(conf(&t.device), "0") {
+        tracing::warn!("kxdp: tap {}: rp_filter: {e}", t.device);
+    }
+    // The kernel applies the larger of `all` and the device's value: strict (1) drops, loose
+    // (2) passes (the pods' addresses are routed, through their veths).
+    let all = std::fs::read_to_string(conf("all")).unwrap_or_default();
+    if all.trim() == "1" {
+        tracing::warn!(
+            "kxdp: net.ipv4.conf.all.rp_filter is 1 (strict): the kernel drops what the tap {} \
+             hands back from pods; set it to 0 or 2 (docs/afxdp.md)",
+            t.device
+        );
+    }
+    let ports = queues
+        .into_iter()
+        .map(|q| TapPort::new(q, mac))
+        .collect::<io::Result<Vec<_>>>()?;
+    tracing::info!(
+        "kxdp: tap {} (ifindex {ifindex}): {} queue(s); interfaces matching {:?} are intercepted \
+         through it",
+        t.device,
+        ports.len(),
+        t.interfaces
+    );
+    Ok((
+        Some(TapTarget {
+            ifindex,
+            name: t.device.clone(),
+            patterns: t.interfaces.clone(),
+        }),
+        ports,
+    ))
 }
 
 /// NodePorts of a snapshot (what the XDP program must steer at node addresses).
@@ -663,10 +838,14 @@ impl AfXdp {
             &maps,
             opts.source_validation,
         );
+        let (tap, mut tap_ports) = open_tap(opts, workers)?;
         let mut crew = Crew::default();
         for w in 0..workers {
             let cpu = (!opts.cpus.is_empty()).then(|| opts.cpus[w % opts.cpus.len()]);
-            let worker = Worker::open(w, cpu, &[], &opts.xsk, opts.backoff, opts.kernel_port)?;
+            let mut worker = Worker::open(w, cpu, &[], &opts.xsk, opts.backoff, opts.kernel_port)?;
+            if let Some(port) = tap_ports.pop() {
+                worker.attach_tap(port)?;
+            }
             crew.spawn(w, worker, &shared)?;
         }
         AfXdp::assemble(
@@ -674,6 +853,7 @@ impl AfXdp {
             crew,
             HashMap::new(),
             Some(&table),
+            tap,
             maps,
             shared,
             routes,
@@ -825,6 +1005,7 @@ impl AfXdp {
             &maps,
             opts.source_validation,
         );
+        let (tap, mut tap_ports) = open_tap(opts, parts.workers.len())?;
         let mut crew = Crew::default();
         for (w, (umem, ports)) in parts.workers.into_iter().enumerate() {
             let cpu = (!opts.cpus.is_empty()).then(|| opts.cpus[w % opts.cpus.len()]);
@@ -834,7 +1015,11 @@ impl AfXdp {
                 frame_size: umem.frame_size(),
                 ..opts.xsk
             };
-            let worker = Worker::adopt(w, cpu, umem, ports, &xsk, opts.backoff, opts.kernel_port)?;
+            let mut worker =
+                Worker::adopt(w, cpu, umem, ports, &xsk, opts.backoff, opts.kernel_port)?;
+            if let Some(port) = tap_ports.pop() {
+                worker.attach_tap(port)?;
+            }
             crew.spawn(w, worker, &shared)?;
         }
         let attached = parts
@@ -842,16 +1027,18 @@ impl AfXdp {
             .into_iter()
             .map(|l| (l.report.ifindex, l))
             .collect();
-        AfXdp::assemble(opts, crew, attached, None, maps, shared, routes)
+        AfXdp::assemble(opts, crew, attached, None, tap, maps, shared, routes)
     }
 
     /// The dataplane around started workers: the link manager's state (with `attached`, then
     /// synced with `sync_with` when given), the threads that follow links and publications.
+    #[allow(clippy::too_many_arguments)]
     fn assemble(
         opts: &RunOptions,
         crew: Crew,
         attached: HashMap<u32, AttachedLink>,
         sync_with: Option<&Fib>,
+        tap: Option<TapTarget>,
         maps: Arc<SharedMaps>,
         shared: Shared,
         routes: Routes,
@@ -862,6 +1049,7 @@ impl AfXdp {
             maps: maps.clone(),
             mode: opts.mode,
             hold_for_restart: opts.hold_for_restart,
+            tap,
             attached,
             failed: HashMap::new(),
             events: Vec::new(),
@@ -887,6 +1075,7 @@ impl AfXdp {
             shared,
             routes,
             hold_for_restart: opts.hold_for_restart,
+            keep_redirects: false,
         };
         afxdp.spawn_threads()?;
         Ok(afxdp)
@@ -947,6 +1136,7 @@ impl AfXdp {
     /// next kxdp, the traffic goes to the kernel after that time (the programs stay attached,
     /// passing everything, until one replaces them or `ip link set dev IF xdp off`).
     pub fn stop_for_restart(mut self) -> Vec<Worker> {
+        self.keep_redirects = true;
         let _ = self
             .links
             .lock()
@@ -980,6 +1170,9 @@ impl AfXdp {
             let _ = t.join();
         }
         if let Ok(mut l) = self.links.lock() {
+            if !self.keep_redirects {
+                l.remove_redirects();
+            }
             l.attached.clear();
         }
         done
@@ -1081,6 +1274,8 @@ impl Quiesced {
             }
         }
         drop(workers);
+        // The successor owns the redirects now (it re-attaches them in place).
+        afxdp.keep_redirects = true;
         afxdp.shutdown();
     }
 }

@@ -172,11 +172,14 @@ pub fn describe(q: &Quiesced) -> std::io::Result<(Description, Vec<BorrowedFd<'_
     }
     let mut link_descs = Vec::new();
     for a in q.links.values() {
-        let Some(att) = &a.attachment else { continue };
+        // Tap links have neither: the successor redirects them again (in place).
+        let (Some(att), Some(xdp)) = (&a.attachment, &a.prog) else {
+            continue;
+        };
         let r = &a.report;
-        fds.push(a.prog.fd_borrowed());
+        fds.push(xdp.fd_borrowed());
         let prog = fds.len() - 1;
-        fds.push(a.prog.xsks.fd_borrowed());
+        fds.push(xdp.xsks.fd_borrowed());
         let xsks = fds.len() - 1;
         // A held (netlink) attachment has no link: the program stays attached by itself.
         let link = att.fd_borrowed().map(|fd| {
@@ -191,7 +194,7 @@ pub fn describe(q: &Quiesced) -> std::io::Result<(Description, Vec<BorrowedFd<'_
             zero_copy: r.zero_copy,
             driver: r.driver.clone(),
             complete_checksums: r.complete_checksums,
-            insn_count: a.prog.insn_count,
+            insn_count: xdp.insn_count,
             prog,
             xsks,
             link,
@@ -318,13 +321,14 @@ impl Parts {
                     replaced_stale: false,
                     driver: l.driver,
                     complete_checksums: l.complete_checksums,
+                    interception: Default::default(),
                 },
                 attachment: Some(Attachment::from_fd(
                     l.link.map(&mut take).transpose()?,
                     l.ifindex,
                     mode,
                 )),
-                prog,
+                prog: Some(prog),
             });
         }
         Ok(Parts {

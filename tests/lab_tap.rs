@@ -1,0 +1,244 @@
+//! `podInterception: tap` end to end (needs root, the CNI plugins and Debian's iperf3): node-a
+//! of the CNI lab (pods made by the `ptp` plugin, a host-side veth each) runs `kxdp run` with
+//! `interfaces: [eth0, "veth*"]` and `podInterception: {mode: tap}`, so the pods' veths get a tc
+//! redirect into kxdp's tap instead of the XDP program, and the uplink keeps XDP.
+//!
+//! Checked: no XDP program on the pods' veths and kxdp's redirect on them; bulk TCP (iperf3)
+//! from a pod to a ClusterIP whose endpoint is a pod on the same node completes, the client pod
+//! keeps TSO and GSO on, no TCP checksum error in either pod, conntrack tracked the flow (the
+//! Service's DNAT, its replies un-NATed, a connection created), and super-frames were counted
+//! as their segments; a NetworkPolicy deny is enforced on the tap path (the connection times
+//! out, `policy-denied-ingress`); IPv6 through the IPv6 ClusterIP after the pod's neighbour
+//! cache was flushed (neighbour discovery stays with the kernel); a Service without endpoints is refused with kxdp's RST
+//! written into the tap; a ClusterIP whose endpoint is on node-b works, its replies
+//! arriving on the uplink through AF_XDP; a clean stop removes the redirects and the tap.
+//!
+//! ```sh
+//! cargo test --test lab_tap -- --nocapture
+//! ```
+
+mod cni;
+mod lab;
+
+use std::net::{IpAddr, Ipv6Addr};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use cni::{sa, tcp, Lab, TCP_PORT};
+
+const TAP: &str = "kxdptap0";
+const IPERF_PORT: u16 = 5201;
+const T: Duration = Duration::from_secs(5);
+
+/// The sum of the metric lines of the kxdp in `ns` that start with `prefix`.
+fn metric(ns: &str, prefix: &str) -> u64 {
+    let out = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            ns,
+            "curl",
+            "-s",
+            "--max-time",
+            "5",
+            "http://127.0.0.1:10249/metrics",
+        ])
+        .output()
+        .expect("curl");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.starts_with(prefix))
+        .filter_map(|l| l.split_whitespace().last()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+/// `TcpInCsumErrors` of a namespace.
+fn csum_errors(ns: &str) -> u64 {
+    let snmp = lab::sh(ns, "cat /proc/net/snmp");
+    let tcp: Vec<&str> = snmp.lines().filter(|l| l.starts_with("Tcp:")).collect();
+    let names: Vec<&str> = tcp[0].split_whitespace().collect();
+    let vals: Vec<&str> = tcp[1].split_whitespace().collect();
+    let i = names.iter().position(|n| *n == "InCsumErrors").unwrap();
+    vals[i].parse().unwrap()
+}
+
+/// The pod's `eth0` offload `feature` (`on`/`off`).
+fn offload(ns: &str, feature: &str) -> String {
+    lab::sh(ns, "ethtool -k eth0 2>/dev/null || true")
+        .lines()
+        .find(|l| l.starts_with(feature))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .unwrap_or("?")
+        .to_string()
+}
+
+#[test]
+fn tap_mode_end_to_end() {
+    cni::require("tap_mode_end_to_end");
+    assert!(
+        Command::new("iperf3").arg("--version").output().is_ok(),
+        "iperf3 missing: apt-get install iperf3"
+    );
+    let mut lab = Lab::build("lab_tap");
+    lab.add_pod("node-a", "client-a", &[("app", "client")]);
+    lab.add_pod("node-a", "other-a", &[("app", "other")]);
+    lab.add_pod("node-a", "web-a1", &[("app", "web")]);
+    lab.add_pod("node-b", "remote-b1", &[("app", "remote")]);
+    lab.warm_neighbours();
+    let node = lab.node("node-a").ns.clone();
+    let (client, other, web) = (lab.pod("client-a"), lab.pod("other-a"), lab.pod("web-a1"));
+    lab::sh(
+        &web.ns,
+        &format!("iperf3 -s -D -p {IPERF_PORT} --logfile /dev/null"),
+    );
+    // The web pods admit clients only: other-a's connections are dropped by kxdp.
+    let objects = lab.service("web", 10, "web", None, false)
+        + &lab
+            .service("iperf", 12, "web", None, false)
+            .replace(
+                &format!("targetPort: {TCP_PORT}"),
+                &format!("targetPort: {IPERF_PORT}"),
+            )
+            .replace(
+                &format!("{{name: tcp, port: {TCP_PORT},"),
+                &format!("{{name: tcp, port: {IPERF_PORT},"),
+            )
+        + &lab.service("remote", 11, "remote", None, false)
+        + &lab.service("empty", 13, "nobody", None, false)
+        + "apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: web-from-clients, namespace: lab}
+spec:
+  podSelector: {matchLabels: {app: web}}
+  policyTypes: [Ingress]
+  ingress:
+  - from:
+    - podSelector: {matchLabels: {app: client}}
+---
+";
+    let config = lab.kxdp_config("node-a", false).replace(
+        "metricsBindAddress: \"\"",
+        "metricsBindAddress: 127.0.0.1:10249",
+    ) + "podInterception: {mode: tap}\n";
+    let mut k = lab.start_kxdp("node-a", &config, &objects);
+
+    // Attached: the redirect on the pods' veths, XDP on the uplink only.
+    for p in [client, other, web] {
+        assert_eq!(lab::xdp_on(&node, &p.host_if), None, "{}", k.log());
+        let tc = lab::sh(&node, &format!("tc filter show dev {} ingress", p.host_if));
+        assert!(
+            tc.contains(&format!("Egress Redirect to device {TAP}")),
+            "{}: {tc}",
+            p.host_if
+        );
+    }
+    assert!(lab::xdp_on(&node, "eth0").is_some(), "{}", k.log());
+    assert!(
+        k.log().contains("tc redirect into kxdp's tap"),
+        "{}",
+        k.log()
+    );
+
+    // Bulk TCP through the ClusterIP, both ends on node-a.
+    let errors = (csum_errors(&client.ns), csum_errors(&web.ns));
+    let out = lab::sh(
+        &client.ns,
+        "timeout 30 iperf3 -c 172.30.0.12 -p 80 -t 3 -J || true",
+    );
+    let j: serde_json::Value =
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("iperf3: {e}: {out}\n{}", k.log()));
+    assert!(
+        j.get("error").is_none(),
+        "iperf3: {}\n{}",
+        j["error"],
+        k.log()
+    );
+    let gbit = j["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .unwrap()
+        / 1e9;
+    let bytes = j["end"]["sum_received"]["bytes"].as_f64().unwrap();
+    eprintln!("iperf3 through the tap: {gbit:.2} Gbit/s, {bytes} bytes");
+    assert!(bytes > 1e6, "{out}");
+    assert_eq!(
+        (csum_errors(&client.ns), csum_errors(&web.ns)),
+        errors,
+        "TcpInCsumErrors rose"
+    );
+    assert_eq!(
+        offload(&client.ns, "tcp-segmentation-offload:"),
+        "on",
+        "the pod keeps TSO"
+    );
+    assert_eq!(offload(&client.ns, "generic-segmentation-offload:"), "on");
+
+    // Conntrack tracked it: the DNAT, its replies un-NATed, and the super-frames counted as
+    // their segments (more packets than the tap handed over frames).
+    let dnat = metric(&node, "kxdp_verdicts_total{reason=\"service-dnat\"}");
+    let unnat = metric(&node, "kxdp_verdicts_total{reason=\"reply-unnat\"}");
+    let est = metric(&node, "kxdp_verdicts_total{reason=\"ct-established\"}");
+    let created = metric(&node, "kxdp_conntrack_created_total");
+    eprintln!("service-dnat {dnat}, reply-unnat {unnat}, ct-established {est}, created {created}");
+    assert!(dnat >= 2, "the control and data connections: {dnat}");
+    assert!(created >= 2 && unnat > 0, "{created} {unnat}");
+    // 3 s at well over 100 Mbit/s is far more than 10,000 segments of 1,448 bytes.
+    assert!(
+        est as f64 * 1448.0 >= bytes * 0.9,
+        "{est} segments for {bytes} bytes"
+    );
+
+    // The NetworkPolicy: other-a is not a client; its connection is dropped (times out), the
+    // client's is admitted.
+    let a = tcp(&client.ns, sa([172, 30, 0, 10], 80), T, 1000).expect("client admitted");
+    assert_eq!(a.peer, IpAddr::from(client.ip4));
+    let t0 = Instant::now();
+    let e = tcp(
+        &other.ns,
+        sa([172, 30, 0, 10], 80),
+        Duration::from_secs(2),
+        0,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            e.kind(),
+            std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock
+        ),
+        "denied: times out: {e}"
+    );
+    assert!(t0.elapsed() >= Duration::from_secs(2));
+    assert!(metric(&node, "kxdp_drops_total{reason=\"policy-denied-ingress\"}") >= 1);
+
+    // IPv6: the pod resolves its gateway again (neighbour discovery stays with the kernel),
+    // then connects through the IPv6 ClusterIP.
+    lab::sh(&client.ns, "ip -6 neigh flush dev eth0");
+    let v6 = Ipv6Addr::new(0xfd00, 0x30, 0, 0, 0, 0, 0, 0xa);
+    let a = tcp(&client.ns, sa(v6, 80), T, 1000).expect("IPv6 ClusterIP");
+    assert_eq!(a.peer, IpAddr::from(client.ip6));
+
+    // A Service without endpoints: kxdp's RST, written into the tap, refuses at once.
+    let t0 = Instant::now();
+    let e = tcp(&client.ns, sa([172, 30, 0, 13], 80), T, 0).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused, "{e}");
+    assert!(t0.elapsed() < Duration::from_secs(1));
+    assert!(metric(&node, "kxdp_verdicts_total{reason=\"no-endpoints\"}") >= 1);
+
+    // An endpoint on node-b: the request leaves node-a through the kernel (from the tap), the
+    // replies come back on the uplink (AF_XDP) and reach the pod through the kernel port.
+    let remote = lab.pod("remote-b1").ip4;
+    let a = tcp(&client.ns, sa([172, 30, 0, 11], 80), T, 10_000).expect("remote endpoint");
+    assert_eq!(a.peer, IpAddr::from(client.ip4));
+    assert_eq!(a.server, "remote-b1", "({remote})");
+
+    // A clean stop gives the pods back to the kernel: no redirect, no tap.
+    let st = k.kxdp.stop();
+    assert!(st.is_some_and(|s| s.success()), "{}", k.log());
+    for p in [client, web] {
+        let tc = lab::sh(&node, &format!("tc filter show dev {} ingress", p.host_if));
+        assert!(!tc.contains(TAP), "{}: {tc}", p.host_if);
+    }
+    assert!(!lab::ip(&node, "link show").contains(TAP));
+    let a = tcp(&client.ns, sa(web.ip4, TCP_PORT), T, 0).expect("pod to pod via the kernel");
+    assert_eq!(a.peer, IpAddr::from(client.ip4));
+    lab::sh(&web.ns, "pkill -x iperf3 || true");
+}

@@ -3,7 +3,8 @@
 //! expressions, named ports, endPort ranges, ipBlocks with excepts, egress and ingress).
 //!
 //! - `judge`: the per-new-connection verdict (`PolicyTables::judge`) over a mix of allowed and
-//!   denied pod pairs, local and remote, both directions judged;
+//!   denied pod pairs, local and remote, both directions judged; also with 100
+//!   ClusterNetworkPolicies besides the NetworkPolicies;
 //! - `pipeline_new_connection`: `Pipeline::process` on batches of 64 first packets between pods
 //!   (allowed ones tracked as is, denied ones dropped), conntrack fresh per batch;
 //! - `compile_full` / `recompile_one_label`: the control plane's compilation, from scratch and
@@ -338,6 +339,35 @@ fn bench(c: &mut Criterion) {
             black_box(allowed)
         })
     });
+
+    // The same attempts with 100 ClusterNetworkPolicies besides (most local pods are the
+    // subject of several, in both tiers): the walk over a pod's cluster tables.
+    let (cnp_tables, problems) = PolicyCompiler::new().compile(
+        "node-0",
+        &node_addrs(),
+        &with_cluster_policies(&state, 100, 10),
+    );
+    assert!(problems.is_empty(), "{problems:?}");
+    let denied = att
+        .iter()
+        .filter(|a| cnp_tables.judge(&a.0, &a.1, a.2, a.3) != Decision::Allow)
+        .count();
+    eprintln!(
+        "policy bench (100 ClusterNetworkPolicies): {} of {} attempts denied",
+        denied,
+        att.len()
+    );
+    g.bench_function("judge_1k_np_100_cnp_10k_pods", |b| {
+        b.iter(|| {
+            let t: &PolicyTables = &cnp_tables;
+            let mut allowed = 0u32;
+            for a in &att {
+                allowed += (t.judge(&a.0, &a.1, a.2, a.3) == Decision::Allow) as u32;
+            }
+            black_box(allowed)
+        })
+    });
+    drop(cnp_tables);
 
     // The pipeline: first packets of pod connections, 64 per batch.
     let mut snap = Snapshot::empty();

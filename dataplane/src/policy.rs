@@ -424,17 +424,18 @@ impl fmt::Display for RuleInfo {
     }
 }
 
-/// One ClusterNetworkPolicy tier's rules for a pod and direction: `rules` names, per address,
-/// entries whose `rule` is an index into `order` (evaluation order: priority, then policy name,
-/// then rule order), so the lowest matching index is the rule that decides.
+/// One ClusterNetworkPolicy direction compiled: `rules` names, per address, entries whose `rule`
+/// is an index into `order` (the policy's rules in order), so the lowest matching index is the
+/// rule that decides. Shared by every pod the policy selects; `rules` also by every policy
+/// direction with the same content (only `order`, the rules' names and actions, differs).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TierRules {
-    pub rules: DirRules,
-    /// Per evaluation index: the rule (index into [`PolicyTables::rules`]) and its action.
-    pub order: Box<[(u32, Action)]>,
+pub struct ClusterTable {
+    pub rules: Arc<DirRules>,
+    /// Per rule index: the rule (index into [`PolicyTables::rules`]) and its action.
+    pub order: Arc<[(u32, Action)]>,
 }
 
-impl TierRules {
+impl ClusterTable {
     /// The first rule matching, and its action.
     #[inline]
     pub fn first(&self, addr: &Addr, proto: u8, port: u16) -> Option<(u32, Action)> {
@@ -444,33 +445,48 @@ impl TierRules {
     }
 }
 
-/// The ClusterNetworkPolicy tiers selecting a local pod, per direction (`None`: no policy of
+/// One tier of a pod direction: the tables of the policies that select the pod, in evaluation
+/// order (priority, then name). The first table with a matching rule decides.
+pub type TierTables = Box<[Arc<ClusterTable>]>;
+
+/// The first rule of a tier matching, and its action: one lookup per table until one matches.
+#[inline]
+fn tier_first(
+    tier: &[Arc<ClusterTable>],
+    addr: &Addr,
+    proto: u8,
+    port: u16,
+) -> Option<(u32, Action)> {
+    tier.iter().find_map(|t| t.first(addr, proto, port))
+}
+
+/// The ClusterNetworkPolicy tiers selecting a local pod, per direction (empty: no policy of
 /// that tier selects it with rules of that direction).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ClusterPod {
-    pub admin_ingress: Option<Arc<TierRules>>,
-    pub admin_egress: Option<Arc<TierRules>>,
-    pub baseline_ingress: Option<Arc<TierRules>>,
-    pub baseline_egress: Option<Arc<TierRules>>,
+    pub admin_ingress: TierTables,
+    pub admin_egress: TierTables,
+    pub baseline_ingress: TierTables,
+    pub baseline_egress: TierTables,
     /// The ClusterNetworkPolicies that select the pod (names, evaluation order), for listings.
     pub policies: Arc<[Arc<str>]>,
 }
 
 impl ClusterPod {
-    pub fn tier(&self, tier: Tier, dir: Direction) -> Option<&TierRules> {
+    pub fn tier(&self, tier: Tier, dir: Direction) -> &[Arc<ClusterTable>] {
         match (tier, dir) {
-            (Tier::Admin, Direction::Ingress) => self.admin_ingress.as_deref(),
-            (Tier::Admin, Direction::Egress) => self.admin_egress.as_deref(),
-            (Tier::Baseline, Direction::Ingress) => self.baseline_ingress.as_deref(),
-            (Tier::Baseline, Direction::Egress) => self.baseline_egress.as_deref(),
+            (Tier::Admin, Direction::Ingress) => &self.admin_ingress,
+            (Tier::Admin, Direction::Egress) => &self.admin_egress,
+            (Tier::Baseline, Direction::Ingress) => &self.baseline_ingress,
+            (Tier::Baseline, Direction::Egress) => &self.baseline_egress,
         }
     }
 
     pub fn is_empty(&self) -> bool {
-        self.admin_ingress.is_none()
-            && self.admin_egress.is_none()
-            && self.baseline_ingress.is_none()
-            && self.baseline_egress.is_none()
+        self.admin_ingress.is_empty()
+            && self.admin_egress.is_empty()
+            && self.baseline_ingress.is_empty()
+            && self.baseline_egress.is_empty()
     }
 }
 
@@ -671,12 +687,10 @@ impl PolicyTables {
         if self.is_node(peer) {
             return Side::Node;
         }
-        if let Some(t) = c.tier(Tier::Admin, dir) {
-            match t.first(peer, proto, port) {
-                Some((r, Action::Accept)) => return Side::Allowed(r),
-                Some((r, Action::Deny)) => return Side::DeniedBy(r),
-                Some((_, Action::Pass)) | None => {}
-            }
+        match tier_first(c.tier(Tier::Admin, dir), peer, proto, port) {
+            Some((r, Action::Accept)) => return Side::Allowed(r),
+            Some((r, Action::Deny)) => return Side::DeniedBy(r),
+            Some((_, Action::Pass)) | None => {}
         }
         if let Some(r) = np {
             return match r.lookup(peer, proto, port) {
@@ -684,12 +698,10 @@ impl PolicyTables {
                 None => Side::Denied,
             };
         }
-        if let Some(t) = c.tier(Tier::Baseline, dir) {
-            match t.first(peer, proto, port) {
-                Some((r, Action::Accept)) => return Side::Allowed(r),
-                Some((r, Action::Deny)) => return Side::DeniedBy(r),
-                Some((_, Action::Pass)) | None => {}
-            }
+        match tier_first(c.tier(Tier::Baseline, dir), peer, proto, port) {
+            Some((r, Action::Accept)) => return Side::Allowed(r),
+            Some((r, Action::Deny)) => return Side::DeniedBy(r),
+            Some((_, Action::Pass)) | None => {}
         }
         Side::NotIsolated
     }
@@ -941,9 +953,9 @@ mod tests {
             b.build()
         };
         let p = a("1.2.3.4");
-        let t = TierRules {
-            rules: build(DirRulesBuilder::ordered()),
-            order: Box::new([(7, Action::Accept), (8, Action::Deny), (9, Action::Pass)]),
+        let t = ClusterTable {
+            rules: Arc::new(build(DirRulesBuilder::ordered())),
+            order: Arc::new([(7, Action::Accept), (8, Action::Deny), (9, Action::Pass)]),
         };
         assert_eq!(t.first(&p, TCP, 8080), Some((7, Action::Accept)));
         assert_eq!(t.first(&p, TCP, 80), Some((8, Action::Deny)));
@@ -961,28 +973,37 @@ mod tests {
             for (peer, e) in entries {
                 b.add(&block(peer, &[]), &[*e]);
             }
-            Arc::new(TierRules {
-                rules: b.build(),
+            Arc::new(ClusterTable {
+                rules: Arc::new(b.build()),
                 order: order.into(),
             })
         };
-        // Admin: 10.9/16 Deny TCP 22, 10.8/16 Pass, 10.7/16 Accept. Baseline: Deny everything
-        // on UDP.
-        let admin = tier(
-            &[
-                ("10.9.0.0/16", PortEntry::range(TCP, 22, 22, 0)),
-                ("10.8.0.0/16", PortEntry::any(1)),
-                ("10.7.0.0/16", PortEntry::any(2)),
-            ],
-            &[(0, Action::Deny), (1, Action::Pass), (2, Action::Accept)],
-        );
+        // Admin, two policies: the first 10.9/16 Deny TCP 22, 10.8/16 Pass; the second
+        // 10.7/16 Accept, 10.8/16 Deny (never reached: the first passes 10.8/16 on). Baseline:
+        // Deny everything on UDP.
+        let admin = [
+            tier(
+                &[
+                    ("10.9.0.0/16", PortEntry::range(TCP, 22, 22, 0)),
+                    ("10.8.0.0/16", PortEntry::any(1)),
+                ],
+                &[(0, Action::Deny), (1, Action::Pass)],
+            ),
+            tier(
+                &[
+                    ("10.7.0.0/16", PortEntry::any(0)),
+                    ("10.8.0.0/16", PortEntry::any(1)),
+                ],
+                &[(2, Action::Accept), (5, Action::Deny)],
+            ),
+        ];
         let baseline = tier(
             &[("0.0.0.0/0", PortEntry::range(UDP, 0, u16::MAX, 0))],
             &[(3, Action::Deny)],
         );
         let cluster = Arc::new(ClusterPod {
-            admin_ingress: Some(admin),
-            baseline_ingress: Some(baseline),
+            admin_ingress: admin.into(),
+            baseline_ingress: [baseline].into(),
             ..Default::default()
         });
         let mut open = pod("ns/open", None, None);

@@ -15,6 +15,10 @@
 //!    (and, for ingress with named ports, its own container ports). A key already compiled, by
 //!    this compilation or the previous one ([`PolicyCompiler`] keeps them), is reused; only new
 //!    keys are built. Pods with the same key share one `Arc<DirRules>`.
+//! 5. Each ClusterNetworkPolicy direction is one table ([`ClusterTable`]), built once per
+//!    distinct content (and, for ingress named ports, the selected pod's ports) and shared by the
+//!    pods it selects; a pod's tier lists the selecting policies' tables in evaluation order. A
+//!    change rebuilds only the tables whose content changed.
 
 pub mod cluster;
 pub mod selector;
@@ -27,8 +31,8 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use kxdp_dataplane::policy::{
-    Action, ClusterPod, ClusterRule, DirRules, DirRulesBuilder, Direction, LocalPod, PolicyTables,
-    PortEntry, RuleInfo, Tier, TierRules,
+    Action, ClusterPod, ClusterRule, ClusterTable, DirRules, DirRulesBuilder, Direction, LocalPod,
+    PolicyTables, PortEntry, RuleInfo, Tier,
 };
 use kxdp_packet::Addr;
 
@@ -52,14 +56,16 @@ pub struct CompileStats {
     pub built: usize,
     /// Directions whose compiled rules were reused.
     pub reused: usize,
+    /// ClusterNetworkPolicy tables compiled anew (a policy direction whose content, or the
+    /// selected pod's named ports it resolves, was seen neither in this compilation nor in the
+    /// last).
+    pub cluster_built: usize,
 }
 
 /// The inputs that decide one pod direction's compiled rules.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct DirKey {
     dir: Direction,
-    /// A ClusterNetworkPolicy tier (`None`: NetworkPolicy).
-    tier: Option<Tier>,
     /// Fingerprints of the selecting policies' directions, in policy order.
     parts: Vec<u64>,
     /// The pod's named container ports, when a selecting ingress rule uses a named port.
@@ -91,9 +97,13 @@ pub struct PolicyCompiler {
     /// The ClusterNetworkPolicies as last parsed, in evaluation order (tier, priority, name),
     /// with their problems.
     cluster_parsed: Option<(Vec<ClusterPolicy>, Vec<Problem>)>,
-    /// Compiled ClusterNetworkPolicy tiers by key (as `cache`).
-    tier_cache: HashMap<DirKey, Arc<TierRules>>,
+    /// Compiled ClusterNetworkPolicy directions by content (`PolicyDir::content`) and the
+    /// selected pod's named ports they resolve: kept while some pod's tables hold them.
+    cluster_tables: HashMap<(u64, NamedPorts), Arc<DirRules>>,
 }
+
+/// A pod's named container ports (name, protocol, number); those a policy direction resolves.
+type NamedPorts = Vec<(String, u8, u16)>;
 
 /// One input of a peer union: a selector result (by identity) or an ipBlock's ranges.
 #[derive(Clone, Debug)]
@@ -523,8 +533,11 @@ struct PolicyDir {
     contributions: Vec<(Ranges, Vec<PortEntry>)>,
     /// Ingress named ports: (peers, name, protocol, rule id), resolved per selected pod.
     named_ingress: Vec<(Ranges, String, u8, u32)>,
-    /// The rule ids of the direction's rules, in rule order (cluster tiers number them).
+    /// The rule ids of the direction's rules, in rule order (cluster tables number them).
     rule_ids: Vec<u32>,
+    /// A hash of what the direction matches, its rules numbered in order rather than by id: equal
+    /// for ClusterNetworkPolicy directions that differ only in name or priority (one table).
+    content: u64,
 }
 
 const EVERYTHING: (u128, u128) = (0, u128::MAX);
@@ -678,6 +691,8 @@ impl PolicyCompiler {
         let mut out = PolicyDir::default();
         let mut h = std::collections::hash_map::DefaultHasher::new();
         (p.hash, dir).hash(&mut h);
+        let mut hc = std::collections::hash_map::DefaultHasher::new();
+        dir.hash(&mut hc);
         for rule in p.rules(dir).into_iter().flatten() {
             let cluster = p.cluster.map(|(tier, priority)| ClusterRule {
                 tier,
@@ -685,6 +700,7 @@ impl PolicyCompiler {
                 action: rule.action.unwrap_or(Action::Accept),
             });
             let id = self.rule_id(&p.name, dir, rule.index, cluster);
+            let local = out.rule_ids.len() as u32;
             out.rule_ids.push(id);
             if rule.void {
                 continue;
@@ -705,6 +721,7 @@ impl PolicyCompiler {
                             }
                             PortSpec::Named(name) if dir == Direction::Ingress => {
                                 (peers.hash, name, port.proto, id).hash(&mut h);
+                                (peers.hash, name, port.proto, local).hash(&mut hc);
                                 out.named_ingress.push((
                                     peers.ranges.clone(),
                                     name.clone(),
@@ -720,6 +737,7 @@ impl PolicyCompiler {
                                 for (n, addrs) in by_port.iter() {
                                     let e = vec![PortEntry::range(port.proto, *n, *n, id)];
                                     (addrs.hash, &e).hash(&mut h);
+                                    (addrs.hash, port.proto, *n, local).hash(&mut hc);
                                     out.contributions.push((addrs.ranges.clone(), e));
                                 }
                             }
@@ -728,11 +746,16 @@ impl PolicyCompiler {
                 }
             }
             (id, peers.hash, &entries).hash(&mut h);
+            (local, peers.hash).hash(&mut hc);
+            for e in &entries {
+                (e.proto, e.lo, e.hi).hash(&mut hc);
+            }
             if !entries.is_empty() && !peers.ranges.is_empty() {
                 out.contributions.push((peers.ranges.clone(), entries));
             }
         }
         out.fingerprint = h.finish();
+        out.content = hc.finish();
         out
     }
 
@@ -938,15 +961,25 @@ impl PolicyCompiler {
             out_pods.push((e.local_pod(), e.addrs.clone()));
         }
         // 5. ClusterNetworkPolicies: their directions (compiled again only when their inputs
-        // changed, as NetworkPolicies'), then each local pod's tiers, by (namespace, labels,
-        // named ports): pods alike share them.
-        let mut cluster_dirs: HashMap<(usize, Direction), Arc<PolicyDir>> = HashMap::new();
+        // changed, as NetworkPolicies'), each one table shared by every pod it selects (and by
+        // the directions of equal content), built only when its content is new; then each
+        // local pod's tiers, the selecting policies' tables in evaluation order, by (namespace,
+        // labels, named ports): pods alike share them.
+        let mut cluster_dirs: HashMap<(usize, Direction), ClusterDir> = HashMap::new();
         if !index.local.is_empty() {
             for (i, c) in cluster.iter().enumerate() {
                 for dir in [Direction::Ingress, Direction::Egress] {
                     if c.policy.rules(dir).is_some() {
                         let d = self.policy_dir(&c.policy, dir, &mut index);
-                        cluster_dirs.insert((i, dir), d);
+                        let order = d
+                            .rule_ids
+                            .iter()
+                            .map(|&id| {
+                                let info = &self.rules[id as usize];
+                                (id, info.cluster.map_or(Action::Accept, |c| c.action))
+                            })
+                            .collect();
+                        cluster_dirs.insert((i, dir), ClusterDir { dir: d, order });
                     }
                 }
             }
@@ -954,6 +987,11 @@ impl PolicyCompiler {
         if !cluster.is_empty() {
             let mut memo: HashMap<(&str, *const BTreeMap<String, String>, *const Vec<_>), _> =
                 HashMap::new();
+            let mut tables = ClusterTables {
+                this: HashMap::new(),
+                cache: &mut self.cluster_tables,
+                built: 0,
+            };
             let empty = BTreeMap::new();
             for ((lp, _), k) in out_pods.iter_mut().zip(&index.local) {
                 let pod = index.pods.get(k).expect("indexed pod");
@@ -966,22 +1004,16 @@ impl PolicyCompiler {
                     Some(cp) => Option::clone(cp),
                     None => {
                         let ns_labels = index.ns_labels.get(&k.namespace).unwrap_or(&empty);
-                        let cp = cluster_pod(
-                            &cluster,
-                            ns_labels,
-                            pod,
-                            &cluster_dirs,
-                            &self.rules,
-                            &mut self.tier_cache,
-                        );
+                        let cp = cluster_pod(&cluster, ns_labels, pod, &cluster_dirs, &mut tables);
                         memo.insert(m, cp.clone());
                         cp
                     }
                 };
                 lp.cluster = cp;
             }
+            stats.cluster_built = tables.built;
         }
-        self.tier_cache.retain(|_, r| Arc::strong_count(r) > 1);
+        self.cluster_tables.retain(|_, r| Arc::strong_count(r) > 1);
         let mut problems = problems;
         problems.extend(cluster_problems.iter().cloned());
         self.cluster_parsed = Some((cluster, cluster_problems));
@@ -1125,7 +1157,6 @@ fn local_out(
         let uses_named = parts.iter().any(|d| !d.named_ingress.is_empty());
         let key = DirKey {
             dir,
-            tier: None,
             parts: parts.iter().map(|d| d.fingerprint).collect(),
             named: if uses_named { p.ports.to_vec() } else { vec![] },
         };
@@ -1191,14 +1222,74 @@ fn parse_cluster(state: &ClusterState) -> (Vec<ClusterPolicy>, Vec<Problem>) {
     (out, problems)
 }
 
+/// A ClusterNetworkPolicy direction as compiled, and its rules' ids and actions in order.
+struct ClusterDir {
+    dir: Arc<PolicyDir>,
+    order: Arc<[(u32, Action)]>,
+}
+
+/// The ClusterNetworkPolicy tables of one compilation: by (policy index, direction, the pod's
+/// named ports it resolves), and underneath the compiler's tables by content.
+struct ClusterTables<'a> {
+    this: HashMap<(usize, Direction, NamedPorts), Arc<ClusterTable>>,
+    cache: &'a mut HashMap<(u64, NamedPorts), Arc<DirRules>>,
+    built: usize,
+}
+
+impl ClusterTables<'_> {
+    /// Policy `i`'s table for `dir` as pod `ports` sees it.
+    fn get(
+        &mut self,
+        i: usize,
+        dir: Direction,
+        d: &ClusterDir,
+        ports: &[(String, u8, u16)],
+    ) -> Arc<ClusterTable> {
+        // Only the named ports the direction resolves: pods that differ in others share.
+        let named: NamedPorts = if d.dir.named_ingress.is_empty() {
+            Vec::new()
+        } else {
+            ports
+                .iter()
+                .filter(|(n, p, _)| {
+                    d.dir
+                        .named_ingress
+                        .iter()
+                        .any(|(_, name, proto, _)| name == n && proto == p)
+                })
+                .cloned()
+                .collect()
+        };
+        let key = (i, dir, named);
+        if let Some(t) = self.this.get(&key) {
+            return t.clone();
+        }
+        let ck = (d.dir.content, key.2.clone());
+        let rules = match self.cache.get(&ck) {
+            Some(r) => r.clone(),
+            None => {
+                self.built += 1;
+                let r = Arc::new(build_cluster_rules(&d.dir, &ck.1));
+                self.cache.insert(ck, r.clone());
+                r
+            }
+        };
+        let t = Arc::new(ClusterTable {
+            rules,
+            order: d.order.clone(),
+        });
+        self.this.insert(key, t.clone());
+        t
+    }
+}
+
 /// A local pod's ClusterNetworkPolicy tiers (`None` when no policy with rules selects it).
 fn cluster_pod(
     cluster: &[ClusterPolicy],
     ns_labels: &BTreeMap<String, String>,
     pod: &PeerPod,
-    dirs: &HashMap<(usize, Direction), Arc<PolicyDir>>,
-    rules: &[RuleInfo],
-    cache: &mut HashMap<DirKey, Arc<TierRules>>,
+    dirs: &HashMap<(usize, Direction), ClusterDir>,
+    tables: &mut ClusterTables<'_>,
 ) -> Option<Arc<ClusterPod>> {
     let selecting: Vec<usize> = (0..cluster.len())
         .filter(|&i| cluster[i].subject.matches(ns_labels, &pod.labels))
@@ -1215,86 +1306,63 @@ fn cluster_pod(
     };
     for tier in [Tier::Admin, Tier::Baseline] {
         for dir in [Direction::Ingress, Direction::Egress] {
-            let parts: Vec<&PolicyDir> = selecting
-                .iter()
-                .filter(|&&i| cluster[i].tier == tier)
-                .filter_map(|&i| dirs.get(&(i, dir)).map(|d| &**d))
-                .collect();
-            if parts.is_empty() {
-                continue;
-            }
-            let uses_named = parts.iter().any(|d| !d.named_ingress.is_empty());
-            let key = DirKey {
-                dir,
-                tier: Some(tier),
-                parts: parts.iter().map(|d| d.fingerprint).collect(),
-                named: if uses_named {
-                    pod.ports.to_vec()
-                } else {
-                    vec![]
-                },
-            };
-            let t = match cache.get(&key) {
-                Some(t) => t.clone(),
-                None => {
-                    let t = Arc::new(build_tier(&parts, &pod.ports, rules));
-                    cache.insert(key, t.clone());
-                    t
+            let mut list: Vec<Arc<ClusterTable>> = Vec::new();
+            for &i in selecting.iter().filter(|&&i| cluster[i].tier == tier) {
+                let Some(d) = dirs.get(&(i, dir)) else {
+                    continue;
+                };
+                let t = tables.get(i, dir, d, &pod.ports);
+                // A table matching what an earlier one matches never decides: the earlier one
+                // decided (or passed) first. Policies alike cost one lookup, not one each.
+                if !list.iter().any(|e| Arc::ptr_eq(&e.rules, &t.rules)) {
+                    list.push(t);
                 }
-            };
+            }
             let slot = match (tier, dir) {
                 (Tier::Admin, Direction::Ingress) => &mut out.admin_ingress,
                 (Tier::Admin, Direction::Egress) => &mut out.admin_egress,
                 (Tier::Baseline, Direction::Ingress) => &mut out.baseline_ingress,
                 (Tier::Baseline, Direction::Egress) => &mut out.baseline_egress,
             };
-            *slot = Some(t);
+            *slot = list.into_boxed_slice();
         }
     }
     (!out.is_empty()).then(|| Arc::new(out))
 }
 
-/// One tier of one pod direction from its selecting policies' parts, in evaluation order: the
-/// entries name evaluation indices, so the lowest matching one is the rule that decides.
-fn build_tier(parts: &[&PolicyDir], ports: &[(String, u8, u16)], rules: &[RuleInfo]) -> TierRules {
-    let mut order: Vec<(u32, Action)> = Vec::new();
-    let mut index_of: HashMap<u32, u32> = HashMap::new();
-    for d in parts {
-        for &id in &d.rule_ids {
-            let action = rules[id as usize]
-                .cluster
-                .map_or(Action::Accept, |c| c.action);
-            index_of.insert(id, order.len() as u32);
-            order.push((id, action));
-        }
-    }
-    let renumber = |e: &PortEntry| PortEntry {
-        rule: index_of[&e.rule],
-        ..*e
+/// One ClusterNetworkPolicy direction's table: the entries name the rule's place in the
+/// direction (`PolicyDir::rule_ids`), so the lowest matching one is the rule that decides;
+/// `named` are the selected pod's ports its ingress named ports resolve against.
+fn build_cluster_rules(d: &PolicyDir, named: &[(String, u8, u16)]) -> DirRules {
+    let local = |id: u32| {
+        d.rule_ids
+            .iter()
+            .position(|&r| r == id)
+            .expect("an entry names a rule of its direction") as u32
     };
     let mut b = DirRulesBuilder::ordered();
-    for d in parts {
-        for (ranges, entries) in &d.contributions {
-            let e: Vec<PortEntry> = entries.iter().map(renumber).collect();
-            b.add(ranges, &e);
-        }
-        for (ranges, name, proto, id) in &d.named_ingress {
-            let entries: Vec<PortEntry> = ports
-                .iter()
-                .filter(|(n, p, _)| n == name && p == proto)
-                .map(|&(_, p, num)| PortEntry::range(p, num, num, index_of[id]))
-                .collect();
-            b.add(ranges, &entries);
-        }
+    for (ranges, entries) in &d.contributions {
+        let e: Vec<PortEntry> = entries
+            .iter()
+            .map(|e| PortEntry {
+                rule: local(e.rule),
+                ..*e
+            })
+            .collect();
+        b.add(ranges, &e);
     }
-    TierRules {
-        rules: if b.is_empty() {
-            DirRules::deny_all()
-        } else {
-            b.build()
-        },
-        order: order.into_boxed_slice(),
+    for (ranges, name, proto, id) in &d.named_ingress {
+        let entries: Vec<PortEntry> = named
+            .iter()
+            .filter(|(n, p, _)| n == name && p == proto)
+            .map(|&(_, p, num)| PortEntry::range(p, num, num, local(*id)))
+            .collect();
+        b.add(ranges, &entries);
     }
+    if b.is_empty() {
+        return DirRules::deny_all();
+    }
+    b.build()
 }
 
 /// Compiles without keeping anything (what `translate` does).

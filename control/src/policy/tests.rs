@@ -574,6 +574,7 @@ fn incremental_recompilation() {
             isolated_pods: 4,
             built: 4,
             reused: 3,
+            cluster_built: 0,
         }
     );
     let ing = |t: &PolicyTables, p: &str| {
@@ -1213,31 +1214,173 @@ fn cluster_incremental_equals_full() {
         let changes = if i == 0 { None } else { Some(changes) };
         let (inc, _) = c.compile_changes("node-a", &node_addrs(), &st, changes);
         let (full, _) = compile("node-a", &node_addrs(), &st);
-        for s in ["A", "B", "C", "D", "E", "F", "node", "ext"] {
-            for d in ["A", "B", "C", "D", "E", "F", "node", "ext"] {
+        same_judgement(&inc, &full, what);
+    }
+}
+
+/// Every pair and probe judged alike by `inc` and `full`, the deciding rule named alike.
+fn same_judgement(inc: &PolicyTables, full: &PolicyTables, what: &str) {
+    for s in ["A", "B", "C", "D", "E", "F", "node", "ext"] {
+        for d in ["A", "B", "C", "D", "E", "F", "node", "ext"] {
+            assert_eq!(
+                cell(inc, s, d, P4),
+                cell(full, s, d, P4),
+                "step {what}: {s} -> {d}"
+            );
+            // Rule ids differ between compilers (by first sight): compared by name.
+            use kxdp_dataplane::policy::Side;
+            let text = |t: &PolicyTables, side: Side| match side {
+                Side::Allowed(r) => format!("allowed by {}", t.rules[r as usize]),
+                Side::DeniedBy(r) => format!("denied by {}", t.rules[r as usize]),
+                other => format!("{other:?}"),
+            };
+            for &(p, port) in P4 {
+                let (a, b) = (addr_of(s), addr_of(d));
+                let (ie, ii) = inc.explain(&a, &b, p, port);
+                let (fe, fi) = full.explain(&a, &b, p, port);
                 assert_eq!(
-                    cell(&inc, s, d, P4),
-                    cell(&full, s, d, P4),
-                    "step {what}: {s} -> {d}"
+                    (text(inc, ie), text(inc, ii)),
+                    (text(full, fe), text(full, fi)),
+                    "step {what}: {s} -> {d} {p}/{port}"
                 );
-                // Rule ids differ between compilers (by first sight): compared by name.
-                use kxdp_dataplane::policy::Side;
-                let text = |t: &PolicyTables, side: Side| match side {
-                    Side::Allowed(r) => format!("allowed by {}", t.rules[r as usize]),
-                    Side::DeniedBy(r) => format!("denied by {}", t.rules[r as usize]),
-                    other => format!("{other:?}"),
-                };
-                for &(p, port) in P4 {
-                    let (a, b) = (addr_of(s), addr_of(d));
-                    let (ie, ii) = inc.explain(&a, &b, p, port);
-                    let (fe, fi) = full.explain(&a, &b, p, port);
-                    assert_eq!(
-                        (text(&inc, ie), text(&inc, ii)),
-                        (text(&full, fe), text(&full, fi)),
-                        "step {what}: {s} -> {d} {p}/{port}"
-                    );
-                }
             }
         }
     }
+}
+
+/// Each ClusterNetworkPolicy direction is one table, shared by the pods it selects and by
+/// directions of equal content: a priority change compiles no table, a content change only
+/// that policy's, a label change only the tables whose peers it changes; each step's tables
+/// judge as a fresh compile's, subjects gained and lost by relabelling included.
+#[test]
+fn cluster_tables_follow_what_changed() {
+    // `twin-a` and `twin-b`: the same rules (one table), around `web` in priority.
+    let twin = |name: &str, prio: i64| {
+        cnp(
+            name,
+            "Admin",
+            prio,
+            json!({"subject": {"namespaces": {}},
+                   "ingress": [{"action": "Pass", "from": [env_ns("dev")], "protocols": [{"udp": {"destinationPort": {"number": 53}}}]},
+                               {"action": "Deny", "from": [{"namespaces": {"matchLabels": {"kubernetes.io/metadata.name": "other"}}}]}]}),
+        )
+    };
+    let cli =
+        json!({"pods": {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app": "cli"}}}});
+    let web = |port: i64| {
+        cnp(
+            "web",
+            "Admin",
+            6,
+            json!({"subject": {"pods": {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app": "web"}}}},
+                   "ingress": [{"action": "Deny", "from": [cli], "protocols": [{"tcp": {"destinationPort": {"number": port}}}]},
+                               {"action": "Accept", "from": [{"namespaces": {}}], "protocols": [{"destinationNamedPort": "http"}]}],
+                   "egress": [{"action": "Accept", "to": [{"pods": {"namespaceSelector": {}, "podSelector": {"matchLabels": {"tier": "front"}}}}],
+                               "protocols": [{"destinationNamedPort": "http"}]}]}),
+        )
+    };
+    let base = cnp(
+        "base",
+        "Baseline",
+        1,
+        json!({"subject": {"namespaces": {}},
+               "ingress": [{"action": "Deny", "from": [{"pods": {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app": "web"}}}}]}]}),
+    );
+    let relabel = |objs: &mut Vec<Value>, name: &str, labels: Value| {
+        for o in objs.iter_mut() {
+            if o["metadata"]["name"] == name {
+                o["metadata"]["labels"] = labels.clone();
+            }
+        }
+    };
+    let none: &'static std::collections::BTreeSet<ObjectKey> = Box::leak(Box::default());
+    let d_key: &'static std::collections::BTreeSet<ObjectKey> =
+        Box::leak(Box::new([ObjectKey::new("dev", "d")].into()));
+    let ch = |pods, namespaces, cluster_policies| {
+        Some(PolicyChanges {
+            pods,
+            namespaces,
+            policies: false,
+            cluster_policies,
+        })
+    };
+    let mut infra = cluster();
+    let mut policies = vec![twin("twin-a", 5), twin("twin-b", 7), web(80), base.clone()];
+    let mut c = PolicyCompiler::new();
+    let mut step = |what: &str,
+                    infra: &[Value],
+                    policies: &[Value],
+                    changes: Option<PolicyChanges<'static>>| {
+        let mut objs = infra.to_vec();
+        objs.extend_from_slice(policies);
+        let st = state_of(&objs);
+        let (inc, problems) = c.compile_changes("node-a", &node_addrs(), &st, changes);
+        assert!(problems.is_empty(), "{problems:?}");
+        let (full, _) = compile("node-a", &node_addrs(), &st);
+        same_judgement(&inc, &full, what);
+        c.stats.cluster_built
+    };
+    // twin (one table for both), web ingress (for A, its one subject here: with A's http
+    // port), web egress, base.
+    assert_eq!(step("first", &infra, &policies, None), 4);
+    // The twins share their table, so a pod's tier holds it once (twin-b never decides: twin-a
+    // matched the same first); B (prod) and F (other) hold one allocation.
+    let (t, _) = compile("node-a", &node_addrs(), &{
+        let mut objs = infra.clone();
+        objs.extend_from_slice(&policies);
+        state_of(&objs)
+    });
+    let tier = |p: &str| {
+        let i = t.local_pod(&addr_of(p)).unwrap() as usize;
+        t.pods()[i].cluster.clone().unwrap()
+    };
+    let (b, f) = (tier("B"), tier("F"));
+    assert_eq!(b.admin_ingress.len(), 1, "the twins, once");
+    let names: Vec<&str> = b.policies.iter().map(|n| &**n).collect();
+    assert_eq!(names, ["twin-a", "twin-b", "base"]);
+    assert!(Arc::ptr_eq(&b.admin_ingress[0], &f.admin_ingress[0]));
+    assert_eq!(tier("A").admin_ingress.len(), 2, "twin-a, web");
+
+    // D becomes a `web` pod: a subject of `web`, no longer a `cli` peer (web's ingress peers
+    // change: its table for A, and one for D, without named ports), a peer of `base` (its
+    // peers change). Web's egress and the twins are untouched.
+    relabel(&mut infra, "d", json!({"app": "web", "tier": "front"}));
+    assert_eq!(
+        step(
+            "D relabelled web",
+            &infra,
+            &policies,
+            ch(d_key, false, false)
+        ),
+        3
+    );
+    relabel(&mut infra, "d", json!({"app": "cli", "tier": "front"}));
+    assert_eq!(
+        step("D back to cli", &infra, &policies, ch(d_key, false, false)),
+        2
+    );
+    // A priority: the same tables, in another order.
+    policies[0] = twin("twin-a", 9);
+    assert_eq!(
+        step("twin-a after web", &infra, &policies, ch(none, false, true)),
+        0
+    );
+    // One policy's rules: its ingress table only.
+    policies[2] = web(81);
+    assert_eq!(
+        step("web port changed", &infra, &policies, ch(none, false, true)),
+        1
+    );
+    // A policy deleted; a namespace relabelled (other becomes dev).
+    policies.remove(1);
+    assert_eq!(
+        step("twin-b deleted", &infra, &policies, ch(none, false, true)),
+        0
+    );
+    for o in infra.iter_mut() {
+        if o["kind"] == "Namespace" && o["metadata"]["name"] == "other" {
+            o["metadata"]["labels"] = json!({"env": "dev"});
+        }
+    }
+    step("other is dev", &infra, &policies, ch(none, true, false));
 }

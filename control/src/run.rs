@@ -189,7 +189,7 @@ enum Ended {
         successor: Option<std::os::unix::net::UnixStream>,
     },
     /// A successor adopted the dataplane.
-    HandedOver(Handover),
+    HandedOver(Box<Handover>),
 }
 
 /// A takeover that happened (`crate::takeover::Outcome::HandedOver`), and the host path still
@@ -231,7 +231,7 @@ pub fn run(
         Ended::HandedOver(handover) => {
             stale_cleaner.abort();
             drop(listener);
-            finish_handover(daemon, handover, takeover.wait_after_handover);
+            finish_handover(daemon, *handover, takeover.wait_after_handover);
         }
         Ended::Stop { successor } => {
             drop(conn_tx);
@@ -516,14 +516,14 @@ fn serve(
                 took,
                 summary,
             } => {
-                return Ended::HandedOver(Handover {
+                return Ended::HandedOver(Box::new(Handover {
                     quiesced,
                     conn,
                     pid,
                     took,
                     summary,
                     host_path: hp,
-                })
+                }))
             }
         }
     }

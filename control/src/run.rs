@@ -158,7 +158,56 @@ fn node_labels(
     })
 }
 
-/// `kxdp run`: runs until SIGINT or SIGTERM.
+/// The AF_XDP workers and, with `hostPath.enabled`, the host path they forward through.
+type Forwarding = (
+    kxdp_dataplane::io::runner::AfXdp,
+    Option<crate::host_path::RunningHostPath>,
+);
+
+/// What `kxdp run` holds from `build` to `stop` (or `finish_handover`). Fields drop in this
+/// order (an early error drops them all): the servers before the control plane.
+struct Daemon {
+    /// The operator servers, and the dataplane (conntrack, stats) they share with the workers.
+    ops: crate::admin::servers::Ops,
+    /// SIGTERM and SIGINT, caught from the control plane's start on.
+    int: tokio::signal::unix::Signal,
+    term: tokio::signal::unix::Signal,
+    handle: ControlHandle,
+    published: Arc<Published>,
+    metrics: Arc<Metrics>,
+    config: Config,
+    /// Where the tables come from, for the startup lines.
+    source: &'static str,
+}
+
+/// How `serve` ended.
+enum Ended {
+    /// SIGTERM or SIGINT; or a successor that cannot adopt this build's dataplane, whose
+    /// connection (`successor`) stays open until this process exits (it waits for that, then
+    /// starts clean).
+    Stop {
+        successor: Option<std::os::unix::net::UnixStream>,
+    },
+    /// A successor adopted the dataplane.
+    HandedOver(Box<Handover>),
+}
+
+/// A takeover that happened (`crate::takeover::Outcome::HandedOver`), and the host path still
+/// to leave to the successor.
+struct Handover {
+    quiesced: kxdp_dataplane::io::runner::Quiesced,
+    conn: std::os::unix::net::UnixStream,
+    pid: u32,
+    took: Duration,
+    summary: String,
+    host_path: Option<crate::host_path::RunningHostPath>,
+}
+
+/// `kxdp run`: runs until SIGINT or SIGTERM, or until a successor takes over. The phases, in
+/// order: `build` (the node's config, the control plane, the dataplane's tables, the operator
+/// servers), `start_forwarding` (the host path and the workers, unless taken over), the
+/// successor's listener and the stale-state cleaner, `serve` (until a signal or a takeover),
+/// then `stop` or `finish_handover`.
 pub fn run(
     config_path: &Path,
     state: Option<PathBuf>,
@@ -166,30 +215,60 @@ pub fn run(
     ops_opts: crate::admin::servers::OpsOptions,
     takeover: crate::takeover::TakeoverOptions,
 ) -> Result<(), RunError> {
-    let config = Config::load(config_path)?;
-    let mut preloaded = None;
-    let config = node_config(
-        config,
+    let (mut daemon, adopted) = build(
         config_path,
         state.as_deref(),
         kubeconfig.as_deref(),
-        &mut preloaded,
+        &ops_opts,
+        &takeover,
     )?;
+    let mut forwarding = start_forwarding(&daemon, adopted)?;
+    // Listen for a successor (after any predecessor has released the socket path).
+    let (conn_tx, mut conns) = tokio::sync::mpsc::unbounded_channel();
+    let listener = listen_for_successor(&takeover, forwarding.is_some(), &conn_tx);
+    let stale_cleaner = spawn_stale_cleaner(&daemon);
+    match serve(&mut daemon, &mut forwarding, &mut conns) {
+        Ended::HandedOver(handover) => {
+            stale_cleaner.abort();
+            drop(listener);
+            finish_handover(daemon, *handover, takeover.wait_after_handover);
+        }
+        Ended::Stop { successor } => {
+            drop(conn_tx);
+            drop(listener);
+            stale_cleaner.abort();
+            stop(daemon, forwarding);
+            // The successor waiting for this process to be gone starts when the connection
+            // closes.
+            drop(successor);
+        }
+    }
+    Ok(())
+}
+
+/// Everything before forwarding: the config for this node, the control plane (signals caught
+/// from then on), the dataplane's tables (adopted from a running kxdp, with its workers, or
+/// made anew) and the operator servers. Returns the adopted workers, if any.
+fn build(
+    config_path: &Path,
+    state: Option<&Path>,
+    kubeconfig: Option<&Path>,
+    ops_opts: &crate::admin::servers::OpsOptions,
+    takeover: &crate::takeover::TakeoverOptions,
+) -> Result<(Daemon, Option<Forwarding>), RunError> {
+    let config = Config::load(config_path)?;
+    let mut preloaded = None;
+    let config = node_config(config, config_path, state, kubeconfig, &mut preloaded)?;
     if !config.interfaces.is_empty() {
         check_capabilities()?;
     }
     let metrics = Arc::new(Metrics::new());
-    let (published, handle) = start_preloaded(
-        &config,
-        state.as_deref(),
-        kubeconfig.as_deref(),
-        metrics.clone(),
-        preloaded,
-    )?;
+    let (published, handle) =
+        start_preloaded(&config, state, kubeconfig, metrics.clone(), preloaded)?;
     let rt = handle.runtime().clone();
     // SIGTERM/SIGINT are caught from here on: one arriving while the servers and workers start
     // (a probe or a test may already see /metrics) stops the daemon cleanly instead of killing it.
-    let (mut term, mut int) = {
+    let (term, int) = {
         use tokio::signal::unix::{signal, SignalKind};
         let _guard = rt.enter();
         (
@@ -205,7 +284,7 @@ pub fn run(
     let (dataplane, adopted) = if config.interfaces.is_empty() {
         (make_dataplane(), None)
     } else {
-        take_over(&config, &published, make_dataplane, &takeover)?
+        take_over(&config, &published, make_dataplane, takeover)?
     };
     if let Some(report) = dataplane.ct.restore_report() {
         if report.result.is_discarded() {
@@ -223,7 +302,7 @@ pub fn run(
         &handle,
         metrics.clone(),
         dataplane,
-        &ops_opts,
+        ops_opts,
     )?;
     let source = if state.is_some() {
         "--state files"
@@ -232,64 +311,98 @@ pub fn run(
     };
     {
         let mut info = ops.context.daemon.lock().unwrap();
-        (info.source, info.source_detail) = match (&state, &kubeconfig) {
+        (info.source, info.source_detail) = match (state, kubeconfig) {
             (Some(s), _) => ("files".into(), s.display().to_string()),
             (None, Some(k)) => ("api-server".into(), format!("kubeconfig {}", k.display())),
             (None, None) => ("api-server".into(), String::new()),
         };
     }
-    // Startup lines are log events (plain or JSON as `--log-format` says, info level: shown by
-    // default), so that `kubectl logs` of a JSON-logging daemon stays one object per line.
-    let mut afxdp = if config.interfaces.is_empty() {
+    let daemon = Daemon {
+        ops,
+        int,
+        term,
+        handle,
+        published,
+        metrics,
+        config,
+        source,
+    };
+    Ok((daemon, adopted))
+}
+
+/// The workers on the configured interfaces, the host path set up before them: those `adopted`
+/// from a predecessor, or started now. None when no interface is configured (the control plane
+/// alone runs). Startup lines are log events (plain or JSON as `--log-format` says, info level:
+/// shown by default), so that `kubectl logs` of a JSON-logging daemon stays one object per line.
+fn start_forwarding(
+    daemon: &Daemon,
+    adopted: Option<Forwarding>,
+) -> Result<Option<Forwarding>, RunError> {
+    let Daemon {
+        config,
+        published,
+        ops,
+        source,
+        ..
+    } = daemon;
+    if config.interfaces.is_empty() {
         tracing::warn!(
             "kxdp run: control plane running (tables from {source}); no interfaces configured, so no packet is forwarded by kxdp"
         );
-        None
-    } else if let Some(pair) = adopted {
-        Some(pair)
-    } else {
-        // The host path before the workers: kxdp1 is one of their interfaces.
-        let host_path = if config.host_path.enabled {
-            let hp = crate::host_path::RunningHostPath::start(&config, published.clone()).map_err(
-                |source| RunError::Attach {
-                    interfaces: "the host path (kxdp0/kxdp1)".into(),
-                    source,
-                },
-            )?;
-            tracing::info!("kxdp run: {}", hp.describe);
-            Some(hp)
-        } else {
-            None
-        };
-        // A restart with a state file: the previous kxdp's programs hold the traffic; take it
-        // over only once the tables are there (a NodePort unknown to the new programs would go
-        // to the kernel, which resets its connections). Bounded by the hold itself.
-        if ops.dataplane.ct.state_path().is_some() && published.load().generation == 0 {
-            published.wait_newer(0, kxdp_dataplane::io::runner::RESTART_HOLD / 2);
-        }
-        let afxdp = start_dataplane(
-            &config,
-            published.clone(),
-            &ops.dataplane,
-            host_path.as_ref(),
+        return Ok(None);
+    }
+    if adopted.is_some() {
+        return Ok(adopted);
+    }
+    // The host path before the workers: kxdp1 is one of their interfaces.
+    let host_path = if config.host_path.enabled {
+        let hp = crate::host_path::RunningHostPath::start(config, published.clone()).map_err(
+            |source| RunError::Attach {
+                interfaces: "the host path (kxdp0/kxdp1)".into(),
+                source,
+            },
         )?;
-        tracing::info!(
-            "kxdp run: forwarding on {}{} with {} worker(s) (tables from {source})",
-            config.interfaces.join(", "),
-            host_path
-                .as_ref()
-                .map(|h| format!(", {}", h.kxdp_if))
-                .unwrap_or_default(),
-            afxdp.counters.len()
-        );
-        for line in afxdp.describe() {
-            tracing::info!("kxdp run:   {line}");
-        }
-        Some((afxdp, host_path))
+        tracing::info!("kxdp run: {}", hp.describe);
+        Some(hp)
+    } else {
+        None
     };
-    // Listen for a successor (after any predecessor has released the socket path).
-    let (conn_tx, mut conns) = tokio::sync::mpsc::unbounded_channel();
-    let listener = match (&takeover.socket, afxdp.is_some()) {
+    // A restart with a state file: the previous kxdp's programs hold the traffic; take it
+    // over only once the tables are there (a NodePort unknown to the new programs would go
+    // to the kernel, which resets its connections). Bounded by the hold itself.
+    if ops.dataplane.ct.state_path().is_some() && published.load().generation == 0 {
+        published.wait_newer(0, kxdp_dataplane::io::runner::RESTART_HOLD / 2);
+    }
+    let afxdp = start_dataplane(
+        config,
+        published.clone(),
+        &ops.dataplane,
+        host_path.as_ref(),
+    )?;
+    tracing::info!(
+        "kxdp run: forwarding on {}{} with {} worker(s) (tables from {source})",
+        config.interfaces.join(", "),
+        host_path
+            .as_ref()
+            .map(|h| format!(", {}", h.kxdp_if))
+            .unwrap_or_default(),
+        afxdp.counters.len()
+    );
+    for line in afxdp.describe() {
+        tracing::info!("kxdp run:   {line}");
+    }
+    Ok(Some((afxdp, host_path)))
+}
+
+/// Listens for a successor on the takeover socket, when there is one and workers to hand over;
+/// its connections go to `conn_tx`. A socket that cannot be bound is a warning: upgrades then
+/// restart instead of taking over.
+fn listen_for_successor(
+    takeover: &crate::takeover::TakeoverOptions,
+    forwarding: bool,
+    conn_tx: &tokio::sync::mpsc::UnboundedSender<std::os::unix::net::UnixStream>,
+) -> Option<crate::takeover::Listener> {
+    match (&takeover.socket, forwarding) {
         (Some(path), true) => match crate::takeover::Listener::start(path, conn_tx.clone()) {
             Ok(l) => Some(l),
             Err(e) => {
@@ -301,53 +414,63 @@ pub fn run(
             }
         },
         _ => None,
-    };
-    // Stale state (docs/nat.md): after every publication, UDP connections the new tables no
-    // longer support are deleted and TCP connections of removed endpoints marked for a reset,
-    // off the workers' path.
-    let stale_cleaner = {
-        let published = published.clone();
-        let ct = ops.dataplane.ct.clone();
-        let metrics = metrics.clone();
-        rt.spawn(async move {
-            // Told of each publication (several while a flush runs are seen as one). The tables
-            // published before this task subscribed are reconciled first: after a restart with
-            // the state file, they find the connections of endpoints removed while kxdp was down.
-            let mut publications = published.subscribe();
-            let mut pending = published.load().generation > 0;
-            while std::mem::take(&mut pending) || publications.changed().await.is_ok() {
-                let snapshot = published.load_full();
-                let seen = snapshot.generation;
-                let ct = ct.clone();
-                let started = std::time::Instant::now();
-                let done = tokio::task::spawn_blocking(move || {
-                    kxdp_dataplane::stale::reconcile(&ct, &snapshot)
-                })
-                .await
-                .unwrap_or_default();
-                let by_family = done.udp_deleted;
-                metrics.conntrack_reconciled(started.elapsed().as_secs_f64(), by_family);
-                let flushed = by_family[0] + by_family[1];
-                if flushed > 0 {
-                    tracing::info!(flushed, generation = seen, "stale UDP connections deleted");
-                }
-                if done.tcp_backend_gone > 0 {
-                    tracing::info!(
-                        marked = done.tcp_backend_gone,
-                        generation = seen,
-                        "TCP connections of removed endpoints marked: their clients are reset at their next packet (backend-gone)"
-                    );
-                }
+    }
+}
+
+/// Stale state (docs/nat.md): after every publication, UDP connections the new tables no
+/// longer support are deleted and TCP connections of removed endpoints marked for a reset,
+/// off the workers' path.
+fn spawn_stale_cleaner(daemon: &Daemon) -> tokio::task::JoinHandle<()> {
+    let published = daemon.published.clone();
+    let ct = daemon.ops.dataplane.ct.clone();
+    let metrics = daemon.metrics.clone();
+    daemon.handle.runtime().spawn(async move {
+        // Told of each publication (several while a flush runs are seen as one). The tables
+        // published before this task subscribed are reconciled first: after a restart with
+        // the state file, they find the connections of endpoints removed while kxdp was down.
+        let mut publications = published.subscribe();
+        let mut pending = published.load().generation > 0;
+        while std::mem::take(&mut pending) || publications.changed().await.is_ok() {
+            let snapshot = published.load_full();
+            let seen = snapshot.generation;
+            let ct = ct.clone();
+            let started = std::time::Instant::now();
+            let done = tokio::task::spawn_blocking(move || {
+                kxdp_dataplane::stale::reconcile(&ct, &snapshot)
+            })
+            .await
+            .unwrap_or_default();
+            let by_family = done.udp_deleted;
+            metrics.conntrack_reconciled(started.elapsed().as_secs_f64(), by_family);
+            let flushed = by_family[0] + by_family[1];
+            if flushed > 0 {
+                tracing::info!(flushed, generation = seen, "stale UDP connections deleted");
             }
-        })
-    };
-    // A successor that cannot adopt this build's dataplane: its connection stays open until
-    // this process exits (it waits for that, then starts clean).
-    let mut stopping_for: Option<std::os::unix::net::UnixStream> = None;
+            if done.tcp_backend_gone > 0 {
+                tracing::info!(
+                    marked = done.tcp_backend_gone,
+                    generation = seen,
+                    "TCP connections of removed endpoints marked: their clients are reset at their next packet (backend-gone)"
+                );
+            }
+        }
+    })
+}
+
+/// Runs until SIGTERM or SIGINT, answering each successor that connects (`conns`): a takeover
+/// that is refused or fails leaves `forwarding` running.
+fn serve(
+    daemon: &mut Daemon,
+    forwarding: &mut Option<Forwarding>,
+    conns: &mut tokio::sync::mpsc::UnboundedReceiver<std::os::unix::net::UnixStream>,
+) -> Ended {
+    let rt = daemon.handle.runtime().clone();
     loop {
         // `kxdp status` reads the link manager of the dataplane running now (a takeover that
         // did not happen resumes the workers).
-        ops.context.daemon.lock().unwrap().links = afxdp.as_ref().map(|(a, _)| a.links_view());
+        daemon.ops.context.daemon.lock().unwrap().links =
+            forwarding.as_ref().map(|(a, _)| a.links_view());
+        let (term, int) = (&mut daemon.term, &mut daemon.int);
         let conn = rt.block_on(async {
             tokio::select! {
                 _ = int.recv() => None,
@@ -355,13 +478,23 @@ pub fn run(
                 Some(c) = conns.recv() => Some(c),
             }
         });
-        let Some(conn) = conn else { break };
-        let Some((a, hp)) = afxdp.take() else { break };
+        let Some(conn) = conn else {
+            return Ended::Stop { successor: None };
+        };
+        let Some((a, hp)) = forwarding.take() else {
+            return Ended::Stop { successor: None };
+        };
         let moved = hp.as_ref().map(|h| h.moved_local());
-        match crate::takeover::hand_over(conn, a, moved, &config.node_name, &ops.dataplane.ct) {
+        match crate::takeover::hand_over(
+            conn,
+            a,
+            moved,
+            &daemon.config.node_name,
+            &daemon.ops.dataplane.ct,
+        ) {
             crate::takeover::Outcome::Continue { afxdp: a, why } => {
                 tracing::warn!("kxdp run: takeover request: {why}; this kxdp carries on");
-                afxdp = Some((a, hp));
+                *forwarding = Some((a, hp));
             }
             crate::takeover::Outcome::Stop {
                 afxdp: a,
@@ -371,9 +504,10 @@ pub fn run(
                 tracing::warn!(
                     "kxdp run: takeover request: {why}; stopping so that it can start clean"
                 );
-                afxdp = Some((a, hp));
-                stopping_for = Some(conn);
-                break;
+                *forwarding = Some((a, hp));
+                return Ended::Stop {
+                    successor: Some(conn),
+                };
             }
             crate::takeover::Outcome::HandedOver {
                 quiesced,
@@ -382,44 +516,67 @@ pub fn run(
                 took,
                 summary,
             } => {
-                stale_cleaner.abort();
-                drop(listener);
-                let balanced = quiesced.frames_balanced();
-                let stopped_at = quiesced
-                    .stopped_at
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map(|d| d.as_secs_f64())
-                    .unwrap_or_default();
-                quiesced.release();
-                if let Some(hp) = hp {
-                    hp.leave();
-                }
-                // The servers go before `released`: the successor binds the same ports.
-                drop(ops);
-                handle.shutdown();
-                crate::takeover::released(&conn);
-                tracing::info!(
-                    "kxdp run: handed over to pid {pid} in {} ms, workers stopped at {stopped_at:.6} ({summary}; frames {}); {}",
-                    took.as_millis(),
-                    if balanced { "all accounted for" } else { "NOT ALL ACCOUNTED FOR" },
-                    if takeover.wait_after_handover {
-                        "waiting for SIGTERM (--wait-after-handover)"
-                    } else {
-                        "exiting"
-                    }
-                );
-                if takeover.wait_after_handover {
-                    wait_for_signal();
-                }
-                return Ok(());
+                return Ended::HandedOver(Box::new(Handover {
+                    quiesced,
+                    conn,
+                    pid,
+                    took,
+                    summary,
+                    host_path: hp,
+                }))
             }
         }
     }
-    drop(conn_tx);
-    drop(listener);
-    stale_cleaner.abort();
+}
+
+/// After a takeover: lets the successor have the workers' sockets and the host path, stops the
+/// servers, then tells it (`released`). With `wait_after_handover`, waits for a signal before
+/// returning.
+fn finish_handover(daemon: Daemon, handover: Handover, wait_after_handover: bool) {
+    let Handover {
+        quiesced,
+        conn,
+        pid,
+        took,
+        summary,
+        host_path,
+    } = handover;
+    let balanced = quiesced.frames_balanced();
+    let stopped_at = quiesced
+        .stopped_at
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or_default();
+    quiesced.release();
+    if let Some(hp) = host_path {
+        hp.leave();
+    }
+    // The servers go before `released`: the successor binds the same ports.
+    drop(daemon.ops);
+    daemon.handle.shutdown();
+    crate::takeover::released(&conn);
+    tracing::info!(
+        "kxdp run: handed over to pid {pid} in {} ms, workers stopped at {stopped_at:.6} ({summary}; frames {}); {}",
+        took.as_millis(),
+        if balanced { "all accounted for" } else { "NOT ALL ACCOUNTED FOR" },
+        if wait_after_handover {
+            "waiting for SIGTERM (--wait-after-handover)"
+        } else {
+            "exiting"
+        }
+    );
+    if wait_after_handover {
+        wait_for_signal();
+    }
+}
+
+/// Stops on a signal: the workers first, their XDP programs detached (or, with a state file,
+/// left to hold the traffic for the next kxdp), then the host path; the state file marked
+/// clean; then the servers and the control plane.
+fn stop(daemon: Daemon, forwarding: Option<Forwarding>) {
+    let Daemon { ops, handle, .. } = daemon;
     // Workers stop and the XDP programs are detached before anything else goes away.
-    if let Some((afxdp, host_path)) = afxdp {
+    if let Some((afxdp, host_path)) = forwarding {
         let counters = afxdp.counters.clone();
         // With a state file: a restart. The programs stay and hold the traffic until the next
         // kxdp takes over (RESTART_HOLD); without, they go now.
@@ -478,9 +635,6 @@ pub fn run(
     }
     drop(ops);
     handle.shutdown();
-    // The successor waiting for this process to be gone starts when the connection closes.
-    drop(stopping_for);
-    Ok(())
 }
 
 /// Blocks until SIGTERM or SIGINT (the control plane's runtime is gone: a small one listens).

@@ -455,7 +455,13 @@ fn gso_paths() {
         );
         iptables_dnat(&node, web, false);
 
-        for (path, extra) in [("kxdp", ""), ("kxdp-tap", "podInterception: {mode: tap}\n")] {
+        for (path, extra) in [
+            ("kxdp", ""),
+            (
+                "kxdp-tap",
+                "podInterception: {mode: tap}\nsourceValidation: off\n",
+            ),
+        ] {
             if !kxdp || !on(path) {
                 continue;
             }

@@ -119,7 +119,7 @@ spec:
     let config = lab.kxdp_config("node-a", false).replace(
         "metricsBindAddress: \"\"",
         "metricsBindAddress: 127.0.0.1:10249",
-    ) + "podInterception: {mode: tap}\n";
+    ) + "podInterception: {mode: tap}\nsourceValidation: off\n";
     let mut k = lab.start_kxdp("node-a", &config, &objects);
 
     // Attached: the redirect on the pods' veths, XDP on the uplink only.

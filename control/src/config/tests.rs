@@ -120,12 +120,19 @@ fn pod_interception() {
     assert_eq!(c.pod_interception, PodInterceptionConfig::default());
     assert_eq!(c.pod_interception.mode, InterceptionMode::Xdp);
     assert!(c.pod_interception.run_options().is_none());
-    let c = load("interfaces: [eth0, \"veth*\"]\npodInterception: {mode: tap}\n").unwrap();
+    let tap = "interfaces: [eth0, \"veth*\"]\npodInterception: {mode: tap}\n";
+    let e = load_err(tap);
+    assert!(
+        e.contains("podInterception.mode") && e.contains("sourceValidation: off"),
+        "{e}"
+    );
+    let c = load(&format!("{tap}sourceValidation: off\n")).unwrap();
     let t = c.pod_interception.run_options().expect("tap");
     assert_eq!(t.interfaces, ["veth*"]);
     assert_eq!(t.device, "kxdptap0");
     let c =
-        load("podInterception: {mode: tap, interfaces: [\"lxc*\"], tapDevice: pods0}\n").unwrap();
+        load("podInterception: {mode: tap, interfaces: [\"lxc*\"], tapDevice: pods0}\nsourceValidation: off\n")
+            .unwrap();
     assert_eq!(c.pod_interception.run_options().unwrap().device, "pods0");
     for (bad, field) in [
         ("podInterception: {mode: bpf}\n", "podInterception.mode"),

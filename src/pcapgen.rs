@@ -689,7 +689,7 @@ mod tests {
     use k8s_openapi::api::core::v1::{Node, Service};
     use k8s_openapi::api::discovery::v1::EndpointSlice;
     use kxdp_packet::pcap::read_file;
-    use kxdp_packet::{checksum, parse, PacketMeta, Parsed};
+    use kxdp_packet::{parse, verify, PacketMeta, Parsed};
     use serde::Deserialize;
 
     use super::*;
@@ -718,7 +718,7 @@ mod tests {
                 let Ok(Parsed::Ip(m)) = parse(&p.data, LinkType::Ethernet) else {
                     panic!("unparsable frame");
                 };
-                checksum::verify(&p.data, &m).expect("valid checksums");
+                verify::checksums(&p.data, &m).expect("valid checksums");
                 (m, p.data.len())
             })
             .collect()

@@ -3,7 +3,7 @@
 //! IPv4 fragments and IPv6 fragment headers; non-SYN TCP without a connection, RST/FIN and
 //! TIME_WAIT reuse; stale UDP state across a published state update; an SCTP association.
 //!
-//! Every frame that leaves is re-parsed with etherparse and `kxdp_packet::checksum::verify`
+//! Every frame that leaves is re-parsed with etherparse and `kxdp_packet::verify::checksums`
 //! (`support::decode`); quoted headers of ICMP errors and reassembled datagrams are checked the
 //! same way. The rules are documented in docs/nat.md.
 
@@ -1020,7 +1020,7 @@ fn frag_fields(frame: &[u8]) -> (u32, usize, bool, Vec<u8>) {
 }
 
 /// Reassembles output fragments (any order) and returns the datagram as one unfragmented frame,
-/// decoded: the UDP checksum is verified by etherparse and `kxdp_packet::checksum::verify`
+/// decoded: the UDP checksum is verified by etherparse and `kxdp_packet::verify::checksums`
 /// against the fragments' (translated) addresses.
 #[track_caller]
 fn reassemble(frames: &[Vec<u8>]) -> Decoded {

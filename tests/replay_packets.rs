@@ -121,7 +121,7 @@ fn tcp_udp_sctp_nat_checksums_with_dnat_and_snat() {
     ];
     for (i, w) in want.iter().enumerate() {
         r.expect(i, "forward", "service-dnat");
-        // `out` verifies every checksum (etherparse, reference CRC32c, checksum::verify).
+        // `out` verifies every checksum (etherparse, reference CRC32c, verify::checksums).
         let o = r.out(i);
         assert_eq!(o.dst_sock(), sa(w), "packet {i}");
         if (3..6).contains(&i) {

@@ -312,6 +312,7 @@ mod tests {
     use crate::fib::testing::{ip, link, local, neigh, route};
     use crate::fib::{FdbEntry, FibInput};
     use crate::pipeline::{Counters, SlotFrames};
+    use kxdp_packet::verify;
 
     /// eth0 (1, default route via 192.168.0.1), pod veth (2, 10.1.0.11/32), unowned link (3,
     /// 10.3.0.0/16), bridge cni0 (10, 10.2.0.0/24) with port 12, kernel port 30 ↔ 31.
@@ -495,7 +496,7 @@ mod tests {
             &[[0xb5; 6], [10; 6]].concat()[..],
             "bridge MAC as source"
         );
-        assert!(checksum::verify(r.frames.get(5), &meta(r.frames.get(5))).is_ok());
+        assert!(verify::checksums(r.frames.get(5), &meta(r.frames.get(5))).is_ok());
         // The dropped TTL-1 packet is untouched.
         assert_eq!(r.frames.get(3)[14 + 8], 1);
     }
@@ -645,7 +646,7 @@ mod tests {
             assert_eq!(r.stats.checksums_completed, 1);
             let f = r.frames.get(0);
             assert_eq!(&f[off..off + 2], &good[off..off + 2], "tcp={tcp}");
-            assert!(checksum::verify(f, &meta(f)).is_ok());
+            assert!(verify::checksums(f, &meta(f)).is_ok());
         }
     }
 }

@@ -7,7 +7,7 @@ use kxdp_dataplane::conntrack::{Conntrack, CtConfig};
 use kxdp_dataplane::pipeline::{Frames, Pipeline, SlotFrames};
 use kxdp_dataplane::snapshot::*;
 use kxdp_dataplane::verdict::{Action, Reason, Verdict};
-use kxdp_packet::{checksum, parse, proto, Addr, LinkType, Parsed};
+use kxdp_packet::{parse, proto, verify, Addr, LinkType, Parsed};
 
 const NODE: [u8; 4] = [192, 168, 0, 2];
 const VIP: [u8; 4] = [172, 30, 0, 41];
@@ -189,7 +189,7 @@ fn meta(frame: &[u8]) -> kxdp_packet::PacketMeta {
 
 fn valid(frame: &[u8]) {
     let m = meta(frame);
-    checksum::verify(frame, &m).expect("checksums valid");
+    verify::checksums(frame, &m).expect("checksums valid");
 }
 
 #[test]

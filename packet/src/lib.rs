@@ -31,6 +31,7 @@ pub mod rewrite;
 pub mod sctp;
 pub mod tcp;
 pub mod udp;
+pub mod verify;
 
 mod field;
 mod protocol;

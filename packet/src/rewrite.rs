@@ -430,7 +430,7 @@ pub fn decrement_ttl_at(frame: &mut [u8], l3: usize) -> bool {
 #[cfg(test)]
 mod ttl_tests {
     use super::*;
-    use crate::{checksum, parse, LinkType, Parsed};
+    use crate::{parse, verify, LinkType, Parsed};
 
     #[test]
     fn ttl_decrements_with_a_valid_checksum_and_stops_at_one() {
@@ -445,7 +445,7 @@ mod ttl_tests {
             panic!()
         };
         assert_eq!(m.ttl, 1);
-        checksum::verify(&v, &m).unwrap();
+        verify::checksums(&v, &m).unwrap();
         let before = v.clone();
         assert!(!decrement_ttl(&mut v, LinkType::Ethernet));
         assert_eq!(v, before);

@@ -6,7 +6,7 @@ mod common;
 
 use common::*;
 use kxdp_packet::{
-    build_port_unreachable, build_tcp_rst, checksum, parse, rewrite, Addr, Family, Frag, LinkType,
+    build_port_unreachable, build_tcp_rst, parse, rewrite, verify, Addr, Family, Frag, LinkType,
     PacketMeta, Parsed,
 };
 
@@ -41,7 +41,7 @@ fn exercise(frame: &[u8], link: LinkType, rng: &mut Rng) -> bool {
     let Ok(Parsed::Ip(m)) = parse(frame, link) else {
         return false;
     };
-    let valid_before = checksum::verify(frame, &m).is_ok();
+    let valid_before = verify::checksums(frame, &m).is_ok();
 
     let mut f = frame.to_vec();
     let mut m2 = m;
@@ -55,7 +55,7 @@ fn exercise(frame: &[u8], link: LinkType, rng: &mut Rng) -> bool {
         rng.next() as u16,
     );
     if valid_before {
-        checksum::verify(&f, &m2).expect("checksums stay valid across a rewrite");
+        verify::checksums(&f, &m2).expect("checksums stay valid across a rewrite");
         let again = parse(&f, link)
             .expect("rewritten frame parses")
             .ip()
@@ -78,7 +78,7 @@ fn exercise(frame: &[u8], link: LinkType, rng: &mut Rng) -> bool {
                 .expect("reply parses")
                 .ip()
                 .expect("reply is IP");
-            checksum::verify(&buf[..n], &rm).expect("reply checksums valid");
+            verify::checksums(&buf[..n], &rm).expect("reply checksums valid");
             assert_eq!((rm.src, rm.dst), (m.dst, m.src));
         }
     }
@@ -148,7 +148,7 @@ fn random_frames_never_panic() {
         exercise(&f, LinkType::RawIp, &mut rng);
         // Random metas on random frames: rewrite and replies must not panic either.
         let mut m = random_meta(&mut rng, len);
-        let _ = checksum::verify(&f, &m);
+        let _ = verify::checksums(&f, &m);
         rewrite(&mut f, &mut m, Addr::UNSPECIFIED, 1, Addr::UNSPECIFIED, 2);
         let mut buf = f.clone();
         buf.resize(len + rng.below(100), 0);

@@ -1,11 +1,11 @@
 //! NAT rewrite over every packet shape: checksums re-verified by etherparse and by
-//! `checksum::verify`, and the incremental result equal to a full recomputation.
+//! `verify::checksums`, and the incremental result equal to a full recomputation.
 
 mod common;
 
 use common::*;
 use etherparse::{NetHeaders, PacketHeaders, TransportHeader};
-use kxdp_packet::{checksum, ipv4, ipv6, parse, proto, rewrite, Addr, Family, LinkType, Parsed};
+use kxdp_packet::{ipv4, ipv6, parse, proto, rewrite, verify, Addr, Family, LinkType, Parsed};
 
 const NEW_V4_SRC: [u8; 4] = [192, 168, 77, 1];
 const NEW_V4_DST: [u8; 4] = [10, 244, 3, 17];
@@ -204,7 +204,7 @@ fn non_first_fragments_rewrite_addresses_only() {
             let nd = addr_of(v6, NEW_V4_DST, NEW_V6_DST);
             let src = m.src;
             rewrite(&mut f, &mut m, src, 1111, nd, 2222);
-            checksum::verify(&f, &m).unwrap();
+            verify::checksums(&f, &m).unwrap();
             assert_eq!((m.sport, m.dport), (0, 0));
             assert_eq!(m.dst, nd);
             let l3 = m.l3_off as usize;

@@ -876,11 +876,12 @@ impl Decoded {
 
 /// Decodes a frame with etherparse and verifies the IPv4 header checksum and the TCP/UDP/ICMP/
 /// ICMPv6 checksum against etherparse's computation, the SCTP CRC32c against a bitwise reference,
-/// and everything once more with `kxdp_packet::checksum::verify`.
+/// and everything once more with `kxdp_packet::verify::checksums`.
 #[track_caller]
 pub fn decode(frame: &[u8], link: LinkType) -> Decoded {
     let m = meta(frame, link);
-    kxdp_packet::checksum::verify(frame, &m).unwrap_or_else(|e| panic!("checksum::verify: {e:?}"));
+    kxdp_packet::verify::checksums(frame, &m)
+        .unwrap_or_else(|e| panic!("verify::checksums: {e:?}"));
     let h = match link {
         LinkType::Ethernet => PacketHeaders::from_ethernet_slice(frame),
         LinkType::RawIp => PacketHeaders::from_ip_slice(frame),

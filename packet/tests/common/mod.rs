@@ -8,7 +8,7 @@ use etherparse::{
     PacketHeaders, TransportHeader, VlanId,
 };
 use kxdp_packet::{
-    checksum, ipv4, parse, sctp, tcp, udp, Addr, Family, LinkType, PacketMeta, Parsed,
+    ipv4, parse, sctp, tcp, udp, verify, Addr, Family, LinkType, PacketMeta, Parsed,
 };
 
 pub const SRC_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x01];
@@ -226,10 +226,10 @@ pub fn ref_crc32c(data: &[u8]) -> u32 {
 }
 
 /// Verifies every checksum with etherparse (and the reference CRC32c for SCTP) and with
-/// `checksum::verify`. Returns the etherparse headers for further field checks.
+/// `verify::checksums`. Returns the etherparse headers for further field checks.
 pub fn verify_all(frame: &[u8], link: LinkType) -> PacketHeaders<'_> {
     let m = meta(frame, link);
-    checksum::verify(frame, &m).unwrap_or_else(|e| panic!("checksum::verify: {e:?}"));
+    verify::checksums(frame, &m).unwrap_or_else(|e| panic!("verify::checksums: {e:?}"));
     let h = match link {
         LinkType::Ethernet => PacketHeaders::from_ethernet_slice(frame).expect("etherparse"),
         LinkType::RawIp => PacketHeaders::from_ip_slice(frame).expect("etherparse"),

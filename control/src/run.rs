@@ -815,7 +815,7 @@ fn take_over(
             "{why}: not adopting pid {pid}'s dataplane ({summary}; pid {pid} carries on)"
         )));
     }
-    let adopted = kxdp_dataplane::io::runner::AfXdp::adopt(
+    let adopted = kxdp_dataplane::io::takeover::adopt(
         &run_opts,
         published.clone(),
         dp.ct.clone(),

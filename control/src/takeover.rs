@@ -13,7 +13,7 @@
 //!    arrives waits on the RX rings) → new `Parcel`: the dataplane's description
 //!    (`kxdp_dataplane::io::takeover`), the host path's moved `local` rules, and every
 //!    descriptor (UMEM memfds, AF_XDP sockets, programs, XSKMAPs, BPF links, shared maps).
-//! 3. new: adopts them (`AfXdp::adopt`, `RunningHostPath::start_or_adopt`), starts its workers
+//! 3. new: adopts them (`io::takeover::adopt`, `RunningHostPath::start_or_adopt`), starts its workers
 //!    → old `Adopted` (or `Failed`: the old one restarts its workers and carries on).
 //! 4. old: closes its descriptors without detaching anything, stops its servers (so the new
 //!    one can bind the same ports and admin socket) → new `Released`; the old one exits 0.

@@ -9,6 +9,7 @@ pub mod antispoof;
 pub mod clock;
 pub mod conntrack;
 pub mod egress;
+pub mod endpoint;
 pub mod fib;
 pub mod fragments;
 pub mod hold;

@@ -10,7 +10,7 @@
 
 use kxdp_packet::{Addr, PacketMeta};
 
-use crate::snapshot::{Endpoint, EndpointRange};
+use crate::endpoint::{Endpoint, EndpointRange};
 
 /// The default and the largest table size the configuration accepts (Cilium's default).
 pub const DEFAULT_TABLE_SIZE: u32 = 16381;

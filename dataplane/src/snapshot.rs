@@ -10,6 +10,7 @@ use std::sync::Arc;
 use ahash::RandomState;
 use std::hash::Hash;
 
+pub use crate::endpoint::{Endpoint, EndpointRange};
 use crate::maglev::Maglev;
 use hashbrown::HashTable;
 use kxdp_kernel::huge::HugeSlice;
@@ -77,25 +78,6 @@ pub enum EmptyAction {
     Drop,
 }
 
-/// A contiguous run of a frontend's `endpoints`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub struct EndpointRange {
-    pub start: u32,
-    pub len: u32,
-}
-
-impl EndpointRange {
-    pub const EMPTY: EndpointRange = EndpointRange { start: 0, len: 0 };
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    pub fn as_range(&self) -> std::ops::Range<usize> {
-        self.start as usize..(self.start + self.len) as usize
-    }
-}
-
 /// The decision for new connections of one source class to one frontend, precomputed at
 /// translation time from the traffic policies, topology and endpoint conditions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -135,24 +117,6 @@ impl Frontend {
         &self.endpoints[range.as_range()]
     }
 }
-
-/// One backend a connection may be sent to. In C order, so that `local` is its last byte in
-/// use (bytes 0-18 of 20): prefetching the lines of `addr` and `local` covers an endpoint that
-/// straddles two (`Pipeline::prepare_new_flows`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[repr(C)]
-pub struct Endpoint {
-    pub addr: Addr,
-    /// The target port, already resolved for this Service port.
-    pub port: u16,
-    /// The endpoint is on this node.
-    pub local: bool,
-}
-
-const _: () = assert!(
-    std::mem::offset_of!(Endpoint, local) + 1 == std::mem::size_of::<Endpoint>() - 1
-        && std::mem::offset_of!(Endpoint, addr) == 0
-);
 
 /// A Service port: what listings, affinity and conntrack name.
 #[derive(Clone, Debug, PartialEq, Eq)]

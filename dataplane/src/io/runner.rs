@@ -31,8 +31,8 @@ use crate::io::route::Routes;
 use crate::snapshot::{FrontendKind, Snapshot};
 use crate::stats::DataplaneStats;
 use crate::tap::TapPort;
-use crate::worker::{Backoff, IoCounters, PortCommand, Removed, Shared, Tables, Worker};
-use kxdp_kernel::afxdp::XskConfig;
+use crate::worker::{Backoff, IoCounters, Port, PortCommand, Removed, Shared, Tables, Worker};
+use kxdp_kernel::afxdp::{Umem, XskConfig};
 use kxdp_kernel::sys::{driver_of, rx_queues_of, Waker};
 use kxdp_kernel::tap::TapQueue;
 use kxdp_kernel::xdp::{Attachment, ModeChoice, SharedMaps, XdpMode, XdpProgram};
@@ -982,20 +982,17 @@ impl AfXdp {
         }
     }
 
-    /// Starts from a predecessor's kernel objects (a takeover, see `io::takeover`): its UMEMs,
-    /// bound sockets, attached programs, links and maps, described by `desc`, with `fds` in the
-    /// order the description's indexes give. Nothing is created or attached: packets keep
-    /// flowing into the same rings, and the workers pick them up where the predecessor stopped.
-    pub fn adopt(
+    /// Starts from a predecessor's kernel objects (a takeover: `io::takeover::adopt` rebuilds
+    /// them from its description). Nothing is created or attached: packets keep flowing into
+    /// the same rings, and the workers pick them up where the predecessor stopped.
+    pub(crate) fn adopt(
         opts: &RunOptions,
         tables: Arc<dyn Tables>,
         ct: Arc<Conntrack>,
         stats: Option<Arc<DataplaneStats>>,
         routes: Routes,
-        desc: crate::io::takeover::Description,
-        fds: Vec<std::os::fd::OwnedFd>,
+        parts: Parts,
     ) -> io::Result<AfXdp> {
-        let parts = crate::io::takeover::Parts::take(desc, fds)?;
         let maps = parts.maps;
         let shared = worker_shared(
             tables.clone(),
@@ -1211,6 +1208,14 @@ fn deep_fill(w: &mut Worker) {
             p.sock.refill(&mut w.umem, room.min(share));
         }
     }
+}
+
+/// A predecessor's kernel objects, rebuilt from a takeover's description
+/// (`io::takeover::adopt`).
+pub(crate) struct Parts {
+    pub maps: Arc<SharedMaps>,
+    pub workers: Vec<(Umem, Vec<Port>)>,
+    pub links: Vec<AttachedLink>,
 }
 
 /// A dataplane whose workers stopped at a batch boundary, everything else in place (see

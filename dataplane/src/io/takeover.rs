@@ -19,8 +19,14 @@ use std::os::fd::{BorrowedFd, OwnedFd};
 
 use serde::{Deserialize, Serialize};
 
-use crate::io::runner::{AttachedLink, InterfaceReport, Quiesced};
+use std::sync::Arc;
+
+use crate::conntrack::Conntrack;
+use crate::io::route::Routes;
+use crate::io::runner::{AfXdp, AttachedLink, InterfaceReport, Parts, Quiesced, RunOptions};
+use crate::stats::DataplaneStats;
 use crate::worker::Port;
+use crate::worker::Tables;
 use kxdp_kernel::afxdp::{RingSizes, Umem, UmemState, XskSocket, XskState};
 use kxdp_kernel::xdp::{Attachment, SharedMaps, XdpMode, XdpProgram};
 
@@ -212,15 +218,25 @@ pub fn describe(q: &Quiesced) -> std::io::Result<(Description, Vec<BorrowedFd<'_
     ))
 }
 
-/// The objects rebuilt from a description and its descriptors.
-pub(crate) struct Parts {
-    pub maps: std::sync::Arc<SharedMaps>,
-    pub workers: Vec<(Umem, Vec<Port>)>,
-    pub links: Vec<AttachedLink>,
+/// Starts from a predecessor's kernel objects: its UMEMs, bound sockets, attached programs,
+/// links and maps, described by `desc`, with `fds` in the order the description's indexes give
+/// (`AfXdp::adopt` does the rest: nothing is created or attached).
+pub fn adopt(
+    opts: &RunOptions,
+    tables: Arc<dyn Tables>,
+    ct: Arc<Conntrack>,
+    stats: Option<Arc<DataplaneStats>>,
+    routes: Routes,
+    desc: Description,
+    fds: Vec<OwnedFd>,
+) -> std::io::Result<AfXdp> {
+    let parts = Parts::take(desc, fds)?;
+    AfXdp::adopt(opts, tables, ct, stats, routes, parts)
 }
 
 impl Parts {
-    pub(crate) fn take(desc: Description, fds: Vec<OwnedFd>) -> std::io::Result<Parts> {
+    /// The objects a description and its descriptors stand for, each checked against it.
+    fn take(desc: Description, fds: Vec<OwnedFd>) -> std::io::Result<Parts> {
         let bad = |what: String| std::io::Error::new(std::io::ErrorKind::InvalidData, what);
         if desc.version != DESCRIPTION_VERSION {
             return Err(bad(format!(

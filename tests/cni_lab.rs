@@ -837,9 +837,9 @@ fn connect_time(ns: &str, to: SocketAddr) -> std::io::Result<Duration> {
     })
 }
 
-/// The first connection toward neighbours node-b has never resolved (its neighbour tables
-/// flushed: the endpoints behind its bridge, the external host on the uplink's subnet, none
-/// of which kxdp resolves in advance) opens without a SYN retransmission: kxdp holds the
+/// The first connection toward neighbours node-b has just lost (its neighbour tables flushed:
+/// the endpoints behind its bridge, the external host on the uplink's subnet) opens without a
+/// SYN retransmission: kxdp re-resolves the next hops it forwards to, and holds the
 /// frames until the kernel has resolved the next hop, then sends them (docs/afxdp.md,
 /// "Forwarding"). Linux retransmits an unanswered SYN after 1 s, so a connection that opens in
 /// well under a second needed none. A pod client through a ClusterIP (IPv4 and IPv6), and the
@@ -887,16 +887,20 @@ fn kxdp_first_connection_to_a_cold_neighbour_is_not_retransmitted() {
         lab::sh(&b.ns, flush);
         std::thread::sleep(Duration::from_millis(200));
         lab::sh(&b.ns, flush);
+        // kxdp asks the kernel to resolve again the next hops it forwards to once they are
+        // flushed (`neigh::Keeper`), so an endpoint may be resolved again by now; the external
+        // host's entry (a masqueraded reply's next hop) and a flushed endpoint that is not yet
+        // both meet the hold queue. Either way the first connection must not wait for a
+        // retransmission.
         let left = lab::sh(&b.ns, "ip neigh show; ip -6 neigh show");
-        for e in &endpoints {
-            let reachable = left
-                .lines()
-                .any(|l| l.starts_with(&format!("{e} ")) && l.contains("lladdr"));
-            assert!(
-                !reachable,
-                "{what}: {e} still resolved after the flush:\n{left}"
-            );
-        }
+        let resolved: Vec<&IpAddr> = endpoints
+            .iter()
+            .filter(|e| {
+                left.lines()
+                    .any(|l| l.starts_with(&format!("{e} ")) && l.contains("lladdr"))
+            })
+            .collect();
+        eprintln!("{what}: endpoints resolved again after the flush: {resolved:?}");
         let took = connect_time(&ns, to).unwrap_or_else(|e| panic!("{what}: {e}\n{}", r.b.log()));
         took_all.push((what, took));
     }

@@ -27,22 +27,6 @@ use cni::{sa, tcp, udp, KxdpNode, Lab, TCP_PORT, UDP_PORT};
 const T: Duration = Duration::from_secs(3);
 const CLUSTER_IP: [u8; 4] = [172, 30, 0, 10];
 
-fn pods(test: &str) -> Lab {
-    let mut lab = Lab::build(test);
-    lab.add_pod("node-a", "web-a1", &[("app", "web-a")]);
-    lab.add_pod("node-a", "client-a", &[("app", "client")]);
-    lab.add_pod(
-        "node-a",
-        "front-a",
-        &[("app", "client"), ("role", "frontend")],
-    );
-    lab.add_pod("node-b", "web-b1", &[("app", "web")]);
-    lab.add_pod("node-b", "web-b2", &[("app", "web")]);
-    lab.add_pod("node-b", "client-b", &[("app", "client")]);
-    lab.warm_neighbours();
-    lab
-}
-
 /// The namespace owner's NetworkPolicies: the web pods open to all; the frontends may send
 /// anywhere.
 const NAMESPACE_OWNER: &str = "apiVersion: networking.k8s.io/v1
@@ -159,7 +143,7 @@ fn published(k: &KxdpNode) -> usize {
 /// yields to one that does; removing the Admin policy opens the web pods to new connections.
 #[test]
 fn cluster_network_policy_tiers_across_nodes() {
-    let lab = pods("cluster_network_policy_tiers_across_nodes");
+    let lab = Lab::two_node_pods("cluster_network_policy_tiers_across_nodes");
     let cfg = |node: &str| lab.kxdp_config(node, false);
     let a = lab.start_kxdp("node-a", &cfg("node-a"), &objects(&lab, true));
     let b = lab.start_kxdp("node-b", &cfg("node-b"), &objects(&lab, true));

@@ -17,23 +17,6 @@ use cni::{in_ns, sa, tcp, udp, Lab, Load, EXT4, EXT6, TCP_PORT, UDP_PORT};
 
 const T: Duration = Duration::from_secs(3);
 
-/// web-a1 on node-a, web-b1 and web-b2 on node-b (app=web), client pods on both nodes.
-fn two_node_pods(test: &str) -> Lab {
-    let mut lab = Lab::build(test);
-    lab.add_pod("node-a", "web-a1", &[("app", "web-a")]);
-    lab.add_pod("node-a", "client-a", &[("app", "client")]);
-    lab.add_pod(
-        "node-a",
-        "front-a",
-        &[("app", "client"), ("role", "frontend")],
-    );
-    lab.add_pod("node-b", "web-b1", &[("app", "web")]);
-    lab.add_pod("node-b", "web-b2", &[("app", "web")]);
-    lab.add_pod("node-b", "client-b", &[("app", "client")]);
-    lab.warm_neighbours();
-    lab
-}
-
 fn fam(v6: bool) -> &'static str {
     if v6 {
         "IPv6"
@@ -51,7 +34,7 @@ fn fam(v6: bool) -> &'static str {
 /// both installed their masquerade rules in the node's namespace.
 #[test]
 fn baseline_cni_layout() {
-    let lab = two_node_pods("baseline_cni_layout");
+    let lab = Lab::two_node_pods("baseline_cni_layout");
     let a = lab.node("node-a");
     let b = lab.node("node-b");
     let web_a = lab.pod("web-a1");
@@ -94,7 +77,7 @@ fn baseline_cni_layout() {
 /// the server sees the client pod's own address.
 #[test]
 fn baseline_pod_to_pod_same_node_and_across_nodes() {
-    let lab = two_node_pods("baseline_pod_to_pod_same_node_and_across_nodes");
+    let lab = Lab::two_node_pods("baseline_pod_to_pod_same_node_and_across_nodes");
     for client in ["client-a", "client-b"] {
         for server in ["web-a1", "web-b1", "web-b2"] {
             for v6 in [false, true] {
@@ -114,7 +97,7 @@ fn baseline_pod_to_pod_same_node_and_across_nodes() {
 /// A pod reaches the external host, which sees the node's address (the CNI's masquerade).
 #[test]
 fn baseline_pod_to_external_masqueraded_by_the_cni() {
-    let mut lab = two_node_pods("baseline_pod_to_external_masqueraded_by_the_cni");
+    let mut lab = Lab::two_node_pods("baseline_pod_to_external_masqueraded_by_the_cni");
     lab.ext_servers();
     for (client, node) in [("client-a", "node-a"), ("client-b", "node-b")] {
         for (v6, ext) in [(false, IpAddr::from(EXT4)), (true, IpAddr::from(EXT6))] {
@@ -218,7 +201,7 @@ fn start_both(lab: Lab, extra: &str) -> Running {
 }
 
 fn kxdp_lab(test: &str) -> Running {
-    start_both(two_node_pods(test), "")
+    start_both(Lab::two_node_pods(test), "")
 }
 
 /// A pod on node-a reaches a ClusterIP whose endpoints live on node-b: the endpoint sees the
@@ -318,7 +301,7 @@ spec:
 ---
 ";
     let r = start_both(
-        two_node_pods("kxdp_network_policy_on_the_destination_node"),
+        Lab::two_node_pods("kxdp_network_policy_on_the_destination_node"),
         policy,
     );
     let web = r.lab.pod("web-b1");
@@ -356,7 +339,7 @@ spec:
 /// measured: the time from the pod's CNI ADD to its first answered request.
 #[test]
 fn kxdp_pod_created_after_start() {
-    let lab = two_node_pods("kxdp_pod_created_after_start");
+    let lab = Lab::two_node_pods("kxdp_pod_created_after_start");
     let mut lab = lab;
     let pattern =
         |lab: &Lab, node: &str| lab.kxdp_config_with(node, &["eth0".into(), "veth*".into()]);
@@ -533,7 +516,7 @@ fn kxdp_pods_replaced_under_continuous_requests_through_clusterip() {
 /// port (bridge FDB), not `no-egress`.
 #[test]
 fn kxdp_bridge_node_without_listing_cni0() {
-    let lab = two_node_pods("kxdp_bridge_node_without_listing_cni0");
+    let lab = Lab::two_node_pods("kxdp_bridge_node_without_listing_cni0");
     let objects = services(&lab);
     let _a = lab.start_kxdp("node-a", &lab.kxdp_config("node-a", false), &objects);
     let _b = lab.start_kxdp("node-b", &lab.kxdp_config("node-b", false), &objects);
@@ -643,7 +626,7 @@ fn kxdp_node_processes_reach_clusterip_and_nodeports() {
 /// node process reaches the ClusterIP after the restart.
 #[test]
 fn kxdp_host_path_replaced_on_start_and_removed_on_exit() {
-    let lab = two_node_pods("kxdp_host_path_replaced_on_start_and_removed_on_exit");
+    let lab = Lab::two_node_pods("kxdp_host_path_replaced_on_start_and_removed_on_exit");
     let ns = lab.node("node-a").ns.clone();
     let host = || {
         lab::sh(

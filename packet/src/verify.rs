@@ -64,14 +64,15 @@ pub fn checksums(frame: &[u8], meta: &PacketMeta) -> Result<(), ChecksumError> {
     let l4 = &frame[l4_off..ip_end];
     let bad = ChecksumError::L4(meta.proto);
     let ok = match meta.proto {
-        proto::TCP => {
+        // The pseudo-header covers the whole segment (TCP) or message (ICMPv6).
+        proto::TCP | proto::ICMPV6 => {
             fold(sum(
                 l4,
                 pseudo_header(
                     &meta.src,
                     &meta.dst,
                     meta.family,
-                    proto::TCP,
+                    meta.proto,
                     l4.len() as u32,
                 ),
             )) == 0
@@ -99,18 +100,6 @@ pub fn checksums(frame: &[u8], meta: &PacketMeta) -> Result<(), ChecksumError> {
             stored == crate::sctp::checksum_of(l4)
         }
         proto::ICMP => fold(sum(l4, 0)) == 0,
-        proto::ICMPV6 => {
-            fold(sum(
-                l4,
-                pseudo_header(
-                    &meta.src,
-                    &meta.dst,
-                    meta.family,
-                    proto::ICMPV6,
-                    l4.len() as u32,
-                ),
-            )) == 0
-        }
         _ => true,
     };
     if ok {

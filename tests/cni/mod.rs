@@ -565,6 +565,25 @@ impl Lab {
         }
     }
 
+    /// The two-node layout most tests use: web-a1 (app=web-a), client-a (app=client) and
+    /// front-a (app=client, role=frontend) on node-a; web-b1 and web-b2 (app=web) and client-b
+    /// (app=client) on node-b; neighbours warmed.
+    pub fn two_node_pods(test: &str) -> Lab {
+        let mut lab = Lab::build(test);
+        lab.add_pod("node-a", "web-a1", &[("app", "web-a")]);
+        lab.add_pod("node-a", "client-a", &[("app", "client")]);
+        lab.add_pod(
+            "node-a",
+            "front-a",
+            &[("app", "client"), ("role", "frontend")],
+        );
+        lab.add_pod("node-b", "web-b1", &[("app", "web")]);
+        lab.add_pod("node-b", "web-b2", &[("app", "web")]);
+        lab.add_pod("node-b", "client-b", &[("app", "client")]);
+        lab.warm_neighbours();
+        lab
+    }
+
     /// Lets nodes, the external host and pods learn each other's MAC addresses (one datagram
     /// each way) so that the first packets of a test are not spent on neighbour resolution.
     pub fn warm_neighbours(&self) {

@@ -379,18 +379,12 @@ fn start_forwarding(
         &ops.dataplane,
         host_path.as_ref(),
     )?;
-    tracing::info!(
-        "kxdp run: forwarding on {}{} with {} worker(s) (tables from {source})",
-        config.interfaces.join(", "),
-        host_path
-            .as_ref()
-            .map(|h| format!(", {}", h.kxdp_if))
-            .unwrap_or_default(),
-        afxdp.counters.len()
+    log_forwarding(
+        config,
+        host_path.as_ref(),
+        &afxdp,
+        &format!("tables from {source}"),
     );
-    for line in afxdp.describe() {
-        tracing::info!("kxdp run:   {line}");
-    }
     Ok(Some((afxdp, host_path)))
 }
 
@@ -859,18 +853,7 @@ fn take_over(
     if let Err(e) = crate::takeover::wait_released(&conn, Duration::from_secs(10)) {
         tracing::warn!("kxdp run: pid {pid} did not confirm it released its servers: {e}");
     }
-    tracing::info!(
-        "kxdp run: forwarding on {}{} with {} worker(s) (taken over)",
-        config.interfaces.join(", "),
-        host_path
-            .as_ref()
-            .map(|h| format!(", {}", h.kxdp_if))
-            .unwrap_or_default(),
-        afxdp.counters.len()
-    );
-    for line in afxdp.describe() {
-        tracing::info!("kxdp run:   {line}");
-    }
+    log_forwarding(config, host_path.as_ref(), &afxdp, "taken over");
     Ok((dp.clone(), Some((afxdp, host_path))))
 }
 
@@ -948,5 +931,25 @@ fn log_table_memory(ct: &kxdp_dataplane::conntrack::Conntrack, config: &Config) 
         tracing::warn!("{line} (lookups will walk page tables: {hint})");
     } else {
         tracing::info!("{line}");
+    }
+}
+
+/// The line lab tests and operators wait for ("forwarding on ..."), then what was attached.
+fn log_forwarding(
+    config: &crate::DataplaneConfiguration,
+    host_path: Option<&crate::host_path::RunningHostPath>,
+    afxdp: &kxdp_dataplane::io::runner::AfXdp,
+    how: &str,
+) {
+    tracing::info!(
+        "kxdp run: forwarding on {}{} with {} worker(s) ({how})",
+        config.interfaces.join(", "),
+        host_path
+            .map(|h| format!(", {}", h.kxdp_if))
+            .unwrap_or_default(),
+        afxdp.counters.len()
+    );
+    for line in afxdp.describe() {
+        tracing::info!("kxdp run:   {line}");
     }
 }

@@ -324,7 +324,7 @@ fn steer(node_ns: &str, veth: &str, on: bool) {
         let i = kxdp_kernel::ifindex(&veth).expect("veth");
         if on {
             let tap = kxdp_kernel::ifindex(TAP).expect("tap");
-            kxdp_kernel::tc::redirect_ingress(i, tap, PREF).expect("redirect");
+            kxdp_kernel::tc::redirect_ingress(i, tap, PREF, None).expect("redirect");
         } else {
             kxdp_kernel::tc::remove_redirect(i, PREF).expect("remove redirect");
         }
@@ -455,13 +455,7 @@ fn gso_paths() {
         );
         iptables_dnat(&node, web, false);
 
-        for (path, extra) in [
-            ("kxdp", ""),
-            (
-                "kxdp-tap",
-                "podInterception: {mode: tap}\nsourceValidation: off\n",
-            ),
-        ] {
+        for (path, extra) in [("kxdp", ""), ("kxdp-tap", "podInterception: {mode: tap}\n")] {
             if !kxdp || !on(path) {
                 continue;
             }

@@ -11,7 +11,10 @@
 //! out, `policy-denied-ingress`); IPv6 through the IPv6 ClusterIP after the pod's neighbour
 //! cache was flushed (neighbour discovery stays with the kernel); a Service without endpoints is refused with kxdp's RST
 //! written into the tap; a ClusterIP whose endpoint is on node-b works, its replies
-//! arriving on the uplink through AF_XDP; a clean stop removes the redirects and the tap.
+//! arriving on the uplink through AF_XDP; source validation (the default, strict) on the tap
+//! path: a pod sending with an admitted pod's address (IPv4 and IPv6, TCP and UDP) does not
+//! reach the policy-protected pod and is counted as `spoofed-source`, the admitted pod's own
+//! crafted packets arrive; a clean stop removes the redirects and the tap.
 //!
 //! ```sh
 //! cargo test --test lab_tap -- --nocapture
@@ -19,6 +22,7 @@
 
 mod cni;
 mod lab;
+mod spoof;
 
 use std::net::{IpAddr, Ipv6Addr};
 use std::process::Command;
@@ -119,7 +123,7 @@ spec:
     let config = lab.kxdp_config("node-a", false).replace(
         "metricsBindAddress: \"\"",
         "metricsBindAddress: 127.0.0.1:10249",
-    ) + "podInterception: {mode: tap}\nsourceValidation: off\n";
+    ) + "podInterception: {mode: tap}\n";
     let mut k = lab.start_kxdp("node-a", &config, &objects);
 
     // Attached: the redirect on the pods' veths, XDP on the uplink only.
@@ -127,7 +131,7 @@ spec:
         assert_eq!(lab::xdp_on(&node, &p.host_if), None, "{}", k.log());
         let tc = lab::sh(&node, &format!("tc filter show dev {} ingress", p.host_if));
         assert!(
-            tc.contains(&format!("Egress Redirect to device {TAP}")),
+            tc.contains("kxdp-tap tag") && tc.contains("direct-action"),
             "{}: {tc}",
             p.host_if
         );
@@ -230,12 +234,47 @@ spec:
     assert_eq!(a.peer, IpAddr::from(client.ip4));
     assert_eq!(a.server, "remote-b1", "({remote})");
 
+    // Source validation on the tap path: other-a with client-a's address does not reach
+    // web-a1 (admits clients only); client-a's own crafted packets do.
+    let mut probes = Vec::new();
+    let mut sport = 42000;
+    for v6 in [false, true] {
+        for tcp in [true, false] {
+            for (from, as_) in [(client, client), (other, client)] {
+                sport += 1;
+                probes.push(spoof::Probe {
+                    ns: from.ns.clone(),
+                    src: as_.ip(v6),
+                    dst: web.ip(v6),
+                    sport,
+                    tcp,
+                });
+            }
+        }
+    }
+    let before = spoof::spoofed_drops(&node);
+    let seen = spoof::observe(&web.ns, &probes);
+    for (p, s) in probes.iter().zip(&seen) {
+        let own = p.ns == client.ns;
+        assert_eq!(
+            *s,
+            own,
+            "{} as {} (TCP {}): arrived {s}\n{}",
+            p.ns,
+            p.src,
+            p.tcp,
+            k.log()
+        );
+    }
+    // Each spoofed probe is sent twice.
+    assert_eq!(spoof::spoofed_drops(&node) - before, 2 * 4, "{}", k.log());
+
     // A clean stop gives the pods back to the kernel: no redirect, no tap.
     let st = k.kxdp.stop();
     assert!(st.is_some_and(|s| s.success()), "{}", k.log());
     for p in [client, web] {
         let tc = lab::sh(&node, &format!("tc filter show dev {} ingress", p.host_if));
-        assert!(!tc.contains(TAP), "{}: {tc}", p.host_if);
+        assert!(!tc.contains(TAP) && !tc.contains("kxdp-tap"), "{}: {tc}", p.host_if);
     }
     assert!(!lab::ip(&node, "link show").contains(TAP));
     let a = tcp(&client.ns, sa(web.ip4, TCP_PORT), T, 0).expect("pod to pod via the kernel");

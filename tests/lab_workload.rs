@@ -568,7 +568,7 @@ fn set_up<'a>(lab: &'a Lab, mode: &str, objects: &str) -> ModeGuard<'a> {
                     let mut config = lab.kxdp_config(n, false);
                     if mode == "kxdp-tap" {
                         // The pods' veths through kxdp's tap (docs/afxdp.md).
-                        config += "podInterception: {mode: tap}\nsourceValidation: off\n";
+                        config += "podInterception: {mode: tap}\n";
                     }
                     lab.start_kxdp(n, &config, objects)
                 })

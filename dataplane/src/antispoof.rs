@@ -109,12 +109,7 @@ pub fn screen<'f, D: Copy>(
     let n = descs.len().min(verdicts.len());
     let mut kept = 0;
     for i in 0..n {
-        let ok = match source_of(frame_of(&descs[i])) {
-            Some(s) if own.contains(&s) => true,
-            Some((src, family)) => fib.source_arrives_on(&src, family, ingress),
-            None => true,
-        };
-        if ok {
+        if source_ok(frame_of(&descs[i]), fib, ingress, own) {
             // Stable: the spoofed frames between `kept` and `i` move up by one.
             if kept != i {
                 descs[kept..=i].rotate_right(1);
@@ -124,24 +119,40 @@ pub fn screen<'f, D: Copy>(
     }
     for i in kept..n {
         let frame = frame_of(&descs[i]);
-        let v = &mut verdicts[i];
-        *v = Verdict::default();
-        let mut meta = PacketMeta::default();
-        if kxdp_packet::parse_into(frame, LinkType::Ethernet, &mut meta).is_ok() {
-            v.has_addrs = true;
-            v.family = meta.family;
-            v.proto = meta.proto;
-            (v.orig_src, v.orig_sport, v.orig_dst, v.orig_dport) =
-                (meta.src, meta.sport, meta.dst, meta.dport);
-            (v.src, v.sport, v.dst, v.dport) = (meta.src, meta.sport, meta.dst, meta.dport);
-            v.client = meta.src;
-            (v.l3_off, v.l4_off, v.ip_len) = (meta.l3_off, meta.l4_off, meta.ip_len);
-        }
-        v.set(Reason::SpoofedSource);
+        verdicts[i] = spoofed(frame);
         counters.packets += 1;
         counters.bytes += frame.len() as u64;
     }
     kept
+}
+
+/// Whether `frame`'s source arrives on `ingress` (one of `own`, or by the FIB); a frame
+/// without an IP source passes (the pipeline judges it).
+#[inline]
+pub fn source_ok(frame: &[u8], fib: &Fib, ingress: u32, own: &[(Addr, Family)]) -> bool {
+    match source_of(frame) {
+        Some(s) if own.contains(&s) => true,
+        Some((src, family)) => fib.source_arrives_on(&src, family, ingress),
+        None => true,
+    }
+}
+
+/// The `spoofed-source` verdict of `frame`, with its addresses as received (for `monitor`).
+pub fn spoofed(frame: &[u8]) -> Verdict {
+    let mut v = Verdict::default();
+    let mut meta = PacketMeta::default();
+    if kxdp_packet::parse_into(frame, LinkType::Ethernet, &mut meta).is_ok() {
+        v.has_addrs = true;
+        v.family = meta.family;
+        v.proto = meta.proto;
+        (v.orig_src, v.orig_sport, v.orig_dst, v.orig_dport) =
+            (meta.src, meta.sport, meta.dst, meta.dport);
+        (v.src, v.sport, v.dst, v.dport) = (meta.src, meta.sport, meta.dst, meta.dport);
+        v.client = meta.src;
+        (v.l3_off, v.l4_off, v.ip_len) = (meta.l3_off, meta.l4_off, meta.ip_len);
+    }
+    v.set(Reason::SpoofedSource);
+    v
 }
 
 #[cfg(test)]

@@ -16,13 +16,27 @@
 //! for such frames [`PartialSum`] puts the field back to what it was and adds the address
 //! change in the opposite sense (`S' = S + ~m + m'`); ports are not in the pseudo-header. No
 //! frame is summed over its payload.
+//!
+//! Source validation: the tap does not say which interface a frame came through, so each
+//! redirect pushes an 802.1Q tag whose VLAN ID names its interface ([`TapTags`], assigned by
+//! the link manager before the redirect exists). A worker reads the tag out of the frame as it
+//! reads the frame (no copy) and, with `sourceValidation: strict`, checks the source against
+//! that interface as on an AF_XDP port (`crate::antispoof`). A frame whose tag names no
+//! interface kxdp intercepts (or that has none) cannot be checked and is dropped as
+//! `spoofed-source`.
 
 use std::io;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 
 use kxdp_kernel::tap::{TapQueue, VirtioNetHdr, MAX_FRAME};
+use kxdp_kernel::tc::MAX_TAG;
 use kxdp_packet::checksum;
 
+use crate::antispoof::SourceValidation;
+use crate::fib::Fib;
 use crate::pipeline::{Frames, SlotFrames};
+use crate::snapshot::PrefixSet;
 use crate::verdict::{Action, Reason, Verdict};
 
 /// Frames a worker reads from its tap queue per loop (8 × 64 KB buffers: half a MB per worker).
@@ -35,6 +49,116 @@ pub const TC_PREF: u16 = 0xcd00;
 /// The offloads kxdp's tap takes: partial checksums and TCP super-frames of both families.
 pub const TAP_OFFLOADS: u32 =
     kxdp_kernel::tap::TUN_F_CSUM | kxdp_kernel::tap::TUN_F_TSO4 | kxdp_kernel::tap::TUN_F_TSO6;
+
+/// The interfaces kxdp's tap intercepts, by the VLAN ID their redirect pushes (1 to
+/// [`MAX_TAG`]): written by the link manager alone (one thread), read by the workers.
+pub struct TapTags {
+    /// VLAN ID → ifindex (0: free).
+    by_tag: Box<[AtomicU32]>,
+    /// Where the search for a free tag starts: after the last one given, so a released tag is
+    /// reused as late as possible (frames with it may still wait in the tap).
+    next: AtomicU32,
+}
+
+impl Default for TapTags {
+    fn default() -> Self {
+        TapTags {
+            by_tag: (0..=MAX_TAG).map(|_| AtomicU32::new(0)).collect(),
+            next: AtomicU32::new(1),
+        }
+    }
+}
+
+impl TapTags {
+    /// The interface `tag` stands for; 0 for none.
+    #[inline]
+    pub fn ingress(&self, tag: u16) -> u32 {
+        self.by_tag
+            .get(tag as usize)
+            .map_or(0, |t| t.load(Ordering::Acquire))
+    }
+
+    /// The tag of `ifindex`, if it has one.
+    pub fn tag_of(&self, ifindex: u32) -> Option<u16> {
+        (1..=MAX_TAG).find(|&t| self.ingress(t) == ifindex)
+    }
+
+    /// A tag for `ifindex`: the one it has, else `wanted` if free (what its redirect already
+    /// pushes: a restart keeps the tags), else the next free one; None when all are taken.
+    pub fn assign(&self, ifindex: u32, wanted: Option<u16>) -> Option<u16> {
+        if let Some(t) = self.tag_of(ifindex) {
+            return Some(t);
+        }
+        let free = |t: u16| self.ingress(t) == 0;
+        let start = self.next.load(Ordering::Relaxed) as u16;
+        let tag = wanted
+            .filter(|&t| (1..=MAX_TAG).contains(&t) && free(t))
+            .or_else(|| {
+                (0..MAX_TAG)
+                    .map(|i| (start.saturating_sub(1) + i) % MAX_TAG + 1)
+                    .find(|&t| free(t))
+            })?;
+        self.by_tag[tag as usize].store(ifindex, Ordering::Release);
+        self.next
+            .store(tag as u32 % MAX_TAG as u32 + 1, Ordering::Relaxed);
+        Some(tag)
+    }
+
+    /// Frees the tag of `ifindex` (its redirect is gone).
+    pub fn release(&self, ifindex: u32) {
+        if let Some(t) = self.tag_of(ifindex) {
+            self.by_tag[t as usize].store(0, Ordering::Release);
+        }
+    }
+}
+
+/// What a worker checks the sources of its tap's frames against (`sourceValidation: strict`).
+pub struct SourceCheck<'a> {
+    pub fib: &'a Fib,
+    pub pod_ranges: &'a PrefixSet,
+    pub kernel_port: Option<u32>,
+    /// The FIB's id and the tables' generation: what [`TapPort`]'s per-tag cache is valid for.
+    pub generation: (u64, u64),
+}
+
+/// Per tag: the interface it stood for when worked out, and whether that interface's sources
+/// are checked (`crate::antispoof::checked`, which walks the routes: once per FIB, not per frame).
+struct CheckedTags {
+    valid_for: (u64, u64),
+    by_tag: Box<[(u32, bool)]>,
+}
+
+impl CheckedTags {
+    fn new() -> CheckedTags {
+        CheckedTags {
+            valid_for: (u64::MAX, u64::MAX),
+            by_tag: vec![(0, false); MAX_TAG as usize + 1].into_boxed_slice(),
+        }
+    }
+
+    /// Whether `frame`, tagged `tag` (standing for `ingress`), may go on.
+    fn allows(&mut self, c: &SourceCheck, tag: Option<u16>, ingress: u32, frame: &[u8]) -> bool {
+        let Some(tag) = tag.filter(|_| ingress != 0) else {
+            return false;
+        };
+        if self.valid_for != c.generation {
+            self.valid_for = c.generation;
+            self.by_tag.fill((0, false));
+        }
+        let slot = &mut self.by_tag[tag as usize];
+        if slot.0 != ingress {
+            let checked = crate::antispoof::checked(
+                SourceValidation::Strict,
+                c.fib,
+                c.pod_ranges,
+                ingress,
+                c.kernel_port,
+            );
+            *slot = (ingress, checked);
+        }
+        !slot.1 || crate::antispoof::source_ok(frame, c.fib, ingress, &[])
+    }
+}
 
 /// Where a frame's IP header starts and whether it is IPv6 (untagged Ethernet only: what a pod's
 /// veth hands over).
@@ -153,11 +277,20 @@ pub struct TapPort {
     pub segs: [u64; TAP_BATCH],
     /// Read errors other than "nothing to read" (the device went away, ...).
     pub read_errors: u64,
+    tags: Arc<TapTags>,
+    checked: CheckedTags,
+    /// The frames of the last [`TapPort::receive`] dropped for their source: verdicts, the
+    /// packets each stands for, and their bytes.
+    pub spoofed: [Verdict; TAP_BATCH],
+    pub spoofed_segs: [u64; TAP_BATCH],
+    pub spoofed_count: usize,
+    pub spoofed_bytes: u64,
 }
 
 impl TapPort {
-    /// A worker's port on `queue` (made non-blocking); `mac` is the tap's address.
-    pub fn new(queue: TapQueue, mac: [u8; 6]) -> io::Result<TapPort> {
+    /// A worker's port on `queue` (made non-blocking); `mac` is the tap's address, `tags` the
+    /// interfaces' tags.
+    pub fn new(queue: TapQueue, mac: [u8; 6], tags: Arc<TapTags>) -> io::Result<TapPort> {
         queue.set_nonblocking(true)?;
         Ok(TapPort {
             queue,
@@ -167,24 +300,50 @@ impl TapPort {
             sums: [PartialSum::default(); TAP_BATCH],
             segs: [1; TAP_BATCH],
             read_errors: 0,
+            tags,
+            checked: CheckedTags::new(),
+            spoofed: [Verdict::default(); TAP_BATCH],
+            spoofed_segs: [0; TAP_BATCH],
+            spoofed_count: 0,
+            spoofed_bytes: 0,
         })
     }
 
-    /// Reads what the queue has, up to [`TAP_BATCH`] frames, without waiting, and keeps what
-    /// the checksum fix needs of each; returns the frame count.
-    pub fn receive(&mut self) -> usize {
+    /// Reads what the queue has, up to [`TAP_BATCH`] frames, without waiting, each without
+    /// its tag, and keeps what the checksum fix needs of each; returns the frame count. With
+    /// `check`, a frame whose source does not arrive on its interface is not kept: its verdict
+    /// goes to [`TapPort::spoofed`] (at most [`TAP_BATCH`] such per call).
+    pub fn receive(&mut self, check: Option<&SourceCheck>) -> usize {
         self.frames.clear();
+        self.spoofed_count = 0;
+        self.spoofed_bytes = 0;
         let (queue, hdrs, errors) = (&self.queue, &mut self.hdrs, &mut self.read_errors);
-        let n = self.frames.receive(|i, buf| match queue.read(buf) {
-            Ok((hdr, len)) => {
-                hdrs[i] = hdr;
-                Some(len)
-            }
-            Err(e) => {
-                if e.kind() != io::ErrorKind::WouldBlock {
-                    *errors += 1;
+        let (tags, checked) = (&*self.tags, &mut self.checked);
+        let (spoofed, spoofed_segs) = (&mut self.spoofed, &mut self.spoofed_segs);
+        let (spoofed_count, spoofed_bytes) = (&mut self.spoofed_count, &mut self.spoofed_bytes);
+        let n = self.frames.receive(|i, buf| loop {
+            match queue.read_untagged(buf) {
+                Ok((hdr, len, tag)) => {
+                    let frame = &buf[..len.min(buf.len())];
+                    let ingress = tag.map_or(0, |t| tags.ingress(t));
+                    if check.is_none_or(|c| checked.allows(c, tag, ingress, frame)) {
+                        hdrs[i] = hdr;
+                        return Some(len);
+                    }
+                    spoofed[*spoofed_count] = crate::antispoof::spoofed(frame);
+                    spoofed_segs[*spoofed_count] = segments(&hdr, frame.len());
+                    *spoofed_bytes += frame.len() as u64;
+                    *spoofed_count += 1;
+                    if *spoofed_count == TAP_BATCH {
+                        return None;
+                    }
                 }
-                None
+                Err(e) => {
+                    if e.kind() != io::ErrorKind::WouldBlock {
+                        *errors += 1;
+                    }
+                    return None;
+                }
             }
         });
         for i in 0..n {

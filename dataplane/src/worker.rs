@@ -760,41 +760,60 @@ impl Worker {
         let Some(tap) = &mut self.tap else {
             return 0;
         };
-        let n = tap.receive();
-        if n == 0 {
+        let snap = shared.tables.current();
+        let fib = shared.routes.load();
+        let check =
+            (shared.source_validation == crate::antispoof::SourceValidation::Strict).then(|| {
+                crate::tap::SourceCheck {
+                    fib: &fib,
+                    pod_ranges: &snap.cluster_cidrs,
+                    kernel_port: self.kernel_port,
+                    generation: (fib.id(), snap.generation),
+                }
+            });
+        let n = tap.receive(check.as_ref());
+        let spoofed = tap.spoofed_count;
+        if n + spoofed == 0 {
             return 0;
         }
         let t0 = Instant::now();
-        let snap = shared.tables.current();
         let now = clock_ms();
-        let verdicts = &mut st.verdicts[..n];
-        (st.pipeline).decide(&mut tap.frames, verdicts, &snap, &shared.ct, now);
-        for v in verdicts.iter() {
+        (st.pipeline).decide(
+            &mut tap.frames,
+            &mut st.verdicts[..n],
+            &snap,
+            &shared.ct,
+            now,
+        );
+        for v in st.verdicts[..n].iter() {
             register_masq_reply(shared, &self.counters, v, false);
         }
-        let sent = tap.send(verdicts);
-        let c = &mut st.pipeline.counters;
-        let weights: [u64; crate::tap::TAP_BATCH] = std::array::from_fn(|i| {
-            if i < n {
-                tap.weight(i, &verdicts[i])
-            } else {
-                0
-            }
+        let sent = tap.send(&mut st.verdicts[..n]);
+        // The frames dropped for their source, after the batch's (counted and shown with it).
+        st.verdicts[n..n + spoofed].copy_from_slice(&tap.spoofed[..spoofed]);
+        let verdicts = &st.verdicts[..n + spoofed];
+        let weights: [u64; 2 * crate::tap::TAP_BATCH] = std::array::from_fn(|i| match i {
+            i if i < n => tap.weight(i, &verdicts[i]),
+            i if i < n + spoofed => tap.spoofed_segs[i - n],
+            _ => 0,
         });
-        // The pipeline counted one packet per frame.
+        let c = &mut st.pipeline.counters;
+        // The pipeline counted one packet per frame it saw; the spoofed frames, nothing.
         c.packets += weights.iter().sum::<u64>() - n as u64;
+        c.bytes += tap.spoofed_bytes;
         c.record_weighted(verdicts.iter().zip(weights));
         let io = &st.io;
-        io.rx
-            .fetch_add(tap.segs[..n].iter().sum(), Ordering::Relaxed);
+        let received: u64 = tap.segs[..n].iter().sum::<u64>() + weights[n..].iter().sum::<u64>();
+        io.rx.fetch_add(received, Ordering::Relaxed);
         io.tx.fetch_add(sent.segments, Ordering::Relaxed);
-        io.tap_frames.fetch_add(n as u64, Ordering::Relaxed);
+        io.tap_frames
+            .fetch_add((n + spoofed) as u64, Ordering::Relaxed);
         io.batches.fetch_add(1, Ordering::Relaxed);
         if let Some(stats) = &shared.stats {
             let busy = t0.elapsed().as_nanos() as u64;
             stats.after_batch(self.index, &st.pipeline.counters, verdicts, busy, now);
         }
-        n
+        n + spoofed
     }
 
     /// Moves the batch's frames with spoofed sources to its tail with their verdicts (on ports

@@ -17,6 +17,10 @@ use crate::sys::fd_result;
 /// `virtio_net_hdr.flags`: the L4 checksum is partial (`CHECKSUM_PARTIAL`): the field at
 /// `csum_start + csum_offset` holds the uncomplemented pseudo-header sum and whoever sends the
 /// packet on completes it over `csum_start..`.
+/// An 802.1Q tag's length and EtherType.
+const VLAN_HLEN: usize = 4;
+const ETH_P_8021Q: u16 = 0x8100;
+
 pub const VIRTIO_NET_HDR_F_NEEDS_CSUM: u8 = 1;
 /// `virtio_net_hdr.flags`: the checksums were verified (`CHECKSUM_UNNECESSARY`).
 pub const VIRTIO_NET_HDR_F_DATA_VALID: u8 = 2;
@@ -286,6 +290,78 @@ impl TapQueue {
             ));
         }
         Ok((VirtioNetHdr::from_bytes(&hdr), n - VirtioNetHdr::LEN))
+    }
+
+    /// Reads one frame (blocking) as [`TapQueue::read`] does, taking an 802.1Q tag after the
+    /// Ethernet addresses out of it on the way (scattered into a word of its own, so the
+    /// frame is not moved): its header (`csum_start` then counts from the untagged frame),
+    /// its untagged length and the tag's VLAN ID. A frame without a tag comes back whole,
+    /// with None.
+    pub fn read_untagged(
+        &self,
+        frame: &mut [u8],
+    ) -> io::Result<(VirtioNetHdr, usize, Option<u16>)> {
+        const MACS: usize = 12;
+        let mut hdr = [0u8; VirtioNetHdr::LEN];
+        let mut tag = [0u8; VLAN_HLEN];
+        if frame.len() < MACS + VLAN_HLEN {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("tap {}: a {}-byte buffer", self.name, frame.len()),
+            ));
+        }
+        let (macs, rest) = frame.split_at_mut(MACS);
+        let iov = [
+            libc::iovec {
+                iov_base: hdr.as_mut_ptr().cast(),
+                iov_len: hdr.len(),
+            },
+            libc::iovec {
+                iov_base: macs.as_mut_ptr().cast(),
+                iov_len: macs.len(),
+            },
+            libc::iovec {
+                iov_base: tag.as_mut_ptr().cast(),
+                iov_len: tag.len(),
+            },
+            libc::iovec {
+                iov_base: rest.as_mut_ptr().cast(),
+                iov_len: rest.len() - VLAN_HLEN,
+            },
+        ];
+        // SAFETY: the four iovecs describe live, writable, disjoint buffers of the given lengths.
+        let n = unsafe { libc::readv(self.fd.as_raw_fd(), iov.as_ptr(), iov.len() as i32) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let n = n as usize;
+        if n < VirtioNetHdr::LEN {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!(
+                    "tap {}: {n}-byte read, shorter than its vnet header",
+                    self.name
+                ),
+            ));
+        }
+        let mut hdr = VirtioNetHdr::from_bytes(&hdr);
+        let len = n - VirtioNetHdr::LEN;
+        if len >= MACS + VLAN_HLEN && tag[..2] == ETH_P_8021Q.to_be_bytes() {
+            if hdr.needs_csum() {
+                hdr.csum_start = hdr.csum_start.saturating_sub(VLAN_HLEN as u16);
+            }
+            let vid = u16::from_be_bytes([tag[2], tag[3]]) & 0x0fff;
+            return Ok((hdr, len - VLAN_HLEN, Some(vid)));
+        }
+        // No tag: the word read aside belongs in the frame, after the addresses.
+        let len = len.min(frame.len());
+        if len > MACS {
+            let moved = len.saturating_sub(MACS + VLAN_HLEN);
+            frame.copy_within(MACS..MACS + moved, MACS + VLAN_HLEN);
+            let word = (len - MACS).min(VLAN_HLEN);
+            frame[MACS..MACS + word].copy_from_slice(&tag[..word]);
+        }
+        Ok((hdr, len, None))
     }
 
     /// Writes one frame (from its Ethernet header) with its header: the kernel receives it on

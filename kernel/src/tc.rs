@@ -19,18 +19,32 @@
 //!     match u32 0x00003aff 0x0000ffff at 4
 //! ```
 //!
-//! since a neighbour solicitation answered from the tap would leave through the tap. The filter works on whole socket buffers: a GSO super-frame is
+//! since a neighbour solicitation answered from the tap would leave through the tap.
+//!
+//! With a tag, the redirect is a small tc program instead (`cls_bpf`, direct action, assembled
+//! here like the XDP program): it pushes an 802.1Q tag whose VLAN ID names the interface
+//! (`bpf_skb_vlan_push`), then redirects to the target's egress (`bpf_redirect`). The tap hands
+//! frames over without saying where they came from; a reader that knows which interface a tag
+//! stands for can check the source addresses per interface. A program, not `act_vlan`, because
+//! kernels may lack `CONFIG_NET_ACT_VLAN` (this lab's does) while `cls_bpf` is there wherever
+//! XDP is. One tag only: the kernel keeps a single-tagged super-frame whole through the tap (a
+//! second tag would make it segment the frame in software). The tag is also in the filter's
+//! name (`kxdp-tap tag N`), so a restart finds what an earlier kxdp chose.
+//!
+//! The filter works on whole socket buffers: a GSO super-frame is
 //! redirected as one, unlike an XDP program on a veth, which makes the kernel turn the peer's
 //! GSO off. Attaching again replaces kxdp's own filter in place (a restart or a takeover never
 //! leaves a moment without it) and leaves other filters of the qdisc alone.
 
 use std::io;
+use std::os::fd::AsRawFd;
 
 use netlink_packet_core::{NLM_F_CREATE, NLM_F_EXCL, NLM_F_REPLACE};
 use netlink_packet_route::tc::{
     TcAction, TcActionAttribute, TcActionGeneric, TcActionMirrorOption, TcActionOption,
-    TcActionType, TcAttribute, TcFilterU32Option, TcHandle, TcMessage, TcMirror,
-    TcMirrorActionType, TcOption, TcU32Key, TcU32OptionFlags, TcU32Selector, TcU32SelectorFlags,
+    TcActionType, TcAttribute, TcBpfFlags, TcFilterBpf, TcFilterBpfOption, TcFilterU32Option,
+    TcHandle, TcMessage, TcMirror, TcMirrorActionType, TcOption, TcU32Key, TcU32OptionFlags,
+    TcU32Selector, TcU32SelectorFlags,
 };
 use netlink_packet_route::RouteNetlinkMessage;
 
@@ -38,6 +52,7 @@ use crate::netlink::{acked, dumped};
 
 const ETH_P_IP: u16 = 0x0800;
 const ETH_P_IPV6: u16 = 0x86dd;
+const ETH_P_8021Q: u16 = 0x8100;
 const EEXIST: i32 = 17;
 const ENOENT: i32 = 2;
 const EINVAL: i32 = 22;
@@ -77,18 +92,25 @@ fn filter(ifindex: u32, pref: u16, protocol: u16, handle: TcHandle) -> TcMessage
 /// The handle of the u32 node at `pref`/`protocol` on `ifindex`'s ingress, if there is one. The
 /// kernel names a u32 node after its tcf_proto's root hash table (`800:`, `801:`...), which
 /// depends on what was attached before, so a replacement asks rather than guesses.
-fn existing(ifindex: u32, pref: u16, protocol: u16) -> io::Result<Option<TcHandle>> {
+/// Also its kind, and the tag of a tagged redirect.
+fn existing(
+    ifindex: u32,
+    pref: u16,
+    protocol: u16,
+) -> io::Result<Option<(TcHandle, String, Option<u16>)>> {
     let mut found = None;
     let q = filter(ifindex, pref, protocol, TcHandle::UNSPEC);
     dumped(RouteNetlinkMessage::GetTrafficFilter(q), |m| {
         if let RouteNetlinkMessage::NewTrafficFilter(m) = m {
             let h = m.header.handle;
-            // A node has a non-zero node id (the low 12 bits); `800:` itself is the table.
+            // A u32 node has a non-zero node id (the low 12 bits); `800:` itself is the table.
+            // A cls_bpf filter's handle is small and non-zero (the header line has 0).
             if m.header.index == ifindex as i32
                 && m.header.info == info(pref, protocol)
                 && h.minor & 0x0fff != 0
             {
-                found.get_or_insert(h);
+                let (kind, tag) = kind_and_tag(&m);
+                found.get_or_insert((h, kind, tag));
             }
         }
     })
@@ -114,6 +136,76 @@ fn nd_pass_filter(ifindex: u32, pref: u16, handle: TcHandle) -> TcMessage {
         TcOption::U32(TcFilterU32Option::Flags(TcU32OptionFlags::SkipHw)),
     ]));
     m
+}
+
+/// The highest VLAN ID a tag can carry (4095 is reserved).
+pub const MAX_TAG: u16 = 4094;
+
+/// The name of a tagged redirect's filter, which carries its tag.
+const TAG_NAME: &str = "kxdp-tap tag ";
+
+/// The tc program of a tagged redirect: push an 802.1Q tag with VLAN ID `tag`, then redirect
+/// to the egress of `target` (`TC_ACT_REDIRECT`).
+fn tag_and_redirect(tag: u16, target: u32) -> Vec<crate::xdp::Insn> {
+    use crate::xdp::asm::*;
+    const HELPER_SKB_VLAN_PUSH: i32 = 18;
+    const HELPER_REDIRECT: i32 = 23;
+    let mut a = Asm::default();
+    // r1 is the packet; the protocol is big-endian as it sits in the frame.
+    a.mov_k(R2, u16::from_ne_bytes(ETH_P_8021Q.to_be_bytes()) as i32);
+    a.mov_k(R3, tag as i32);
+    a.call(HELPER_SKB_VLAN_PUSH);
+    // A failed push (no memory) still goes to the tap: the reader drops an untagged frame it
+    // must check, rather than the kernel forwarding it past kxdp.
+    a.mov_k(R1, target as i32);
+    a.mov_k(R2, 0);
+    a.call(HELPER_REDIRECT);
+    a.exit();
+    a.finish()
+}
+
+/// The tagged redirect at `pref`/`protocol`: [`tag_and_redirect`] loaded and attached as a
+/// direct-action `cls_bpf` filter (the filter holds the program; its descriptor closes here).
+fn tagged_filter(
+    ifindex: u32,
+    pref: u16,
+    protocol: u16,
+    target: u32,
+    tag: u16,
+    handle: TcHandle,
+) -> io::Result<(TcMessage, std::os::fd::OwnedFd)> {
+    const BPF_PROG_TYPE_SCHED_CLS: u32 = 3;
+    let prog = crate::xdp::load_program(
+        BPF_PROG_TYPE_SCHED_CLS,
+        0,
+        &tag_and_redirect(tag, target),
+        "the tap redirect's tc program",
+    )?;
+    let mut m = filter(ifindex, pref, protocol, handle);
+    m.attributes
+        .push(TcAttribute::Kind(TcFilterBpf::KIND.into()));
+    m.attributes.push(TcAttribute::Options(vec![
+        TcOption::Bpf(TcFilterBpfOption::ProgFd(prog.as_raw_fd() as u32)),
+        TcOption::Bpf(TcFilterBpfOption::ProgName(format!("{TAG_NAME}{tag}"))),
+        TcOption::Bpf(TcFilterBpfOption::Flags(TcBpfFlags::DirectAction)),
+    ]));
+    Ok((m, prog))
+}
+
+/// The filter's kind and, for a tagged redirect, its tag (from its name).
+fn kind_and_tag(m: &TcMessage) -> (String, Option<u16>) {
+    let kind = m.attributes.iter().find_map(|a| match a {
+        TcAttribute::Kind(k) => Some(k.clone()),
+        _ => None,
+    });
+    let tag = m.attributes.iter().find_map(|a| match a {
+        TcAttribute::Options(opts) => opts.iter().find_map(|o| match o {
+            TcOption::Bpf(TcFilterBpfOption::ProgName(n)) => n.strip_prefix(TAG_NAME)?.parse().ok(),
+            _ => None,
+        }),
+        _ => None,
+    });
+    (kind.unwrap_or_default(), tag)
 }
 
 /// The match-everything u32 filter whose action redirects to the egress of `target`.
@@ -177,9 +269,16 @@ fn context(e: io::Error, what: &str, ifindex: u32) -> io::Error {
 
 /// Redirects every IPv4 (filter preference `pref`) and IPv6 (`pref + 2`) packet arriving on
 /// `ifindex` to the egress of `target` but IPv6 neighbour discovery (passed at `pref + 1`),
-/// adding the clsact qdisc when missing.
-pub fn redirect_ingress(ifindex: u32, target: u32, pref: u16) -> io::Result<()> {
+/// adding the clsact qdisc when missing; with `tag` (1 to [`MAX_TAG`]), each packet redirected
+/// carries an 802.1Q tag with that VLAN ID (module docs).
+pub fn redirect_ingress(ifindex: u32, target: u32, pref: u16, tag: Option<u16>) -> io::Result<()> {
     let prefs = prefs(pref)?;
+    if let Some(t) = tag.filter(|t| !(1..=MAX_TAG).contains(t)) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("VLAN ID {t}: 1 to {MAX_TAG}"),
+        ));
+    }
     match acked(
         RouteNetlinkMessage::NewQueueDiscipline(clsact(ifindex)),
         NLM_F_CREATE | NLM_F_EXCL,
@@ -188,38 +287,64 @@ pub fn redirect_ingress(ifindex: u32, target: u32, pref: u16) -> io::Result<()> 
         r => r.map_err(|e| context(e, "adding the clsact qdisc", ifindex))?,
     }
     for (p, proto, nd) in prefs {
+        let kind = match (nd, tag) {
+            (false, Some(_)) => TcFilterBpf::KIND,
+            _ => "u32",
+        };
         let (handle, flags) = match existing(ifindex, p, proto)
             .map_err(|e| context(e, "listing the ingress filters", ifindex))?
         {
-            Some(h) => (h, NLM_F_REPLACE),
+            Some((h, k, _)) if k == kind => (h, NLM_F_REPLACE),
+            // Another kind at this preference (a redirect without tags before): the kernel
+            // replaces a filter only with one of its kind, so it goes first.
+            Some(_) => {
+                remove_filter(ifindex, p, proto)?;
+                (TcHandle::UNSPEC, NLM_F_CREATE | NLM_F_EXCL)
+            }
             None => (TcHandle::UNSPEC, NLM_F_CREATE | NLM_F_EXCL),
         };
-        let m = if nd {
-            nd_pass_filter(ifindex, p, handle)
-        } else {
-            redirect_filter(ifindex, p, proto, target, handle)
+        // The program's descriptor lives until the filter holds it.
+        let (m, _prog) = match (nd, tag) {
+            (true, _) => (nd_pass_filter(ifindex, p, handle), None),
+            (false, Some(t)) => {
+                let (m, prog) = tagged_filter(ifindex, p, proto, target, t, handle)
+                    .map_err(|e| context(e, "loading the tap redirect", ifindex))?;
+                (m, Some(prog))
+            }
+            (false, None) => (redirect_filter(ifindex, p, proto, target, handle), None),
         };
         acked(RouteNetlinkMessage::NewTrafficFilter(m), flags)
-            .map_err(|e| context(e, "adding the u32 redirect filter", ifindex))?;
+            .map_err(|e| context(e, "adding the redirect filter", ifindex))?;
     }
     Ok(())
+}
+
+/// The VLAN ID the IPv4 redirect at `pref` on `ifindex` pushes (what an earlier kxdp chose: a
+/// restart keeps it, so frames already tagged keep their meaning); None without one.
+pub fn redirect_tag(ifindex: u32, pref: u16) -> io::Result<Option<u16>> {
+    Ok(existing(ifindex, pref, ETH_P_IP)?.and_then(|(_, _, tag)| tag))
 }
 
 /// Removes the filters [`redirect_ingress`] added at `pref` (a missing one is not an error;
 /// the clsact qdisc stays for whoever else uses it).
 pub fn remove_redirect(ifindex: u32, pref: u16) -> io::Result<()> {
     for (p, proto, _) in prefs(pref)? {
-        match acked(
-            // No handle: the whole tcf_proto at this preference, which is kxdp's alone.
-            RouteNetlinkMessage::DelTrafficFilter(filter(ifindex, p, proto, TcHandle::UNSPEC)),
-            0,
-        ) {
-            // No such filter, or no clsact qdisc at all (EINVAL).
-            Err(e) if matches!(e.raw_os_error(), Some(ENOENT) | Some(EINVAL)) => {}
-            r => r.map_err(|e| context(e, "removing the redirect filter", ifindex))?,
-        }
+        remove_filter(ifindex, p, proto)?;
     }
     Ok(())
+}
+
+/// Removes the filters at `pref`/`protocol` (a missing one is not an error).
+fn remove_filter(ifindex: u32, pref: u16, protocol: u16) -> io::Result<()> {
+    match acked(
+        // No handle: the whole tcf_proto at this preference, which is kxdp's alone.
+        RouteNetlinkMessage::DelTrafficFilter(filter(ifindex, pref, protocol, TcHandle::UNSPEC)),
+        0,
+    ) {
+        // No such filter, or no clsact qdisc at all (EINVAL).
+        Err(e) if matches!(e.raw_os_error(), Some(ENOENT) | Some(EINVAL)) => Ok(()),
+        r => r.map_err(|e| context(e, "removing the redirect filter", ifindex)),
+    }
 }
 
 #[cfg(test)]
@@ -230,7 +355,7 @@ mod tests {
     #[test]
     fn preferences_out_of_range_are_refused() {
         for p in [0, u16::MAX - 1, u16::MAX] {
-            let e = redirect_ingress(1, 2, p).expect_err("refused");
+            let e = redirect_ingress(1, 2, p, None).expect_err("refused");
             assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{p}");
             assert!(remove_redirect(1, p).is_err());
         }
@@ -243,6 +368,11 @@ mod tests {
         m.emit(&mut buf);
         let back = TcMessage::parse(&buf[..]).unwrap();
         assert_eq!(back, m);
+        assert_eq!(kind_and_tag(&back), ("u32".to_string(), None));
+        for t in [0, MAX_TAG + 1] {
+            let e = redirect_ingress(1, 2, 100, Some(t)).expect_err("refused");
+            assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{t}");
+        }
         assert_eq!(back.header.index, 7);
         assert_eq!(back.header.parent.major, 0xffff);
         assert_eq!(back.header.parent.minor, 0xfff2);
@@ -283,9 +413,9 @@ mod tests {
                 eprintln!("SKIPPED: no veth here");
                 return;
             };
-            redirect_ingress(veth, other, 100).unwrap();
+            redirect_ingress(veth, other, 100, None).unwrap();
             let first = sh("tc filter show dev kxva ingress");
-            redirect_ingress(veth, other, 100).unwrap();
+            redirect_ingress(veth, other, 100, None).unwrap();
             let again = sh("tc filter show dev kxva ingress");
             assert_eq!(first, again, "attaching again replaces in place");
             for (pref, proto) in [("100", "ip"), ("101", "ipv6"), ("102", "ipv6")] {
@@ -299,8 +429,25 @@ mod tests {
             assert!(again.contains("Egress Redirect to device kxvb"), "{again}");
             // Neighbour discovery passes: the key at 4 with no action.
             assert!(again.contains("match 00003aff/0000ffff at 4"), "{again}");
+            assert_eq!(redirect_tag(veth, 100).unwrap(), None);
+            // Tagged: the program takes the untagged redirect's place, and again in place.
+            for tag in [7, 7, 9] {
+                redirect_ingress(veth, other, 100, Some(tag)).unwrap();
+                assert_eq!(redirect_tag(veth, 100).unwrap(), Some(tag));
+                let tagged = sh("tc filter show dev kxva ingress");
+                for (pref, proto) in [("100", "ip"), ("102", "ipv6")] {
+                    let filters = tagged
+                        .lines()
+                        .filter(|l| l.contains(&format!("protocol {proto} pref {pref} bpf")))
+                        .filter(|l| l.contains(&format!("kxdp-tap tag {tag} direct-action")))
+                        .count();
+                    assert_eq!(filters, 1, "{tagged}");
+                }
+                assert!(tagged.contains("match 00003aff/0000ffff at 4"), "{tagged}");
+            }
             remove_redirect(veth, 100).unwrap();
             assert_eq!(sh("tc filter show dev kxva ingress").trim(), "");
+            assert_eq!(redirect_tag(veth, 100).unwrap(), None);
             remove_redirect(veth, 100).unwrap();
         })
         .join()

@@ -199,6 +199,36 @@ impl Map {
     }
 }
 
+/// Loads `insns` as a program of `prog_type` (named "kxdp"); the verifier's log is in the
+/// error when it refuses (`what` names the program there).
+pub(crate) fn load_program(
+    prog_type: u32,
+    expected_attach_type: u32,
+    insns: &[Insn],
+    what: &str,
+) -> io::Result<OwnedFd> {
+    let license = c"Apache-2.0";
+    let mut log = vec![0u8; 64 * 1024];
+    let mut attr = [0u64; 16];
+    attr[0] = pair(prog_type, insns.len() as u32);
+    attr[1] = insns.as_ptr() as u64;
+    attr[2] = license.as_ptr() as u64;
+    attr[3] = pair(1, log.len() as u32); // log_level, log_size
+    attr[4] = log.as_mut_ptr() as u64;
+    // prog_name at byte 48 (attr[6..8])
+    let mut name = [0u8; 16];
+    name[..4].copy_from_slice(b"kxdp");
+    attr[6] = u64::from_ne_bytes(name[..8].try_into().unwrap());
+    attr[7] = u64::from_ne_bytes(name[8..].try_into().unwrap());
+    attr[8] = pair(0, expected_attach_type); // prog_ifindex, expected_attach_type
+    let r = sys_bpf(BPF_PROG_LOAD, &mut attr);
+    fd_result(r).map_err(|e| {
+        let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
+        let text = String::from_utf8_lossy(&log[..end]);
+        io::Error::new(e.kind(), format!("loading {what}: {e}\n{text}"))
+    })
+}
+
 /// One eBPF instruction (`struct bpf_insn`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(C)]
@@ -211,7 +241,7 @@ pub struct Insn {
 }
 
 /// A tiny assembler: instructions with symbolic jump targets, resolved by `finish`.
-mod asm {
+pub(crate) mod asm {
     use super::Insn;
 
     pub const R0: u8 = 0;
@@ -710,32 +740,7 @@ impl XdpProgram {
             masq6: maps.masq6.fd(),
             hold: maps.hold.fd(),
         });
-        let license = c"Apache-2.0";
-        let mut log = vec![0u8; 64 * 1024];
-        let mut attr = [0u64; 16];
-        attr[0] = pair(BPF_PROG_TYPE_XDP, insns.len() as u32);
-        attr[1] = insns.as_ptr() as u64;
-        attr[2] = license.as_ptr() as u64;
-        attr[3] = pair(1, log.len() as u32); // log_level, log_size
-        attr[4] = log.as_mut_ptr() as u64;
-        // prog_name at byte 48 (attr[6..8])
-        let mut name = [0u8; 16];
-        name[..4].copy_from_slice(b"kxdp");
-        attr[6] = u64::from_ne_bytes(name[..8].try_into().unwrap());
-        attr[7] = u64::from_ne_bytes(name[8..].try_into().unwrap());
-        attr[8] = pair(0, BPF_XDP); // prog_ifindex, expected_attach_type
-        let r = sys_bpf(BPF_PROG_LOAD, &mut attr);
-        let prog = match fd_result(r) {
-            Ok(fd) => fd,
-            Err(e) => {
-                let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
-                let text = String::from_utf8_lossy(&log[..end]);
-                return Err(io::Error::new(
-                    e.kind(),
-                    format!("loading the XDP program: {e}\n{text}"),
-                ));
-            }
-        };
+        let prog = load_program(BPF_PROG_TYPE_XDP, BPF_XDP, &insns, "the XDP program")?;
         Ok(XdpProgram {
             prog,
             xsks,

@@ -121,18 +121,14 @@ fn pod_interception() {
     assert_eq!(c.pod_interception.mode, InterceptionMode::Xdp);
     assert!(c.pod_interception.run_options().is_none());
     let tap = "interfaces: [eth0, \"veth*\"]\npodInterception: {mode: tap}\n";
-    let e = load_err(tap);
-    assert!(
-        e.contains("podInterception.mode") && e.contains("sourceValidation: off"),
-        "{e}"
-    );
-    let c = load(&format!("{tap}sourceValidation: off\n")).unwrap();
+    // Source validation stays strict with the tap: its redirects tag each interface.
+    let c = load(tap).unwrap();
+    assert_eq!(c.source_validation, SourceValidation::Strict);
     let t = c.pod_interception.run_options().expect("tap");
     assert_eq!(t.interfaces, ["veth*"]);
     assert_eq!(t.device, "kxdptap0");
     let c =
-        load("podInterception: {mode: tap, interfaces: [\"lxc*\"], tapDevice: pods0}\nsourceValidation: off\n")
-            .unwrap();
+        load("podInterception: {mode: tap, interfaces: [\"lxc*\"], tapDevice: pods0}\n").unwrap();
     assert_eq!(c.pod_interception.run_options().unwrap().device, "pods0");
     for (bad, field) in [
         ("podInterception: {mode: bpf}\n", "podInterception.mode"),

@@ -6,8 +6,8 @@ use super::duration::format_go_duration;
 use super::errors::range_of;
 use super::limits::Limit;
 use super::schema::{
-    check_interface_name, DataplaneConfiguration, InterceptionMode, NodePortAddress,
-    SourceValidation, StateFile, API_VERSION, FEATURE_GATES, KIND,
+    check_interface_name, DataplaneConfiguration, InterceptionMode, NodePortAddress, StateFile,
+    API_VERSION, FEATURE_GATES, KIND,
 };
 
 impl DataplaneConfiguration {
@@ -80,15 +80,6 @@ impl DataplaneConfiguration {
                     "`{}` is matched by `interfaces`: kxdp's own tap cannot be one of its interfaces; choose another name",
                     pods.tap_device
                 ),
-            ));
-        }
-        // Safe by default: the tap does not say which veth a frame came through, so the pods it
-        // intercepts are not source-validated; say so rather than validate half the pods.
-        if pods.mode == InterceptionMode::Tap && self.source_validation == SourceValidation::Strict
-        {
-            return Err((
-                "podInterception.mode".into(),
-                "tap does not validate the source addresses of the pods it intercepts (the tap does not say which interface a frame came through), and sourceValidation is strict (the default): set `sourceValidation: off` to accept that, or keep mode xdp".into(),
             ));
         }
         for (i, name) in self.host_path.overlay_interfaces.iter().enumerate() {

@@ -30,7 +30,7 @@ use crate::fib::Fib;
 use crate::io::route::Routes;
 use crate::snapshot::{FrontendKind, Snapshot};
 use crate::stats::DataplaneStats;
-use crate::tap::TapPort;
+use crate::tap::{TapPort, TapTags};
 use crate::worker::{Backoff, IoCounters, Port, PortCommand, Removed, Shared, Tables, Worker};
 use kxdp_kernel::afxdp::{Umem, XskConfig};
 use kxdp_kernel::sys::{driver_of, rx_queues_of, Waker};
@@ -100,6 +100,8 @@ struct TapTarget {
     ifindex: u32,
     name: String,
     patterns: Vec<String>,
+    /// The intercepted interfaces' tags, shared with the workers' ports.
+    tags: Arc<TapTags>,
 }
 
 /// What was attached where (for the startup report).
@@ -472,9 +474,25 @@ impl Links {
 
     /// Redirects everything IP that arrives on `ifindex` into the tap (`podInterception: tap`):
     /// no XDP program, so the kernel leaves the pod its GSO.
+    /// Each redirect tags what it hands over with the interface's own VLAN ID (`crate::tap`),
+    /// the one its redirect already pushes when a kxdp before this one set it up.
     fn attach_tap(&mut self, name: &str, ifindex: u32) -> io::Result<AttachedLink> {
         let tap = self.tap.as_ref().expect("only for tap links");
-        kxdp_kernel::tc::redirect_ingress(ifindex, tap.ifindex, crate::tap::TC_PREF)?;
+        let wanted = kxdp_kernel::tc::redirect_tag(ifindex, crate::tap::TC_PREF)
+            .ok()
+            .flatten();
+        let tag = tap.tags.assign(ifindex, wanted).ok_or_else(|| {
+            io::Error::other(format!(
+                "all {} interface tags of the tap are in use (one per intercepted interface)",
+                kxdp_kernel::tc::MAX_TAG
+            ))
+        })?;
+        if let Err(e) =
+            kxdp_kernel::tc::redirect_ingress(ifindex, tap.ifindex, crate::tap::TC_PREF, Some(tag))
+        {
+            tap.tags.release(ifindex);
+            return Err(e);
+        }
         Ok(AttachedLink {
             report: InterfaceReport {
                 name: name.to_string(),
@@ -501,6 +519,9 @@ impl Links {
                     kxdp_kernel::tc::remove_redirect(a.report.ifindex, crate::tap::TC_PREF)
                 {
                     tracing::warn!("kxdp: {}: removing the tap redirect: {e}", a.report.name);
+                }
+                if let Some(t) = &self.tap {
+                    t.tags.release(a.report.ifindex);
                 }
             }
         }
@@ -608,6 +629,9 @@ impl Links {
         if a.report.interception == Interception::Tap {
             // The link is gone, and its filters with it; a failure says only that.
             let _ = kxdp_kernel::tc::remove_redirect(ifindex, crate::tap::TC_PREF);
+            if let Some(t) = &self.tap {
+                t.tags.release(ifindex);
+            }
             tracing::info!(
                 "kxdp: {} (ifindex {ifindex}) is gone: tap redirect released",
                 a.report.name
@@ -704,9 +728,10 @@ fn open_tap(opts: &RunOptions, workers: usize) -> io::Result<(Option<TapTarget>,
             t.device
         );
     }
+    let tags = Arc::new(TapTags::default());
     let ports = queues
         .into_iter()
-        .map(|q| TapPort::new(q, mac))
+        .map(|q| TapPort::new(q, mac, tags.clone()))
         .collect::<io::Result<Vec<_>>>()?;
     tracing::info!(
         "kxdp: tap {} (ifindex {ifindex}): {} queue(s); interfaces matching {:?} are intercepted \
@@ -720,6 +745,7 @@ fn open_tap(opts: &RunOptions, workers: usize) -> io::Result<(Option<TapTarget>,
             ifindex,
             name: t.device.clone(),
             patterns: t.interfaces.clone(),
+            tags,
         }),
         ports,
     ))

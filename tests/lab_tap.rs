@@ -274,7 +274,11 @@ spec:
     assert!(st.is_some_and(|s| s.success()), "{}", k.log());
     for p in [client, web] {
         let tc = lab::sh(&node, &format!("tc filter show dev {} ingress", p.host_if));
-        assert!(!tc.contains(TAP) && !tc.contains("kxdp-tap"), "{}: {tc}", p.host_if);
+        assert!(
+            !tc.contains(TAP) && !tc.contains("kxdp-tap"),
+            "{}: {tc}",
+            p.host_if
+        );
     }
     assert!(!lab::ip(&node, "link show").contains(TAP));
     let a = tcp(&client.ns, sa(web.ip4, TCP_PORT), T, 0).expect("pod to pod via the kernel");

@@ -610,4 +610,35 @@ mod tests {
         };
         assert_eq!(segments(&bogus, 34 + 1448 * 2), 2);
     }
+
+    #[test]
+    fn tags_name_interfaces_and_are_reused_late() {
+        let tags = TapTags::default();
+        assert_eq!(tags.ingress(0), 0);
+        assert_eq!(tags.ingress(MAX_TAG + 1), 0, "out of range: nobody");
+        // What a filter already carries is kept; an interface keeps its tag.
+        assert_eq!(tags.assign(10, Some(300)), Some(300));
+        assert_eq!(tags.assign(10, Some(5)), Some(300));
+        assert_eq!(tags.ingress(300), 10);
+        // Otherwise the next free one after the last given; a taken wish is not honoured.
+        assert_eq!(tags.assign(11, Some(300)), Some(301));
+        assert_eq!(tags.assign(12, None), Some(302));
+        tags.release(11);
+        assert_eq!(tags.ingress(301), 0);
+        assert_eq!(
+            tags.assign(13, None),
+            Some(303),
+            "a freed tag is not reused at once"
+        );
+        // Exhaustion, then room again.
+        let mut n = 3;
+        while tags.assign(1000 + n, None).is_some() {
+            n += 1;
+        }
+        assert_eq!(n, MAX_TAG as u32, "every tag in use");
+        assert_eq!(tags.assign(99, None), None);
+        tags.release(12);
+        assert_eq!(tags.assign(99, None), Some(302));
+        assert_eq!(tags.tag_of(99), Some(302));
+    }
 }

@@ -453,4 +453,88 @@ mod tests {
         .join()
         .unwrap();
     }
+
+    /// Sends `frame` out of `ifindex` through a packet socket (it arrives on the veth's peer).
+    fn send_raw(ifindex: u32, frame: &[u8]) {
+        // SAFETY: a plain socket(2) call; the descriptor is owned right away.
+        let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, 0) };
+        assert!(fd >= 0, "{}", io::Error::last_os_error());
+        // SAFETY: the kernel just returned this descriptor; nothing else owns it.
+        let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        // SAFETY: sockaddr_ll is plain data; all-zero is a valid value.
+        let mut sa: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+        sa.sll_family = libc::AF_PACKET as u16;
+        sa.sll_ifindex = ifindex as i32;
+        sa.sll_halen = 6;
+        // SAFETY: `frame` and `sa` are live for the call, their lengths as given.
+        let n = unsafe {
+            libc::sendto(
+                fd.as_raw_fd(),
+                frame.as_ptr().cast(),
+                frame.len(),
+                0,
+                (&sa as *const libc::sockaddr_ll).cast(),
+                std::mem::size_of::<libc::sockaddr_ll>() as u32,
+            )
+        };
+        assert_eq!(n, frame.len() as isize, "{}", io::Error::last_os_error());
+    }
+
+    /// Needs root and a tap; runs in a private network namespace (a thread of its own). A frame
+    /// redirected with a tag is read back untagged with the tag; without one, whole.
+    #[test]
+    fn a_tagged_redirect_names_the_interface() {
+        std::thread::spawn(|| {
+            // SAFETY: unshare only changes this thread's network namespace.
+            if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+                eprintln!("SKIPPED: no private network namespace");
+                return;
+            }
+            let run = |c: &str| std::process::Command::new("sh").args(["-c", c]).status();
+            // No IPv6: its multicast listener reports would be redirected too.
+            let _ = run("sysctl -qw net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1");
+            let _ = run("ip link add kxva type veth peer name kxvb && ip link set kxva up && ip link set kxvb up");
+            let Ok(qs) = crate::tap::TapQueue::open("kxtap1", 1, 0) else {
+                eprintln!("SKIPPED: no tap here");
+                return;
+            };
+            qs[0].set_up().unwrap();
+            let (Ok(a), Ok(b), Ok(tap)) = (
+                crate::ifindex("kxva"),
+                crate::ifindex("kxvb"),
+                crate::ifindex("kxtap1"),
+            ) else {
+                eprintln!("SKIPPED: no veth here");
+                return;
+            };
+            // An IPv4 UDP frame (what is in it does not matter to the redirect).
+            let mut frame = vec![0u8; 60];
+            frame[..6].copy_from_slice(&[0x02, 0, 0, 0, 0, 1]);
+            frame[6..12].copy_from_slice(&[0x02, 0, 0, 0, 0, 2]);
+            frame[12..14].copy_from_slice(&ETH_P_IP.to_be_bytes());
+            frame[14] = 0x45;
+            frame[23] = 17;
+            for (i, x) in frame[34..].iter_mut().enumerate() {
+                *x = i as u8 + 1;
+            }
+            let mut buf = vec![0u8; 2048];
+            for tag in [Some(7), None, Some(MAX_TAG)] {
+                redirect_ingress(b, tap, 100, tag).unwrap();
+                send_raw(a, &frame);
+                // The kernel's own frames (if any) are passed over; ours comes within 2 s.
+                let mut found = false;
+                while !found && qs[0].wait_readable(2000).unwrap() {
+                    let (_, len, got) = qs[0].read_untagged(&mut buf).unwrap();
+                    if buf[..len] == frame[..] {
+                        assert_eq!(got, tag);
+                        found = true;
+                    }
+                }
+                assert!(found, "{tag:?}: not in the tap");
+            }
+            remove_redirect(b, 100).unwrap();
+        })
+        .join()
+        .unwrap();
+    }
 }

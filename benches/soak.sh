@@ -12,6 +12,7 @@
 #   sudo benches/soak.sh --quick              # 75 s: checks that it works (CI runs it)
 #   KXDP_SOAK_SECS=600 sudo -E benches/soak.sh   # another length
 #   KXDP_BIN=/path/kxdp sudo -E benches/soak.sh  # another kxdp binary (no release build)
+#   KXDP_SOAK_CONFIG="podInterception: {mode: tap}" sudo -E benches/soak.sh  # appended to both nodes' config
 #
 # Results (KXDP_SOAK_OUT, target/soak): soak.md (the report; without KXDP_SOAK_OUT also copied to
 # target/soak.md), samples.csv

@@ -17,6 +17,8 @@
 //!   answered with 410 Gone (kxdp lists again).
 //! - One takeover of node-b's kxdp at a third of the run, one SIGKILL of node-a's and a new
 //!   kxdp at half (both nodes keep their conntrack table in a state file on a tmpfs).
+//! - Both nodes' configuration is the lab's, with `KXDP_SOAK_CONFIG` (YAML) appended when set,
+//!   e.g. `podInterception: {mode: tap}`.
 //! - Sampled every `KXDP_SOAK_SAMPLE_SECS` (5; 2 in quick runs) from each node's `/metrics`
 //!   and the XDP program's maps (bpftool): RSS, open descriptors, conntrack entries, UMEM
 //!   frames in use (`kxdp_umem_frames - kxdp_umem_free_frames`), entries of the program's hash
@@ -652,7 +654,8 @@ fn soak() {
             .replace(
                 "metricsBindAddress: \"\"",
                 &format!("metricsBindAddress: \"{METRICS}\""),
-            );
+            )
+            + &std::env::var("KXDP_SOAK_CONFIG").map_or(String::new(), |c| c + "\n");
         std::fs::create_dir_all(run.join(name)).unwrap();
         std::fs::write(dir.join("config.yaml"), config).unwrap();
         let server = &api.servers[nodes.len()];

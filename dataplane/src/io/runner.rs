@@ -701,6 +701,25 @@ fn describe(i: &InterfaceReport) -> String {
     )
 }
 
+/// Takes the tags the redirects of an earlier kxdp push (a restart, a takeover) before the
+/// workers read: frames tagged before this process started keep their meaning and pass source
+/// validation, where an unknown tag would be dropped. The link manager keeps these tags when it
+/// re-attaches the filters.
+fn adopt_tags(tags: &TapTags, patterns: &[String]) {
+    let links = match kxdp_kernel::netlink::dump_all() {
+        Ok(d) => d.links,
+        Err(e) => {
+            tracing::warn!("kxdp: listing links for the tap's tags: {e}");
+            return;
+        }
+    };
+    for l in links.iter().filter(|l| matches_any(patterns, &l.name)) {
+        if let Ok(Some(tag)) = kxdp_kernel::tc::redirect_tag(l.ifindex, crate::tap::TC_PREF) {
+            tags.assign(l.ifindex, Some(tag));
+        }
+    }
+}
+
 /// Opens kxdp's tap when `opts.tap` asks for it (in the calling thread's network namespace):
 /// one queue per worker, set up, reverse-path filtering off on it (what the tap hands back
 /// comes from pods the kernel routes through other interfaces). Returns the link manager's
@@ -729,6 +748,7 @@ fn open_tap(opts: &RunOptions, workers: usize) -> io::Result<(Option<TapTarget>,
         );
     }
     let tags = Arc::new(TapTags::default());
+    adopt_tags(&tags, &t.interfaces);
     let ports = queues
         .into_iter()
         .map(|q| TapPort::new(q, mac, tags.clone()))

@@ -11,7 +11,8 @@
 //! out, `policy-denied-ingress`); IPv6 through the IPv6 ClusterIP after the pod's neighbour
 //! cache was flushed (neighbour discovery stays with the kernel); a Service without endpoints is refused with kxdp's RST
 //! written into the tap; a ClusterIP whose endpoint is on node-b works, its replies
-//! arriving on the uplink through AF_XDP; source validation (the default, strict) on the tap
+//! arriving on the uplink through AF_XDP; a NodePort from outside the cluster to a pod on
+//! node-a (masqueraded, the reply through the tap); source validation (the default, strict) on the tap
 //! path: a pod sending with an admitted pod's address (IPv4 and IPv6, TCP and UDP) does not
 //! reach the policy-protected pod and is counted as `spoofed-source`, the admitted pod's own
 //! crafted packets arrive; a clean stop removes the redirects and the tap.
@@ -88,6 +89,7 @@ fn tap_mode_end_to_end() {
     lab.add_pod("node-a", "other-a", &[("app", "other")]);
     lab.add_pod("node-a", "web-a1", &[("app", "web")]);
     lab.add_pod("node-b", "remote-b1", &[("app", "remote")]);
+    lab.add_pod("node-a", "np-a1", &[("app", "np")]);
     lab.warm_neighbours();
     let node = lab.node("node-a").ns.clone();
     let (client, other, web) = (lab.pod("client-a"), lab.pod("other-a"), lab.pod("web-a1"));
@@ -109,6 +111,7 @@ fn tap_mode_end_to_end() {
             )
         + &lab.service("remote", 11, "remote", None, false)
         + &lab.service("empty", 13, "nobody", None, false)
+        + &lab.service("np", 14, "np", Some(30081), false)
         + "apiVersion: networking.k8s.io/v1
 kind: NetworkPolicy
 metadata: {name: web-from-clients, namespace: lab}
@@ -233,6 +236,19 @@ spec:
     let a = tcp(&client.ns, sa([172, 30, 0, 11], 80), T, 10_000).expect("remote endpoint");
     assert_eq!(a.peer, IpAddr::from(client.ip4));
     assert_eq!(a.server, "remote-b1", "({remote})");
+
+    // A NodePort from outside the cluster whose endpoint is a pod on node-a: the request comes
+    // in on the uplink (AF_XDP), masqueraded, and reaches the pod through the kernel port; the
+    // reply comes back through the tap with the node's address as its source after the un-NAT,
+    // which the kernel takes from the tap only with accept_local.
+    let node_a = lab.node("node-a").ip4;
+    let a = tcp(&lab.ext, sa(node_a, 30081), T, 1000).unwrap_or_else(|e| {
+        let m = lab::sh(&node, "curl -s http://127.0.0.1:10249/metrics | grep -E 'verdicts_total|drops_total' | grep -v ' 0$' || true");
+        let np = lab::sh(&lab.pod("np-a1").ns, "nstat -az | grep -E '^Tcp' || true");
+        panic!("NodePort from outside: {e}\nnode-a:\n{m}\nnp-a1:\n{np}\n{}", k.log())
+    });
+    assert_eq!(a.server, "np-a1");
+    assert_eq!(a.peer, IpAddr::from(node_a), "masqueraded");
 
     // Source validation on the tap path: other-a with client-a's address does not reach
     // web-a1 (admits clients only); client-a's own crafted packets do.

@@ -433,6 +433,56 @@ pub fn set_link_xdp(ifindex: u32, fd: i32, flags: u32) -> io::Result<()> {
     receive(&s, |_| {})
 }
 
+// Attribute types inside IFLA_AF_SPEC → AF_INET → IFLA_INET_CONF: the IPV4_DEVCONF_* indices
+// of include/uapi/linux/ip.h (1-based; the kernel's `inet_validate_link_af` refuses 0 and
+// anything above IPV4_DEVCONF_MAX).
+pub const IFLA_INET_CONF: u16 = 1;
+pub const IPV4_DEVCONF_FORWARDING: u16 = 1;
+pub const IPV4_DEVCONF_RP_FILTER: u16 = 8;
+pub const IPV4_DEVCONF_ACCEPT_LOCAL: u16 = 23;
+
+/// The `IFLA_AF_SPEC` attribute of an RTM_SETLINK that sets IPv4 per-device settings
+/// (`ipv4`: IPV4_DEVCONF_* index and value, what `conf/IF/...` under /proc/sys shows) and,
+/// with `addr_gen_none`, IPv6's address generation mode to none (IFLA_INET6_ADDR_GEN_MODE 1:
+/// no link-local address, so no DAD, router or neighbour solicitations from the interface).
+///
+/// The IPv4 part is built by hand: the kernel's set path (`inet_set_link_af`) reads
+/// IFLA_INET_CONF as nested u32 attributes whose type is the index, not the flat u32 array a
+/// dump carries, and netlink-packet-route's `AfSpecInet::DevConf` emits the flat array while
+/// its `DevConfRequest` leaves out every zero value, so `rp_filter 0` could not be set.
+pub fn devconf_af_spec(ipv4: &[(u16, u32)], addr_gen_none: bool) -> LinkAttribute {
+    use netlink_packet_core::{DefaultNla, Emitable, NLA_F_NESTED};
+    use netlink_packet_route::link::{AfSpecInet, AfSpecInet6, AfSpecUnspec, In6AddrGenMode};
+    let mut spec = Vec::new();
+    if !ipv4.is_empty() {
+        let conf: Vec<DefaultNla> = ipv4
+            .iter()
+            .map(|&(index, value)| DefaultNla::new(index, value.to_ne_bytes().to_vec()))
+            .collect();
+        let mut nested = vec![0u8; conf.as_slice().buffer_len()];
+        conf.as_slice().emit(&mut nested);
+        spec.push(AfSpecUnspec::Inet(vec![AfSpecInet::Other(
+            DefaultNla::new(IFLA_INET_CONF | NLA_F_NESTED, nested),
+        )]));
+    }
+    if addr_gen_none {
+        spec.push(AfSpecUnspec::Inet6(vec![AfSpecInet6::AddrGenMode(
+            In6AddrGenMode::None,
+        )]));
+    }
+    LinkAttribute::AfSpecUnspec(spec)
+}
+
+/// Sets IPv4 per-device settings of `ifindex` ([`devconf_af_spec`]) with one RTM_SETLINK: needs
+/// only CAP_NET_ADMIN, where a write under /proc/sys needs a writable /proc/sys, which a
+/// container's is not.
+pub fn set_ipv4_devconf(ifindex: u32, ipv4: &[(u16, u32)]) -> io::Result<()> {
+    let mut m = LinkMessage::default();
+    m.header.index = ifindex;
+    m.attributes.push(devconf_af_spec(ipv4, false));
+    acked(RouteNetlinkMessage::SetLink(m), 0)
+}
+
 /// A socket subscribed to link, address, route and neighbour (including bridge FDB) changes.
 pub struct Events {
     socket: Socket,

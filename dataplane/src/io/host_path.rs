@@ -75,6 +75,9 @@ use std::time::Duration;
 
 use futures::TryStreamExt;
 use ipnet::IpNet;
+use kxdp_kernel::netlink::{
+    devconf_af_spec, IPV4_DEVCONF_ACCEPT_LOCAL, IPV4_DEVCONF_FORWARDING, IPV4_DEVCONF_RP_FILTER,
+};
 use rtnetlink::packet_route::link::{LinkAttribute, LinkMessage};
 use rtnetlink::packet_route::neighbour::NeighbourState;
 use rtnetlink::packet_route::route::{RouteAttribute, RouteMessage, RouteProtocol};
@@ -168,46 +171,6 @@ fn version_of(ip: &IpAddr) -> IpVersion {
     } else {
         IpVersion::V4
     }
-}
-
-// Attribute types inside IFLA_AF_SPEC → AF_INET → IFLA_INET_CONF: the IPV4_DEVCONF_* indices
-// of include/uapi/linux/ip.h (1-based; the kernel's `inet_validate_link_af` refuses 0 and
-// anything above IPV4_DEVCONF_MAX).
-const IFLA_INET_CONF: u16 = 1;
-const IPV4_DEVCONF_FORWARDING: u16 = 1;
-const IPV4_DEVCONF_RP_FILTER: u16 = 8;
-const IPV4_DEVCONF_ACCEPT_LOCAL: u16 = 23;
-
-/// The `IFLA_AF_SPEC` attribute of an RTM_SETLINK that sets IPv4 per-device settings
-/// (`ipv4`: IPV4_DEVCONF_* index and value, what `conf/IF/...` under /proc/sys shows) and,
-/// with `addr_gen_none`, IPv6's address generation mode to none (IFLA_INET6_ADDR_GEN_MODE 1:
-/// no link-local address, so no DAD, router or neighbour solicitations from the interface).
-///
-/// The IPv4 part is built by hand: the kernel's set path (`inet_set_link_af`) reads
-/// IFLA_INET_CONF as nested u32 attributes whose type is the index, not the flat u32 array a
-/// dump carries, and netlink-packet-route's `AfSpecInet::DevConf` emits the flat array while
-/// its `DevConfRequest` leaves out every zero value, so `rp_filter 0` could not be set.
-fn devconf_af_spec(ipv4: &[(u16, u32)], addr_gen_none: bool) -> LinkAttribute {
-    use rtnetlink::packet_core::{DefaultNla, Emitable, NLA_F_NESTED};
-    use rtnetlink::packet_route::link::{AfSpecInet, AfSpecInet6, AfSpecUnspec, In6AddrGenMode};
-    let mut spec = Vec::new();
-    if !ipv4.is_empty() {
-        let conf: Vec<DefaultNla> = ipv4
-            .iter()
-            .map(|&(index, value)| DefaultNla::new(index, value.to_ne_bytes().to_vec()))
-            .collect();
-        let mut nested = vec![0u8; conf.as_slice().buffer_len()];
-        conf.as_slice().emit(&mut nested);
-        spec.push(AfSpecUnspec::Inet(vec![AfSpecInet::Other(
-            DefaultNla::new(IFLA_INET_CONF | NLA_F_NESTED, nested),
-        )]));
-    }
-    if addr_gen_none {
-        spec.push(AfSpecUnspec::Inet6(vec![AfSpecInet6::AddrGenMode(
-            In6AddrGenMode::None,
-        )]));
-    }
-    LinkAttribute::AfSpecUnspec(spec)
 }
 
 /// Sets per-device settings of `index` through netlink ([`devconf_af_spec`]): needs only
@@ -1193,7 +1156,10 @@ mod tests {
         assert_eq!(families[0].0, libc::AF_INET as u16);
         let inet = nlas(&families[0].2);
         assert_eq!(inet.len(), 1);
-        assert_eq!((inet[0].0, inet[0].1), (IFLA_INET_CONF, true));
+        assert_eq!(
+            (inet[0].0, inet[0].1),
+            (kxdp_kernel::netlink::IFLA_INET_CONF, true)
+        );
         // Nested u32 attributes typed by the index; a zero is sent, not left out.
         let conf = nlas(&inet[0].2);
         assert_eq!(

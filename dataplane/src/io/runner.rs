@@ -733,20 +733,26 @@ fn open_tap(opts: &RunOptions, workers: usize) -> io::Result<(Option<TapTarget>,
     let mac = queues[0].mac()?;
     queues[0].set_up()?;
     let ifindex = kxdp_kernel::sys::ifindex(&t.device)?;
-    let conf = |path: &str| format!("/proc/sys/net/ipv4/conf/{path}/rp_filter");
-    if let Err(e) = std::fs::write(conf(&t.device), "0") {
-        tracing::warn!("kxdp: tap {}: rp_filter: {e}", t.device);
-    }
-    // The kernel applies the larger of `all` and the device's value: strict (1) drops, loose
-    // (2) passes (the pods' addresses are routed, through their veths).
-    let all = std::fs::read_to_string(conf("all")).unwrap_or_default();
-    if all.trim() == "1" {
-        tracing::warn!(
-            "kxdp: net.ipv4.conf.all.rp_filter is 1 (strict): the kernel drops what the tap {} \
-             hands back from pods; set it to 0 or 2 (docs/afxdp.md)",
-            t.device
-        );
-    }
+    // What the tap hands back comes from pods the kernel routes through their veths, and the
+    // replies of masqueraded connections carry a node address as their source: no strict
+    // reverse path (loose where `all` is strict: the kernel applies the larger of the two) and
+    // local sources accepted, set through netlink (a container's /proc/sys is read-only).
+    let strict_all = std::fs::read_to_string("/proc/sys/net/ipv4/conf/all/rp_filter")
+        .is_ok_and(|v| v.trim() == "1");
+    use kxdp_kernel::netlink::{IPV4_DEVCONF_ACCEPT_LOCAL, IPV4_DEVCONF_RP_FILTER};
+    let conf = [
+        (IPV4_DEVCONF_RP_FILTER, if strict_all { 2 } else { 0 }),
+        (IPV4_DEVCONF_ACCEPT_LOCAL, 1),
+    ];
+    kxdp_kernel::netlink::set_ipv4_devconf(ifindex, &conf).map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!(
+                "podInterception: tap {}: rp_filter and accept_local: {e}",
+                t.device
+            ),
+        )
+    })?;
     let tags = Arc::new(TapTags::default());
     adopt_tags(&tags, &t.interfaces);
     let ports = queues

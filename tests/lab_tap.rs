@@ -29,33 +29,11 @@ use std::net::{IpAddr, Ipv6Addr};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use cni::{sa, tcp, Lab, TCP_PORT};
+use cni::{metric, sa, tcp, Lab, TCP_PORT};
 
 const TAP: &str = "kxdptap0";
 const IPERF_PORT: u16 = 5201;
 const T: Duration = Duration::from_secs(5);
-
-/// The sum of the metric lines of the kxdp in `ns` that start with `prefix`.
-fn metric(ns: &str, prefix: &str) -> u64 {
-    let out = Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            ns,
-            "curl",
-            "-s",
-            "--max-time",
-            "5",
-            "http://127.0.0.1:10249/metrics",
-        ])
-        .output()
-        .expect("curl");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter(|l| l.starts_with(prefix))
-        .filter_map(|l| l.split_whitespace().last()?.parse::<f64>().ok())
-        .sum::<f64>() as u64
-}
 
 /// `TcpInCsumErrors` of a namespace.
 fn csum_errors(ns: &str) -> u64 {

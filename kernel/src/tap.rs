@@ -17,6 +17,14 @@ use crate::sys::fd_result;
 /// `virtio_net_hdr.flags`: the L4 checksum is partial (`CHECKSUM_PARTIAL`): the field at
 /// `csum_start + csum_offset` holds the uncomplemented pseudo-header sum and whoever sends the
 /// packet on completes it over `csum_start..`.
+/// The `iovec` of `buf` (for `readv`; the borrow ends here, the caller keeps `buf` alive).
+fn iovec(buf: &mut [u8]) -> libc::iovec {
+    libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    }
+}
+
 /// An 802.1Q tag's length and EtherType.
 const VLAN_HLEN: usize = 4;
 const ETH_P_8021Q: u16 = 0x8100;
@@ -264,18 +272,17 @@ impl TapQueue {
     /// [`MAX_FRAME`] bytes; a shorter buffer truncates large frames (the kernel drops the rest).
     pub fn read(&self, frame: &mut [u8]) -> io::Result<(VirtioNetHdr, usize)> {
         let mut hdr = [0u8; VirtioNetHdr::LEN];
-        let iov = [
-            libc::iovec {
-                iov_base: hdr.as_mut_ptr().cast(),
-                iov_len: hdr.len(),
-            },
-            libc::iovec {
-                iov_base: frame.as_mut_ptr().cast(),
-                iov_len: frame.len(),
-            },
-        ];
-        // SAFETY: both iovecs describe live, writable buffers of the given lengths.
-        let n = unsafe { libc::readv(self.fd.as_raw_fd(), iov.as_ptr(), 2) };
+        let iov = [iovec(&mut hdr), iovec(frame)];
+        let len = self.readv_frame(&iov)?;
+        Ok((VirtioNetHdr::from_bytes(&hdr), len))
+    }
+
+    /// One `readv` of a frame into `iov`, whose first entry is the vnet header: the length read
+    /// after the header.
+    fn readv_frame(&self, iov: &[libc::iovec]) -> io::Result<usize> {
+        // SAFETY: every iovec describes a live, writable buffer of its length, disjoint from
+        // the others (made by `iovec` from distinct `&mut` slices the caller holds).
+        let n = unsafe { libc::readv(self.fd.as_raw_fd(), iov.as_ptr(), iov.len() as i32) };
         if n < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -289,7 +296,7 @@ impl TapQueue {
                 ),
             ));
         }
-        Ok((VirtioNetHdr::from_bytes(&hdr), n - VirtioNetHdr::LEN))
+        Ok(n - VirtioNetHdr::LEN)
     }
 
     /// Reads one frame (blocking) as [`TapQueue::read`] does, taking an 802.1Q tag after the
@@ -311,41 +318,15 @@ impl TapQueue {
             ));
         }
         let (macs, rest) = frame.split_at_mut(MACS);
+        let rest_len = rest.len() - VLAN_HLEN;
         let iov = [
-            libc::iovec {
-                iov_base: hdr.as_mut_ptr().cast(),
-                iov_len: hdr.len(),
-            },
-            libc::iovec {
-                iov_base: macs.as_mut_ptr().cast(),
-                iov_len: macs.len(),
-            },
-            libc::iovec {
-                iov_base: tag.as_mut_ptr().cast(),
-                iov_len: tag.len(),
-            },
-            libc::iovec {
-                iov_base: rest.as_mut_ptr().cast(),
-                iov_len: rest.len() - VLAN_HLEN,
-            },
+            iovec(&mut hdr),
+            iovec(macs),
+            iovec(&mut tag),
+            iovec(&mut rest[..rest_len]),
         ];
-        // SAFETY: the four iovecs describe live, writable, disjoint buffers of the given lengths.
-        let n = unsafe { libc::readv(self.fd.as_raw_fd(), iov.as_ptr(), iov.len() as i32) };
-        if n < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let n = n as usize;
-        if n < VirtioNetHdr::LEN {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                format!(
-                    "tap {}: {n}-byte read, shorter than its vnet header",
-                    self.name
-                ),
-            ));
-        }
+        let len = self.readv_frame(&iov)?;
         let mut hdr = VirtioNetHdr::from_bytes(&hdr);
-        let len = n - VirtioNetHdr::LEN;
         if len >= MACS + VLAN_HLEN && tag[..2] == ETH_P_8021Q.to_be_bytes() {
             if hdr.needs_csum() {
                 hdr.csum_start = hdr.csum_start.saturating_sub(VLAN_HLEN as u16);
@@ -468,6 +449,12 @@ mod tests {
             assert_eq!(mac[0] & 1, 0, "a unicast address: {mac:02x?}");
             qs[0].set_up().unwrap();
             drop(qs);
+            // A test running beside this one may fork while it holds the descriptors (until the
+            // child's exec closes them): the device goes within moments, not always at once.
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+            while crate::ifindex(name).is_ok() && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
             assert!(
                 crate::ifindex(name).is_err(),
                 "the device goes with its last queue"

@@ -1248,3 +1248,26 @@ impl Drop for Load {
         }
     }
 }
+
+/// The sum of the metric lines that start with `prefix` of the kxdp in `ns` (metrics on
+/// 127.0.0.1:10249).
+pub fn metric(ns: &str, prefix: &str) -> u64 {
+    let out = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            ns,
+            "curl",
+            "-s",
+            "--max-time",
+            "5",
+            "http://127.0.0.1:10249/metrics",
+        ])
+        .output()
+        .expect("curl");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.starts_with(prefix))
+        .filter_map(|l| l.split_whitespace().last()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}

@@ -77,20 +77,5 @@ pub fn observe(ns: &str, probes: &[Probe]) -> Vec<bool> {
 
 /// `kxdp_drops_total{reason="spoofed-source"}` of the kxdp in `ns` (metrics on 127.0.0.1:10249).
 pub fn spoofed_drops(ns: &str) -> u64 {
-    let out = Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            ns,
-            "curl",
-            "-s",
-            "http://127.0.0.1:10249/metrics",
-        ])
-        .output()
-        .expect("curl");
-    let text = String::from_utf8_lossy(&out.stdout);
-    text.lines()
-        .find(|l| l.starts_with("kxdp_drops_total{reason=\"spoofed-source\"}"))
-        .and_then(|l| l.split_whitespace().last()?.parse().ok())
-        .unwrap_or(0)
+    crate::cni::metric(ns, "kxdp_drops_total{reason=\"spoofed-source\"}")
 }

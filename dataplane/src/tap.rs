@@ -37,6 +37,7 @@ use crate::antispoof::SourceValidation;
 use crate::fib::Fib;
 use crate::pipeline::{Frames, SlotFrames};
 use crate::snapshot::PrefixSet;
+use crate::stats::FRAME_BYTES;
 use crate::verdict::{Action, Reason, Verdict};
 
 /// Frames a worker reads from its tap queue per loop (8 × 64 KB buffers: half a MB per worker).
@@ -285,6 +286,9 @@ pub struct TapPort {
     pub spoofed_segs: [u64; TAP_BATCH],
     pub spoofed_count: usize,
     pub spoofed_bytes: u64,
+    /// Their first bytes (for a `--hex` monitor; copied on the drop path only).
+    spoofed_heads: [[u8; FRAME_BYTES]; TAP_BATCH],
+    spoofed_head_len: [usize; TAP_BATCH],
 }
 
 impl TapPort {
@@ -306,6 +310,8 @@ impl TapPort {
             spoofed_segs: [0; TAP_BATCH],
             spoofed_count: 0,
             spoofed_bytes: 0,
+            spoofed_heads: [[0; FRAME_BYTES]; TAP_BATCH],
+            spoofed_head_len: [0; TAP_BATCH],
         })
     }
 
@@ -320,6 +326,7 @@ impl TapPort {
         let (queue, hdrs, errors) = (&self.queue, &mut self.hdrs, &mut self.read_errors);
         let (tags, checked) = (&*self.tags, &mut self.checked);
         let (spoofed, spoofed_segs) = (&mut self.spoofed, &mut self.spoofed_segs);
+        let (heads, head_len) = (&mut self.spoofed_heads, &mut self.spoofed_head_len);
         let (spoofed_count, spoofed_bytes) = (&mut self.spoofed_count, &mut self.spoofed_bytes);
         let n = self.frames.receive(|i, buf| loop {
             match queue.read_untagged(buf) {
@@ -330,7 +337,10 @@ impl TapPort {
                         hdrs[i] = hdr;
                         return Some(len);
                     }
-                    spoofed[*spoofed_count] = crate::antispoof::spoofed(frame);
+                    let (j, k) = (*spoofed_count, frame.len().min(FRAME_BYTES));
+                    heads[j][..k].copy_from_slice(&frame[..k]);
+                    head_len[j] = k;
+                    spoofed[j] = crate::antispoof::spoofed(frame);
                     spoofed_segs[*spoofed_count] = segments(&hdr, frame.len());
                     *spoofed_bytes += frame.len() as u64;
                     *spoofed_count += 1;
@@ -390,6 +400,11 @@ impl TapPort {
             }
         }
         sent
+    }
+
+    /// The first bytes of the `i`th frame of the last receive dropped for its source.
+    pub fn spoofed_head(&self, i: usize) -> &[u8] {
+        &self.spoofed_heads[i][..self.spoofed_head_len[i]]
     }
 
     /// The packets frame `i` of the batch stands for, by its verdict (a reject's answer is one).

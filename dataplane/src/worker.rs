@@ -386,12 +386,17 @@ impl RunState {
 
     /// Copies the first bytes of the batch's `n` frames as received, for a `--hex` monitor.
     fn keep_received(&mut self, umem: &Umem, n: usize) {
-        for (i, d) in self.descs[..n].iter().enumerate() {
-            let f = umem.frame(d.addr);
-            let k = d.len.min(FRAME_BYTES).min(f.len());
-            self.received[i][..k].copy_from_slice(&f[..k]);
-            self.received_len[i] = k;
+        for i in 0..n {
+            let (d, f) = (self.descs[i], umem.frame(self.descs[i].addr));
+            self.keep_frame(i, &f[..d.len.min(f.len())]);
         }
+    }
+
+    /// Copies the first bytes of `frame` as received into slot `at`, for a `--hex` monitor.
+    fn keep_frame(&mut self, at: usize, frame: &[u8]) {
+        let k = frame.len().min(FRAME_BYTES);
+        self.received[at][..k].copy_from_slice(&frame[..k]);
+        self.received_len[at] = k;
     }
 }
 
@@ -778,6 +783,15 @@ impl Worker {
         }
         let t0 = Instant::now();
         let now = clock_ms();
+        let hex = shared.stats.as_ref().is_some_and(|s| s.wants_frames());
+        if hex {
+            for i in 0..n {
+                st.keep_frame(i, tap.frames.get(i));
+            }
+            for i in 0..spoofed {
+                st.keep_frame(n + i, tap.spoofed_head(i));
+            }
+        }
         (st.pipeline).decide(
             &mut tap.frames,
             &mut st.verdicts[..n],
@@ -811,7 +825,9 @@ impl Worker {
         io.batches.fetch_add(1, Ordering::Relaxed);
         if let Some(stats) = &shared.stats {
             let busy = t0.elapsed().as_nanos() as u64;
-            stats.after_batch(self.index, &st.pipeline.counters, verdicts, busy, now);
+            let frame = |i: usize| hex.then(|| &st.received[i][..st.received_len[i]]);
+            let c = &st.pipeline.counters;
+            stats.after_batch_with_frames(self.index, c, verdicts, &frame, busy, now);
         }
         n + spoofed
     }

@@ -389,15 +389,25 @@ mod tests {
         assert!(buf.windows(8).any(|w| w == key), "{buf:02x?}");
     }
 
-    /// Needs root, `ip` and `tc`; runs in a private network namespace (a thread of its own).
-    #[test]
-    fn attaches_replaces_in_place_and_removes() {
+    /// Runs `f` in a thread of its own in a private network namespace (skipped, with a note,
+    /// where none can be made), and waits for it.
+    fn in_private_netns(f: impl FnOnce() + Send + 'static) {
         std::thread::spawn(|| {
             // SAFETY: unshare only changes this thread's network namespace.
             if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
                 eprintln!("SKIPPED: no private network namespace");
                 return;
             }
+            f();
+        })
+        .join()
+        .unwrap();
+    }
+
+    /// Needs root, `ip` and `tc`; runs in a private network namespace (a thread of its own).
+    #[test]
+    fn attaches_replaces_in_place_and_removes() {
+        in_private_netns(|| {
             // The output without the action's index (a replacement makes a new action).
             let sh = |c: &str| {
                 let o = std::process::Command::new("sh").args(["-c", c]).output();
@@ -449,9 +459,7 @@ mod tests {
             assert_eq!(sh("tc filter show dev kxva ingress").trim(), "");
             assert_eq!(redirect_tag(veth, 100).unwrap(), None);
             remove_redirect(veth, 100).unwrap();
-        })
-        .join()
-        .unwrap();
+        });
     }
 
     /// Sends `frame` out of `ifindex` through a packet socket (it arrives on the veth's peer).
@@ -484,15 +492,12 @@ mod tests {
     /// redirected with a tag is read back untagged with the tag; without one, whole.
     #[test]
     fn a_tagged_redirect_names_the_interface() {
-        std::thread::spawn(|| {
-            // SAFETY: unshare only changes this thread's network namespace.
-            if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
-                eprintln!("SKIPPED: no private network namespace");
-                return;
-            }
+        in_private_netns(|| {
             let run = |c: &str| std::process::Command::new("sh").args(["-c", c]).status();
             // No IPv6: its multicast listener reports would be redirected too.
-            let _ = run("sysctl -qw net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1");
+            let _ = run(
+                "sysctl -qw net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1",
+            );
             let _ = run("ip link add kxva type veth peer name kxvb && ip link set kxva up && ip link set kxvb up");
             let Ok(qs) = crate::tap::TapQueue::open("kxtap1", 1, 0) else {
                 eprintln!("SKIPPED: no tap here");
@@ -533,8 +538,6 @@ mod tests {
                 assert!(found, "{tag:?}: not in the tap");
             }
             remove_redirect(b, 100).unwrap();
-        })
-        .join()
-        .unwrap();
+        });
     }
 }

@@ -362,6 +362,17 @@ fn daemon_set_and_config() {
         .find(|v| v.name == "run")
         .unwrap();
     assert_eq!(run.host_path.as_ref().unwrap().path, "/run/kxdp");
+    // The tun device, for podInterception: tap.
+    let tun = (pod.volumes.as_ref().unwrap().iter())
+        .find(|v| v.name == "dev-net-tun")
+        .and_then(|v| v.host_path.as_ref())
+        .unwrap();
+    assert_eq!(
+        (tun.path.as_str(), tun.type_.as_deref()),
+        ("/dev/net/tun", Some("CharDevice"))
+    );
+    assert!((c.volume_mounts.as_ref().unwrap().iter())
+        .any(|m| m.name == "dev-net-tun" && m.mount_path == "/dev/net/tun"));
     assert!(c
         .volume_mounts
         .as_ref()

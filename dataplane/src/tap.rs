@@ -341,7 +341,7 @@ impl TapPort {
                     heads[j][..k].copy_from_slice(&frame[..k]);
                     head_len[j] = k;
                     spoofed[j] = crate::antispoof::spoofed(frame);
-                    spoofed_segs[*spoofed_count] = segments(&hdr, frame.len());
+                    spoofed_segs[j] = segments(&hdr, frame.len());
                     *spoofed_bytes += frame.len() as u64;
                     *spoofed_count += 1;
                     if *spoofed_count == TAP_BATCH {

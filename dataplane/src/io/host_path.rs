@@ -201,6 +201,17 @@ pub fn ipv6_forwarding_off() -> bool {
     read_sysctl("net/ipv6/conf/all/forwarding").is_ok_and(|v| v == "0")
 }
 
+/// The `rp_filter` of a device whose packets come from addresses routed elsewhere (kxdp's
+/// host side, its tap): off, or loose where `conf/all` is strict, since the kernel applies the
+/// larger of the two and loose passes every routed source.
+pub(crate) fn open_rp_filter() -> io::Result<u32> {
+    Ok(if read_sysctl("net/ipv4/conf/all/rp_filter")? == "1" {
+        2
+    } else {
+        0
+    })
+}
+
 fn read_sysctl(path: &str) -> io::Result<String> {
     std::fs::read_to_string(format!("/proc/sys/{path}"))
         .map(|s| s.trim().to_string())
@@ -540,8 +551,7 @@ impl HostPath {
         // kernel never runs DAD or sends solicitations on the pair; routes use the permanent
         // neighbour of fe80::6b:1 onlink and need no address on kxdp0.
         let h = &opts.host_if;
-        let strict_all = read_sysctl("net/ipv4/conf/all/rp_filter")? == "1";
-        let rp = if strict_all { 2 } else { 0 };
+        let rp = open_rp_filter()?;
         let v6 = std::path::Path::new(&format!("/proc/sys/net/ipv6/conf/{h}")).exists();
         let ipv4 = [
             (IPV4_DEVCONF_RP_FILTER, rp),

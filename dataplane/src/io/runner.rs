@@ -735,13 +735,14 @@ fn open_tap(opts: &RunOptions, workers: usize) -> io::Result<(Option<TapTarget>,
     let ifindex = kxdp_kernel::sys::ifindex(&t.device)?;
     // What the tap hands back comes from pods the kernel routes through their veths, and the
     // replies of masqueraded connections carry a node address as their source: no strict
-    // reverse path (loose where `all` is strict: the kernel applies the larger of the two) and
-    // local sources accepted, set through netlink (a container's /proc/sys is read-only).
-    let strict_all = std::fs::read_to_string("/proc/sys/net/ipv4/conf/all/rp_filter")
-        .is_ok_and(|v| v.trim() == "1");
+    // reverse path and local sources accepted, set through netlink (a container's /proc/sys
+    // is read-only).
     use kxdp_kernel::netlink::{IPV4_DEVCONF_ACCEPT_LOCAL, IPV4_DEVCONF_RP_FILTER};
     let conf = [
-        (IPV4_DEVCONF_RP_FILTER, if strict_all { 2 } else { 0 }),
+        (
+            IPV4_DEVCONF_RP_FILTER,
+            crate::io::host_path::open_rp_filter().unwrap_or(0),
+        ),
         (IPV4_DEVCONF_ACCEPT_LOCAL, 1),
     ];
     kxdp_kernel::netlink::set_ipv4_devconf(ifindex, &conf).map_err(|e| {

@@ -381,6 +381,14 @@ fn answer(
             port,
             proto,
         } => policy_trace(ctx, from, to, port, proto),
+        Request::PolicyCounters => {
+            let snap = ctx.published.load_full();
+            let counts = ctx.dataplane.stats.policy_counts();
+            for row in crate::policy::counters::rows(&snap.policy, &counts) {
+                line(w, &row).map_err(io_err)?;
+            }
+            Ok(serde_json::json!({}))
+        }
     }
 }
 

@@ -278,6 +278,8 @@ pub fn start(
     let rt = handle.runtime().clone();
     let stop = Arc::new(AtomicBool::new(false));
     metrics.attach_dataplane(dp.stats.clone(), dp.ct.clone());
+    let tables = published.clone();
+    metrics.attach_policy_tables(move || tables.load_full().policy.clone());
     let context = Arc::new(AdminContext {
         published: published.clone(),
         dataplane: dp.clone(),

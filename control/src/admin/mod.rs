@@ -12,6 +12,7 @@
 //! Wire format: see `wire`. Each connection is served on a thread of its own. The client side
 //! (the `kxdp conntrack|services|stats|monitor` commands) lives in the `kxdp` binary crate.
 
+mod inject;
 pub mod servers;
 pub mod wire;
 

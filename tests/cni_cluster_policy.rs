@@ -144,7 +144,12 @@ fn published(k: &KxdpNode) -> usize {
 #[test]
 fn cluster_network_policy_tiers_across_nodes() {
     let lab = Lab::two_node_pods("cluster_network_policy_tiers_across_nodes");
-    let cfg = |node: &str| lab.kxdp_config(node, false);
+    let cfg = |node: &str| {
+        lab.kxdp_config(node, false).replace(
+            "metricsBindAddress: \"\"",
+            "metricsBindAddress: 127.0.0.1:10249",
+        )
+    };
     let a = lab.start_kxdp("node-a", &cfg("node-a"), &objects(&lab, true));
     let b = lab.start_kxdp("node-b", &cfg("node-b"), &objects(&lab, true));
     lab.warm_neighbours();
@@ -177,6 +182,19 @@ fn cluster_network_policy_tiers_across_nodes() {
         .is_err(),
         "client-a -> web-b1 UDP denied"
     );
+    // Counted per rule on node-b: the Deny rule at least the three TCP connections and the UDP
+    // one (a denied SYN's retransmission is judged, and counted, again), the Accept rule the
+    // frontend's two.
+    let guard = |rule: &str, verdict: &str| {
+        cni::metric(
+            &lab.node("node-b").ns,
+            &format!(
+                "kxdp_policy_connections_total{{kind=\"ClusterNetworkPolicy\",policy=\"web-guard\",direction=\"ingress\",rule=\"{rule}\",verdict=\"{verdict}\"}}"
+            ),
+        )
+    };
+    assert!(guard("1", "deny") >= 4, "{}", guard("1", "deny"));
+    assert!(guard("0", "allow") >= 2, "{}", guard("0", "allow"));
 
     // Baseline Deny to web-a1 on the source's node: client-b (node-b) and client-a (node-a)
     // cannot reach it; front-a can, a NetworkPolicy selects it for egress.

@@ -1165,7 +1165,8 @@ fn locked_pod(env: &mut Env) {
 }
 
 /// `kxdp monitor --type policy-verdict|trace`, `--sample`, `--hex`; `kxdp policy trace` against
-/// the running daemon gives what the offline trace gives for the same files.
+/// the running daemon gives what the offline trace gives for the same files; `kxdp policy
+/// counters` and `/metrics` count the denials per rule.
 #[test]
 fn monitor_policy_verdicts_sampling_hex_and_live_policy_trace() {
     let s = start_with(locked_pod, &[]);
@@ -1265,6 +1266,34 @@ fn monitor_policy_verdicts_sampling_hex_and_live_policy_trace() {
     assert!(live.contains("lock-down"), "{live}");
     let o = kxdp(&s.env.path("nope.sock"), &live_args);
     assert_eq!(o.status.code(), Some(1));
+
+    // ---- per-rule counters: the two SYNs the lock-down's isolation denied ----
+    let rows = json_lines(&ok(a, &["policy", "counters", "-o", "json"]));
+    assert_eq!(
+        rows,
+        [
+            json!({"kind": "NetworkPolicy", "policy": "demo/lock-down", "direction": "egress",
+                "rule": "isolation", "verdict": "deny", "connections": 2})
+        ]
+    );
+    let table = ok(a, &["policy", "counters"]);
+    let mut lines = table.lines();
+    assert!(lines.next().unwrap().starts_with("KIND "), "{table}");
+    let row: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+    assert_eq!(
+        row,
+        [
+            "NetworkPolicy",
+            "demo/lock-down",
+            "egress",
+            "isolation",
+            "deny",
+            "2"
+        ]
+    );
+    let (_, _, m) = http_get(&s.metrics, "/metrics").unwrap();
+    let want = "kxdp_policy_connections_total{kind=\"NetworkPolicy\",policy=\"demo/lock-down\",direction=\"egress\",rule=\"isolation\",verdict=\"deny\"} 2";
+    assert!(m.contains(want), "{m}");
 }
 
 /// `kxdp status`: readiness, the tables (generation, last publication), the source and its

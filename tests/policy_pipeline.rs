@@ -1,5 +1,6 @@
-//! NetworkPolicy at the pipeline level (translate + `Pipeline::process`, no binary): denials are
-//! counted per pod, and a new snapshot leaves established connections alone.
+//! NetworkPolicy at the pipeline level (translate + `Pipeline::process`, no binary): new
+//! connections are counted per rule that decided them, and a new snapshot leaves established
+//! connections alone.
 
 mod support;
 
@@ -7,6 +8,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use kxdp_control::model::ClusterState;
+use kxdp_control::policy::counters::{self, PolicyCounterRow};
 use kxdp_control::{translate, Config};
 use kxdp_dataplane::conntrack::{Conntrack, CtConfig};
 use kxdp_dataplane::pipeline::{Pipeline, SlotFrames};
@@ -66,7 +68,7 @@ fn run(
 }
 
 #[test]
-fn denials_are_counted_per_pod() {
+fn connections_are_counted_per_rule() {
     let snap = snapshot(true);
     let ct = Conntrack::new(CtConfig::default(), 1);
     let mut p = Pipeline::new(0, LinkType::Ethernet, 1, &ct);
@@ -88,8 +90,39 @@ fn denials_are_counted_per_pod() {
             Reason::Direct,
         ]
     );
-    assert_eq!(snap.policy.denials(), vec![(Arc::from("demo/db"), 2, 1)]);
+    let row = |direction: &str, rule: &str, verdict: &str, connections| PolicyCounterRow {
+        kind: "NetworkPolicy".into(),
+        policy: "demo/db-from-web".into(),
+        direction: direction.into(),
+        rule: rule.into(),
+        verdict: verdict.into(),
+        connections,
+    };
+    // web -> db:5432 allowed by the ingress rule; the remote pod denied twice and db's own
+    // egress once by the policy's isolation; web -> remote judged by no policy.
+    assert_eq!(
+        counters::rows(&snap.policy, &p.counters.policy.values()),
+        [
+            row("egress", "isolation", "deny", 1),
+            row("ingress", "0", "allow", 1),
+            row("ingress", "isolation", "deny", 2),
+        ]
+    );
     assert_eq!(p.counters.reasons[Reason::PolicyDeniedIngress as usize], 2);
+    // A new snapshot of the same policies names the same rules: the counts go on.
+    let again = snapshot(true);
+    let r = run(
+        &mut p,
+        &ct,
+        &again,
+        &[syn(&format!("{REMOTE}:1002"), &format!("{DB}:5432"))],
+        2_000,
+    );
+    assert_eq!(r, [Reason::PolicyDeniedIngress]);
+    assert_eq!(
+        counters::rows(&again.policy, &p.counters.policy.values())[2],
+        row("ingress", "isolation", "deny", 3)
+    );
     // The allowed ones are tracked as is (two connections).
     assert_eq!(ct.connections().count(), 2);
 }

@@ -59,6 +59,7 @@
 //! | `kxdp_conntrack_early_drops_total` | counter | unassured entries dropped to make room |
 //! | `kxdp_conntrack_created_total{worker}` | counter | connections created |
 //! | `kxdp_conntrack_expired_total{worker}` | counter | entries expired by the worker's scan |
+//! | `kxdp_policy_connections_total{kind,policy,direction,rule,verdict}` | counter | new connections a policy rule decided (`rule`: its index, or `isolation`; `crate::policy::counters`) |
 //! | `kxdp_conntrack_table_bytes` | gauge | memory the table lives in (process memory, or the state file) |
 //! | `kxdp_conntrack_table_huge_page_bytes` | gauge | of it, bytes in huge pages (a state file: only on a tmpfs with `huge=`, `conntrack.stateFileHugePages`) |
 //! | `kxdp_conntrack_restore_total{result}` | counter | with `conntrack.stateFile`: 1 for what the start made of the file (`created`, `restored`, `migrated`, `discarded_version`, `discarded_corrupt`, `discarded_boot`, `discarded_truncated`) |
@@ -76,6 +77,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 use kxdp_dataplane::conntrack::Conntrack;
+use kxdp_dataplane::policy::PolicyTables;
 use kxdp_dataplane::stats::DataplaneStats;
 use kxdp_dataplane::verdict::{Action, Reason};
 use prometheus_client::collector::Collector;
@@ -87,6 +89,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
+
+use crate::policy::counters;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TrafficPolicyLabel {
@@ -192,6 +196,15 @@ struct ReasonLabel {
     reason: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PolicyRuleLabel {
+    kind: String,
+    policy: String,
+    direction: String,
+    rule: String,
+    verdict: String,
+}
+
 /// One AF_XDP socket: the interface's name and the queue it is bound to.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct SocketLabel {
@@ -253,7 +266,13 @@ struct DataplaneSource {
 
 /// Encodes the dataplane metrics at scrape time (nothing when no dataplane is attached).
 #[derive(Clone, Default)]
-struct DataplaneCollector(Arc<OnceLock<DataplaneSource>>);
+struct DataplaneCollector(
+    Arc<OnceLock<DataplaneSource>>,
+    Arc<OnceLock<PolicyTablesFn>>,
+);
+
+/// Reads the published policy tables (what names the per-rule counts).
+type PolicyTablesFn = Box<dyn Fn() -> Arc<PolicyTables> + Send + Sync>;
 
 impl std::fmt::Debug for DataplaneCollector {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -414,6 +433,26 @@ impl Collector for DataplaneCollector {
             &umem_free,
         )?;
         encode_sockets(&mut enc, &src.stats)?;
+        if let Some(tables) = self.1.get() {
+            let per_rule = Family::<PolicyRuleLabel, Counter>::default();
+            for r in counters::rows(&tables(), &src.stats.policy_counts()) {
+                per_rule
+                    .get_or_create(&PolicyRuleLabel {
+                        kind: r.kind,
+                        policy: r.policy,
+                        direction: r.direction,
+                        rule: r.rule,
+                        verdict: r.verdict,
+                    })
+                    .inc_by(r.connections);
+            }
+            put(
+                &mut enc,
+                "kxdp_policy_connections",
+                "New connections per policy rule that decided them",
+                &per_rule,
+            )?;
+        }
         let entries = Gauge::<i64>::default();
         entries.set(src.ct.len() as i64);
         put(
@@ -802,6 +841,15 @@ impl Metrics {
         });
     }
 
+    /// Adds `kxdp_policy_connections_total`, its rules named from the tables `tables` returns
+    /// (the published ones) at each scrape; a second call is ignored.
+    pub fn attach_policy_tables(
+        &self,
+        tables: impl Fn() -> Arc<PolicyTables> + Send + Sync + 'static,
+    ) {
+        let _ = self.dataplane.1.set(Box::new(tables));
+    }
+
     /// Adds `kxdp_sync_stale_seconds`, read from the control loop's status at each scrape
     /// (`ControlLoop::spawn` attaches its own); a second call is ignored.
     pub fn attach_status(&self, status: Arc<Mutex<crate::status::Status>>) {
@@ -901,6 +949,52 @@ mod tests {
             (b[0], b[2], b[60], b[61], b[72], b[73], b[79]),
             (0.25, 1.0, 59.0, 60.0, 115.0, 120.0, 300.0)
         );
+    }
+
+    #[test]
+    fn policy_connections_per_rule() {
+        use kxdp_dataplane::pipeline::Counters;
+        use kxdp_dataplane::policy::{Direction, LocalPod, RuleInfo, Tally, ISOLATION};
+        let rule = |policy: &str, direction, index| RuleInfo {
+            policy: policy.into(),
+            direction,
+            index,
+            cluster: None,
+        };
+        let db = LocalPod {
+            name: "demo/db".into(),
+            ingress_policies: Arc::from([Arc::from("demo/db-in")]),
+            ..Default::default()
+        };
+        let tables = Arc::new(PolicyTables::new(
+            vec![(db, vec![])],
+            vec![],
+            vec![
+                rule("demo/db-in", Direction::Ingress, 0),
+                rule("demo/db-in", Direction::Ingress, ISOLATION),
+                // A deleted policy's counts are not listed.
+                rule("demo/gone", Direction::Ingress, 0),
+            ],
+        ));
+        let stats = Arc::new(DataplaneStats::new(1));
+        let mut c = Counters::default();
+        for r in [0, 1, 1, 2] {
+            c.policy.rule(r);
+        }
+        stats.after_batch(0, &c, &[], 1, 1);
+        let ct = Conntrack::new(Default::default(), 1);
+        let m = Metrics::new();
+        m.attach_dataplane(stats, Arc::new(ct));
+        m.attach_policy_tables(move || tables.clone());
+        let text = m.encode();
+        let line = |rule: &str, verdict: &str, n: u64| {
+            format!(
+                "kxdp_policy_connections_total{{kind=\"NetworkPolicy\",policy=\"demo/db-in\",direction=\"ingress\",rule=\"{rule}\",verdict=\"{verdict}\"}} {n}"
+            )
+        };
+        assert!(text.contains(&line("0", "allow", 1)), "{text}");
+        assert!(text.contains(&line("isolation", "deny", 2)), "{text}");
+        assert!(!text.contains("demo/gone"), "{text}");
     }
 
     #[test]

@@ -204,16 +204,15 @@ impl ControlLoop {
         source: Source,
         metrics: Arc<Metrics>,
     ) -> std::io::Result<(Arc<Published>, ControlHandle)> {
-        Self::spawn_inner(config, source, metrics, Duration::ZERO)
+        Self::spawn_inner(config, source, metrics, TestSeam::default())
     }
 
-    /// `spawn`; every full rebuild after the first lasts at least `slow_full` (tests of long
-    /// rebuilds).
+    /// `spawn`, with what tests change in the loop (`TestSeam`: nothing outside tests).
     fn spawn_inner(
         config: Config,
         source: Source,
         metrics: Arc<Metrics>,
-        slow_full: Duration,
+        seam: TestSeam,
     ) -> std::io::Result<(Arc<Published>, ControlHandle)> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
@@ -268,7 +267,7 @@ impl ControlLoop {
             generation: 0,
             pending_since: None,
             stopping: stopping.clone(),
-            slow_full,
+            seam,
         };
         let thread = std::thread::Builder::new()
             .name("kxdp-control".into())
@@ -308,8 +307,37 @@ struct Loop {
     pending_since: Option<SystemTime>,
     /// Set by `ControlHandle::stop`: a full rebuild in progress gives up.
     stopping: Arc<AtomicBool>,
-    /// Tests: every full rebuild after the first takes at least this long.
+    seam: TestSeam,
+}
+
+/// What the loop's own tests change in it; empty (and every hook a no-op) outside them, so no
+/// test knob is in the product's loop.
+#[derive(Clone, Copy, Debug, Default)]
+struct TestSeam {
+    /// Every full rebuild after the first takes at least this long (tests of long rebuilds).
+    #[cfg(test)]
     slow_full: Duration,
+}
+
+impl TestSeam {
+    /// Before a full rebuild that started at `t0`: waits out `slow_full`, serving stop
+    /// requests; false when one came.
+    #[cfg(test)]
+    fn delay_full(&self, t0: Instant, stop: &dyn Fn() -> bool) -> bool {
+        while t0.elapsed() < self.slow_full {
+            if stop() {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        true
+    }
+
+    #[cfg(not(test))]
+    #[inline(always)]
+    fn delay_full(&self, _: Instant, _: &dyn Fn() -> bool) -> bool {
+        true
+    }
 }
 
 /// What draining the queue ended with.
@@ -524,14 +552,8 @@ impl Loop {
         self.status.lock().unwrap().building_since = Some(SystemTime::now());
         let stopping = self.stopping.clone();
         let stop = move || stopping.load(Ordering::Relaxed);
-        if full && self.generation > 0 && !self.slow_full.is_zero() {
-            // Tests: a rebuild made artificially long (stop requests are served during it).
-            while t0.elapsed() < self.slow_full {
-                if stop() {
-                    return false;
-                }
-                std::thread::sleep(Duration::from_millis(5));
-            }
+        if full && self.generation > 0 && !self.seam.delay_full(t0, &stop) {
+            return false;
         }
         let Some(mut snap) = self.builder.apply(&self.store.state, &changes, &stop) else {
             return false;
@@ -846,7 +868,9 @@ mod tests {
                 required: vec!["m"],
             },
             Arc::new(Metrics::new()),
-            Duration::from_millis(300),
+            TestSeam {
+                slow_full: Duration::from_millis(300),
+            },
         )
         .unwrap();
         let tx = h.sender();
@@ -882,7 +906,9 @@ mod tests {
                 required: vec!["m"],
             },
             Arc::new(Metrics::new()),
-            Duration::from_secs(600),
+            TestSeam {
+                slow_full: Duration::from_secs(600),
+            },
         )
         .unwrap();
         let health = crate::health::ProxyHealth {

@@ -32,7 +32,7 @@ use crate::conntrack::{
     FLAG_MASQ,
 };
 use crate::fragments::{FragDecision, FragmentTable};
-use crate::policy::Decision;
+use crate::policy::{Decision, PolicyCounts};
 use crate::snapshot::{EmptyAction, FrontendKey, FrontendRef, FrontendTable, Snapshot};
 use crate::verdict::{Action, Reason, Verdict};
 
@@ -142,6 +142,8 @@ pub struct Counters {
     /// Packets the established fast lane translated (`established_lane`), also counted by
     /// reason: how much of the traffic took the short path.
     pub fast_lane: u64,
+    /// New connections per policy rule that decided them (allowed or denied).
+    pub policy: PolicyCounts,
 }
 
 impl Default for Counters {
@@ -156,6 +158,7 @@ impl Default for Counters {
             ct_expired: 0,
             icmp_untracked: 0,
             fast_lane: 0,
+            policy: PolicyCounts::default(),
         }
     }
 }
@@ -197,6 +200,7 @@ impl Counters {
         self.ct_expired += other.ct_expired;
         self.icmp_untracked += other.icmp_untracked;
         self.fast_lane += other.fast_lane;
+        self.policy.add(&other.policy);
     }
 }
 
@@ -954,9 +958,15 @@ impl Pipeline {
         // NetworkPolicy judges the connection as the backend sees it: to the chosen endpoint, from
         // the client's own address (before any masquerade). A denied connection leaves no state,
         // not even an affinity record.
-        let decision = snap.policy.judge(&meta.src, &ep.addr, meta.proto, ep.port);
+        let decision = snap.policy.judge_counted(
+            &meta.src,
+            &ep.addr,
+            meta.proto,
+            ep.port,
+            &mut self.counters.policy,
+        );
         if decision != Decision::Allow {
-            return policy_deny(v, meta, snap, decision);
+            return policy_deny(v, meta, decision);
         }
         if record {
             // Without room for the record the connection still goes ahead, unpinned.
@@ -1201,9 +1211,15 @@ impl Pipeline {
         if !policy.is_local_pod(&meta.src) && !policy.is_local_pod(&meta.dst) {
             return v.set(Reason::Direct);
         }
-        let decision = policy.judge(&meta.src, &meta.dst, meta.proto, meta.dport);
+        let decision = policy.judge_counted(
+            &meta.src,
+            &meta.dst,
+            meta.proto,
+            meta.dport,
+            &mut self.counters.policy,
+        );
         if decision != Decision::Allow {
-            return policy_deny(v, meta, snap, decision);
+            return policy_deny(v, meta, decision);
         }
         self.track_as_is(buf, meta, hash, ct, now_ms);
         v.set(Reason::Direct)
@@ -1544,10 +1560,10 @@ fn first_sctp_packet(buf: &[u8], meta: &PacketMeta) -> Result<FirstPacket, ()> {
     })
 }
 
-/// Drops a new connection NetworkPolicy denies, counted against its pod.
+/// Drops a new connection policy denies (the rules that denied it are counted by the
+/// judgement).
 #[inline]
-fn policy_deny(v: &mut Verdict, meta: &PacketMeta, snap: &Snapshot, decision: Decision) {
-    snap.policy.count(decision);
+fn policy_deny(v: &mut Verdict, meta: &PacketMeta, decision: Decision) {
     fill_out(v, meta);
     v.set(match decision {
         Decision::DenyEgress(_) => Reason::PolicyDeniedEgress,

@@ -21,7 +21,7 @@
 
 use std::fmt;
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
 use ahash::RandomState;
@@ -390,8 +390,15 @@ pub struct ClusterRule {
     pub action: Action,
 }
 
+/// [`RuleInfo::index`] of a NetworkPolicy direction's isolation: what denies a connection to or
+/// from a pod the policy isolates when no rule of any policy allows it. Never matched by a
+/// lookup; counted (against every policy isolating the pod in that direction) and listed.
+pub const ISOLATION: u32 = u32::MAX;
+
 /// Where a rule comes from: `namespace/policy` (a ClusterNetworkPolicy: its name), direction,
-/// index in the policy's list, and for a ClusterNetworkPolicy its tier, priority and action.
+/// index in the policy's list (or [`ISOLATION`]), and for a ClusterNetworkPolicy its tier,
+/// priority and action. A rule's index into [`PolicyTables::rules`] is its identity for the
+/// whole run (the compiler never renumbers), so counters kept by that index outlive snapshots.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct RuleInfo {
     pub policy: Arc<str>,
@@ -400,9 +407,36 @@ pub struct RuleInfo {
     pub cluster: Option<ClusterRule>,
 }
 
+impl RuleInfo {
+    /// What the connections this rule decides get: `allow` or `deny` (an Admin `Pass` decides
+    /// nothing by itself and is never counted).
+    pub fn verdict(&self) -> &'static str {
+        match self.cluster {
+            Some(ClusterRule {
+                action: Action::Deny,
+                ..
+            }) => "deny",
+            None if self.index == ISOLATION => "deny",
+            _ => "allow",
+        }
+    }
+
+    /// `NetworkPolicy` or `ClusterNetworkPolicy`.
+    pub fn kind(&self) -> &'static str {
+        if self.cluster.is_some() {
+            "ClusterNetworkPolicy"
+        } else {
+            "NetworkPolicy"
+        }
+    }
+}
+
 impl fmt::Display for RuleInfo {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.cluster {
+            None if self.index == ISOLATION => {
+                write!(f, "{} {} isolation", self.policy, self.direction.as_str())
+            }
             None => write!(
                 f,
                 "{} {}[{}]",
@@ -502,12 +536,14 @@ pub struct LocalPod {
     /// The policies that select this pod for ingress / egress (`namespace/name`), for listings.
     pub ingress_policies: Arc<[Arc<str>]>,
     pub egress_policies: Arc<[Arc<str>]>,
+    /// The isolation rules ([`ISOLATION`], indices into [`PolicyTables::rules`]) of the
+    /// policies that select this pod for ingress / egress: what a denial for want of an
+    /// allowing rule is counted against.
+    pub ingress_isolation: Arc<[u32]>,
+    pub egress_isolation: Arc<[u32]>,
     /// The ClusterNetworkPolicies selecting this pod (`None`: none; the NetworkPolicy
     /// judgement alone, as fast as without them).
     pub cluster: Option<Arc<ClusterPod>>,
-    /// New connections denied, counted by the workers (relaxed; only on the drop path).
-    pub denied_ingress: AtomicU64,
-    pub denied_egress: AtomicU64,
 }
 
 /// The outcome of judging a new connection.
@@ -626,49 +662,112 @@ impl PolicyTables {
     /// decided inline (out of line it was a call and 18 instructions per new connection).
     #[inline(always)]
     pub fn judge(&self, src: &Addr, dst: &Addr, proto: u8, dport: u16) -> Decision {
+        self.judge_counted(src, dst, proto, dport, &mut ())
+    }
+
+    /// `judge`, counting in `tally` the rules that decided each side judged: the rule that
+    /// allowed or denied it, or, when an isolated pod's rules allow nothing, the isolation of
+    /// every policy isolating it in that direction.
+    #[inline(always)]
+    pub fn judge_counted<T: Tally>(
+        &self,
+        src: &Addr,
+        dst: &Addr,
+        proto: u8,
+        dport: u16,
+        tally: &mut T,
+    ) -> Decision {
         if !self.any_isolated {
             return Decision::Allow;
         }
-        self.judge_isolated(src, dst, proto, dport)
+        self.judge_isolated(src, dst, proto, dport, tally)
     }
 
     /// `judge` when some pod is isolated.
     #[inline(never)]
-    fn judge_isolated(&self, src: &Addr, dst: &Addr, proto: u8, dport: u16) -> Decision {
+    fn judge_isolated<T: Tally>(
+        &self,
+        src: &Addr,
+        dst: &Addr,
+        proto: u8,
+        dport: u16,
+        tally: &mut T,
+    ) -> Decision {
         if src == dst {
             return Decision::Allow;
         }
         if let Some(i) = self.local_pod(src) {
             let p = &self.pods[i as usize];
-            if let Some(c) = &p.cluster {
-                if !self
-                    .side(c, &p.egress, Direction::Egress, dst, proto, dport)
-                    .allows()
-                {
-                    return Decision::DenyEgress(i);
-                }
-            } else if let Some(r) = &p.egress {
-                if r.lookup(dst, proto, dport).is_none() && !self.is_node(dst) {
-                    return Decision::DenyEgress(i);
-                }
+            let (rules, isolation) = (&p.egress, &p.egress_isolation);
+            if !self.pod_side(
+                p,
+                rules,
+                isolation,
+                Direction::Egress,
+                dst,
+                proto,
+                dport,
+                tally,
+            ) {
+                return Decision::DenyEgress(i);
             }
         }
         if let Some(i) = self.local_pod(dst) {
             let p = &self.pods[i as usize];
-            if let Some(c) = &p.cluster {
-                if !self
-                    .side(c, &p.ingress, Direction::Ingress, src, proto, dport)
-                    .allows()
-                {
-                    return Decision::DenyIngress(i);
-                }
-            } else if let Some(r) = &p.ingress {
-                if r.lookup(src, proto, dport).is_none() && !self.is_node(src) {
-                    return Decision::DenyIngress(i);
-                }
+            let (rules, isolation) = (&p.ingress, &p.ingress_isolation);
+            if !self.pod_side(
+                p,
+                rules,
+                isolation,
+                Direction::Ingress,
+                src,
+                proto,
+                dport,
+                tally,
+            ) {
+                return Decision::DenyIngress(i);
             }
         }
         Decision::Allow
+    }
+
+    /// Whether local pod `p` lets a new connection with `peer` through in direction `dir`
+    /// (`rules`, `isolation`: its NetworkPolicy rules and isolation rules for `dir`), counting
+    /// what decided in `tally`.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    fn pod_side<T: Tally>(
+        &self,
+        p: &LocalPod,
+        rules: &Option<Arc<DirRules>>,
+        isolation: &[u32],
+        dir: Direction,
+        peer: &Addr,
+        proto: u8,
+        port: u16,
+        tally: &mut T,
+    ) -> bool {
+        if let Some(c) = &p.cluster {
+            let side = self.side(c, rules, dir, peer, proto, port);
+            match side {
+                Side::Allowed(r) | Side::DeniedBy(r) => tally.rule(r),
+                Side::Denied => tally.rules(isolation),
+                _ => {}
+            }
+            return side.allows();
+        }
+        let Some(r) = rules else {
+            return true;
+        };
+        match r.lookup(peer, proto, port) {
+            Some(rule) => tally.rule(rule),
+            None if self.is_node(peer) => {}
+            None => {
+                tally.rules(isolation);
+                return false;
+            }
+        }
+        true
     }
 
     /// One side of a pod that ClusterNetworkPolicies select, in the API's order: the Admin
@@ -743,38 +842,93 @@ impl PolicyTables {
             side(dst, src, Direction::Ingress),
         )
     }
+}
 
-    /// Counts a denial against its pod.
-    #[inline]
-    pub fn count(&self, d: Decision) {
-        match d {
-            Decision::Allow => {}
-            Decision::DenyEgress(i) => {
-                self.pods[i as usize]
-                    .denied_egress
-                    .fetch_add(1, Ordering::Relaxed);
-            }
-            Decision::DenyIngress(i) => {
-                self.pods[i as usize]
-                    .denied_ingress
-                    .fetch_add(1, Ordering::Relaxed);
+/// Where a judgement counts the rules that decided it ([`PolicyTables::judge_counted`]).
+pub trait Tally {
+    /// Rule `rule` (index into [`PolicyTables::rules`]) decided one side of a connection.
+    fn rule(&mut self, rule: u32);
+    /// Each of these isolation rules denied one side of a connection.
+    fn rules(&mut self, rules: &[u32]) {
+        for &r in rules {
+            self.rule(r);
+        }
+    }
+}
+
+/// Counting nothing.
+impl Tally for () {
+    #[inline(always)]
+    fn rule(&mut self, _: u32) {}
+    #[inline(always)]
+    fn rules(&mut self, _: &[u32]) {}
+}
+
+/// One worker's new connections per rule, by index into [`PolicyTables::rules`] (stable for
+/// the run, so the counts outlive every snapshot). Written by its worker only, read by the
+/// control thread (relaxed atomics, loaded and stored rather than added: one writer). It grows
+/// when a rule beyond its end is first counted: an allocation per batch of new rules, never
+/// per packet.
+#[derive(Debug, Default)]
+pub struct PolicyCounts {
+    cells: Arc<[AtomicU64]>,
+    /// Bumped when `cells` is replaced, so a publisher knows to hand the new block over.
+    generation: u64,
+}
+
+impl PolicyCounts {
+    /// The counts so far, indexed by rule.
+    pub fn values(&self) -> Vec<u64> {
+        self.cells.iter().map(|c| c.load(Relaxed)).collect()
+    }
+
+    /// The shared block the counts live in, and its generation.
+    pub fn cells(&self) -> (&Arc<[AtomicU64]>, u64) {
+        (&self.cells, self.generation)
+    }
+
+    /// Adds `other`'s counts to these (replay's sum over workers).
+    pub fn add(&mut self, other: &PolicyCounts) {
+        for (r, v) in other.values().into_iter().enumerate() {
+            if v != 0 {
+                self.add_n(r as u32, v);
             }
         }
     }
 
-    /// Denials so far per local pod with any: (`namespace/name`, ingress, egress).
-    pub fn denials(&self) -> Vec<(Arc<str>, u64, u64)> {
-        self.pods
-            .iter()
-            .map(|p| {
-                (
-                    p.name.clone(),
-                    p.denied_ingress.load(Ordering::Relaxed),
-                    p.denied_egress.load(Ordering::Relaxed),
-                )
-            })
-            .filter(|(_, i, e)| i + e > 0)
-            .collect()
+    #[inline]
+    fn add_n(&mut self, rule: u32, n: u64) {
+        let r = rule as usize;
+        if r >= self.cells.len() {
+            self.grow(r + 1);
+        }
+        let c = &self.cells[r];
+        c.store(c.load(Relaxed) + n, Relaxed);
+    }
+
+    #[cold]
+    fn grow(&mut self, len: usize) {
+        let len = len.max(self.cells.len() * 2).max(64);
+        self.cells = (0..len)
+            .map(|i| AtomicU64::new(self.cells.get(i).map_or(0, |c| c.load(Relaxed))))
+            .collect();
+        self.generation += 1;
+    }
+}
+
+/// A copy with counts of its own (a clone must not write into the original's block).
+impl Clone for PolicyCounts {
+    fn clone(&self) -> Self {
+        let mut c = PolicyCounts::default();
+        c.add(self);
+        c
+    }
+}
+
+impl Tally for PolicyCounts {
+    #[inline]
+    fn rule(&mut self, rule: u32) {
+        self.add_n(rule, 1);
     }
 }
 
@@ -1181,16 +1335,45 @@ mod tests {
     }
 
     #[test]
-    fn denials_are_counted_per_pod() {
-        let t = tables();
-        let d = t.judge(&a("10.2.0.9"), &a("10.1.0.2"), TCP, 1);
-        t.count(d);
-        t.count(d);
-        t.count(t.judge(&a("10.1.0.4"), &a("10.2.0.9"), TCP, 1));
-        t.count(Decision::Allow);
+    fn judgements_are_counted_per_rule() {
+        let mut t = tables();
+        // Isolation rules (ids 10 and 11) for db's ingress, 12 for client's egress.
+        t.pods[1].ingress_isolation = Arc::from([10, 11]);
+        t.pods[3].egress_isolation = Arc::from([12]);
+        let mut c = PolicyCounts::default();
+        let judge = |t: &PolicyTables, c: &mut PolicyCounts, s: &str, d: &str, port: u16| {
+            t.judge_counted(&a(s), &a(d), TCP, port, c)
+        };
+        // client -> web:80: client's egress rule 2 and web's ingress rule 0 allow it.
         assert_eq!(
-            t.denials(),
-            vec![("ns/db".into(), 2, 0), ("ns/client".into(), 0, 1)]
+            judge(&t, &mut c, "10.1.0.4", "10.1.0.1", 80),
+            Decision::Allow
         );
+        // A remote pod -> db: db's isolation denies it, counted against both policies.
+        for _ in 0..2 {
+            let d = judge(&t, &mut c, "10.2.0.9", "10.1.0.2", 1);
+            assert_eq!(d, Decision::DenyIngress(1));
+        }
+        // client -> a remote pod: client's egress isolation.
+        assert_eq!(
+            judge(&t, &mut c, "10.1.0.4", "10.2.0.9", 1),
+            Decision::DenyEgress(3)
+        );
+        // The node and unisolated pods count nothing.
+        judge(&t, &mut c, "192.168.0.2", "10.1.0.2", 1);
+        judge(&t, &mut c, "10.2.0.9", "10.1.0.3", 1);
+        let mut want = [0u64; 13];
+        want[0] = 1;
+        want[2] = 1;
+        want[10] = 2;
+        want[11] = 2;
+        want[12] = 1;
+        assert_eq!(c.values()[..13], want[..]);
+        // A clone counts on its own; `judge` counts nothing.
+        let mut copy = c.clone();
+        copy.rule(0);
+        t.judge(&a("10.1.0.4"), &a("10.1.0.1"), TCP, 80);
+        assert_eq!(c.values()[0], 1);
+        assert_eq!(copy.values()[0], 2);
     }
 }

@@ -19,7 +19,7 @@
 //! `clock::clock_ms` as their `now_ms`, so that conntrack timeouts shown by the admin API use the same clock.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use kxdp_kernel::afxdp::{KernelXskStats, RingSizes};
 use kxdp_packet::{Addr, Family};
@@ -47,6 +47,10 @@ pub struct WorkerStats {
     umem_free: AtomicU64,
     reasons: [AtomicU64; Reason::COUNT],
     actions: [AtomicU64; Action::COUNT],
+    /// The worker's per-rule policy counts (`PolicyCounts`: the worker writes them in place),
+    /// and the generation of that block: handed over again only when the worker grew it.
+    policy: Mutex<Arc<[AtomicU64]>>,
+    policy_generation: AtomicU64,
 }
 
 /// A plain copy of one worker's counters.
@@ -96,6 +100,8 @@ impl WorkerStats {
             umem_free: AtomicU64::new(0),
             reasons: std::array::from_fn(|_| AtomicU64::new(0)),
             actions: std::array::from_fn(|_| AtomicU64::new(0)),
+            policy: Mutex::new(Arc::from([])),
+            policy_generation: AtomicU64::new(0),
         }
     }
 
@@ -113,7 +119,28 @@ impl WorkerStats {
         for (a, v) in self.actions.iter().zip(c.actions.iter()) {
             a.store(*v, Relaxed);
         }
+        let (cells, generation) = c.policy.cells();
+        if self.policy_generation.load(Relaxed) != generation {
+            // Only when the worker's block grew (a batch that counted a new rule): rare.
+            *self.policy.lock().unwrap_or_else(|e| e.into_inner()) = cells.clone();
+            self.policy_generation.store(generation, Relaxed);
+        }
         self.updated_ms.store(now_ms, Relaxed);
+    }
+
+    /// Adds this worker's policy counts into `sums` (indexed by rule), growing it as needed.
+    fn add_policy_counts(&self, sums: &mut Vec<u64>) {
+        let cells = self
+            .policy
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if sums.len() < cells.len() {
+            sums.resize(cells.len(), 0);
+        }
+        for (s, c) in sums.iter_mut().zip(cells.iter()) {
+            *s += c.load(Relaxed);
+        }
     }
 
     pub fn sample(&self) -> WorkerSample {
@@ -404,6 +431,16 @@ impl DataplaneStats {
         self.workers.iter().map(|w| w.sample()).collect()
     }
 
+    /// New connections per policy rule (index into `PolicyTables::rules`) that decided them,
+    /// summed over the workers, as last published; rules past the end counted none.
+    pub fn policy_counts(&self) -> Vec<u64> {
+        let mut sums = Vec::new();
+        for w in self.workers.iter() {
+            w.add_policy_counts(&mut sums);
+        }
+        sums
+    }
+
     /// Replaces worker `worker`'s socket table (only that worker calls it, periodically and
     /// when its sockets change). `fill` writes the rows into the table's own vector, whose
     /// capacity is kept.
@@ -547,6 +584,27 @@ mod tests {
         let w = &s.samples()[1];
         assert_eq!((w.umem_frames, w.umem_free), (8192, 8000));
         assert_eq!(s.samples()[0].umem_frames, 0);
+    }
+
+    #[test]
+    fn policy_counts_are_summed_over_workers_and_follow_growth() {
+        use crate::policy::Tally;
+        let s = DataplaneStats::new(2);
+        assert!(s.policy_counts().is_empty());
+        let (mut a, mut b) = (Counters::default(), Counters::default());
+        a.policy.rule(3);
+        b.policy.rule(3);
+        b.policy.rule(1);
+        s.after_batch(0, &a, &[], 1, 1);
+        s.after_batch(1, &b, &[], 1, 1);
+        assert_eq!(s.policy_counts()[..4], [0, 1, 0, 2]);
+        // Counted in place after publication; a grown block is handed over again.
+        a.policy.rule(3);
+        a.policy.rule(500);
+        assert_eq!(s.policy_counts()[..4], [0, 1, 0, 3]);
+        s.after_batch(0, &a, &[], 1, 2);
+        let sums = s.policy_counts();
+        assert_eq!((sums[3], sums[500]), (3, 1));
     }
 
     #[test]

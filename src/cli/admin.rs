@@ -8,6 +8,7 @@ use clap::{Args, Subcommand, ValueEnum};
 use ipnet::IpNet;
 
 use kxdp_control::admin::wire::*;
+use kxdp_control::policy::counters::PolicyCounterRow;
 
 use super::client::request;
 use super::{bad_input, failure, CliError};
@@ -507,6 +508,33 @@ pub fn services(a: &AdminArgs) -> Result<(), CmdError> {
             }
         }
         Ok(())
+    })
+    .map_err(fail)?;
+    let _ = w.flush();
+    Ok(())
+}
+
+/// `kxdp policy counters`: new connections per policy rule, one line each.
+pub fn policy_counters(a: &AdminArgs) -> Result<(), CmdError> {
+    let mut w = out();
+    let fmt = a.output;
+    if fmt != OutputFormat::Json {
+        let _ = writeln!(
+            w,
+            "{:<21} {:<40} {:<9} {:<10} {:<7} CONNECTIONS",
+            "KIND", "POLICY", "DIRECTION", "RULE", "VERDICT"
+        );
+    }
+    request(&a.admin, &Request::PolicyCounters, |l| {
+        if fmt == OutputFormat::Json {
+            return writeln!(w, "{l}");
+        }
+        let r: PolicyCounterRow = serde_json::from_str(l).map_err(std::io::Error::other)?;
+        writeln!(
+            w,
+            "{:<21} {:<40} {:<9} {:<10} {:<7} {}",
+            r.kind, r.policy, r.direction, r.rule, r.verdict, r.connections
+        )
     })
     .map_err(fail)?;
     let _ = w.flush();

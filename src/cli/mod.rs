@@ -159,6 +159,12 @@ enum PolicyCommand {
     /// the policies selecting source and destination, and the rule that allows it or why none
     /// does. Asks the running daemon, or reads --config and --state.
     Trace(TraceArgs),
+    /// New connections each policy rule of a running daemon decided (allowed or denied), for
+    /// the policies selecting a pod of its node; rules that decided none are left out.
+    Counters {
+        #[command(flatten)]
+        admin: admin::AdminArgs,
+    },
 }
 
 #[derive(Args, Debug)]
@@ -385,6 +391,9 @@ where
         Command::Policy {
             command: PolicyCommand::Trace(args),
         } => finish(cmd_policy_trace(&args)),
+        Command::Policy {
+            command: PolicyCommand::Counters { admin },
+        } => finish(admin::policy_counters(&admin)),
         Command::Conntrack { command, admin } => finish(admin::conntrack(&command, &admin)),
         Command::Services { admin } => finish(admin::services(&admin)),
         Command::Status { admin } => finish(admin::status(&admin)),

@@ -12,6 +12,7 @@
 //! Wire format: see `wire`. Each connection is served on a thread of its own. The client side
 //! (the `kxdp conntrack|services|stats|monitor` commands) lives in the `kxdp` binary crate.
 
+mod inject;
 pub mod servers;
 pub mod wire;
 
@@ -381,6 +382,14 @@ fn answer(
             port,
             proto,
         } => policy_trace(ctx, from, to, port, proto),
+        Request::PolicyCounters => {
+            let snap = ctx.published.load_full();
+            let counts = ctx.dataplane.stats.policy_counts();
+            for row in crate::policy::counters::rows(&snap.policy, &counts) {
+                line(w, &row).map_err(io_err)?;
+            }
+            Ok(serde_json::json!({}))
+        }
     }
 }
 

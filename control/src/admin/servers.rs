@@ -1,25 +1,16 @@
 //! What `kxdp run` starts for operators next to the control loop: the shared dataplane state
 //! (conntrack, worker stats), `/metrics`, `/healthz` + `/livez`, the health-check node port
 //! servers and the admin socket. One call from `run.rs`: `start`.
-//!
-//! Test path (`--inject-pcap FILE`, hidden): until AF_XDP workers are attached, a file-source
-//! daemon has tables and an empty conntrack table but no packets. With this flag, a pseudo-worker
-//! (an extra worker index, beside the configured ones) pushes FILE through the real pipeline —
-//! the daemon's own conntrack, published snapshot, clock and `after_batch` stats feed, exactly as
-//! an AF_XDP worker would — each time FILE appears or changes. Nothing else is faked: listings,
-//! deletes, stats and monitor events are what the pipeline left behind.
+//! With `--inject-pcap` (a test path), also the pseudo-worker of `super::inject`.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use kxdp_dataplane::clock::clock_ms;
 use kxdp_dataplane::conntrack::Conntrack;
-use kxdp_dataplane::pipeline::{Pipeline, SlotFrames};
 use kxdp_dataplane::stats::DataplaneStats;
-use kxdp_dataplane::verdict::Verdict;
 
 use super::{AdminContext, AdminServer, Dataplane};
 use crate::config::{Config, StateFile, DEFAULT_STATE_FILE};
@@ -278,6 +269,8 @@ pub fn start(
     let rt = handle.runtime().clone();
     let stop = Arc::new(AtomicBool::new(false));
     metrics.attach_dataplane(dp.stats.clone(), dp.ct.clone());
+    let tables = published.clone();
+    metrics.attach_policy_tables(move || tables.load_full().policy.clone());
     let context = Arc::new(AdminContext {
         published: published.clone(),
         dataplane: dp.clone(),
@@ -405,18 +398,7 @@ pub fn start(
     };
 
     if let Some(pcap) = &opts.inject_pcap {
-        let worker = dp.stats.workers() - 1;
-        let (dp2, published2, stop2, pcap) =
-            (dp.clone(), published.clone(), stop.clone(), pcap.clone());
-        threads.push(
-            std::thread::Builder::new()
-                .name("kxdp-inject".into())
-                .spawn(move || inject_loop(&pcap, worker, &dp2, &published2, &stop2))
-                .map_err(|source| RunError::Spawn {
-                    what: "the --inject-pcap worker",
-                    source,
-                })?,
-        );
+        threads.push(super::inject::spawn(pcap, &dp, &published, &stop)?);
     }
 
     Ok(Ops {
@@ -426,62 +408,6 @@ pub fn start(
         stop,
         threads,
     })
-}
-
-/// The `--inject-pcap` pseudo-worker (see the module docs).
-fn inject_loop(
-    path: &std::path::Path,
-    worker: usize,
-    dp: &Dataplane,
-    published: &Published,
-    stop: &AtomicBool,
-) {
-    let mut last: Option<std::time::SystemTime> = None;
-    let mut pipeline: Option<Pipeline> = None;
-    while !stop.load(Ordering::Relaxed) {
-        std::thread::sleep(Duration::from_millis(100));
-        if published.generation() == 0 {
-            continue;
-        }
-        let Ok(mtime) = std::fs::metadata(path).and_then(|m| m.modified()) else {
-            continue;
-        };
-        if last == Some(mtime) {
-            continue;
-        }
-        last = Some(mtime);
-        let capture = match kxdp_packet::pcap::read_file(path) {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::warn!(error = %e, "--inject-pcap: unreadable capture");
-                continue;
-            }
-        };
-        let p = pipeline.get_or_insert_with(|| Pipeline::new(worker, capture.link, 1, &dp.ct));
-        let mut frames = SlotFrames::new(64, 2048);
-        let mut verdicts = vec![Verdict::default(); 64];
-        for chunk in capture.packets.chunks(64) {
-            let t0 = Instant::now();
-            frames.clear();
-            for pkt in chunk {
-                frames.push(&pkt.data);
-            }
-            let snap = published.load_full();
-            let now = clock_ms();
-            p.process(&mut frames, &mut verdicts, &snap, &dp.ct, now);
-            // The frames as captured (the pipeline rewrote `frames` in place).
-            let captured = |i: usize| chunk.get(i).map(|p| &p.data[..]);
-            dp.stats.after_batch_with_frames(
-                worker,
-                &p.counters,
-                &verdicts[..chunk.len()],
-                &captured,
-                t0.elapsed().as_nanos() as u64,
-                now,
-            );
-        }
-        tracing::info!(packets = capture.packets.len(), "--inject-pcap: replayed");
-    }
 }
 
 #[cfg(test)]

@@ -63,6 +63,8 @@ pub enum Request {
         port: u16,
         proto: u8,
     },
+    /// `kxdp policy counters`: one `PolicyCounterRow` line per rule that counted a connection.
+    PolicyCounters,
 }
 
 /// Which `conntrack -E` events a client wants (conntrack's `-e NEW,UPDATE,DESTROY`), and how

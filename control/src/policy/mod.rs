@@ -21,6 +21,7 @@
 //!    change rebuilds only the tables whose content changed.
 
 pub mod cluster;
+pub mod counters;
 pub mod selector;
 pub mod spec;
 pub mod trace;
@@ -32,7 +33,7 @@ use std::sync::Arc;
 
 use kxdp_dataplane::policy::{
     Action, ClusterPod, ClusterRule, ClusterTable, DirRules, DirRulesBuilder, Direction, LocalPod,
-    PolicyTables, PortEntry, RuleInfo, Tier,
+    PolicyTables, PortEntry, RuleInfo, Tier, ISOLATION,
 };
 use kxdp_packet::Addr;
 
@@ -538,6 +539,9 @@ struct PolicyDir {
     /// A hash of what the direction matches, its rules numbered in order rather than by id: equal
     /// for ClusterNetworkPolicy directions that differ only in name or priority (one table).
     content: u64,
+    /// A NetworkPolicy direction's isolation rule (`ISOLATION`): what a pod it isolates counts
+    /// its denials against when no rule allows.
+    isolation: u32,
 }
 
 const EVERYTHING: (u128, u128) = (0, u128::MAX);
@@ -756,6 +760,9 @@ impl PolicyCompiler {
         }
         out.fingerprint = h.finish();
         out.content = hc.finish();
+        if p.cluster.is_none() {
+            out.isolation = self.rule_id(&p.name, dir, ISOLATION, None);
+        }
         out
     }
 
@@ -1038,8 +1045,14 @@ impl PolicyCompiler {
     }
 }
 
-/// A local pod's direction when isolated: its rules and the selecting policies' names.
-type IsolatedDir = (Arc<DirRules>, Arc<[Arc<str>]>);
+/// A local pod's direction when isolated: its rules, the selecting policies' names and their
+/// isolation rules.
+#[derive(Debug)]
+struct IsolatedDir {
+    rules: Arc<DirRules>,
+    names: Arc<[Arc<str>]>,
+    isolation: Arc<[u32]>,
+}
 
 /// One local pod's output, kept for the next compilation.
 #[derive(Debug)]
@@ -1059,13 +1072,15 @@ impl LocalOut {
             name: self.name.clone(),
             ..Default::default()
         };
-        if let Some((r, names)) = &self.ingress {
-            lp.ingress = Some(r.clone());
-            lp.ingress_policies = names.clone();
+        if let Some(d) = &self.ingress {
+            lp.ingress = Some(d.rules.clone());
+            lp.ingress_policies = d.names.clone();
+            lp.ingress_isolation = d.isolation.clone();
         }
-        if let Some((r, names)) = &self.egress {
-            lp.egress = Some(r.clone());
-            lp.egress_policies = names.clone();
+        if let Some(d) = &self.egress {
+            lp.egress = Some(d.rules.clone());
+            lp.egress_policies = d.names.clone();
+            lp.egress_isolation = d.isolation.clone();
         }
         lp
     }
@@ -1169,9 +1184,14 @@ fn local_out(
             cache.insert(key, r.clone());
             r
         };
+        let d = Some(IsolatedDir {
+            rules,
+            names,
+            isolation: parts.iter().map(|d| d.isolation).collect(),
+        });
         match dir {
-            Direction::Ingress => out.ingress = Some((rules, names)),
-            Direction::Egress => out.egress = Some((rules, names)),
+            Direction::Ingress => out.ingress = d,
+            Direction::Egress => out.egress = d,
         }
     }
     out

@@ -26,8 +26,8 @@ use kxdp_control::sources::kube::KubeOptions;
 use kxdp_control::sync::{ControlLoop, Source};
 use kxdp_control::Config;
 use kxdp_dataplane::snapshot::FrontendKey;
-use kxdp_packet::proto;
 use kxdp_packet::Addr;
+use kxdp_packet::IpProto;
 use serde_json::{json, Value};
 
 fn config() -> Config {
@@ -149,7 +149,7 @@ fn main() {
     let changed = FrontendKey {
         addr: Addr::from_ip(cluster_ip(n / 2).parse().unwrap()),
         port: 81,
-        proto: proto::TCP,
+        proto: IpProto::TCP,
     };
     let t0 = Instant::now();
     server.drop_watches();

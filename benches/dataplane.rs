@@ -22,7 +22,7 @@ use kxdp_dataplane::snapshot::{
     Route, ServicePortInfo, Snapshot,
 };
 use kxdp_dataplane::verdict::{Reason, Verdict};
-use kxdp_packet::proto;
+use kxdp_packet::IpProto;
 use kxdp_packet::{Addr, Family, LinkType};
 
 /// One AF_XDP RX burst (and `replay`'s batch).
@@ -115,13 +115,13 @@ fn snapshot() -> Snapshot {
             FrontendKey {
                 addr: cluster_ip(i),
                 port: 80,
-                proto: proto::TCP,
+                proto: IpProto::TCP,
             },
             Frontend {
                 service_port: Arc::new(ServicePortInfo {
                     name: Arc::from(format!("bench/svc-{i}:http")),
                     id: 0x5000_0000 + i,
-                    proto: proto::TCP,
+                    proto: IpProto::TCP,
                     affinity_timeout_s: 0,
                 }),
                 kind: FrontendKind::ClusterIp,
@@ -192,7 +192,7 @@ fn filled_conntrack(n: u32) -> (Conntrack, Vec<Packed>) {
             dst: cluster_ip(svc),
             sport,
             dport: 80,
-            proto: proto::TCP,
+            proto: IpProto::TCP,
             family: Family::V4,
         };
         let reply = Tuple {
@@ -200,7 +200,7 @@ fn filled_conntrack(n: u32) -> (Conntrack, Vec<Packed>) {
             dst: src,
             sport: 8080,
             dport: sport,
-            proto: proto::TCP,
+            proto: IpProto::TCP,
             family: Family::V4,
         };
         let packed = orig.pack();
@@ -272,7 +272,7 @@ fn frontend_lookup(c: &mut Criterion) {
         .map(|_| FrontendKey {
             addr: cluster_ip(rng.below(SERVICES as usize) as u32),
             port: 80,
-            proto: proto::TCP,
+            proto: IpProto::TCP,
         })
         .collect();
     let mut g = group(c, "frontend_lookup");

@@ -30,7 +30,7 @@ use kxdp_dataplane::pipeline::{Pipeline, SlotFrames};
 use kxdp_dataplane::policy::{Decision, PolicyTables};
 use kxdp_dataplane::snapshot::Snapshot;
 use kxdp_dataplane::verdict::Verdict;
-use kxdp_packet::{Addr, LinkType};
+use kxdp_packet::{Addr, IpProto, LinkType};
 use serde_json::{json, Value};
 
 const NAMESPACES: u32 = 20;
@@ -237,7 +237,7 @@ fn node_addrs() -> Vec<Addr> {
 
 /// Connection attempts: mostly from or to a local pod, a quarter of them to remote pods, some
 /// from outside; ports 80, 8080-8082, 5432, 443, 53/UDP, 9000/SCTP.
-fn attempts(n: usize) -> Vec<(Addr, Addr, u8, u16)> {
+fn attempts(n: usize) -> Vec<(Addr, Addr, IpProto, u16)> {
     let mut out = Vec::with_capacity(n);
     let mut x: u64 = 0x1234_5678;
     let mut next = || {
@@ -253,13 +253,13 @@ fn attempts(n: usize) -> Vec<(Addr, Addr, u8, u16)> {
         (k / PODS_PER_NS, k % PODS_PER_NS)
     };
     let ports = [
-        (6, 80),
-        (6, 8080),
-        (6, 8081),
-        (6, 5432),
-        (6, 443),
-        (17, 53),
-        (132, 9000),
+        (IpProto::TCP, 80),
+        (IpProto::TCP, 8080),
+        (IpProto::TCP, 8081),
+        (IpProto::TCP, 5432),
+        (IpProto::TCP, 443),
+        (IpProto::UDP, 53),
+        (IpProto::SCTP, 9000),
     ];
     while out.len() < n {
         let (p, port) = ports[next() as usize % ports.len()];
@@ -283,7 +283,7 @@ fn attempts(n: usize) -> Vec<(Addr, Addr, u8, u16)> {
     out
 }
 
-fn frames_for(att: &[(Addr, Addr, u8, u16)]) -> Vec<Vec<u8>> {
+fn frames_for(att: &[(Addr, Addr, IpProto, u16)]) -> Vec<Vec<u8>> {
     att.iter()
         .enumerate()
         .map(|(i, &(s, d, p, port))| {
@@ -295,12 +295,12 @@ fn frames_for(att: &[(Addr, Addr, u8, u16)]) -> Vec<Vec<u8>> {
             let mut v = Vec::new();
             let sport = 1024 + i as u16;
             match p {
-                6 => b
+                IpProto::TCP => b
                     .tcp(sport, port, 1, 64240)
                     .syn()
                     .write(&mut v, &[])
                     .unwrap(),
-                17 => b.udp(sport, port).write(&mut v, b"q").unwrap(),
+                IpProto::UDP => b.udp(sport, port).write(&mut v, b"q").unwrap(),
                 _ => {
                     // SCTP is not in etherparse's builder: a UDP datagram stands in (same path).
                     b.udp(sport, port).write(&mut v, b"q").unwrap()

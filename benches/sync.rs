@@ -488,7 +488,7 @@ fn bench(layout: Layout, n: usize) {
     let key = kxdp_dataplane::snapshot::FrontendKey {
         addr: kxdp_packet::Addr::from_ip(cluster_ip(i).parse().unwrap()),
         port: 80,
-        proto: kxdp_packet::proto::TCP,
+        proto: kxdp_packet::IpProto::TCP,
     };
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {

@@ -8,7 +8,7 @@ use kxdp_control::admin::wire::{format_addr, proto_name};
 use kxdp_dataplane::conntrack::TableMemory;
 use kxdp_dataplane::snapshot::Snapshot;
 use kxdp_dataplane::verdict::{Action, Reason, Verdict};
-use kxdp_packet::{proto, IpProto};
+use kxdp_packet::IpProto;
 use serde::Serialize;
 
 #[derive(Serialize)]
@@ -73,12 +73,12 @@ pub fn verdict_line(index: u64, v: &Verdict, snapshot: &Snapshot, egress: Option
         egress,
     };
     if v.has_addrs {
-        let ports = IpProto(v.proto).has_ports();
+        let ports = v.proto.has_ports();
         let orig_src = format_addr(v.orig_src, v.family, v.orig_sport, ports);
         let orig_dst = format_addr(v.orig_dst, v.family, v.orig_dport, ports);
         line.proto = Some(proto_name(v.proto));
         if v.action == Action::Reject {
-            let reply_ports = v.proto == proto::TCP;
+            let reply_ports = v.proto == IpProto::TCP;
             line.reply = Some(Reply {
                 src: format_addr(v.src, v.family, v.sport, reply_ports),
                 dst: format_addr(v.dst, v.family, v.dport, reply_ports),
@@ -227,7 +227,7 @@ mod tests {
             std::sync::Arc::new(ServicePortInfo {
                 name: "ns1/svc1:http".into(),
                 id: 77,
-                proto: proto::TCP,
+                proto: IpProto::TCP,
                 affinity_timeout_s: 0,
             }),
         );
@@ -238,7 +238,7 @@ mod tests {
         let mut v = Verdict {
             has_addrs: true,
             family: Family::V4,
-            proto: proto::TCP,
+            proto: IpProto::TCP,
             orig_src: v4([10, 0, 1, 1]),
             orig_sport: 40000,
             orig_dst: v4([172, 30, 0, 41]),
@@ -291,7 +291,7 @@ mod tests {
         let mut v = Verdict {
             has_addrs: true,
             family: Family::V6,
-            proto: proto::UDP,
+            proto: IpProto::UDP,
             orig_src: a,
             orig_sport: 53,
             orig_dst: b,
@@ -308,17 +308,17 @@ mod tests {
             l.contains(r#""proto":"UDP","src":"[fd00::1]:53","dst":"[fd00:30::1]:5353""#),
             "{l}"
         );
-        v.proto = proto::ICMPV6;
+        v.proto = IpProto::ICMPV6;
         let l = verdict_line(0, &v, &snapshot(), None);
         assert!(
             l.contains(r#""proto":"ICMPv6","src":"fd00::1","dst":"fd00:30::1""#),
             "{l}"
         );
-        v.proto = 47;
+        v.proto = IpProto(47);
         let l = verdict_line(0, &v, &snapshot(), None);
         assert!(l.contains(r#""proto":47,"src":"fd00::1""#), "{l}");
         v.family = Family::V4;
-        v.proto = proto::ICMP;
+        v.proto = IpProto::ICMP;
         v.src = v4([1, 2, 3, 4]);
         v.orig_src = v4([1, 2, 3, 4]);
         v.dst = v4([5, 6, 7, 8]);
@@ -352,7 +352,7 @@ mod tests {
             l.ends_with(r#""reply":{"src":"172.30.0.41:80","dst":"10.0.1.1:40000"}}"#),
             "{l}"
         );
-        v.proto = proto::UDP;
+        v.proto = IpProto::UDP;
         let l = verdict_line(2, &v, &snapshot(), None);
         assert!(
             l.ends_with(r#""reply":{"src":"172.30.0.41","dst":"10.0.1.1"}}"#),

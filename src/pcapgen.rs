@@ -28,7 +28,7 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 use kxdp_packet::pcap::Writer;
-use kxdp_packet::{ethernet, ipv4, ipv6, tcp, Addr, Family, LinkType};
+use kxdp_packet::{ethernet, ipv4, ipv6, tcp, Addr, Family, IpProto, LinkType};
 
 /// What the capture's packets are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -536,7 +536,7 @@ impl FrameBuilder {
             Family::V4 => ipv4::Repr {
                 src_addr: src.v4_octets(),
                 dst_addr: dst.v4_octets(),
-                protocol: 6,
+                protocol: IpProto::TCP.0,
                 ttl: 64,
                 ident,
                 dont_frag: true,
@@ -548,7 +548,7 @@ impl FrameBuilder {
             Family::V6 => ipv6::Repr {
                 src_addr: src.0,
                 dst_addr: dst.0,
-                next_header: 6,
+                next_header: IpProto::TCP.0,
                 hop_limit: 64,
                 traffic_class: 0,
                 flow_label: 0,
@@ -742,7 +742,7 @@ mod tests {
         let cips: HashSet<Addr> = (0..s.services).map(|i| cluster_ip(Family::V4, i)).collect();
         let mut syn_flows = HashSet::new();
         for (i, (m, len)) in ms.iter().enumerate() {
-            assert_eq!((m.proto, m.dport, m.family), (6, 80, Family::V4));
+            assert_eq!((m.proto, m.dport, m.family), (IpProto::TCP, 80, Family::V4));
             assert!(cips.contains(&m.dst));
             assert!((64..=200).contains(len), "frame of {len} bytes");
             if i < 20 {

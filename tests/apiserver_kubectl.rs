@@ -15,8 +15,8 @@ use kxdp_control::sources::kube::KubeOptions;
 use kxdp_control::sync::{ControlLoop, Published, Source};
 use kxdp_control::Config;
 use kxdp_dataplane::snapshot::{FrontendKey, Snapshot};
-use kxdp_packet::proto;
 use kxdp_packet::Addr;
+use kxdp_packet::IpProto;
 
 fn kubectl(dir: &Path, args: &[&str]) -> String {
     let out = Command::new("kubectl")
@@ -40,7 +40,7 @@ fn endpoints(snap: &Snapshot, ip: &str, port: u16) -> Option<Vec<String>> {
     let fe = snap.frontend(&FrontendKey {
         addr: Addr::from_ip(ip.parse().unwrap()),
         port,
-        proto: proto::TCP,
+        proto: IpProto::TCP,
     })?;
     let mut v: Vec<String> = fe
         .endpoints_of(fe.routes[0].endpoints)

@@ -16,8 +16,8 @@ use kxdp_control::sources::kube::KubeOptions;
 use kxdp_control::sync::{ControlHandle, ControlLoop, Published, Source};
 use kxdp_control::Config;
 use kxdp_dataplane::snapshot::{FrontendKey, Snapshot};
-use kxdp_packet::proto;
 use kxdp_packet::Addr;
+use kxdp_packet::IpProto;
 use serde_json::{json, Value};
 
 pub fn config(min_sync: &str) -> Config {
@@ -64,7 +64,7 @@ fn key(ip: &str, port: u16) -> FrontendKey {
     FrontendKey {
         addr: Addr::from_ip(ip.parse().unwrap()),
         port,
-        proto: proto::TCP,
+        proto: IpProto::TCP,
     }
 }
 

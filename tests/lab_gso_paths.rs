@@ -46,7 +46,7 @@ use std::time::Duration;
 
 use cni::Lab;
 use kxdp_kernel::tap::{TapQueue, VirtioNetHdr, MAX_FRAME, TUN_F_CSUM, TUN_F_TSO4, TUN_F_TSO6};
-use kxdp_packet::checksum;
+use kxdp_packet::{checksum, IpProto};
 
 const SECONDS: u32 = 4;
 const ROUNDS: usize = 3;
@@ -191,9 +191,12 @@ impl Nat {
             return false;
         }
         let ihl = ((f[14] & 0x0f) as usize) * 4;
-        let proto = f[14 + 9];
+        let proto = IpProto(f[14 + 9]);
         let l4 = 14 + ihl;
-        if !(proto == 6 || proto == 17) || f.len() < l4 + 8 || f[14 + 6] & 0x3f != 0 {
+        if !(proto == IpProto::TCP || proto == IpProto::UDP)
+            || f.len() < l4 + 8
+            || f[14 + 6] & 0x3f != 0
+        {
             return false; // not TCP/UDP, or a fragment (the lab sends none)
         }
         let ip = |f: &[u8], at: usize| Ipv4Addr::new(f[at], f[at + 1], f[at + 2], f[at + 3]);
@@ -219,20 +222,20 @@ impl Nat {
         f[port_at..port_at + 2].copy_from_slice(&new_port.to_be_bytes());
         let ipc = u16::from_be_bytes([f[24], f[25]]);
         f[24..26].copy_from_slice(&checksum::update32(ipc, old_ip, new_ip32).to_be_bytes());
-        let ck_at = l4 + if proto == 6 { 16 } else { 6 };
+        let ck_at = l4 + if proto == IpProto::TCP { 16 } else { 6 };
         if f.len() < ck_at + 2 {
             return true;
         }
         let partial = hdr.needs_csum() && hdr.csum_start as usize == l4;
         let ck = u16::from_be_bytes([f[ck_at], f[ck_at + 1]]);
-        if proto == 17 && ck == 0 && !partial {
+        if proto == IpProto::UDP && ck == 0 && !partial {
             return true; // UDP without a checksum
         }
         let mut ck = fix32(ck, old_ip, new_ip32, partial);
         if !partial {
             // The port is in the complete checksum, not in the pseudo-header.
             ck = checksum::update16(ck, old_port, new_port);
-            if proto == 17 && ck == 0 {
+            if proto == IpProto::UDP && ck == 0 {
                 ck = 0xffff;
             }
         }

@@ -19,7 +19,7 @@ use kxdp_dataplane::clock::clock_ms;
 use kxdp_dataplane::conntrack::{Conntrack, CtConfig, Tuple};
 use kxdp_dataplane::snapshot::Snapshot;
 use kxdp_dataplane::stats::DataplaneStats;
-use kxdp_packet::{Addr, Family};
+use kxdp_packet::{Addr, Family, IpProto};
 
 const N: u32 = 1 << 20;
 use kxdp_packet::tcp::flags::SYN;
@@ -30,7 +30,7 @@ fn tuple(src: IpAddr, sport: u16, dst: IpAddr, dport: u16) -> Tuple {
         dst: Addr::from_ip(dst),
         sport,
         dport,
-        proto: 6,
+        proto: IpProto::TCP,
         family: Family::V4,
     }
 }

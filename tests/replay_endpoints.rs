@@ -3,6 +3,7 @@
 
 mod support;
 
+use kxdp_packet::IpProto;
 use serde_json::{json, Value};
 use support::*;
 
@@ -393,7 +394,7 @@ fn no_endpoints_udp_rejected_with_icmp_port_unreachable() {
     assert_eq!(v["reply"]["src"], "172.30.2.2", "{v}");
     assert_eq!(v["reply"]["dst"], "10.1.0.50", "{v}");
     let o = r.out(0);
-    assert_eq!(o.proto, 1);
+    assert_eq!(o.proto, IpProto::ICMP);
     assert_eq!(
         o.icmp,
         Some((3, 3)),
@@ -425,7 +426,7 @@ fn no_endpoints_udp_over_ipv6_rejected_with_icmpv6_port_unreachable() {
     let r = env.replay(std::slice::from_ref(&input));
     r.expect(0, "reject", "no-endpoints");
     let o = r.out(0);
-    assert_eq!(o.proto, 58);
+    assert_eq!(o.proto, IpProto::ICMPV6);
     assert_eq!(
         o.icmp,
         Some((1, 4)),

@@ -15,7 +15,7 @@ use etherparse::{
     icmpv4, icmpv6, Icmpv4Type, Icmpv6Type, IpFragOffset, IpNumber, Ipv4Header, Ipv6FlowLabel,
     Ipv6Header, PacketBuilder, TcpHeader, UdpHeader,
 };
-use kxdp_packet::LinkType;
+use kxdp_packet::{IpProto, LinkType};
 use serde_json::{json, Value};
 use support::*;
 
@@ -267,7 +267,7 @@ fn icmp_rest_of_header(frame: &[u8]) -> [u8; 4] {
 struct Quote {
     src: SocketAddr,
     dst: SocketAddr,
-    proto: u8,
+    proto: IpProto,
     /// The original packet's length as its quoted IP header gives it.
     orig_ip_len: usize,
     ident: u16,
@@ -315,7 +315,7 @@ fn parse_quote(q: &[u8]) -> Quote {
     Quote {
         src: SocketAddr::new(src, be16(&l4, 0)),
         dst: SocketAddr::new(dst, be16(&l4, 2)),
-        proto,
+        proto: IpProto(proto),
         orig_ip_len,
         ident,
         dont_fragment: df,
@@ -327,8 +327,8 @@ impl Quote {
     /// The quoted TCP/UDP checksum field, when the quote reaches it.
     fn l4_checksum(&self) -> Option<u16> {
         let at = match self.proto {
-            6 => 16,
-            17 => 6,
+            IpProto::TCP => 16,
+            IpProto::UDP => 6,
             _ => return None,
         };
         (self.l4.len() >= at + 2).then(|| be16(&self.l4, at))
@@ -350,7 +350,7 @@ impl Quote {
             _ => unreachable!(),
         };
         match self.proto {
-            6 => {
+            IpProto::TCP => {
                 let (t, payload) = TcpHeader::from_slice(&self.l4).expect("quoted TCP header");
                 let want = match (s6, d6) {
                     (Some(s), Some(d)) => t.calc_checksum_ipv6_raw(s, d, payload),
@@ -359,7 +359,7 @@ impl Quote {
                 .unwrap();
                 assert_eq!(t.checksum, want, "quoted TCP checksum");
             }
-            17 => {
+            IpProto::UDP => {
                 let (u, payload) = UdpHeader::from_slice(&self.l4).expect("quoted UDP header");
                 if u.checksum == 0 && s6.is_none() {
                     return;
@@ -474,7 +474,7 @@ fn icmp_frag_needed_from_backend_through_nodeport_reaches_client() {
             "packet {i}: next-hop MTU kept"
         );
         let q = parse_quote(&o.payload); // quoted IPv4 header checksum verified here
-        assert_eq!(q.proto, 6);
+        assert_eq!(q.proto, IpProto::TCP);
         assert_eq!(
             (q.src, q.dst),
             (sa(client), sa(&front)),

@@ -4,6 +4,7 @@
 
 mod support;
 
+use kxdp_packet::IpProto;
 use serde_json::json;
 use support::*;
 
@@ -128,9 +129,9 @@ fn tcp_udp_sctp_nat_checksums_with_dnat_and_snat() {
             assert_eq!(o.src, ip(NODE_A_IP), "packet {i} masqueraded");
         }
     }
-    assert_eq!(r.out(2).proto, 132);
-    assert_eq!(r.out(5).proto, 132);
-    assert_eq!(r.out(6).proto, 132);
+    assert_eq!(r.out(2).proto, IpProto::SCTP);
+    assert_eq!(r.out(5).proto, IpProto::SCTP);
+    assert_eq!(r.out(6).proto, IpProto::SCTP);
 }
 
 #[test]

@@ -3,6 +3,7 @@
 
 mod support;
 
+use kxdp_packet::IpProto;
 use serde_json::json;
 use support::*;
 
@@ -305,7 +306,7 @@ fn tcp_udp_sctp_on_the_same_port_number() {
         assert_eq!(o.dst_sock(), sa(dst), "{proto}");
         assert_eq!(o.src, ip(POD_CLIENT));
     }
-    assert_eq!(r.out(2).proto, 132);
+    assert_eq!(r.out(2).proto, IpProto::SCTP);
 }
 
 #[test]

@@ -664,8 +664,8 @@ mod tests {
     use crate::sources::files::load_str;
     use crate::store::Changes;
     use kxdp_dataplane::snapshot::FrontendKey;
-    use kxdp_packet::proto;
     use kxdp_packet::Addr;
+    use kxdp_packet::IpProto;
     use std::path::Path;
 
     /// A config whose full rebuilds are due every `period`: below the 1 s the config file
@@ -742,7 +742,7 @@ mod tests {
             .frontend(&FrontendKey {
                 addr: Addr::from_ip(ip.parse().unwrap()),
                 port,
-                proto: proto::TCP,
+                proto: IpProto::TCP,
             })
             .is_some()
     }

@@ -10,7 +10,7 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kxdp_packet::proto;
+use kxdp_packet::IpProto;
 
 /// One field that fails a check: its path inside the object and why, in plain words.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -33,14 +33,10 @@ pub fn cidr(s: &str) -> Result<IpNet, String> {
         .map_err(|_| format!("`{s}` is not a valid CIDR (address/prefix length)"))
 }
 
-/// A port's protocol (TCP when omitted) as its IP protocol number.
-pub fn protocol(p: Option<&str>) -> Result<u8, String> {
-    match p.unwrap_or("TCP") {
-        "TCP" => Ok(proto::TCP),
-        "UDP" => Ok(proto::UDP),
-        "SCTP" => Ok(proto::SCTP),
-        other => Err(format!("`{other}` is not TCP, UDP or SCTP")),
-    }
+/// A port's protocol (TCP when omitted).
+pub fn protocol(p: Option<&str>) -> Result<IpProto, String> {
+    let name = p.unwrap_or("TCP");
+    IpProto::from_port_protocol(name).ok_or_else(|| format!("`{name}` is not TCP, UDP or SCTP"))
 }
 
 /// A port number: 1-65535.

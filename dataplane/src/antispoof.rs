@@ -388,7 +388,7 @@ mod tests {
             assert!(v.has_addrs);
             assert_eq!(
                 (v.proto, v.orig_dst, v.orig_dport),
-                (17, a("10.2.0.6"), 5353)
+                (kxdp_packet::IpProto::UDP, a("10.2.0.6"), 5353)
             );
         }
         assert_eq!(verdicts[3].orig_src, a("10.1.0.12"));

@@ -46,7 +46,7 @@
 
 use std::collections::HashMap;
 
-use kxdp_packet::{checksum, proto, Addr, Family, LinkType};
+use kxdp_packet::{checksum, Addr, Family, IpProto, LinkType};
 
 use crate::fib::{Fib, Hop, Miss};
 use crate::pipeline::Frames;
@@ -285,8 +285,8 @@ pub fn complete_l4_checksum(frame: &mut [u8], v: &Verdict) -> bool {
     }
     let (l4, end) = (v.l4_off as usize, v.l3_off as usize + v.ip_len as usize);
     let off = match v.proto {
-        6 => 16,
-        17 => 6,
+        IpProto::TCP => 16,
+        IpProto::UDP => 6,
         _ => return false,
     };
     if end > frame.len() || l4 + off + 2 > end {
@@ -299,7 +299,7 @@ pub fn complete_l4_checksum(frame: &mut [u8], v: &Verdict) -> bool {
     };
     frame[l4 + off..l4 + off + 2].copy_from_slice(&[0, 0]);
     let mut c = checksum::l4_checksum(&src, &dst, v.family, v.proto, &frame[l4..end]);
-    if v.proto == proto::UDP && c == 0 {
+    if v.proto == IpProto::UDP && c == 0 {
         c = 0xffff;
     }
     frame[l4 + off..l4 + off + 2].copy_from_slice(&c.to_be_bytes());

@@ -95,12 +95,13 @@ impl FragmentTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kxdp_packet::IpProto;
 
     fn meta(id: u32) -> PacketMeta {
         let mut m = PacketMeta {
             src: Addr::from_v4([10, 0, 0, 1]),
             dst: Addr::from_v4([10, 0, 0, 2]),
-            proto: 17,
+            proto: IpProto::UDP,
             ..PacketMeta::default()
         };
         m.frag.id = id;

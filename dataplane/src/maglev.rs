@@ -105,7 +105,7 @@ fn words(a: &Addr) -> (u64, u64) {
 pub fn flow_hash(seed: u64, meta: &PacketMeta) -> u64 {
     let (s0, s1) = words(&meta.src);
     let (d0, d1) = words(&meta.dst);
-    let ports = (meta.sport as u64) << 32 | (meta.dport as u64) << 16 | meta.proto as u64;
+    let ports = (meta.sport as u64) << 32 | (meta.dport as u64) << 16 | meta.proto.0 as u64;
     let mut h = seed ^ 0x9e37_79b9_7f4a_7c15;
     h = (h ^ s0).wrapping_mul(0xbf58_476d_1ce4_e5b9).rotate_left(31);
     h = (h ^ s1).wrapping_mul(0x94d0_49bb_1331_11eb).rotate_left(29);
@@ -304,6 +304,7 @@ impl Maglev {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kxdp_packet::IpProto;
 
     fn eps(n: usize, base: u32) -> Vec<Endpoint> {
         (0..n as u32)
@@ -432,7 +433,7 @@ mod tests {
             dst: Addr::from_ip("203.0.113.7".parse().unwrap()),
             sport: 40000,
             dport: 80,
-            proto: 6,
+            proto: IpProto::TCP,
             ..Default::default()
         };
         let p = m.pick(cluster, &meta).unwrap();

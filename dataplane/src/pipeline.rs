@@ -21,9 +21,9 @@
 //! only stage; the egress stage's callers after it). No allocation, lock or syscall per packet.
 
 use kxdp_packet::{
-    build_port_unreachable, build_tcp_rst, parse_into, parse_plain_v4, parse_quoted, proto,
-    rewrite, rewrite_icmp_error, rewrite_plain_v4_from, rewrite_v4_ports, Addr, ErrorRewrite,
-    IpProto, LinkType, PacketMeta, PlainV4, Quoted,
+    build_port_unreachable, build_tcp_rst, parse_into, parse_plain_v4, parse_quoted, rewrite,
+    rewrite_icmp_error, rewrite_plain_v4_from, rewrite_v4_ports, Addr, ErrorRewrite, IpProto,
+    LinkType, PacketMeta, PlainV4, Quoted,
 };
 
 use crate::conntrack::{
@@ -563,7 +563,8 @@ impl Pipeline {
             let s = &mut self.scratch[i];
             // Protocol 255 (IANA reserved) is the affinity records' pseudo-protocol: never a
             // connection.
-            if s.kind == KIND_IP && s.key[4] >> 32 & 0xff != crate::conntrack::AFFINITY_PROTO as u64
+            if s.kind == KIND_IP
+                && s.key[4] >> 32 & 0xff != crate::conntrack::AFFINITY_PROTO.0 as u64
             {
                 s.hit = ct.lookup_into_from(&s.key, s.hash, s.candidate, now_ms, &mut s.found);
             }
@@ -600,7 +601,7 @@ impl Pipeline {
             if self.created_any
                 && kind == KIND_IP
                 && self.maybe_created(hash)
-                && self.scratch[i].key[4] >> 32 & 0xff != crate::conntrack::AFFINITY_PROTO as u64
+                && self.scratch[i].key[4] >> 32 & 0xff != crate::conntrack::AFFINITY_PROTO.0 as u64
             {
                 let s = &mut self.scratch[i];
                 s.hit = ct.lookup_into(&s.key, hash, now_ms, &mut s.found);
@@ -730,7 +731,7 @@ impl Pipeline {
                 || fe
                     .source_ranges()
                     .is_some_and(|r| !r.contains(&meta.src, meta.family))
-                || (meta.proto == proto::TCP
+                || (meta.proto == IpProto::TCP
                     && meta.tcp_flags & (tcp::SYN | tcp::ACK | tcp::RST) != tcp::SYN)
             {
                 continue;
@@ -796,7 +797,7 @@ impl Pipeline {
             snap, ct, now_ms, ..
         } = *b;
         // A SYN on a connection that is over starts a new one on the same tuple.
-        if meta.proto == proto::TCP
+        if meta.proto == IpProto::TCP
             && found.dir == DIR_ORIG
             && meta.tcp_flags & (tcp::SYN | tcp::ACK) == tcp::SYN
             && tcp_state_of(found.state).allows_reopen()
@@ -811,7 +812,7 @@ impl Pipeline {
         // ends the connection anyway. The backend's packets, if it still sends, pass as ever.)
         if found.state & FLAG_BACKEND_GONE != 0
             && found.dir == DIR_ORIG
-            && meta.proto == proto::TCP
+            && meta.proto == IpProto::TCP
             && meta.tcp_flags & tcp::RST == 0
         {
             ct.kill(found.idx);
@@ -819,7 +820,7 @@ impl Pipeline {
             return self.reject(buf, len, meta, v, Reason::BackendGone);
         }
         // After a RST nothing but a new SYN (above) or another RST belongs to the connection.
-        if meta.proto == proto::TCP
+        if meta.proto == IpProto::TCP
             && tcp_state_of(found.state) == tcp::TcpState::Close
             && meta.tcp_flags & tcp::RST == 0
         {
@@ -914,7 +915,7 @@ impl Pipeline {
         // A Maglev Service instead picks such a packet (an ACK without SYN) up: its table gives
         // the endpoint the connection's SYN got, whichever node saw it (ECMP moved the flow, or
         // this node restarted without its state).
-        if meta.proto == proto::TCP
+        if meta.proto == IpProto::TCP
             && meta.tcp_flags & (tcp::SYN | tcp::ACK | tcp::RST) != tcp::SYN
             && !(meta.tcp_flags & (tcp::SYN | tcp::ACK | tcp::RST) == tcp::ACK
                 && fe
@@ -1059,7 +1060,7 @@ impl Pipeline {
     ) -> Result<u64, Reason> {
         let mut remaps = 0;
         loop {
-            if remaps == SNAT_ATTEMPTS || !IpProto(reply.proto).has_ports() {
+            if remaps == SNAT_ATTEMPTS || !reply.proto.has_ports() {
                 return Err(Reason::SnatExhausted);
             }
             reply.dport = 1024 + (self.next_u64() % (65536 - 1024)) as u16;
@@ -1237,8 +1238,8 @@ impl Pipeline {
         now_ms: u64,
     ) {
         let trackable = match meta.proto {
-            proto::TCP => meta.tcp_flags & (tcp::SYN | tcp::ACK | tcp::RST) == tcp::SYN,
-            proto::UDP | proto::SCTP => true,
+            IpProto::TCP => meta.tcp_flags & (tcp::SYN | tcp::ACK | tcp::RST) == tcp::SYN,
+            IpProto::UDP | IpProto::SCTP => true,
             _ => meta.is_icmp_echo_request(),
         };
         if !trackable || meta.l4_off == 0 {
@@ -1283,7 +1284,7 @@ impl Pipeline {
             v.action = Action::Drop;
             return;
         }
-        let reply_len = if meta.proto == proto::TCP {
+        let reply_len = if meta.proto == IpProto::TCP {
             build_tcp_rst(buf, *len, self.link, meta)
         } else {
             build_port_unreachable(buf, *len, self.link, meta)
@@ -1296,13 +1297,13 @@ impl Pipeline {
         }
         *len = reply_len;
         v.src = meta.dst;
-        v.sport = if meta.proto == proto::TCP {
+        v.sport = if meta.proto == IpProto::TCP {
             meta.dport
         } else {
             0
         };
         v.dst = meta.src;
-        v.dport = if meta.proto == proto::TCP {
+        v.dport = if meta.proto == IpProto::TCP {
             meta.sport
         } else {
             0
@@ -1529,7 +1530,7 @@ fn untranslatable(snap: &Snapshot, meta: &PacketMeta, at_service: Reason) -> Rea
 /// the checksum, so a corrupted packet must not leave with a valid one).
 #[inline(always)]
 fn first_packet(buf: &[u8], meta: &PacketMeta) -> Result<FirstPacket, ()> {
-    if meta.proto != proto::SCTP || meta.l4_off == 0 {
+    if meta.proto != IpProto::SCTP || meta.l4_off == 0 {
         return Ok(FirstPacket {
             tcp_flags: meta.tcp_flags,
             bytes: meta.ip_len as u64,

@@ -26,10 +26,10 @@ use std::sync::Arc;
 
 use ahash::RandomState;
 use hashbrown::HashMap;
-use kxdp_packet::Addr;
+use kxdp_packet::{Addr, IpProto};
 
 /// `PortEntry::proto` of an entry that matches every protocol and port (a rule without `ports`).
-pub const ANY_PROTO: u8 = 0;
+pub const ANY_PROTO: IpProto = IpProto(0);
 
 /// Segment value: no rule allows this address.
 const NONE: u32 = u32::MAX;
@@ -39,7 +39,7 @@ const NONE: u32 = u32::MAX;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PortEntry {
     /// IP protocol number, or [`ANY_PROTO`].
-    pub proto: u8,
+    pub proto: IpProto,
     pub lo: u16,
     pub hi: u16,
     pub rule: u32,
@@ -56,7 +56,7 @@ impl PortEntry {
         }
     }
 
-    pub fn range(proto: u8, lo: u16, hi: u16, rule: u32) -> PortEntry {
+    pub fn range(proto: IpProto, lo: u16, hi: u16, rule: u32) -> PortEntry {
         PortEntry {
             proto,
             lo,
@@ -66,7 +66,7 @@ impl PortEntry {
     }
 
     #[inline]
-    pub fn matches(&self, proto: u8, port: u16) -> bool {
+    pub fn matches(&self, proto: IpProto, port: u16) -> bool {
         (self.proto == ANY_PROTO || self.proto == proto) && self.lo <= port && port <= self.hi
     }
 }
@@ -107,7 +107,7 @@ impl DirRules {
 
     /// The rule allowing `proto`/`port` to or from `addr`, if any.
     #[inline]
-    pub fn lookup(&self, addr: &Addr, proto: u8, port: u16) -> Option<u32> {
+    pub fn lookup(&self, addr: &Addr, proto: IpProto, port: u16) -> Option<u32> {
         self.ports_for(addr)
             .iter()
             .find(|e| e.matches(proto, port))
@@ -117,7 +117,7 @@ impl DirRules {
     /// The lowest rule index among the entries matching `proto`/`port` for `addr` (cluster
     /// tiers number their rules in evaluation order, so the lowest is the first that applies).
     #[inline]
-    pub fn lookup_first(&self, addr: &Addr, proto: u8, port: u16) -> Option<u32> {
+    pub fn lookup_first(&self, addr: &Addr, proto: IpProto, port: u16) -> Option<u32> {
         self.ports_for(addr)
             .iter()
             .filter(|e| e.matches(proto, port))
@@ -472,7 +472,7 @@ pub struct ClusterTable {
 impl ClusterTable {
     /// The first rule matching, and its action.
     #[inline]
-    pub fn first(&self, addr: &Addr, proto: u8, port: u16) -> Option<(u32, Action)> {
+    pub fn first(&self, addr: &Addr, proto: IpProto, port: u16) -> Option<(u32, Action)> {
         self.rules
             .lookup_first(addr, proto, port)
             .map(|i| self.order[i as usize])
@@ -488,7 +488,7 @@ pub type TierTables = Box<[Arc<ClusterTable>]>;
 fn tier_first(
     tier: &[Arc<ClusterTable>],
     addr: &Addr,
-    proto: u8,
+    proto: IpProto,
     port: u16,
 ) -> Option<(u32, Action)> {
     tier.iter().find_map(|t| t.first(addr, proto, port))
@@ -661,7 +661,7 @@ impl PolicyTables {
     /// `dport` (the target port). Egress is judged first. Without isolated pods the answer is
     /// decided inline (out of line it was a call and 18 instructions per new connection).
     #[inline(always)]
-    pub fn judge(&self, src: &Addr, dst: &Addr, proto: u8, dport: u16) -> Decision {
+    pub fn judge(&self, src: &Addr, dst: &Addr, proto: IpProto, dport: u16) -> Decision {
         self.judge_counted(src, dst, proto, dport, &mut ())
     }
 
@@ -673,7 +673,7 @@ impl PolicyTables {
         &self,
         src: &Addr,
         dst: &Addr,
-        proto: u8,
+        proto: IpProto,
         dport: u16,
         tally: &mut T,
     ) -> Decision {
@@ -689,7 +689,7 @@ impl PolicyTables {
         &self,
         src: &Addr,
         dst: &Addr,
-        proto: u8,
+        proto: IpProto,
         dport: u16,
         tally: &mut T,
     ) -> Decision {
@@ -743,7 +743,7 @@ impl PolicyTables {
         isolation: &[u32],
         dir: Direction,
         peer: &Addr,
-        proto: u8,
+        proto: IpProto,
         port: u16,
         tally: &mut T,
     ) -> bool {
@@ -780,7 +780,7 @@ impl PolicyTables {
         np: &Option<Arc<DirRules>>,
         dir: Direction,
         peer: &Addr,
-        proto: u8,
+        proto: IpProto,
         port: u16,
     ) -> Side {
         if self.is_node(peer) {
@@ -807,7 +807,7 @@ impl PolicyTables {
 
     /// Both sides of the judgement, for traces: (egress at the source, ingress at the
     /// destination). `judge` allows exactly when neither side is `Denied` or `DeniedBy`.
-    pub fn explain(&self, src: &Addr, dst: &Addr, proto: u8, dport: u16) -> (Side, Side) {
+    pub fn explain(&self, src: &Addr, dst: &Addr, proto: IpProto, dport: u16) -> (Side, Side) {
         let side = |pod: &Addr, peer: &Addr, dir: Direction| -> Side {
             let Some(i) = self.local_pod(pod) else {
                 return Side::NotLocal;
@@ -936,11 +936,6 @@ impl Tally for PolicyCounts {
 mod tests {
     use super::*;
 
-    const TCP: u8 = 6;
-    const UDP: u8 = 17;
-    const SCTP: u8 = 132;
-    const ICMP: u8 = 1;
-
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
     }
@@ -1004,17 +999,20 @@ mod tests {
         let mut b = DirRulesBuilder::new();
         b.add(
             &block("10.0.0.0/8", &["10.9.0.0/16"]),
-            &[PortEntry::range(TCP, 80, 80, 0)],
+            &[PortEntry::range(IpProto::TCP, 80, 80, 0)],
         );
         b.add_addr(&a("10.9.0.5"), &[PortEntry::any(1)]);
         b.add(
             &block("0.0.0.0/0", &[]),
-            &[PortEntry::range(UDP, 53, 53, 2)],
+            &[PortEntry::range(IpProto::UDP, 53, 53, 2)],
         );
-        b.add(&block("::/0", &[]), &[PortEntry::range(UDP, 53, 53, 2)]);
+        b.add(
+            &block("::/0", &[]),
+            &[PortEntry::range(IpProto::UDP, 53, 53, 2)],
+        );
         b.add(
             &block("fd00::/16", &["fd00:1::/32"]),
-            &[PortEntry::range(SCTP, 80, 80, 3)],
+            &[PortEntry::range(IpProto::SCTP, 80, 80, 3)],
         );
         b.build()
     }
@@ -1023,27 +1021,27 @@ mod tests {
     fn dir_rules_truth_table() {
         let r = sample();
         // (peer, proto, port, expected rule)
-        let cases: &[(&str, u8, u16, Option<u32>)] = &[
-            ("10.1.2.3", TCP, 80, Some(0)),
-            ("10.1.2.3", TCP, 81, None),
-            ("10.1.2.3", UDP, 80, None),
-            ("10.1.2.3", SCTP, 80, None),
-            ("10.1.2.3", UDP, 53, Some(2)),
-            ("10.9.0.4", TCP, 80, None),
-            ("10.9.0.5", TCP, 80, Some(1)),
-            ("10.9.0.5", TCP, 9999, Some(1)),
-            ("10.9.0.5", ICMP, 0, Some(1)),
-            ("10.9.0.6", TCP, 80, None),
-            ("10.255.255.255", TCP, 80, Some(0)),
-            ("11.0.0.0", TCP, 80, None),
-            ("9.255.255.255", TCP, 80, None),
-            ("203.0.113.7", UDP, 53, Some(2)),
-            ("2001:db8::1", UDP, 53, Some(2)),
-            ("fd00::1", SCTP, 80, Some(3)),
-            ("fd00::1", TCP, 80, None),
-            ("fd00:1::1", SCTP, 80, None),
-            ("fd00:2::1", SCTP, 80, Some(3)),
-            ("fd01::1", SCTP, 80, None),
+        let cases: &[(&str, IpProto, u16, Option<u32>)] = &[
+            ("10.1.2.3", IpProto::TCP, 80, Some(0)),
+            ("10.1.2.3", IpProto::TCP, 81, None),
+            ("10.1.2.3", IpProto::UDP, 80, None),
+            ("10.1.2.3", IpProto::SCTP, 80, None),
+            ("10.1.2.3", IpProto::UDP, 53, Some(2)),
+            ("10.9.0.4", IpProto::TCP, 80, None),
+            ("10.9.0.5", IpProto::TCP, 80, Some(1)),
+            ("10.9.0.5", IpProto::TCP, 9999, Some(1)),
+            ("10.9.0.5", IpProto::ICMP, 0, Some(1)),
+            ("10.9.0.6", IpProto::TCP, 80, None),
+            ("10.255.255.255", IpProto::TCP, 80, Some(0)),
+            ("11.0.0.0", IpProto::TCP, 80, None),
+            ("9.255.255.255", IpProto::TCP, 80, None),
+            ("203.0.113.7", IpProto::UDP, 53, Some(2)),
+            ("2001:db8::1", IpProto::UDP, 53, Some(2)),
+            ("fd00::1", IpProto::SCTP, 80, Some(3)),
+            ("fd00::1", IpProto::TCP, 80, None),
+            ("fd00:1::1", IpProto::SCTP, 80, None),
+            ("fd00:2::1", IpProto::SCTP, 80, Some(3)),
+            ("fd01::1", IpProto::SCTP, 80, None),
         ];
         for &(peer, proto, port, want) in cases {
             assert_eq!(
@@ -1053,14 +1051,17 @@ mod tests {
             );
         }
         assert!(DirRules::deny_all().is_deny_all());
-        assert_eq!(DirRules::deny_all().lookup(&a("10.0.0.1"), TCP, 80), None);
+        assert_eq!(
+            DirRules::deny_all().lookup(&a("10.0.0.1"), IpProto::TCP, 80),
+            None
+        );
         assert!(DirRulesBuilder::new().build().is_deny_all());
     }
 
     #[test]
     fn adjacent_equal_segments_merge() {
         let mut b = DirRulesBuilder::new();
-        let e = [PortEntry::range(TCP, 80, 80, 0)];
+        let e = [PortEntry::range(IpProto::TCP, 80, 80, 0)];
         for i in 1..=100u32 {
             b.add_addr(&Addr::from_v4((0x0a00_0000 + i).to_be_bytes()), &e);
         }
@@ -1072,7 +1073,7 @@ mod tests {
         b.add(&[(5, 10), (8, 20), (30, u128::MAX)], &e);
         let r = b.build();
         assert_eq!(r.segments(), 4);
-        let at = |x: u128| r.lookup(&Addr(x.to_be_bytes()), TCP, 80);
+        let at = |x: u128| r.lookup(&Addr(x.to_be_bytes()), IpProto::TCP, 80);
         assert_eq!(
             [at(4), at(5), at(20), at(21), at(30), at(u128::MAX)],
             [None, Some(0), Some(0), None, Some(0), Some(0)]
@@ -1083,16 +1084,16 @@ mod tests {
     fn port_sets_keep_lowest_rule_and_ranges() {
         let mut b = DirRulesBuilder::new();
         let all = block("0.0.0.0/0", &[]);
-        b.add(&all, &[PortEntry::range(TCP, 8000, 9000, 5)]);
-        b.add(&all, &[PortEntry::range(TCP, 8000, 9000, 2)]);
-        b.add(&all, &[PortEntry::range(TCP, 443, 443, 7)]);
+        b.add(&all, &[PortEntry::range(IpProto::TCP, 8000, 9000, 5)]);
+        b.add(&all, &[PortEntry::range(IpProto::TCP, 8000, 9000, 2)]);
+        b.add(&all, &[PortEntry::range(IpProto::TCP, 443, 443, 7)]);
         let r = b.build();
         let p = a("1.2.3.4");
-        assert_eq!(r.lookup(&p, TCP, 8000), Some(2));
-        assert_eq!(r.lookup(&p, TCP, 9000), Some(2));
-        assert_eq!(r.lookup(&p, TCP, 9001), None);
-        assert_eq!(r.lookup(&p, TCP, 443), Some(7));
-        assert_eq!(r.lookup(&p, UDP, 443), None);
+        assert_eq!(r.lookup(&p, IpProto::TCP, 8000), Some(2));
+        assert_eq!(r.lookup(&p, IpProto::TCP, 9000), Some(2));
+        assert_eq!(r.lookup(&p, IpProto::TCP, 9001), None);
+        assert_eq!(r.lookup(&p, IpProto::TCP, 443), Some(7));
+        assert_eq!(r.lookup(&p, IpProto::UDP, 443), None);
     }
 
     /// Cluster tiers: the lowest evaluation index decides, even under a later any-protocol
@@ -1101,9 +1102,9 @@ mod tests {
     fn ordered_tiers_keep_the_first_rule() {
         let all = block("0.0.0.0/0", &[]);
         let build = |mut b: DirRulesBuilder| {
-            b.add(&all, &[PortEntry::range(TCP, 8080, 8080, 0)]);
+            b.add(&all, &[PortEntry::range(IpProto::TCP, 8080, 8080, 0)]);
             b.add(&all, &[PortEntry::any(1)]);
-            b.add(&all, &[PortEntry::range(TCP, 80, 80, 2)]);
+            b.add(&all, &[PortEntry::range(IpProto::TCP, 80, 80, 2)]);
             b.build()
         };
         let p = a("1.2.3.4");
@@ -1111,11 +1112,14 @@ mod tests {
             rules: Arc::new(build(DirRulesBuilder::ordered())),
             order: Arc::new([(7, Action::Accept), (8, Action::Deny), (9, Action::Pass)]),
         };
-        assert_eq!(t.first(&p, TCP, 8080), Some((7, Action::Accept)));
-        assert_eq!(t.first(&p, TCP, 80), Some((8, Action::Deny)));
-        assert_eq!(t.first(&p, UDP, 8080), Some((8, Action::Deny)));
+        assert_eq!(t.first(&p, IpProto::TCP, 8080), Some((7, Action::Accept)));
+        assert_eq!(t.first(&p, IpProto::TCP, 80), Some((8, Action::Deny)));
+        assert_eq!(t.first(&p, IpProto::UDP, 8080), Some((8, Action::Deny)));
         // Unordered: the any-protocol entry covers the others.
-        assert_eq!(build(DirRulesBuilder::new()).lookup(&p, TCP, 8080), Some(1));
+        assert_eq!(
+            build(DirRulesBuilder::new()).lookup(&p, IpProto::TCP, 8080),
+            Some(1)
+        );
     }
 
     /// A pod with cluster tiers: Admin Accept/Deny final, Pass on to NetworkPolicy, Baseline
@@ -1138,7 +1142,7 @@ mod tests {
         let admin = [
             tier(
                 &[
-                    ("10.9.0.0/16", PortEntry::range(TCP, 22, 22, 0)),
+                    ("10.9.0.0/16", PortEntry::range(IpProto::TCP, 22, 22, 0)),
                     ("10.8.0.0/16", PortEntry::any(1)),
                 ],
                 &[(0, Action::Deny), (1, Action::Pass)],
@@ -1152,7 +1156,7 @@ mod tests {
             ),
         ];
         let baseline = tier(
-            &[("0.0.0.0/0", PortEntry::range(UDP, 0, u16::MAX, 0))],
+            &[("0.0.0.0/0", PortEntry::range(IpProto::UDP, 0, u16::MAX, 0))],
             &[(3, Action::Deny)],
         );
         let cluster = Arc::new(ClusterPod {
@@ -1167,7 +1171,7 @@ mod tests {
             "ns/iso",
             Some(rules_from(
                 &["10.8.0.1"],
-                &[PortEntry::range(TCP, 0, u16::MAX, 4)],
+                &[PortEntry::range(IpProto::TCP, 0, u16::MAX, 4)],
             )),
             None,
         );
@@ -1179,18 +1183,18 @@ mod tests {
         );
         assert!(t.any_isolated());
         use Decision::*;
-        let cases: &[(&str, &str, u8, u16, Decision)] = &[
-            ("10.9.0.1", "10.1.0.1", TCP, 22, DenyIngress(0)),
-            ("10.9.0.1", "10.1.0.1", TCP, 23, Allow),
-            ("10.9.0.1", "10.1.0.1", UDP, 22, DenyIngress(0)),
-            ("10.7.0.1", "10.1.0.1", UDP, 53, Allow),
-            ("10.8.0.1", "10.1.0.1", UDP, 53, DenyIngress(0)),
-            ("10.8.0.1", "10.1.0.2", UDP, 53, DenyIngress(1)),
-            ("10.8.0.1", "10.1.0.2", TCP, 80, Allow),
-            ("10.8.0.2", "10.1.0.2", TCP, 80, DenyIngress(1)),
-            ("10.7.0.1", "10.1.0.2", UDP, 53, Allow),
-            ("192.168.0.2", "10.1.0.2", UDP, 53, Allow),
-            ("10.1.0.2", "10.1.0.2", UDP, 53, Allow),
+        let cases: &[(&str, &str, IpProto, u16, Decision)] = &[
+            ("10.9.0.1", "10.1.0.1", IpProto::TCP, 22, DenyIngress(0)),
+            ("10.9.0.1", "10.1.0.1", IpProto::TCP, 23, Allow),
+            ("10.9.0.1", "10.1.0.1", IpProto::UDP, 22, DenyIngress(0)),
+            ("10.7.0.1", "10.1.0.1", IpProto::UDP, 53, Allow),
+            ("10.8.0.1", "10.1.0.1", IpProto::UDP, 53, DenyIngress(0)),
+            ("10.8.0.1", "10.1.0.2", IpProto::UDP, 53, DenyIngress(1)),
+            ("10.8.0.1", "10.1.0.2", IpProto::TCP, 80, Allow),
+            ("10.8.0.2", "10.1.0.2", IpProto::TCP, 80, DenyIngress(1)),
+            ("10.7.0.1", "10.1.0.2", IpProto::UDP, 53, Allow),
+            ("192.168.0.2", "10.1.0.2", IpProto::UDP, 53, Allow),
+            ("10.1.0.2", "10.1.0.2", IpProto::UDP, 53, Allow),
         ];
         for &(s, d, proto, port, want) in cases {
             assert_eq!(
@@ -1206,11 +1210,13 @@ mod tests {
             );
         }
         assert_eq!(
-            t.explain(&a("10.9.0.1"), &a("10.1.0.1"), TCP, 22).1,
+            t.explain(&a("10.9.0.1"), &a("10.1.0.1"), IpProto::TCP, 22)
+                .1,
             Side::DeniedBy(0)
         );
         assert_eq!(
-            t.explain(&a("10.7.0.1"), &a("10.1.0.1"), TCP, 22).1,
+            t.explain(&a("10.7.0.1"), &a("10.1.0.1"), IpProto::TCP, 22)
+                .1,
             Side::Allowed(2)
         );
     }
@@ -1240,8 +1246,11 @@ mod tests {
     /// db (10.1.0.2, ingress deny-all), open (10.1.0.3, not isolated), client (10.1.0.4, egress
     /// to web only, any port). Remote: 10.2.0.9 (another node's pod). Node: 192.168.0.2.
     fn tables() -> PolicyTables {
-        let web_in = rules_from(&["10.1.0.4"], &[PortEntry::range(TCP, 80, 80, 0)]);
-        let web_out = rules_from(&["10.1.0.2"], &[PortEntry::range(TCP, 5432, 5432, 1)]);
+        let web_in = rules_from(&["10.1.0.4"], &[PortEntry::range(IpProto::TCP, 80, 80, 0)]);
+        let web_out = rules_from(
+            &["10.1.0.2"],
+            &[PortEntry::range(IpProto::TCP, 5432, 5432, 1)],
+        );
         let client_out = rules_from(&["10.1.0.1"], &[PortEntry::any(2)]);
         PolicyTables::new(
             vec![
@@ -1268,30 +1277,30 @@ mod tests {
     fn judge_truth_table() {
         use Decision::*;
         let t = tables();
-        let cases: &[(&str, &str, u8, u16, Decision)] = &[
+        let cases: &[(&str, &str, IpProto, u16, Decision)] = &[
             // client -> web: client egress allows web (any), web ingress allows TCP 80 from client.
-            ("10.1.0.4", "10.1.0.1", TCP, 80, Allow),
-            ("10.1.0.4", "10.1.0.1", TCP, 81, DenyIngress(0)),
-            ("10.1.0.4", "10.1.0.1", UDP, 80, DenyIngress(0)),
+            ("10.1.0.4", "10.1.0.1", IpProto::TCP, 80, Allow),
+            ("10.1.0.4", "10.1.0.1", IpProto::TCP, 81, DenyIngress(0)),
+            ("10.1.0.4", "10.1.0.1", IpProto::UDP, 80, DenyIngress(0)),
             // client -> anything else: egress denied.
-            ("10.1.0.4", "10.1.0.3", TCP, 80, DenyEgress(3)),
-            ("10.1.0.4", "10.2.0.9", TCP, 80, DenyEgress(3)),
+            ("10.1.0.4", "10.1.0.3", IpProto::TCP, 80, DenyEgress(3)),
+            ("10.1.0.4", "10.2.0.9", IpProto::TCP, 80, DenyEgress(3)),
             // ... but not to this node.
-            ("10.1.0.4", "192.168.0.2", TCP, 10250, Allow),
+            ("10.1.0.4", "192.168.0.2", IpProto::TCP, 10250, Allow),
             // web -> db: web egress allows 5432, db ingress denies everything.
-            ("10.1.0.1", "10.1.0.2", TCP, 5432, DenyIngress(1)),
-            ("10.1.0.1", "10.1.0.2", TCP, 80, DenyEgress(0)),
+            ("10.1.0.1", "10.1.0.2", IpProto::TCP, 5432, DenyIngress(1)),
+            ("10.1.0.1", "10.1.0.2", IpProto::TCP, 80, DenyEgress(0)),
             // The node reaches every pod.
-            ("192.168.0.2", "10.1.0.2", TCP, 5432, Allow),
-            ("192.168.0.2", "10.1.0.1", UDP, 9, Allow),
+            ("192.168.0.2", "10.1.0.2", IpProto::TCP, 5432, Allow),
+            ("192.168.0.2", "10.1.0.1", IpProto::UDP, 9, Allow),
             // A pod reaches itself.
-            ("10.1.0.2", "10.1.0.2", TCP, 1, Allow),
+            ("10.1.0.2", "10.1.0.2", IpProto::TCP, 1, Allow),
             // Remote pods: judged by ingress only.
-            ("10.2.0.9", "10.1.0.1", TCP, 80, DenyIngress(0)),
-            ("10.2.0.9", "10.1.0.3", TCP, 80, Allow),
-            ("10.1.0.3", "10.2.0.9", TCP, 80, Allow),
+            ("10.2.0.9", "10.1.0.1", IpProto::TCP, 80, DenyIngress(0)),
+            ("10.2.0.9", "10.1.0.3", IpProto::TCP, 80, Allow),
+            ("10.1.0.3", "10.2.0.9", IpProto::TCP, 80, Allow),
             // Neither end local.
-            ("10.2.0.9", "10.3.0.9", TCP, 80, Allow),
+            ("10.2.0.9", "10.3.0.9", IpProto::TCP, 80, Allow),
         ];
         for &(s, d, proto, port, want) in cases {
             assert_eq!(
@@ -1304,15 +1313,15 @@ mod tests {
             assert_eq!(denied, want != Allow, "{s} -> {d}: explain {e:?} {i:?}");
         }
         assert_eq!(
-            t.explain(&a("10.1.0.4"), &a("10.1.0.1"), TCP, 80),
+            t.explain(&a("10.1.0.4"), &a("10.1.0.1"), IpProto::TCP, 80),
             (Side::Allowed(2), Side::Allowed(0))
         );
         assert_eq!(
-            t.explain(&a("192.168.0.2"), &a("10.1.0.2"), TCP, 80),
+            t.explain(&a("192.168.0.2"), &a("10.1.0.2"), IpProto::TCP, 80),
             (Side::NotLocal, Side::Node)
         );
         assert_eq!(
-            t.explain(&a("10.1.0.3"), &a("10.2.0.9"), TCP, 80),
+            t.explain(&a("10.1.0.3"), &a("10.2.0.9"), IpProto::TCP, 80),
             (Side::NotIsolated, Side::NotLocal)
         );
     }
@@ -1327,7 +1336,7 @@ mod tests {
         assert!(!t.any_isolated());
         assert!(t.is_local_pod(&a("10.1.0.1")));
         assert_eq!(
-            t.judge(&a("1.1.1.1"), &a("10.1.0.1"), TCP, 1),
+            t.judge(&a("1.1.1.1"), &a("10.1.0.1"), IpProto::TCP, 1),
             Decision::Allow
         );
         let empty = PolicyTables::default();
@@ -1342,7 +1351,7 @@ mod tests {
         t.pods[3].egress_isolation = Arc::from([12]);
         let mut c = PolicyCounts::default();
         let judge = |t: &PolicyTables, c: &mut PolicyCounts, s: &str, d: &str, port: u16| {
-            t.judge_counted(&a(s), &a(d), TCP, port, c)
+            t.judge_counted(&a(s), &a(d), IpProto::TCP, port, c)
         };
         // client -> web:80: client's egress rule 2 and web's ingress rule 0 allow it.
         assert_eq!(
@@ -1372,7 +1381,7 @@ mod tests {
         // A clone counts on its own; `judge` counts nothing.
         let mut copy = c.clone();
         copy.rule(0);
-        t.judge(&a("10.1.0.4"), &a("10.1.0.1"), TCP, 80);
+        t.judge(&a("10.1.0.4"), &a("10.1.0.1"), IpProto::TCP, 80);
         assert_eq!(c.values()[0], 1);
         assert_eq!(copy.values()[0], 2);
     }

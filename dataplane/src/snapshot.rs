@@ -14,7 +14,7 @@ pub use crate::endpoint::{Endpoint, EndpointRange};
 use crate::maglev::Maglev;
 use hashbrown::HashTable;
 use kxdp_kernel::huge::HugeSlice;
-use kxdp_packet::{Addr, Family};
+use kxdp_packet::{Addr, Family, IpProto};
 
 /// What a frontend is reached as. Decides nothing by itself (the routes do); it names the rule in
 /// listings and verdicts.
@@ -48,7 +48,7 @@ impl FrontendKind {
 pub struct FrontendKey {
     pub addr: Addr,
     pub port: u16,
-    pub proto: u8,
+    pub proto: IpProto,
 }
 
 /// Where a new connection's source sits, in the order kube-proxy tests it: a source inside
@@ -126,7 +126,7 @@ pub struct ServicePortInfo {
     /// A stable identifier (hash of namespace, name, port name and protocol): conntrack entries and
     /// affinity records keep it across snapshots.
     pub id: u32,
-    pub proto: u8,
+    pub proto: IpProto,
     /// sessionAffinity ClientIP: seconds a client stays with its endpoint; 0 = no affinity.
     pub affinity_timeout_s: u32,
 }
@@ -387,7 +387,7 @@ impl<K, V> ShardedMap<K, V> {
 struct FrontendHot {
     addr: Addr,
     port: u16,
-    proto: u8,
+    proto: IpProto,
     /// `HOT_MASQ << route`, `HOT_DROP << route`, `HOT_SOURCE_RANGES`, `HOT_AFFINITY`.
     flags: u8,
     service_id: u32,
@@ -677,7 +677,7 @@ impl FrontendTable {
             a as u64 ^ 0x243f_6a88_85a3_08d3,
             (a >> 64) as u64 ^ 0x1319_8a2e_0370_7344,
         );
-        let pp = (key.port as u64) << 8 | key.proto as u64;
+        let pp = (key.port as u64) << 8 | key.proto.0 as u64;
         mix(x ^ pp ^ 0xa409_3822_299f_31d0, 0x082e_fa98_ec4e_6c89)
     }
 
@@ -997,7 +997,6 @@ impl Snapshot {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kxdp_packet::proto;
     use std::collections::HashMap;
 
     fn frontend(id: u32, affinity: u32) -> Frontend {
@@ -1005,7 +1004,7 @@ mod tests {
             service_port: Arc::new(ServicePortInfo {
                 name: format!("ns/svc-{id}").into(),
                 id,
-                proto: proto::TCP,
+                proto: IpProto::TCP,
                 affinity_timeout_s: affinity,
             }),
             kind: FrontendKind::ClusterIp,
@@ -1031,7 +1030,7 @@ mod tests {
         FrontendKey {
             addr: Addr::from_v4((0xac10_0000 + n / 3).to_be_bytes()),
             port: 80 + (n % 3) as u16,
-            proto: proto::TCP,
+            proto: IpProto::TCP,
         }
     }
 

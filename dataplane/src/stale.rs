@@ -15,6 +15,8 @@
 //! with the state file, the first publication marks the connections of endpoints that left
 //! while kxdp was down.
 
+use kxdp_packet::IpProto;
+
 use crate::conntrack::{tcp, tcp_state_of, Conntrack, EntryView, FLAG_BACKEND_GONE};
 use crate::snapshot::{FrontendKey, Snapshot};
 
@@ -40,8 +42,8 @@ pub fn reconcile(ct: &Conntrack, snap: &Snapshot) -> Reconciled {
     let mut gone: Vec<EntryView> = Vec::new();
     for v in ct.connections().filter(|v| v.service_id != 0) {
         match v.orig.proto {
-            17 if !supported(&v, snap) => stale.push(v),
-            6 if backend_gone(&v, snap) => gone.push(v),
+            IpProto::UDP if !supported(&v, snap) => stale.push(v),
+            IpProto::TCP if backend_gone(&v, snap) => gone.push(v),
             _ => {}
         }
     }
@@ -95,7 +97,7 @@ mod tests {
     use super::*;
     use crate::conntrack::{CtConfig, Tuple};
 
-    fn tup(src: Addr, sport: u16, dst: Addr, dport: u16, proto: u8) -> Tuple {
+    fn tup(src: Addr, sport: u16, dst: Addr, dport: u16, proto: IpProto) -> Tuple {
         Tuple {
             src,
             dst,
@@ -113,8 +115,8 @@ mod tests {
         let vip = Addr::from_v4([172, 30, 0, 10]);
         let ep = Addr::from_v4(ep);
         ct.create(
-            &tup(client, port, vip, 80, 6),
-            &tup(ep, 8080, client, port, 6),
+            &tup(client, port, vip, 80, IpProto::TCP),
+            &tup(ep, 8080, client, port, IpProto::TCP),
             tcp::SYN,
             false,
             sid,

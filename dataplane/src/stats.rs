@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
 use kxdp_kernel::afxdp::{KernelXskStats, RingSizes};
-use kxdp_packet::{Addr, Family};
+use kxdp_packet::{Addr, Family, IpProto};
 
 use crate::clock::clock_ms;
 use crate::pipeline::Counters;
@@ -282,7 +282,7 @@ fn encode(v: &Verdict, at_ms: u64) -> [u64; WORDS] {
         | (v.dport as u64) << 48;
     let meta = v.action as u64
         | (v.reason as u64) << 8
-        | (v.proto as u64) << 16
+        | (v.proto.0 as u64) << 16
         | (matches!(v.family, Family::V6) as u64) << 24
         | (v.masq as u64) << 25
         | (v.has_addrs as u64) << 26
@@ -312,7 +312,7 @@ fn decode(w: &[u64; WORDS]) -> (Verdict, u64) {
         } else {
             Family::V4
         },
-        proto: (meta >> 16) as u8,
+        proto: IpProto((meta >> 16) as u8),
         orig_src: addr(w[0], w[1]),
         client: addr(w[0], w[1]),
         orig_sport: w[8] as u16,
@@ -618,7 +618,7 @@ mod tests {
         let mut v = Verdict::default();
         v.set(Reason::NoEndpoints);
         v.has_addrs = true;
-        v.proto = 6;
+        v.proto = IpProto::TCP;
         v.orig_dport = 80;
         v.service_id = 7;
         s.after_batch(1, &c, &[v], 1000, 5);

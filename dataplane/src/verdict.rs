@@ -2,7 +2,7 @@
 //! before and after. Every drop has exactly one reason; the reasons are counted in one place
 //! (`Counters`).
 
-use kxdp_packet::{Addr, Family};
+use kxdp_packet::{Addr, Family, IpProto};
 
 /// What happens to the packet.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
@@ -144,7 +144,7 @@ pub struct Verdict {
     /// False for packets that were not parsed as IP (not-ip, malformed): the address fields are unset.
     pub has_addrs: bool,
     pub family: Family,
-    pub proto: u8,
+    pub proto: IpProto,
     /// As the packet came in.
     pub orig_src: Addr,
     pub orig_sport: u16,

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use kxdp_dataplane::conntrack::{Conntrack, CtConfig, Tuple, DIR_ORIG, DIR_REPLY};
-use kxdp_packet::{Addr, Family};
+use kxdp_packet::{Addr, Family, IpProto};
 
 /// Connections per worker, and rounds of insert / look up / kill / expire.
 const FLOWS: u8 = if cfg!(miri) { 4 } else { 64 };
@@ -26,7 +26,7 @@ fn flow(w: u8, f: u8, round: u64) -> (Tuple, Tuple) {
         dst: Addr::from_v4([172, 30, 0, 1]),
         sport: 1000 + round as u16,
         dport: 80,
-        proto: 17,
+        proto: IpProto::UDP,
         family: Family::V4,
     };
     let reply = Tuple {
@@ -34,7 +34,7 @@ fn flow(w: u8, f: u8, round: u64) -> (Tuple, Tuple) {
         dst: orig.src,
         sport: 8080,
         dport: orig.sport,
-        proto: 17,
+        proto: IpProto::UDP,
         family: Family::V4,
     };
     (orig, reply)
@@ -140,7 +140,7 @@ fn syn(w: u8, i: u16) -> (Tuple, Tuple) {
         dst: Addr::from_v4([172, 30, 0, 1]),
         sport: 40_000,
         dport: 80,
-        proto: 6,
+        proto: IpProto::TCP,
         family: Family::V4,
     };
     let reply = Tuple {
@@ -148,7 +148,7 @@ fn syn(w: u8, i: u16) -> (Tuple, Tuple) {
         dst: orig.src,
         sport: 8080,
         dport: 40_000,
-        proto: 6,
+        proto: IpProto::TCP,
         family: Family::V4,
     };
     (orig, reply)

@@ -5,7 +5,7 @@
 //! `cargo test -p kxdp-dataplane --test conntrack_memory -- --ignored --nocapture`.
 
 use kxdp_dataplane::conntrack::{Conntrack, CtConfig, Tuple};
-use kxdp_packet::{Addr, Family};
+use kxdp_packet::{Addr, Family, IpProto};
 
 /// Resident memory of this process (`VmRSS`), in bytes.
 fn rss_bytes() -> u64 {
@@ -52,7 +52,7 @@ fn resident_bytes_per_connection_at_a_million() {
             dst: Addr::from_v4([172, 30, 0, 1]),
             sport: 40000,
             dport: 80,
-            proto: 6,
+            proto: IpProto::TCP,
             family: Family::V4,
         };
         let reply = Tuple {
@@ -60,7 +60,7 @@ fn resident_bytes_per_connection_at_a_million() {
             dst: orig.src,
             sport: 8080,
             dport: orig.sport,
-            proto: 6,
+            proto: IpProto::TCP,
             family: Family::V4,
         };
         let hint = ct.hash(&orig.pack());

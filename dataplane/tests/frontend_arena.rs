@@ -10,8 +10,8 @@ use kxdp_dataplane::snapshot::{
     Route, ServicePortInfo, SourceClass,
 };
 use kxdp_kernel::huge::{arena_mapped, CHUNK};
-use kxdp_packet::proto;
 use kxdp_packet::Addr;
+use kxdp_packet::IpProto;
 
 fn frontend(id: u32, endpoints: u32) -> Frontend {
     let eps: Vec<Endpoint> = (0..endpoints)
@@ -25,7 +25,7 @@ fn frontend(id: u32, endpoints: u32) -> Frontend {
         service_port: Arc::new(ServicePortInfo {
             name: format!("ns/svc-{id}").into(),
             id,
-            proto: proto::TCP,
+            proto: IpProto::TCP,
             affinity_timeout_s: 0,
         }),
         kind: FrontendKind::ClusterIp,
@@ -47,7 +47,7 @@ fn key(n: u32) -> FrontendKey {
     FrontendKey {
         addr: Addr::from_v4((0xac10_0000 + n).to_be_bytes()),
         port: 80,
-        proto: proto::TCP,
+        proto: IpProto::TCP,
     }
 }
 

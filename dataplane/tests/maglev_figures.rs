@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use kxdp_dataplane::maglev::{seed_of, table_size, Maglev, DEFAULT_TABLE_SIZE};
 use kxdp_dataplane::snapshot::{Endpoint, EndpointRange};
-use kxdp_packet::{Addr, PacketMeta};
+use kxdp_packet::{Addr, IpProto, PacketMeta};
 
 fn endpoints(service: u32, n: u32) -> Vec<Endpoint> {
     (0..n)
@@ -36,7 +36,7 @@ fn moved_share(n: u32, flows: u32) -> (f64, f64) {
     let after = Maglev::build(seed, DEFAULT_TABLE_SIZE, &after_eps, &[all(n - 1)]).unwrap();
     let (mut moved, mut moved_others) = (0u32, 0u32);
     let mut meta = PacketMeta {
-        proto: 6,
+        proto: IpProto::TCP,
         dport: 80,
         dst: Addr::from_v4([172, 30, 0, 10]),
         ..Default::default()

@@ -7,7 +7,7 @@ use kxdp_dataplane::conntrack::{Conntrack, CtConfig};
 use kxdp_dataplane::pipeline::{Frames, Pipeline, SlotFrames};
 use kxdp_dataplane::snapshot::*;
 use kxdp_dataplane::verdict::{Action, Reason, Verdict};
-use kxdp_packet::{parse, proto, verify, Addr, LinkType, Parsed};
+use kxdp_packet::{parse, verify, Addr, IpProto, LinkType, Parsed};
 
 const NODE: [u8; 4] = [192, 168, 0, 2];
 const VIP: [u8; 4] = [172, 30, 0, 41];
@@ -51,9 +51,9 @@ fn snapshot(masq_external: bool, affinity: u32) -> Snapshot {
             affinity_timeout_s,
         })
     };
-    let svc1 = sp("ns1/svc1:http", 11, proto::TCP, affinity);
-    let empty = sp("ns1/empty", 12, proto::UDP, 0);
-    let selfp = sp("ns1/self", 13, proto::TCP, 0);
+    let svc1 = sp("ns1/svc1:http", 11, IpProto::TCP, affinity);
+    let empty = sp("ns1/empty", 12, IpProto::UDP, 0);
+    let selfp = sp("ns1/self", 13, IpProto::TCP, 0);
     let both = EndpointRange { start: 0, len: 2 };
     let route = |masquerade| Route {
         endpoints: both,
@@ -62,7 +62,7 @@ fn snapshot(masq_external: bool, affinity: u32) -> Snapshot {
     };
     let key = |addr, port, proto| FrontendKey { addr, port, proto };
     s.insert_frontend(
-        key(a(VIP), 80, proto::TCP),
+        key(a(VIP), 80, IpProto::TCP),
         Frontend {
             service_port: svc1.clone(),
             kind: FrontendKind::ClusterIp,
@@ -73,7 +73,7 @@ fn snapshot(masq_external: bool, affinity: u32) -> Snapshot {
         },
     );
     s.insert_frontend(
-        key(a(VIP), 53, proto::UDP),
+        key(a(VIP), 53, IpProto::UDP),
         Frontend {
             service_port: empty,
             kind: FrontendKind::ClusterIp,
@@ -84,7 +84,7 @@ fn snapshot(masq_external: bool, affinity: u32) -> Snapshot {
         },
     );
     s.insert_frontend(
-        key(a([172, 30, 0, 42]), 80, proto::TCP),
+        key(a([172, 30, 0, 42]), 80, IpProto::TCP),
         Frontend {
             service_port: selfp,
             kind: FrontendKind::ClusterIp,
@@ -99,7 +99,7 @@ fn snapshot(masq_external: bool, affinity: u32) -> Snapshot {
         },
     );
     s.insert_frontend(
-        key(a(NODE), 30080, proto::TCP),
+        key(a(NODE), 30080, IpProto::TCP),
         Frontend {
             service_port: svc1,
             kind: FrontendKind::NodePort,
@@ -311,13 +311,13 @@ fn masquerade_without_a_free_source_port_drops() {
         FrontendKey {
             addr: a(ONE),
             port: 80,
-            proto: proto::TCP,
+            proto: IpProto::TCP,
         },
         Frontend {
             service_port: Arc::new(ServicePortInfo {
                 name: "ns1/one:http".into(),
                 id: 14,
-                proto: proto::TCP,
+                proto: IpProto::TCP,
                 affinity_timeout_s: 0,
             }),
             kind: FrontendKind::ClusterIp,
@@ -373,7 +373,7 @@ fn rejects_drops_and_passes() {
     let m = meta(&out);
     assert_eq!(
         (m.src, m.dst, m.proto, m.icmp_type, m.icmp_code),
-        (a(VIP), a(POD), 1, 3, 3)
+        (a(VIP), a(POD), IpProto::ICMP, 3, 3)
     );
     valid(&out);
     // Undefined port on a ClusterIP: TCP RST.
@@ -429,7 +429,7 @@ fn affinity_record_outside_the_route_is_replaced() {
     let vip80 = FrontendKey {
         addr: a(VIP),
         port: 80,
-        proto: proto::TCP,
+        proto: IpProto::TCP,
     };
     let mut h = Harness::new(snapshot(false, 600));
     let full = h.snap.clone();
@@ -510,7 +510,7 @@ fn packets_of_a_connection_created_earlier_in_the_same_batch() {
     let vip = FrontendKey {
         addr: a(VIP),
         port: 80,
-        proto: proto::TCP,
+        proto: IpProto::TCP,
     };
     let mut fe = s.frontends.get(&vip).unwrap().clone();
     fe.routes = [Route {
@@ -585,7 +585,7 @@ fn established_flow_keeps_its_backend_when_the_service_changes() {
     let vip = FrontendKey {
         addr: a(VIP),
         port: 80,
-        proto: proto::TCP,
+        proto: IpProto::TCP,
     };
     let mut fe = s.frontends.get(&vip).unwrap().clone();
     fe.routes = [Route {
@@ -651,9 +651,9 @@ fn lane_snapshot(masq_external: bool) -> Snapshot {
     ]
     .into();
     s.insert_frontend(
-        key(a(VIP), 5353, proto::UDP),
+        key(a(VIP), 5353, IpProto::UDP),
         Frontend {
-            service_port: sp("ns1/dns", 21, proto::UDP),
+            service_port: sp("ns1/dns", 21, IpProto::UDP),
             kind: FrontendKind::ClusterIp,
             routes: [route(2); 3],
             endpoints: v4_eps,
@@ -668,9 +668,9 @@ fn lane_snapshot(masq_external: bool) -> Snapshot {
     }]
     .into();
     s.insert_frontend(
-        key(Addr::from_v6(VIP6), 80, proto::TCP),
+        key(Addr::from_v6(VIP6), 80, IpProto::TCP),
         Frontend {
-            service_port: sp("ns1/web6:http", 22, proto::TCP),
+            service_port: sp("ns1/web6:http", 22, IpProto::TCP),
             kind: FrontendKind::ClusterIp,
             routes: [route(1); 3],
             endpoints: v6_eps,

@@ -14,9 +14,12 @@ use std::sync::{Arc, OnceLock};
 
 use kxdp_dataplane::conntrack::{Conntrack, CtConfig};
 use kxdp_dataplane::pipeline::{Pipeline, SlotFrames};
-use kxdp_dataplane::snapshot::{EmptyAction, Endpoint, EndpointRange, Frontend, FrontendKey, FrontendKind, NodeInfo, Route, ServicePortInfo, Snapshot};
-use kxdp_packet::proto;
+use kxdp_dataplane::snapshot::{
+    EmptyAction, Endpoint, EndpointRange, Frontend, FrontendKey, FrontendKind, NodeInfo, Route,
+    ServicePortInfo, Snapshot,
+};
 use kxdp_dataplane::verdict::Verdict;
+use kxdp_packet::IpProto;
 use kxdp_packet::{Addr, LinkType};
 use libfuzzer_sys::fuzz_target;
 
@@ -44,12 +47,12 @@ fn snapshot(b: bool) -> Snapshot {
     s.service_cidrs.insert("172.30.0.0".parse().unwrap(), 16);
     s.service_cidrs.insert("fd00:30::".parse().unwrap(), 112);
     // (frontend, kind, proto, endpoints in a, endpoints in b, affinity, masquerade externals)
-    let services: [(&str, u16, FrontendKind, u8, &[&str], &[&str], u32); 7] = [
+    let services: [(&str, u16, FrontendKind, IpProto, &[&str], &[&str], u32); 7] = [
         (
             "172.30.0.1",
             80,
             FrontendKind::ClusterIp,
-            proto::TCP,
+            IpProto::TCP,
             &["10.2.0.1:8080", "10.2.0.2:8080"],
             &["10.2.0.3:8080"],
             0,
@@ -58,7 +61,7 @@ fn snapshot(b: bool) -> Snapshot {
             "172.30.0.2",
             53,
             FrontendKind::ClusterIp,
-            proto::UDP,
+            IpProto::UDP,
             &["10.2.0.5:5353"],
             &[],
             0,
@@ -67,7 +70,7 @@ fn snapshot(b: bool) -> Snapshot {
             "172.30.0.3",
             80,
             FrontendKind::ClusterIp,
-            proto::TCP,
+            IpProto::TCP,
             &["10.2.0.6:80", "10.1.0.6:80"],
             &["10.1.0.6:80"],
             30,
@@ -76,7 +79,7 @@ fn snapshot(b: bool) -> Snapshot {
             "172.30.0.4",
             9,
             FrontendKind::ClusterIp,
-            proto::SCTP,
+            IpProto::SCTP,
             &["10.2.0.7:9"],
             &["10.2.0.8:9"],
             0,
@@ -85,7 +88,7 @@ fn snapshot(b: bool) -> Snapshot {
             "192.168.0.2",
             30080,
             FrontendKind::NodePort,
-            proto::TCP,
+            IpProto::TCP,
             &["10.2.0.1:8080"],
             &["10.1.0.9:8080"],
             0,
@@ -94,7 +97,7 @@ fn snapshot(b: bool) -> Snapshot {
             "203.0.113.10",
             443,
             FrontendKind::LoadBalancer,
-            proto::TCP,
+            IpProto::TCP,
             &["10.2.0.1:8443"],
             &[],
             0,
@@ -103,7 +106,7 @@ fn snapshot(b: bool) -> Snapshot {
             "fd00:30::1",
             80,
             FrontendKind::ClusterIp,
-            proto::TCP,
+            IpProto::TCP,
             &["[fd00:10::1]:8080"],
             &["[fd00:10::2]:8080"],
             0,
@@ -239,5 +242,8 @@ fuzz_target!(|data: &[u8]| {
             });
         }
     });
-    assert!(ct.len() <= MAX_ENTRIES, "conntrack over its maximum at rest");
+    assert!(
+        ct.len() <= MAX_ENTRIES,
+        "conntrack over its maximum at rest"
+    );
 });

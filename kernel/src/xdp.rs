@@ -689,14 +689,14 @@ impl SharedMaps {
     /// node address on `node_port`.
     pub fn add_masq_reply(
         &self,
-        proto: u8,
+        proto: kxdp_packet::IpProto,
         remote: &kxdp_packet::Addr,
         family: kxdp_packet::Family,
         remote_port: u16,
         node_port: u16,
     ) -> io::Result<()> {
         let mut key = [0u8; 24];
-        key[0] = proto;
+        key[0] = proto.0;
         key[2..4].copy_from_slice(&remote_port.to_be_bytes());
         key[4..6].copy_from_slice(&node_port.to_be_bytes());
         match family {

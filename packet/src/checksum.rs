@@ -5,6 +5,7 @@
 //! result into the value stored in a checksum field.
 
 use crate::addr::{Addr, Family};
+use crate::IpProto;
 
 /// Reduces a 64-bit accumulator to a 32-bit partial sum, congruent modulo 0xffff.
 #[inline(always)]
@@ -95,19 +96,19 @@ pub fn addr_delta(old: &Addr, new: &Addr, fam: Family) -> u32 {
 /// Partial sum of the TCP/UDP/ICMPv6 pseudo-header (RFC 793 / RFC 8200 8.1). `len` is the
 /// upper-layer length.
 #[inline]
-pub fn pseudo_header(src: &Addr, dst: &Addr, fam: Family, proto: u8, len: u32) -> u32 {
+pub fn pseudo_header(src: &Addr, dst: &Addr, fam: Family, proto: IpProto, len: u32) -> u32 {
     let addrs = match fam {
         Family::V4 => sum(&dst.0[12..], sum(&src.0[12..], 0)),
         Family::V6 => sum(&dst.0, sum(&src.0, 0)),
     };
-    let s = addrs as u64 + proto as u64 + (len >> 16) as u64 + (len & 0xffff) as u64;
+    let s = addrs as u64 + proto.0 as u64 + (len >> 16) as u64 + (len & 0xffff) as u64;
     reduce64(s)
 }
 
 /// Checksum field value for an upper-layer message `data` (checksum field included as it is,
 /// normally zero) under the pseudo-header of `src`/`dst`.
 #[inline]
-pub fn l4_checksum(src: &Addr, dst: &Addr, fam: Family, proto: u8, data: &[u8]) -> u16 {
+pub fn l4_checksum(src: &Addr, dst: &Addr, fam: Family, proto: IpProto, data: &[u8]) -> u16 {
     fold(sum(
         data,
         pseudo_header(src, dst, fam, proto, data.len() as u32),
@@ -186,7 +187,7 @@ mod tests {
     fn pseudo_header_v6_len_high_bits() {
         let a = Addr::from_v6([1; 16]);
         let b = Addr::from_v6([2; 16]);
-        let p = pseudo_header(&a, &b, Family::V6, 17, 0x1_0008);
+        let p = pseudo_header(&a, &b, Family::V6, IpProto::UDP, 0x1_0008);
         let mut manual = Vec::new();
         manual.extend_from_slice(&a.0);
         manual.extend_from_slice(&b.0);

@@ -10,7 +10,7 @@ use crate::addr::{Addr, Family};
 use crate::checksum::{fold, sum, update16, update_addr};
 use crate::field::{arr, get16, set16};
 use crate::meta::PacketMeta;
-use crate::proto;
+use crate::IpProto;
 use crate::{ipv4, ipv6, tcp, udp};
 
 /// The quoted ("inner") packet of an ICMP error, located in the frame.
@@ -25,7 +25,7 @@ pub struct Quoted {
     /// Family of the quoted packet (always the error's own).
     pub family: Family,
     /// Transport protocol of the quoted packet.
-    pub proto: u8,
+    pub proto: IpProto,
     /// Source address of the quoted packet.
     pub src: Addr,
     /// Destination address of the quoted packet.
@@ -64,7 +64,7 @@ pub fn parse_quoted(frame: &[u8], meta: &PacketMeta) -> Option<Quoted> {
                 return None;
             }
             let fo = get16(inner, ipv4::field::FLAGS_FRAG);
-            q.proto = inner[ipv4::field::PROTOCOL];
+            q.proto = IpProto(inner[ipv4::field::PROTOCOL]);
             q.src = Addr::from_v4(arr(inner, ipv4::field::SRC));
             q.dst = Addr::from_v4(arr(inner, ipv4::field::DST));
             if fo & 0x1fff != 0 {
@@ -93,12 +93,12 @@ pub fn parse_quoted(frame: &[u8], meta: &PacketMeta) -> Option<Quoted> {
     q.l4_avail = l4.len() as u16;
     if l4.len() >= 4 {
         match q.proto {
-            proto::TCP | proto::UDP | proto::SCTP => {
+            IpProto::TCP | IpProto::UDP | IpProto::SCTP => {
                 q.sport = get16(l4, 0);
                 q.dport = get16(l4, 2);
                 q.has_ports = true;
             }
-            proto::ICMP | proto::ICMPV6 if l4.len() >= 6 => {
+            IpProto::ICMP | IpProto::ICMPV6 if l4.len() >= 6 => {
                 q.sport = get16(l4, 4);
                 q.dport = q.sport;
                 q.has_ports = true;
@@ -176,19 +176,19 @@ pub fn rewrite_icmp_error(frame: &mut [u8], meta: &mut PacketMeta, q: &Quoted, r
             update_addr(c, &old_in_dst, &rw.inner_dst, fam)
         };
         match q.proto {
-            proto::TCP | proto::UDP | proto::SCTP => {
+            IpProto::TCP | IpProto::UDP | IpProto::SCTP => {
                 let (os, od) = (get16(frame, il4), get16(frame, il4 + 2));
                 set16(frame, il4, rw.inner_sport);
                 set16(frame, il4 + 2, rw.inner_dport);
                 let at = match q.proto {
-                    proto::TCP => Some(tcp::field::CHECKSUM),
-                    proto::UDP => Some(udp::field::CHECKSUM),
+                    IpProto::TCP => Some(tcp::field::CHECKSUM),
+                    IpProto::UDP => Some(udp::field::CHECKSUM),
                     _ => None, // SCTP's CRC32c covers the whole packet: not quoted, left as is
                 };
                 if let Some(at) = at {
                     if avail >= at + 2 {
                         let c = get16(frame, il4 + at);
-                        if !(q.proto == proto::UDP && fam == Family::V4 && c == 0) {
+                        if !(q.proto == IpProto::UDP && fam == Family::V4 && c == 0) {
                             let c = update16(
                                 update16(addr_delta(c), os, rw.inner_sport),
                                 od,
@@ -199,12 +199,12 @@ pub fn rewrite_icmp_error(frame: &mut [u8], meta: &mut PacketMeta, q: &Quoted, r
                     }
                 }
             }
-            proto::ICMP | proto::ICMPV6 => {
+            IpProto::ICMP | IpProto::ICMPV6 => {
                 let old_id = get16(frame, il4 + 4);
                 set16(frame, il4 + 4, rw.inner_sport);
                 if avail >= 4 {
                     let mut c = update16(get16(frame, il4 + 2), old_id, rw.inner_sport);
-                    if q.proto == proto::ICMPV6 {
+                    if q.proto == IpProto::ICMPV6 {
                         c = addr_delta(c);
                     }
                     set16(frame, il4 + 2, c);
@@ -225,7 +225,7 @@ pub fn rewrite_icmp_error(frame: &mut [u8], meta: &mut PacketMeta, q: &Quoted, r
                 &rw.outer_src,
                 &rw.outer_dst,
                 fam,
-                proto::ICMPV6,
+                IpProto::ICMPV6,
                 (end - l4) as u32,
             ),
         );

@@ -8,9 +8,6 @@ use crate::ParseError;
 
 /// Header length (type, code, checksum, 4 bytes rest-of-header).
 pub const HEADER_LEN: usize = 8;
-/// IP protocol / next-header number.
-pub const PROTOCOL: u8 = 1;
-
 /// Message types.
 pub mod types {
     /// Destination unreachable.

@@ -4,13 +4,10 @@
 use crate::addr::{Addr, Family};
 use crate::checksum;
 use crate::field::{get16, get32, set16, set32};
-use crate::ParseError;
+use crate::{IpProto, ParseError};
 
 /// Header length (type, code, checksum, 4 bytes rest-of-header).
 pub const HEADER_LEN: usize = 8;
-/// IP protocol / next-header number.
-pub const PROTOCOL: u8 = 58;
-
 /// Message types.
 pub mod types {
     /// Destination unreachable.
@@ -118,7 +115,7 @@ impl<T: AsRef<[u8]>> Message<T> {
 
     /// True when the checksum (pseudo-header included) verifies.
     pub fn verify_checksum(&self, src: &Addr, dst: &Addr) -> bool {
-        checksum::l4_checksum(src, dst, Family::V6, PROTOCOL, self.b()) == 0
+        checksum::l4_checksum(src, dst, Family::V6, IpProto::ICMPV6, self.b()) == 0
     }
 }
 
@@ -158,7 +155,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Message<T> {
     /// Recomputes the checksum (pseudo-header included) over the whole buffer.
     pub fn fill_checksum(&mut self, src: &Addr, dst: &Addr) {
         self.set_checksum(0);
-        let c = checksum::l4_checksum(src, dst, Family::V6, PROTOCOL, self.buffer.as_ref());
+        let c = checksum::l4_checksum(src, dst, Family::V6, IpProto::ICMPV6, self.buffer.as_ref());
         self.set_checksum(c);
     }
 }

@@ -3,7 +3,7 @@
 //! costs at most a few reads and never indexes out of bounds.
 
 use crate::field::{arr, get16, get32, set16};
-use crate::ParseError;
+use crate::{IpProto, ParseError};
 
 /// Fixed header length.
 pub const HEADER_LEN: usize = 40;
@@ -299,7 +299,7 @@ impl Iterator for ExtHeaderIter<'_> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct ChainEnd {
     /// Upper-layer protocol (or ESP / no-next-header, or what a non-first fragment carries).
-    pub proto: u8,
+    pub proto: IpProto,
     /// Offset of the upper-layer header from the start of the IPv6 payload.
     pub offset: usize,
     /// Fragment header, if any.
@@ -327,7 +327,7 @@ pub fn walk_chain(payload: &[u8], first: u8) -> Result<ChainEnd, ParseError> {
             frag = Some(f);
             if f.offset != 0 {
                 return Ok(ChainEnd {
-                    proto: h.next_header,
+                    proto: IpProto(h.next_header),
                     offset: it.off,
                     frag,
                     has_l4: false,
@@ -338,7 +338,7 @@ pub fn walk_chain(payload: &[u8], first: u8) -> Result<ChainEnd, ParseError> {
     let (proto, offset) = it.position();
     let has_l4 = proto != ext::ESP && proto != ext::NO_NEXT;
     Ok(ChainEnd {
-        proto,
+        proto: IpProto(proto),
         offset,
         frag,
         has_l4,
@@ -432,7 +432,7 @@ mod tests {
         p[26..28].copy_from_slice(&1u16.to_be_bytes());
         p[28..32].copy_from_slice(&0xdeadbeefu32.to_be_bytes());
         let e = walk_chain(&p, ext::HOP_BY_HOP).unwrap();
-        assert_eq!((e.proto, e.offset, e.has_l4), (17, 32, true));
+        assert_eq!((e.proto, e.offset, e.has_l4), (IpProto::UDP, 32, true));
         assert_eq!(
             e.frag,
             Some(FragInfo {
@@ -448,7 +448,7 @@ mod tests {
         let e = walk_chain(&p, ext::HOP_BY_HOP).unwrap();
         assert_eq!(
             (e.proto, e.has_l4, e.frag.unwrap().offset),
-            (17, false, 0x100)
+            (IpProto::UDP, false, 0x100)
         );
         // Hop-by-hop not first.
         p[0] = ext::HOP_BY_HOP;

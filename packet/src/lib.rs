@@ -41,7 +41,7 @@ pub use icmp_error::{parse_quoted, rewrite_icmp_error, ErrorRewrite, Quoted};
 pub use meta::{
     parse, parse_into, parse_plain_v4, Frag, PacketMeta, Parsed, PlainV4, PLAIN_V4_L3, PLAIN_V4_L4,
 };
-pub use protocol::{proto, IpProto};
+pub use protocol::IpProto;
 pub use reply::{build_port_unreachable, build_tcp_rst};
 pub use rewrite::{
     decrement_ttl, decrement_ttl_at, rewrite, rewrite_plain_v4, rewrite_plain_v4_from,

@@ -5,7 +5,7 @@
 use crate::addr::{Addr, Family};
 use crate::ethernet::{self, ethertype};
 use crate::field::{arr, get16, get32};
-use crate::protocol::proto;
+use crate::protocol::IpProto;
 use crate::{icmpv4, icmpv6, ipv4, ipv6, sctp, tcp, udp, LinkType, ParseError};
 
 /// Fragmentation state of an IP packet (IPv4 flags/offset or the IPv6 fragment header).
@@ -36,7 +36,7 @@ pub struct PacketMeta {
     /// Address family.
     pub family: Family,
     /// Transport protocol after the extension-header chain.
-    pub proto: u8,
+    pub proto: IpProto,
     /// Source address.
     pub src: Addr,
     /// Destination address.
@@ -77,8 +77,8 @@ impl PacketMeta {
     #[inline]
     fn is_icmp(&self) -> bool {
         self.has_l4()
-            && ((self.family == Family::V4 && self.proto == proto::ICMP)
-                || (self.family == Family::V6 && self.proto == proto::ICMPV6))
+            && ((self.family == Family::V4 && self.proto == IpProto::ICMP)
+                || (self.family == Family::V6 && self.proto == IpProto::ICMPV6))
     }
 
     /// ICMP echo request / ICMPv6 echo request.
@@ -208,8 +208,8 @@ pub struct PlainV4 {
     pub sport: u16,
     /// Destination port.
     pub dport: u16,
-    /// [`proto::TCP`] or [`proto::UDP`].
-    pub proto: u8,
+    /// [`IpProto::TCP`] or [`IpProto::UDP`].
+    pub proto: IpProto,
 }
 
 /// The common frame in one length check: untagged Ethernet, IPv4 without options and not a
@@ -238,8 +238,8 @@ pub fn parse_plain_v4(frame: &[u8], m: &mut PacketMeta) -> Option<PlainV4> {
         return None;
     }
     let l4_len = tl.wrapping_sub(ipv4::MIN_HEADER_LEN);
-    let (proto, tcp_flags) = match h[L3 + ipv4::field::PROTOCOL] {
-        proto::TCP => {
+    let (proto, tcp_flags) = match IpProto(h[L3 + ipv4::field::PROTOCOL]) {
+        IpProto::TCP => {
             let doff = (h[L4 + tcp::field::DATA_OFF] >> 4) as usize * 4;
             if tl < ipv4::MIN_HEADER_LEN + tcp::MIN_HEADER_LEN
                 || doff < tcp::MIN_HEADER_LEN
@@ -247,9 +247,9 @@ pub fn parse_plain_v4(frame: &[u8], m: &mut PacketMeta) -> Option<PlainV4> {
             {
                 return None;
             }
-            (proto::TCP, h[L4 + tcp::field::FLAGS])
+            (IpProto::TCP, h[L4 + tcp::field::FLAGS])
         }
-        proto::UDP => {
+        IpProto::UDP => {
             let ulen = be16(L4 + udp::field::LEN) as usize;
             if tl < ipv4::MIN_HEADER_LEN + udp::HEADER_LEN
                 || ulen < udp::HEADER_LEN
@@ -257,7 +257,7 @@ pub fn parse_plain_v4(frame: &[u8], m: &mut PacketMeta) -> Option<PlainV4> {
             {
                 return None;
             }
-            (proto::UDP, 0)
+            (IpProto::UDP, 0)
         }
         _ => return None,
     };
@@ -302,7 +302,7 @@ fn parse_v4(ip: &[u8], l3: usize, m: &mut PacketMeta) -> Result<(), ParseError> 
         l3_off: l3 as u16,
         ip_len: tl as u16,
         family: Family::V4,
-        proto: ip[ipv4::field::PROTOCOL],
+        proto: IpProto(ip[ipv4::field::PROTOCOL]),
         src: Addr::from_v4(arr(ip, ipv4::field::SRC)),
         dst: Addr::from_v4(arr(ip, ipv4::field::DST)),
         ttl: ip[ipv4::field::TTL],
@@ -362,13 +362,13 @@ fn parse_l4(m: &mut PacketMeta, l4: &[u8], off: usize) -> Result<(), ParseError>
     m.l4_off = off as u16;
     m.l4_len = l4.len() as u16;
     match m.proto {
-        proto::TCP => {
+        IpProto::TCP => {
             tcp::check(l4)?;
             m.sport = get16(l4, tcp::field::SRC_PORT);
             m.dport = get16(l4, tcp::field::DST_PORT);
             m.tcp_flags = l4[tcp::field::FLAGS];
         }
-        proto::UDP => {
+        IpProto::UDP => {
             if l4.len() < udp::HEADER_LEN {
                 return Err(ParseError::Truncated);
             }
@@ -380,7 +380,7 @@ fn parse_l4(m: &mut PacketMeta, l4: &[u8], off: usize) -> Result<(), ParseError>
             m.sport = get16(l4, udp::field::SRC_PORT);
             m.dport = get16(l4, udp::field::DST_PORT);
         }
-        proto::SCTP => {
+        IpProto::SCTP => {
             if m.frag.more {
                 if l4.len() < sctp::HEADER_LEN + sctp::CHUNK_HEADER_LEN {
                     return Err(ParseError::Truncated);
@@ -393,8 +393,8 @@ fn parse_l4(m: &mut PacketMeta, l4: &[u8], off: usize) -> Result<(), ParseError>
             m.sctp_vtag = get32(l4, 4);
             m.sctp_chunk = l4[12];
         }
-        proto::ICMP | proto::ICMPV6 => {
-            let matches_family = (m.proto == proto::ICMP) == (m.family == Family::V4);
+        IpProto::ICMP | IpProto::ICMPV6 => {
+            let matches_family = (m.proto == IpProto::ICMP) == (m.family == Family::V4);
             if matches_family {
                 if l4.len() < 8 {
                     return Err(ParseError::Truncated);

@@ -1,13 +1,14 @@
 //! IP protocol numbers: the IPv4 Protocol field and the transport's IPv6 Next Header.
 //!
-//! [`IpProto`] is the one vocabulary of protocols across the crates: its constants, its name as
-//! verdicts, listings and Kubernetes spell it, and whether it has ports. The fields that carry a
-//! protocol on the fast path (`PacketMeta::proto`, conntrack tuples, verdicts) stay a byte, as
-//! it sits in the header and in the packed keys; [`proto`](crate::proto) names the same numbers
-//! as bytes for matching on those fields.
+//! [`IpProto`] is the one type of a protocol across the crates: the parsed packet
+//! (`PacketMeta::proto`), conntrack tuples, verdicts, frontends and policy ports all carry it,
+//! and its constants are matched on directly (they are patterns). It is a `repr(transparent)`
+//! byte, so it costs what the byte did; the byte itself (`.0`, `u8::from`) appears only where
+//! a protocol is read from or written into a header, packed into a conntrack key, or stored in
+//! a file or wire format.
 
 /// An IP protocol number.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 #[repr(transparent)]
 pub struct IpProto(pub u8);
 
@@ -32,6 +33,19 @@ impl IpProto {
             IpProto::SCTP => Some("SCTP"),
             IpProto::ICMP => Some("ICMP"),
             IpProto::ICMPV6 => Some("ICMPv6"),
+            _ => None,
+        }
+    }
+
+    /// The protocol [`IpProto::name`] gives `name` (exactly as spelt there); None for any other
+    /// name.
+    pub fn from_name(name: &str) -> Option<IpProto> {
+        match name {
+            "TCP" => Some(IpProto::TCP),
+            "UDP" => Some(IpProto::UDP),
+            "SCTP" => Some(IpProto::SCTP),
+            "ICMP" => Some(IpProto::ICMP),
+            "ICMPv6" => Some(IpProto::ICMPV6),
             _ => None,
         }
     }
@@ -69,6 +83,14 @@ impl From<IpProto> for u8 {
     }
 }
 
+impl core::fmt::Debug for IpProto {
+    /// The number, as the byte it stands for: the `Debug` of a struct holding one (a frontend
+    /// key, a tuple, a verdict) reads as it did when the field was a `u8`.
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        core::fmt::Debug::fmt(&self.0, f)
+    }
+}
+
 impl core::fmt::Display for IpProto {
     /// The name, else the number.
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
@@ -77,22 +99,6 @@ impl core::fmt::Display for IpProto {
             None => write!(f, "{}", self.0),
         }
     }
-}
-
-/// [`IpProto`]'s numbers as bytes, for matching on the fields that hold a protocol byte.
-pub mod proto {
-    use super::IpProto;
-
-    /// ICMP (IPv4).
-    pub const ICMP: u8 = IpProto::ICMP.0;
-    /// TCP.
-    pub const TCP: u8 = IpProto::TCP.0;
-    /// UDP.
-    pub const UDP: u8 = IpProto::UDP.0;
-    /// ICMPv6.
-    pub const ICMPV6: u8 = IpProto::ICMPV6.0;
-    /// SCTP.
-    pub const SCTP: u8 = IpProto::SCTP.0;
 }
 
 #[cfg(test)]
@@ -104,9 +110,14 @@ mod tests {
         assert_eq!(IpProto::TCP.name(), Some("TCP"));
         assert_eq!(IpProto::ICMPV6.to_string(), "ICMPv6");
         assert_eq!(IpProto(47).to_string(), "47");
+        assert_eq!(format!("{:?}", IpProto::TCP), "6");
         assert!(IpProto::SCTP.has_ports() && !IpProto::ICMP.has_ports());
         assert_eq!(IpProto::from_port_protocol("UDP"), Some(IpProto::UDP));
         assert_eq!(IpProto::from_port_protocol("ICMP"), None);
-        assert_eq!(proto::TCP, 6);
+        for p in [1, 6, 17, 58, 132, 47].map(IpProto) {
+            assert_eq!(p.name().and_then(IpProto::from_name), p.name().map(|_| p));
+        }
+        assert_eq!(IpProto::from_name("tcp"), None);
+        assert_eq!(u8::from(IpProto::TCP), 6);
     }
 }

@@ -8,8 +8,8 @@
 use crate::addr::{Addr, Family};
 use crate::field::{get16, get32};
 use crate::meta::PacketMeta;
-use crate::proto;
 use crate::tcp::flags;
+use crate::IpProto;
 use crate::{ethernet, icmpv4, icmpv6, ipv4, ipv6, tcp, LinkType};
 
 /// TTL / hop limit of the replies.
@@ -83,7 +83,7 @@ fn emit_ip(
     fam: Family,
     src: &Addr,
     dst: &Addr,
-    protocol: u8,
+    protocol: IpProto,
     payload_len: usize,
 ) -> usize {
     match fam {
@@ -91,10 +91,10 @@ fn emit_ip(
             let r = ipv4::Repr {
                 src_addr: src.v4_octets(),
                 dst_addr: dst.v4_octets(),
-                protocol,
+                protocol: protocol.0,
                 ttl: REPLY_TTL,
                 ident: 0,
-                dont_frag: protocol == proto::TCP,
+                dont_frag: protocol == IpProto::TCP,
                 dscp_ecn: 0,
                 payload_len,
             };
@@ -105,7 +105,7 @@ fn emit_ip(
             let r = ipv6::Repr {
                 src_addr: src.0,
                 dst_addr: dst.0,
-                next_header: protocol,
+                next_header: protocol.0,
                 hop_limit: REPLY_TTL,
                 traffic_class: 0,
                 flow_label: 0,
@@ -131,7 +131,7 @@ pub fn build_tcp_rst(buf: &mut [u8], len: usize, link: LinkType, meta: &PacketMe
         Family::V4 => ipv4::MIN_HEADER_LEN,
         Family::V6 => ipv6::HEADER_LEN,
     };
-    if meta.proto != proto::TCP || l4 < l3 + min_l3 || meta.frag.is_fragment {
+    if meta.proto != IpProto::TCP || l4 < l3 + min_l3 || meta.frag.is_fragment {
         return 0;
     }
     let Ok(hl) = tcp::check(&buf[l4.min(ip_end)..ip_end]) else {
@@ -162,7 +162,7 @@ pub fn build_tcp_rst(buf: &mut [u8], len: usize, link: LinkType, meta: &PacketMe
         meta.family,
         &dst,
         &src,
-        proto::TCP,
+        IpProto::TCP,
         tcp::MIN_HEADER_LEN,
     );
     let r = tcp::Repr {
@@ -218,9 +218,9 @@ pub fn build_port_unreachable(
         &dst,
         &src,
         if fam == Family::V4 {
-            proto::ICMP
+            IpProto::ICMP
         } else {
-            proto::ICMPV6
+            IpProto::ICMPV6
         },
         icmp_len,
     );

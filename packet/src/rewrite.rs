@@ -8,7 +8,7 @@ use crate::addr::{Addr, Family};
 use crate::checksum::{addr_delta, delta32, fold, update16};
 use crate::field::{arr, get16, get32, set16, set32};
 use crate::meta::{PacketMeta, PlainV4, PLAIN_V4_L3, PLAIN_V4_L4, PLAIN_V4_LEN};
-use crate::proto;
+use crate::IpProto;
 use crate::{icmpv4, icmpv6, ipv4, ipv6, sctp, tcp, udp, ParseError};
 
 /// Rewrites source/destination address and port (ICMP/ICMPv6 echo: the identifier, taken from
@@ -54,10 +54,10 @@ pub fn try_rewrite(
     let do_l4 = l4 != 0 && meta.frag.offset == 0;
     if do_l4 {
         let min_l4 = match meta.proto {
-            proto::TCP => tcp::MIN_HEADER_LEN,
-            proto::UDP => udp::HEADER_LEN,
-            proto::SCTP => sctp::HEADER_LEN,
-            proto::ICMP | proto::ICMPV6 => icmpv4::HEADER_LEN,
+            IpProto::TCP => tcp::MIN_HEADER_LEN,
+            IpProto::UDP => udp::HEADER_LEN,
+            IpProto::SCTP => sctp::HEADER_LEN,
+            IpProto::ICMP | IpProto::ICMPV6 => icmpv4::HEADER_LEN,
             _ => 0,
         };
         if l4 < l3 + min_l3 || l4 + min_l4 > ip_end {
@@ -100,12 +100,12 @@ pub fn try_rewrite(
     }
 
     match meta.proto {
-        proto::TCP | proto::UDP => {
+        IpProto::TCP | IpProto::UDP => {
             set_tcp_udp_ports(frame, l4, meta.proto, fam, addr_sum, sport, dport);
             meta.sport = sport;
             meta.dport = dport;
         }
-        proto::SCTP => {
+        IpProto::SCTP => {
             set_ports(frame, l4, sport, dport, meta);
             // A first fragment's CRC covers bytes we do not have: leave it to the receiver.
             if !meta.frag.more {
@@ -113,7 +113,7 @@ pub fn try_rewrite(
                 p.fill_checksum();
             }
         }
-        proto::ICMP if fam == Family::V4 => {
+        IpProto::ICMP if fam == Family::V4 => {
             let t = frame[l4];
             if t == icmpv4::types::ECHO_REQUEST || t == icmpv4::types::ECHO_REPLY {
                 let c = update16(get16(frame, l4 + 2), get16(frame, l4 + 4), sport);
@@ -123,7 +123,7 @@ pub fn try_rewrite(
                 meta.dport = sport;
             }
         }
-        proto::ICMPV6 if fam == Family::V6 => {
+        IpProto::ICMPV6 if fam == Family::V6 => {
             let mut c = fold(!get16(frame, l4 + 2) as u32 + addr_sum);
             let t = frame[l4];
             if t == icmpv6::types::ECHO_REQUEST || t == icmpv6::types::ECHO_REPLY {
@@ -157,8 +157,8 @@ pub fn rewrite_v4_ports(
 ) -> Result<(), ParseError> {
     let (l3, l4, ip_end) = (meta.l3_off as usize, meta.l4_off as usize, meta.ip_end());
     let min_l4 = match meta.proto {
-        proto::TCP => tcp::MIN_HEADER_LEN,
-        proto::UDP => udp::HEADER_LEN,
+        IpProto::TCP => tcp::MIN_HEADER_LEN,
+        IpProto::UDP => udp::HEADER_LEN,
         _ => return Err(ParseError::Truncated),
     };
     if meta.family != Family::V4
@@ -187,17 +187,17 @@ pub fn rewrite_v4_ports(
 #[inline(always)]
 pub fn rewrite_plain_v4(
     frame: &mut [u8],
-    l4_proto: u8,
+    l4_proto: IpProto,
     src: u32,
     sport: u16,
     dst: u32,
     dport: u16,
 ) -> Result<(), ParseError> {
     match l4_proto {
-        proto::TCP => set_plain_v4::<{ PLAIN_V4_L4 + tcp::MIN_HEADER_LEN }>(
+        IpProto::TCP => set_plain_v4::<{ PLAIN_V4_L4 + tcp::MIN_HEADER_LEN }>(
             frame, l4_proto, src, sport, dst, dport,
         ),
-        proto::UDP => set_plain_v4::<{ PLAIN_V4_L4 + udp::HEADER_LEN }>(
+        IpProto::UDP => set_plain_v4::<{ PLAIN_V4_L4 + udp::HEADER_LEN }>(
             frame, l4_proto, src, sport, dst, dport,
         ),
         _ => Err(ParseError::Truncated),
@@ -209,7 +209,7 @@ pub fn rewrite_plain_v4(
 #[inline(always)]
 fn set_plain_v4<const LEN: usize>(
     frame: &mut [u8],
-    l4_proto: u8,
+    l4_proto: IpProto,
     src: u32,
     sport: u16,
     dst: u32,
@@ -243,8 +243,8 @@ pub fn rewrite_plain_v4_from(
         .first_chunk_mut::<PLAIN_V4_LEN>()
         .ok_or(ParseError::Truncated)?;
     let l4_check = match old.proto {
-        proto::TCP => L4 + tcp::field::CHECKSUM,
-        proto::UDP => L4 + udp::field::CHECKSUM,
+        IpProto::TCP => L4 + tcp::field::CHECKSUM,
+        IpProto::UDP => L4 + udp::field::CHECKSUM,
         _ => return Err(ParseError::Truncated),
     };
     // As `set_v4_addrs` and `ports_sum`: an unchanged address or port adds nothing (which keeps
@@ -260,7 +260,7 @@ pub fn rewrite_plain_v4_from(
     );
     let c = get16(h, l4_check);
     let l4_sum = add_carry(add_carry((!c) as u32, addr_sum), ports_sum);
-    if old.proto == proto::TCP {
+    if old.proto == IpProto::TCP {
         set16(h, l4_check, fold_carry(l4_sum));
     } else if c != 0 {
         // A zero IPv4 UDP checksum ("none") stays zero; a computed zero is sent as all ones.
@@ -323,20 +323,20 @@ fn set_v4_addrs(frame: &mut [u8], l3: usize, src: u32, dst: u32) -> u32 {
 fn set_tcp_udp_ports(
     frame: &mut [u8],
     l4: usize,
-    l4_proto: u8,
+    l4_proto: IpProto,
     fam: Family,
     addr_sum: u32,
     sport: u16,
     dport: u16,
 ) {
     let at = l4
-        + if l4_proto == proto::TCP {
+        + if l4_proto == IpProto::TCP {
             tcp::field::CHECKSUM
         } else {
             udp::field::CHECKSUM
         };
     let c = get16(frame, at);
-    if l4_proto == proto::TCP {
+    if l4_proto == IpProto::TCP {
         let c = fold(!c as u32 + addr_sum + ports_sum(frame, l4, sport, dport));
         set16(frame, at, c);
     } else if !(fam == Family::V4 && c == 0) {

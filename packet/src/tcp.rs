@@ -3,7 +3,7 @@
 use crate::addr::{Addr, Family};
 use crate::checksum;
 use crate::field::{get16, get32, set16, set32};
-use crate::ParseError;
+use crate::{IpProto, ParseError};
 
 /// Header length without options.
 pub const MIN_HEADER_LEN: usize = 20;
@@ -182,7 +182,7 @@ impl<T: AsRef<[u8]>> Segment<T> {
 
     /// True when the checksum verifies under the given pseudo-header addresses.
     pub fn verify_checksum(&self, src: &Addr, dst: &Addr, fam: Family) -> bool {
-        checksum::l4_checksum(src, dst, fam, 6, self.b()) == 0
+        checksum::l4_checksum(src, dst, fam, IpProto::TCP, self.b()) == 0
     }
 }
 
@@ -243,7 +243,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Segment<T> {
     /// Recomputes the checksum over the whole buffer from scratch.
     pub fn fill_checksum(&mut self, src: &Addr, dst: &Addr, fam: Family) {
         self.set_checksum(0);
-        let c = checksum::l4_checksum(src, dst, fam, 6, self.b());
+        let c = checksum::l4_checksum(src, dst, fam, IpProto::TCP, self.b());
         self.set_checksum(c);
     }
 }

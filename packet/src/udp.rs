@@ -3,7 +3,7 @@
 use crate::addr::{Addr, Family};
 use crate::checksum;
 use crate::field::{get16, set16};
-use crate::ParseError;
+use crate::{IpProto, ParseError};
 
 /// Header length.
 pub const HEADER_LEN: usize = 8;
@@ -95,7 +95,13 @@ impl<T: AsRef<[u8]>> Datagram<T> {
         if fam == Family::V4 && self.checksum() == 0 {
             return true;
         }
-        checksum::l4_checksum(src, dst, fam, 17, &self.b()[..self.len() as usize]) == 0
+        checksum::l4_checksum(
+            src,
+            dst,
+            fam,
+            IpProto::UDP,
+            &self.b()[..self.len() as usize],
+        ) == 0
     }
 }
 
@@ -132,7 +138,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Datagram<T> {
     pub fn fill_checksum(&mut self, src: &Addr, dst: &Addr, fam: Family) {
         self.set_checksum(0);
         let l = (self.len() as usize).min(self.b().len());
-        let c = checksum::l4_checksum(src, dst, fam, 17, &self.b()[..l]);
+        let c = checksum::l4_checksum(src, dst, fam, IpProto::UDP, &self.b()[..l]);
         self.set_checksum(if c == 0 { 0xffff } else { c });
     }
 }

@@ -7,8 +7,8 @@ use crate::addr::Family;
 use crate::checksum::{fold, pseudo_header, sum};
 use crate::field::get16;
 use crate::meta::PacketMeta;
-use crate::proto;
 use crate::udp;
+use crate::IpProto;
 
 /// A checksum that does not verify, or a meta that does not match the frame.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -18,7 +18,7 @@ pub enum ChecksumError {
     /// IPv4 header checksum is wrong.
     Ipv4Header,
     /// Transport checksum (TCP, UDP, SCTP CRC32c, ICMP, ICMPv6; protocol number inside) is wrong.
-    L4(u8),
+    L4(IpProto),
 }
 
 impl core::fmt::Display for ChecksumError {
@@ -26,7 +26,7 @@ impl core::fmt::Display for ChecksumError {
         match self {
             ChecksumError::Truncated => f.write_str("frame shorter than its headers say"),
             ChecksumError::Ipv4Header => f.write_str("bad IPv4 header checksum"),
-            ChecksumError::L4(p) => write!(f, "bad checksum for IP protocol {p}"),
+            ChecksumError::L4(p) => write!(f, "bad checksum for IP protocol {}", p.0),
         }
     }
 }
@@ -65,7 +65,7 @@ pub fn checksums(frame: &[u8], meta: &PacketMeta) -> Result<(), ChecksumError> {
     let bad = ChecksumError::L4(meta.proto);
     let ok = match meta.proto {
         // The pseudo-header covers the whole segment (TCP) or message (ICMPv6).
-        proto::TCP | proto::ICMPV6 => {
+        IpProto::TCP | IpProto::ICMPV6 => {
             fold(sum(
                 l4,
                 pseudo_header(
@@ -77,7 +77,7 @@ pub fn checksums(frame: &[u8], meta: &PacketMeta) -> Result<(), ChecksumError> {
                 ),
             )) == 0
         }
-        proto::UDP => {
+        IpProto::UDP => {
             if l4.len() < 8 {
                 return Err(ChecksumError::Truncated);
             }
@@ -88,18 +88,19 @@ pub fn checksums(frame: &[u8], meta: &PacketMeta) -> Result<(), ChecksumError> {
             if meta.family == Family::V4 && get16(l4, udp::field::CHECKSUM) == 0 {
                 true
             } else {
-                let ph = pseudo_header(&meta.src, &meta.dst, meta.family, proto::UDP, ulen as u32);
+                let ph =
+                    pseudo_header(&meta.src, &meta.dst, meta.family, IpProto::UDP, ulen as u32);
                 fold(sum(&l4[..ulen], ph)) == 0
             }
         }
-        proto::SCTP => {
+        IpProto::SCTP => {
             if l4.len() < 12 {
                 return Err(ChecksumError::Truncated);
             }
             let stored = u32::from_le_bytes([l4[8], l4[9], l4[10], l4[11]]);
             stored == crate::sctp::checksum_of(l4)
         }
-        proto::ICMP => fold(sum(l4, 0)) == 0,
+        IpProto::ICMP => fold(sum(l4, 0)) == 0,
         _ => true,
     };
     if ok {

@@ -6,8 +6,8 @@ mod common;
 
 use common::*;
 use kxdp_packet::{
-    build_port_unreachable, build_tcp_rst, parse, rewrite, verify, Addr, Family, Frag, LinkType,
-    PacketMeta, Parsed,
+    build_port_unreachable, build_tcp_rst, parse, rewrite, verify, Addr, Family, Frag, IpProto,
+    LinkType, PacketMeta, Parsed,
 };
 
 struct Rng(u64);
@@ -98,7 +98,7 @@ fn random_meta(rng: &mut Rng, len: usize) -> PacketMeta {
         l4_len: rng.next() as u16,
         ip_len: rng.below(len + 64) as u16,
         family: fam,
-        proto: protos[rng.below(protos.len())],
+        proto: IpProto(protos[rng.below(protos.len())]),
         src: rng.addr(fam),
         dst: rng.addr(fam),
         sport: rng.next() as u16,

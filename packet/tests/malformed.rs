@@ -3,7 +3,7 @@
 mod common;
 
 use common::*;
-use kxdp_packet::{parse, LinkType, ParseError, Parsed};
+use kxdp_packet::{parse, IpProto, LinkType, ParseError, Parsed};
 
 fn err(f: &[u8]) -> ParseError {
     parse(f, LinkType::Ethernet).expect_err("expected an error")
@@ -195,12 +195,12 @@ fn bad_ipv6_extension_chain() {
     let mut f = f0.clone();
     f[l3 + 56] = 50;
     let m = meta(&f, LinkType::Ethernet);
-    assert_eq!((m.proto, m.l4_off, m.sport), (50, 0, 0));
+    assert_eq!((m.proto, m.l4_off, m.sport), (IpProto(50), 0, 0));
     // No next header.
     let mut f = f0.clone();
     f[l3 + 6] = 59;
     let m = meta(&f, LinkType::Ethernet);
-    assert_eq!((m.proto, m.l4_off), (59, 0));
+    assert_eq!((m.proto, m.l4_off), (IpProto(59), 0));
 }
 
 #[test]

@@ -5,7 +5,7 @@ mod common;
 
 use common::*;
 use etherparse::{NetHeaders, PacketHeaders, TransportHeader};
-use kxdp_packet::{ipv4, ipv6, parse, proto, rewrite, verify, Addr, Family, LinkType, Parsed};
+use kxdp_packet::{ipv4, ipv6, parse, rewrite, verify, Addr, Family, IpProto, LinkType, Parsed};
 
 const NEW_V4_SRC: [u8; 4] = [192, 168, 77, 1];
 const NEW_V4_DST: [u8; 4] = [10, 244, 3, 17];
@@ -67,15 +67,15 @@ fn check_rewrite(s: &Spec, raw: bool) {
     };
     assert_eq!((m.sport, m.dport), (sport, dport), "{s:?}");
     match s.l4 {
-        L4::Tcp => assert_eq!((m.proto, m.tcp_flags), (proto::TCP, 0x02)),
+        L4::Tcp => assert_eq!((m.proto, m.tcp_flags), (IpProto::TCP, 0x02)),
         L4::Sctp => assert_eq!(
             (m.proto, m.sctp_vtag, m.sctp_chunk),
-            (proto::SCTP, 0xcafe_f00d, 0)
+            (IpProto::SCTP, 0xcafe_f00d, 0)
         ),
         L4::IcmpEcho => {
             assert!(m.is_icmp_echo_request() && !m.is_icmp_echo_reply() && !m.is_icmp_error())
         }
-        _ => assert_eq!(m.proto, proto::UDP),
+        _ => assert_eq!(m.proto, IpProto::UDP),
     }
 
     // DNAT + SNAT of everything.
@@ -393,7 +393,7 @@ fn rewrite_plain_v4_matches_rewrite() {
             rewrite_plain_v4(fast, p.proto, word(src), sp, word(dst), dp).unwrap()
         });
         let mut g = f.clone();
-        assert!(rewrite_plain_v4(&mut g, proto::SCTP, 1, 2, 3, 4).is_err());
+        assert!(rewrite_plain_v4(&mut g, IpProto::SCTP, 1, 2, 3, 4).is_err());
         assert_eq!(g, f);
         let mut short = f[..14 + 20 + 7].to_vec();
         let copy = short.clone();
@@ -433,7 +433,7 @@ fn rewrite_plain_v4_from_matches_rewrite() {
             };
             rewrite_plain_v4_from(fast, &p, &to).unwrap()
         });
-        let l4_check = 14 + 20 + if p.proto == proto::TCP { 16 } else { 6 };
+        let l4_check = 14 + 20 + if p.proto == IpProto::TCP { 16 } else { 6 };
         let mut n = 0u32;
         for &os in &addrs {
             for &od in &addrs[..3] {
@@ -475,7 +475,7 @@ fn rewrite_plain_v4_from_matches_rewrite() {
         }
         let mut g = f.clone();
         let sctp = PlainV4 {
-            proto: proto::SCTP,
+            proto: IpProto::SCTP,
             ..p
         };
         assert!(rewrite_plain_v4_from(&mut g, &sctp, &sctp).is_err());

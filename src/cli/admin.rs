@@ -9,6 +9,7 @@ use ipnet::IpNet;
 
 use kxdp_control::admin::wire::*;
 use kxdp_control::policy::counters::PolicyCounterRow;
+use kxdp_packet::IpProto;
 
 use super::client::request;
 use super::{bad_input, failure, CliError};
@@ -148,16 +149,17 @@ pub struct CtFilterArgs {
     pub zone: Option<u16>,
 }
 
-pub fn parse_proto(s: &str) -> Result<u8, String> {
+pub fn parse_proto(s: &str) -> Result<IpProto, String> {
     Ok(match s.to_ascii_lowercase().as_str() {
-        "tcp" => 6,
-        "udp" => 17,
-        "sctp" => 132,
-        "icmp" => 1,
-        "icmpv6" | "ipv6-icmp" => 58,
-        n => n
-            .parse()
-            .map_err(|_| format!("--proto: unknown protocol `{s}`"))?,
+        "tcp" => IpProto::TCP,
+        "udp" => IpProto::UDP,
+        "sctp" => IpProto::SCTP,
+        "icmp" => IpProto::ICMP,
+        "icmpv6" | "ipv6-icmp" => IpProto::ICMPV6,
+        n => IpProto(
+            n.parse()
+                .map_err(|_| format!("--proto: unknown protocol `{s}`"))?,
+        ),
     })
 }
 
@@ -333,9 +335,7 @@ pub fn conntrack(cmd: &ConntrackCommand, a: &AdminArgs) -> Result<(), CmdError> 
         ConntrackCommand::List(f) | ConntrackCommand::Get(f) => {
             let filter = filter_of(f)?;
             if matches!(cmd, ConntrackCommand::Get(_)) {
-                let ports = filter
-                    .proto
-                    .is_some_and(|p| kxdp_packet::IpProto(p).has_ports());
+                let ports = filter.proto.is_some_and(|p| p.has_ports());
                 if filter.proto.is_none()
                     || filter.orig_src.is_none()
                     || filter.orig_dst.is_none()
@@ -845,7 +845,7 @@ pub fn policy_trace(
     from: IpAddr,
     to: IpAddr,
     port: u16,
-    proto: u8,
+    proto: IpProto,
     admin: &std::path::Path,
 ) -> Result<(), CmdError> {
     let end = request(

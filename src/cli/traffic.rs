@@ -182,7 +182,7 @@ pub fn build_udp_frame(
         ip.set_total_len(ip_len);
         ip.set_frag(true, false, 0);
         ip.set_ttl(64);
-        ip.set_protocol(17);
+        ip.set_protocol(kxdp_packet::IpProto::UDP.0);
         ip.set_src_addr(src.octets());
         ip.set_dst_addr(dst.ip().octets());
         ip.fill_checksum();
@@ -240,9 +240,9 @@ fn shift_source(f: &mut [u8], base: u32, delta: u32) {
     f[ETH + 10..ETH + 12].copy_from_slice(&update32(ipc, old, new).to_be_bytes());
     let l4 = ETH + ((f[ETH] & 0x0f) as usize) * 4;
     let first_fragment = f[ETH + 6] & 0x1f == 0 && f[ETH + 7] == 0;
-    let at = match f[ETH + 9] {
-        6 => l4 + 16,
-        17 => l4 + 6,
+    let at = match kxdp_packet::IpProto(f[ETH + 9]) {
+        kxdp_packet::IpProto::TCP => l4 + 16,
+        kxdp_packet::IpProto::UDP => l4 + 6,
         _ => return,
     };
     if !first_fragment || f.len() < at + 2 {

@@ -24,7 +24,7 @@ use kxdp_dataplane::snapshot::{
 };
 use kxdp_dataplane::verdict::Action;
 use kxdp_packet::pcap::{Capture, CapturedPacket};
-use kxdp_packet::proto;
+use kxdp_packet::IpProto;
 use kxdp_packet::{Addr, LinkType};
 
 pub const VIP: [u8; 4] = [172, 30, 0, 1];
@@ -61,13 +61,13 @@ pub fn snapshot() -> Snapshot {
         FrontendKey {
             addr: Addr::from_v4(VIP),
             port: 80,
-            proto: proto::TCP,
+            proto: IpProto::TCP,
         },
         Frontend {
             service_port: Arc::new(ServicePortInfo {
                 name: Arc::from("flood/web:http"),
                 id: 0x0f10_0d00,
-                proto: proto::TCP,
+                proto: IpProto::TCP,
                 affinity_timeout_s: 0,
             }),
             kind: FrontendKind::ClusterIp,

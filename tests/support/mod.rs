@@ -31,7 +31,7 @@ use etherparse::{
     Ipv6RawExtHeader, NetHeaders, PacketBuilder, PacketBuilderStep, PacketHeaders, TcpHeader,
     TransportHeader, VlanId,
 };
-use kxdp_packet::{LinkType, Parsed};
+use kxdp_packet::{IpProto, LinkType, Parsed};
 use serde_json::{json, Value};
 
 // ---- the cluster -----------------------------------------------------------------------------
@@ -848,7 +848,7 @@ pub struct Decoded {
     /// TCP/UDP/SCTP ports; ICMP echo: both the identifier; ICMP errors: 0.
     pub sport: u16,
     pub dport: u16,
-    pub proto: u8,
+    pub proto: IpProto,
     pub ttl: u8,
     pub tcp: Option<TcpHeader>,
     pub udp_checksum: Option<u16>,
@@ -985,7 +985,7 @@ pub fn decode(frame: &[u8], link: LinkType) -> Decoded {
                     assert_eq!(i.checksum, want, "ICMPv6 checksum");
                     d.icmp = Some((frame[m.l4_off as usize], frame[m.l4_off as usize + 1]));
                 }
-                None if m.proto == 132 && !m.frag.is_fragment => check_sctp(&pl),
+                None if m.proto == IpProto::SCTP && !m.frag.is_fragment => check_sctp(&pl),
                 _ => {}
             }
         }

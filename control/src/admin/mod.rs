@@ -27,7 +27,7 @@ use kxdp_dataplane::clock::clock_ms;
 use kxdp_dataplane::conntrack::Conntrack;
 use kxdp_dataplane::stats::{DataplaneStats, Event};
 use kxdp_dataplane::verdict::{Action, Reason};
-use kxdp_packet::Family;
+use kxdp_packet::{Family, IpProto};
 
 use crate::status::Status;
 use crate::sync::Published;
@@ -400,7 +400,7 @@ fn policy_trace(
     from: std::net::IpAddr,
     to: std::net::IpAddr,
     port: u16,
-    proto: u8,
+    proto: IpProto,
 ) -> Answer {
     if from.is_ipv4() != to.is_ipv4() {
         return Err("--from and --to must be of the same IP family".into());
@@ -670,7 +670,7 @@ fn hex(bytes: &[u8]) -> String {
 
 fn event_row(e: &Event, snap: &kxdp_dataplane::snapshot::Snapshot) -> EventRow {
     let v = &e.verdict;
-    let ports = kxdp_packet::IpProto(v.proto).has_ports();
+    let ports = v.proto.has_ports();
     let translated = v.has_addrs
         && v.action == Action::Forward
         && (v.src != v.orig_src

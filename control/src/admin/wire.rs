@@ -15,10 +15,38 @@ use serde::{Deserialize, Serialize};
 
 use kxdp_packet::{Addr, IpProto};
 
-/// The protocol as verdicts and listings name it: `TCP`, `UDP`, `SCTP`, `ICMP`, `ICMPv6`, else
-/// the number.
-pub fn proto_name(p: u8) -> serde_json::Value {
-    IpProto(p).name().map_or_else(|| p.into(), Into::into)
+/// The protocol as verdicts and listings name it in JSON: `TCP`, `UDP`, `SCTP`, `ICMP`,
+/// `ICMPv6`, else the number.
+pub fn proto_name(p: IpProto) -> serde_json::Value {
+    p.name().map_or_else(|| p.0.into(), Into::into)
+}
+
+/// A protocol on the wire: its number (`#[serde(with = "proto_number")]`).
+mod proto_number {
+    use kxdp_packet::IpProto;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(p: &IpProto, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u8(p.0)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<IpProto, D::Error> {
+        u8::deserialize(d).map(IpProto)
+    }
+
+    /// The same for an optional protocol (absent or null: None).
+    pub mod option {
+        use kxdp_packet::IpProto;
+        use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+        pub fn serialize<S: Serializer>(p: &Option<IpProto>, s: S) -> Result<S::Ok, S::Error> {
+            p.map(|p| p.0).serialize(s)
+        }
+
+        pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<IpProto>, D::Error> {
+            Option::<u8>::deserialize(d).map(|p| p.map(IpProto))
+        }
+    }
 }
 
 /// `ip:port` when `with_port`, `ip` otherwise; IPv6 as `[addr]:port`.
@@ -61,7 +89,8 @@ pub enum Request {
         to: IpAddr,
         /// 0: no port given.
         port: u16,
-        proto: u8,
+        #[serde(with = "proto_number")]
+        proto: IpProto,
     },
     /// `kxdp policy counters`: one `PolicyCounterRow` line per rule that counted a connection.
     PolicyCounters,
@@ -126,7 +155,8 @@ pub const STATE_NAMES: &[&str] = &[
 #[serde(default, deny_unknown_fields)]
 pub struct CtFilter {
     /// IP protocol number.
-    pub proto: Option<u8>,
+    #[serde(with = "proto_number::option")]
+    pub proto: Option<IpProto>,
     pub orig_src: Option<IpNet>,
     pub orig_dst: Option<IpNet>,
     pub reply_src: Option<IpNet>,
@@ -305,7 +335,7 @@ pub struct CtEntry {
     #[serde(skip)]
     pub replied: bool,
     #[serde(skip)]
-    pub proto_num: u8,
+    pub proto_num: IpProto,
 }
 
 impl CtEntry {
@@ -334,7 +364,8 @@ impl CtEntry {
             bytes_orig: v.bytes[0],
             packets_reply: v.packets[1],
             bytes_reply: v.bytes[1],
-            icmp_id: matches!(v.orig.proto, 1 | 58).then_some(v.orig.sport),
+            icmp_id: matches!(v.orig.proto, IpProto::ICMP | IpProto::ICMPV6)
+                .then_some(v.orig.sport),
             replied: v.state & FLAG_SEEN_REPLY != 0,
             proto_num: v.orig.proto,
         }
@@ -368,7 +399,9 @@ impl CtEntry {
             serde_json::Value::String(s) => s.to_ascii_lowercase(),
             v => format!("unknown {v}"),
         };
-        let num = self.proto_num_or_guess();
+        let proto = self.proto_num_or_guess();
+        // conntrack prints the number after the name.
+        let num = proto.0;
         let extended = matches!(
             shape,
             LineShape::Extended
@@ -397,7 +430,7 @@ impl CtEntry {
             &mut s,
             &self.orig_src,
             &self.orig_dst,
-            num,
+            proto,
             self.icmp_id,
             true,
         );
@@ -412,7 +445,7 @@ impl CtEntry {
             &mut s,
             &self.reply_src,
             &self.reply_dst,
-            num,
+            proto,
             self.icmp_id,
             false,
         );
@@ -434,21 +467,14 @@ impl CtEntry {
         s
     }
 
-    fn proto_num_or_guess(&self) -> u8 {
-        if self.proto_num != 0 {
+    fn proto_num_or_guess(&self) -> IpProto {
+        if self.proto_num != IpProto::default() {
             return self.proto_num;
         }
         match &self.proto {
-            serde_json::Value::String(s) => match s.as_str() {
-                "TCP" => 6,
-                "UDP" => 17,
-                "SCTP" => 132,
-                "ICMP" => 1,
-                "ICMPv6" => 58,
-                _ => 0,
-            },
-            serde_json::Value::Number(n) => n.as_u64().unwrap_or(0) as u8,
-            _ => 0,
+            serde_json::Value::String(s) => IpProto::from_name(s).unwrap_or_default(),
+            serde_json::Value::Number(n) => IpProto(n.as_u64().unwrap_or(0) as u8),
+            _ => IpProto::default(),
         }
     }
 }
@@ -489,7 +515,7 @@ fn tuple_fields(
     out: &mut String,
     src: &str,
     dst: &str,
-    proto: u8,
+    proto: IpProto,
     icmp_id: Option<u16>,
     orig: bool,
 ) {
@@ -501,8 +527,8 @@ fn tuple_fields(
     } else if let Some(id) = icmp_id {
         // Tracked ICMP is echo: request in the original direction, reply in the other.
         let t = match (proto, orig) {
-            (1, true) => 8,
-            (1, false) => 0,
+            (IpProto::ICMP, true) => 8,
+            (IpProto::ICMP, false) => 0,
             (_, true) => 128,
             (_, false) => 129,
         };
@@ -688,14 +714,34 @@ mod tests {
     fn request_round_trip() {
         let r = Request::ConntrackList {
             filter: CtFilter {
-                proto: Some(6),
+                proto: Some(IpProto::TCP),
                 orig_dst: Some("172.30.0.0/16".parse().unwrap()),
                 ..Default::default()
             },
         };
         let s = serde_json::to_string(&r).unwrap();
         assert!(s.starts_with(r#"{"op":"conntrack-list""#), "{s}");
+        // Protocols travel as their numbers.
+        assert!(s.contains(r#""proto":6,"#), "{s}");
         assert_eq!(serde_json::from_str::<Request>(&s).unwrap(), r);
+        let t = Request::PolicyTrace {
+            from: "10.0.0.1".parse().unwrap(),
+            to: "10.0.0.2".parse().unwrap(),
+            port: 53,
+            proto: IpProto::UDP,
+        };
+        let s = serde_json::to_string(&t).unwrap();
+        assert_eq!(
+            s,
+            r#"{"op":"policy-trace","from":"10.0.0.1","to":"10.0.0.2","port":53,"proto":17}"#
+        );
+        assert_eq!(serde_json::from_str::<Request>(&s).unwrap(), t);
+        let none: CtFilter = serde_json::from_str("{}").unwrap();
+        assert_eq!(none.proto, None);
+        assert_eq!(
+            serde_json::from_str::<CtFilter>(r#"{"proto":null}"#).unwrap(),
+            none
+        );
         assert_eq!(
             split_endpoint("[fd00::1]:80"),
             ("fd00::1".into(), Some("80".into()))
@@ -719,7 +765,7 @@ mod tests {
             bytes_reply: 84,
             icmp_id: Some(7),
             replied: true,
-            proto_num: 1,
+            proto_num: IpProto::ICMP,
         };
         assert_eq!(
             e.table_line(),

@@ -23,7 +23,7 @@ use kxdp_packet::IpProto;
 pub type Labels = Arc<BTreeMap<String, String>>;
 
 /// A named container port: (name, IP protocol number, port).
-pub type NamedPort = (String, u8, u16);
+pub type NamedPort = (String, IpProto, u16);
 
 /// A node name (shared by the node's pods; a thin pointer: the record is kept small).
 pub type NodeName = Arc<String>;
@@ -128,7 +128,7 @@ impl PodRecord {
             .iter()
             .map(|(name, proto, num)| ContainerPort {
                 name: Some(name.clone()),
-                protocol: Some(IpProto(*proto).name().unwrap_or("other").to_string()),
+                protocol: Some(proto.name().unwrap_or("other").to_string()),
                 container_port: i32::from(*num),
                 ..Default::default()
             })
@@ -242,8 +242,7 @@ impl PodInterner {
                 for p in c.ports.iter().flatten() {
                     let (Some(name), Some(proto), Ok(num)) = (
                         p.name.as_deref().filter(|n| !n.is_empty()),
-                        IpProto::from_port_protocol(p.protocol.as_deref().unwrap_or("TCP"))
-                            .map(u8::from),
+                        IpProto::from_port_protocol(p.protocol.as_deref().unwrap_or("TCP")),
                         u16::try_from(p.container_port),
                     ) else {
                         continue;
@@ -413,7 +412,10 @@ mod tests {
         );
         assert_eq!(
             &*r.ports,
-            &[("dns".to_string(), 17, 53), ("http".to_string(), 6, 8080)]
+            &[
+                ("dns".to_string(), IpProto::UDP, 53),
+                ("http".to_string(), IpProto::TCP, 8080)
+            ]
         );
         assert!(!r.host_network && !r.finished());
         let back = r.to_pod(&ObjectKey::new("a", "p"));

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use ipnet::IpNet;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kxdp_dataplane::policy::{block_ranges, Action, Direction, Tier};
-use kxdp_packet::proto;
+use kxdp_packet::IpProto;
 
 use super::selector::Selector;
 use super::spec::{NsScope, Peer, Policy, Port, PortSpec, Rule};
@@ -161,7 +161,7 @@ fn parse_protocol(p: &CnpProtocol, field: &str) -> Result<Vec<Port>, String> {
             ));
         }
         // The container port's own protocol, whichever it is.
-        return Ok([proto::TCP, proto::UDP, proto::SCTP]
+        return Ok([IpProto::TCP, IpProto::UDP, IpProto::SCTP]
             .map(|proto| Port {
                 proto,
                 spec: PortSpec::Named(name.clone()),
@@ -169,11 +169,11 @@ fn parse_protocol(p: &CnpProtocol, field: &str) -> Result<Vec<Port>, String> {
             .to_vec());
     }
     let (proto, pp, f) = if let Some(t) = &p.tcp {
-        (proto::TCP, t, "tcp")
+        (IpProto::TCP, t, "tcp")
     } else if let Some(u) = &p.udp {
-        (proto::UDP, u, "udp")
+        (IpProto::UDP, u, "udp")
     } else {
-        (proto::SCTP, p.sctp.as_ref().expect("one is set"), "sctp")
+        (IpProto::SCTP, p.sctp.as_ref().expect("one is set"), "sctp")
     };
     let field = format!("{field}.{f}");
     if refuse_other(&pp.other, &field, &mut probs) {

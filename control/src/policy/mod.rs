@@ -35,7 +35,7 @@ use kxdp_dataplane::policy::{
     Action, ClusterPod, ClusterRule, ClusterTable, DirRules, DirRulesBuilder, Direction, LocalPod,
     PolicyTables, PortEntry, RuleInfo, Tier, ISOLATION,
 };
-use kxdp_packet::Addr;
+use kxdp_packet::{Addr, IpProto};
 
 use crate::model::{ClusterState, ObjectKey, PodKey, PodRecord, PodStore};
 use crate::problem::Problem;
@@ -70,7 +70,7 @@ struct DirKey {
     /// Fingerprints of the selecting policies' directions, in policy order.
     parts: Vec<u64>,
     /// The pod's named container ports, when a selecting ingress rule uses a named port.
-    named: Vec<(String, u8, u16)>,
+    named: Vec<(String, IpProto, u16)>,
 }
 
 /// Compiles policy tables, keeping what it compiled for the next call: when pods, namespaces or
@@ -104,7 +104,7 @@ pub struct PolicyCompiler {
 }
 
 /// A pod's named container ports (name, protocol, number); those a policy direction resolves.
-type NamedPorts = Vec<(String, u8, u16)>;
+type NamedPorts = Vec<(String, IpProto, u16)>;
 
 /// One input of a peer union: a selector result (by identity) or an ipBlock's ranges.
 #[derive(Clone, Debug)]
@@ -160,7 +160,7 @@ type ByPort = Arc<Vec<(u16, PeerSet)>>;
 #[derive(Debug)]
 struct UnionEntry {
     set: PeerSet,
-    named: HashMap<(String, u8), (u64, ByPort)>,
+    named: HashMap<(String, IpProto), (u64, ByPort)>,
 }
 
 /// A compiled policy direction and its inputs: the policy's fingerprint, the selector results
@@ -183,7 +183,7 @@ pub struct PodView<'a> {
     pub host_network: bool,
     pub node: &'a str,
     /// Named container ports: (name, protocol number, port).
-    pub ports: Vec<(String, u8, u16)>,
+    pub ports: Vec<(String, IpProto, u16)>,
 }
 
 /// The pod's addresses, labels, node and named ports; `None` for pods that have finished
@@ -276,7 +276,7 @@ struct PeerIndex {
     groups: BTreeMap<String, HashMap<crate::model::Labels, Vec<u128>>>,
     /// name → protocol → every peer pod address with that named port, and its number (by name
     /// first: looked up by `&str`, without building a key per pod and port).
-    named: HashMap<String, HashMap<u8, NamedList>>,
+    named: HashMap<String, HashMap<IpProto, NamedList>>,
     /// The last generation given to a named list.
     named_gen: u64,
     memo: HashMap<(NsScope, Selector), Ranges>,
@@ -287,7 +287,7 @@ struct PeerIndex {
     /// Since the last compilation: the selector results dropped and the named lists changed
     /// (the policy directions that used them are compiled again, no others).
     dropped: Vec<(NsScope, Selector)>,
-    named_changed: Vec<(String, u8)>,
+    named_changed: Vec<(String, IpProto)>,
 }
 
 impl PeerIndex {
@@ -413,7 +413,7 @@ impl PeerIndex {
         Some(pod)
     }
 
-    fn named_list(&self, name: &str, proto: u8) -> Option<&NamedList> {
+    fn named_list(&self, name: &str, proto: IpProto) -> Option<&NamedList> {
         self.named.get(name).and_then(|l| l.get(&proto))
     }
 
@@ -533,7 +533,7 @@ struct PolicyDir {
     fingerprint: u64,
     contributions: Vec<(Ranges, Vec<PortEntry>)>,
     /// Ingress named ports: (peers, name, protocol, rule id), resolved per selected pod.
-    named_ingress: Vec<(Ranges, String, u8, u32)>,
+    named_ingress: Vec<(Ranges, String, IpProto, u32)>,
     /// The rule ids of the direction's rules, in rule order (cluster tables number them).
     rule_ids: Vec<u32>,
     /// A hash of what the direction matches, its rules numbered in order rather than by id: equal
@@ -658,7 +658,7 @@ impl PolicyCompiler {
         key: &[UnionPart],
         set: &PeerSet,
         name: &str,
-        proto: u8,
+        proto: IpProto,
         u: &PeerIndex,
     ) -> ByPort {
         let list = u.named_list(name, proto);
@@ -1100,7 +1100,7 @@ struct LastOutput {
 #[derive(Debug, Default)]
 struct Deps {
     selectors: HashMap<(NsScope, Selector), Vec<(usize, Direction)>>,
-    named: HashMap<(String, u8), Vec<(usize, Direction)>>,
+    named: HashMap<(String, IpProto), Vec<(usize, Direction)>>,
 }
 
 impl Deps {
@@ -1199,7 +1199,7 @@ fn local_out(
 
 /// Builds one pod direction from its selecting policies' parts; `ports` are the pod's named
 /// container ports (ingress named ports resolve against them).
-fn build_dir(parts: &[&PolicyDir], ports: &[(String, u8, u16)]) -> DirRules {
+fn build_dir(parts: &[&PolicyDir], ports: &[(String, IpProto, u16)]) -> DirRules {
     let mut b = DirRulesBuilder::new();
     for d in parts {
         for (ranges, entries) in &d.contributions {
@@ -1263,7 +1263,7 @@ impl ClusterTables<'_> {
         i: usize,
         dir: Direction,
         d: &ClusterDir,
-        ports: &[(String, u8, u16)],
+        ports: &[(String, IpProto, u16)],
     ) -> Arc<ClusterTable> {
         // Only the named ports the direction resolves: pods that differ in others share.
         let named: NamedPorts = if d.dir.named_ingress.is_empty() {
@@ -1353,7 +1353,7 @@ fn cluster_pod(
 /// One ClusterNetworkPolicy direction's table: the entries name the rule's place in the
 /// direction (`PolicyDir::rule_ids`), so the lowest matching one is the rule that decides;
 /// `named` are the selected pod's ports its ingress named ports resolve against.
-fn build_cluster_rules(d: &PolicyDir, named: &[(String, u8, u16)]) -> DirRules {
+fn build_cluster_rules(d: &PolicyDir, named: &[(String, IpProto, u16)]) -> DirRules {
     let local = |id: u32| {
         d.rule_ids
             .iter()

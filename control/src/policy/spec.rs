@@ -56,7 +56,7 @@ pub enum PortSpec {
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Port {
-    pub proto: u8,
+    pub proto: IpProto,
     pub spec: PortSpec,
 }
 
@@ -300,13 +300,9 @@ fn parse_peer(p: &NetworkPolicyPeer, own_ns: &str, field: &str) -> Result<Peer, 
 
 fn parse_port(p: &NetworkPolicyPort, field: &str) -> Result<Port, String> {
     let protocol = p.protocol.as_deref().unwrap_or("TCP");
-    let proto = IpProto::from_port_protocol(protocol)
-        .map(u8::from)
-        .ok_or_else(|| {
-            format!(
-                "{field}.protocol: `{protocol}` is not TCP, UDP or SCTP: kxdp cannot enforce it"
-            )
-        })?;
+    let proto = IpProto::from_port_protocol(protocol).ok_or_else(|| {
+        format!("{field}.protocol: `{protocol}` is not TCP, UDP or SCTP: kxdp cannot enforce it")
+    })?;
     let num = |v: i32, f: &str| -> Result<u16, String> {
         match u16::try_from(v) {
             Ok(n) if n > 0 => Ok(n),

@@ -19,7 +19,7 @@
 use std::path::Path;
 
 use kxdp_dataplane::policy::{Decision, PolicyTables};
-use kxdp_packet::Addr;
+use kxdp_packet::{Addr, IpProto};
 use serde_json::{json, Value};
 
 use super::*;
@@ -180,11 +180,7 @@ fn addr_of(name: &str) -> Addr {
     Addr::from_ip(ip.parse().unwrap())
 }
 
-const TCP: u8 = 6;
-const UDP: u8 = 17;
-const SCTP: u8 = 132;
-
-fn cell(t: &PolicyTables, src: &str, dst: &str, probes: &[(u8, u16)]) -> String {
+fn cell(t: &PolicyTables, src: &str, dst: &str, probes: &[(IpProto, u16)]) -> String {
     probes
         .iter()
         .map(
@@ -200,7 +196,7 @@ fn cell(t: &PolicyTables, src: &str, dst: &str, probes: &[(u8, u16)]) -> String 
 /// Checks every (row source, column destination) pair. `expected`: a header line of
 /// destinations, then one line per source: `SRC cell cell ...`.
 #[track_caller]
-fn grid(t: &PolicyTables, probes: &[(u8, u16)], expected: &str) {
+fn grid(t: &PolicyTables, probes: &[(IpProto, u16)], expected: &str) {
     let mut lines = expected.lines().map(str::trim).filter(|l| !l.is_empty());
     let dsts: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
     let mut bad = Vec::new();
@@ -219,7 +215,12 @@ fn grid(t: &PolicyTables, probes: &[(u8, u16)], expected: &str) {
     assert!(bad.is_empty(), "reachability differs:\n{}", bad.join("\n"));
 }
 
-const P4: &[(u8, u16)] = &[(TCP, 80), (TCP, 8080), (UDP, 53), (SCTP, 8080)];
+const P4: &[(IpProto, u16)] = &[
+    (IpProto::TCP, 80),
+    (IpProto::TCP, 8080),
+    (IpProto::UDP, 53),
+    (IpProto::SCTP, 8080),
+];
 
 #[test]
 fn no_policies_nothing_isolated() {
@@ -308,7 +309,7 @@ fn namespace_selectors_and_expressions() {
         ",
     );
     // The first rule's TCP 80 for E is rule index 0.
-    let (_, side) = t.explain(&addr_of("E"), &addr_of("B"), TCP, 80);
+    let (_, side) = t.explain(&addr_of("E"), &addr_of("B"), IpProto::TCP, 80);
     assert_eq!(
         side,
         kxdp_dataplane::policy::Side::Allowed(
@@ -348,12 +349,12 @@ fn ip_blocks_except_and_end_port() {
         ",
     );
     let six = &[
-        (TCP, 80),
-        (UDP, 53),
-        (SCTP, 8080),
-        (TCP, 9999),
-        (TCP, 79),
-        (TCP, 8081),
+        (IpProto::TCP, 80),
+        (IpProto::UDP, 53),
+        (IpProto::SCTP, 8080),
+        (IpProto::TCP, 9999),
+        (IpProto::TCP, 79),
+        (IpProto::TCP, 8081),
     ];
     grid(
         &t,
@@ -381,7 +382,12 @@ fn named_ports_and_sctp_vs_tcp() {
         ]}),
     )]);
     assert!(problems.is_empty(), "{problems:?}");
-    let probes = &[(TCP, 8080), (SCTP, 8080), (TCP, 5432), (TCP, 8081)];
+    let probes = &[
+        (IpProto::TCP, 8080),
+        (IpProto::SCTP, 8080),
+        (IpProto::TCP, 5432),
+        (IpProto::TCP, 8081),
+    ];
     grid(
         &t,
         probes,
@@ -548,9 +554,9 @@ fn problems_are_reported_and_fail_closed() {
         ",
     );
     // C's egress is denied (bad-subject), but B's ingress does allow C (the valid ipBlock).
-    assert_eq!(cell(&t, "C", "B", &[(TCP, 1)]), "e");
+    assert_eq!(cell(&t, "C", "B", &[(IpProto::TCP, 1)]), "e");
     assert!(matches!(
-        t.explain(&addr_of("C"), &addr_of("B"), TCP, 1).1,
+        t.explain(&addr_of("C"), &addr_of("B"), IpProto::TCP, 1).1,
         kxdp_dataplane::policy::Side::Allowed(_)
     ));
 }
@@ -606,14 +612,17 @@ fn incremental_recompilation() {
         ing(&t2, "A").as_ref().unwrap(),
         ing(&t3, "A").as_ref().unwrap()
     ));
-    assert_eq!(cell(&t3, "E", "B", &[(TCP, 1)]), "i");
-    assert_eq!(cell(&t2, "E", "B", &[(TCP, 1)]), ".");
+    assert_eq!(cell(&t3, "E", "B", &[(IpProto::TCP, 1)]), "i");
+    assert_eq!(cell(&t2, "E", "B", &[(IpProto::TCP, 1)]), ".");
 
     // F gains a named port `http`: only F's ingress is rebuilt (its own ports are an input).
     objs[8]["spec"]["containers"][0]["ports"] = json!([{"name": "http", "containerPort": 81}]);
     let (t4, _) = c.compile("node-a", &node_addrs(), &state_of(&objs));
     assert_eq!((c.stats.built, c.stats.reused), (1, 6));
-    assert_eq!(cell(&t4, "D", "F", &[(TCP, 81), (TCP, 80)]), ".i");
+    assert_eq!(
+        cell(&t4, "D", "F", &[(IpProto::TCP, 81), (IpProto::TCP, 80)]),
+        ".i"
+    );
 
     // A new policy in another namespace changes nothing in prod.
     objs.push(netpol("dev", "deny", json!({"podSelector": {}})));
@@ -686,8 +695,8 @@ fn finished_pods_are_ignored() {
     ));
     let (t, _) = compile("node-a", &node_addrs(), &state_of(&objs));
     assert!(!t.is_local_pod(&addr_of("10.1.0.9")));
-    assert_eq!(cell(&t, "10.1.0.9", "A", &[(TCP, 80)]), "i");
-    assert_eq!(cell(&t, "C", "A", &[(TCP, 80)]), ".");
+    assert_eq!(cell(&t, "10.1.0.9", "A", &[(IpProto::TCP, 80)]), "i");
+    assert_eq!(cell(&t, "C", "A", &[(IpProto::TCP, 80)]), ".");
 }
 
 /// The peer index updated from changes gives the tables a compilation from scratch gives, step
@@ -969,7 +978,7 @@ fn randomized_incremental_equals_full_compile() {
         let allowing = |t: &PolicyTables, a: &Addr, b: &Addr| {
             let entries = |r: &Option<Arc<DirRules>>, peer: &Addr| {
                 r.as_ref().map(|r| {
-                    let mut v: Vec<(u8, u16, u16)> = r
+                    let mut v: Vec<(IpProto, u16, u16)> = r
                         .ports_for(peer)
                         .iter()
                         .map(|e| (e.proto, e.lo, e.hi))
@@ -993,7 +1002,13 @@ fn randomized_incremental_equals_full_compile() {
                     allowing(&full, a, b),
                     "step {step}: rules {a:?} -> {b:?}"
                 );
-                for &(proto, port) in &[(TCP, 80), (TCP, 8080), (TCP, 8081), (UDP, 53), (SCTP, 9)] {
+                for &(proto, port) in &[
+                    (IpProto::TCP, 80),
+                    (IpProto::TCP, 8080),
+                    (IpProto::TCP, 8081),
+                    (IpProto::UDP, 53),
+                    (IpProto::SCTP, 9),
+                ] {
                     assert_eq!(
                         rule(&inc, inc.judge(a, b, proto, port)),
                         rule(&full, full.judge(a, b, proto, port)),
@@ -1126,7 +1141,7 @@ fn cluster_problems_fail_closed() {
         ",
     );
     // The trace names the rule that denied.
-    let (_, i) = t.explain(&addr_of("D"), &addr_of("A"), TCP, 80);
+    let (_, i) = t.explain(&addr_of("D"), &addr_of("A"), IpProto::TCP, 80);
     let kxdp_dataplane::policy::Side::DeniedBy(r) = i else {
         panic!("{i:?}")
     };

@@ -5,7 +5,7 @@
 use std::fmt::Write as _;
 use std::net::IpAddr;
 
-use kxdp_dataplane::policy::{Direction, PolicyTables, Side};
+use kxdp_dataplane::policy::{Direction, PolicyTables, Side, ANY_PROTO};
 use kxdp_dataplane::snapshot::{EmptyAction, FrontendKey, Snapshot, SourceClass};
 use kxdp_packet::{Addr, Family, IpProto};
 
@@ -20,7 +20,7 @@ pub struct TraceQuery {
     pub to: IpAddr,
     /// Destination port (0 when not given).
     pub port: u16,
-    pub proto: u8,
+    pub proto: IpProto,
 }
 
 /// The verdict the pipeline would give one backend (or the destination itself).
@@ -128,8 +128,8 @@ fn list(v: &[String]) -> String {
     }
 }
 
-fn sock(ip: IpAddr, port: u16, proto: u8) -> String {
-    if IpProto(proto).has_ports() {
+fn sock(ip: IpAddr, port: u16, proto: IpProto) -> String {
+    if proto.has_ports() {
         match ip {
             IpAddr::V4(a) => format!("{a}:{port}"),
             IpAddr::V6(a) => format!("[{a}]:{port}"),
@@ -145,7 +145,7 @@ fn describe_side(
     dir: Direction,
     pod: &Addr,
     peer: &Addr,
-    proto: u8,
+    proto: IpProto,
 ) -> String {
     match side {
         Side::NotLocal => "not a pod on this node: not judged here".into(),
@@ -192,19 +192,14 @@ fn describe_side(
                 let allowed: Vec<String> = ports
                     .iter()
                     .map(|e| {
-                        let what = if e.proto == 0 {
+                        let what = if e.proto == ANY_PROTO {
                             "any".to_string()
                         } else if e.lo == 0 && e.hi == u16::MAX {
-                            format!("{} any port", IpProto(e.proto).name().unwrap_or("other"))
+                            format!("{} any port", e.proto.name().unwrap_or("other"))
                         } else if e.lo == e.hi {
-                            format!("{} {}", IpProto(e.proto).name().unwrap_or("other"), e.lo)
+                            format!("{} {}", e.proto.name().unwrap_or("other"), e.lo)
                         } else {
-                            format!(
-                                "{} {}-{}",
-                                IpProto(e.proto).name().unwrap_or("other"),
-                                e.lo,
-                                e.hi
-                            )
+                            format!("{} {}-{}", e.proto.name().unwrap_or("other"), e.lo, e.hi)
                         };
                         let by = t.rules.get(e.rule as usize).map(|r| r.to_string());
                         format!("{what} ({})", by.unwrap_or_default())
@@ -213,7 +208,7 @@ fn describe_side(
                 format!(
                     "denied: {peer_ip} is a peer only on {} (not {} on this port)",
                     allowed.join(", "),
-                    IpProto(proto).name().unwrap_or("other")
+                    proto.name().unwrap_or("other")
                 )
             }
         }
@@ -235,7 +230,7 @@ pub fn trace(state: &ClusterState, snap: &Snapshot, q: &TraceQuery) -> Trace {
     let _ = writeln!(
         out,
         "connection   {} {} -> {}",
-        IpProto(q.proto).name().unwrap_or("other"),
+        q.proto.name().unwrap_or("other"),
         q.from,
         sock(q.to, q.port, q.proto)
     );
@@ -333,7 +328,7 @@ pub fn trace(state: &ClusterState, snap: &Snapshot, q: &TraceQuery) -> Trace {
                     out,
                     "service      {} is a ClusterIP without {} port {}: reject (service-port-unknown)",
                     q.to,
-                    IpProto(q.proto).name().unwrap_or("other"),
+                    q.proto.name().unwrap_or("other"),
                     q.port
                 );
                 verdicts.push(BackendVerdict {
@@ -426,12 +421,16 @@ pub fn parse_target(s: &str) -> Result<(IpAddr, u16), String> {
 }
 
 /// `--proto`: TCP, UDP, SCTP (any case), or ICMP (ICMPv6 for an IPv6 destination).
-pub fn parse_proto(s: &str, to: IpAddr) -> Result<u8, String> {
+pub fn parse_proto(s: &str, to: IpAddr) -> Result<IpProto, String> {
     match s.to_ascii_uppercase().as_str() {
-        "TCP" => Ok(6),
-        "UDP" => Ok(17),
-        "SCTP" => Ok(132),
-        "ICMP" | "ICMPV6" => Ok(if to.is_ipv4() { 1 } else { 58 }),
+        "TCP" => Ok(IpProto::TCP),
+        "UDP" => Ok(IpProto::UDP),
+        "SCTP" => Ok(IpProto::SCTP),
+        "ICMP" | "ICMPV6" => Ok(if to.is_ipv4() {
+            IpProto::ICMP
+        } else {
+            IpProto::ICMPV6
+        }),
         _ => Err(format!("--proto: `{s}` is not TCP, UDP, SCTP or ICMP")),
     }
 }
@@ -460,8 +459,8 @@ mod tests {
         );
         assert!(parse_target("web:80").is_err());
         let v6: IpAddr = "fd00::1".parse().unwrap();
-        assert_eq!(parse_proto("sctp", v6), Ok(132));
-        assert_eq!(parse_proto("ICMP", v6), Ok(58));
+        assert_eq!(parse_proto("sctp", v6), Ok(IpProto::SCTP));
+        assert_eq!(parse_proto("ICMP", v6), Ok(IpProto::ICMPV6));
         assert!(parse_proto("GRE", v6).is_err());
     }
 }

@@ -138,6 +138,7 @@ mod tests {
     use crate::sources::files::load_str;
     use crate::translate::translate;
     use kxdp_dataplane::snapshot::FrontendKey;
+    use kxdp_packet::IpProto;
 
     const CONFIG: &str = "apiVersion: kxdp.dev/v1alpha1
 kind: DataplaneConfiguration
@@ -172,7 +173,7 @@ spec:
             .frontend(&FrontendKey {
                 addr: Addr::from_ip(ip.parse().unwrap()),
                 port,
-                proto: 6,
+                proto: IpProto::TCP,
             })
             .is_some()
     }

@@ -12,7 +12,7 @@ use kxdp_dataplane::snapshot::{
     EmptyAction, Endpoint, EndpointRange, Frontend, FrontendKey, FrontendKind, NodeInfo, PrefixSet,
     Route, ServicePortInfo, SourceClass,
 };
-use kxdp_packet::Addr;
+use kxdp_packet::{Addr, IpProto};
 
 use crate::config::{Config, LbAlgorithm, NodePortAddress};
 use crate::endpoints::{
@@ -594,7 +594,7 @@ impl<'a> Translator<'a> {
         key: &ObjectKey,
         port_name: &str,
         protocol: &str,
-        proto_num: u8,
+        proto_num: IpProto,
         affinity: u32,
     ) -> Arc<ServicePortInfo> {
         let name: Arc<str> = if port_name.is_empty() {

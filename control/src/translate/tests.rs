@@ -8,8 +8,8 @@ use kxdp_dataplane::snapshot::{
     EmptyAction, EndpointRange, Frontend, FrontendKey, FrontendKind, Route, ServicePortInfo,
     Snapshot, SourceClass,
 };
-use kxdp_packet::proto::{SCTP, TCP, UDP};
 use kxdp_packet::Addr;
+use kxdp_packet::IpProto;
 
 use super::*;
 use crate::config::Config;
@@ -36,7 +36,7 @@ fn tr(config: &Config, yaml: &str) -> Translation {
     t
 }
 
-fn fe<'a>(s: &'a Snapshot, ip: &str, port: u16, proto: u8) -> &'a Frontend {
+fn fe<'a>(s: &'a Snapshot, ip: &str, port: u16, proto: IpProto) -> &'a Frontend {
     let key = FrontendKey {
         addr: Addr::from_ip(ip.parse().unwrap()),
         port,
@@ -46,7 +46,7 @@ fn fe<'a>(s: &'a Snapshot, ip: &str, port: u16, proto: u8) -> &'a Frontend {
         .unwrap_or_else(|| panic!("no frontend {ip}:{port}/{proto}"))
 }
 
-fn has_fe(s: &Snapshot, ip: &str, port: u16, proto: u8) -> bool {
+fn has_fe(s: &Snapshot, ip: &str, port: u16, proto: IpProto) -> bool {
     s.frontend(&FrontendKey {
         addr: Addr::from_ip(ip.parse().unwrap()),
         port,
@@ -134,7 +134,7 @@ fn cluster_ip_basic() {
     );
     assert!(t.problems.is_empty(), "{:?}", t.problems);
     let s = &t.snapshot;
-    let f = fe(s, "172.30.0.10", 80, TCP);
+    let f = fe(s, "172.30.0.10", 80, IpProto::TCP);
     assert_eq!(f.kind, FrontendKind::ClusterIp);
     assert!(f.source_ranges.is_none());
     // Pods keep their address; other sources are masqueraded (kube-proxy's IfNotLocal rule).
@@ -149,7 +149,7 @@ fn cluster_ip_basic() {
     let sp = svc_port(s, f);
     assert_eq!(&*sp.name, "ns/web:http");
     assert_eq!(sp.id, service_port_id("ns", "web", "http", "TCP"));
-    assert_eq!(sp.proto, TCP);
+    assert_eq!(sp.proto, IpProto::TCP);
     assert_eq!(sp.affinity_timeout_s, 0);
     assert!(s
         .cluster_ips
@@ -180,7 +180,7 @@ fn cluster_ip_basic() {
 fn masquerade_settings() {
     let yaml = format!("{}{}", service("web", WEB), web_slice("web"));
     let t = tr(&cfg("masqueradeAll: true\n"), &yaml);
-    let f = fe(&t.snapshot, "172.30.0.10", 80, TCP);
+    let f = fe(&t.snapshot, "172.30.0.10", 80, IpProto::TCP);
     assert!(f.routes.iter().all(|r| r.masquerade));
     // Without cluster CIDRs kube-proxy cannot tell pod traffic and masquerades nothing.
     let c = Config::from_yaml_str(
@@ -189,7 +189,7 @@ fn masquerade_settings() {
         )
         .unwrap();
     let t = tr(&c, &yaml);
-    let f = fe(&t.snapshot, "172.30.0.10", 80, TCP);
+    let f = fe(&t.snapshot, "172.30.0.10", 80, IpProto::TCP);
     assert!(f
         .routes
         .iter()
@@ -213,7 +213,7 @@ fn masquerade_settings() {
         )
     );
     let t = tr(&c4, &yaml6);
-    let f = fe(&t.snapshot, "fd00:30::10", 80, TCP);
+    let f = fe(&t.snapshot, "fd00:30::10", 80, IpProto::TCP);
     assert_eq!(
         routes(&t.snapshot, f),
         ["- [fd00::5]:8080", "- [fd00::5]:8080", "- [fd00::5]:8080"]
@@ -251,19 +251,19 @@ fn multi_slice_merge_duplicates_and_named_ports() {
         .concat();
     let t = tr(&cfg(""), &yaml);
     let s = &t.snapshot;
-    let http = fe(s, "172.30.0.10", 80, TCP);
+    let http = fe(s, "172.30.0.10", 80, IpProto::TCP);
     assert_eq!(
         route(s, &http.routes[0]),
         "- 10.1.0.1:8080,10.1.0.2:8080,10.1.0.3:8081"
     );
-    let dns = fe(s, "172.30.0.10", 53, UDP);
+    let dns = fe(s, "172.30.0.10", 53, IpProto::UDP);
     assert_eq!(route(s, &dns.routes[0]), "- 10.1.0.1:5353,10.1.0.2:5353");
     assert_eq!(&*svc_port(s, dns).name, "ns/web:dns");
-    assert_eq!(svc_port(s, dns).proto, UDP);
-    let sctp = fe(s, "172.30.0.10", 9, SCTP);
+    assert_eq!(svc_port(s, dns).proto, IpProto::UDP);
+    let sctp = fe(s, "172.30.0.10", 9, IpProto::SCTP);
     assert_eq!(route(s, &sctp.routes[0]), "- 10.1.0.3:99");
     // TCP 53 is not a frontend.
-    assert!(!has_fe(s, "172.30.0.10", 53, TCP));
+    assert!(!has_fe(s, "172.30.0.10", 53, IpProto::TCP));
     assert_eq!(s.service_ports.len(), 3);
     let ids: std::collections::HashSet<u32> = s.service_ports.iter().map(|(_, p)| p.id).collect();
     assert_eq!(ids.len(), 3);
@@ -283,7 +283,7 @@ fn unnamed_port_and_protocol_defaults() {
     ]
     .concat();
     let t = tr(&cfg(""), &yaml);
-    let f = fe(&t.snapshot, "172.30.0.11", 80, TCP);
+    let f = fe(&t.snapshot, "172.30.0.11", 80, IpProto::TCP);
     assert_eq!(&*svc_port(&t.snapshot, f).name, "ns/one");
     assert_eq!(route(&t.snapshot, &f.routes[0]), "- 10.1.0.1:8080");
 }
@@ -296,7 +296,7 @@ fn bad_ports_and_ips_are_problems() {
         ]
         .concat();
     let t = tr(&cfg(""), &yaml);
-    assert!(has_fe(&t.snapshot, "172.30.0.12", 81, TCP));
+    assert!(has_fe(&t.snapshot, "172.30.0.12", 81, IpProto::TCP));
     assert_eq!(t.snapshot.frontends.len(), 1);
     let msgs: Vec<String> = t.problems.iter().map(|p| p.to_string()).collect();
     assert_eq!(msgs.len(), 3, "{msgs:?}");
@@ -326,8 +326,8 @@ fn no_endpoints_rejects() {
     );
     let s = &t.snapshot;
     for f in [
-        fe(s, "172.30.0.13", 80, TCP),
-        fe(s, "192.168.0.2", 30080, TCP),
+        fe(s, "172.30.0.13", 80, IpProto::TCP),
+        fe(s, "192.168.0.2", 30080, IpProto::TCP),
     ] {
         assert_eq!(routes(s, f), ["reject", "reject", "reject"]);
     }
@@ -345,7 +345,10 @@ fn no_endpoints_rejects() {
     );
     let t = tr(&cfg(""), &yaml);
     assert_eq!(
-        routes(&t.snapshot, fe(&t.snapshot, "172.30.0.10", 80, TCP)),
+        routes(
+            &t.snapshot,
+            fe(&t.snapshot, "172.30.0.10", 80, IpProto::TCP)
+        ),
         ["reject", "reject", "reject"]
     );
 }
@@ -367,7 +370,7 @@ fn terminating_fallback() {
     assert_eq!(
         route(
             &t.snapshot,
-            &fe(&t.snapshot, "172.30.0.10", 80, TCP).routes[0]
+            &fe(&t.snapshot, "172.30.0.10", 80, IpProto::TCP).routes[0]
         ),
         "- 10.1.0.1:8080"
     );
@@ -378,19 +381,19 @@ fn node_port_cluster_policy() {
     let yaml = format!("{}{}", service("web", "  type: NodePort\n  clusterIP: 172.30.0.10\n  ports: [{name: http, port: 80, nodePort: 30080}]"), web_slice("web"));
     let t = tr(&cfg(""), &yaml);
     let s = &t.snapshot;
-    let f = fe(s, "192.168.0.2", 30080, TCP);
+    let f = fe(s, "192.168.0.2", 30080, IpProto::TCP);
     assert_eq!(f.kind, FrontendKind::NodePort);
     let all = "M 10.1.0.1:8080,10.1.0.2:8080(L)";
     assert_eq!(routes(s, f), [all, all, all]);
     // IPv4-only Service: no NodePort on the IPv6 node address.
-    assert!(!has_fe(s, "fd00:1::2", 30080, TCP));
+    assert!(!has_fe(s, "fd00:1::2", 30080, IpProto::TCP));
     // The ClusterIP and the NodePort share the endpoint list.
     assert_eq!(
-        fe(s, "172.30.0.10", 80, TCP).routes[0].endpoints,
+        fe(s, "172.30.0.10", 80, IpProto::TCP).routes[0].endpoints,
         f.routes[0].endpoints
     );
     assert!(Arc::ptr_eq(
-        &fe(s, "172.30.0.10", 80, TCP).endpoints,
+        &fe(s, "172.30.0.10", 80, IpProto::TCP).endpoints,
         &f.endpoints
     ));
     assert_eq!(f.endpoints.len(), 2);
@@ -467,8 +470,8 @@ fn external_traffic_policy_local() {
     let s = &t.snapshot;
     let all = "10.1.0.1:8080,10.1.0.2:8080(L)";
     for f in [
-        fe(s, "192.168.0.2", 30080, TCP),
-        fe(s, "203.0.113.7", 80, TCP),
+        fe(s, "192.168.0.2", 30080, IpProto::TCP),
+        fe(s, "203.0.113.7", 80, IpProto::TCP),
     ] {
         // Pods short-circuit unmasqueraded, the node is masqueraded, outsiders keep their
         // address and reach only local endpoints.
@@ -481,10 +484,13 @@ fn external_traffic_policy_local() {
             ]
         );
     }
-    assert_eq!(fe(s, "203.0.113.7", 80, TCP).kind, FrontendKind::ExternalIp);
+    assert_eq!(
+        fe(s, "203.0.113.7", 80, IpProto::TCP).kind,
+        FrontendKind::ExternalIp
+    );
     // The ClusterIP is not affected by eTP.
     assert_eq!(
-        routes(s, fe(s, "172.30.0.10", 80, TCP))[2],
+        routes(s, fe(s, "172.30.0.10", 80, IpProto::TCP))[2],
         format!("M {all}")
     );
 
@@ -494,7 +500,7 @@ fn external_traffic_policy_local() {
         &etp_local("- {addresses: [10.1.0.1], nodeName: node-b}"),
     );
     let s = &t.snapshot;
-    let f = fe(s, "192.168.0.2", 30080, TCP);
+    let f = fe(s, "192.168.0.2", 30080, IpProto::TCP);
     assert_eq!(routes(s, f), ["- 10.1.0.1:8080", "M 10.1.0.1:8080", "drop"]);
 
     // Local endpoint terminating but serving: used for outsiders (graceful drain).
@@ -504,7 +510,7 @@ fn external_traffic_policy_local() {
         );
     let s = &t.snapshot;
     assert_eq!(
-        routes(s, fe(s, "192.168.0.2", 30080, TCP)),
+        routes(s, fe(s, "192.168.0.2", 30080, IpProto::TCP)),
         ["- 10.1.0.1:8080", "M 10.1.0.1:8080", "- 10.1.0.2:8080(L)"]
     );
 }
@@ -520,7 +526,7 @@ fn external_traffic_policy_local_without_cluster_cidrs() {
     let s = &t.snapshot;
     // No pod short-circuit: the Pod class (never produced) follows the external route.
     assert_eq!(
-        routes(s, fe(s, "192.168.0.2", 30080, TCP)),
+        routes(s, fe(s, "192.168.0.2", 30080, IpProto::TCP)),
         [
             "- 10.1.0.2:8080(L)",
             "M 10.1.0.1:8080,10.1.0.2:8080(L)",
@@ -539,7 +545,10 @@ fn etp_local_only_means_something_for_nodeport_and_lb() {
     let t = tr(&cfg(""), &yaml);
     let s = &t.snapshot;
     let all = "M 10.1.0.1:8080,10.1.0.2:8080(L)";
-    assert_eq!(routes(s, fe(s, "203.0.113.7", 80, TCP)), [all, all, all]);
+    assert_eq!(
+        routes(s, fe(s, "203.0.113.7", 80, IpProto::TCP)),
+        [all, all, all]
+    );
 }
 
 #[test]
@@ -551,7 +560,7 @@ fn internal_traffic_policy_local() {
     );
     let s = &t.snapshot;
     assert_eq!(
-        routes(s, fe(s, "172.30.0.10", 80, TCP)),
+        routes(s, fe(s, "172.30.0.10", 80, IpProto::TCP)),
         [
             "- 10.1.0.2:8080(L)",
             "M 10.1.0.2:8080(L)",
@@ -572,7 +581,10 @@ fn internal_traffic_policy_local() {
     );
     let t = tr(&cfg(""), &yaml);
     assert_eq!(
-        routes(&t.snapshot, fe(&t.snapshot, "172.30.0.10", 80, TCP)),
+        routes(
+            &t.snapshot,
+            fe(&t.snapshot, "172.30.0.10", 80, IpProto::TCP)
+        ),
         ["drop", "drop", "drop"]
     );
     // iTP Local + NodePort eTP Cluster: NodePort uses the cluster list.
@@ -591,11 +603,11 @@ fn internal_traffic_policy_local() {
     let t = tr(&cfg(""), &yaml);
     let s = &t.snapshot;
     assert_eq!(
-        routes(s, fe(s, "172.30.0.10", 80, TCP)),
+        routes(s, fe(s, "172.30.0.10", 80, IpProto::TCP)),
         ["drop", "drop", "drop"]
     );
     assert_eq!(
-        routes(s, fe(s, "192.168.0.2", 30080, TCP)),
+        routes(s, fe(s, "192.168.0.2", 30080, IpProto::TCP)),
         ["M 10.1.0.1:8080", "M 10.1.0.1:8080", "M 10.1.0.1:8080"]
     );
     // iTP Local and eTP Local, no local endpoints: pods and node short-circuit to the
@@ -615,7 +627,7 @@ fn internal_traffic_policy_local() {
     let t = tr(&cfg(""), &yaml);
     let s = &t.snapshot;
     assert_eq!(
-        routes(s, fe(s, "192.168.0.2", 30080, TCP)),
+        routes(s, fe(s, "192.168.0.2", 30080, IpProto::TCP)),
         ["- 10.1.0.1:8080", "M 10.1.0.1:8080", "drop"]
     );
 }
@@ -632,27 +644,27 @@ fn dual_stack() {
     assert!(t.problems.is_empty(), "{:?}", t.problems);
     let s = &t.snapshot;
     assert_eq!(
-        route(s, &fe(s, "172.30.0.20", 80, TCP).routes[0]),
+        route(s, &fe(s, "172.30.0.20", 80, IpProto::TCP).routes[0]),
         "- 10.1.0.5:8080"
     );
     assert_eq!(
-        route(s, &fe(s, "fd00:30::20", 80, TCP).routes[0]),
+        route(s, &fe(s, "fd00:30::20", 80, IpProto::TCP).routes[0]),
         "- [fd00::5]:8080(L)"
     );
     assert_eq!(
-        route(s, &fe(s, "192.168.0.2", 30081, TCP).routes[2]),
+        route(s, &fe(s, "192.168.0.2", 30081, IpProto::TCP).routes[2]),
         "M 10.1.0.5:8080"
     );
     assert_eq!(
-        route(s, &fe(s, "fd00:1::2", 30081, TCP).routes[2]),
+        route(s, &fe(s, "fd00:1::2", 30081, IpProto::TCP).routes[2]),
         "M [fd00::5]:8080(L)"
     );
     assert_eq!(
-        route(s, &fe(s, "203.0.113.8", 80, TCP).routes[2]),
+        route(s, &fe(s, "203.0.113.8", 80, IpProto::TCP).routes[2]),
         "M 10.1.0.5:8080"
     );
     assert_eq!(
-        route(s, &fe(s, "2001:db8::8", 80, TCP).routes[2]),
+        route(s, &fe(s, "2001:db8::8", 80, IpProto::TCP).routes[2]),
         "M [fd00::5]:8080(L)"
     );
     assert_eq!(s.cluster_ips.len(), 2);
@@ -676,10 +688,13 @@ fn dual_stack() {
     ]
     .concat();
     let t = tr(&cfg(""), &yaml);
-    assert!(!has_fe(&t.snapshot, "2001:db8::9", 80, TCP));
+    assert!(!has_fe(&t.snapshot, "2001:db8::9", 80, IpProto::TCP));
     // IPv6 endpoints never serve the IPv4 ClusterIP.
     assert_eq!(
-        routes(&t.snapshot, fe(&t.snapshot, "172.30.0.21", 80, TCP))[0],
+        routes(
+            &t.snapshot,
+            fe(&t.snapshot, "172.30.0.21", 80, IpProto::TCP)
+        )[0],
         "reject"
     );
 }
@@ -695,13 +710,13 @@ fn lb(extra_spec: &str, ingress: &str, annotations: &str) -> String {
 fn load_balancer_vips_and_ip_mode() {
     let t = tr(&cfg(""), &lb("", "[{ip: 198.51.100.1}, {ip: 198.51.100.2, ipMode: VIP}, {ip: 198.51.100.3, ipMode: Proxy}, {hostname: lb.example.com}]", ""));
     let s = &t.snapshot;
-    let f = fe(s, "198.51.100.1", 80, TCP);
+    let f = fe(s, "198.51.100.1", 80, IpProto::TCP);
     assert_eq!(f.kind, FrontendKind::LoadBalancer);
     assert!(f.source_ranges.is_none());
     assert_eq!(routes(s, f)[2], "M 10.1.0.1:8080,10.1.0.2:8080(L)");
-    assert!(has_fe(s, "198.51.100.2", 80, TCP));
-    assert!(!has_fe(s, "198.51.100.3", 80, TCP));
-    assert!(has_fe(s, "192.168.0.2", 30090, TCP));
+    assert!(has_fe(s, "198.51.100.2", 80, IpProto::TCP));
+    assert!(!has_fe(s, "198.51.100.3", 80, IpProto::TCP));
+    assert!(has_fe(s, "192.168.0.2", 30090, IpProto::TCP));
     assert_eq!(s.frontends.len(), 4);
 }
 
@@ -729,10 +744,17 @@ fn load_balancer_source_ranges() {
     );
     let s = &t.snapshot;
     assert!(t.problems.is_empty(), "{:?}", t.problems);
-    assert_eq!(ranges(fe(s, "198.51.100.1", 80, TCP)), ["203.0.113.0/24"]);
+    assert_eq!(
+        ranges(fe(s, "198.51.100.1", 80, IpProto::TCP)),
+        ["203.0.113.0/24"]
+    );
     // NodePorts and ClusterIPs are never filtered.
-    assert!(fe(s, "192.168.0.2", 30090, TCP).source_ranges.is_none());
-    assert!(fe(s, "172.30.0.30", 80, TCP).source_ranges.is_none());
+    assert!(fe(s, "192.168.0.2", 30090, IpProto::TCP)
+        .source_ranges
+        .is_none());
+    assert!(fe(s, "172.30.0.30", 80, IpProto::TCP)
+        .source_ranges
+        .is_none());
 
     // A range containing the node's primary address also lets the VIPs in (hairpin).
     let t = tr(
@@ -744,7 +766,7 @@ fn load_balancer_source_ranges() {
         ),
     );
     assert_eq!(
-        ranges(fe(&t.snapshot, "198.51.100.1", 80, TCP)),
+        ranges(fe(&t.snapshot, "198.51.100.1", 80, IpProto::TCP)),
         ["192.168.0.0/16", "198.51.100.1/32", "198.51.100.2/32"]
     );
 
@@ -757,7 +779,7 @@ fn load_balancer_source_ranges() {
             "",
         ),
     );
-    assert!(fe(&t.snapshot, "198.51.100.1", 80, TCP)
+    assert!(fe(&t.snapshot, "198.51.100.1", 80, IpProto::TCP)
         .source_ranges
         .is_none());
 
@@ -765,7 +787,7 @@ fn load_balancer_source_ranges() {
     let ann = ", annotations: {service.beta.kubernetes.io/load-balancer-source-ranges: \"10.0.0.0/8, 172.16.0.0/12\"}";
     let t = tr(&cfg(""), &lb("", "[{ip: 198.51.100.1}]", ann));
     assert_eq!(
-        ranges(fe(&t.snapshot, "198.51.100.1", 80, TCP)),
+        ranges(fe(&t.snapshot, "198.51.100.1", 80, IpProto::TCP)),
         ["10.0.0.0/8", "172.16.0.0/12"]
     );
     let t = tr(
@@ -777,7 +799,7 @@ fn load_balancer_source_ranges() {
         ),
     );
     assert_eq!(
-        ranges(fe(&t.snapshot, "198.51.100.1", 80, TCP)),
+        ranges(fe(&t.snapshot, "198.51.100.1", 80, IpProto::TCP)),
         ["203.0.113.0/24"]
     );
 
@@ -791,7 +813,7 @@ fn load_balancer_source_ranges() {
         ),
     );
     assert_eq!(
-        ranges(fe(&t.snapshot, "198.51.100.1", 80, TCP)),
+        ranges(fe(&t.snapshot, "198.51.100.1", 80, IpProto::TCP)),
         ["203.0.113.0/24"]
     );
     assert_eq!(t.problems.len(), 1);
@@ -811,8 +833,8 @@ fn lb_algorithm_annotation_and_default() {
     let t = tr(&cfg(""), &yaml);
     assert!(t.problems.is_empty(), "{:?}", t.problems);
     let s = &t.snapshot;
-    let cip = fe(s, "172.30.0.10", 80, TCP);
-    let node = fe(s, "192.168.0.2", 30080, TCP);
+    let cip = fe(s, "172.30.0.10", 80, IpProto::TCP);
+    let node = fe(s, "192.168.0.2", 30080, IpProto::TCP);
     let m = cip.maglev.as_ref().expect("maglev tables");
     // One table per route list: the cluster list (2) and the local one (1), shared by the
     // Service port's frontends.
@@ -832,7 +854,7 @@ fn lb_algorithm_annotation_and_default() {
     let key = FrontendKey {
         addr: Addr::from_ip("192.168.0.2".parse().unwrap()),
         port: 30080,
-        proto: TCP,
+        proto: IpProto::TCP,
     };
     let r = s.frontend_ref(&key).unwrap();
     assert!(r.maglev().is_some());
@@ -841,27 +863,35 @@ fn lb_algorithm_annotation_and_default() {
     // `random`, and no annotation: no tables.
     let yaml = [annotated("random", np), web_slice("web")].concat();
     let t = tr(&cfg(""), &yaml);
-    assert!(fe(&t.snapshot, "172.30.0.10", 80, TCP).maglev.is_none());
+    assert!(fe(&t.snapshot, "172.30.0.10", 80, IpProto::TCP)
+        .maglev
+        .is_none());
     assert!(t.problems.is_empty());
     let plain = [service("web", np), web_slice("web")].concat();
     let t = tr(&cfg(""), &plain);
-    assert!(fe(&t.snapshot, "172.30.0.10", 80, TCP).maglev.is_none());
+    assert!(fe(&t.snapshot, "172.30.0.10", 80, IpProto::TCP)
+        .maglev
+        .is_none());
 
     // The configured default applies without the annotation; the annotation overrides it.
     let mag = cfg("loadBalancing: {algorithm: maglev, maglevTableSize: 1021, maglevSeed: 42}");
     let t = tr(&mag, &plain);
-    let m = fe(&t.snapshot, "172.30.0.10", 80, TCP)
+    let m = fe(&t.snapshot, "172.30.0.10", 80, IpProto::TCP)
         .maglev
         .clone()
         .unwrap();
     assert_eq!(m.seed(), kxdp_dataplane::maglev::seed_of("42"));
     let t = tr(&mag, &yaml);
-    assert!(fe(&t.snapshot, "172.30.0.10", 80, TCP).maglev.is_none());
+    assert!(fe(&t.snapshot, "172.30.0.10", 80, IpProto::TCP)
+        .maglev
+        .is_none());
 
     // A value that is neither: reported, and the configured default used.
     let bad = [annotated("ring-hash", np), web_slice("web")].concat();
     let t = tr(&cfg(""), &bad);
-    assert!(fe(&t.snapshot, "172.30.0.10", 80, TCP).maglev.is_none());
+    assert!(fe(&t.snapshot, "172.30.0.10", 80, IpProto::TCP)
+        .maglev
+        .is_none());
     assert_eq!(t.problems.len(), 1, "{:?}", t.problems);
     assert_eq!(t.problems[0].object, "Service ns/web");
     assert_eq!(
@@ -869,7 +899,9 @@ fn lb_algorithm_annotation_and_default() {
             "metadata.annotations[service.kxdp.dev/lb-algorithm]: `ring-hash` is not `maglev` or `random`; using the configured default, random"
         );
     let t = tr(&mag, &bad);
-    assert!(fe(&t.snapshot, "172.30.0.10", 80, TCP).maglev.is_some());
+    assert!(fe(&t.snapshot, "172.30.0.10", 80, IpProto::TCP)
+        .maglev
+        .is_some());
     assert!(t.problems[0].message.ends_with("default, maglev"));
 }
 
@@ -890,7 +922,7 @@ fn session_affinity() {
                 web_slice("web")
             ),
         );
-        let f = fe(&t.snapshot, "172.30.0.10", 80, TCP);
+        let f = fe(&t.snapshot, "172.30.0.10", 80, IpProto::TCP);
         assert_eq!(svc_port(&t.snapshot, f).affinity_timeout_s, want, "{extra}");
     }
 }
@@ -973,7 +1005,7 @@ fn topology_hints_use_node_zone() {
     assert_eq!(
         route(
             &t.snapshot,
-            &fe(&t.snapshot, "172.30.0.10", 80, TCP).routes[0]
+            &fe(&t.snapshot, "172.30.0.10", 80, IpProto::TCP).routes[0]
         ),
         "- 10.1.0.1:8080"
     );
@@ -994,7 +1026,7 @@ fn topology_hints_use_node_zone() {
     assert_eq!(
         route(
             &t.snapshot,
-            &fe(&t.snapshot, "172.30.0.10", 80, TCP).routes[0]
+            &fe(&t.snapshot, "172.30.0.10", 80, IpProto::TCP).routes[0]
         ),
         "- 10.1.0.2:8080(L)"
     );
@@ -1005,7 +1037,7 @@ fn topology_hints_use_node_zone() {
     assert_eq!(
         route(
             &t.snapshot,
-            &fe(&t.snapshot, "172.30.0.10", 80, TCP).routes[0]
+            &fe(&t.snapshot, "172.30.0.10", 80, IpProto::TCP).routes[0]
         ),
         "- 10.1.0.1:8080,10.1.0.2:8080(L)"
     );
@@ -1026,7 +1058,10 @@ fn frontend_collisions_first_wins() {
     .concat();
     let t = tr(&cfg(""), &yaml);
     let s = &t.snapshot;
-    assert_eq!(&*svc_port(s, fe(s, "203.0.113.9", 80, TCP)).name, "ns/a");
+    assert_eq!(
+        &*svc_port(s, fe(s, "203.0.113.9", 80, IpProto::TCP)).name,
+        "ns/a"
+    );
     assert_eq!(t.problems.len(), 1);
     assert_eq!(t.problems[0].object, "Service ns/b");
 }
@@ -1040,7 +1075,7 @@ fn identical_endpoint_lists_share_a_range() {
             slice("web-1", "web", "IPv4", "[{name: http, port: 8080}]", "- {addresses: [10.1.0.2], nodeName: node-a}")
         );
     let t = tr(&cfg(""), &yaml);
-    let f = fe(&t.snapshot, "172.30.0.10", 80, TCP);
+    let f = fe(&t.snapshot, "172.30.0.10", 80, IpProto::TCP);
     assert_eq!(f.endpoints.len(), 1);
     assert_eq!(f.routes[0].endpoints, f.routes[2].endpoints);
 }
@@ -1076,20 +1111,27 @@ fn examples_translate_cleanly() {
     s.validate().unwrap();
     // web: 2 ready endpoints (the terminating one is not used while ready ones exist).
     assert_eq!(
-        routes(s, fe(s, "172.30.0.10", 80, TCP))[0],
+        routes(s, fe(s, "172.30.0.10", 80, IpProto::TCP))[0],
         "- 10.0.1.10:8080(L),10.0.2.10:8080"
     );
     assert_eq!(
-        routes(s, fe(s, "192.168.0.2", 30080, TCP))[2],
+        routes(s, fe(s, "192.168.0.2", 30080, IpProto::TCP))[2],
         "- 10.0.1.20:8080(L)"
     );
-    assert!(has_fe(s, "fd00:30::30", 9000, TCP) && has_fe(s, "172.30.0.30", 53, UDP));
-    assert!(fe(s, "192.0.2.10", 443, TCP).source_ranges.is_some());
+    assert!(
+        has_fe(s, "fd00:30::30", 9000, IpProto::TCP) && has_fe(s, "172.30.0.30", 53, IpProto::UDP)
+    );
+    assert!(fe(s, "192.0.2.10", 443, IpProto::TCP)
+        .source_ranges
+        .is_some());
     assert_eq!(
-        svc_port(s, fe(s, "172.30.0.50", 80, TCP)).affinity_timeout_s,
+        svc_port(s, fe(s, "172.30.0.50", 80, IpProto::TCP)).affinity_timeout_s,
         1800
     );
-    assert_eq!(routes(s, fe(s, "172.30.0.60", 3000, TCP))[0], "reject");
+    assert_eq!(
+        routes(s, fe(s, "172.30.0.60", 3000, IpProto::TCP))[0],
+        "reject"
+    );
     assert_eq!(s.cluster_ips.len(), 7);
 }
 
@@ -1108,7 +1150,7 @@ fn ip_frontends_win_over_node_ports() {
     .concat();
     let t = tr(&cfg(""), &yaml);
     let s = &t.snapshot;
-    let f = fe(s, "192.168.0.2", 30000, TCP);
+    let f = fe(s, "192.168.0.2", 30000, IpProto::TCP);
     assert_eq!(f.kind, FrontendKind::ExternalIp);
     assert_eq!(&*svc_port(s, f).name, "ns/b");
     // Besides addr_guard's report of the externalIP on the node's address.

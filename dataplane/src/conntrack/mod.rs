@@ -23,14 +23,14 @@ pub use table::{
 };
 pub use tuple::{addr_word, hash_packed, packed_proto, Packed, Tuple};
 
-use kxdp_packet::{proto, Addr, Family};
+use kxdp_packet::{Addr, Family, IpProto};
 use table::{
     Clock32, Table, DIR_FLAGS_SHIFT, FLAG_SINGLE_KEY, PROTO_STATE_MASK, PROTO_STATE_SHIFT,
 };
 use tcp::TcpState;
 
 /// Pseudo-protocol of affinity records: never a real IP protocol number kxdp tracks.
-pub const AFFINITY_PROTO: u8 = 255;
+pub const AFFINITY_PROTO: IpProto = IpProto(255);
 
 /// How long a replied UDP flow must have lived before it counts as a stream (the kernel's 2 s).
 const UDP_STREAM_AGE_MS: u64 = 2_000;
@@ -437,11 +437,11 @@ impl Conntrack {
     ) -> Result<u32, CreateError> {
         let proto = packed_proto(orig);
         let (proto_state, tags) = match (proto, first.sctp.as_ref()) {
-            (6, _) => (
+            (IpProto::TCP, _) => (
                 tcp::next(TcpState::None, 0, DIR_ORIG, first.tcp_flags).0 as u32,
                 0,
             ),
-            (132, Some(chunks)) => {
+            (IpProto::SCTP, Some(chunks)) => {
                 let mut tags = [0u32; 2];
                 let st = sctp::next(sctp::SctpState::None, DIR_ORIG, chunks, &mut tags)
                     .map_err(|_| CreateError::Invalid)?;
@@ -456,7 +456,7 @@ impl Conntrack {
         let expires = now_ms + self.timeout_ms(proto, state);
         // The first packet is the connection's too (conntrack -L counts it). SCTP keeps both
         // directions' bytes in one word, 32 bits each (`Table::count_sctp`).
-        let first_bytes = if proto == proto::SCTP {
+        let first_bytes = if proto == IpProto::SCTP {
             first.bytes as u32 as u64
         } else {
             first.bytes
@@ -476,7 +476,7 @@ impl Conntrack {
                 hashes,
             )
             .map_err(CreateError::Insert)?;
-        if proto == proto::SCTP {
+        if proto == IpProto::SCTP {
             self.table.set_tags(idx, tags);
         }
         Ok(idx)
@@ -498,20 +498,20 @@ impl Conntrack {
         let proto = found.proto();
         let dir = found.dir;
         let tcp_flags = packet.tcp_flags;
-        if proto == proto::SCTP {
+        if proto == IpProto::SCTP {
             return self.on_sctp_packet(found, packet, bytes, now_ms);
         }
         // UDP becomes a stream (assured, long timeout) once answered and still active two
         // seconds after it began, as in the kernel: a single DNS exchange stays short-lived.
         let udp_stream_age =
-            proto == proto::UDP && self.table.age_ms(found.idx, now_ms) >= UDP_STREAM_AGE_MS;
+            proto == IpProto::UDP && self.table.age_ms(found.idx, now_ms) >= UDP_STREAM_AGE_MS;
         let state = self
             .table
             .update_state(found.idx, |cur| {
                 next_state(cur, proto, dir, tcp_flags, udp_stream_age)
             })
             .ok_or(PacketError::Gone)?;
-        if proto == 6
+        if proto == IpProto::TCP
             && tcp_flags & (tcp::FIN | tcp::RST) != 0
             && state & FLAG_ASSURED != 0
             && tcp_state_of(state) as u8 >= TcpState::FinWait as u8
@@ -554,8 +554,8 @@ impl Conntrack {
     ) -> Option<u32> {
         let proto = found.proto();
         let plain = match proto {
-            kxdp_packet::proto::TCP => tcp_flags & (tcp::SYN | tcp::FIN | tcp::RST) == 0,
-            kxdp_packet::proto::UDP => true,
+            IpProto::TCP => tcp_flags & (tcp::SYN | tcp::FIN | tcp::RST) == 0,
+            IpProto::UDP => true,
             _ => false,
         };
         if !plain {
@@ -565,7 +565,7 @@ impl Conntrack {
         // may have moved it).
         self.table
             .touch_if_live(found.idx, found.dir, bytes, |state| {
-                if proto == kxdp_packet::proto::TCP {
+                if proto == IpProto::TCP {
                     let st = (state & PROTO_STATE_MASK) >> PROTO_STATE_SHIFT;
                     // After a RST the full path refuses the packet (`ct-invalid`); a state this
                     // packet would move goes there too.
@@ -641,7 +641,7 @@ impl Conntrack {
         }
         if sctp::refreshes_timeout(old, new, chunks) {
             self.table
-                .set_expires(found.idx, now_ms + self.timeout_ms(132, state));
+                .set_expires(found.idx, now_ms + self.timeout_ms(IpProto::SCTP, state));
         }
         self.table.count_sctp(found.idx, found.dir, bytes);
         Ok(state)
@@ -654,7 +654,7 @@ impl Conntrack {
             .ok_or(PacketError::Gone)?;
         self.table
             .set_expires(found.idx, now_ms + self.timeout_ms(found.proto(), state));
-        if found.proto() == proto::SCTP {
+        if found.proto() == IpProto::SCTP {
             self.table.count_sctp(found.idx, found.dir, bytes);
         } else {
             self.table.count(found.idx, found.dir, bytes);
@@ -694,13 +694,13 @@ impl Conntrack {
         }
     }
 
-    fn timeout_ms(&self, proto: u8, state: u32) -> u64 {
+    fn timeout_ms(&self, proto: IpProto, state: u32) -> u64 {
         let t = &self.timeouts;
         match proto {
-            6 => t.tcp[tcp_state_of(state) as usize],
-            17 if state & FLAG_ASSURED != 0 => t.udp_stream,
-            17 => t.udp,
-            132 => match sctp::timeout_class(sctp::SctpState::from_u8(
+            IpProto::TCP => t.tcp[tcp_state_of(state) as usize],
+            IpProto::UDP if state & FLAG_ASSURED != 0 => t.udp_stream,
+            IpProto::UDP => t.udp,
+            IpProto::SCTP => match sctp::timeout_class(sctp::SctpState::from_u8(
                 ((state & PROTO_STATE_MASK) >> PROTO_STATE_SHIFT) as u8,
             )) {
                 sctp::SctpTimeout::Established => t.sctp_established,
@@ -845,8 +845,8 @@ impl Conntrack {
     pub fn state_name(view: &EntryView) -> Option<&'static str> {
         let st = ((view.state & PROTO_STATE_MASK) >> PROTO_STATE_SHIFT) as u8;
         match view.orig.proto {
-            6 => Some(TcpState::from_u8(st).name()),
-            132 => Some(sctp::SctpState::from_u8(st).name()),
+            IpProto::TCP => Some(TcpState::from_u8(st).name()),
+            IpProto::SCTP => Some(sctp::SctpState::from_u8(st).name()),
             _ => None,
         }
     }
@@ -856,20 +856,20 @@ impl Conntrack {
 /// the seen-reply and assured flags, the TCP state machine. `udp_stream_age`: the connection is
 /// old enough to become a UDP stream (`UDP_STREAM_AGE_MS`).
 #[inline(always)]
-fn next_state(cur: u32, proto: u8, dir: u8, tcp_flags: u8, udp_stream_age: bool) -> u32 {
+fn next_state(cur: u32, proto: IpProto, dir: u8, tcp_flags: u8, udp_stream_age: bool) -> u32 {
     let mut s = cur;
     if dir == DIR_REPLY {
         s |= FLAG_SEEN_REPLY;
     }
     if s & FLAG_SEEN_REPLY != 0 {
         match proto {
-            proto::UDP if udp_stream_age => s |= FLAG_ASSURED,
+            IpProto::UDP if udp_stream_age => s |= FLAG_ASSURED,
             // ICMP is assured once answered; TCP once established, SCTP once its association is.
-            proto::ICMP | proto::ICMPV6 => s |= FLAG_ASSURED,
+            IpProto::ICMP | IpProto::ICMPV6 => s |= FLAG_ASSURED,
             _ => {}
         }
     }
-    if proto == proto::TCP {
+    if proto == IpProto::TCP {
         let (next, dirflags) = tcp::next(
             TcpState::from_u8(((s & PROTO_STATE_MASK) >> PROTO_STATE_SHIFT) as u8),
             (s >> DIR_FLAGS_SHIFT) as u8,

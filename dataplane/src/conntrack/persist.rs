@@ -726,6 +726,7 @@ fn convert_v2(from: &EntryV2, to: EntryRef<'_>) {
 mod tests {
     use super::super::{tcp, Conntrack, CtConfig, Tuple, DIR_REPLY};
     use super::*;
+    use kxdp_packet::IpProto;
     use kxdp_packet::{Addr, Family};
     use std::io::{Seek, SeekFrom, Write};
 
@@ -758,7 +759,7 @@ mod tests {
         (Dir(d.clone()), d.join("conntrack"))
     }
 
-    fn tup(a: u8, sport: u16, b: u8, dport: u16, proto: u8) -> Tuple {
+    fn tup(a: u8, sport: u16, b: u8, dport: u16, proto: IpProto) -> Tuple {
         Tuple {
             src: Addr::from_v4([10, 0, 0, a]),
             dst: Addr::from_v4([10, 1, 0, b]),
@@ -777,8 +778,8 @@ mod tests {
     /// Three connections (entries 0, 1, 2) and one affinity record (entry 3).
     fn populate(ct: &Conntrack) {
         for i in 0..3u8 {
-            let orig = tup(i, 40000 + i as u16, 41, 80, 6);
-            let reply = tup(9, 8080, i, 40000 + i as u16, 6);
+            let orig = tup(i, 40000 + i as u16, 41, 80, IpProto::TCP);
+            let reply = tup(9, 8080, i, 40000 + i as u16, IpProto::TCP);
             let idx = ct
                 .create(&orig, &reply, tcp::SYN, i == 1, 5, NOW, 0)
                 .unwrap();
@@ -823,10 +824,13 @@ mod tests {
 
     fn assert_restored(ct: &Conntrack) {
         for i in 0..3u8 {
-            let reply = tup(9, 8080, i, 40000 + i as u16, 6);
+            let reply = tup(9, 8080, i, 40000 + i as u16, IpProto::TCP);
             let f = find(ct, &reply).expect("restored connection");
             assert_eq!(f.dir, DIR_REPLY);
-            assert_eq!(f.other_tuple(), tup(i, 40000 + i as u16, 41, 80, 6));
+            assert_eq!(
+                f.other_tuple(),
+                tup(i, 40000 + i as u16, 41, 80, IpProto::TCP)
+            );
             assert_eq!(f.state & super::super::FLAG_MASQ != 0, i == 1);
             assert_eq!(super::super::tcp_state_of(f.state), tcp::TcpState::SynRecv);
         }
@@ -851,9 +855,17 @@ mod tests {
         );
         assert_restored(&ct);
         // New connections go on from where the old process left off.
-        let orig = tup(50, 1, 41, 80, 6);
-        ct.create(&orig, &tup(9, 8080, 50, 1, 6), tcp::SYN, false, 0, NOW, 0)
-            .unwrap();
+        let orig = tup(50, 1, 41, 80, IpProto::TCP);
+        ct.create(
+            &orig,
+            &tup(9, 8080, 50, 1, IpProto::TCP),
+            tcp::SYN,
+            false,
+            0,
+            NOW,
+            0,
+        )
+        .unwrap();
         drop(ct); // no clean mark: a crash
         let (ct, r) = open(&path, 100, &env());
         assert_eq!(
@@ -878,9 +890,17 @@ mod tests {
     fn the_backend_gone_mark_survives_a_restart() {
         let (_d, path) = dir("gone");
         let (ct, _) = open(&path, 100, &env());
-        let orig = tup(50, 1, 41, 80, 6);
-        ct.create(&orig, &tup(9, 8080, 50, 1, 6), tcp::SYN, false, 7, NOW, 0)
-            .unwrap();
+        let orig = tup(50, 1, 41, 80, IpProto::TCP);
+        ct.create(
+            &orig,
+            &tup(9, 8080, 50, 1, IpProto::TCP),
+            tcp::SYN,
+            false,
+            7,
+            NOW,
+            0,
+        )
+        .unwrap();
         let view = ct.connections().next().unwrap();
         assert!(ct.mark_backend_gone(&view));
         assert!(!ct.mark_backend_gone(&view), "marked once");
@@ -1045,8 +1065,8 @@ mod tests {
         // Entry 5 (never used): garbage with a live state; its tuples are zero (protocol 0).
         patch(&path, entry(5, 48), &1u32.to_ne_bytes());
         // Entry 6: a live-looking entry expiring in 40 days (past any timeout).
-        let orig = tup(60, 1, 41, 80, 17).pack();
-        let reply = tup(9, 53, 60, 1, 17).pack();
+        let orig = tup(60, 1, 41, 80, IpProto::UDP).pack();
+        let reply = tup(9, 53, 60, 1, IpProto::UDP).pack();
         let mut raw = [0u8; 64];
         let expiry = |ms: u64| super::super::table::Clock32::encode(ms).to_ne_bytes();
         raw[52..56].copy_from_slice(&expiry(NOW + 40 * 86_400_000));
@@ -1064,14 +1084,14 @@ mod tests {
         let (ct, r) = open(&path, 100, &env());
         assert_eq!(r.result, RestoreResult::Restored);
         assert_eq!((r.restored, r.dropped), (3, 4), "{r:?}");
-        assert!(find(&ct, &tup(0, 40000, 41, 80, 6)).is_none());
-        assert!(find(&ct, &tup(1, 40001, 41, 80, 6)).is_some());
-        assert!(find(&ct, &tup(60, 1, 41, 80, 17)).is_some());
+        assert!(find(&ct, &tup(0, 40000, 41, 80, IpProto::TCP)).is_none());
+        assert!(find(&ct, &tup(1, 40001, 41, 80, IpProto::TCP)).is_some());
+        assert!(find(&ct, &tup(60, 1, 41, 80, IpProto::UDP)).is_some());
         // The freed entries are handed out again, and nothing collides.
         for i in 0..20u8 {
             ct.create(
-                &tup(100 + i, 1, 41, 80, 6),
-                &tup(9, 8080, 100 + i, 1, 6),
+                &tup(100 + i, 1, 41, 80, IpProto::TCP),
+                &tup(9, 8080, 100 + i, 1, IpProto::TCP),
                 tcp::SYN,
                 false,
                 0,
@@ -1081,7 +1101,7 @@ mod tests {
             .unwrap();
         }
         assert_eq!(ct.len(), 23);
-        assert!(find(&ct, &tup(1, 40001, 41, 80, 6)).is_some());
+        assert!(find(&ct, &tup(1, 40001, 41, 80, IpProto::TCP)).is_some());
     }
 
     /// A file of layout version 2 (one 112-byte record per entry) is converted:
@@ -1098,15 +1118,21 @@ mod tests {
             ])
         };
         let conns = [
-            (tup(1, 40001, 41, 80, 6), tup(9, 8080, 1, 40001, 6)),
-            (tup(2, 40002, 41, 53, 17), tup(9, 53, 2, 40002, 17)),
+            (
+                tup(1, 40001, 41, 80, IpProto::TCP),
+                tup(9, 8080, 1, 40001, IpProto::TCP),
+            ),
+            (
+                tup(2, 40002, 41, 53, IpProto::UDP),
+                tup(9, 53, 2, 40002, IpProto::UDP),
+            ),
             (
                 Tuple {
                     src: v6(1),
                     dst: v6(2),
                     sport: 1234,
                     dport: 443,
-                    proto: 6,
+                    proto: IpProto::TCP,
                     family: Family::V6,
                 },
                 Tuple {
@@ -1114,7 +1140,7 @@ mod tests {
                     dst: v6(1),
                     sport: 8443,
                     dport: 1234,
-                    proto: 6,
+                    proto: IpProto::TCP,
                     family: Family::V6,
                 },
             ),
@@ -1132,7 +1158,12 @@ mod tests {
             raw[80..88].copy_from_slice(&1500u64.to_ne_bytes());
             let established =
                 (tcp::TcpState::Established as u32) << super::super::table::PROTO_STATE_SHIFT;
-            let state = super::super::table::LIFE_LIVE | if o.proto == 6 { established } else { 0 };
+            let state = super::super::table::LIFE_LIVE
+                | if o.proto == IpProto::TCP {
+                    established
+                } else {
+                    0
+                };
             raw[96..100].copy_from_slice(&state.to_ne_bytes());
             let expiry = super::super::table::Clock32::encode(NOW + 60_000);
             raw[100..104].copy_from_slice(&expiry.to_ne_bytes());
@@ -1258,8 +1289,8 @@ mod tests {
     fn sctp_tags_survive() {
         let (_d, path) = dir("sctp");
         let (ct, _) = open(&path, 100, &env());
-        let orig = tup(1, 5000, 41, 5000, 132);
-        let reply = tup(9, 5000, 1, 5000, 132);
+        let orig = tup(1, 5000, 41, 5000, IpProto::SCTP);
+        let reply = tup(9, 5000, 1, 5000, IpProto::SCTP);
         let chunks = super::super::sctp::tests::init(0x1234);
         let idx = ct
             .create(

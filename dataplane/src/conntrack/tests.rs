@@ -5,7 +5,7 @@ use super::*;
 
 const CHUNK_FOR_TESTS: u32 = 32;
 
-fn tup(a: u8, sport: u16, b: u8, dport: u16, proto: u8) -> Tuple {
+fn tup(a: u8, sport: u16, b: u8, dport: u16, proto: IpProto) -> Tuple {
     Tuple {
         src: Addr::from_v4([10, 0, 0, a]),
         dst: Addr::from_v4([10, 1, 0, b]),
@@ -38,8 +38,8 @@ fn find(ct: &Conntrack, t: &Tuple, now: u64) -> Option<Found> {
 #[test]
 fn both_directions_find_the_entry() {
     let ct = small(1000);
-    let orig = tup(1, 40000, 41, 80, 6);
-    let reply = tup(9, 8080, 1, 40000, 6);
+    let orig = tup(1, 40000, 41, 80, IpProto::TCP);
+    let reply = tup(9, 8080, 1, 40000, IpProto::TCP);
     ct.create(&orig, &reply, tcp::SYN, false, 7, 0, 0).unwrap();
     let f = find(&ct, &orig, 1).unwrap();
     assert_eq!(f.dir, DIR_ORIG);
@@ -51,7 +51,7 @@ fn both_directions_find_the_entry() {
     assert!(find(&ct, &orig.reversed(), 1).is_none());
     assert!(ct.reply_taken(&reply));
     assert_eq!(
-        ct.create(&tup(2, 1, 41, 80, 6), &reply, 0, false, 0, 0, 0),
+        ct.create(&tup(2, 1, 41, 80, IpProto::TCP), &reply, 0, false, 0, 0, 0),
         Err(CreateError::Insert(InsertError::Exists))
     );
 }
@@ -59,8 +59,8 @@ fn both_directions_find_the_entry() {
 #[test]
 fn tcp_handshake_assures_and_sets_timeouts() {
     let ct = small(1000);
-    let orig = tup(1, 40000, 41, 80, 6);
-    let reply = tup(9, 8080, 1, 40000, 6);
+    let orig = tup(1, 40000, 41, 80, IpProto::TCP);
+    let reply = tup(9, 8080, 1, 40000, IpProto::TCP);
     ct.create(&orig, &reply, tcp::SYN, false, 0, 0, 0).unwrap();
     let r = find(&ct, &reply, 0).unwrap();
     ct.on_packet(&r, tcp::SYN | tcp::ACK, 60, 10).unwrap();
@@ -80,8 +80,8 @@ fn connections_live_on_after_99_days_of_uptime() {
     // still be found, established and timed out as at any other time.
     for start in [(1u64 << 33) - 5_000, 1 << 33, 400 * 24 * 3600 * 1000] {
         let ct = small(1000);
-        let orig = tup(1, 40000, 41, 80, 6);
-        let reply = tup(9, 8080, 1, 40000, 6);
+        let orig = tup(1, 40000, 41, 80, IpProto::TCP);
+        let reply = tup(9, 8080, 1, 40000, IpProto::TCP);
         ct.create(&orig, &reply, tcp::SYN, false, 0, start, 0)
             .unwrap();
         let r = find(&ct, &reply, start + 10).expect("found after the wrap");
@@ -100,8 +100,8 @@ fn connections_live_on_after_99_days_of_uptime() {
 #[test]
 fn udp_expires_unreplied_then_stream() {
     let ct = small(1000);
-    let orig = tup(1, 5000, 41, 53, 17);
-    let reply = tup(9, 53, 1, 5000, 17);
+    let orig = tup(1, 5000, 41, 53, IpProto::UDP);
+    let reply = tup(9, 53, 1, 5000, IpProto::UDP);
     ct.create(&orig, &reply, 0, false, 0, 0, 0).unwrap();
     assert!(find(&ct, &orig, 29_000).is_some());
     assert!(
@@ -137,8 +137,8 @@ fn expiry_recycles_entries_after_grace() {
     for round in 0..20u64 {
         let now = round * 100_000;
         for i in 0..16u8 {
-            let o = tup(i, 1000 + round as u16, 41, 53, 17);
-            let r = tup(200, 53, i, 1000 + round as u16, 17);
+            let o = tup(i, 1000 + round as u16, 41, 53, IpProto::UDP);
+            let r = tup(200, 53, i, 1000 + round as u16, IpProto::UDP);
             ct.create(&o, &r, 0, false, 0, now, 0)
                 .expect("room after expiry");
         }
@@ -164,9 +164,9 @@ fn workers_allocate_from_their_own_caches_and_recycle_into_them() {
                 1000 + (i / 200) as u16 + round as u16 * 16,
                 41,
                 53,
-                17,
+                IpProto::UDP,
             );
-            let r = tup(200, 53, (i % 200) as u8, o.sport, 17);
+            let r = tup(200, 53, (i % 200) as u8, o.sport, IpProto::UDP);
             ct.create_with(&mut cache, &o, &r, 0, false, 0, now, 0)
                 .unwrap_or_else(|e| panic!("round {round} connection {i}: {e:?}"));
             assert!(find(&ct, &o, now).is_some());
@@ -191,14 +191,14 @@ fn workers_allocate_from_their_own_caches_and_recycle_into_them() {
 fn full_table_early_drops_unassured_then_refuses() {
     let ct = small(16);
     for i in 0..16u8 {
-        let o = tup(i, 1, 41, 80, 6);
-        let r = tup(200, 80, i, 1, 6);
+        let o = tup(i, 1, 41, 80, IpProto::TCP);
+        let r = tup(200, 80, i, 1, IpProto::TCP);
         ct.create(&o, &r, tcp::SYN, false, 0, 0, i as u64).unwrap();
     }
     // Unassured entries make room.
     ct.create(
-        &tup(100, 1, 41, 80, 6),
-        &tup(200, 80, 100, 1, 6),
+        &tup(100, 1, 41, 80, IpProto::TCP),
+        &tup(200, 80, 100, 1, IpProto::TCP),
         tcp::SYN,
         false,
         0,
@@ -217,8 +217,8 @@ fn full_table_early_drops_unassured_then_refuses() {
         ct.on_packet(&o, tcp::ACK, 0, 0).unwrap();
     }
     let err = ct.create(
-        &tup(101, 1, 41, 80, 6),
-        &tup(200, 80, 101, 1, 6),
+        &tup(101, 1, 41, 80, IpProto::TCP),
+        &tup(200, 80, 101, 1, IpProto::TCP),
         tcp::SYN,
         false,
         0,
@@ -271,12 +271,12 @@ fn concurrent_workers_insert_lookup_expire() {
                     for i in 0..64u16 {
                         let o = Tuple {
                             sport: i,
-                            ..tup(w, 0, 41, 53, 17)
+                            ..tup(w, 0, 41, 53, IpProto::UDP)
                         };
                         let r = Tuple {
                             dport: i,
                             sport: (round as u16) << 4 | w as u16,
-                            ..tup(200, 53, w, 0, 17)
+                            ..tup(200, 53, w, 0, IpProto::UDP)
                         };
                         let p = o.pack();
                         match ct.lookup(&p, ct.hash(&p), now) {
@@ -320,12 +320,12 @@ fn syn_flood(ct: &Conntrack, syns: u32, legit_every: u32, batch: u32) -> (u32, u
         let o = Tuple {
             src,
             sport: (i >> 16) as u16 + 1000,
-            ..tup(0, 0, 41, 80, 6)
+            ..tup(0, 0, 41, 80, IpProto::TCP)
         };
         let r = Tuple {
             dst: src,
             dport: o.sport,
-            ..tup(200, 80, 0, 0, 6)
+            ..tup(200, 80, 0, 0, IpProto::TCP)
         };
         if ct
             .create(&o, &r, tcp::SYN, false, 0, now, ct.hash(&o.pack()))
@@ -338,11 +338,11 @@ fn syn_flood(ct: &Conntrack, syns: u32, legit_every: u32, batch: u32) -> (u32, u
             tried += 1;
             let o = Tuple {
                 sport: (i / legit_every) as u16,
-                ..tup(7, 0, 41, 80, 6)
+                ..tup(7, 0, 41, 80, IpProto::TCP)
             };
             let r = Tuple {
                 dport: o.sport,
-                ..tup(201, 80, 7, 0, 6)
+                ..tup(201, 80, 7, 0, IpProto::TCP)
             };
             if ct
                 .create(&o, &r, tcp::SYN, false, 0, now, ct.hash(&o.pack()))
@@ -383,8 +383,8 @@ fn early_drop_spares_the_youngest_handshakes() {
     // survives a flood that turns the whole table over.
     let ct = small(1000);
     let mut retired = ct.retired_list();
-    let young = tup(9, 1, 41, 80, 6);
-    let young_r = tup(200, 80, 9, 1, 6);
+    let young = tup(9, 1, 41, 80, IpProto::TCP);
+    let young_r = tup(200, 80, 9, 1, IpProto::TCP);
     for i in 0..5_000u32 {
         let now = 1000 + i as u64;
         if i == 4_990 {
@@ -394,11 +394,11 @@ fn early_drop_spares_the_youngest_handshakes() {
         let src = Addr::from_v4([172, 17, (i >> 8) as u8, i as u8]);
         let o = Tuple {
             src,
-            ..tup(0, 2, 41, 80, 6)
+            ..tup(0, 2, 41, 80, IpProto::TCP)
         };
         let r = Tuple {
             dst: src,
-            ..tup(200, 80, 0, 2, 6)
+            ..tup(200, 80, 0, 2, IpProto::TCP)
         };
         ct.enter(0);
         if let Err(e) = ct.create(&o, &r, tcp::SYN, false, 0, now, ct.hash(&o.pack())) {
@@ -438,7 +438,7 @@ fn tcp_plain_keeps_is_next_state() {
                             continue;
                         }
                         let expect = st != TcpState::Close as u32
-                            && next_state(state, 6, dir, flags, false) == state;
+                            && next_state(state, IpProto::TCP, dir, flags, false) == state;
                         assert_eq!(
                             tcp_plain_keeps(state, dir, flags),
                             expect,
@@ -473,11 +473,11 @@ fn two_workers_on_a_large_table_count_in_larger_chunks() {
                     for i in 0..per_worker {
                         let o = Tuple {
                             src: Addr::from_v4([10, w, (i >> 8) as u8, i as u8]),
-                            ..tup(0, 40000, 41, 80, 6)
+                            ..tup(0, 40000, 41, 80, IpProto::TCP)
                         };
                         let r = Tuple {
                             dst: o.src,
-                            ..tup(9, 8080, 0, 40000, 6)
+                            ..tup(9, 8080, 0, 40000, IpProto::TCP)
                         };
                         ct.enter(w as usize);
                         idxs.push(
@@ -519,8 +519,8 @@ fn one_worker_or_a_small_table_counts_at_every_step() {
         let mut cache = ct.retired_list();
         ct.maintain(1, 0, &mut cache);
         for i in 0..100u32 {
-            let o = tup(i as u8, 40000, 41, 80, 6);
-            let r = tup(9, 8080, i as u8, 40000, 6);
+            let o = tup(i as u8, 40000, 41, 80, IpProto::TCP);
+            let r = tup(9, 8080, i as u8, 40000, IpProto::TCP);
             ct.create_with(&mut cache, &o, &r, 0u8, false, 0, 1, 0)
                 .unwrap();
         }
@@ -538,8 +538,8 @@ fn lookup_from_the_candidate_is_the_lookup() {
     let now = 1;
     let mut conns = Vec::new();
     for i in 0..200u16 {
-        let orig = tup((i % 250) as u8, 1000 + i, 41, 80, 6);
-        let reply = tup(9, 8080, (i % 250) as u8, 1000 + i, 6);
+        let orig = tup((i % 250) as u8, 1000 + i, 41, 80, IpProto::TCP);
+        let reply = tup(9, 8080, (i % 250) as u8, 1000 + i, IpProto::TCP);
         ct.create(&orig, &reply, tcp::SYN, false, 7, 0, 0).unwrap();
         conns.push((orig, reply));
     }
@@ -593,7 +593,10 @@ fn sweep_period_follows_what_the_scan_meets() {
     let flows: Vec<(Tuple, Tuple)> = (0..2000u32)
         .map(|i| {
             let (a, sport) = ((i % 200) as u8, 1000 + (i / 200) as u16);
-            let (o, r) = (tup(a, sport, 41, 53, 17), tup(200, 53, a, sport, 17));
+            let (o, r) = (
+                tup(a, sport, 41, 53, IpProto::UDP),
+                tup(200, 53, a, sport, IpProto::UDP),
+            );
             (o, r)
         })
         .collect();
@@ -638,13 +641,16 @@ fn a_table_near_its_maximum_sweeps_every_second() {
     let ct = small(64);
     let mut retired = ct.retired_list();
     for i in 0..56u8 {
-        let (o, r) = (tup(i, 1, 41, 53, 17), tup(200, 53, i, 1, 17));
+        let (o, r) = (
+            tup(i, 1, 41, 53, IpProto::UDP),
+            tup(200, 53, i, 1, IpProto::UDP),
+        );
         ct.create(&o, &r, 0, false, 0, 0, 0).unwrap();
     }
     ct.table.sweep_ms_for_tests(60_000);
     assert_eq!(ct.table.sweep_period_ms(), 1_000, "56 of 64 live");
     for i in 0..2u8 {
-        let f = find(&ct, &tup(i, 1, 41, 53, 17), 0).unwrap();
+        let f = find(&ct, &tup(i, 1, 41, 53, IpProto::UDP), 0).unwrap();
         ct.kill(f.idx);
     }
     ct.maintain(0, 0, &mut retired);
@@ -657,12 +663,20 @@ fn a_table_near_its_maximum_sweeps_every_second() {
 #[test]
 fn an_expired_connection_frees_its_reply_tuple_and_leaves_listings() {
     let ct = small(1000);
-    let reply = tup(9, 53, 1, 5000, 17);
-    ct.create(&tup(1, 5000, 41, 53, 17), &reply, 0, false, 0, 0, 0)
-        .unwrap();
+    let reply = tup(9, 53, 1, 5000, IpProto::UDP);
     ct.create(
-        &tup(2, 6000, 41, 80, 6),
-        &tup(9, 80, 2, 6000, 6),
+        &tup(1, 5000, 41, 53, IpProto::UDP),
+        &reply,
+        0,
+        false,
+        0,
+        0,
+        0,
+    )
+    .unwrap();
+    ct.create(
+        &tup(2, 6000, 41, 80, IpProto::TCP),
+        &tup(9, 80, 2, 6000, IpProto::TCP),
         tcp::SYN,
         false,
         0,
@@ -671,7 +685,15 @@ fn an_expired_connection_frees_its_reply_tuple_and_leaves_listings() {
     )
     .unwrap();
     assert_eq!(
-        ct.create(&tup(1, 5000, 42, 53, 17), &reply, 0, false, 0, 29_000, 0),
+        ct.create(
+            &tup(1, 5000, 42, 53, IpProto::UDP),
+            &reply,
+            0,
+            false,
+            0,
+            29_000,
+            0
+        ),
         Err(CreateError::Insert(InsertError::Exists)),
         "still live at 29 s"
     );
@@ -681,10 +703,18 @@ fn an_expired_connection_frees_its_reply_tuple_and_leaves_listings() {
         "the UDP one expired at 30 s"
     );
     assert_eq!(ct.connections().count(), 2, "not reclaimed yet");
-    ct.create(&tup(1, 5000, 42, 53, 17), &reply, 0, false, 0, 31_000, 0)
-        .expect("the expired connection's reply tuple is free");
+    ct.create(
+        &tup(1, 5000, 42, 53, IpProto::UDP),
+        &reply,
+        0,
+        false,
+        0,
+        31_000,
+        0,
+    )
+    .expect("the expired connection's reply tuple is free");
     let r = find(&ct, &reply, 31_000).unwrap();
-    assert_eq!(r.other_tuple(), tup(1, 5000, 42, 53, 17));
+    assert_eq!(r.other_tuple(), tup(1, 5000, 42, 53, IpProto::UDP));
 }
 
 /// SYN `i` of a flood against 10.1.0.41:80 (its original and reply tuples).
@@ -693,12 +723,12 @@ fn flood_syn(i: u32) -> (Tuple, Tuple) {
     let o = Tuple {
         src,
         sport: 1000 + (i >> 16) as u16,
-        ..tup(0, 0, 41, 80, 6)
+        ..tup(0, 0, 41, 80, IpProto::TCP)
     };
     let r = Tuple {
         dst: src,
         dport: o.sport,
-        ..tup(200, 80, 0, 0, 6)
+        ..tup(200, 80, 0, 0, IpProto::TCP)
     };
     (o, r)
 }
@@ -734,7 +764,12 @@ fn early_drop_evicts_the_oldest_unassured_entry_first() {
             res
         };
         let est: Vec<(Tuple, Tuple)> = (0..100u16)
-            .map(|i| (tup(1, 2000 + i, 41, 80, 6), tup(200, 80, 1, 2000 + i, 6)))
+            .map(|i| {
+                (
+                    tup(1, 2000 + i, 41, 80, IpProto::TCP),
+                    tup(200, 80, 1, 2000 + i, IpProto::TCP),
+                )
+            })
             .collect();
         for (o, r) in &est {
             create(o, r, 0).unwrap();
@@ -805,7 +840,12 @@ fn a_closed_connection_makes_room_for_a_new_one() {
     let max = 16u32;
     let ct = with_workers(max, 1);
     let conns: Vec<(Tuple, Tuple)> = (0..max as u16)
-        .map(|i| (tup(1, 2000 + i, 41, 80, 6), tup(200, 80, 1, 2000 + i, 6)))
+        .map(|i| {
+            (
+                tup(1, 2000 + i, 41, 80, IpProto::TCP),
+                tup(200, 80, 1, 2000 + i, IpProto::TCP),
+            )
+        })
         .collect();
     for (o, r) in &conns {
         ct.create(o, r, tcp::SYN, false, 0, 0, 0).unwrap();

@@ -11,7 +11,7 @@ pub struct Tuple {
     pub dst: Addr,
     pub sport: u16,
     pub dport: u16,
-    pub proto: u8,
+    pub proto: IpProto,
     pub family: Family,
 }
 
@@ -71,21 +71,21 @@ impl Tuple {
             s as u64,
             (d >> 64) as u64,
             d as u64,
-            self.sport as u64 | (self.dport as u64) << 16 | (self.proto as u64) << 32 | fam << 40,
+            self.sport as u64 | (self.dport as u64) << 16 | (self.proto.0 as u64) << 32 | fam << 40,
         ]
     }
 
     /// `pack` of an IPv4 tuple from its addresses as numbers (`u32::from_be_bytes` of the
     /// octets, as `kxdp_packet::parse_plain_v4` reads them): the v4-mapped words directly.
     #[inline(always)]
-    pub fn pack_v4(src: u32, dst: u32, sport: u16, dport: u16, proto: u8) -> Packed {
+    pub fn pack_v4(src: u32, dst: u32, sport: u16, dport: u16, proto: IpProto) -> Packed {
         const MAPPED: u64 = 0xffff << 32;
         [
             0,
             MAPPED | src as u64,
             0,
             MAPPED | dst as u64,
-            sport as u64 | (dport as u64) << 16 | (proto as u64) << 32,
+            sport as u64 | (dport as u64) << 16 | (proto.0 as u64) << 32,
         ]
     }
 
@@ -98,7 +98,7 @@ impl Tuple {
             dst: Addr(d.to_be_bytes()),
             sport: p[4] as u16,
             dport: (p[4] >> 16) as u16,
-            proto: (p[4] >> 32) as u8,
+            proto: packed_proto(p),
             family: if (p[4] >> 40) & 1 == 1 {
                 Family::V6
             } else {
@@ -109,9 +109,9 @@ impl Tuple {
 
     /// Formats `addr:port` as the verdict and conntrack listings do (`[v6]:port`; no port for
     /// protocols without ports).
-    pub fn endpoint(addr: &Addr, port: u16, family: Family, proto: u8) -> String {
+    pub fn endpoint(addr: &Addr, port: u16, family: Family, proto: IpProto) -> String {
         let ip = addr.to_ip(family);
-        if IpProto(proto).has_ports() {
+        if proto.has_ports() {
             match ip {
                 std::net::IpAddr::V4(a) => format!("{a}:{port}"),
                 std::net::IpAddr::V6(a) => format!("[{a}]:{port}"),
@@ -127,9 +127,9 @@ impl fmt::Debug for Tuple {
         write!(
             f,
             "{} {} -> {}",
-            self.proto,
-            Tuple::endpoint(&self.src, self.sport, self.family, 6),
-            Tuple::endpoint(&self.dst, self.dport, self.family, 6)
+            self.proto.0,
+            Tuple::endpoint(&self.src, self.sport, self.family, IpProto::TCP),
+            Tuple::endpoint(&self.dst, self.dport, self.family, IpProto::TCP)
         )
     }
 }
@@ -138,8 +138,8 @@ pub type Packed = [u64; 5];
 
 /// The IP protocol of a packed tuple (`Tuple::pack`'s last word, bits 32..40).
 #[inline(always)]
-pub fn packed_proto(p: &Packed) -> u8 {
-    (p[4] >> 32) as u8
+pub fn packed_proto(p: &Packed) -> IpProto {
+    IpProto((p[4] >> 32) as u8)
 }
 
 /// A packed tuple's addresses' low 32 bits in one word, the source's above: all of an IPv4
@@ -180,9 +180,9 @@ mod tests {
     #[test]
     fn pack_v4_is_pack() {
         for (src, dst, sport, dport, proto) in [
-            ([10, 0, 1, 1], [172, 30, 0, 41], 40000, 80, 6),
-            ([0, 0, 0, 0], [255, 255, 255, 255], 0, 65535, 17),
-            ([192, 168, 255, 1], [1, 2, 3, 4], 65535, 0, 6),
+            ([10, 0, 1, 1], [172, 30, 0, 41], 40000, 80, IpProto::TCP),
+            ([0, 0, 0, 0], [255, 255, 255, 255], 0, 65535, IpProto::UDP),
+            ([192, 168, 255, 1], [1, 2, 3, 4], 65535, 0, IpProto::TCP),
         ] {
             let t = Tuple {
                 src: Addr::from_v4(src),
@@ -207,7 +207,7 @@ mod tests {
             dst: Addr::from_v4([172, 30, 0, 41]),
             sport: 40000,
             dport: 80,
-            proto: 6,
+            proto: IpProto::TCP,
             family: Family::V4,
         };
         assert_eq!(Tuple::unpack(&t4.pack()), t4);
@@ -219,7 +219,7 @@ mod tests {
             dst: Addr::from_v6([0xff; 16]),
             sport: 1,
             dport: 65535,
-            proto: 132,
+            proto: IpProto::SCTP,
             family: Family::V6,
         };
         assert_eq!(Tuple::unpack(&t6.pack()), t6);

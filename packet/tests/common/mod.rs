@@ -8,7 +8,7 @@ use etherparse::{
     PacketHeaders, TransportHeader, VlanId,
 };
 use kxdp_packet::{
-    ipv4, parse, sctp, tcp, udp, verify, Addr, Family, LinkType, PacketMeta, Parsed,
+    ipv4, parse, sctp, tcp, udp, verify, Addr, Family, IpProto, LinkType, PacketMeta, Parsed,
 };
 
 pub const SRC_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x01];
@@ -276,7 +276,7 @@ pub fn verify_all(frame: &[u8], link: LinkType) -> PacketHeaders<'_> {
                 .checksum;
                 assert_eq!(i.checksum, want, "icmpv6");
             }
-            None if m.proto == 132 && !m.frag.is_fragment => check_sctp(pl),
+            None if m.proto == IpProto::SCTP && !m.frag.is_fragment => check_sctp(pl),
             _ => {}
         },
         other => panic!("no IP in etherparse result: {other:?}"),
@@ -306,20 +306,20 @@ pub fn full_recompute(frame: &[u8], m: &PacketMeta) -> Vec<u8> {
     }
     let l4 = &mut f[m.l4_off as usize..end];
     match m.proto {
-        6 => tcp::Segment::new_checked(l4)
+        IpProto::TCP => tcp::Segment::new_checked(l4)
             .unwrap()
             .fill_checksum(&m.src, &m.dst, m.family),
-        17 => {
+        IpProto::UDP => {
             let mut d = udp::Datagram::new_checked(l4).unwrap();
             if !(m.family == Family::V4 && d.checksum() == 0) {
                 d.fill_checksum(&m.src, &m.dst, m.family);
             }
         }
-        132 => sctp::Packet::new_checked(l4).unwrap().fill_checksum(),
-        1 => kxdp_packet::icmpv4::Message::new_checked(l4)
+        IpProto::SCTP => sctp::Packet::new_checked(l4).unwrap().fill_checksum(),
+        IpProto::ICMP => kxdp_packet::icmpv4::Message::new_checked(l4)
             .unwrap()
             .fill_checksum(),
-        58 => kxdp_packet::icmpv6::Message::new_checked(l4)
+        IpProto::ICMPV6 => kxdp_packet::icmpv6::Message::new_checked(l4)
             .unwrap()
             .fill_checksum(&m.src, &m.dst),
         _ => {}

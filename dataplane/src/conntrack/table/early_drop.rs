@@ -4,6 +4,8 @@
 
 use std::sync::atomic::Ordering;
 
+use kxdp_packet::IpProto;
+
 use super::shared::Table;
 use super::slot::{SLOT_EMPTY, TOMB_BIT};
 use super::state::{
@@ -29,10 +31,10 @@ const DROP_QUEUE_LOOK: usize = 256;
 /// applies near a full table). Closed connections otherwise hold the room for their 120 s of
 /// TIME_WAIT: a full table of them refuses every new connection.
 #[inline]
-pub(super) fn droppable(st: u32, proto: u8) -> bool {
+pub(super) fn droppable(st: u32, proto: IpProto) -> bool {
     st & LIFE_MASK == LIFE_LIVE
         && (st & FLAG_ASSURED == 0
-            || (proto == 6
+            || (proto == IpProto::TCP
                 && (st & PROTO_STATE_MASK) >> PROTO_STATE_SHIFT
                     >= super::super::tcp::TcpState::FinWait as u32))
 }

@@ -4,6 +4,7 @@
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use kxdp_kernel::shm::{AtomicRecord, SharedSlice};
+use kxdp_packet::IpProto;
 
 use super::super::tuple::{addr_word, Packed};
 
@@ -169,8 +170,8 @@ impl<'a> EntryRef<'a> {
     /// Tuple `dir`'s last word: the key's ports, protocol and family, and the stash above.
     /// The connection's IP protocol (in the original tuple's last word).
     #[inline(always)]
-    pub(super) fn proto(&self) -> u8 {
-        (self.last_word(0).load(Ordering::Relaxed) >> 32) as u8
+    pub(super) fn proto(&self) -> IpProto {
+        IpProto((self.last_word(0).load(Ordering::Relaxed) >> 32) as u8)
     }
     #[inline(always)]
     pub(super) fn last_word(&self, dir: usize) -> &'a AtomicU64 {

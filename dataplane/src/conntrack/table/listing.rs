@@ -2,6 +2,8 @@
 
 use std::sync::atomic::Ordering;
 
+use kxdp_packet::IpProto;
+
 use super::super::tuple::Tuple;
 use super::clock32::Clock32;
 use super::shared::Table;
@@ -47,7 +49,7 @@ impl Table {
             }
             let orig = Tuple::unpack(&orig);
             let packets = [0, 1].map(|d| e.packets(d).load(Ordering::Relaxed) as u64);
-            let bytes = if orig.proto == 132 {
+            let bytes = if orig.proto == IpProto::SCTP {
                 let w = e.bytes(SCTP_BYTES).load(Ordering::Relaxed);
                 [w & 0xffff_ffff, w >> 32]
             } else {

@@ -3,6 +3,8 @@
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use kxdp_packet::IpProto;
+
 use super::super::tuple::{Packed, Tuple};
 use super::clock32::Clock32;
 use super::entry::{is_v4, join_tuple, Stash, FAMILY_V6_BIT, KEY_MASK};
@@ -67,8 +69,8 @@ impl Found {
 
     /// The connection's IP protocol.
     #[inline(always)]
-    pub fn proto(&self) -> u8 {
-        (self.other_last >> 32) as u8
+    pub fn proto(&self) -> IpProto {
+        IpProto((self.other_last >> 32) as u8)
     }
 }
 

@@ -3,6 +3,8 @@
 
 use std::sync::atomic::Ordering;
 
+use kxdp_packet::IpProto;
+
 use super::super::tuple::{Packed, Tuple};
 use super::clock32::Clock32;
 use super::early_drop::droppable;
@@ -77,11 +79,13 @@ pub(crate) fn check_fields(
     let proto_state = (st & PROTO_STATE_MASK) >> PROTO_STATE_SHIFT;
     let dir_flags = (st >> DIR_FLAGS_SHIFT) & 0xff;
     let well_formed = match o.proto {
-        6 => !single && (proto_state as usize) < super::super::tcp::STATE_COUNT,
-        132 => {
+        IpProto::TCP => !single && (proto_state as usize) < super::super::tcp::STATE_COUNT,
+        IpProto::SCTP => {
             !single && (proto_state as usize) < super::super::sctp::STATE_COUNT && dir_flags == 0
         }
-        1 | 17 | 58 => !single && proto_state == 0 && dir_flags == 0,
+        IpProto::ICMP | IpProto::UDP | IpProto::ICMPV6 => {
+            !single && proto_state == 0 && dir_flags == 0
+        }
         super::super::AFFINITY_PROTO => single && proto_state == 0 && dir_flags == 0,
         _ => false,
     };

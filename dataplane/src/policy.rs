@@ -546,6 +546,18 @@ pub struct LocalPod {
     pub cluster: Option<Arc<ClusterPod>>,
 }
 
+impl LocalPod {
+    /// The pod's NetworkPolicy rules for `dir` (`None`: not isolated that way) and the
+    /// isolation rules its denials there are counted against.
+    #[inline(always)]
+    pub fn dir(&self, dir: Direction) -> (&Option<Arc<DirRules>>, &[u32]) {
+        match dir {
+            Direction::Ingress => (&self.ingress, &self.ingress_isolation),
+            Direction::Egress => (&self.egress, &self.egress_isolation),
+        }
+    }
+}
+
 /// The outcome of judging a new connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Decision {
@@ -698,55 +710,32 @@ impl PolicyTables {
         }
         if let Some(i) = self.local_pod(src) {
             let p = &self.pods[i as usize];
-            let (rules, isolation) = (&p.egress, &p.egress_isolation);
-            if !self.pod_side(
-                p,
-                rules,
-                isolation,
-                Direction::Egress,
-                dst,
-                proto,
-                dport,
-                tally,
-            ) {
+            if !self.pod_side(p, Direction::Egress, dst, proto, dport, tally) {
                 return Decision::DenyEgress(i);
             }
         }
         if let Some(i) = self.local_pod(dst) {
             let p = &self.pods[i as usize];
-            let (rules, isolation) = (&p.ingress, &p.ingress_isolation);
-            if !self.pod_side(
-                p,
-                rules,
-                isolation,
-                Direction::Ingress,
-                src,
-                proto,
-                dport,
-                tally,
-            ) {
+            if !self.pod_side(p, Direction::Ingress, src, proto, dport, tally) {
                 return Decision::DenyIngress(i);
             }
         }
         Decision::Allow
     }
 
-    /// Whether local pod `p` lets a new connection with `peer` through in direction `dir`
-    /// (`rules`, `isolation`: its NetworkPolicy rules and isolation rules for `dir`), counting
-    /// what decided in `tally`.
+    /// Whether local pod `p` lets a new connection with `peer` through in direction `dir`,
+    /// counting what decided in `tally`.
     #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
     fn pod_side<T: Tally>(
         &self,
         p: &LocalPod,
-        rules: &Option<Arc<DirRules>>,
-        isolation: &[u32],
         dir: Direction,
         peer: &Addr,
         proto: IpProto,
         port: u16,
         tally: &mut T,
     ) -> bool {
+        let (rules, isolation) = p.dir(dir);
         if let Some(c) = &p.cluster {
             let side = self.side(c, rules, dir, peer, proto, port);
             match side {
@@ -813,10 +802,7 @@ impl PolicyTables {
                 return Side::NotLocal;
             };
             let p = &self.pods[i as usize];
-            let rules = match dir {
-                Direction::Ingress => &p.ingress,
-                Direction::Egress => &p.egress,
-            };
+            let (rules, _) = p.dir(dir);
             if let Some(c) = &p.cluster {
                 if src == dst {
                     return Side::SelfTraffic;

@@ -53,12 +53,7 @@ impl IpProto {
     /// The transport a Service or NetworkPolicy port names (`TCP`, `UDP`, `SCTP`, as Kubernetes
     /// spells them); None for anything else.
     pub fn from_port_protocol(name: &str) -> Option<IpProto> {
-        match name {
-            "TCP" => Some(IpProto::TCP),
-            "UDP" => Some(IpProto::UDP),
-            "SCTP" => Some(IpProto::SCTP),
-            _ => None,
-        }
+        IpProto::from_name(name).filter(|p| p.has_ports())
     }
 
     /// Whether the protocol's header starts with source and destination ports (TCP, UDP, SCTP):

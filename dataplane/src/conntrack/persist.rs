@@ -822,6 +822,16 @@ mod tests {
         patch(path, 0, &bytes);
     }
 
+    /// A new TCP connection from client 50 to a backend of Service `service_id`: its original
+    /// tuple.
+    fn connect_client_50(ct: &Conntrack, service_id: u32) -> Tuple {
+        let orig = tup(50, 1, 41, 80, IpProto::TCP);
+        let reply = tup(9, 8080, 50, 1, IpProto::TCP);
+        ct.create(&orig, &reply, tcp::SYN, false, service_id, NOW, 0)
+            .unwrap();
+        orig
+    }
+
     fn assert_restored(ct: &Conntrack) {
         for i in 0..3u8 {
             let reply = tup(9, 8080, i, 40000 + i as u16, IpProto::TCP);
@@ -855,17 +865,7 @@ mod tests {
         );
         assert_restored(&ct);
         // New connections go on from where the old process left off.
-        let orig = tup(50, 1, 41, 80, IpProto::TCP);
-        ct.create(
-            &orig,
-            &tup(9, 8080, 50, 1, IpProto::TCP),
-            tcp::SYN,
-            false,
-            0,
-            NOW,
-            0,
-        )
-        .unwrap();
+        let orig = connect_client_50(&ct, 0);
         drop(ct); // no clean mark: a crash
         let (ct, r) = open(&path, 100, &env());
         assert_eq!(
@@ -890,17 +890,7 @@ mod tests {
     fn the_backend_gone_mark_survives_a_restart() {
         let (_d, path) = dir("gone");
         let (ct, _) = open(&path, 100, &env());
-        let orig = tup(50, 1, 41, 80, IpProto::TCP);
-        ct.create(
-            &orig,
-            &tup(9, 8080, 50, 1, IpProto::TCP),
-            tcp::SYN,
-            false,
-            7,
-            NOW,
-            0,
-        )
-        .unwrap();
+        connect_client_50(&ct, 7);
         let view = ct.connections().next().unwrap();
         assert!(ct.mark_backend_gone(&view));
         assert!(!ct.mark_backend_gone(&view), "marked once");

@@ -12,6 +12,8 @@
 //!   conntrack state file's directory).
 //! - [`handover`]: memfds and descriptors passed over a Unix socket (a takeover).
 //! - [`tap`]: a multi-queue tap with a virtio-net header: whole GSO packets to and from the kernel.
+//! - [`offload`]: the in-kernel fast path for established pod flows (a prefix of the tap
+//!   redirect's tc program) and its maps.
 //! - [`tc`]: clsact + match-everything `u32` filters whose `mirred` action redirects a pod
 //!   veth's packets to the tap.
 //! - [`sys`]: interface indexes, network namespaces, ethtool queries, CPU pinning.
@@ -28,6 +30,7 @@ pub mod handover;
 pub mod huge;
 pub mod mount;
 pub mod netlink;
+pub mod offload;
 pub mod shm;
 pub mod sys;
 pub mod tap;

@@ -49,6 +49,7 @@ use netlink_packet_route::tc::{
 use netlink_packet_route::RouteNetlinkMessage;
 
 use crate::netlink::{acked, dumped};
+use crate::offload::OffloadMaps;
 
 const ETH_P_IP: u16 = 0x0800;
 const ETH_P_IPV6: u16 = 0x86dd;
@@ -145,12 +146,17 @@ pub const MAX_TAG: u16 = 4094;
 const TAG_NAME: &str = "kxdp-tap tag ";
 
 /// The tc program of a tagged redirect: push an 802.1Q tag with VLAN ID `tag`, then redirect
-/// to the egress of `target` (`TC_ACT_REDIRECT`).
-fn tag_and_redirect(tag: u16, target: u32) -> Vec<crate::xdp::Insn> {
+/// to the egress of `target` (`TC_ACT_REDIRECT`); with `offload`, the established flows the
+/// workers installed take the in-kernel fast path first (`crate::offload`).
+fn tag_and_redirect(tag: u16, target: u32, offload: Option<OffloadMaps>) -> Vec<crate::xdp::Insn> {
     use crate::xdp::asm::*;
     const HELPER_SKB_VLAN_PUSH: i32 = 18;
     const HELPER_REDIRECT: i32 = 23;
     let mut a = Asm::default();
+    if let Some(maps) = offload {
+        crate::offload::emit(&mut a, maps, "redirect");
+        a.label("redirect");
+    }
     // r1 is the packet; the protocol is big-endian as it sits in the frame.
     a.mov_k(R2, u16::from_ne_bytes(ETH_P_8021Q.to_be_bytes()) as i32);
     a.mov_k(R3, tag as i32);
@@ -172,13 +178,14 @@ fn tagged_filter(
     protocol: u16,
     target: u32,
     tag: u16,
+    offload: Option<OffloadMaps>,
     handle: TcHandle,
 ) -> io::Result<(TcMessage, std::os::fd::OwnedFd)> {
     const BPF_PROG_TYPE_SCHED_CLS: u32 = 3;
     let prog = crate::xdp::load_program(
         BPF_PROG_TYPE_SCHED_CLS,
         0,
-        &tag_and_redirect(tag, target),
+        &tag_and_redirect(tag, target, offload),
         "the tap redirect's tc program",
     )?;
     let mut m = filter(ifindex, pref, protocol, handle);
@@ -270,8 +277,15 @@ fn context(e: io::Error, what: &str, ifindex: u32) -> io::Error {
 /// Redirects every IPv4 (filter preference `pref`) and IPv6 (`pref + 2`) packet arriving on
 /// `ifindex` to the egress of `target` but IPv6 neighbour discovery (passed at `pref + 1`),
 /// adding the clsact qdisc when missing; with `tag` (1 to [`MAX_TAG`]), each packet redirected
-/// carries an 802.1Q tag with that VLAN ID (module docs).
-pub fn redirect_ingress(ifindex: u32, target: u32, pref: u16, tag: Option<u16>) -> io::Result<()> {
+/// carries an 802.1Q tag with that VLAN ID (module docs); with `offload` too, the IPv4 filter's
+/// program puts the flows in those maps on the in-kernel fast path (`crate::offload`).
+pub fn redirect_ingress(
+    ifindex: u32,
+    target: u32,
+    pref: u16,
+    tag: Option<u16>,
+    offload: Option<OffloadMaps>,
+) -> io::Result<()> {
     let prefs = prefs(pref)?;
     if let Some(t) = tag.filter(|t| !(1..=MAX_TAG).contains(t)) {
         return Err(io::Error::new(
@@ -307,7 +321,8 @@ pub fn redirect_ingress(ifindex: u32, target: u32, pref: u16, tag: Option<u16>) 
         let (m, _prog) = match (nd, tag) {
             (true, _) => (nd_pass_filter(ifindex, p, handle), None),
             (false, Some(t)) => {
-                let (m, prog) = tagged_filter(ifindex, p, proto, target, t, handle)
+                let fast = offload.filter(|_| proto == ETH_P_IP);
+                let (m, prog) = tagged_filter(ifindex, p, proto, target, t, fast, handle)
                     .map_err(|e| context(e, "loading the tap redirect", ifindex))?;
                 (m, Some(prog))
             }
@@ -355,7 +370,7 @@ mod tests {
     #[test]
     fn preferences_out_of_range_are_refused() {
         for p in [0, u16::MAX - 1, u16::MAX] {
-            let e = redirect_ingress(1, 2, p, None).expect_err("refused");
+            let e = redirect_ingress(1, 2, p, None, None).expect_err("refused");
             assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{p}");
             assert!(remove_redirect(1, p).is_err());
         }
@@ -370,7 +385,7 @@ mod tests {
         assert_eq!(back, m);
         assert_eq!(kind_and_tag(&back), ("u32".to_string(), None));
         for t in [0, MAX_TAG + 1] {
-            let e = redirect_ingress(1, 2, 100, Some(t)).expect_err("refused");
+            let e = redirect_ingress(1, 2, 100, Some(t), None).expect_err("refused");
             assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{t}");
         }
         assert_eq!(back.header.index, 7);
@@ -423,9 +438,9 @@ mod tests {
                 eprintln!("SKIPPED: no veth here");
                 return;
             };
-            redirect_ingress(veth, other, 100, None).unwrap();
+            redirect_ingress(veth, other, 100, None, None).unwrap();
             let first = sh("tc filter show dev kxva ingress");
-            redirect_ingress(veth, other, 100, None).unwrap();
+            redirect_ingress(veth, other, 100, None, None).unwrap();
             let again = sh("tc filter show dev kxva ingress");
             assert_eq!(first, again, "attaching again replaces in place");
             for (pref, proto) in [("100", "ip"), ("101", "ipv6"), ("102", "ipv6")] {
@@ -442,7 +457,7 @@ mod tests {
             assert_eq!(redirect_tag(veth, 100).unwrap(), None);
             // Tagged: the program takes the untagged redirect's place, and again in place.
             for tag in [7, 7, 9] {
-                redirect_ingress(veth, other, 100, Some(tag)).unwrap();
+                redirect_ingress(veth, other, 100, Some(tag), None).unwrap();
                 assert_eq!(redirect_tag(veth, 100).unwrap(), Some(tag));
                 let tagged = sh("tc filter show dev kxva ingress");
                 for (pref, proto) in [("100", "ip"), ("102", "ipv6")] {
@@ -524,7 +539,7 @@ mod tests {
             }
             let mut buf = vec![0u8; 2048];
             for tag in [Some(7), None, Some(MAX_TAG)] {
-                redirect_ingress(b, tap, 100, tag).unwrap();
+                redirect_ingress(b, tap, 100, tag, None).unwrap();
                 send_raw(a, &frame);
                 // The kernel's own frames (if any) are passed over; ours comes within 2 s.
                 let mut found = false;
@@ -537,6 +552,204 @@ mod tests {
                 }
                 assert!(found, "{tag:?}: not in the tap");
             }
+            remove_redirect(b, 100).unwrap();
+        });
+    }
+
+    /// A packet socket that receives every frame arriving on `ifindex` (1 s receive timeout).
+    fn capture_on(ifindex: u32) -> std::os::fd::OwnedFd {
+        let all = (libc::ETH_P_ALL as u16).to_be();
+        // SAFETY: a plain socket(2) call; the descriptor is owned right away.
+        let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, all as i32) };
+        assert!(fd >= 0, "{}", io::Error::last_os_error());
+        // SAFETY: the kernel just returned this descriptor; nothing else owns it.
+        let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        // SAFETY: sockaddr_ll is plain data; all-zero is a valid value.
+        let mut sa: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+        sa.sll_family = libc::AF_PACKET as u16;
+        sa.sll_protocol = all;
+        sa.sll_ifindex = ifindex as i32;
+        // SAFETY: `sa` is live for the call, its length as given.
+        let r = unsafe {
+            libc::bind(
+                fd.as_raw_fd(),
+                (&sa as *const libc::sockaddr_ll).cast(),
+                std::mem::size_of::<libc::sockaddr_ll>() as u32,
+            )
+        };
+        assert_eq!(r, 0, "{}", io::Error::last_os_error());
+        let tv = libc::timeval {
+            tv_sec: 1,
+            tv_usec: 0,
+        };
+        // SAFETY: `tv` is live for the call, its length as given.
+        let r = unsafe {
+            libc::setsockopt(
+                fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_RCVTIMEO,
+                (&tv as *const libc::timeval).cast(),
+                std::mem::size_of::<libc::timeval>() as u32,
+            )
+        };
+        assert_eq!(r, 0, "{}", io::Error::last_os_error());
+        fd
+    }
+
+    /// The first frame on `fd` that `want` accepts, within a few receive timeouts.
+    fn recv_matching(fd: &std::os::fd::OwnedFd, want: impl Fn(&[u8]) -> bool) -> Option<Vec<u8>> {
+        let mut buf = vec![0u8; 4096];
+        for _ in 0..20 {
+            // SAFETY: `buf` is live and writable for its length.
+            let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+            if n < 0 {
+                return None;
+            }
+            if want(&buf[..n as usize]) {
+                return Some(buf[..n as usize].to_vec());
+            }
+        }
+        None
+    }
+
+    /// A TCP/IPv4 frame to `dst:dport` from 10.8.0.2:40000 addressed to `mac`, checksums
+    /// complete, with TCP flags `flags`.
+    fn tcp_frame(mac: [u8; 6], dst: [u8; 4], dport: u16, flags: u8) -> Vec<u8> {
+        let mut f = vec![0u8; 14 + 20 + 20 + 16];
+        f[..6].copy_from_slice(&mac);
+        f[6..12].copy_from_slice(&[0x02, 0, 0, 0, 0, 0xa]);
+        f[12..14].copy_from_slice(&ETH_P_IP.to_be_bytes());
+        let total = (f.len() - 14) as u16;
+        f[14] = 0x45;
+        f[16..18].copy_from_slice(&total.to_be_bytes());
+        f[22] = 64;
+        f[23] = 6;
+        f[26..30].copy_from_slice(&[10, 8, 0, 2]);
+        f[30..34].copy_from_slice(&dst);
+        f[34..36].copy_from_slice(&40000u16.to_be_bytes());
+        f[36..38].copy_from_slice(&dport.to_be_bytes());
+        f[38..42].copy_from_slice(&1u32.to_be_bytes());
+        f[46] = 5 << 4;
+        f[47] = flags;
+        f[48..50].copy_from_slice(&1024u16.to_be_bytes());
+        for (i, x) in f[54..].iter_mut().enumerate() {
+            *x = i as u8;
+        }
+        let ip = !sum(&f[14..34], 0);
+        f[24..26].copy_from_slice(&ip.to_be_bytes());
+        let tcp = !sum(&f[34..], pseudo(&f));
+        f[50..52].copy_from_slice(&tcp.to_be_bytes());
+        f
+    }
+
+    /// The one's-complement sum of `b` (folded), starting from `start`.
+    fn sum(b: &[u8], start: u32) -> u16 {
+        let mut s = start;
+        for c in b.chunks(2) {
+            s += u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]) as u32;
+        }
+        while s > 0xffff {
+            s = (s & 0xffff) + (s >> 16);
+        }
+        s as u16
+    }
+
+    /// The TCP pseudo-header's sum of an IPv4 frame.
+    fn pseudo(f: &[u8]) -> u32 {
+        sum(&f[26..34], 0) as u32 + 6 + (f.len() - 34) as u32
+    }
+
+    /// Needs root, a tap and veths; runs in a private network namespace (a thread of its own).
+    /// A flow on the fast path is rewritten (checksums right), counted and routed on by the
+    /// kernel; its SYN, and any flow not on it, still go to the tap.
+    #[test]
+    fn an_offloaded_flow_is_rewritten_counted_and_routed() {
+        in_private_netns(|| {
+            let run = |c: &str| std::process::Command::new("sh").args(["-c", c]).status();
+            let _ = run(
+                "sysctl -qw net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1 \
+                 net.ipv4.ip_forward=1 net.ipv4.conf.all.rp_filter=0 net.ipv4.conf.default.rp_filter=0",
+            );
+            let _ = run(
+                "ip link add kxva type veth peer name kxvb && ip link add kxvc type veth peer name kxvd \
+                 && ip link set kxvd address 02:00:00:00:00:0d \
+                 && ip link set kxvb address 02:00:00:00:00:0b \
+                 && for l in kxva kxvb kxvc kxvd; do ip link set $l up; done \
+                 && ip addr add 10.9.0.1/24 dev kxvc \
+                 && ip neigh replace 10.9.0.2 lladdr 02:00:00:00:00:0d dev kxvc nud permanent",
+            );
+            let Ok(qs) = crate::tap::TapQueue::open("kxtap1", 1, 0) else {
+                eprintln!("SKIPPED: no tap here");
+                return;
+            };
+            qs[0].set_up().unwrap();
+            let (Ok(a), Ok(b), Ok(d), Ok(tap)) = (
+                crate::ifindex("kxva"),
+                crate::ifindex("kxvb"),
+                crate::ifindex("kxvd"),
+                crate::ifindex("kxtap1"),
+            ) else {
+                eprintln!("SKIPPED: no veth here");
+                return;
+            };
+            let mac = [0x02, 0, 0, 0, 0, 0x0b];
+            let fast = crate::offload::FlowOffload::new(4096).unwrap();
+            redirect_ingress(b, tap, 100, Some(5), Some(fast.maps())).unwrap();
+            let key = crate::offload::FlowKey {
+                src: [10, 8, 0, 2],
+                dst: [172, 30, 0, 10],
+                sport: 40000,
+                dport: 80,
+                proto: 6,
+            };
+            let rewrite = crate::offload::FlowRewrite {
+                src: [10, 8, 0, 2],
+                dst: [10, 9, 0, 2],
+                sport: 40000,
+                dport: 5201,
+                slot: 3,
+                ingress: b,
+            };
+            fast.install(&key, &rewrite).unwrap();
+            let capture = capture_on(d);
+            let ack = tcp_frame(mac, [172, 30, 0, 10], 80, 0x10);
+            send_raw(a, &ack);
+            let got = recv_matching(&capture, |f| f.len() == ack.len() && f[23] == 6)
+                .expect("the offloaded frame leaves through kxvc");
+            assert_eq!(&got[30..34], &[10, 9, 0, 2]);
+            assert_eq!(u16::from_be_bytes([got[36], got[37]]), 5201);
+            assert_eq!(got[22], 63, "the kernel routed it");
+            assert_eq!(sum(&got[14..34], 0), 0xffff, "IP checksum");
+            assert_eq!(sum(&got[34..], pseudo(&got)), 0xffff, "TCP checksum");
+            assert_eq!(fast.counts(3), (1, ack.len() as u64));
+            // A SYN of the same flow, and a flow not installed, go to the tap.
+            let mut buf = vec![0u8; 2048];
+            for frame in [
+                tcp_frame(mac, [172, 30, 0, 10], 80, 0x02),
+                tcp_frame(mac, [172, 30, 0, 11], 80, 0x10),
+            ] {
+                send_raw(a, &frame);
+                let mut found = false;
+                while !found && qs[0].wait_readable(2000).unwrap() {
+                    let (_, len, got) = qs[0].read_untagged(&mut buf).unwrap();
+                    found = buf[..len] == frame[..] && got == Some(5);
+                }
+                assert!(found, "not in the tap: {frame:02x?}");
+            }
+            assert_eq!(fast.counts(3).0, 1);
+            // Bound to another interface, the flow takes the tap.
+            let elsewhere = crate::offload::FlowRewrite { ingress: a, ..rewrite };
+            fast.install(&key, &elsewhere).unwrap();
+            send_raw(a, &ack);
+            let mut found = false;
+            while !found && qs[0].wait_readable(2000).unwrap() {
+                let (_, len, _) = qs[0].read_untagged(&mut buf).unwrap();
+                found = buf[..len] == ack[..];
+            }
+            assert!(found, "a flow bound elsewhere is not on the fast path");
+            assert_eq!(fast.counts(3).0, 1);
+            assert!(fast.remove(&key).unwrap());
+            assert!(!fast.remove(&key).unwrap());
             remove_redirect(b, 100).unwrap();
         });
     }

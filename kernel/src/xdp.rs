@@ -129,9 +129,21 @@ pub struct Map {
 
 impl Map {
     pub fn create(kind: u32, key_size: u32, value_size: u32, max_entries: u32) -> io::Result<Map> {
+        Map::create_with_flags(kind, key_size, value_size, max_entries, 0)
+    }
+
+    /// `create` with `map_flags` (`BPF_F_MMAPABLE`, ...).
+    pub fn create_with_flags(
+        kind: u32,
+        key_size: u32,
+        value_size: u32,
+        max_entries: u32,
+        flags: u32,
+    ) -> io::Result<Map> {
         let mut attr = [0u64; 16];
         attr[0] = pair(kind, key_size);
         attr[1] = pair(value_size, max_entries);
+        attr[2] = flags as u64;
         let fd = fd_result(sys_bpf(BPF_MAP_CREATE, &mut attr))?;
         Ok(Map {
             fd,
@@ -351,6 +363,11 @@ pub(crate) mod asm {
         pub fn ja(&mut self, to: &'static str) {
             self.fixups.push((self.insns.len(), to));
             self.insns.push(insn(JMP | JA, 0, 0, 0, 0));
+        }
+        /// `lock *(u64 *)(dst + off) += src` (`BPF_ATOMIC | BPF_ADD`, doubleword).
+        pub fn atomic_add64(&mut self, dst: u8, off: i16, src: u8) {
+            const ATOMIC: u8 = 0xc0;
+            self.insns.push(insn(STX | ATOMIC | DW, dst, src, off, 0));
         }
         pub fn call(&mut self, helper: i32) {
             self.insns.push(insn(JMP | CALL, 0, 0, 0, helper));

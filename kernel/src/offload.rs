@@ -1,0 +1,404 @@
+//! The in-kernel fast path for established pod flows (`podInterception: tap`): the workers
+//! decide, the kernel repeats their translation.
+//!
+//! The tap redirect's tc program (`crate::tc`) first looks the packet's IPv4 5-tuple up in
+//! [`FlowOffload`]'s hash map. A flow is there only after a worker forwarded it as an established
+//! connection (conntrack, policy and endpoint choice already done) and installed the
+//! translation it applied: new source and destination address and ports. On a hit the program
+//! rewrites the header with the kernel's checksum helpers (`bpf_l3_csum_replace`,
+//! `bpf_l4_csum_replace` with `BPF_F_PSEUDO_HDR` for the addresses: right for the partial
+//! checksums of GSO super-frames, which stay whole), counts the packet (the segments it stands
+//! for, and its bytes) in the flow's slot of an mmap-able array, and hands it on to the kernel
+//! (`TC_ACT_OK`), which routes it as it routes what kxdp writes into its tap. Everything else,
+//! and every TCP segment with SYN, FIN or RST, takes the redirect into the tap as before, so the
+//! workers still see each connection open and close.
+//!
+//! A flow is bound to the interface it arrived on: the same tuple arriving elsewhere (a pod
+//! spoofing another's connection) takes the tap and its source check.
+//!
+//! Not on the fast path (the tap takes them): IPv6, IPv4 with options or fragments, a TTL of
+//! 1 or less, frames whose headers are not in the buffer's linear part.
+
+use std::io;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::xdp::asm::*;
+use crate::xdp::Map;
+
+const BPF_MAP_TYPE_HASH: u32 = 1;
+const BPF_MAP_TYPE_ARRAY: u32 = 2;
+const BPF_F_MMAPABLE: u32 = 1 << 10;
+
+/// Flows kxdp can offload at once, per node (the hash map's and the counter array's size).
+pub const OFFLOAD_SLOTS: u32 = 65536;
+
+/// The hash map's key: an IPv4 flow as it arrives (addresses and ports in network order, the
+/// protocol, three zero bytes).
+pub const KEY_LEN: usize = 16;
+/// The hash map's value: source and destination address, source and destination port (network
+/// order), the counter slot and the interface the flow arrives on (host order).
+pub const VALUE_LEN: usize = 20;
+/// A counter slot: packets (segments), bytes.
+const COUNTER_LEN: u32 = 16;
+
+/// An IPv4 flow as the fast path keys it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FlowKey {
+    pub src: [u8; 4],
+    pub dst: [u8; 4],
+    pub sport: u16,
+    pub dport: u16,
+    /// The IP protocol number (TCP or UDP: the program looks nothing else up).
+    pub proto: u8,
+}
+
+impl FlowKey {
+    pub fn bytes(&self) -> [u8; KEY_LEN] {
+        let mut k = [0u8; KEY_LEN];
+        k[..4].copy_from_slice(&self.src);
+        k[4..8].copy_from_slice(&self.dst);
+        k[8..10].copy_from_slice(&self.sport.to_be_bytes());
+        k[10..12].copy_from_slice(&self.dport.to_be_bytes());
+        k[12] = self.proto;
+        k
+    }
+}
+
+/// What the fast path makes of a flow's packets, and where it counts them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FlowRewrite {
+    pub src: [u8; 4],
+    pub dst: [u8; 4],
+    pub sport: u16,
+    pub dport: u16,
+    pub slot: u32,
+    /// The only interface whose packets of the flow take the fast path: one with the same
+    /// tuple elsewhere (a spoof) goes to the tap and its source check.
+    pub ingress: u32,
+}
+
+impl FlowRewrite {
+    fn bytes(&self) -> [u8; VALUE_LEN] {
+        let mut v = [0u8; VALUE_LEN];
+        v[..4].copy_from_slice(&self.src);
+        v[4..8].copy_from_slice(&self.dst);
+        v[8..10].copy_from_slice(&self.sport.to_be_bytes());
+        v[10..12].copy_from_slice(&self.dport.to_be_bytes());
+        v[12..16].copy_from_slice(&self.slot.to_ne_bytes());
+        v[16..20].copy_from_slice(&self.ingress.to_ne_bytes());
+        v
+    }
+}
+
+/// The descriptors of the fast path's maps (for the program that uses them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OffloadMaps {
+    pub flows: i32,
+    pub counters: i32,
+}
+
+/// The fast path's flow map and its counters (mapped into this process: reading a flow's
+/// counts is a load, not a system call).
+pub struct FlowOffload {
+    flows: Map,
+    counters: Map,
+    counts: NonNull<AtomicU64>,
+    slots: u32,
+    mapped: usize,
+}
+
+// SAFETY: `counts` points into a shared mapping that lives as long as `self` and is only ever
+// accessed through atomics; the maps are descriptors.
+unsafe impl Send for FlowOffload {}
+// SAFETY: as for Send: every access through `counts` is atomic.
+unsafe impl Sync for FlowOffload {}
+
+impl FlowOffload {
+    /// New, empty maps for `slots` flows (a multiple of 4096).
+    pub fn new(slots: u32) -> io::Result<FlowOffload> {
+        let flows = Map::create(BPF_MAP_TYPE_HASH, KEY_LEN as u32, VALUE_LEN as u32, slots)?;
+        let counters = Map::create_with_flags(
+            BPF_MAP_TYPE_ARRAY,
+            4,
+            COUNTER_LEN,
+            slots,
+            BPF_F_MMAPABLE,
+        )?;
+        // Whole pages of any size up to 64 KiB.
+        let mapped = slots as usize * COUNTER_LEN as usize;
+        if slots == 0 || mapped % 65536 != 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("offload slots {slots}: a multiple of 4096"),
+            ));
+        }
+        let counts = map_counters(&counters, mapped)?;
+        Ok(FlowOffload {
+            flows,
+            counters,
+            counts,
+            slots,
+            mapped,
+        })
+    }
+
+    pub fn maps(&self) -> OffloadMaps {
+        OffloadMaps {
+            flows: self.flows.fd(),
+            counters: self.counters.fd(),
+        }
+    }
+
+    /// The counter slots (0 to `slots() - 1`).
+    pub fn slots(&self) -> u32 {
+        self.slots
+    }
+
+    /// Puts `flow` on the fast path (replacing what it had).
+    pub fn install(&self, flow: &FlowKey, rewrite: &FlowRewrite) -> io::Result<()> {
+        if rewrite.slot >= self.slots {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("offload slot {} of {}", rewrite.slot, self.slots),
+            ));
+        }
+        self.flows.update(&flow.bytes(), &rewrite.bytes())
+    }
+
+    /// Takes `flow` off the fast path; false when it was not on it.
+    pub fn remove(&self, flow: &FlowKey) -> io::Result<bool> {
+        match self.flows.delete(&flow.bytes()) {
+            Ok(()) => Ok(true),
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The packets and bytes the fast path has counted in `slot` since the maps were made
+    /// (never reset: a user keeps the value it started from).
+    pub fn counts(&self, slot: u32) -> (u64, u64) {
+        if slot >= self.slots {
+            return (0, 0);
+        }
+        let at = slot as usize * 2;
+        // SAFETY: `at + 1` is within the mapping (slot < slots, two words each); the kernel
+        // writes these words with atomic adds and so do we read them.
+        let (p, b) = unsafe { (&*self.counts.as_ptr().add(at), &*self.counts.as_ptr().add(at + 1)) };
+        (p.load(Ordering::Relaxed), b.load(Ordering::Relaxed))
+    }
+}
+
+impl Drop for FlowOffload {
+    fn drop(&mut self) {
+        // SAFETY: the mapping was made by `map_counters` with this length and nothing refers to
+        // it once `self` goes.
+        unsafe {
+            libc::munmap(self.counts.as_ptr().cast(), self.mapped);
+        }
+    }
+}
+
+/// Maps the first `len` bytes of an mmap-able array map, shared and writable.
+fn map_counters(map: &Map, len: usize) -> io::Result<NonNull<AtomicU64>> {
+    // SAFETY: a fresh shared mapping of the map's descriptor; the kernel checks the length
+    // against the map's size. The result is checked before use.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            map.fd(),
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    NonNull::new(p.cast()).ok_or_else(|| io::Error::other("mmap returned null"))
+}
+
+const HELPER_MAP_LOOKUP_ELEM: i32 = 1;
+const HELPER_SKB_STORE_BYTES: i32 = 9;
+const HELPER_L3_CSUM_REPLACE: i32 = 10;
+const HELPER_L4_CSUM_REPLACE: i32 = 11;
+/// The checksum helpers' flags: the changed field's size is in the low bits.
+const F_PSEUDO_HDR: i32 = 0x10;
+const F_MARK_MANGLED_0: i32 = 0x20;
+/// `struct __sk_buff` fields the program reads.
+const SKB_LEN: i16 = 0;
+const SKB_IFINDEX: i16 = 40;
+const SKB_DATA: i16 = 76;
+const SKB_DATA_END: i16 = 80;
+const SKB_GSO_SEGS: i16 = 164;
+/// Offsets in an untagged Ethernet frame carrying IPv4 without options.
+const ETH_TYPE: i16 = 12;
+const IP: i16 = 14;
+const IP_VER_IHL: i16 = IP;
+const IP_FRAG: i16 = IP + 6;
+const IP_TTL: i16 = IP + 8;
+const IP_PROTO: i16 = IP + 9;
+const IP_CSUM: i32 = IP as i32 + 10;
+const IP_SRC: i16 = IP + 12;
+const IP_DST: i16 = IP + 16;
+const L4: i16 = IP + 20;
+const TCP_FLAGS: i16 = L4 + 13;
+const TCP_CSUM: i32 = L4 as i32 + 16;
+const UDP_CSUM: i32 = L4 as i32 + 6;
+/// The bytes the program reads: up to the end of a TCP header without options.
+const HEADERS: i32 = L4 as i32 + 20;
+/// Stack slots (below the frame pointer r10).
+const KEY: i16 = -16;
+const SLOT: i16 = -20;
+const ADDR_FLAGS: i16 = -32;
+const PORT_FLAGS: i16 = -40;
+const TC_ACT_OK: i32 = 0;
+
+/// Emits the fast path at the start of a tc program: on a hit the program ends there
+/// (`TC_ACT_OK`); on a miss it jumps to `miss` with the packet in r1 and r6.
+pub(crate) fn emit(a: &mut Asm, maps: OffloadMaps, miss: &'static str) {
+    const NOT: &str = "offload_not";
+    a.mov_x(R6, R1);
+    a.ldx(W, R2, R6, SKB_DATA);
+    a.ldx(W, R3, R6, SKB_DATA_END);
+    a.mov_x(R4, R2);
+    a.alu_k(ADD, R4, HEADERS);
+    a.jmp_x(JGT, R4, R3, NOT);
+    // IPv4 (as it sits in the frame, read little-endian), no options, not a fragment.
+    a.ldx(H, R4, R2, ETH_TYPE);
+    a.jmp_k(JNE, R4, 0x0008, NOT);
+    a.ldx(B, R4, R2, IP_VER_IHL);
+    a.jmp_k(JNE, R4, 0x45, NOT);
+    a.ldx(H, R4, R2, IP_FRAG);
+    a.alu_k(AND, R4, 0xff3f);
+    a.jmp_k(JNE, R4, 0, NOT);
+    // The kernel answers an expiring TTL; the tap path leaves that to it too.
+    a.ldx(B, R4, R2, IP_TTL);
+    a.jmp_k(JLE, R4, 1, NOT);
+    a.ldx(B, R7, R2, IP_PROTO);
+    a.jmp_k(JEQ, R7, 6, "offload_tcp");
+    a.jmp_k(JNE, R7, 17, NOT);
+    // UDP: a zero checksum (none) stays zero.
+    a.mov_k(R8, UDP_CSUM);
+    a.mov_k(R4, F_PSEUDO_HDR | F_MARK_MANGLED_0 | 4);
+    a.stx(DW, R10, ADDR_FLAGS, R4);
+    a.mov_k(R4, F_MARK_MANGLED_0 | 4);
+    a.stx(DW, R10, PORT_FLAGS, R4);
+    a.ja("offload_key");
+    a.label("offload_tcp");
+    // SYN, FIN and RST go to the workers: conntrack sees every connection open and close.
+    a.ldx(B, R4, R2, TCP_FLAGS);
+    a.alu_k(AND, R4, 0x07);
+    a.jmp_k(JNE, R4, 0, NOT);
+    a.mov_k(R8, TCP_CSUM);
+    a.mov_k(R4, F_PSEUDO_HDR | 4);
+    a.stx(DW, R10, ADDR_FLAGS, R4);
+    a.mov_k(R4, 4);
+    a.stx(DW, R10, PORT_FLAGS, R4);
+    a.label("offload_key");
+    a.ldx(W, R4, R2, IP_SRC);
+    a.stx(W, R10, KEY, R4);
+    a.ldx(W, R4, R2, IP_DST);
+    a.stx(W, R10, KEY + 4, R4);
+    a.ldx(W, R4, R2, L4);
+    a.stx(W, R10, KEY + 8, R4);
+    a.stx(W, R10, KEY + 12, R7);
+    a.ld_map(R1, maps.flows);
+    a.mov_x(R2, R10);
+    a.alu_k(ADD, R2, KEY as i32);
+    a.call(HELPER_MAP_LOOKUP_ELEM);
+    a.jmp_k(JEQ, R0, 0, NOT);
+    a.mov_x(R9, R0);
+    a.ldx(W, R4, R9, 16);
+    a.ldx(W, R5, R6, SKB_IFINDEX);
+    a.jmp_x(JNE, R4, R5, NOT);
+    // Count: the segments a super-frame stands for (one for a plain frame), and its bytes.
+    a.ldx(W, R4, R9, 12);
+    a.stx(W, R10, SLOT, R4);
+    a.ld_map(R1, maps.counters);
+    a.mov_x(R2, R10);
+    a.alu_k(ADD, R2, SLOT as i32);
+    a.call(HELPER_MAP_LOOKUP_ELEM);
+    a.jmp_k(JEQ, R0, 0, "offload_rewrite");
+    a.ldx(W, R1, R6, SKB_GSO_SEGS);
+    a.jmp_k(JNE, R1, 0, "offload_segs");
+    a.mov_k(R1, 1);
+    a.label("offload_segs");
+    a.atomic_add64(R0, 0, R1);
+    a.ldx(W, R1, R6, SKB_LEN);
+    a.atomic_add64(R0, 8, R1);
+    a.label("offload_rewrite");
+    // Each changed field: the L4 checksum, the IP checksum (addresses), then the bytes.
+    let fields: [(i16, i16, i32, Option<i32>, &'static str); 3] = [
+        (KEY + 4, 4, IP_DST as i32, Some(IP_CSUM), "offload_dst_same"),
+        (KEY, 0, IP_SRC as i32, Some(IP_CSUM), "offload_src_same"),
+        (KEY + 8, 8, L4 as i32, None, "offload_ports_same"),
+    ];
+    for (old, new, at, l3, same) in fields {
+        a.ldx(W, R3, R10, old);
+        a.ldx(W, R4, R9, new);
+        a.jmp_x(JEQ, R3, R4, same);
+        a.mov_x(R1, R6);
+        a.mov_x(R2, R8);
+        a.ldx(
+            DW,
+            R5,
+            R10,
+            if l3.is_some() { ADDR_FLAGS } else { PORT_FLAGS },
+        );
+        a.call(HELPER_L4_CSUM_REPLACE);
+        if let Some(csum) = l3 {
+            a.mov_x(R1, R6);
+            a.mov_k(R2, csum);
+            a.ldx(W, R3, R10, old);
+            a.ldx(W, R4, R9, new);
+            a.mov_k(R5, 4);
+            a.call(HELPER_L3_CSUM_REPLACE);
+        }
+        a.mov_x(R1, R6);
+        a.mov_k(R2, at);
+        a.mov_x(R3, R9);
+        a.alu_k(ADD, R3, new as i32);
+        a.mov_k(R4, 4);
+        a.mov_k(R5, 0);
+        a.call(HELPER_SKB_STORE_BYTES);
+        a.label(same);
+    }
+    a.mov_k(R0, TC_ACT_OK);
+    a.exit();
+    a.label(NOT);
+    a.mov_x(R1, R6);
+    a.ja(miss);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_and_values_are_laid_out_as_the_program_reads_them() {
+        let k = FlowKey {
+            src: [10, 0, 0, 1],
+            dst: [172, 30, 0, 10],
+            sport: 40000,
+            dport: 80,
+            proto: 6,
+        };
+        assert_eq!(
+            k.bytes(),
+            [10, 0, 0, 1, 172, 30, 0, 10, 0x9c, 0x40, 0, 80, 6, 0, 0, 0]
+        );
+        let v = FlowRewrite {
+            src: [10, 0, 0, 1],
+            dst: [10, 1, 0, 5],
+            sport: 40000,
+            dport: 5201,
+            slot: 7,
+            ingress: 9,
+        };
+        assert_eq!(&v.bytes()[..12], &[10, 0, 0, 1, 10, 1, 0, 5, 0x9c, 0x40, 0x14, 0x51]);
+        assert_eq!(u32::from_ne_bytes(v.bytes()[12..16].try_into().unwrap()), 7);
+        assert_eq!(u32::from_ne_bytes(v.bytes()[16..20].try_into().unwrap()), 9);
+    }
+}

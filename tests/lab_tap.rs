@@ -171,6 +171,17 @@ spec:
         est as f64 * 1448.0 >= bytes * 0.9,
         "{est} segments for {bytes} bytes"
     );
+    // Once established, the transfer took the kernel's fast path (counted as it went, by
+    // reason too); closed, its flows left it.
+    let offloaded = metric(&node, "kxdp_offloaded_packets_total");
+    eprintln!("offloaded {offloaded} packets");
+    assert!(
+        offloaded as f64 * 1448.0 >= bytes * 0.5,
+        "{offloaded} packets offloaded for {bytes} bytes\n{}",
+        k.log()
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(metric(&node, "kxdp_offloaded_flows"), 0, "{}", k.log());
 
     // The NetworkPolicy: other-a is not a client; its connection is dropped (times out), the
     // client's is admitted.

@@ -54,6 +54,8 @@
 //! | `kxdp_worker_busy_seconds_total{worker}` | counter | time spent processing batches |
 //! | `kxdp_worker_busy_ratio{worker}` | gauge | share of wall time busy since the previous scrape |
 //! | `kxdp_umem_frames{worker}`, `kxdp_umem_free_frames{worker}` | gauge | the worker's UMEM frames, and those on its free list |
+//! | `kxdp_offloaded_packets_total{worker}` | counter | packets the kernel's fast path moved for the worker's offloaded flows (`podInterception.offload`; also in the packet and verdict counters) |
+//! | `kxdp_offloaded_flows{worker}` | gauge | flows the worker has on the kernel's fast path |
 //! | `kxdp_conntrack_entries` | gauge | live conntrack entries (connections and affinity records) |
 //! | `kxdp_conntrack_max_entries` | gauge | the configured maximum |
 //! | `kxdp_conntrack_early_drops_total` | counter | unassured entries dropped to make room |
@@ -339,6 +341,8 @@ impl Collector for DataplaneCollector {
         let ratio = Family::<WorkerLabel, Gauge<f64, AtomicU64>>::default();
         let created = Family::<WorkerLabel, Counter>::default();
         let expired = Family::<WorkerLabel, Counter>::default();
+        let offloaded = Family::<WorkerLabel, Counter>::default();
+        let offloaded_flows = Family::<WorkerLabel, Gauge>::default();
         let umem_frames = Family::<WorkerLabel, Gauge>::default();
         let umem_free = Family::<WorkerLabel, Gauge>::default();
         let drops = Family::<ReasonLabel, Counter>::default();
@@ -362,6 +366,10 @@ impl Collector for DataplaneCollector {
             busy.get_or_create(&w).inc_by(s.busy_ns as f64 / 1e9);
             created.get_or_create(&w).inc_by(s.ct_created);
             expired.get_or_create(&w).inc_by(s.ct_expired);
+            offloaded.get_or_create(&w).inc_by(s.offloaded);
+            offloaded_flows
+                .get_or_create(&w)
+                .set(s.offloaded_flows as i64);
             umem_frames.get_or_create(&w).set(s.umem_frames as i64);
             umem_free.get_or_create(&w).set(s.umem_free as i64);
             let (pb, pt) = prev[i];
@@ -488,6 +496,18 @@ impl Collector for DataplaneCollector {
             "kxdp_conntrack_expired",
             "Conntrack entries expired",
             &expired,
+        )?;
+        put(
+            &mut enc,
+            "kxdp_offloaded_packets",
+            "Packets the kernel's fast path moved for offloaded flows",
+            &offloaded,
+        )?;
+        put(
+            &mut enc,
+            "kxdp_offloaded_flows",
+            "Flows on the kernel's fast path",
+            &offloaded_flows,
         )?;
         let memory = src.ct.memory();
         let table_bytes = Gauge::<i64>::default();

@@ -16,6 +16,7 @@ pub mod hold;
 pub mod io;
 pub mod maglev;
 pub mod neigh;
+pub mod offload;
 pub mod pipeline;
 pub mod policy;
 pub mod replay;

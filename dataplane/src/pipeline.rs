@@ -142,6 +142,10 @@ pub struct Counters {
     /// Packets the established fast lane translated (`established_lane`), also counted by
     /// reason: how much of the traffic took the short path.
     pub fast_lane: u64,
+    /// Packets the kernel's fast path moved for this worker's offloaded flows
+    /// (`crate::offload`), also counted by reason, and those flows now.
+    pub offloaded: u64,
+    pub offloaded_flows: u64,
     /// New connections per policy rule that decided them (allowed or denied).
     pub policy: PolicyCounts,
 }
@@ -158,6 +162,8 @@ impl Default for Counters {
             ct_expired: 0,
             icmp_untracked: 0,
             fast_lane: 0,
+            offloaded: 0,
+            offloaded_flows: 0,
             policy: PolicyCounts::default(),
         }
     }
@@ -200,6 +206,8 @@ impl Counters {
         self.ct_expired += other.ct_expired;
         self.icmp_untracked += other.icmp_untracked;
         self.fast_lane += other.fast_lane;
+        self.offloaded += other.offloaded;
+        self.offloaded_flows += other.offloaded_flows;
         self.policy.add(&other.policy);
     }
 }

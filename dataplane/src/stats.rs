@@ -36,6 +36,8 @@ pub struct WorkerStats {
     batches: AtomicU64,
     ct_created: AtomicU64,
     ct_expired: AtomicU64,
+    offloaded: AtomicU64,
+    offloaded_flows: AtomicU64,
     busy_ns: AtomicU64,
     updated_ms: AtomicU64,
     /// `clock_ms` when the worker last went round its loop's periodic step (its socket table,
@@ -61,6 +63,10 @@ pub struct WorkerSample {
     pub batches: u64,
     pub ct_created: u64,
     pub ct_expired: u64,
+    /// Packets the kernel's fast path moved for the worker's offloaded flows (also in
+    /// `packets` and by reason), and those flows now (`crate::offload`).
+    pub offloaded: u64,
+    pub offloaded_flows: u64,
     /// Time spent processing batches (not waiting for packets), nanoseconds.
     pub busy_ns: u64,
     /// `clock_ms` of the last publication (0: never).
@@ -92,6 +98,8 @@ impl WorkerStats {
             batches: AtomicU64::new(0),
             ct_created: AtomicU64::new(0),
             ct_expired: AtomicU64::new(0),
+            offloaded: AtomicU64::new(0),
+            offloaded_flows: AtomicU64::new(0),
             busy_ns: AtomicU64::new(0),
             updated_ms: AtomicU64::new(0),
             // Counted from the start: a worker that never gets going is a stall too.
@@ -112,6 +120,8 @@ impl WorkerStats {
         self.batches.store(c.batches, Relaxed);
         self.ct_created.store(c.ct_created, Relaxed);
         self.ct_expired.store(c.ct_expired, Relaxed);
+        self.offloaded.store(c.offloaded, Relaxed);
+        self.offloaded_flows.store(c.offloaded_flows, Relaxed);
         self.busy_ns.store(busy_ns_total, Relaxed);
         for (a, v) in self.reasons.iter().zip(c.reasons.iter()) {
             a.store(*v, Relaxed);
@@ -150,6 +160,8 @@ impl WorkerStats {
             batches: self.batches.load(Relaxed),
             ct_created: self.ct_created.load(Relaxed),
             ct_expired: self.ct_expired.load(Relaxed),
+            offloaded: self.offloaded.load(Relaxed),
+            offloaded_flows: self.offloaded_flows.load(Relaxed),
             busy_ns: self.busy_ns.load(Relaxed),
             updated_ms: self.updated_ms.load(Relaxed),
             umem_frames: self.umem_frames.load(Relaxed),
@@ -399,6 +411,12 @@ impl DataplaneStats {
     /// each packet's first [`FRAME_BYTES`] before the pipeline only then.
     pub fn wants_frames(&self) -> bool {
         self.monitors_hex.load(Relaxed) != 0
+    }
+
+    /// Whether a monitor of every verdict listens: then no flow takes the kernel's fast path,
+    /// where its packets would not be seen (`crate::offload`).
+    pub fn wants_all_verdicts(&self) -> bool {
+        self.monitors_all.load(Relaxed) != 0
     }
 
     /// `after_batch`, with the batch's frames (`frame(i)`: packet `i` as received) for monitors

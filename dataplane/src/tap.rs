@@ -276,6 +276,10 @@ pub struct TapPort {
     sums: [PartialSum; TAP_BATCH],
     /// Per frame of the batch: the packets it stands for ([`segments`]).
     pub segs: [u64; TAP_BATCH],
+    /// Per frame of the batch: the interface it came through (its tag's; 0 when unknown).
+    pub ingress: [u32; TAP_BATCH],
+    /// The established flows this worker put on the kernel's fast path (`offload: true`).
+    pub offloads: Option<crate::offload::Offloads>,
     /// Read errors other than "nothing to read" (the device went away, ...).
     pub read_errors: u64,
     tags: Arc<TapTags>,
@@ -294,7 +298,12 @@ pub struct TapPort {
 impl TapPort {
     /// A worker's port on `queue` (made non-blocking); `mac` is the tap's address, `tags` the
     /// interfaces' tags.
-    pub fn new(queue: TapQueue, mac: [u8; 6], tags: Arc<TapTags>) -> io::Result<TapPort> {
+    pub fn new(
+        queue: TapQueue,
+        mac: [u8; 6],
+        tags: Arc<TapTags>,
+        offloads: Option<crate::offload::Offloads>,
+    ) -> io::Result<TapPort> {
         queue.set_nonblocking(true)?;
         Ok(TapPort {
             queue,
@@ -303,6 +312,8 @@ impl TapPort {
             hdrs: [VirtioNetHdr::default(); TAP_BATCH],
             sums: [PartialSum::default(); TAP_BATCH],
             segs: [1; TAP_BATCH],
+            ingress: [0; TAP_BATCH],
+            offloads,
             read_errors: 0,
             tags,
             checked: CheckedTags::new(),
@@ -324,6 +335,7 @@ impl TapPort {
         self.spoofed_count = 0;
         self.spoofed_bytes = 0;
         let (queue, hdrs, errors) = (&self.queue, &mut self.hdrs, &mut self.read_errors);
+        let ingresses = &mut self.ingress;
         let (tags, checked) = (&*self.tags, &mut self.checked);
         let (spoofed, spoofed_segs) = (&mut self.spoofed, &mut self.spoofed_segs);
         let (heads, head_len) = (&mut self.spoofed_heads, &mut self.spoofed_head_len);
@@ -335,6 +347,7 @@ impl TapPort {
                     let ingress = tag.map_or(0, |t| tags.ingress(t));
                     if check.is_none_or(|c| checked.allows(c, tag, ingress, frame)) {
                         hdrs[i] = hdr;
+                        ingresses[i] = ingress;
                         return Some(len);
                     }
                     let (j, k) = (*spoofed_count, frame.len().min(FRAME_BYTES));

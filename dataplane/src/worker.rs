@@ -803,6 +803,22 @@ impl Worker {
             register_masq_reply(shared, &self.counters, v, false);
         }
         let sent = tap.send(&mut st.verdicts[..n]);
+        if let Some(o) = &mut tap.offloads {
+            let allowed = !shared
+                .stats
+                .as_ref()
+                .is_some_and(|s| s.wants_all_verdicts());
+            for (i, v) in st.verdicts[..n].iter().enumerate() {
+                o.consider(
+                    tap.frames.get(i),
+                    v,
+                    tap.ingress[i],
+                    &shared.ct,
+                    now,
+                    allowed,
+                );
+            }
+        }
         // The frames dropped for their source, after the batch's (counted and shown with it).
         st.verdicts[n..n + spoofed].copy_from_slice(&tap.spoofed[..spoofed]);
         let verdicts = &st.verdicts[..n + spoofed];
@@ -942,10 +958,34 @@ impl Worker {
             }
             st.share_window_end = now + FILL_SHARE_WINDOW;
         }
+        self.offload_round(shared, st, now);
         if let Some(stats) = &shared.stats {
             if now >= st.socket_stats_due {
                 self.publish_sockets(stats);
                 st.socket_stats_due = now + SOCKET_STATS_PERIOD;
+            }
+        }
+    }
+
+    /// Counts what the kernel's fast path moved for this worker's offloaded flows and takes off
+    /// those whose connections no longer qualify (`crate::offload`, every `CHECK_EVERY`).
+    fn offload_round(&mut self, shared: &Shared, st: &mut RunState, now: Instant) {
+        let Some(o) = self.tap.as_mut().and_then(|t| t.offloads.as_mut()) else {
+            return;
+        };
+        let allowed = !shared
+            .stats
+            .as_ref()
+            .is_some_and(|s| s.wants_all_verdicts());
+        let now_ms = clock_ms();
+        let c = &mut st.pipeline.counters;
+        let flows = c.offloaded_flows;
+        let moved = o.maintain(&shared.ct, c, now, now_ms, allowed);
+        st.io.rx.fetch_add(moved, Ordering::Relaxed);
+        st.io.tx.fetch_add(moved, Ordering::Relaxed);
+        if moved > 0 || c.offloaded_flows != flows {
+            if let Some(stats) = &shared.stats {
+                stats.after_batch(self.index, c, &[], 0, now_ms);
             }
         }
     }

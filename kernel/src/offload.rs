@@ -118,13 +118,8 @@ impl FlowOffload {
     /// New, empty maps for `slots` flows (a multiple of 4096).
     pub fn new(slots: u32) -> io::Result<FlowOffload> {
         let flows = Map::create(BPF_MAP_TYPE_HASH, KEY_LEN as u32, VALUE_LEN as u32, slots)?;
-        let counters = Map::create_with_flags(
-            BPF_MAP_TYPE_ARRAY,
-            4,
-            COUNTER_LEN,
-            slots,
-            BPF_F_MMAPABLE,
-        )?;
+        let counters =
+            Map::create_with_flags(BPF_MAP_TYPE_ARRAY, 4, COUNTER_LEN, slots, BPF_F_MMAPABLE)?;
         // Whole pages of any size up to 64 KiB.
         let mapped = slots as usize * COUNTER_LEN as usize;
         if slots == 0 || mapped % 65536 != 0 {
@@ -184,7 +179,12 @@ impl FlowOffload {
         let at = slot as usize * 2;
         // SAFETY: `at + 1` is within the mapping (slot < slots, two words each); the kernel
         // writes these words with atomic adds and so do we read them.
-        let (p, b) = unsafe { (&*self.counts.as_ptr().add(at), &*self.counts.as_ptr().add(at + 1)) };
+        let (p, b) = unsafe {
+            (
+                &*self.counts.as_ptr().add(at),
+                &*self.counts.as_ptr().add(at + 1),
+            )
+        };
         (p.load(Ordering::Relaxed), b.load(Ordering::Relaxed))
     }
 }
@@ -397,7 +397,10 @@ mod tests {
             slot: 7,
             ingress: 9,
         };
-        assert_eq!(&v.bytes()[..12], &[10, 0, 0, 1, 10, 1, 0, 5, 0x9c, 0x40, 0x14, 0x51]);
+        assert_eq!(
+            &v.bytes()[..12],
+            &[10, 0, 0, 1, 10, 1, 0, 5, 0x9c, 0x40, 0x14, 0x51]
+        );
         assert_eq!(u32::from_ne_bytes(v.bytes()[12..16].try_into().unwrap()), 7);
         assert_eq!(u32::from_ne_bytes(v.bytes()[16..20].try_into().unwrap()), 9);
     }

@@ -738,7 +738,10 @@ mod tests {
             }
             assert_eq!(fast.counts(3).0, 1);
             // Bound to another interface, the flow takes the tap.
-            let elsewhere = crate::offload::FlowRewrite { ingress: a, ..rewrite };
+            let elsewhere = crate::offload::FlowRewrite {
+                ingress: a,
+                ..rewrite
+            };
             fast.install(&key, &elsewhere).unwrap();
             send_raw(a, &ack);
             let mut found = false;

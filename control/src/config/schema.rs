@@ -149,6 +149,8 @@ pub struct PodInterceptionConfig {
     pub interfaces: Vec<String>,
     /// The tap's name (created by kxdp, one queue per worker).
     pub tap_device: String,
+    /// Established flows take the in-kernel fast path the workers install (tap mode only).
+    pub offload: bool,
 }
 
 impl Default for PodInterceptionConfig {
@@ -157,6 +159,7 @@ impl Default for PodInterceptionConfig {
             mode: InterceptionMode::Xdp,
             interfaces: vec!["veth*".into()],
             tap_device: kxdp_dataplane::io::runner::TAP_DEVICE.into(),
+            offload: true,
         }
     }
 }
@@ -167,6 +170,7 @@ impl PodInterceptionConfig {
         (self.mode == InterceptionMode::Tap).then(|| kxdp_dataplane::io::runner::TapOptions {
             device: self.tap_device.clone(),
             interfaces: self.interfaces.clone(),
+            offload: self.offload,
         })
     }
 }

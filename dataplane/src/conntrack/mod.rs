@@ -662,6 +662,35 @@ impl Conntrack {
         Ok(state)
     }
 
+    /// Whether the connection of the packets with tuple `t` may have them on the kernel's fast
+    /// path (`crate::offload`): TCP established and assured, or an assured UDP stream; neither
+    /// masqueraded (a node address as the source is refused on a pod's interface) nor with its
+    /// endpoint gone. When the fast path moved `packets` (`bytes` in all) since the last call,
+    /// they are counted in that direction and the expiry refreshed first, as the packets would
+    /// have done. False when the connection is gone.
+    pub fn offloadable(&self, t: &Tuple, packets: u64, bytes: u64, now_ms: u64) -> bool {
+        let key = t.pack();
+        let Some(found) = self.lookup(&key, self.hash(&key), now_ms) else {
+            return false;
+        };
+        let state = found.state;
+        let proto = found.proto();
+        let eligible = state & (FLAG_MASQ | FLAG_BACKEND_GONE) == 0
+            && state & FLAG_ASSURED != 0
+            && match proto {
+                IpProto::TCP => tcp_state_of(state) == TcpState::Established,
+                IpProto::UDP => true,
+                _ => false,
+            };
+        if eligible && packets > 0 {
+            self.table
+                .set_expires(found.idx, now_ms + self.timeout_ms(proto, state));
+            self.table
+                .count_many(found.idx, found.dir, packets as u32, bytes);
+        }
+        eligible
+    }
+
     /// Removes a connection now (its next packet starts a new one).
     pub fn kill(&self, idx: u32) -> bool {
         self.table.kill(idx)

@@ -71,6 +71,8 @@ pub struct TapOptions {
     pub device: String,
     /// Names or shell-style patterns; an interface must also match `RunOptions::interfaces`.
     pub interfaces: Vec<String>,
+    /// Established flows take the in-kernel fast path (`crate::offload`).
+    pub offload: bool,
 }
 
 /// The tap's name unless configured otherwise.
@@ -102,6 +104,8 @@ struct TapTarget {
     patterns: Vec<String>,
     /// The intercepted interfaces' tags, shared with the workers' ports.
     tags: Arc<TapTags>,
+    /// The in-kernel fast path's maps (`TapOptions::offload`), shared with the workers.
+    offload: Option<Arc<kxdp_kernel::offload::FlowOffload>>,
 }
 
 /// What was attached where (for the startup report).
@@ -487,9 +491,26 @@ impl Links {
                 kxdp_kernel::tc::MAX_TAG
             ))
         })?;
-        if let Err(e) =
-            kxdp_kernel::tc::redirect_ingress(ifindex, tap.ifindex, crate::tap::TC_PREF, Some(tag))
-        {
+        let offload = tap.offload.as_ref().map(|f| f.maps());
+        if offload.is_some() {
+            // A reply on the fast path leaves the server's interface with the Service's address
+            // as its source, which a strict reverse-path check there would drop (kxdp checks
+            // the sources itself: `crate::antispoof`, and each flow is bound to its interface).
+            use kxdp_kernel::netlink::IPV4_DEVCONF_RP_FILTER;
+            let open = crate::io::host_path::open_rp_filter().unwrap_or(0);
+            if let Err(e) =
+                kxdp_kernel::netlink::set_ipv4_devconf(ifindex, &[(IPV4_DEVCONF_RP_FILTER, open)])
+            {
+                tracing::warn!("kxdp: {name}: rp_filter for the fast path: {e}");
+            }
+        }
+        if let Err(e) = kxdp_kernel::tc::redirect_ingress(
+            ifindex,
+            tap.ifindex,
+            crate::tap::TC_PREF,
+            Some(tag),
+            offload,
+        ) {
             tap.tags.release(ifindex);
             return Err(e);
         }
@@ -756,9 +777,27 @@ fn open_tap(opts: &RunOptions, workers: usize) -> io::Result<(Option<TapTarget>,
     })?;
     let tags = Arc::new(TapTags::default());
     adopt_tags(&tags, &t.interfaces);
+    let offload = if t.offload {
+        let slots = kxdp_kernel::offload::OFFLOAD_SLOTS;
+        let fast = kxdp_kernel::offload::FlowOffload::new(slots).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("podInterception.offload: the fast path's maps: {e}"),
+            )
+        })?;
+        Some(Arc::new(fast))
+    } else {
+        None
+    };
+    let n = queues.len();
     let ports = queues
         .into_iter()
-        .map(|q| TapPort::new(q, mac, tags.clone()))
+        .enumerate()
+        .map(|(i, q)| {
+            let offloads =
+                (offload.as_ref()).map(|f| crate::offload::Offloads::new(f.clone(), n - 1 - i, n));
+            TapPort::new(q, mac, tags.clone(), offloads)
+        })
         .collect::<io::Result<Vec<_>>>()?;
     tracing::info!(
         "kxdp: tap {} (ifindex {ifindex}): {} queue(s); interfaces matching {:?} are intercepted \
@@ -773,6 +812,7 @@ fn open_tap(opts: &RunOptions, workers: usize) -> io::Result<(Option<TapTarget>,
             name: t.device.clone(),
             patterns: t.interfaces.clone(),
             tags,
+            offload,
         }),
         ports,
     ))

@@ -105,6 +105,19 @@ impl Table {
         count_packet_bytes(self.entries.at(idx as usize), dir as usize & 1, bytes);
     }
 
+    /// Counts `packets` packets of `bytes` in all in direction `dir` (not SCTP).
+    pub fn count_many(&self, idx: u32, dir: u8, packets: u32, bytes: u64) {
+        let e = self.entries.at(idx as usize);
+        let d = dir as usize & 1;
+        let p = e.packets(d);
+        p.store(
+            p.load(Ordering::Relaxed).wrapping_add(packets),
+            Ordering::Relaxed,
+        );
+        let b = e.bytes(d);
+        b.store(b.load(Ordering::Relaxed) + bytes, Ordering::Relaxed);
+    }
+
     /// Counts an SCTP packet: both directions' bytes share one word (32 bits each, wrapping),
     /// the other holds the verification tags.
     #[inline]

@@ -1,0 +1,226 @@
+//! Established pod flows handed to the kernel's fast path (`podInterception: {mode: tap}`,
+//! `offload: true`; docs/afxdp.md § "Pod traffic as super-frames").
+//!
+//! The decision stays with the workers: a flow goes on the fast path
+//! (`kxdp_kernel::offload`) only after a worker forwarded one of its packets from the tap as
+//! an established connection, with conntrack saying TCP established and assured (or an
+//! assured UDP stream), not masqueraded, its endpoint not gone. The worker installs the
+//! translation its pipeline applied, bound to the interface the packet came through; from then
+//! on the kernel rewrites the flow's packets itself, whole GSO super-frames included, and
+//! counts them per flow.
+//!
+//! The worker that installed a flow keeps it: every [`CHECK_EVERY`] it reads the flow's counts
+//! (a load from the mapped counters, no system call), counts what the fast path moved as the
+//! pipeline would have (the verdict's reason, packets and bytes, the conntrack entry's counts
+//! and expiry), and takes the flow off the fast path when its connection no longer qualifies:
+//! gone or expired, closing, its endpoint gone, or a monitor of every verdict attached (then
+//! every packet is seen again). A SYN, FIN or RST never takes the fast path, so the worker
+//! sees every connection open and close; one of an installed flow takes it off at once.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kxdp_kernel::offload::{FlowKey, FlowOffload, FlowRewrite};
+use kxdp_packet::{Family, IpProto};
+
+use crate::conntrack::{Conntrack, Tuple};
+use crate::pipeline::Counters;
+use crate::verdict::{Action, Reason, Verdict};
+
+/// How often a worker reads its offloaded flows' counts and checks their connections: the
+/// longest a flow stays on the fast path after its connection stopped qualifying (its
+/// endpoint left, a policy monitor attached), and the lag of the counters.
+pub const CHECK_EVERY: Duration = Duration::from_millis(100);
+
+const SYN_FIN_RST: u8 = 0x07;
+
+/// One offloaded flow, as its worker keeps it.
+#[derive(Clone, Copy, Debug)]
+struct Offloaded {
+    slot: u32,
+    /// The counts of its slot when last read.
+    seen: (u64, u64),
+    /// The flow's tuple as it arrives (conntrack's key for this direction).
+    tuple: Tuple,
+    /// What the pipeline counted its packets as.
+    reason: Reason,
+}
+
+/// A worker's offloaded flows and its share of the fast path's counter slots.
+pub struct Offloads {
+    fast: Arc<FlowOffload>,
+    free: Vec<u32>,
+    flows: hashbrown::HashMap<FlowKey, Offloaded, ahash::RandomState>,
+    next_check: Instant,
+    /// Installs or removals the kernel refused (map full, no memory).
+    pub errors: u64,
+}
+
+impl Offloads {
+    /// Worker `worker` of `workers`: it owns every `workers`th counter slot from `worker`.
+    pub fn new(fast: Arc<FlowOffload>, worker: usize, workers: usize) -> Offloads {
+        let free: Vec<u32> = (0..fast.slots())
+            .filter(|s| *s as usize % workers.max(1) == worker)
+            .rev()
+            .collect();
+        Offloads {
+            flows: hashbrown::HashMap::with_capacity_and_hasher(
+                free.len(),
+                ahash::RandomState::new(),
+            ),
+            free,
+            fast,
+            next_check: Instant::now(),
+            errors: 0,
+        }
+    }
+
+    /// Flows this worker has on the fast path.
+    pub fn len(&self) -> usize {
+        self.flows.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.flows.is_empty()
+    }
+
+    /// After the pipeline and the write into the tap: puts the flow of `frame` (verdict `v`,
+    /// arrived on `ingress`) on the fast path if it qualifies (`allowed`: no monitor wants every
+    /// verdict), or takes it off when the frame opens or closes its connection.
+    pub fn consider(
+        &mut self,
+        frame: &[u8],
+        v: &Verdict,
+        ingress: u32,
+        ct: &Conntrack,
+        now_ms: u64,
+        allowed: bool,
+    ) {
+        let Some(key) = flow_key(v) else {
+            return;
+        };
+        let flags = match v.proto {
+            IpProto::TCP => frame.get(v.l4_off as usize + 13).copied().unwrap_or(0xff),
+            _ => 0,
+        };
+        if flags & SYN_FIN_RST != 0 {
+            if let Some(o) = self.flows.remove(&key) {
+                self.release(&key, o);
+            }
+            return;
+        }
+        let established = matches!(v.reason, Reason::Established | Reason::ReplyUnnat);
+        if !allowed
+            || v.action != Action::Forward
+            || !established
+            || v.masq
+            || v.fragment
+            || ingress == 0
+            || self.flows.contains_key(&key)
+        {
+            return;
+        }
+        let tuple = Tuple {
+            src: v.orig_src,
+            dst: v.orig_dst,
+            sport: v.orig_sport,
+            dport: v.orig_dport,
+            proto: v.proto,
+            family: v.family,
+        };
+        if !ct.offloadable(&tuple, 0, 0, now_ms) {
+            return;
+        }
+        let Some(slot) = self.free.pop() else {
+            return;
+        };
+        let rewrite = FlowRewrite {
+            src: v.src.v4_octets(),
+            dst: v.dst.v4_octets(),
+            sport: v.sport,
+            dport: v.dport,
+            slot,
+            ingress,
+        };
+        if self.fast.install(&key, &rewrite).is_err() {
+            self.errors += 1;
+            self.free.push(slot);
+            return;
+        }
+        let seen = self.fast.counts(slot);
+        self.flows.insert(
+            key,
+            Offloaded {
+                slot,
+                seen,
+                tuple,
+                reason: v.reason,
+            },
+        );
+    }
+
+    /// Every [`CHECK_EVERY`]: counts what the fast path moved into `counters` and the
+    /// connections, and takes off the flows whose connections no longer qualify (all of them
+    /// unless `allowed`). Returns the packets counted.
+    pub fn maintain(
+        &mut self,
+        ct: &Conntrack,
+        counters: &mut Counters,
+        now: Instant,
+        now_ms: u64,
+        allowed: bool,
+    ) -> u64 {
+        if now < self.next_check {
+            return 0;
+        }
+        self.next_check = now + CHECK_EVERY;
+        let fast = &self.fast;
+        let mut moved = 0;
+        let mut gone = Vec::new();
+        for (key, o) in self.flows.iter_mut() {
+            let counts = fast.counts(o.slot);
+            let (packets, bytes) = (counts.0 - o.seen.0, counts.1 - o.seen.1);
+            o.seen = counts;
+            if packets > 0 {
+                counters.packets += packets;
+                counters.bytes += bytes;
+                counters.reasons[o.reason as usize] += packets;
+                counters.actions[Action::Forward as usize] += packets;
+                counters.offloaded += packets;
+                moved += packets;
+            }
+            if !(allowed && ct.offloadable(&o.tuple, packets, bytes, now_ms)) {
+                gone.push(*key);
+            }
+        }
+        for key in gone {
+            if let Some(o) = self.flows.remove(&key) {
+                self.release(&key, o);
+            }
+        }
+        counters.offloaded_flows = self.flows.len() as u64;
+        moved
+    }
+
+    /// Takes a flow off the fast path and frees its slot.
+    fn release(&mut self, key: &FlowKey, o: Offloaded) {
+        if self.fast.remove(key).is_err() {
+            self.errors += 1;
+        }
+        self.free.push(o.slot);
+    }
+}
+
+/// The fast path's key for the flow of `v` as it arrived (IPv4 TCP and UDP only).
+fn flow_key(v: &Verdict) -> Option<FlowKey> {
+    if !v.has_addrs || v.family != Family::V4 || !matches!(v.proto, IpProto::TCP | IpProto::UDP) {
+        return None;
+    }
+    Some(FlowKey {
+        src: v.orig_src.v4_octets(),
+        dst: v.orig_dst.v4_octets(),
+        sport: v.orig_sport,
+        dport: v.orig_dport,
+        proto: v.proto.0,
+    })
+}

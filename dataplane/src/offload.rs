@@ -224,3 +224,115 @@ fn flow_key(v: &Verdict) -> Option<FlowKey> {
         proto: v.proto.0,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::conntrack::{tcp, CtConfig};
+    use kxdp_packet::Addr;
+
+    fn tuple(src: [u8; 4], sport: u16, dst: [u8; 4], dport: u16) -> Tuple {
+        Tuple {
+            src: Addr::from_v4(src),
+            dst: Addr::from_v4(dst),
+            sport,
+            dport,
+            proto: IpProto::TCP,
+            family: Family::V4,
+        }
+    }
+
+    /// A forwarded packet of `orig` translated to `to`, with TCP flags `flags` (its frame).
+    fn forwarded(orig: &Tuple, to: &Tuple, reason: Reason, flags: u8) -> (Verdict, Vec<u8>) {
+        let mut v = Verdict {
+            has_addrs: true,
+            family: Family::V4,
+            proto: IpProto::TCP,
+            orig_src: orig.src,
+            orig_sport: orig.sport,
+            orig_dst: orig.dst,
+            orig_dport: orig.dport,
+            src: to.src,
+            sport: to.sport,
+            dst: to.dst,
+            dport: to.dport,
+            l3_off: 14,
+            l4_off: 34,
+            ..Verdict::default()
+        };
+        v.set(reason);
+        let mut frame = vec![0u8; 54];
+        frame[34 + 13] = flags;
+        (v, frame)
+    }
+
+    /// Needs root (BPF maps); skipped with a note otherwise. A connection goes on the fast path
+    /// once established and assured, is counted from it, and leaves it when it closes, when its
+    /// entry goes, and when every verdict is wanted.
+    #[test]
+    fn established_flows_go_on_and_come_off_the_fast_path() {
+        let Ok(fast) = FlowOffload::new(4096) else {
+            eprintln!("SKIPPED: no BPF maps here");
+            return;
+        };
+        let fast = Arc::new(fast);
+        let ct = Conntrack::new(CtConfig::default(), 1);
+        let mut o = Offloads::new(fast.clone(), 0, 1);
+        let client = tuple([10, 0, 0, 1], 40000, [172, 30, 0, 10], 80);
+        let reply = tuple([10, 0, 0, 9], 5201, [10, 0, 0, 1], 40000);
+        let backend = tuple([10, 0, 0, 1], 40000, [10, 0, 0, 9], 5201);
+        let find = |t: &Tuple| {
+            let p = t.pack();
+            ct.lookup(&p, ct.hash(&p), 0).unwrap()
+        };
+        ct.create(&client, &reply, tcp::SYN, false, 1, 0, 0)
+            .unwrap();
+        let (v, f) = forwarded(&client, &backend, Reason::Established, tcp::ACK);
+        // Not yet answered: not established.
+        o.consider(&f, &v, 7, &ct, 0, true);
+        assert!(o.is_empty());
+        ct.on_packet(&find(&reply), tcp::SYN | tcp::ACK, 60, 0)
+            .unwrap();
+        ct.on_packet(&find(&client), tcp::ACK, 60, 0).unwrap();
+        // Unknown interface, a monitor of every verdict, a masqueraded one: not installed.
+        o.consider(&f, &v, 0, &ct, 0, true);
+        o.consider(&f, &v, 7, &ct, 0, false);
+        o.consider(&f, &Verdict { masq: true, ..v }, 7, &ct, 0, true);
+        assert!(o.is_empty());
+        o.consider(&f, &v, 7, &ct, 0, true);
+        assert_eq!(o.len(), 1);
+        // Counted from the slot: nothing moved yet.
+        let mut c = Counters::default();
+        let t0 = Instant::now();
+        assert_eq!(o.maintain(&ct, &mut c, t0, 10, true), 0);
+        assert_eq!((c.offloaded, c.offloaded_flows), (0, 1));
+        // A FIN takes it off at once.
+        let (fin, ff) = forwarded(&client, &backend, Reason::Established, tcp::FIN | tcp::ACK);
+        o.consider(&ff, &fin, 7, &ct, 10, true);
+        assert!(o.is_empty());
+        assert!(
+            !fast.remove(&flow_key(&v).unwrap()).unwrap(),
+            "removed from the map"
+        );
+        // Back on, then its entry goes: off at the next check.
+        o.consider(&f, &v, 7, &ct, 10, true);
+        assert_eq!(o.len(), 1);
+        ct.kill(find(&client).idx);
+        o.maintain(&ct, &mut c, t0 + CHECK_EVERY, 20, true);
+        assert!(o.is_empty());
+        assert_eq!(c.offloaded_flows, 0);
+        // The reply direction of another connection, then a monitor of every verdict.
+        let c2 = tuple([10, 0, 0, 2], 40001, [172, 30, 0, 10], 80);
+        let r2 = tuple([10, 0, 0, 9], 5201, [10, 0, 0, 2], 40001);
+        ct.create(&c2, &r2, tcp::SYN, false, 1, 0, 20).unwrap();
+        ct.on_packet(&find(&r2), tcp::SYN | tcp::ACK, 60, 20)
+            .unwrap();
+        ct.on_packet(&find(&c2), tcp::ACK, 60, 20).unwrap();
+        let back = tuple([172, 30, 0, 10], 80, [10, 0, 0, 2], 40001);
+        let (rv, rf) = forwarded(&r2, &back, Reason::ReplyUnnat, tcp::ACK);
+        o.consider(&rf, &rv, 8, &ct, 20, true);
+        assert_eq!(o.len(), 1);
+        o.maintain(&ct, &mut c, t0 + 2 * CHECK_EVERY, 30, false);
+        assert!(o.is_empty());
+    }
+}

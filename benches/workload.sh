@@ -13,6 +13,8 @@
 #   sudo benches/workload.sh --quick          # 1 round, 1 s per test: checks that it works
 #   ROUNDS=5 SECONDS_PER_TEST=10 MODES="kxdp iptables" sudo -E benches/workload.sh
 #   MODES="kxdp kxdp-tap iptables" sudo -E benches/workload.sh   # with the pods through the tap
+#   (kxdp-tap-no-offload: the tap without the in-kernel fast path for established flows)
+#   TESTS="remote wrk close,local iperf3 x1" sudo -E benches/workload.sh   # some tests only
 #   KXDP_BIN=/path/kxdp sudo -E benches/workload.sh   # another kxdp binary (no release build)
 #
 # Results: target/workload/results.jsonl (one JSON line per measurement),
@@ -45,6 +47,7 @@ else
   export KXDP_WORKLOAD_ROUNDS=${ROUNDS:-3} KXDP_WORKLOAD_SECONDS=${SECONDS_PER_TEST:-5}
 fi
 [ -z "${MODES:-}" ] || export KXDP_WORKLOAD_MODES=$MODES
+[ -z "${TESTS:-}" ] || export KXDP_WORKLOAD_TESTS=$TESTS
 mkdir -p "$out"
 
 echo "== workload benchmark ($(uptime | sed 's/.*load/load/'))"

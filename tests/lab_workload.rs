@@ -561,14 +561,17 @@ impl Drop for ModeGuard<'_> {
 fn set_up<'a>(lab: &'a Lab, mode: &str, objects: &str) -> ModeGuard<'a> {
     let nodes: Vec<&str> = lab.nodes.iter().map(|n| n.ns.as_str()).collect();
     match mode {
-        "kxdp" | "kxdp-tap" => ModeGuard::Kxdp(
+        "kxdp" | "kxdp-tap" | "kxdp-tap-no-offload" => ModeGuard::Kxdp(
             ["node-a", "node-b"]
                 .iter()
                 .map(|n| {
                     let mut config = lab.kxdp_config(n, false);
+                    // The pods' veths through kxdp's tap (docs/afxdp.md), with and without the
+                    // in-kernel fast path for established flows.
                     if mode == "kxdp-tap" {
-                        // The pods' veths through kxdp's tap (docs/afxdp.md).
                         config += "podInterception: {mode: tap}\n";
+                    } else if mode == "kxdp-tap-no-offload" {
+                        config += "podInterception: {mode: tap, offload: false}\n";
                     }
                     lab.start_kxdp(n, &config, objects)
                 })
@@ -591,7 +594,7 @@ fn set_up<'a>(lab: &'a Lab, mode: &str, objects: &str) -> ModeGuard<'a> {
             ModeGuard::Nftables(nodes)
         }
         other => panic!(
-            "KXDP_WORKLOAD_MODES: unknown mode {other:?} (kxdp, kxdp-tap, iptables, nftables)"
+            "KXDP_WORKLOAD_MODES: unknown mode {other:?} (kxdp, kxdp-tap, kxdp-tap-no-offload, iptables, nftables)"
         ),
     }
 }
@@ -813,6 +816,15 @@ fn out_dir() -> PathBuf {
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target/workload"))
 }
 
+/// Whether `KXDP_WORKLOAD_TESTS` (comma-separated `case test`, e.g. `remote wrk close`) asks
+/// for `t`; all tests without it.
+fn wanted(t: &Test) -> bool {
+    std::env::var("KXDP_WORKLOAD_TESTS").map_or(true, |list| {
+        list.split(',')
+            .any(|w| w.trim() == format!("{} {}", t.case, t.name))
+    })
+}
+
 #[test]
 #[ignore = "benchmark: run by benches/workload.sh (root, Debian's iperf3, wrk, nginx-light, sockperf, dnsperf, dnsmasq)"]
 fn workload() {
@@ -830,8 +842,8 @@ fn workload() {
         .collect();
     for m in &modes {
         assert!(
-            ["kxdp", "kxdp-tap", "iptables", "nftables"].contains(&m.as_str()),
-            "KXDP_WORKLOAD_MODES: unknown mode {m:?} (kxdp, kxdp-tap, iptables, nftables)"
+            ["kxdp", "kxdp-tap", "kxdp-tap-no-offload", "iptables", "nftables"].contains(&m.as_str()),
+            "KXDP_WORKLOAD_MODES: unknown mode {m:?} (kxdp, kxdp-tap, kxdp-tap-no-offload, iptables, nftables)"
         );
     }
     for tool in [
@@ -869,7 +881,7 @@ fn workload() {
             let guard = set_up(&lab, mode, &objects);
             // Neighbours resolved through this mode's path before anything is measured.
             lab.warm_neighbours();
-            for t in TESTS {
+            for t in TESTS.iter().filter(|t| wanted(t)) {
                 let vip = if t.case == "remote" {
                     REMOTE_VIP
                 } else {

@@ -377,6 +377,24 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_fast_path_is_short() {
+        let mut a = Asm::default();
+        emit(
+            &mut a,
+            OffloadMaps {
+                flows: 3,
+                counters: 4,
+            },
+            "miss",
+        );
+        a.label("miss");
+        let n = a.finish().len();
+        eprintln!("fast path: {n} instructions");
+        // A hit runs at most all of them once; a miss at most the parse and one lookup.
+        assert!(n <= 128, "{n}");
+    }
+
+    #[test]
     fn keys_and_values_are_laid_out_as_the_program_reads_them() {
         let k = FlowKey {
             src: [10, 0, 0, 1],

@@ -71,12 +71,10 @@ fn tap_mode_end_to_end() {
     lab.warm_neighbours();
     let node = lab.node("node-a").ns.clone();
     let (client, other, web) = (lab.pod("client-a"), lab.pod("other-a"), lab.pod("web-a1"));
-    for server in [&web.ns, &lab.pod("remote-b1").ns] {
-        lab::sh(
-            server,
-            &format!("iperf3 -s -D -p {IPERF_PORT} --logfile /dev/null"),
-        );
-    }
+    lab::sh(
+        &web.ns,
+        &format!("iperf3 -s -D -p {IPERF_PORT} --logfile /dev/null"),
+    );
     // The web pods admit clients only: other-a's connections are dropped by kxdp.
     let objects = lab.service("web", 10, "web", None, false)
         + &lab
@@ -90,16 +88,6 @@ fn tap_mode_end_to_end() {
                 &format!("{{name: tcp, port: {IPERF_PORT},"),
             )
         + &lab.service("remote", 11, "remote", None, false)
-        + &lab
-            .service("iperf-remote", 15, "remote", None, false)
-            .replace(
-                &format!("targetPort: {TCP_PORT}"),
-                &format!("targetPort: {IPERF_PORT}"),
-            )
-            .replace(
-                &format!("{{name: tcp, port: {TCP_PORT},"),
-                &format!("{{name: tcp, port: {IPERF_PORT},"),
-            )
         + &lab.service("empty", 13, "nobody", None, false)
         + &lab.service("np", 14, "np", Some(30081), false)
         + "apiVersion: networking.k8s.io/v1
@@ -231,33 +219,6 @@ spec:
     assert!(t0.elapsed() < Duration::from_secs(1));
     assert!(metric(&node, "kxdp_verdicts_total{reason=\"no-endpoints\"}") >= 1);
 
-    // Bulk TCP from an endpoint on node-b (iperf3 -R: the server sends): once established, its
-    // data comes in on the uplink and the XDP program passes it to the kernel, whose GRO merges
-    // it and the uplink's tc program un-NATs it (the fast path from the uplink).
-    let before = metric(&node, "kxdp_offloaded_packets_total");
-    let errors = csum_errors(&client.ns);
-    let out = lab::sh(
-        &client.ns,
-        "timeout 30 iperf3 -c 172.30.0.15 -p 80 -t 2 -R -J || true",
-    );
-    let j: serde_json::Value =
-        serde_json::from_str(&out).unwrap_or_else(|e| panic!("iperf3 -R: {e}: {out}\n{}", k.log()));
-    assert!(
-        j.get("error").is_none(),
-        "iperf3 -R: {}\n{}",
-        j["error"],
-        k.log()
-    );
-    let bytes = j["end"]["sum_received"]["bytes"].as_f64().unwrap();
-    let moved = metric(&node, "kxdp_offloaded_packets_total") - before;
-    eprintln!("iperf3 -R from node-b: {bytes} bytes, {moved} packets offloaded");
-    assert!(bytes > 1e6, "{out}");
-    assert_eq!(csum_errors(&client.ns), errors, "TcpInCsumErrors rose");
-    assert!(
-        moved as f64 * 1448.0 >= bytes * 0.5,
-        "{moved} offloaded for {bytes} bytes"
-    );
-
     // An endpoint on node-b: the request leaves node-a through the kernel (from the tap), the
     // replies come back on the uplink (AF_XDP) and reach the pod through the kernel port.
     let remote = lab.pod("remote-b1").ip4;
@@ -328,5 +289,4 @@ spec:
     let a = tcp(&client.ns, sa(web.ip4, TCP_PORT), T, 0).expect("pod to pod via the kernel");
     assert_eq!(a.peer, IpAddr::from(client.ip4));
     lab::sh(&web.ns, "pkill -x iperf3 || true");
-    lab::sh(&lab.pod("remote-b1").ns, "pkill -x iperf3 || true");
 }

@@ -37,8 +37,7 @@ const SYN_FIN_RST: u8 = 0x07;
 /// One offloaded flow, as its worker keeps it.
 #[derive(Clone, Copy, Debug)]
 struct Offloaded {
-    /// What the kernel applies (its counter slot included).
-    rewrite: FlowRewrite,
+    slot: u32,
     /// The counts of its slot when last read.
     seen: (u64, u64),
     /// The flow's tuple as it arrives (conntrack's key for this direction).
@@ -52,9 +51,6 @@ pub struct Offloads {
     fast: Arc<FlowOffload>,
     free: Vec<u32>,
     flows: hashbrown::HashMap<FlowKey, Offloaded, ahash::RandomState>,
-    /// Flows from an XDP interface taken off the fast path: the XDP program no longer passes
-    /// them, their entries go at the next check (what it passed before meets its translation).
-    draining: Vec<(FlowKey, Offloaded)>,
     next_check: Instant,
     /// Installs or removals the kernel refused (map full, no memory).
     pub errors: u64,
@@ -74,7 +70,6 @@ impl Offloads {
             ),
             free,
             fast,
-            draining: Vec::new(),
             next_check: Instant::now(),
             errors: 0,
         }
@@ -89,17 +84,14 @@ impl Offloads {
         self.flows.is_empty()
     }
 
-    /// After the pipeline (and the egress stage or the write into the tap): puts the flow of
-    /// `frame` (verdict `v`, arrived on `ingress`; `via_xdp`: an XDP interface, the uplink) on
-    /// the fast path if it qualifies (`allowed`: no monitor wants every verdict), or takes it
-    /// off when the frame opens or closes its connection.
-    #[allow(clippy::too_many_arguments)]
+    /// After the pipeline and the write into the tap: puts the flow of `frame` (verdict `v`,
+    /// arrived on `ingress`) on the fast path if it qualifies (`allowed`: no monitor wants every
+    /// verdict), or takes it off when the frame opens or closes its connection.
     pub fn consider(
         &mut self,
         frame: &[u8],
         v: &Verdict,
         ingress: u32,
-        via_xdp: bool,
         ct: &Conntrack,
         now_ms: u64,
         allowed: bool,
@@ -149,7 +141,6 @@ impl Offloads {
             dport: v.dport,
             slot,
             ingress,
-            pass: via_xdp,
         };
         if self.fast.install(&key, &rewrite).is_err() {
             self.errors += 1;
@@ -160,7 +151,7 @@ impl Offloads {
         self.flows.insert(
             key,
             Offloaded {
-                rewrite,
+                slot,
                 seen,
                 tuple,
                 reason: v.reason,
@@ -183,20 +174,21 @@ impl Offloads {
             return 0;
         }
         self.next_check = now + CHECK_EVERY;
+        let fast = &self.fast;
         let mut moved = 0;
-        // Drained since the last check: their entries go now, their last packets are counted.
-        for (key, mut o) in std::mem::take(&mut self.draining) {
-            let (packets, bytes) = o.moved(&self.fast);
-            moved += count(counters, o.reason, packets, bytes);
-            if !self.flows.contains_key(&key) && self.fast.remove(&key).is_err() {
-                self.errors += 1;
-            }
-            self.free.push(o.rewrite.slot);
-        }
         let mut gone = Vec::new();
         for (key, o) in self.flows.iter_mut() {
-            let (packets, bytes) = o.moved(&self.fast);
-            moved += count(counters, o.reason, packets, bytes);
+            let counts = fast.counts(o.slot);
+            let (packets, bytes) = (counts.0 - o.seen.0, counts.1 - o.seen.1);
+            o.seen = counts;
+            if packets > 0 {
+                counters.packets += packets;
+                counters.bytes += bytes;
+                counters.reasons[o.reason as usize] += packets;
+                counters.actions[Action::Forward as usize] += packets;
+                counters.offloaded += packets;
+                moved += packets;
+            }
             if !(allowed && ct.offloadable(&o.tuple, packets, bytes, now_ms)) {
                 gone.push(*key);
             }
@@ -210,46 +202,13 @@ impl Offloads {
         moved
     }
 
-    /// Takes a flow off the fast path and frees its slot; one from an XDP interface in two
-    /// steps (the XDP program stops passing it now, its entry goes at the next check).
+    /// Takes a flow off the fast path and frees its slot.
     fn release(&mut self, key: &FlowKey, o: Offloaded) {
-        if o.rewrite.pass {
-            let off = FlowRewrite {
-                pass: false,
-                ..o.rewrite
-            };
-            if self.fast.install(key, &off).is_err() {
-                self.errors += 1;
-            }
-            self.draining.push((*key, o));
-            return;
-        }
         if self.fast.remove(key).is_err() {
             self.errors += 1;
         }
-        self.free.push(o.rewrite.slot);
+        self.free.push(o.slot);
     }
-}
-
-impl Offloaded {
-    /// The packets and bytes the fast path moved for this flow since the last call.
-    fn moved(&mut self, fast: &FlowOffload) -> (u64, u64) {
-        let now = fast.counts(self.rewrite.slot);
-        let moved = (now.0 - self.seen.0, now.1 - self.seen.1);
-        self.seen = now;
-        moved
-    }
-}
-
-/// Counts `packets` (`bytes` in all) the fast path forwarded as the pipeline would have, by
-/// `reason`; returns `packets`.
-fn count(counters: &mut Counters, reason: Reason, packets: u64, bytes: u64) -> u64 {
-    counters.packets += packets;
-    counters.bytes += bytes;
-    counters.reasons[reason as usize] += packets;
-    counters.actions[Action::Forward as usize] += packets;
-    counters.offloaded += packets;
-    packets
 }
 
 /// The fast path's key for the flow of `v` as it arrived (IPv4 TCP and UDP only).
@@ -330,17 +289,17 @@ mod tests {
             .unwrap();
         let (v, f) = forwarded(&client, &backend, Reason::Established, tcp::ACK);
         // Not yet answered: not established.
-        o.consider(&f, &v, 7, false, &ct, 0, true);
+        o.consider(&f, &v, 7, &ct, 0, true);
         assert!(o.is_empty());
         ct.on_packet(&find(&reply), tcp::SYN | tcp::ACK, 60, 0)
             .unwrap();
         ct.on_packet(&find(&client), tcp::ACK, 60, 0).unwrap();
         // Unknown interface, a monitor of every verdict, a masqueraded one: not installed.
-        o.consider(&f, &v, 0, false, &ct, 0, true);
-        o.consider(&f, &v, 7, false, &ct, 0, false);
-        o.consider(&f, &Verdict { masq: true, ..v }, 7, false, &ct, 0, true);
+        o.consider(&f, &v, 0, &ct, 0, true);
+        o.consider(&f, &v, 7, &ct, 0, false);
+        o.consider(&f, &Verdict { masq: true, ..v }, 7, &ct, 0, true);
         assert!(o.is_empty());
-        o.consider(&f, &v, 7, false, &ct, 0, true);
+        o.consider(&f, &v, 7, &ct, 0, true);
         assert_eq!(o.len(), 1);
         // Counted from the slot: nothing moved yet.
         let mut c = Counters::default();
@@ -349,14 +308,14 @@ mod tests {
         assert_eq!((c.offloaded, c.offloaded_flows), (0, 1));
         // A FIN takes it off at once.
         let (fin, ff) = forwarded(&client, &backend, Reason::Established, tcp::FIN | tcp::ACK);
-        o.consider(&ff, &fin, 7, false, &ct, 10, true);
+        o.consider(&ff, &fin, 7, &ct, 10, true);
         assert!(o.is_empty());
         assert!(
             !fast.remove(&flow_key(&v).unwrap()).unwrap(),
             "removed from the map"
         );
         // Back on, then its entry goes: off at the next check.
-        o.consider(&f, &v, 7, false, &ct, 10, true);
+        o.consider(&f, &v, 7, &ct, 10, true);
         assert_eq!(o.len(), 1);
         ct.kill(find(&client).idx);
         o.maintain(&ct, &mut c, t0 + CHECK_EVERY, 20, true);
@@ -371,27 +330,9 @@ mod tests {
         ct.on_packet(&find(&c2), tcp::ACK, 60, 20).unwrap();
         let back = tuple([172, 30, 0, 10], 80, [10, 0, 0, 2], 40001);
         let (rv, rf) = forwarded(&r2, &back, Reason::ReplyUnnat, tcp::ACK);
-        o.consider(&rf, &rv, 8, true, &ct, 20, true);
+        o.consider(&rf, &rv, 8, &ct, 20, true);
         assert_eq!(o.len(), 1);
         o.maintain(&ct, &mut c, t0 + 2 * CHECK_EVERY, 30, false);
         assert!(o.is_empty());
-        // From an XDP interface: its entry stays (not passed) until the next check.
-        let key = flow_key(&rv).unwrap();
-        assert!(fast.remove(&key).unwrap(), "draining");
-        fast.install(
-            &key,
-            &FlowRewrite {
-                src: [0; 4],
-                dst: [0; 4],
-                sport: 0,
-                dport: 0,
-                slot: 0,
-                ingress: 8,
-                pass: false,
-            },
-        )
-        .unwrap();
-        o.maintain(&ct, &mut c, t0 + 3 * CHECK_EVERY, 40, true);
-        assert!(!fast.remove(&key).unwrap(), "gone at the next check");
     }
 }

@@ -719,9 +719,6 @@ impl Worker {
                 (st.io.checksums_completed).fetch_add(done, Ordering::Relaxed);
             }
         }
-        if !from_kernel {
-            self.offload_received(shared, st, p, n, now);
-        }
         let mut q = TxQueues {
             out: &mut st.out,
             out_idx: &mut st.out_idx,
@@ -812,8 +809,14 @@ impl Worker {
                 .as_ref()
                 .is_some_and(|s| s.wants_all_verdicts());
             for (i, v) in st.verdicts[..n].iter().enumerate() {
-                let (frame, ingress) = (tap.frames.get(i), tap.ingress[i]);
-                o.consider(frame, v, ingress, false, &shared.ct, now, allowed);
+                o.consider(
+                    tap.frames.get(i),
+                    v,
+                    tap.ingress[i],
+                    &shared.ct,
+                    now,
+                    allowed,
+                );
             }
         }
         // The frames dropped for their source, after the batch's (counted and shown with it).
@@ -961,25 +964,6 @@ impl Worker {
                 self.publish_sockets(stats);
                 st.socket_stats_due = now + SOCKET_STATS_PERIOD;
             }
-        }
-    }
-
-    /// Established flows from the uplink onto the kernel's fast path (`crate::offload`; tap
-    /// mode): the XDP program passes their later packets to the kernel, which merges them (GRO)
-    /// and translates them in the uplink's tc program.
-    fn offload_received(&mut self, shared: &Shared, st: &RunState, p: usize, n: usize, now: u64) {
-        let Some(o) = self.tap.as_mut().and_then(|t| t.offloads.as_mut()) else {
-            return;
-        };
-        let allowed = !shared
-            .stats
-            .as_ref()
-            .is_some_and(|s| s.wants_all_verdicts());
-        let ingress = self.ports[p].ifindex;
-        for (d, v) in st.descs[..n].iter().zip(&st.verdicts[..n]) {
-            let f = self.umem.frame(d.addr);
-            let frame = &f[..(d.len as usize).min(f.len())];
-            o.consider(frame, v, ingress, true, &shared.ct, now, allowed);
         }
     }
 

@@ -37,9 +37,8 @@ pub const OFFLOAD_SLOTS: u32 = 65536;
 /// protocol, three zero bytes).
 pub const KEY_LEN: usize = 16;
 /// The hash map's value: source and destination address, source and destination port (network
-/// order), the counter slot, the interface the flow arrives on, and whether the XDP program may
-/// pass it to the kernel (host order).
-pub const VALUE_LEN: usize = 24;
+/// order), the counter slot and the interface the flow arrives on (host order).
+pub const VALUE_LEN: usize = 20;
 /// A counter slot: packets (segments), bytes.
 const COUNTER_LEN: u32 = 16;
 
@@ -77,11 +76,6 @@ pub struct FlowRewrite {
     /// The only interface whose packets of the flow take the fast path: one with the same
     /// tuple elsewhere (a spoof) goes to the tap and its source check.
     pub ingress: u32,
-    /// For a flow arriving on an XDP interface (the uplink): whether the XDP program passes
-    /// its packets to the kernel (where the uplink's tc program applies the translation after
-    /// GRO). Off first, entry gone one check later: no packet the XDP program passed meets a
-    /// missing translation ([`xdp_check`]).
-    pub pass: bool,
 }
 
 impl FlowRewrite {
@@ -93,7 +87,6 @@ impl FlowRewrite {
         v[10..12].copy_from_slice(&self.dport.to_be_bytes());
         v[12..16].copy_from_slice(&self.slot.to_ne_bytes());
         v[16..20].copy_from_slice(&self.ingress.to_ne_bytes());
-        v[20..24].copy_from_slice(&(self.pass as u32).to_ne_bytes());
         v
     }
 }
@@ -379,68 +372,6 @@ pub(crate) fn emit(a: &mut Asm, maps: OffloadMaps, miss: &'static str) {
     a.ja(miss);
 }
 
-/// `struct xdp_md` fields the XDP check reads.
-const XDP_DATA: i16 = 0;
-const XDP_DATA_END: i16 = 4;
-const XDP_INGRESS_IFINDEX: i16 = 12;
-/// The XDP check's key, below the stack slots the XDP program uses.
-const XDP_KEY: i16 = -72;
-
-/// Emits the XDP program's check of an IPv4 packet not addressed to the node (context in r6):
-/// a flow on the fast path that arrives on its own interface with `pass` set goes to `pass`
-/// (the kernel: GRO, then the uplink's tc program rewrites it), anything else to `miss` (the
-/// workers). The same conditions as the tc program's, so that what is passed is rewritten.
-pub(crate) fn xdp_check(a: &mut Asm, flows: i32, miss: &'static str, pass: &'static str) {
-    a.ldx(W, R2, R6, XDP_DATA);
-    a.ldx(W, R3, R6, XDP_DATA_END);
-    a.mov_x(R4, R2);
-    a.alu_k(ADD, R4, HEADERS);
-    a.jmp_x(JGT, R4, R3, miss);
-    a.ldx(B, R4, R2, IP_VER_IHL);
-    a.jmp_k(JNE, R4, 0x45, miss);
-    a.ldx(H, R4, R2, IP_FRAG);
-    a.alu_k(AND, R4, 0xff3f);
-    a.jmp_k(JNE, R4, 0, miss);
-    a.ldx(B, R4, R2, IP_TTL);
-    a.jmp_k(JLE, R4, 1, miss);
-    a.ldx(B, R5, R2, IP_PROTO);
-    a.jmp_k(JEQ, R5, 17, "xdp_flow_key");
-    a.jmp_k(JNE, R5, 6, miss);
-    a.ldx(B, R4, R2, TCP_FLAGS);
-    a.alu_k(AND, R4, 0x07);
-    a.jmp_k(JNE, R4, 0, miss);
-    a.label("xdp_flow_key");
-    a.ldx(W, R4, R2, IP_SRC);
-    a.stx(W, R10, XDP_KEY, R4);
-    a.ldx(W, R4, R2, IP_DST);
-    a.stx(W, R10, XDP_KEY + 4, R4);
-    a.ldx(W, R4, R2, L4);
-    a.stx(W, R10, XDP_KEY + 8, R4);
-    a.stx(W, R10, XDP_KEY + 12, R5);
-    a.ld_map(R1, flows);
-    a.mov_x(R2, R10);
-    a.alu_k(ADD, R2, XDP_KEY as i32);
-    a.call(HELPER_MAP_LOOKUP_ELEM);
-    a.jmp_k(JEQ, R0, 0, miss);
-    a.ldx(W, R4, R0, 16);
-    a.ldx(W, R5, R6, XDP_INGRESS_IFINDEX);
-    a.jmp_x(JNE, R4, R5, miss);
-    a.ldx(W, R4, R0, 20);
-    a.jmp_k(JEQ, R4, 0, miss);
-    a.ja(pass);
-}
-
-/// The uplink's tc program: the fast path, and everything else on to the kernel as it is (the
-/// XDP program passed it: the node's own traffic, or a flow the fast path rewrites here).
-pub(crate) fn uplink_program(maps: OffloadMaps) -> Vec<crate::xdp::Insn> {
-    let mut a = Asm::default();
-    emit(&mut a, maps, "uplink_other");
-    a.label("uplink_other");
-    a.mov_k(R0, TC_ACT_OK);
-    a.exit();
-    a.finish()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -483,7 +414,6 @@ mod tests {
             dport: 5201,
             slot: 7,
             ingress: 9,
-            pass: true,
         };
         assert_eq!(
             &v.bytes()[..12],
@@ -491,6 +421,5 @@ mod tests {
         );
         assert_eq!(u32::from_ne_bytes(v.bytes()[12..16].try_into().unwrap()), 7);
         assert_eq!(u32::from_ne_bytes(v.bytes()[16..20].try_into().unwrap()), 9);
-        assert_eq!(u32::from_ne_bytes(v.bytes()[20..24].try_into().unwrap()), 1);
     }
 }

@@ -199,55 +199,6 @@ fn tagged_filter(
     Ok((m, prog))
 }
 
-/// The name of the uplink's fast-path filter.
-const UPLINK_NAME: &str = "kxdp-fast-path";
-
-/// Puts the in-kernel fast path on the ingress of `ifindex` (an XDP interface whose program
-/// passes offloaded flows to the kernel: `crate::offload`), at `pref` for IPv4, adding the
-/// clsact qdisc when missing; attaching again replaces kxdp's filter in place.
-pub fn fast_path_ingress(ifindex: u32, pref: u16, maps: OffloadMaps) -> io::Result<()> {
-    const BPF_PROG_TYPE_SCHED_CLS: u32 = 3;
-    match acked(
-        RouteNetlinkMessage::NewQueueDiscipline(clsact(ifindex)),
-        NLM_F_CREATE | NLM_F_EXCL,
-    ) {
-        Err(e) if e.raw_os_error() == Some(EEXIST) => {}
-        r => r.map_err(|e| context(e, "adding the clsact qdisc", ifindex))?,
-    }
-    let (handle, flags) = match existing(ifindex, pref, ETH_P_IP)
-        .map_err(|e| context(e, "listing the ingress filters", ifindex))?
-    {
-        Some((h, k, _)) if k == TcFilterBpf::KIND => (h, NLM_F_REPLACE),
-        Some(_) => {
-            remove_filter(ifindex, pref, ETH_P_IP)?;
-            (TcHandle::UNSPEC, NLM_F_CREATE | NLM_F_EXCL)
-        }
-        None => (TcHandle::UNSPEC, NLM_F_CREATE | NLM_F_EXCL),
-    };
-    let prog = crate::xdp::load_program(
-        BPF_PROG_TYPE_SCHED_CLS,
-        0,
-        &crate::offload::uplink_program(maps),
-        "the uplink's fast path",
-    )
-    .map_err(|e| context(e, "loading the fast path", ifindex))?;
-    let mut m = filter(ifindex, pref, ETH_P_IP, handle);
-    m.attributes
-        .push(TcAttribute::Kind(TcFilterBpf::KIND.into()));
-    m.attributes.push(TcAttribute::Options(vec![
-        TcOption::Bpf(TcFilterBpfOption::ProgFd(prog.as_raw_fd() as u32)),
-        TcOption::Bpf(TcFilterBpfOption::ProgName(UPLINK_NAME.into())),
-        TcOption::Bpf(TcFilterBpfOption::Flags(TcBpfFlags::DirectAction)),
-    ]));
-    acked(RouteNetlinkMessage::NewTrafficFilter(m), flags)
-        .map_err(|e| context(e, "adding the fast path filter", ifindex))
-}
-
-/// Removes what [`fast_path_ingress`] added at `pref` (a missing filter is not an error).
-pub fn remove_fast_path(ifindex: u32, pref: u16) -> io::Result<()> {
-    remove_filter(ifindex, pref, ETH_P_IP)
-}
-
 /// The filter's kind and, for a tagged redirect, its tag (from its name).
 fn kind_and_tag(m: &TcMessage) -> (String, Option<u16>) {
     let kind = m.attributes.iter().find_map(|a| match a {
@@ -758,7 +709,6 @@ mod tests {
                 dport: 5201,
                 slot: 3,
                 ingress: b,
-                pass: false,
             };
             fast.install(&key, &rewrite).unwrap();
             let capture = capture_on(d);

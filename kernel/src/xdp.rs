@@ -406,8 +406,6 @@ pub struct ProgramMaps {
     pub masq4: i32,
     pub masq6: i32,
     pub hold: i32,
-    /// The in-kernel fast path's flows (`crate::offload`): passed to the kernel when present.
-    pub flows: Option<i32>,
 }
 
 /// The L4 header offsets the program reads ports at (IPv4 IHL 5..=15; IPv6's 54 is IHL 10's),
@@ -468,13 +466,7 @@ pub fn program(maps: ProgramMaps) -> Vec<Insn> {
     a.mov_x(R2, R10);
     a.alu_k(ADD, R2, -4);
     a.call(HELPER_MAP_LOOKUP_ELEM);
-    if let Some(flows) = maps.flows {
-        a.jmp_k(JNE, R0, 0, "v4_node");
-        crate::offload::xdp_check(&mut a, flows, "redirect", "pass");
-        a.label("v4_node");
-    } else {
-        a.jmp_k(JEQ, R0, 0, "redirect");
-    }
+    a.jmp_k(JEQ, R0, 0, "redirect");
     a.mov_k(R7, 4);
     a.ja("node");
 
@@ -755,16 +747,6 @@ impl XdpProgram {
 
     /// Loads a program that uses `maps` (shared with other interfaces' programs).
     pub fn load_with(queues: u32, maps: std::sync::Arc<SharedMaps>) -> io::Result<XdpProgram> {
-        XdpProgram::load_with_flows(queues, maps, None)
-    }
-
-    /// `load_with`, passing to the kernel the flows on the in-kernel fast path (`flows`: its
-    /// map's descriptor, `crate::offload`).
-    pub fn load_with_flows(
-        queues: u32,
-        maps: std::sync::Arc<SharedMaps>,
-        flows: Option<i32>,
-    ) -> io::Result<XdpProgram> {
         let xsks = Map::create(BPF_MAP_TYPE_XSKMAP, 4, 4, queues.max(1))?;
         let insns = program(ProgramMaps {
             xsks: xsks.fd(),
@@ -774,7 +756,6 @@ impl XdpProgram {
             masq4: maps.masq4.fd(),
             masq6: maps.masq6.fd(),
             hold: maps.hold.fd(),
-            flows,
         });
         let prog = load_program(BPF_PROG_TYPE_XDP, BPF_XDP, &insns, "the XDP program")?;
         Ok(XdpProgram {
@@ -1036,7 +1017,6 @@ mod tests {
             masq4: 7,
             masq6: 8,
             hold: 9,
-            flows: None,
         });
         eprintln!("XDP program: {} instructions", insns.len());
         // About 30 of them are the constant additions of the L4 offsets (`L4_OFFSETS`).

@@ -535,10 +535,6 @@ impl Links {
     /// goes back to the kernel).
     fn remove_redirects(&mut self) {
         for a in self.attached.values() {
-            let offload = self.tap.as_ref().is_some_and(|t| t.offload.is_some());
-            if a.report.interception == Interception::Xdp && offload {
-                let _ = kxdp_kernel::tc::remove_fast_path(a.report.ifindex, crate::tap::TC_PREF);
-            }
             if a.report.interception == Interception::Tap {
                 if let Err(e) =
                     kxdp_kernel::tc::remove_redirect(a.report.ifindex, crate::tap::TC_PREF)
@@ -564,9 +560,7 @@ impl Links {
         let driver = driver_of(name).unwrap_or_default();
         // Virtual interfaces hand over TCP/UDP with partial checksums (docs/afxdp.md).
         let complete = matches!(driver.as_str(), "veth" | "tun" | "");
-        let fast = self.tap.as_ref().and_then(|t| t.offload.clone());
-        let flows = fast.as_ref().map(|f| f.maps().flows);
-        let prog = XdpProgram::load_with_flows(queues, self.maps.clone(), flows)?;
+        let prog = XdpProgram::load_with(queues, self.maps.clone())?;
         let n = self.workers.len();
         let mut zero_copy = false;
         let mut result = Ok(());
@@ -609,14 +603,6 @@ impl Links {
                 return Err(e);
             }
         };
-        if let Some(f) = fast {
-            // After the XDP program: a packet it passes as offloaded always meets this one.
-            if let Err(e) =
-                kxdp_kernel::tc::fast_path_ingress(ifindex, crate::tap::TC_PREF, f.maps())
-            {
-                tracing::warn!("kxdp: {name}: the uplink's fast path: {e}");
-            }
-        }
         Ok(AttachedLink {
             report: InterfaceReport {
                 name: name.to_string(),

@@ -56,13 +56,18 @@ pub struct FlowKey {
 impl FlowKey {
     pub fn bytes(&self) -> [u8; KEY_LEN] {
         let mut k = [0u8; KEY_LEN];
-        k[..4].copy_from_slice(&self.src);
-        k[4..8].copy_from_slice(&self.dst);
-        k[8..10].copy_from_slice(&self.sport.to_be_bytes());
-        k[10..12].copy_from_slice(&self.dport.to_be_bytes());
+        put_addrs(&mut k, self.src, self.dst, self.sport, self.dport);
         k[12] = self.proto;
         k
     }
+}
+
+/// Addresses and ports as key and value both start: 12 bytes in network order.
+fn put_addrs(b: &mut [u8], src: [u8; 4], dst: [u8; 4], sport: u16, dport: u16) {
+    b[..4].copy_from_slice(&src);
+    b[4..8].copy_from_slice(&dst);
+    b[8..10].copy_from_slice(&sport.to_be_bytes());
+    b[10..12].copy_from_slice(&dport.to_be_bytes());
 }
 
 /// What the fast path makes of a flow's packets, and where it counts them.
@@ -81,10 +86,7 @@ pub struct FlowRewrite {
 impl FlowRewrite {
     fn bytes(&self) -> [u8; VALUE_LEN] {
         let mut v = [0u8; VALUE_LEN];
-        v[..4].copy_from_slice(&self.src);
-        v[4..8].copy_from_slice(&self.dst);
-        v[8..10].copy_from_slice(&self.sport.to_be_bytes());
-        v[10..12].copy_from_slice(&self.dport.to_be_bytes());
+        put_addrs(&mut v, self.src, self.dst, self.sport, self.dport);
         v[12..16].copy_from_slice(&self.slot.to_ne_bytes());
         v[16..20].copy_from_slice(&self.ingress.to_ne_bytes());
         v

@@ -477,6 +477,25 @@ mod tests {
         });
     }
 
+    /// kxdp's test tap `kxtap1` (one queue, up) and the indexes of the veths `kxva` and `kxvb`
+    /// and of the tap; None, with a note, where there are none.
+    fn tap_and_veths() -> Option<(Vec<crate::tap::TapQueue>, u32, u32, u32)> {
+        let Ok(qs) = crate::tap::TapQueue::open("kxtap1", 1, 0) else {
+            eprintln!("SKIPPED: no tap here");
+            return None;
+        };
+        qs[0].set_up().unwrap();
+        let (Ok(a), Ok(b), Ok(tap)) = (
+            crate::ifindex("kxva"),
+            crate::ifindex("kxvb"),
+            crate::ifindex("kxtap1"),
+        ) else {
+            eprintln!("SKIPPED: no veth here");
+            return None;
+        };
+        Some((qs, a, b, tap))
+    }
+
     /// Sends `frame` out of `ifindex` through a packet socket (it arrives on the veth's peer).
     fn send_raw(ifindex: u32, frame: &[u8]) {
         // SAFETY: a plain socket(2) call; the descriptor is owned right away.
@@ -514,17 +533,7 @@ mod tests {
                 "sysctl -qw net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1",
             );
             let _ = run("ip link add kxva type veth peer name kxvb && ip link set kxva up && ip link set kxvb up");
-            let Ok(qs) = crate::tap::TapQueue::open("kxtap1", 1, 0) else {
-                eprintln!("SKIPPED: no tap here");
-                return;
-            };
-            qs[0].set_up().unwrap();
-            let (Ok(a), Ok(b), Ok(tap)) = (
-                crate::ifindex("kxva"),
-                crate::ifindex("kxvb"),
-                crate::ifindex("kxtap1"),
-            ) else {
-                eprintln!("SKIPPED: no veth here");
+            let Some((qs, a, b, tap)) = tap_and_veths() else {
                 return;
             };
             // An IPv4 UDP frame (what is in it does not matter to the redirect).
@@ -678,18 +687,7 @@ mod tests {
                  && ip addr add 10.9.0.1/24 dev kxvc \
                  && ip neigh replace 10.9.0.2 lladdr 02:00:00:00:00:0d dev kxvc nud permanent",
             );
-            let Ok(qs) = crate::tap::TapQueue::open("kxtap1", 1, 0) else {
-                eprintln!("SKIPPED: no tap here");
-                return;
-            };
-            qs[0].set_up().unwrap();
-            let (Ok(a), Ok(b), Ok(d), Ok(tap)) = (
-                crate::ifindex("kxva"),
-                crate::ifindex("kxvb"),
-                crate::ifindex("kxvd"),
-                crate::ifindex("kxtap1"),
-            ) else {
-                eprintln!("SKIPPED: no veth here");
+            let (Some((qs, a, b, tap)), Ok(d)) = (tap_and_veths(), crate::ifindex("kxvd")) else {
                 return;
             };
             let mac = [0x02, 0, 0, 0, 0, 0x0b];

@@ -52,8 +52,6 @@ pub struct Offloads {
     free: Vec<u32>,
     flows: hashbrown::HashMap<FlowKey, Offloaded, ahash::RandomState>,
     next_check: Instant,
-    /// Installs or removals the kernel refused (map full, no memory).
-    pub errors: u64,
 }
 
 impl Offloads {
@@ -71,7 +69,6 @@ impl Offloads {
             free,
             fast,
             next_check: Instant::now(),
-            errors: 0,
         }
     }
 
@@ -82,6 +79,11 @@ impl Offloads {
 
     pub fn is_empty(&self) -> bool {
         self.flows.is_empty()
+    }
+
+    /// Whether [`Offloads::maintain`] has work: a check is due at `now`.
+    pub fn due(&self, now: Instant) -> bool {
+        now >= self.next_check
     }
 
     /// After the pipeline and the write into the tap: puts the flow of `frame` (verdict `v`,
@@ -104,9 +106,7 @@ impl Offloads {
             _ => 0,
         };
         if flags & SYN_FIN_RST != 0 {
-            if let Some(o) = self.flows.remove(&key) {
-                self.release(&key, o);
-            }
+            self.take_off(&key);
             return;
         }
         let established = matches!(v.reason, Reason::Established | Reason::ReplyUnnat);
@@ -142,8 +142,8 @@ impl Offloads {
             slot,
             ingress,
         };
+        // Refused (no memory): the flow stays on the tap.
         if self.fast.install(&key, &rewrite).is_err() {
-            self.errors += 1;
             self.free.push(slot);
             return;
         }
@@ -159,7 +159,7 @@ impl Offloads {
         );
     }
 
-    /// Every [`CHECK_EVERY`]: counts what the fast path moved into `counters` and the
+    /// When [`Offloads::due`]: counts what the fast path moved into `counters` and the
     /// connections, and takes off the flows whose connections no longer qualify (all of them
     /// unless `allowed`). Returns the packets counted.
     pub fn maintain(
@@ -170,14 +170,13 @@ impl Offloads {
         now_ms: u64,
         allowed: bool,
     ) -> u64 {
-        if now < self.next_check {
+        if !self.due(now) {
             return 0;
         }
         self.next_check = now + CHECK_EVERY;
-        let fast = &self.fast;
+        let (fast, free) = (&self.fast, &mut self.free);
         let mut moved = 0;
-        let mut gone = Vec::new();
-        for (key, o) in self.flows.iter_mut() {
+        self.flows.retain(|key, o| {
             let counts = fast.counts(o.slot);
             let (packets, bytes) = (counts.0 - o.seen.0, counts.1 - o.seen.1);
             o.seen = counts;
@@ -189,25 +188,29 @@ impl Offloads {
                 counters.offloaded += packets;
                 moved += packets;
             }
-            if !(allowed && ct.offloadable(&o.tuple, packets, bytes, now_ms)) {
-                gone.push(*key);
+            let keep = allowed && ct.offloadable(&o.tuple, packets, bytes, now_ms);
+            if !keep {
+                release(fast, free, key, o);
             }
-        }
-        for key in gone {
-            if let Some(o) = self.flows.remove(&key) {
-                self.release(&key, o);
-            }
-        }
+            keep
+        });
         counters.offloaded_flows = self.flows.len() as u64;
         moved
     }
 
-    /// Takes a flow off the fast path and frees its slot.
-    fn release(&mut self, key: &FlowKey, o: Offloaded) {
-        if self.fast.remove(key).is_err() {
-            self.errors += 1;
+    /// Takes the flow `key` off the fast path, if it is on it (a SYN, FIN or RST of it).
+    fn take_off(&mut self, key: &FlowKey) {
+        if let Some(o) = self.flows.remove(key) {
+            release(&self.fast, &mut self.free, key, &o);
         }
-        self.free.push(o.slot);
+    }
+}
+
+/// Takes a flow off the fast path and frees its slot. A removal the kernel refuses leaves an
+/// entry no worker counts: the slot is not reused until the entry is replaced.
+fn release(fast: &FlowOffload, free: &mut Vec<u32>, key: &FlowKey, o: &Offloaded) {
+    if fast.remove(key).is_ok() {
+        free.push(o.slot);
     }
 }
 

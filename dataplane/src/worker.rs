@@ -804,19 +804,10 @@ impl Worker {
         }
         let sent = tap.send(&mut st.verdicts[..n]);
         if let Some(o) = &mut tap.offloads {
-            let allowed = !shared
-                .stats
-                .as_ref()
-                .is_some_and(|s| s.wants_all_verdicts());
+            let allowed = offload_allowed(shared);
             for (i, v) in st.verdicts[..n].iter().enumerate() {
-                o.consider(
-                    tap.frames.get(i),
-                    v,
-                    tap.ingress[i],
-                    &shared.ct,
-                    now,
-                    allowed,
-                );
+                let (frame, ingress) = (tap.frames.get(i), tap.ingress[i]);
+                o.consider(frame, v, ingress, &shared.ct, now, allowed);
             }
         }
         // The frames dropped for their source, after the batch's (counted and shown with it).
@@ -973,17 +964,16 @@ impl Worker {
         let Some(o) = self.tap.as_mut().and_then(|t| t.offloads.as_mut()) else {
             return;
         };
-        let allowed = !shared
-            .stats
-            .as_ref()
-            .is_some_and(|s| s.wants_all_verdicts());
+        if !o.due(now) {
+            return;
+        }
         let now_ms = clock_ms();
         let c = &mut st.pipeline.counters;
         let flows = c.offloaded_flows;
-        let moved = o.maintain(&shared.ct, c, now, now_ms, allowed);
-        st.io.rx.fetch_add(moved, Ordering::Relaxed);
-        st.io.tx.fetch_add(moved, Ordering::Relaxed);
+        let moved = o.maintain(&shared.ct, c, now, now_ms, offload_allowed(shared));
         if moved > 0 || c.offloaded_flows != flows {
+            st.io.rx.fetch_add(moved, Ordering::Relaxed);
+            st.io.tx.fetch_add(moved, Ordering::Relaxed);
             if let Some(stats) = &shared.stats {
                 stats.after_batch(self.index, c, &[], 0, now_ms);
             }
@@ -1294,6 +1284,15 @@ impl Worker {
         let socks: Vec<&XskSocket> = self.ports.iter().map(|p| &p.sock).collect();
         self.umem.frames_accounted(&socks)
     }
+}
+
+/// Whether flows may go on (and stay on) the kernel's fast path: not while a monitor wants
+/// every verdict, which the fast path would not show (`crate::offload`).
+fn offload_allowed(shared: &Shared) -> bool {
+    !shared
+        .stats
+        .as_ref()
+        .is_some_and(|s| s.wants_all_verdicts())
 }
 
 /// Registers the reply of a new connection whose replies come to a node address (masqueraded,

@@ -524,11 +524,14 @@ pub struct UmemState {
     pub next_socket_id: u32,
 }
 
-/// A shared read-write mapping of `len` bytes of `fd` (populated).
-fn map_shared(fd: BorrowedFd<'_>, len: usize) -> io::Result<NonNull<u8>> {
-    // SAFETY: a new shared mapping of a memfd we hold; the kernel picks the address, so nothing
-    // else in this process aliases it. Both processes of a takeover map the same pages, but
-    // never touch them at the same time (the predecessor stops its workers first).
+/// A shared read-write mapping of `len` bytes of `fd` (populated): the UMEM's memfd, the fast
+/// path's counter array (`crate::offload`).
+pub(crate) fn map_shared(fd: BorrowedFd<'_>, len: usize) -> io::Result<NonNull<u8>> {
+    // SAFETY: a new shared mapping of a descriptor we hold; the kernel picks the address, so
+    // nothing else in this process aliases it, and checks `len` against what `fd` can map.
+    // Others mapping the same pages (a takeover's other process, the kernel's BPF programs)
+    // reach them only as their owners document: the UMEM's frames one process at a time, the
+    // counters through atomic adds.
     let p = unsafe {
         libc::mmap(
             std::ptr::null_mut(),

@@ -119,9 +119,6 @@ unsafe impl Sync for FlowOffload {}
 impl FlowOffload {
     /// New, empty maps for `slots` flows (a multiple of 4096).
     pub fn new(slots: u32) -> io::Result<FlowOffload> {
-        let flows = Map::create(BPF_MAP_TYPE_HASH, KEY_LEN as u32, VALUE_LEN as u32, slots)?;
-        let counters =
-            Map::create_with_flags(BPF_MAP_TYPE_ARRAY, 4, COUNTER_LEN, slots, BPF_F_MMAPABLE)?;
         // Whole pages of any size up to 64 KiB.
         let mapped = slots as usize * COUNTER_LEN as usize;
         if slots == 0 || mapped % 65536 != 0 {
@@ -130,7 +127,10 @@ impl FlowOffload {
                 format!("offload slots {slots}: a multiple of 4096"),
             ));
         }
-        let counts = map_counters(&counters, mapped)?;
+        let flows = Map::create(BPF_MAP_TYPE_HASH, KEY_LEN as u32, VALUE_LEN as u32, slots)?;
+        let counters =
+            Map::create_with_flags(BPF_MAP_TYPE_ARRAY, 4, COUNTER_LEN, slots, BPF_F_MMAPABLE)?;
+        let counts = crate::afxdp::map_shared(counters.fd_borrowed(), mapped)?.cast();
         Ok(FlowOffload {
             flows,
             counters,
@@ -193,32 +193,12 @@ impl FlowOffload {
 
 impl Drop for FlowOffload {
     fn drop(&mut self) {
-        // SAFETY: the mapping was made by `map_counters` with this length and nothing refers to
+        // SAFETY: the mapping was made by `map_shared` with this length and nothing refers to
         // it once `self` goes.
         unsafe {
             libc::munmap(self.counts.as_ptr().cast(), self.mapped);
         }
     }
-}
-
-/// Maps the first `len` bytes of an mmap-able array map, shared and writable.
-fn map_counters(map: &Map, len: usize) -> io::Result<NonNull<AtomicU64>> {
-    // SAFETY: a fresh shared mapping of the map's descriptor; the kernel checks the length
-    // against the map's size. The result is checked before use.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            map.fd(),
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        return Err(io::Error::last_os_error());
-    }
-    NonNull::new(p.cast()).ok_or_else(|| io::Error::other("mmap returned null"))
 }
 
 const HELPER_MAP_LOOKUP_ELEM: i32 = 1;

@@ -789,13 +789,14 @@ fn open_tap(opts: &RunOptions, workers: usize) -> io::Result<(Option<TapTarget>,
     } else {
         None
     };
+    // Each queue's port takes its own share of the fast path's counter slots.
     let n = queues.len();
     let ports = queues
         .into_iter()
         .enumerate()
         .map(|(i, q)| {
             let offloads =
-                (offload.as_ref()).map(|f| crate::offload::Offloads::new(f.clone(), n - 1 - i, n));
+                (offload.as_ref()).map(|f| crate::offload::Offloads::new(f.clone(), i, n));
             TapPort::new(q, mac, tags.clone(), offloads)
         })
         .collect::<io::Result<Vec<_>>>()?;

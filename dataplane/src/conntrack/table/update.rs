@@ -107,15 +107,12 @@ impl Table {
 
     /// Counts `packets` packets of `bytes` in all in direction `dir` (not SCTP).
     pub fn count_many(&self, idx: u32, dir: u8, packets: u32, bytes: u64) {
-        let e = self.entries.at(idx as usize);
-        let d = dir as usize & 1;
-        let p = e.packets(d);
-        p.store(
-            p.load(Ordering::Relaxed).wrapping_add(packets),
-            Ordering::Relaxed,
+        count_packets_bytes(
+            self.entries.at(idx as usize),
+            dir as usize & 1,
+            packets,
+            bytes,
         );
-        let b = e.bytes(d);
-        b.store(b.load(Ordering::Relaxed) + bytes, Ordering::Relaxed);
     }
 
     /// Counts an SCTP packet: both directions' bytes share one word (32 bits each, wrapping),
@@ -124,7 +121,7 @@ impl Table {
     pub fn count_sctp(&self, idx: u32, dir: u8, bytes: u64) {
         let e = self.entries.at(idx as usize);
         let d = dir as usize & 1;
-        count_packet(e, d);
+        count_packets(e, d, 1);
         let w = e.bytes(SCTP_BYTES);
         let cur = w.load(Ordering::Relaxed);
         let shift = 32 * d as u32;
@@ -148,19 +145,25 @@ fn store_expiry(e: EntryRef<'_>, v: u32) {
 /// One more packet of `bytes` in direction `d` of entry `e` (not SCTP: see `count_sctp`).
 #[inline(always)]
 fn count_packet_bytes(e: EntryRef<'_>, d: usize, bytes: u64) {
-    count_packet(e, d);
+    count_packets_bytes(e, d, 1, bytes);
+}
+
+/// `packets` more packets of `bytes` in all in direction `d` of entry `e` (not SCTP).
+#[inline(always)]
+fn count_packets_bytes(e: EntryRef<'_>, d: usize, packets: u32, bytes: u64) {
+    count_packets(e, d, packets);
     e.bytes(d).store(
         e.bytes(d).load(Ordering::Relaxed) + bytes,
         Ordering::Relaxed,
     );
 }
 
-/// One more packet in direction `d` of entry `e` (a plain load and store, as the other
+/// `n` more packets in direction `d` of entry `e` (a plain load and store, as the other
 /// counters: statistics, not worth a locked add per packet).
 #[inline(always)]
-fn count_packet(e: EntryRef<'_>, d: usize) {
+fn count_packets(e: EntryRef<'_>, d: usize, n: u32) {
     e.packets(d).store(
-        e.packets(d).load(Ordering::Relaxed).wrapping_add(1),
+        e.packets(d).load(Ordering::Relaxed).wrapping_add(n),
         Ordering::Relaxed,
     );
 }

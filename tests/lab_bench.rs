@@ -662,6 +662,23 @@ fn kxdp_drop_counters(ns: &str) -> std::collections::BTreeMap<String, u64> {
             {
                 *out.entry(r.to_string()).or_insert(0) += value;
             }
+        } else if let Some(rest) = ["kxdp_xsk_rx_ring_full_total{", "kxdp_xsk_rx_dropped_total{"]
+            .iter()
+            .find_map(|p| name.strip_prefix(p).map(|r| (p, r)))
+        {
+            // The kernel's drops before kxdp, per interface: RX ring full, no fill frame.
+            let (prefix, labels) = rest;
+            let iface = labels
+                .split("interface=\"")
+                .nth(1)
+                .and_then(|r| r.split('"').next())
+                .unwrap_or("?");
+            let what = if prefix.contains("ring_full") {
+                "rx ring full"
+            } else {
+                "no fill frame"
+            };
+            *out.entry(format!("xsk {iface} {what}")).or_insert(0) += value;
         } else if name.starts_with("kxdp_conntrack_early_drops") {
             *out.entry("early-drop (evictions)".into()).or_insert(0) += value;
         }
@@ -872,7 +889,13 @@ fn bench_lab_syn_flood() {
     let load = load.split_whitespace().next().unwrap_or("0").to_string();
     let ct0 = nf_conntrack_stats(&c.node);
     let kx0 = kxdp_drop_counters(&c.node);
-    let veth0 = veth_drop_counters(&c.node, "up0");
+    // Every node-side veth of the lab: the flood's (up0) and the pods' (their XDP receive rings
+    // fill too when the worker falls behind).
+    let veths = ["up0", "vpod1", "vpod2", "vpod3"];
+    let veth0: Vec<_> = veths
+        .iter()
+        .map(|v| veth_drop_counters(&c.node, v))
+        .collect();
     let softnet0 = softnet_dropped();
     // The flood.
     let mac = c
@@ -921,15 +944,26 @@ fn bench_lab_syn_flood() {
         let (cl, ok) = (client.clone(), ok.clone());
         attempts.push(std::thread::spawn(move || {
             kxdp_kernel::enter_netns(&cl).unwrap();
-            if let Ok(mut s) = TcpStream::connect_timeout(
+            let t = Instant::now();
+            match TcpStream::connect_timeout(
                 &"172.30.0.10:80".parse().unwrap(),
                 Duration::from_secs(1),
             ) {
-                s.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
-                let mut b = [0u8; 64];
-                if matches!(s.read(&mut b), Ok(n) if n > 0) {
-                    ok.fetch_add(1, Ordering::Relaxed);
+                Ok(mut s) => {
+                    s.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+                    let mut b = [0u8; 64];
+                    match s.read(&mut b) {
+                        Ok(n) if n > 0 => {
+                            ok.fetch_add(1, Ordering::Relaxed);
+                        }
+                        r => eprintln!(
+                            "legitimate connection failed after connecting ({:?} after {:?}): {r:?}",
+                            s.local_addr(),
+                            t.elapsed()
+                        ),
+                    }
                 }
+                Err(e) => eprintln!("legitimate connection failed to connect after {:?}: {e}", t.elapsed()),
             }
         }));
         std::thread::sleep(Duration::from_millis(20));
@@ -978,11 +1012,13 @@ fn bench_lab_syn_flood() {
             |k: &String| kx0.get(k).copied().unwrap_or(0),
             kxdp_drop_counters(&c.node),
         );
-        for (k, v) in moved(
-            |k: &String| veth0.get(k).copied().unwrap_or(0),
-            veth_drop_counters(&c.node, "up0"),
-        ) {
-            d.insert(format!("veth up0 {k}"), v);
+        for (veth, before) in veths.iter().zip(&veth0) {
+            for (k, v) in moved(
+                |k: &String| before.get(k).copied().unwrap_or(0),
+                veth_drop_counters(&c.node, veth),
+            ) {
+                d.insert(format!("veth {veth} {k}"), v);
+            }
         }
         d
     };

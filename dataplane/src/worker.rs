@@ -524,7 +524,7 @@ impl Worker {
             fill_target: fill,
             demand: FillDemand {
                 topped: sock_held,
-                peak: 0,
+                ..FillDemand::default()
             },
             kernel: KernelXskStats::default(),
         });
@@ -935,6 +935,13 @@ impl Worker {
             round.topped(&mut port.demand, own, deficit, topped);
             st.tx_left += port.sock.tx_pending();
         }
+        if round.starved() > 0 {
+            for port in &mut self.ports {
+                let held = port.sock.fill_outstanding();
+                port.demand
+                    .yield_to(&mut port.fill_target, held, round.starved());
+            }
+        }
     }
 
     /// The loop's clocks: the fill shares' window, and the kernel's counters of frames lost
@@ -944,8 +951,8 @@ impl Worker {
         st.loop_at = now;
         if now >= st.share_window_end {
             for port in &mut self.ports {
-                port.fill_target = shrunk_fill_share(port.fill_target, port.demand.peak);
-                port.demand.peak = 0;
+                let ring = port.sock.rings().fill;
+                port.demand.end_window(&mut port.fill_target, ring);
             }
             st.share_window_end = now + FILL_SHARE_WINDOW;
         }
@@ -1353,12 +1360,24 @@ pub fn next_fill_share(share: u32, taken: u32, consumed: u32, ring: u32, grantab
 pub struct FillRound {
     kept: usize,
     owed: usize,
+    /// The smallest share a socket under pressure wanted and was not granted (0: none).
+    starved: u32,
 }
 
 impl FillRound {
     /// `kept`: [`kept_reserve`]; `owed`: the sum of the sockets' deficits before the round.
     pub fn new(kept: usize, owed: usize) -> FillRound {
-        FillRound { kept, owed }
+        FillRound {
+            kept,
+            owed,
+            starved: 0,
+        }
+    }
+
+    /// The share some socket wanted in this round and did not get (0: none): the other sockets'
+    /// shares then yield ([`yielded_fill_share`]).
+    pub fn starved(&self) -> u32 {
+        self.starved
     }
 
     /// A socket's share after the loop ([`next_fill_share`]), from its share now, the frames
@@ -1366,7 +1385,7 @@ impl FillRound {
     /// the last top-up the kernel took `demand.topped - level` off the ring (on the RX ring or
     /// received since) and the worker received `demand.topped - held` of them.
     pub fn share(
-        &self,
+        &mut self,
         share: u32,
         demand: &mut FillDemand,
         held: u32,
@@ -1378,7 +1397,15 @@ impl FillRound {
         let consumed = demand.topped.saturating_sub(held);
         demand.peak = demand.peak.max(taken);
         let grantable = free.saturating_sub(self.kept + self.owed) as u32;
-        next_fill_share(share, taken, consumed, ring, grantable)
+        let wanted = next_fill_share(share, taken, consumed, ring, u32::MAX);
+        let mut granted = next_fill_share(share, taken, consumed, ring, grantable);
+        if demand.cap > 0 {
+            granted = granted.min(demand.cap.max(share));
+        }
+        if granted < wanted && (self.starved == 0 || wanted < self.starved) {
+            self.starved = wanted;
+        }
+        granted
     }
 
     /// After the socket's top-up: its deficit went from `own` to `deficit`, and it holds
@@ -1400,6 +1427,20 @@ pub fn shrunk_fill_share(share: u32, peak: u32) -> u32 {
         return share;
     }
     (share / 2).max(peak * 2).max(share.min(ACTIVE_FILL))
+}
+
+/// A socket's fill share after a loop in which another socket under pressure could not grow to
+/// `starved` frames because nothing was left to lend: a share more than twice that is halved
+/// (never below `starved`), once the kernel has used the last excess (`held <= share`, so one
+/// loop's halving is not stacked on the previous one's before it took effect). Without it, one
+/// flooded socket kept the frames every other socket needed: in the lab's SYN flood the client
+/// pod's socket stayed at its base share of 24 frames and lost whole bursts of its connections'
+/// packets (docs/afxdp.md § "Frame budget").
+pub fn yielded_fill_share(share: u32, held: u32, starved: u32) -> u32 {
+    if starved == 0 || share <= starved.saturating_mul(2) || held > share {
+        return share;
+    }
+    (share / 2).max(starved)
 }
 
 /// Frames of the free list a worker with `sockets` open never lends to busy sockets: a quarter
@@ -1429,6 +1470,33 @@ pub struct FillDemand {
     pub topped: u32,
     /// The most frames the kernel took off the fill ring between two top-ups in this window.
     pub peak: u32,
+    /// The most the share may grow to after it yielded to a starved socket (0: no limit);
+    /// doubled at every window's end ([`FillDemand::end_window`]), so a share that yielded grows
+    /// back by steps and yields again if the starved socket still needs the frames.
+    pub cap: u32,
+}
+
+impl FillDemand {
+    /// After a round in which a socket wanted `starved` frames the free list could not grant:
+    /// this socket's `share` yields ([`yielded_fill_share`]) and stays capped there.
+    pub fn yield_to(&mut self, share: &mut u32, held: u32, starved: u32) {
+        let yielded = yielded_fill_share(*share, held, starved);
+        if yielded < *share {
+            *share = yielded;
+            self.cap = yielded;
+        }
+    }
+
+    /// A window's end: the share shrinks to what the window used ([`shrunk_fill_share`]), the
+    /// cap of a share that yielded doubles (gone once it reaches the ring).
+    pub fn end_window(&mut self, share: &mut u32, ring: u32) {
+        *share = shrunk_fill_share(*share, self.peak);
+        self.peak = 0;
+        self.cap = match self.cap.saturating_mul(2) {
+            c if c >= ring => 0,
+            c => c,
+        };
+    }
 }
 
 /// Pins the calling thread to `cpu`.
@@ -1515,7 +1583,7 @@ mod tests {
             self.free -= got;
             let demand = FillDemand {
                 topped: got,
-                peak: 0,
+                ..FillDemand::default()
             };
             self.sockets.push((self.base, demand, got));
             self.sockets.len() - 1
@@ -1548,13 +1616,15 @@ mod tests {
                 }
                 round.topped(demand, own, deficit(*share, *held), *held);
             }
+            for (share, demand, held) in &mut self.sockets {
+                demand.yield_to(share, *held, round.starved());
+            }
             lost
         }
 
         fn end_window(&mut self) {
             for (share, demand, _) in &mut self.sockets {
-                *share = shrunk_fill_share(*share, demand.peak);
-                demand.peak = 0;
+                demand.end_window(share, self.ring);
             }
         }
 
@@ -1631,6 +1701,50 @@ mod tests {
         }
         assert!(m.sockets[late].0 >= 4096, "{}", m.sockets[late].0);
         assert_eq!(m.free + m.held(), cfg.frames);
+    }
+
+    #[test]
+    fn a_flooded_socket_leaves_frames_for_the_others_bursts() {
+        let cfg = XskConfig::default();
+        let mut m = Model::new(&cfg, 4);
+        // Socket 0 is flooded: every loop it receives all its fill ring holds, and its share
+        // grows over every frame there is to lend.
+        let flood = cfg.frames;
+        for _ in 0..50 {
+            m.step(&[flood]);
+        }
+        assert!(m.sockets[0].0 > 6000, "{}", m.sockets[0].0);
+        // Socket 3 (a client pod) sends a burst of 200 frames every tenth loop. Its first
+        // bursts lose frames; the flooded share yields until the bursts fit.
+        let mut lost = Vec::new();
+        for i in 0..400 {
+            let burst = if i % 10 == 0 { 200 } else { 0 };
+            let before = m.sockets[3].2;
+            m.step(&[flood, 0, 0, burst]);
+            if burst > 0 {
+                lost.push(burst.saturating_sub(before));
+            }
+        }
+        assert!(lost[0] > 0, "the first burst found the base share only");
+        assert!(
+            lost[10..].iter().all(|&l| l == 0),
+            "later bursts lost {:?}",
+            &lost[10..]
+        );
+        assert!(m.sockets[3].0 >= 200, "{}", m.sockets[3].0);
+        // The flood keeps most of the frames.
+        assert!(m.sockets[0].0 >= 2048, "{}", m.sockets[0].0);
+        assert_eq!(m.free + m.held(), cfg.frames);
+    }
+
+    #[test]
+    fn a_share_yields_to_a_starved_socket_once_per_excess() {
+        assert_eq!(yielded_fill_share(6000, 6000, 0), 6000);
+        assert_eq!(yielded_fill_share(6000, 6000, 256), 3000);
+        // Still holding the last halving's excess: no second halving yet.
+        assert_eq!(yielded_fill_share(3000, 6000, 256), 3000);
+        assert_eq!(yielded_fill_share(600, 600, 256), 300.max(256));
+        assert_eq!(yielded_fill_share(500, 500, 256), 500);
     }
 
     #[test]

@@ -13,7 +13,9 @@
 #   sudo benches/workload.sh --quick          # 1 round, 1 s per test: checks that it works
 #   ROUNDS=5 SECONDS_PER_TEST=10 MODES="kxdp iptables" sudo -E benches/workload.sh
 #   MODES="kxdp kxdp-tap iptables" sudo -E benches/workload.sh   # with the pods through the tap
-#   (kxdp-tap-no-offload: the tap without the in-kernel fast path for established flows)
+#   (kxdp-tap-no-offload: the tap without the in-kernel fast path for established flows;
+#   kxdp-pinned: each node's worker on a CPU of its own; kxdp-base: the build at KXDP_BASE_BIN,
+#   for a same-run comparison of two builds)
 #   TESTS="remote wrk close,local iperf3 x1" sudo -E benches/workload.sh   # some tests only
 #   KXDP_BIN=/path/kxdp sudo -E benches/workload.sh   # another kxdp binary (no release build)
 #
@@ -37,7 +39,7 @@ done
 # loaders. dnsmasq-base: the binary without the host service the `dnsmasq` package starts.
 . benches/lab-common.sh
 install_missing iperf3:iperf3 wrk:wrk nginx:nginx-light sockperf:sockperf dnsperf:dnsperf \
-  dnsmasq:dnsmasq-base nft:nftables iptables-restore:iptables ss:iproute2
+  dnsmasq:dnsmasq-base nft:nftables iptables-restore:iptables ss:iproute2 conntrack:conntrack
 release_binary
 out=${KXDP_WORKLOAD_OUT:-$PWD/target/workload}
 export KXDP_WORKLOAD_OUT=$out

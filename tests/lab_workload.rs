@@ -20,7 +20,10 @@
 //!
 //! Knobs: `KXDP_WORKLOAD_ROUNDS` (3), `KXDP_WORKLOAD_SECONDS` (5), `KXDP_WORKLOAD_QUICK=1` (one
 //! round of one second: checks that everything works, not how fast), `KXDP_WORKLOAD_MODES`
-//! (`kxdp iptables nftables`; also `kxdp-tap`: kxdp with `podInterception: {mode: tap}`),
+//! (`kxdp iptables nftables`; also `kxdp-base`: the build at `KXDP_BASE_BIN`, for a same-run
+//! comparison of two builds, `kxdp-pinned`: each node's worker pinned to a CPU of its
+//! own, `kxdp-tap`: kxdp with `podInterception: {mode: tap}`, `kxdp-tap-no-offload`),
+//! `KXDP_WORKLOAD_KXDP_CONFIG` (YAML lines added to every kxdp mode's configuration),
 //! `KXDP_WORKLOAD_OUT` (target/workload). Output: one JSON line per
 //! measurement in `results.jsonl`, the medians, ratios and CPU per unit in `summary.md`
 //! (`benches/workload.sh` draws the charts from it). Fails if any measurement did not produce
@@ -560,11 +563,21 @@ impl Drop for ModeGuard<'_> {
 
 fn set_up<'a>(lab: &'a Lab, mode: &str, objects: &str) -> ModeGuard<'a> {
     let nodes: Vec<&str> = lab.nodes.iter().map(|n| n.ns.as_str()).collect();
+    // Every mode starts with the nodes' kernel conntrack tables empty. Once kube-proxy's rules
+    // have been loaded, nf_conntrack stays active in the nodes' namespaces; it then also tracks
+    // what kxdp's tap hands to the kernel (already translated: client → pod), and those
+    // entries' reply tuples clash with the next mode's DNAT of the same client ports (client →
+    // ClusterIP, reply pod → client), so the kernel dropped the clashing SYNs: `wrk close`
+    // collapsed to tens of connections a second in the mode after `kxdp-tap` (and the reverse).
+    for ns in &nodes {
+        lab::sh(ns, "conntrack -F 2>/dev/null || true");
+    }
     match mode {
-        "kxdp" | "kxdp-tap" | "kxdp-tap-no-offload" => ModeGuard::Kxdp(
+        "kxdp" | "kxdp-base" | "kxdp-pinned" | "kxdp-tap" | "kxdp-tap-no-offload" => ModeGuard::Kxdp(
             ["node-a", "node-b"]
                 .iter()
-                .map(|n| {
+                .enumerate()
+                .map(|(i, n)| {
                     let mut config = lab.kxdp_config(n, false);
                     // The pods' veths through kxdp's tap (docs/afxdp.md), with and without the
                     // in-kernel fast path for established flows.
@@ -572,6 +585,26 @@ fn set_up<'a>(lab: &'a Lab, mode: &str, objects: &str) -> ModeGuard<'a> {
                         config += "podInterception: {mode: tap}\n";
                     } else if mode == "kxdp-tap-no-offload" {
                         config += "podInterception: {mode: tap, offload: false}\n";
+                    } else if mode == "kxdp-pinned" {
+                        // Each node's worker on a CPU of its own (node A's on CPU 0, node B's
+                        // on CPU 1), beside the pods as on a node without isolated cores.
+                        config = config.replace(
+                            "workers: {count: 1, cpus: []}",
+                            &format!("workers: {{count: 1, cpus: [{i}]}}"),
+                        );
+                        assert!(config.contains("cpus: ["), "the lab's workers line moved");
+                    }
+                    // Extra configuration for experiments (YAML lines appended to every kxdp
+                    // mode's file).
+                    if let Ok(extra) = std::env::var("KXDP_WORKLOAD_KXDP_CONFIG") {
+                        config += &extra;
+                        config += "\n";
+                    }
+                    if mode == "kxdp-base" {
+                        // Another build in the same run (a same-run comparison of two builds).
+                        let bin = std::env::var("KXDP_BASE_BIN")
+                            .expect("mode kxdp-base: KXDP_BASE_BIN names the other build");
+                        return lab.start_kxdp_bin(n, &config, objects, &bin);
                     }
                     lab.start_kxdp(n, &config, objects)
                 })
@@ -594,7 +627,7 @@ fn set_up<'a>(lab: &'a Lab, mode: &str, objects: &str) -> ModeGuard<'a> {
             ModeGuard::Nftables(nodes)
         }
         other => panic!(
-            "KXDP_WORKLOAD_MODES: unknown mode {other:?} (kxdp, kxdp-tap, kxdp-tap-no-offload, iptables, nftables)"
+            "KXDP_WORKLOAD_MODES: unknown mode {other:?} (kxdp, kxdp-base, kxdp-pinned, kxdp-tap, kxdp-tap-no-offload, iptables, nftables)"
         ),
     }
 }
@@ -842,12 +875,19 @@ fn workload() {
         .collect();
     for m in &modes {
         assert!(
-            ["kxdp", "kxdp-tap", "kxdp-tap-no-offload", "iptables", "nftables"].contains(&m.as_str()),
-            "KXDP_WORKLOAD_MODES: unknown mode {m:?} (kxdp, kxdp-tap, kxdp-tap-no-offload, iptables, nftables)"
+            ["kxdp", "kxdp-base", "kxdp-pinned", "kxdp-tap", "kxdp-tap-no-offload", "iptables", "nftables"].contains(&m.as_str()),
+            "KXDP_WORKLOAD_MODES: unknown mode {m:?} (kxdp, kxdp-base, kxdp-pinned, kxdp-tap, kxdp-tap-no-offload, iptables, nftables)"
         );
     }
     for tool in [
-        "iperf3", "wrk", "nginx", "sockperf", "dnsperf", "dnsmasq", "nft",
+        "iperf3",
+        "wrk",
+        "nginx",
+        "sockperf",
+        "dnsperf",
+        "dnsmasq",
+        "nft",
+        "conntrack",
     ] {
         let found = Command::new("sh")
             .args(["-c", &format!("command -v {tool}")])
@@ -855,7 +895,7 @@ fn workload() {
             .is_ok_and(|o| o.status.success());
         assert!(
             found,
-            "{tool} missing: benches/workload.sh installs it (apt-get install iperf3 wrk nginx-light sockperf dnsperf dnsmasq-base nftables)"
+            "{tool} missing: benches/workload.sh installs it (apt-get install iperf3 wrk nginx-light sockperf dnsperf dnsmasq-base nftables conntrack)"
         );
     }
     let out = out_dir();
@@ -874,6 +914,14 @@ fn workload() {
     lab.warm_neighbours();
     let objects = service_objects(&lab);
     let client = lab.pod("client").ns.clone();
+    // Every port for the client's connections: `wrk close` opens up to ~11k connections a
+    // second, which wrapped the default 28k-port range within one test and met the server's
+    // TIME_WAIT from the test before (some rounds of every mode collapsed to tens of
+    // connections a second).
+    lab::sh(
+        &client,
+        "sysctl -qw net.ipv4.ip_local_port_range='1024 65535'",
+    );
 
     let mut records = Vec::new();
     for round in 1..=rounds {

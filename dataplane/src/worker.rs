@@ -16,7 +16,8 @@
 //! kicks (one per socket per batch, only when the kernel asks), the idle back-off's sleeps, and
 //! one `bpf()` map update per new masqueraded connection (its reply, see `kxdp_kernel::xdp`).
 //!
-//! Idle wait: after an empty poll of all sockets the worker spins `spin_polls` polls, then waits
+//! Idle wait: after an empty poll of all sockets the worker spins `spin_polls` polls (each
+//! yielding its CPU to whatever else is runnable there), then waits
 //! on all its sockets at once (one `poll()` over their fds, `IDLE_WAIT_MS` at most) and
 //! wakes as soon as any of them receives; the timeout only bounds how late it sees a command or
 //! the stop flag (1 ms while a TX ring still holds frames the kernel has not taken). Without an
@@ -999,7 +1000,10 @@ impl Worker {
         }
         idle.polls = idle.polls.saturating_add(1);
         if idle.polls <= self.backoff.spin_polls && idle.busy_at.elapsed() <= SPIN_LIMIT {
-            std::hint::spin_loop();
+            // Spin by yielding: on a CPU shared with the pods, the client or server the last
+            // packet woke runs at once instead of waiting for the spin to end (docs/afxdp.md
+            // § Workers, "Idle wait"); on a CPU of its own the worker is back at once.
+            std::thread::yield_now();
             return;
         }
         self.counters.idle_sleeps.fetch_add(1, Ordering::Relaxed);

@@ -792,16 +792,24 @@ endpoints:{}
     /// Writes the config of `node` and the cluster state (`objects` appended to the nodes and
     /// pods) and starts `kxdp run` in the node's namespace.
     pub fn start_kxdp(&self, node: &str, config: &str, objects: &str) -> KxdpNode {
+        let bin = std::env::var("KXDP_BIN").unwrap_or(env!("CARGO_BIN_EXE_kxdp").into());
+        self.start_kxdp_bin(node, config, objects, &bin)
+    }
+
+    /// [`Lab::start_kxdp`] with the binary at `bin`.
+    pub fn start_kxdp_bin(&self, node: &str, config: &str, objects: &str, bin: &str) -> KxdpNode {
         let dir = self.dir.path().join(format!("kxdp-{node}"));
         let state = dir.join("state");
         std::fs::create_dir_all(&state).unwrap();
         let config_path = dir.join("config.yaml");
         std::fs::write(&config_path, config).unwrap();
         std::fs::write(state.join("cluster.yaml"), self.cluster_objects() + objects).unwrap();
-        let k = Kxdp::start(
+        let k = Kxdp::start_bin(
             &self.node(node).ns,
             config_path.to_str().unwrap(),
             state.to_str().unwrap(),
+            bin,
+            &[],
         );
         KxdpNode { kxdp: k, state }
     }

@@ -398,10 +398,15 @@ impl Kxdp {
 
     /// `start` with extra environment variables.
     pub fn start_with_env(ns: &str, config: &str, state: &str, env: &[(&str, &str)]) -> Kxdp {
-        let mut cmd = Command::new("ip");
         // Benchmarks run a release build through `KXDP_BIN`; tests, the binary cargo built.
         let bin = std::env::var("KXDP_BIN").unwrap_or(env!("CARGO_BIN_EXE_kxdp").into());
-        cmd.args(["netns", "exec", ns, &bin, "run"])
+        Kxdp::start_bin(ns, config, state, &bin, env)
+    }
+
+    /// `start_with_env` with the binary at `bin`.
+    pub fn start_bin(ns: &str, config: &str, state: &str, bin: &str, env: &[(&str, &str)]) -> Kxdp {
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", ns, bin, "run"])
             .args([
                 "--config",
                 config,

@@ -687,8 +687,9 @@ impl Serialize for PortRange {
     }
 }
 
-/// An idle worker polls its rings `spinPolls` times, then sleeps from 10 µs doubling up to
-/// `maxSleep` between polls: more spinning and shorter sleeps cost CPU and save latency.
+/// An idle worker polls its rings `spinPolls` times (yielding its CPU after each empty poll),
+/// then waits on its sockets (without a poll set: sleeps from 10 µs doubling up to `maxSleep`
+/// between polls): more spinning costs CPU and saves latency.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct IdleConfig {

@@ -1747,7 +1747,7 @@ mod tests {
         assert_eq!(yielded_fill_share(6000, 6000, 256), 3000);
         // Still holding the last halving's excess: no second halving yet.
         assert_eq!(yielded_fill_share(3000, 6000, 256), 3000);
-        assert_eq!(yielded_fill_share(600, 600, 256), 300.max(256));
+        assert_eq!(yielded_fill_share(600, 600, 256), 300);
         assert_eq!(yielded_fill_share(500, 500, 256), 500);
     }
 

@@ -13,8 +13,9 @@
 //!
 //! Then one TX ring submission and kick per egress socket, completions back to the free list,
 //! the fill rings topped up. No allocation, lock or syscall per packet: the syscalls are the TX
-//! kicks (one per socket per batch, only when the kernel asks), the idle back-off's sleeps, and
-//! one `bpf()` map update per new masqueraded connection (its reply, see `kxdp_kernel::xdp`).
+//! kicks (one per socket per batch, only when the kernel asks), the idle back-off's yields and
+//! sleeps, and one `bpf()` map update per new masqueraded connection (its reply, see
+//! `kxdp_kernel::xdp`).
 //!
 //! Idle wait: after an empty poll of all sockets the worker spins `spin_polls` polls (each
 //! yielding its CPU to whatever else is runnable there), then waits

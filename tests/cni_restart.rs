@@ -377,7 +377,7 @@ impl Setup {
             .unwrap();
             self.state = state.to_string_lossy().into_owned();
         }
-        let bin = std::env::var("KXDP_BIN").unwrap_or(env!("CARGO_BIN_EXE_kxdp").into());
+        let bin = Kxdp::bin();
         let script = format!(
             "mkdir -p /run/kxdp && mount --bind {run} /run/kxdp && exec ip netns exec {ns} {bin} run --config {cfg} --state {state} --no-admin --no-takeover",
             run = self.mounted.0.display(),

@@ -527,7 +527,7 @@ struct Node {
 
 /// `kxdp run` in `ns` against its API server, with a takeover socket.
 fn spawn_kxdp(ns: &str, config: &Path, kubeconfig: &Path, takeover: &Path) -> Kxdp {
-    let bin = std::env::var("KXDP_BIN").unwrap_or(env!("CARGO_BIN_EXE_kxdp").into());
+    let bin = Kxdp::bin();
     let mut cmd = Command::new("ip");
     cmd.args(["netns", "exec", ns, &bin, "run", "--no-admin"])
         .arg("--config")
@@ -905,7 +905,7 @@ fn soak() {
         "# Soak\n\n{:.0} s on the two-node CNI lab (sampled every {} s), binary {}, finished {}.\n",
         total,
         sample_every.as_secs(),
-        std::env::var("KXDP_BIN").unwrap_or(env!("CARGO_BIN_EXE_kxdp").into()),
+        Kxdp::bin(),
         lab::run("date", &["-u", "+%Y-%m-%dT%H:%MZ"]).trim()
     );
     let _ = writeln!(

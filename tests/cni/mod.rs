@@ -792,8 +792,7 @@ endpoints:{}
     /// Writes the config of `node` and the cluster state (`objects` appended to the nodes and
     /// pods) and starts `kxdp run` in the node's namespace.
     pub fn start_kxdp(&self, node: &str, config: &str, objects: &str) -> KxdpNode {
-        let bin = std::env::var("KXDP_BIN").unwrap_or(env!("CARGO_BIN_EXE_kxdp").into());
-        self.start_kxdp_bin(node, config, objects, &bin)
+        self.start_kxdp_bin(node, config, objects, &Kxdp::bin())
     }
 
     /// [`Lab::start_kxdp`] with the binary at `bin`.

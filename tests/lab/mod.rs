@@ -398,9 +398,13 @@ impl Kxdp {
 
     /// `start` with extra environment variables.
     pub fn start_with_env(ns: &str, config: &str, state: &str, env: &[(&str, &str)]) -> Kxdp {
-        // Benchmarks run a release build through `KXDP_BIN`; tests, the binary cargo built.
-        let bin = std::env::var("KXDP_BIN").unwrap_or(env!("CARGO_BIN_EXE_kxdp").into());
-        Kxdp::start_bin(ns, config, state, &bin, env)
+        Kxdp::start_bin(ns, config, state, &Kxdp::bin(), env)
+    }
+
+    /// The binary to run: benchmarks run a release build through `KXDP_BIN`; tests, the
+    /// binary cargo built.
+    pub fn bin() -> String {
+        std::env::var("KXDP_BIN").unwrap_or(env!("CARGO_BIN_EXE_kxdp").into())
     }
 
     /// `start_with_env` with the binary at `bin`.

@@ -14,6 +14,7 @@
 #   ROUNDS=5 SECONDS_PER_TEST=10 MODES="kxdp iptables" sudo -E benches/workload.sh
 #   MODES="kxdp kxdp-tap iptables" sudo -E benches/workload.sh   # with the pods through the tap
 #   (kxdp-tap-no-offload: the tap without the in-kernel fast path for established flows;
+#   kxdp-tap-uplink: the uplink through the tap as well, no XDP anywhere;
 #   kxdp-pinned: each node's worker on a CPU of its own; kxdp-base: the build at KXDP_BASE_BIN,
 #   for a same-run comparison of two builds)
 #   TESTS="remote wrk close,local iperf3 x1" sudo -E benches/workload.sh   # some tests only

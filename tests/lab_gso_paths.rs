@@ -327,7 +327,8 @@ fn steer(node_ns: &str, veth: &str, on: bool) {
         let i = kxdp_kernel::ifindex(&veth).expect("veth");
         if on {
             let tap = kxdp_kernel::ifindex(TAP).expect("tap");
-            kxdp_kernel::tc::redirect_ingress(i, tap, PREF, None, None).expect("redirect");
+            kxdp_kernel::tc::redirect_ingress(i, tap, PREF, None, Default::default())
+                .expect("redirect");
         } else {
             kxdp_kernel::tc::remove_redirect(i, PREF).expect("remove redirect");
         }

@@ -33,6 +33,8 @@ use cni::{metric, sa, tcp, Lab, TCP_PORT};
 
 const TAP: &str = "kxdptap0";
 const IPERF_PORT: u16 = 5201;
+/// A server of the node's own (not a NodePort).
+const NODE_PORT: u16 = 5299;
 const T: Duration = Duration::from_secs(5);
 
 /// `TcpInCsumErrors` of a namespace.
@@ -43,6 +45,32 @@ fn csum_errors(ns: &str) -> u64 {
     let vals: Vec<&str> = tcp[1].split_whitespace().collect();
     let i = names.iter().position(|n| *n == "InCsumErrors").unwrap();
     vals[i].parse().unwrap()
+}
+
+/// An iperf3 server in `ns` on `port`, stopped when dropped (by its own pid: the tests of this
+/// file run side by side, so no `pkill`).
+struct Iperf3Server(String);
+
+impl Iperf3Server {
+    fn start(ns: &str, port: u16) -> Iperf3Server {
+        let pidfile = format!("/tmp/kxdp-iperf3-{ns}-{port}.pid");
+        lab::sh(
+            ns,
+            &format!("iperf3 -s -D -p {port} --logfile /dev/null -I {pidfile}"),
+        );
+        Iperf3Server(pidfile)
+    }
+}
+
+impl Drop for Iperf3Server {
+    fn drop(&mut self) {
+        let _ = Command::new("sh")
+            .args([
+                "-c",
+                &format!("kill $(cat {0}) 2>/dev/null; rm -f {0}", self.0),
+            ])
+            .status();
+    }
 }
 
 /// The pod's `eth0` offload `feature` (`on`/`off`).
@@ -71,10 +99,7 @@ fn tap_mode_end_to_end() {
     lab.warm_neighbours();
     let node = lab.node("node-a").ns.clone();
     let (client, other, web) = (lab.pod("client-a"), lab.pod("other-a"), lab.pod("web-a1"));
-    lab::sh(
-        &web.ns,
-        &format!("iperf3 -s -D -p {IPERF_PORT} --logfile /dev/null"),
-    );
+    let _iperf3 = Iperf3Server::start(&web.ns, IPERF_PORT);
     // The web pods admit clients only: other-a's connections are dropped by kxdp.
     let objects = lab.service("web", 10, "web", None, false)
         + &lab
@@ -288,5 +313,132 @@ spec:
     assert!(!lab::ip(&node, "link show").contains(TAP));
     let a = tcp(&client.ns, sa(web.ip4, TCP_PORT), T, 0).expect("pod to pod via the kernel");
     assert_eq!(a.peer, IpAddr::from(client.ip4));
-    lab::sh(&web.ns, "pkill -x iperf3 || true");
+}
+
+/// The uplink through the tap as well (`podInterception.interfaces: ["veth*", eth0]`, both
+/// nodes): no XDP anywhere, so the nodes exchange GSO super-frames; bulk TCP through a
+/// ClusterIP whose endpoint is on node-b completes on both nodes' fast paths without a
+/// checksum error; the node's own traffic stays with the kernel (never in the tap: no
+/// `to-node` verdict), a NodePort from outside is kxdp's; a clean stop gives the uplink back.
+#[test]
+fn tap_mode_with_the_uplink() {
+    cni::require("tap_mode_with_the_uplink");
+    assert!(
+        Command::new("iperf3").arg("--version").output().is_ok(),
+        "iperf3 missing: apt-get install iperf3"
+    );
+    let mut lab = Lab::build("lab_tapup");
+    lab.add_pod("node-a", "client-a", &[("app", "client")]);
+    lab.add_pod("node-b", "remote-b1", &[("app", "remote")]);
+    lab.add_pod("node-a", "np-a1", &[("app", "np")]);
+    lab.warm_neighbours();
+    let (client, remote) = (lab.pod("client-a"), lab.pod("remote-b1"));
+    let _iperf3 = Iperf3Server::start(&remote.ns, IPERF_PORT);
+    let objects = lab.service("remote", 11, "remote", None, false)
+        + &lab
+            .service("iperf", 12, "remote", None, false)
+            .replace(
+                &format!("targetPort: {TCP_PORT}"),
+                &format!("targetPort: {IPERF_PORT}"),
+            )
+            .replace(
+                &format!("{{name: tcp, port: {TCP_PORT},"),
+                &format!("{{name: tcp, port: {IPERF_PORT},"),
+            )
+        + &lab.service("np", 14, "np", Some(30081), false);
+    let config = |n: &str| {
+        lab.kxdp_config(n, false).replace(
+            "metricsBindAddress: \"\"",
+            "metricsBindAddress: 127.0.0.1:10249",
+        ) + "podInterception: {mode: tap, interfaces: [\"veth*\", eth0]}\n"
+    };
+    let mut ka = lab.start_kxdp("node-a", &config("node-a"), &objects);
+    let kb = lab.start_kxdp("node-b", &config("node-b"), &objects);
+    let (node_a, node_b) = (lab.node("node-a").ns.clone(), lab.node("node-b").ns.clone());
+    for (ns, k) in [(&node_a, &ka), (&node_b, &kb)] {
+        assert_eq!(lab::xdp_on(ns, "eth0"), None, "{}", k.log());
+        let tc = lab::sh(ns, "tc filter show dev eth0 ingress");
+        assert!(tc.contains("kxdp-tap tag"), "{ns}: {tc}\n{}", k.log());
+        // The other node's program left this uplink its segmentation offload.
+        let features = lab::sh(ns, "ethtool -k eth0");
+        assert!(
+            features.contains("tcp-segmentation-offload: on"),
+            "{ns}: {features}"
+        );
+    }
+
+    // Bulk TCP to the endpoint on node-b.
+    let errors = (csum_errors(&client.ns), csum_errors(&remote.ns));
+    let out = lab::sh(
+        &client.ns,
+        "timeout 30 iperf3 -c 172.30.0.12 -p 80 -t 3 -J || true",
+    );
+    let j: serde_json::Value = serde_json::from_str(&out)
+        .unwrap_or_else(|e| panic!("iperf3: {e}: {out}\n{}\n{}", ka.log(), kb.log()));
+    assert!(j.get("error").is_none(), "iperf3: {}", j["error"]);
+    let bytes = j["end"]["sum_received"]["bytes"].as_f64().unwrap();
+    eprintln!(
+        "iperf3 across the nodes: {:.2} Gbit/s",
+        j["end"]["sum_received"]["bits_per_second"]
+            .as_f64()
+            .unwrap()
+            / 1e9
+    );
+    assert!(bytes > 1e6, "{out}");
+    assert_eq!(
+        (csum_errors(&client.ns), csum_errors(&remote.ns)),
+        errors,
+        "TcpInCsumErrors rose"
+    );
+    // Both nodes moved most of it on their fast paths: node-a the DNAT (client's veth) and
+    // the un-NAT (uplink), node-b the connection as is (uplink and the server's veth).
+    for (ns, k) in [(&node_a, &ka), (&node_b, &kb)] {
+        let offloaded = metric(ns, "kxdp_offloaded_packets_total");
+        eprintln!("{ns}: offloaded {offloaded} packets");
+        assert!(
+            offloaded as f64 * 1448.0 >= bytes * 0.5,
+            "{ns}: {offloaded} packets offloaded for {bytes} bytes\n{}",
+            k.log()
+        );
+    }
+
+    // The node's own traffic stays with the kernel: connections from outside to a server in
+    // node-a's namespace open and never reach kxdp.
+    let a_ip = lab.node("node-a").ip4;
+    let node_server = || {
+        lab::sh(
+            &lab.ext,
+            &format!(
+                "timeout 3 bash -c 'echo > /dev/tcp/{a_ip}/{NODE_PORT}' && echo open || echo closed"
+            ),
+        )
+        .trim()
+        .to_string()
+    };
+    let _node_server = Iperf3Server::start(&node_a, NODE_PORT);
+    std::thread::sleep(Duration::from_millis(200));
+    let before = metric(&node_a, "kxdp_verdicts_total{reason=\"to-node\"}");
+    for _ in 0..3 {
+        assert_eq!(node_server(), "open");
+    }
+    assert_eq!(
+        metric(&node_a, "kxdp_verdicts_total{reason=\"to-node\"}"),
+        before,
+        "the node's own traffic reached kxdp"
+    );
+
+    // A NodePort from outside to a pod on node-a: through the tap, masqueraded.
+    let a = tcp(&lab.ext, sa(a_ip, 30081), T, 1000).expect("NodePort");
+    assert_eq!(a.server, "np-a1");
+    assert_eq!(a.peer, IpAddr::from(a_ip), "masqueraded");
+    // And a short connection to the remote endpoint, its first packets through both taps.
+    let a = tcp(&client.ns, sa([172, 30, 0, 11], 80), T, 1000).expect("remote endpoint");
+    assert_eq!(a.server, "remote-b1");
+
+    // A clean stop gives the uplink back to the kernel.
+    let st = ka.kxdp.stop();
+    assert!(st.is_some_and(|s| s.success()), "{}", ka.log());
+    let tc = lab::sh(&node_a, "tc filter show dev eth0 ingress");
+    assert!(!tc.contains("kxdp-tap"), "{tc}");
+    assert_eq!(node_server(), "open");
 }

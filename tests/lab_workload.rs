@@ -22,7 +22,8 @@
 //! round of one second: checks that everything works, not how fast), `KXDP_WORKLOAD_MODES`
 //! (`kxdp iptables nftables`; also `kxdp-base`: the build at `KXDP_BASE_BIN`, for a same-run
 //! comparison of two builds, `kxdp-pinned`: each node's worker pinned to a CPU of its
-//! own, `kxdp-tap`: kxdp with `podInterception: {mode: tap}`, `kxdp-tap-no-offload`),
+//! own, `kxdp-tap`: kxdp with `podInterception: {mode: tap}`, `kxdp-tap-no-offload`,
+//! `kxdp-tap-uplink`: the tap for the uplink `eth0` too),
 //! `KXDP_WORKLOAD_OUT` (target/workload). Output: one JSON line per
 //! measurement in `results.jsonl`, the medians, ratios and CPU per unit in `summary.md`
 //! (`benches/workload.sh` draws the charts from it). Fails if any measurement did not produce
@@ -572,7 +573,7 @@ fn set_up<'a>(lab: &'a Lab, mode: &str, objects: &str) -> ModeGuard<'a> {
         lab::sh(ns, "conntrack -F 2>/dev/null || true");
     }
     match mode {
-        "kxdp" | "kxdp-base" | "kxdp-pinned" | "kxdp-tap" | "kxdp-tap-no-offload" => ModeGuard::Kxdp(
+        "kxdp" | "kxdp-base" | "kxdp-pinned" | "kxdp-tap" | "kxdp-tap-no-offload" | "kxdp-tap-uplink" => ModeGuard::Kxdp(
             ["node-a", "node-b"]
                 .iter()
                 .enumerate()
@@ -582,6 +583,10 @@ fn set_up<'a>(lab: &'a Lab, mode: &str, objects: &str) -> ModeGuard<'a> {
                     // in-kernel fast path for established flows.
                     if mode == "kxdp-tap" {
                         config += "podInterception: {mode: tap}\n";
+                    } else if mode == "kxdp-tap-uplink" {
+                        // No XDP anywhere: the nodes exchange super-frames as the kernel
+                        // modes do (docs/afxdp.md § The uplink through the tap).
+                        config += "podInterception: {mode: tap, interfaces: [\"veth*\", eth0]}\n";
                     } else if mode == "kxdp-tap-no-offload" {
                         config += "podInterception: {mode: tap, offload: false}\n";
                     } else if mode == "kxdp-pinned" {
@@ -623,7 +628,7 @@ fn set_up<'a>(lab: &'a Lab, mode: &str, objects: &str) -> ModeGuard<'a> {
             ModeGuard::Nftables(nodes)
         }
         other => panic!(
-            "KXDP_WORKLOAD_MODES: unknown mode {other:?} (kxdp, kxdp-base, kxdp-pinned, kxdp-tap, kxdp-tap-no-offload, iptables, nftables)"
+            "KXDP_WORKLOAD_MODES: unknown mode {other:?} (kxdp, kxdp-base, kxdp-pinned, kxdp-tap, kxdp-tap-no-offload, kxdp-tap-uplink, iptables, nftables)"
         ),
     }
 }
@@ -871,8 +876,8 @@ fn workload() {
         .collect();
     for m in &modes {
         assert!(
-            ["kxdp", "kxdp-base", "kxdp-pinned", "kxdp-tap", "kxdp-tap-no-offload", "iptables", "nftables"].contains(&m.as_str()),
-            "KXDP_WORKLOAD_MODES: unknown mode {m:?} (kxdp, kxdp-base, kxdp-pinned, kxdp-tap, kxdp-tap-no-offload, iptables, nftables)"
+            ["kxdp", "kxdp-base", "kxdp-pinned", "kxdp-tap", "kxdp-tap-no-offload", "kxdp-tap-uplink", "iptables", "nftables"].contains(&m.as_str()),
+            "KXDP_WORKLOAD_MODES: unknown mode {m:?} (kxdp, kxdp-base, kxdp-pinned, kxdp-tap, kxdp-tap-no-offload, kxdp-tap-uplink, iptables, nftables)"
         );
     }
     for tool in [

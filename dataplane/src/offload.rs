@@ -109,7 +109,12 @@ impl Offloads {
             self.take_off(&key);
             return;
         }
-        let established = matches!(v.reason, Reason::Established | Reason::ReplyUnnat);
+        // A pod connection tracked as is (`Direct` with a conntrack entry, checked below) goes
+        // on with its own addresses: the kernel then moves it without a rewrite.
+        let established = matches!(
+            v.reason,
+            Reason::Established | Reason::ReplyUnnat | Reason::Direct
+        );
         if !allowed
             || v.action != Action::Forward
             || !established
@@ -337,5 +342,18 @@ mod tests {
         assert_eq!(o.len(), 1);
         o.maintain(&ct, &mut c, t0 + 2 * CHECK_EVERY, 30, false);
         assert!(o.is_empty());
+        // Pod to pod, tracked as is: on with its own addresses once established; a packet
+        // that no connection tracks (transit) stays with the tap.
+        let p = tuple([10, 0, 0, 3], 40002, [10, 0, 1, 7], 5201);
+        let (dv, df) = forwarded(&p, &p, Reason::Direct, tcp::ACK);
+        o.consider(&df, &dv, 9, &ct, 30, true);
+        assert!(o.is_empty(), "untracked");
+        ct.create(&p, &p.reversed(), tcp::SYN, false, 0, 0, 30)
+            .unwrap();
+        ct.on_packet(&find(&p.reversed()), tcp::SYN | tcp::ACK, 60, 30)
+            .unwrap();
+        ct.on_packet(&find(&p), tcp::ACK, 60, 30).unwrap();
+        o.consider(&df, &dv, 9, &ct, 30, true);
+        assert_eq!(o.len(), 1);
     }
 }

@@ -145,19 +145,56 @@ pub const MAX_TAG: u16 = 4094;
 /// The name of a tagged redirect's filter, which carries its tag.
 const TAG_NAME: &str = "kxdp-tap tag ";
 
+/// The `__sk_buff` fields where the packet's bytes are.
+const SKB_POINTERS: crate::xdp::PacketPointers = crate::xdp::PacketPointers {
+    data: 76,
+    data_end: 80,
+};
+const TC_ACT_OK: i32 = 0;
+
+/// What a tagged redirect's program does besides tagging: the in-kernel fast path for the
+/// flows the workers installed (`crate::offload`), and the XDP program's steering, which
+/// leaves the node's own traffic to the kernel (`crate::xdp::steer`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RedirectPrograms {
+    pub offload: Option<OffloadMaps>,
+    pub steer: Option<crate::xdp::SteerMaps>,
+}
+
 /// The tc program of a tagged redirect: push an 802.1Q tag with VLAN ID `tag`, then redirect
-/// to the egress of `target` (`TC_ACT_REDIRECT`); with `offload`, the established flows the
-/// workers installed take the in-kernel fast path first (`crate::offload`).
-fn tag_and_redirect(tag: u16, target: u32, offload: Option<OffloadMaps>) -> Vec<crate::xdp::Insn> {
+/// to the egress of `target` (`TC_ACT_REDIRECT`); with `with.offload`, the established flows
+/// the workers installed take the in-kernel fast path first (`crate::offload`); with
+/// `with.steer`, what the XDP program would pass to the kernel goes on to it (`TC_ACT_OK`)
+/// and only the rest to the tap.
+fn tag_and_redirect(tag: u16, target: u32, with: RedirectPrograms) -> Vec<crate::xdp::Insn> {
     use crate::xdp::asm::*;
     const HELPER_SKB_VLAN_PUSH: i32 = 18;
     const HELPER_REDIRECT: i32 = 23;
     let mut a = Asm::default();
-    if let Some(maps) = offload {
-        crate::offload::emit(&mut a, maps, "redirect");
-        a.label("redirect");
+    a.mov_x(R6, R1);
+    if let Some(maps) = with.offload {
+        crate::offload::emit(&mut a, maps, "steer");
+        a.label("steer");
     }
+    if let Some(maps) = with.steer {
+        crate::xdp::steer(
+            &mut a,
+            maps,
+            SKB_POINTERS,
+            crate::xdp::SteerTo {
+                dataplane: "redirect",
+                kernel: "kernel",
+                // Headers past the linear part: the workers read the whole frame.
+                short: "redirect",
+            },
+        );
+        a.label("kernel");
+        a.mov_k(R0, TC_ACT_OK);
+        a.exit();
+    }
+    a.label("redirect");
     // r1 is the packet; the protocol is big-endian as it sits in the frame.
+    a.mov_x(R1, R6);
     a.mov_k(R2, u16::from_ne_bytes(ETH_P_8021Q.to_be_bytes()) as i32);
     a.mov_k(R3, tag as i32);
     a.call(HELPER_SKB_VLAN_PUSH);
@@ -178,14 +215,14 @@ fn tagged_filter(
     protocol: u16,
     target: u32,
     tag: u16,
-    offload: Option<OffloadMaps>,
+    with: RedirectPrograms,
     handle: TcHandle,
 ) -> io::Result<(TcMessage, std::os::fd::OwnedFd)> {
     const BPF_PROG_TYPE_SCHED_CLS: u32 = 3;
     let prog = crate::xdp::load_program(
         BPF_PROG_TYPE_SCHED_CLS,
         0,
-        &tag_and_redirect(tag, target, offload),
+        &tag_and_redirect(tag, target, with),
         "the tap redirect's tc program",
     )?;
     let mut m = filter(ifindex, pref, protocol, handle);
@@ -277,14 +314,15 @@ fn context(e: io::Error, what: &str, ifindex: u32) -> io::Error {
 /// Redirects every IPv4 (filter preference `pref`) and IPv6 (`pref + 2`) packet arriving on
 /// `ifindex` to the egress of `target` but IPv6 neighbour discovery (passed at `pref + 1`),
 /// adding the clsact qdisc when missing; with `tag` (1 to [`MAX_TAG`]), each packet redirected
-/// carries an 802.1Q tag with that VLAN ID (module docs); with `offload` too, the IPv4 filter's
-/// program puts the flows in those maps on the in-kernel fast path (`crate::offload`).
+/// carries an 802.1Q tag with that VLAN ID (module docs); with a tag, `with.offload` puts the
+/// flows in those maps on the in-kernel fast path (the IPv4 filter's program only:
+/// `crate::offload`) and `with.steer` leaves the node's own traffic to the kernel.
 pub fn redirect_ingress(
     ifindex: u32,
     target: u32,
     pref: u16,
     tag: Option<u16>,
-    offload: Option<OffloadMaps>,
+    with: RedirectPrograms,
 ) -> io::Result<()> {
     let prefs = prefs(pref)?;
     if let Some(t) = tag.filter(|t| !(1..=MAX_TAG).contains(t)) {
@@ -321,8 +359,11 @@ pub fn redirect_ingress(
         let (m, _prog) = match (nd, tag) {
             (true, _) => (nd_pass_filter(ifindex, p, handle), None),
             (false, Some(t)) => {
-                let fast = offload.filter(|_| proto == ETH_P_IP);
-                let (m, prog) = tagged_filter(ifindex, p, proto, target, t, fast, handle)
+                let with = RedirectPrograms {
+                    offload: with.offload.filter(|_| proto == ETH_P_IP),
+                    ..with
+                };
+                let (m, prog) = tagged_filter(ifindex, p, proto, target, t, with, handle)
                     .map_err(|e| context(e, "loading the tap redirect", ifindex))?;
                 (m, Some(prog))
             }
@@ -370,7 +411,8 @@ mod tests {
     #[test]
     fn preferences_out_of_range_are_refused() {
         for p in [0, u16::MAX - 1, u16::MAX] {
-            let e = redirect_ingress(1, 2, p, None, None).expect_err("refused");
+            let e =
+                redirect_ingress(1, 2, p, None, RedirectPrograms::default()).expect_err("refused");
             assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{p}");
             assert!(remove_redirect(1, p).is_err());
         }
@@ -385,7 +427,8 @@ mod tests {
         assert_eq!(back, m);
         assert_eq!(kind_and_tag(&back), ("u32".to_string(), None));
         for t in [0, MAX_TAG + 1] {
-            let e = redirect_ingress(1, 2, 100, Some(t), None).expect_err("refused");
+            let e = redirect_ingress(1, 2, 100, Some(t), RedirectPrograms::default())
+                .expect_err("refused");
             assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{t}");
         }
         assert_eq!(back.header.index, 7);
@@ -438,9 +481,9 @@ mod tests {
                 eprintln!("SKIPPED: no veth here");
                 return;
             };
-            redirect_ingress(veth, other, 100, None, None).unwrap();
+            redirect_ingress(veth, other, 100, None, RedirectPrograms::default()).unwrap();
             let first = sh("tc filter show dev kxva ingress");
-            redirect_ingress(veth, other, 100, None, None).unwrap();
+            redirect_ingress(veth, other, 100, None, RedirectPrograms::default()).unwrap();
             let again = sh("tc filter show dev kxva ingress");
             assert_eq!(first, again, "attaching again replaces in place");
             for (pref, proto) in [("100", "ip"), ("101", "ipv6"), ("102", "ipv6")] {
@@ -457,7 +500,7 @@ mod tests {
             assert_eq!(redirect_tag(veth, 100).unwrap(), None);
             // Tagged: the program takes the untagged redirect's place, and again in place.
             for tag in [7, 7, 9] {
-                redirect_ingress(veth, other, 100, Some(tag), None).unwrap();
+                redirect_ingress(veth, other, 100, Some(tag), RedirectPrograms::default()).unwrap();
                 assert_eq!(redirect_tag(veth, 100).unwrap(), Some(tag));
                 let tagged = sh("tc filter show dev kxva ingress");
                 for (pref, proto) in [("100", "ip"), ("102", "ipv6")] {
@@ -548,7 +591,7 @@ mod tests {
             }
             let mut buf = vec![0u8; 2048];
             for tag in [Some(7), None, Some(MAX_TAG)] {
-                redirect_ingress(b, tap, 100, tag, None).unwrap();
+                redirect_ingress(b, tap, 100, tag, RedirectPrograms::default()).unwrap();
                 send_raw(a, &frame);
                 // The kernel's own frames (if any) are passed over; ours comes within 2 s.
                 let mut found = false;
@@ -670,7 +713,8 @@ mod tests {
 
     /// Needs root, a tap and veths; runs in a private network namespace (a thread of its own).
     /// A flow on the fast path is rewritten (checksums right), counted and routed on by the
-    /// kernel; its SYN, and any flow not on it, still go to the tap.
+    /// kernel; its SYN, and any flow not on it, still go to the tap; the node's own traffic
+    /// stays with the kernel, a NodePort goes to the tap.
     #[test]
     fn an_offloaded_flow_is_rewritten_counted_and_routed() {
         in_private_netns(|| {
@@ -685,14 +729,29 @@ mod tests {
                  && ip link set kxvb address 02:00:00:00:00:0b \
                  && for l in kxva kxvb kxvc kxvd; do ip link set $l up; done \
                  && ip addr add 10.9.0.1/24 dev kxvc \
-                 && ip neigh replace 10.9.0.2 lladdr 02:00:00:00:00:0d dev kxvc nud permanent",
+                 && ip neigh replace 10.9.0.2 lladdr 02:00:00:00:00:0d dev kxvc nud permanent \
+                 && ip addr add 10.8.0.99/24 dev kxvb \
+                 && ip neigh replace 10.8.0.2 lladdr 02:00:00:00:00:0a dev kxvb nud permanent",
             );
             let (Some((qs, a, b, tap)), Ok(d)) = (tap_and_veths(), crate::ifindex("kxvd")) else {
                 return;
             };
             let mac = [0x02, 0, 0, 0, 0, 0x0b];
             let fast = crate::offload::FlowOffload::new(4096).unwrap();
-            redirect_ingress(b, tap, 100, Some(5), Some(fast.maps())).unwrap();
+            let node = crate::xdp::SharedMaps::create().unwrap();
+            node.set_node(&["10.8.0.99".parse().unwrap()], &[30080])
+                .unwrap();
+            redirect_ingress(
+                b,
+                tap,
+                100,
+                Some(5),
+                RedirectPrograms {
+                    offload: Some(fast.maps()),
+                    steer: Some(node.steer_maps()),
+                },
+            )
+            .unwrap();
             let key = crate::offload::FlowKey {
                 src: [10, 8, 0, 2],
                 dst: [172, 30, 0, 10],
@@ -751,6 +810,25 @@ mod tests {
             assert_eq!(fast.counts(3).0, 1);
             assert!(fast.remove(&key).unwrap());
             assert!(!fast.remove(&key).unwrap());
+            // The node's own traffic stays with the kernel (which resets a SYN to a closed
+            // port), a NodePort goes to the tap.
+            let back = capture_on(a);
+            send_raw(a, &tcp_frame(mac, [10, 8, 0, 99], 22, 0x02));
+            let rst = recv_matching(&back, |f| {
+                f.len() >= 54 && f[23] == 6 && f[26..30] == [10, 8, 0, 99]
+            });
+            assert!(
+                rst.is_some_and(|f| f[47] & 0x04 != 0),
+                "the kernel answered"
+            );
+            let node_port = tcp_frame(mac, [10, 8, 0, 99], 30080, 0x02);
+            send_raw(a, &node_port);
+            let mut found = false;
+            while !found && qs[0].wait_readable(2000).unwrap() {
+                let (_, len, _) = qs[0].read_untagged(&mut buf).unwrap();
+                found = buf[..len] == node_port[..];
+            }
+            assert!(found, "a NodePort goes to the tap");
             remove_redirect(b, 100).unwrap();
         });
     }

@@ -400,12 +400,44 @@ const XDP_PASS: i32 = 2;
 #[derive(Clone, Copy, Debug)]
 pub struct ProgramMaps {
     pub xsks: i32,
+    pub steer: SteerMaps,
+    pub hold: i32,
+}
+
+/// The maps [`steer`] reads: which packets at a node address are the dataplane's.
+#[derive(Clone, Copy, Debug)]
+pub struct SteerMaps {
     pub node4: i32,
     pub node6: i32,
     pub ports: i32,
     pub masq4: i32,
     pub masq6: i32,
-    pub hold: i32,
+}
+
+/// Where the packet's bytes are: the offsets of the data and data-end pointers in the
+/// program's context.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct PacketPointers {
+    pub data: i16,
+    pub data_end: i16,
+}
+
+/// `struct xdp_md`'s.
+const XDP_POINTERS: PacketPointers = PacketPointers {
+    data: 0,
+    data_end: 4,
+};
+
+/// Where [`steer`] jumps.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SteerTo {
+    /// What the dataplane must see.
+    pub dataplane: &'static str,
+    /// What the kernel keeps (the node's own traffic, multicast, neighbour discovery, not IP).
+    pub kernel: &'static str,
+    /// A packet whose headers end before the program can read them (an XDP frame: to the
+    /// kernel; a socket buffer, whose headers may sit past its linear part: to the dataplane).
+    pub short: &'static str,
 }
 
 /// The L4 header offsets the program reads ports at (IPv4 IHL 5..=15; IPv6's 54 is IHL 10's),
@@ -428,143 +460,17 @@ const L4_OFFSETS: [(i32, &str); 11] = [
 pub fn program(maps: ProgramMaps) -> Vec<Insn> {
     use asm::*;
     let mut a = Asm::default();
-    // r6 = ctx; r2 = data; r3 = data_end
     a.mov_x(R6, R1);
-    a.ldx(W, R2, R6, 0);
-    a.ldx(W, R3, R6, 4);
-    a.mov_x(R4, R2);
-    a.alu_k(ADD, R4, 14);
-    a.jmp_x(JGT, R4, R3, "pass");
-    a.ldx(H, R5, R2, 12); // EtherType, network order
-    a.jmp_k(JEQ, R5, 0x0008, "v4");
-    a.jmp_k(JEQ, R5, 0xdd86u16 as i32, "v6");
-    a.ja("pass");
-
-    // IPv4 (no VLAN tags: those go to the kernel as "not IP").
-    a.label("v4");
-    a.mov_x(R4, R2);
-    a.alu_k(ADD, R4, 34);
-    a.jmp_x(JGT, R4, R3, "pass");
-    a.ldx(W, R7, R2, 30); // destination
-    a.ldx(W, R5, R2, 26); // source, for the MASQ key
-    a.stx(W, R10, -40, R5);
-    a.mov_x(R5, R7);
-    a.alu_k(AND, R5, 0xff); // first octet
-    a.jmp_k(JGE, R5, 224, "pass"); // multicast, broadcast
-    a.ldx(B, R8, R2, 23); // protocol
-    a.ldx(B, R9, R2, 14); // version, IHL
-    a.alu_k(AND, R9, 0x0f);
-    a.alu_k(LSH, R9, 2);
-    a.alu_k(ADD, R9, 14); // L4 offset
-    a.ldx(H, R5, R2, 20); // flags, fragment offset
-    a.alu_k(AND, R5, 0xff1f); // the offset (network order)
-    a.jmp_k(JEQ, R5, 0, "v4_lookup");
-    a.mov_k(R8, 0); // a later fragment has no ports
-    a.label("v4_lookup");
-    a.stx(W, R10, -4, R7);
-    a.ld_map(R1, maps.node4);
-    a.mov_x(R2, R10);
-    a.alu_k(ADD, R2, -4);
-    a.call(HELPER_MAP_LOOKUP_ELEM);
-    a.jmp_k(JEQ, R0, 0, "redirect");
-    a.mov_k(R7, 4);
-    a.ja("node");
-
-    // IPv6 (extension headers are not walked: a node-addressed packet with one goes to the
-    // kernel).
-    a.label("v6");
-    a.mov_x(R4, R2);
-    a.alu_k(ADD, R4, 54);
-    a.jmp_x(JGT, R4, R3, "pass");
-    a.ldx(B, R5, R2, 38); // first byte of the destination
-    a.jmp_k(JEQ, R5, 0xff, "pass"); // multicast
-    a.jmp_k(JNE, R5, 0xfe, "v6_global");
-    a.ldx(B, R5, R2, 39);
-    a.alu_k(AND, R5, 0xc0);
-    a.jmp_k(JEQ, R5, 0x80, "pass"); // fe80::/10
-    a.label("v6_global");
-    a.ldx(B, R8, R2, 20); // next header
-    a.mov_k(R9, 54);
-    a.jmp_k(JNE, R8, 58, "v6_lookup");
-    a.mov_x(R4, R2);
-    a.alu_k(ADD, R4, 55);
-    a.jmp_x(JGT, R4, R3, "pass");
-    a.ldx(B, R5, R2, 54); // ICMPv6 type
-    a.jmp_k(JLT, R5, 133, "v6_lookup");
-    a.jmp_k(JLE, R5, 137, "pass"); // neighbour discovery
-    a.label("v6_lookup");
-    for i in 0..4i16 {
-        a.ldx(W, R5, R2, 38 + 4 * i);
-        a.stx(W, R10, -16 + 4 * i, R5);
-        a.ldx(W, R5, R2, 22 + 4 * i); // source, for the MASQ key
-        a.stx(W, R10, -40 + 4 * i, R5);
-    }
-    a.ld_map(R1, maps.node6);
-    a.mov_x(R2, R10);
-    a.alu_k(ADD, R2, -16);
-    a.call(HELPER_MAP_LOOKUP_ELEM);
-    a.jmp_k(JEQ, R0, 0, "redirect");
-    a.mov_k(R7, 6);
-
-    // For this node: only the ports kxdp serves (NodePorts) go to the dataplane.
-    a.label("node");
-    a.jmp_k(JEQ, R8, 6, "node_ports");
-    a.jmp_k(JEQ, R8, 17, "node_ports");
-    a.jmp_k(JEQ, R8, 132, "node_ports");
-    a.ja("pass");
-    a.label("node_ports");
-    a.ldx(W, R2, R6, 0);
-    a.ldx(W, R3, R6, 4);
-    // r2 = data + r9 (the L4 offset: 14 + 4 * IHL, or 54), one constant addition per possible
-    // offset: adding a register to a packet pointer needs CAP_PERFMON (the verifier's Spectre
-    // v1 sanitation knows no limit for packet pointers: "pointer arithmetic with it prohibited
-    // for !root"), which the DaemonSet does not grant. An IHL below 5 goes to the kernel.
-    for (off, l) in L4_OFFSETS {
-        a.jmp_k(JEQ, R9, off, l);
-    }
-    a.ja("pass");
-    for (off, l) in L4_OFFSETS {
-        a.label(l);
-        a.alu_k(ADD, R2, off);
-        if off != L4_OFFSETS[L4_OFFSETS.len() - 1].0 {
-            a.ja("l4");
-        }
-    }
-    a.label("l4");
-    a.mov_x(R4, R2);
-    a.alu_k(ADD, R4, 4);
-    a.jmp_x(JGT, R4, R3, "pass");
-    // MASQ key at fp-48: proto, 0, sport, dport (network order), 0, 0, source address.
-    a.ldx(H, R5, R2, 0);
-    a.stx(H, R10, -46, R5);
-    a.ldx(H, R9, R2, 2); // destination port
-    a.stx(H, R10, -44, R9);
-    a.be16(R9);
-    a.stx(B, R10, -48, R8);
-    a.mov_k(R5, 0);
-    a.stx(B, R10, -47, R5);
-    a.stx(H, R10, -42, R5);
-    a.ld_map(R1, maps.masq4);
-    a.jmp_k(JEQ, R7, 4, "masq_lookup");
-    a.ld_map(R1, maps.masq6);
-    a.label("masq_lookup");
-    a.mov_x(R2, R10);
-    a.alu_k(ADD, R2, -48);
-    a.call(HELPER_MAP_LOOKUP_ELEM);
-    a.jmp_k(JNE, R0, 0, "redirect");
-    a.mov_x(R5, R9);
-    a.alu_k(RSH, R5, 5);
-    a.stx(W, R10, -20, R5);
-    a.ld_map(R1, maps.ports);
-    a.mov_x(R2, R10);
-    a.alu_k(ADD, R2, -20);
-    a.call(HELPER_MAP_LOOKUP_ELEM);
-    a.jmp_k(JEQ, R0, 0, "pass");
-    a.ldx(W, R0, R0, 0);
-    a.alu_k(AND, R9, 31);
-    a.alu_x(RSH, R0, R9);
-    a.alu_k(AND, R0, 1);
-    a.jmp_k(JEQ, R0, 0, "pass");
+    steer(
+        &mut a,
+        maps.steer,
+        XDP_POINTERS,
+        SteerTo {
+            dataplane: "redirect",
+            kernel: "pass",
+            short: "pass",
+        },
+    );
 
     a.label("redirect");
     a.ldx(W, R2, R6, 16); // rx_queue_index
@@ -597,6 +503,150 @@ pub fn program(maps: ProgramMaps) -> Vec<Insn> {
     a.mov_k(R0, XDP_PASS);
     a.exit();
     a.finish()
+}
+
+/// Emits the steering both kinds of program share (the table in the module comment): with
+/// the context in r6, jumps to `to.dataplane` or `to.kernel` (or `to.short`). Clobbers r0-r5
+/// and r7-r9; uses the stack from fp-48.
+pub(crate) fn steer(a: &mut asm::Asm, maps: SteerMaps, at: PacketPointers, to: SteerTo) {
+    use asm::*;
+    // r2 = data; r3 = data_end
+    a.ldx(W, R2, R6, at.data);
+    a.ldx(W, R3, R6, at.data_end);
+    a.mov_x(R4, R2);
+    a.alu_k(ADD, R4, 14);
+    a.jmp_x(JGT, R4, R3, to.short);
+    a.ldx(H, R5, R2, 12); // EtherType, network order
+    a.jmp_k(JEQ, R5, 0x0008, "v4");
+    a.jmp_k(JEQ, R5, 0xdd86u16 as i32, "v6");
+    a.ja(to.kernel);
+
+    // IPv4 (no VLAN tags: those go to the kernel as "not IP").
+    a.label("v4");
+    a.mov_x(R4, R2);
+    a.alu_k(ADD, R4, 34);
+    a.jmp_x(JGT, R4, R3, to.short);
+    a.ldx(W, R7, R2, 30); // destination
+    a.ldx(W, R5, R2, 26); // source, for the MASQ key
+    a.stx(W, R10, -40, R5);
+    a.mov_x(R5, R7);
+    a.alu_k(AND, R5, 0xff); // first octet
+    a.jmp_k(JGE, R5, 224, to.kernel); // multicast, broadcast
+    a.ldx(B, R8, R2, 23); // protocol
+    a.ldx(B, R9, R2, 14); // version, IHL
+    a.alu_k(AND, R9, 0x0f);
+    a.alu_k(LSH, R9, 2);
+    a.alu_k(ADD, R9, 14); // L4 offset
+    a.ldx(H, R5, R2, 20); // flags, fragment offset
+    a.alu_k(AND, R5, 0xff1f); // the offset (network order)
+    a.jmp_k(JEQ, R5, 0, "v4_lookup");
+    a.mov_k(R8, 0); // a later fragment has no ports
+    a.label("v4_lookup");
+    a.stx(W, R10, -4, R7);
+    a.ld_map(R1, maps.node4);
+    a.mov_x(R2, R10);
+    a.alu_k(ADD, R2, -4);
+    a.call(HELPER_MAP_LOOKUP_ELEM);
+    a.jmp_k(JEQ, R0, 0, to.dataplane);
+    a.mov_k(R7, 4);
+    a.ja("node");
+
+    // IPv6 (extension headers are not walked: a node-addressed packet with one goes to the
+    // kernel).
+    a.label("v6");
+    a.mov_x(R4, R2);
+    a.alu_k(ADD, R4, 54);
+    a.jmp_x(JGT, R4, R3, to.short);
+    a.ldx(B, R5, R2, 38); // first byte of the destination
+    a.jmp_k(JEQ, R5, 0xff, to.kernel); // multicast
+    a.jmp_k(JNE, R5, 0xfe, "v6_global");
+    a.ldx(B, R5, R2, 39);
+    a.alu_k(AND, R5, 0xc0);
+    a.jmp_k(JEQ, R5, 0x80, to.kernel); // fe80::/10
+    a.label("v6_global");
+    a.ldx(B, R8, R2, 20); // next header
+    a.mov_k(R9, 54);
+    a.jmp_k(JNE, R8, 58, "v6_lookup");
+    a.mov_x(R4, R2);
+    a.alu_k(ADD, R4, 55);
+    a.jmp_x(JGT, R4, R3, to.short);
+    a.ldx(B, R5, R2, 54); // ICMPv6 type
+    a.jmp_k(JLT, R5, 133, "v6_lookup");
+    a.jmp_k(JLE, R5, 137, to.kernel); // neighbour discovery
+    a.label("v6_lookup");
+    for i in 0..4i16 {
+        a.ldx(W, R5, R2, 38 + 4 * i);
+        a.stx(W, R10, -16 + 4 * i, R5);
+        a.ldx(W, R5, R2, 22 + 4 * i); // source, for the MASQ key
+        a.stx(W, R10, -40 + 4 * i, R5);
+    }
+    a.ld_map(R1, maps.node6);
+    a.mov_x(R2, R10);
+    a.alu_k(ADD, R2, -16);
+    a.call(HELPER_MAP_LOOKUP_ELEM);
+    a.jmp_k(JEQ, R0, 0, to.dataplane);
+    a.mov_k(R7, 6);
+
+    // For this node: only the ports kxdp serves (NodePorts) go to the dataplane.
+    a.label("node");
+    a.jmp_k(JEQ, R8, 6, "node_ports");
+    a.jmp_k(JEQ, R8, 17, "node_ports");
+    a.jmp_k(JEQ, R8, 132, "node_ports");
+    a.ja(to.kernel);
+    a.label("node_ports");
+    a.ldx(W, R2, R6, at.data);
+    a.ldx(W, R3, R6, at.data_end);
+    // r2 = data + r9 (the L4 offset: 14 + 4 * IHL, or 54), one constant addition per possible
+    // offset: adding a register to a packet pointer needs CAP_PERFMON (the verifier's Spectre
+    // v1 sanitation knows no limit for packet pointers: "pointer arithmetic with it prohibited
+    // for !root"), which the DaemonSet does not grant. An IHL below 5 goes to the kernel.
+    for (off, l) in L4_OFFSETS {
+        a.jmp_k(JEQ, R9, off, l);
+    }
+    a.ja(to.kernel);
+    for (off, l) in L4_OFFSETS {
+        a.label(l);
+        a.alu_k(ADD, R2, off);
+        if off != L4_OFFSETS[L4_OFFSETS.len() - 1].0 {
+            a.ja("l4");
+        }
+    }
+    a.label("l4");
+    a.mov_x(R4, R2);
+    a.alu_k(ADD, R4, 4);
+    a.jmp_x(JGT, R4, R3, to.short);
+    // MASQ key at fp-48: proto, 0, sport, dport (network order), 0, 0, source address.
+    a.ldx(H, R5, R2, 0);
+    a.stx(H, R10, -46, R5);
+    a.ldx(H, R9, R2, 2); // destination port
+    a.stx(H, R10, -44, R9);
+    a.be16(R9);
+    a.stx(B, R10, -48, R8);
+    a.mov_k(R5, 0);
+    a.stx(B, R10, -47, R5);
+    a.stx(H, R10, -42, R5);
+    a.ld_map(R1, maps.masq4);
+    a.jmp_k(JEQ, R7, 4, "masq_lookup");
+    a.ld_map(R1, maps.masq6);
+    a.label("masq_lookup");
+    a.mov_x(R2, R10);
+    a.alu_k(ADD, R2, -48);
+    a.call(HELPER_MAP_LOOKUP_ELEM);
+    a.jmp_k(JNE, R0, 0, to.dataplane);
+    a.mov_x(R5, R9);
+    a.alu_k(RSH, R5, 5);
+    a.stx(W, R10, -20, R5);
+    a.ld_map(R1, maps.ports);
+    a.mov_x(R2, R10);
+    a.alu_k(ADD, R2, -20);
+    a.call(HELPER_MAP_LOOKUP_ELEM);
+    a.jmp_k(JEQ, R0, 0, to.kernel);
+    a.ldx(W, R0, R0, 0);
+    a.alu_k(AND, R9, 31);
+    a.alu_x(RSH, R0, R9);
+    a.alu_k(AND, R0, 1);
+    a.jmp_k(JEQ, R0, 0, to.kernel);
+    a.ja(to.dataplane);
 }
 
 /// The maps the programs of all interfaces share.
@@ -655,6 +705,17 @@ impl SharedMaps {
             masq6: Map::from_fd(masq6, 24, 4),
             hold: Map::from_fd(hold, 4, 8),
             node_addrs: std::sync::Mutex::new(node_addrs),
+        }
+    }
+
+    /// The descriptors [`steer`] reads.
+    pub fn steer_maps(&self) -> SteerMaps {
+        SteerMaps {
+            node4: self.node4.fd(),
+            node6: self.node6.fd(),
+            ports: self.ports.fd(),
+            masq4: self.masq4.fd(),
+            masq6: self.masq6.fd(),
         }
     }
 
@@ -750,11 +811,7 @@ impl XdpProgram {
         let xsks = Map::create(BPF_MAP_TYPE_XSKMAP, 4, 4, queues.max(1))?;
         let insns = program(ProgramMaps {
             xsks: xsks.fd(),
-            node4: maps.node4.fd(),
-            node6: maps.node6.fd(),
-            ports: maps.ports.fd(),
-            masq4: maps.masq4.fd(),
-            masq6: maps.masq6.fd(),
+            steer: maps.steer_maps(),
             hold: maps.hold.fd(),
         });
         let prog = load_program(BPF_PROG_TYPE_XDP, BPF_XDP, &insns, "the XDP program")?;
@@ -1011,11 +1068,13 @@ mod tests {
     fn program_is_small_and_jumps_stay_inside() {
         let insns = program(ProgramMaps {
             xsks: 3,
-            node4: 4,
-            node6: 5,
-            ports: 6,
-            masq4: 7,
-            masq6: 8,
+            steer: SteerMaps {
+                node4: 4,
+                node6: 5,
+                ports: 6,
+                masq4: 7,
+                masq6: 8,
+            },
             hold: 9,
         });
         eprintln!("XDP program: {} instructions", insns.len());

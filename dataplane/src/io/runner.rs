@@ -509,7 +509,10 @@ impl Links {
             tap.ifindex,
             crate::tap::TC_PREF,
             Some(tag),
-            offload,
+            kxdp_kernel::tc::RedirectPrograms {
+                offload,
+                steer: Some(self.maps.steer_maps()),
+            },
         ) {
             tap.tags.release(ifindex);
             return Err(e);

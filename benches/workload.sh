@@ -16,7 +16,8 @@
 #   (kxdp-tap-no-offload: the tap without the in-kernel fast path for established flows;
 #   kxdp-tap-uplink: the uplink through the tap as well, no XDP anywhere;
 #   kxdp-pinned: each node's worker on a CPU of its own; kxdp-base: the build at KXDP_BASE_BIN,
-#   for a same-run comparison of two builds)
+#   for a same-run comparison of two builds; any kxdp mode with "@base", e.g. kxdp-tap@base,
+#   runs that build too)
 #   TESTS="remote wrk close,local iperf3 x1" sudo -E benches/workload.sh   # some tests only
 #   KXDP_BIN=/path/kxdp sudo -E benches/workload.sh   # another kxdp binary (no release build)
 #

@@ -21,7 +21,8 @@
 //! Knobs: `KXDP_WORKLOAD_ROUNDS` (3), `KXDP_WORKLOAD_SECONDS` (5), `KXDP_WORKLOAD_QUICK=1` (one
 //! round of one second: checks that everything works, not how fast), `KXDP_WORKLOAD_MODES`
 //! (`kxdp iptables nftables`; also `kxdp-base`: the build at `KXDP_BASE_BIN`, for a same-run
-//! comparison of two builds, `kxdp-pinned`: each node's worker pinned to a CPU of its
+//! comparison of two builds (any kxdp mode followed by `@base` runs that build too, e.g.
+//! `kxdp-tap@base`), `kxdp-pinned`: each node's worker pinned to a CPU of its
 //! own, `kxdp-tap`: kxdp with `podInterception: {mode: tap}`, `kxdp-tap-no-offload`,
 //! `kxdp-tap-uplink`: the tap for the uplink `eth0` too),
 //! `KXDP_WORKLOAD_OUT` (target/workload). Output: one JSON line per
@@ -562,6 +563,12 @@ impl Drop for ModeGuard<'_> {
 }
 
 fn set_up<'a>(lab: &'a Lab, mode: &str, objects: &str) -> ModeGuard<'a> {
+    // `kxdp-base` is `kxdp@base`: a kxdp mode run with the build at KXDP_BASE_BIN.
+    let (mode, base) = match mode.strip_suffix("@base") {
+        Some(m) => (m, true),
+        None if mode == "kxdp-base" => ("kxdp", true),
+        None => (mode, false),
+    };
     let nodes: Vec<&str> = lab.nodes.iter().map(|n| n.ns.as_str()).collect();
     // Every mode starts with the nodes' kernel conntrack tables empty. Once kube-proxy's rules
     // have been loaded, nf_conntrack stays active in the nodes' namespaces; it then also tracks
@@ -573,7 +580,7 @@ fn set_up<'a>(lab: &'a Lab, mode: &str, objects: &str) -> ModeGuard<'a> {
         lab::sh(ns, "conntrack -F 2>/dev/null || true");
     }
     match mode {
-        "kxdp" | "kxdp-base" | "kxdp-pinned" | "kxdp-tap" | "kxdp-tap-no-offload" | "kxdp-tap-uplink" => ModeGuard::Kxdp(
+        "kxdp" | "kxdp-pinned" | "kxdp-tap" | "kxdp-tap-no-offload" | "kxdp-tap-uplink" => ModeGuard::Kxdp(
             ["node-a", "node-b"]
                 .iter()
                 .enumerate()
@@ -601,10 +608,10 @@ fn set_up<'a>(lab: &'a Lab, mode: &str, objects: &str) -> ModeGuard<'a> {
                             "the lab's workers line moved"
                         );
                     }
-                    if mode == "kxdp-base" {
+                    if base {
                         // Another build in the same run (a same-run comparison of two builds).
                         let bin = std::env::var("KXDP_BASE_BIN")
-                            .expect("mode kxdp-base: KXDP_BASE_BIN names the other build");
+                            .expect("a mode with @base (or kxdp-base): KXDP_BASE_BIN names the other build");
                         return lab.start_kxdp_bin(n, &config, objects, &bin);
                     }
                     lab.start_kxdp(n, &config, objects)
@@ -876,8 +883,8 @@ fn workload() {
         .collect();
     for m in &modes {
         assert!(
-            ["kxdp", "kxdp-base", "kxdp-pinned", "kxdp-tap", "kxdp-tap-no-offload", "kxdp-tap-uplink", "iptables", "nftables"].contains(&m.as_str()),
-            "KXDP_WORKLOAD_MODES: unknown mode {m:?} (kxdp, kxdp-base, kxdp-pinned, kxdp-tap, kxdp-tap-no-offload, kxdp-tap-uplink, iptables, nftables)"
+            ["kxdp", "kxdp-base", "kxdp-pinned", "kxdp-tap", "kxdp-tap-no-offload", "kxdp-tap-uplink", "iptables", "nftables"].contains(&m.strip_suffix("@base").unwrap_or(m)),
+            "KXDP_WORKLOAD_MODES: unknown mode {m:?} (kxdp, kxdp-base, kxdp-pinned, kxdp-tap, kxdp-tap-no-offload, kxdp-tap-uplink, iptables, nftables; a kxdp mode with `@base`: the build at KXDP_BASE_BIN)"
         );
     }
     for tool in [

@@ -3,11 +3,11 @@
 //!
 //! The decision stays with the workers: a flow goes on the fast path
 //! (`kxdp_kernel::offload`) only after a worker forwarded one of its packets from the tap as
-//! an established connection, with conntrack saying TCP established and assured (or an
-//! assured UDP stream), not masqueraded, its endpoint not gone. The worker installs the
-//! translation its pipeline applied, bound to the interface the packet came through; from then
-//! on the kernel rewrites the flow's packets itself, whole GSO super-frames included, and
-//! counts them per flow.
+//! an established connection, with conntrack saying TCP established and assured (or UDP
+//! answered, from its second packet in that direction), not masqueraded, its endpoint not
+//! gone. The worker installs the translation its pipeline applied, bound to the interface the
+//! packet came through; from then on the kernel rewrites the flow's packets itself, whole GSO
+//! super-frames included, and counts them per flow.
 //!
 //! The worker that installed a flow keeps it: every [`CHECK_EVERY`] it reads the flow's counts
 //! (a load from the mapped counters, no system call), counts what the fast path moved as the

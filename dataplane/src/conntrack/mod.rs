@@ -663,7 +663,8 @@ impl Conntrack {
     }
 
     /// Whether the connection of the packets with tuple `t` may have them on the kernel's fast
-    /// path (`crate::offload`): TCP established and assured, or an assured UDP stream; neither
+    /// path (`crate::offload`): TCP established and assured, or UDP answered and from the second
+    /// packet in this direction (made a stream at 2 s, as its packets would make it); neither
     /// masqueraded (a node address as the source is refused on a pod's interface) nor with its
     /// endpoint gone. When the fast path moved `packets` (`bytes` in all) since the last call,
     /// they are counted in that direction and the expiry refreshed first, as the packets would
@@ -673,16 +674,32 @@ impl Conntrack {
         let Some(found) = self.lookup(&key, self.hash(&key), now_ms) else {
             return false;
         };
-        let state = found.state;
+        let mut state = found.state;
         let proto = found.proto();
         let eligible = state & (FLAG_MASQ | FLAG_BACKEND_GONE) == 0
-            && state & FLAG_ASSURED != 0
             && match proto {
-                IpProto::TCP => tcp_state_of(state) == TcpState::Established,
-                IpProto::UDP => true,
+                IpProto::TCP => {
+                    state & FLAG_ASSURED != 0 && tcp_state_of(state) == TcpState::Established
+                }
+                // Answered, and this direction's second packet or later: a one-shot exchange
+                // (a DNS query and its answer) never goes on, a flow that keeps talking does
+                // without waiting to become a stream (it becomes one below, as it would here).
+                IpProto::UDP => {
+                    state & FLAG_SEEN_REPLY != 0
+                        && (state & FLAG_ASSURED != 0
+                            || self.table.packets(found.idx, found.dir) >= 2)
+                }
                 _ => false,
             };
         if eligible && packets > 0 {
+            if proto == IpProto::UDP
+                && state & FLAG_ASSURED == 0
+                && self.table.age_ms(found.idx, now_ms) >= UDP_STREAM_AGE_MS
+            {
+                if let Some(s) = self.table.update_state(found.idx, |s| s | FLAG_ASSURED) {
+                    state = s;
+                }
+            }
             self.table
                 .set_expires(found.idx, now_ms + self.timeout_ms(proto, state));
             self.table

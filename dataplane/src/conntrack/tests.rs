@@ -130,6 +130,30 @@ fn udp_expires_unreplied_then_stream() {
     );
 }
 
+/// A UDP flow goes on the fast path once answered and from its direction's second packet (a
+/// one-shot exchange never does); what the fast path moves makes it a stream at 2 s, as its
+/// packets would have here.
+#[test]
+fn udp_is_offloadable_from_its_second_answered_packet() {
+    let ct = small(1000);
+    let orig = tup(1, 5000, 41, 53, IpProto::UDP);
+    let reply = tup(9, 53, 1, 5000, IpProto::UDP);
+    ct.create(&orig, &reply, 0, false, 0, 0, 0).unwrap();
+    assert!(!ct.offloadable(&orig, 0, 0, 0), "not answered");
+    let r = find(&ct, &reply, 10).unwrap();
+    ct.on_packet(&r, 0, 10, 10).unwrap();
+    assert!(!ct.offloadable(&orig, 0, 0, 10), "a query and its answer");
+    assert!(!ct.offloadable(&reply, 0, 0, 10));
+    let o = find(&ct, &orig, 20).unwrap();
+    ct.on_packet(&o, 0, 10, 20).unwrap();
+    assert!(ct.offloadable(&orig, 0, 0, 20), "the second query");
+    assert!(!ct.offloadable(&reply, 0, 0, 20), "one answer so far");
+    // Moved on the fast path past 2 s: a stream (120 s).
+    assert!(ct.offloadable(&orig, 5, 50, 2_500));
+    assert!(find(&ct, &orig, 2_500).unwrap().state & FLAG_ASSURED != 0);
+    assert!(find(&ct, &orig, 2_500 + 119_000).is_some());
+}
+
 #[test]
 fn expiry_recycles_entries_after_grace() {
     let ct = small(16);

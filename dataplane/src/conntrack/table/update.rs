@@ -67,6 +67,14 @@ impl Table {
         self.entries.at(idx as usize).stash().age_ms(now_ms)
     }
 
+    /// The packets entry `idx` has counted in direction `dir`.
+    pub fn packets(&self, idx: u32, dir: u8) -> u32 {
+        self.entries
+            .at(idx as usize)
+            .packets(dir as usize)
+            .load(Ordering::Relaxed)
+    }
+
     #[inline]
     pub fn set_expires(&self, idx: u32, expires_ms: u64) {
         store_expiry(self.entries.at(idx as usize), Clock32::encode(expires_ms));

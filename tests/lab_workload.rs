@@ -923,10 +923,14 @@ fn workload() {
     let objects = service_objects(&lab);
     let client = lab.pod("client").ns.clone();
     // Every port for the client's connections: `wrk close` opens up to ~13k connections a
-    // second, which would wrap the default 28k-port range within one 5 s test.
+    // second, which would wrap the default 28k-port range within one 5 s test. And ports in
+    // TIME_WAIT reused, as load generators are set up: wrk closes first in part of its
+    // connections, and with back-to-back tests the client's TIME_WAIT sockets (60 s) took
+    // every even port (`connect` prefers them), until connect spent both CPUs searching for a
+    // free one and every mode collapsed to a few hundred connections a second.
     lab::sh(
         &client,
-        "sysctl -qw net.ipv4.ip_local_port_range='1024 65535'",
+        "sysctl -qw net.ipv4.ip_local_port_range='1024 65535' net.ipv4.tcp_tw_reuse=1",
     );
 
     let mut records = Vec::new();

@@ -299,9 +299,20 @@ mod tests {
         // Not yet answered: not established.
         o.consider(&f, &v, 7, &ct, 0, true);
         assert!(o.is_empty());
+        // Packets of an established connection in the direction of `t`.
+        let talk = |t: &Tuple, n: usize, now: u64| {
+            for _ in 0..n {
+                ct.on_packet(&find(t), tcp::ACK, 60, now).unwrap();
+            }
+        };
         ct.on_packet(&find(&reply), tcp::SYN | tcp::ACK, 60, 0)
             .unwrap();
-        ct.on_packet(&find(&client), tcp::ACK, 60, 0).unwrap();
+        talk(&client, 1, 0);
+        // Established, but the handshake's ACK: until its fourth packet a connection stays
+        // with the tap (a short exchange closes before).
+        o.consider(&f, &v, 7, &ct, 0, true);
+        assert!(o.is_empty());
+        talk(&client, 2, 0);
         // Unknown interface, a monitor of every verdict, a masqueraded one: not installed.
         o.consider(&f, &v, 0, &ct, 0, true);
         o.consider(&f, &v, 7, &ct, 0, false);
@@ -336,6 +347,8 @@ mod tests {
         ct.on_packet(&find(&r2), tcp::SYN | tcp::ACK, 60, 20)
             .unwrap();
         ct.on_packet(&find(&c2), tcp::ACK, 60, 20).unwrap();
+        talk(&r2, 3, 20);
+        talk(&c2, 2, 20);
         let back = tuple([172, 30, 0, 10], 80, [10, 0, 0, 2], 40001);
         let (rv, rf) = forwarded(&r2, &back, Reason::ReplyUnnat, tcp::ACK);
         o.consider(&rf, &rv, 8, &ct, 20, true);
@@ -352,7 +365,7 @@ mod tests {
             .unwrap();
         ct.on_packet(&find(&p.reversed()), tcp::SYN | tcp::ACK, 60, 30)
             .unwrap();
-        ct.on_packet(&find(&p), tcp::ACK, 60, 30).unwrap();
+        talk(&p, 3, 30);
         o.consider(&df, &dv, 9, &ct, 30, true);
         assert_eq!(o.len(), 1);
     }

@@ -34,6 +34,9 @@ pub const AFFINITY_PROTO: IpProto = IpProto(255);
 
 /// How long a replied UDP flow must have lived before it counts as a stream (the kernel's 2 s).
 const UDP_STREAM_AGE_MS: u64 = 2_000;
+/// The packet of a direction from which a connection may take the fast path (`offloadable`).
+const OFFLOAD_TCP_FROM: u32 = 4;
+const OFFLOAD_UDP_FROM: u32 = 2;
 
 /// Timeouts in milliseconds, resolved once from `CtConfig`.
 #[derive(Clone, Copy, Debug)]
@@ -663,8 +666,9 @@ impl Conntrack {
     }
 
     /// Whether the connection of the packets with tuple `t` may have them on the kernel's fast
-    /// path (`crate::offload`): TCP established and assured, or UDP answered and from the second
-    /// packet in this direction (made a stream at 2 s, as its packets would make it); neither
+    /// path (`crate::offload`): TCP established and assured, from the fourth packet in this
+    /// direction, or UDP answered, from the second (made a stream at 2 s, as its packets would
+    /// make it); neither
     /// masqueraded (a node address as the source is refused on a pod's interface) nor with its
     /// endpoint gone. When the fast path moved `packets` (`bytes` in all) since the last call,
     /// they are counted in that direction and the expiry refreshed first, as the packets would
@@ -678,8 +682,13 @@ impl Conntrack {
         let proto = found.proto();
         let eligible = state & (FLAG_MASQ | FLAG_BACKEND_GONE) == 0
             && match proto {
+                // From this direction's fourth packet: a connection that carries one request
+                // and its answer (SYN, ACK, request, FIN) closes before it would go on, which
+                // would cost it two map updates and save it nothing.
                 IpProto::TCP => {
-                    state & FLAG_ASSURED != 0 && tcp_state_of(state) == TcpState::Established
+                    state & FLAG_ASSURED != 0
+                        && tcp_state_of(state) == TcpState::Established
+                        && self.table.packets(found.idx, found.dir) >= OFFLOAD_TCP_FROM
                 }
                 // Answered, and this direction's second packet or later: a one-shot exchange
                 // (a DNS query and its answer) never goes on, a flow that keeps talking does
@@ -687,7 +696,7 @@ impl Conntrack {
                 IpProto::UDP => {
                     state & FLAG_SEEN_REPLY != 0
                         && (state & FLAG_ASSURED != 0
-                            || self.table.packets(found.idx, found.dir) >= 2)
+                            || self.table.packets(found.idx, found.dir) >= OFFLOAD_UDP_FROM)
                 }
                 _ => false,
             };

@@ -17,6 +17,10 @@
 //! reach the policy-protected pod and is counted as `spoofed-source`, the admitted pod's own
 //! crafted packets arrive; a clean stop removes the redirects and the tap.
 //!
+//! `tap_mode_with_the_uplink`: both nodes with the uplink through the tap as well (no XDP
+//! anywhere); bulk TCP across the nodes on both fast paths, the node's own traffic left to the
+//! kernel, a NodePort, a clean stop that gives the uplink back.
+//!
 //! ```sh
 //! cargo test --test lab_tap -- --nocapture
 //! ```

@@ -77,6 +77,59 @@ impl Drop for Iperf3Server {
     }
 }
 
+/// The ClusterIP 172.30.0.12 port 80 → the iperf3 servers of the pods labelled `app`.
+fn iperf_service(lab: &Lab, app: &str) -> String {
+    lab.service("iperf", 12, app, None, false)
+        .replace(
+            &format!("targetPort: {TCP_PORT}"),
+            &format!("targetPort: {IPERF_PORT}"),
+        )
+        .replace(
+            &format!("{{name: tcp, port: {TCP_PORT},"),
+            &format!("{{name: tcp, port: {IPERF_PORT},"),
+        )
+}
+
+/// The CNI lab (or the test's skip) and Debian's iperf3.
+fn require_lab_and_iperf3(test: &str) {
+    cni::require(test);
+    assert!(
+        Command::new("iperf3").arg("--version").output().is_ok(),
+        "iperf3 missing: apt-get install iperf3"
+    );
+}
+
+/// 3 s of iperf3 from `client` through the ClusterIP 172.30.0.12:80 to the server in `server`:
+/// it completes and neither pod counts a TCP checksum error. Returns the bytes received.
+fn iperf3_through(client: &str, server: &str, through: &str, log: impl Fn() -> String) -> f64 {
+    let errors = (csum_errors(client), csum_errors(server));
+    let out = lab::sh(
+        client,
+        "timeout 30 iperf3 -c 172.30.0.12 -p 80 -t 3 -J || true",
+    );
+    let j: serde_json::Value =
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("iperf3: {e}: {out}\n{}", log()));
+    assert!(
+        j.get("error").is_none(),
+        "iperf3: {}\n{}",
+        j["error"],
+        log()
+    );
+    let gbit = j["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .unwrap()
+        / 1e9;
+    let bytes = j["end"]["sum_received"]["bytes"].as_f64().unwrap();
+    eprintln!("iperf3 through {through}: {gbit:.2} Gbit/s, {bytes} bytes");
+    assert!(bytes > 1e6, "{out}");
+    assert_eq!(
+        (csum_errors(client), csum_errors(server)),
+        errors,
+        "TcpInCsumErrors rose"
+    );
+    bytes
+}
+
 /// The pod's `eth0` offload `feature` (`on`/`off`).
 fn offload(ns: &str, feature: &str) -> String {
     lab::sh(ns, "ethtool -k eth0 2>/dev/null || true")
@@ -89,11 +142,7 @@ fn offload(ns: &str, feature: &str) -> String {
 
 #[test]
 fn tap_mode_end_to_end() {
-    cni::require("tap_mode_end_to_end");
-    assert!(
-        Command::new("iperf3").arg("--version").output().is_ok(),
-        "iperf3 missing: apt-get install iperf3"
-    );
+    require_lab_and_iperf3("tap_mode_end_to_end");
     let mut lab = Lab::build("lab_tap");
     lab.add_pod("node-a", "client-a", &[("app", "client")]);
     lab.add_pod("node-a", "other-a", &[("app", "other")]);
@@ -106,16 +155,7 @@ fn tap_mode_end_to_end() {
     let _iperf3 = Iperf3Server::start(&web.ns, IPERF_PORT);
     // The web pods admit clients only: other-a's connections are dropped by kxdp.
     let objects = lab.service("web", 10, "web", None, false)
-        + &lab
-            .service("iperf", 12, "web", None, false)
-            .replace(
-                &format!("targetPort: {TCP_PORT}"),
-                &format!("targetPort: {IPERF_PORT}"),
-            )
-            .replace(
-                &format!("{{name: tcp, port: {TCP_PORT},"),
-                &format!("{{name: tcp, port: {IPERF_PORT},"),
-            )
+        + &iperf_service(&lab, "web")
         + &lab.service("remote", 11, "remote", None, false)
         + &lab.service("empty", 13, "nobody", None, false)
         + &lab.service("np", 14, "np", Some(30081), false)
@@ -154,31 +194,7 @@ spec:
     );
 
     // Bulk TCP through the ClusterIP, both ends on node-a.
-    let errors = (csum_errors(&client.ns), csum_errors(&web.ns));
-    let out = lab::sh(
-        &client.ns,
-        "timeout 30 iperf3 -c 172.30.0.12 -p 80 -t 3 -J || true",
-    );
-    let j: serde_json::Value =
-        serde_json::from_str(&out).unwrap_or_else(|e| panic!("iperf3: {e}: {out}\n{}", k.log()));
-    assert!(
-        j.get("error").is_none(),
-        "iperf3: {}\n{}",
-        j["error"],
-        k.log()
-    );
-    let gbit = j["end"]["sum_received"]["bits_per_second"]
-        .as_f64()
-        .unwrap()
-        / 1e9;
-    let bytes = j["end"]["sum_received"]["bytes"].as_f64().unwrap();
-    eprintln!("iperf3 through the tap: {gbit:.2} Gbit/s, {bytes} bytes");
-    assert!(bytes > 1e6, "{out}");
-    assert_eq!(
-        (csum_errors(&client.ns), csum_errors(&web.ns)),
-        errors,
-        "TcpInCsumErrors rose"
-    );
+    let bytes = iperf3_through(&client.ns, &web.ns, "the tap", || k.log());
     assert_eq!(
         offload(&client.ns, "tcp-segmentation-offload:"),
         "on",
@@ -326,11 +342,7 @@ spec:
 /// `to-node` verdict), a NodePort from outside is kxdp's; a clean stop gives the uplink back.
 #[test]
 fn tap_mode_with_the_uplink() {
-    cni::require("tap_mode_with_the_uplink");
-    assert!(
-        Command::new("iperf3").arg("--version").output().is_ok(),
-        "iperf3 missing: apt-get install iperf3"
-    );
+    require_lab_and_iperf3("tap_mode_with_the_uplink");
     let mut lab = Lab::build("lab_tapup");
     lab.add_pod("node-a", "client-a", &[("app", "client")]);
     lab.add_pod("node-b", "remote-b1", &[("app", "remote")]);
@@ -339,16 +351,7 @@ fn tap_mode_with_the_uplink() {
     let (client, remote) = (lab.pod("client-a"), lab.pod("remote-b1"));
     let _iperf3 = Iperf3Server::start(&remote.ns, IPERF_PORT);
     let objects = lab.service("remote", 11, "remote", None, false)
-        + &lab
-            .service("iperf", 12, "remote", None, false)
-            .replace(
-                &format!("targetPort: {TCP_PORT}"),
-                &format!("targetPort: {IPERF_PORT}"),
-            )
-            .replace(
-                &format!("{{name: tcp, port: {TCP_PORT},"),
-                &format!("{{name: tcp, port: {IPERF_PORT},"),
-            )
+        + &iperf_service(&lab, "remote")
         + &lab.service("np", 14, "np", Some(30081), false);
     let config = |n: &str| {
         lab.kxdp_config(n, false).replace(
@@ -372,28 +375,7 @@ fn tap_mode_with_the_uplink() {
     }
 
     // Bulk TCP to the endpoint on node-b.
-    let errors = (csum_errors(&client.ns), csum_errors(&remote.ns));
-    let out = lab::sh(
-        &client.ns,
-        "timeout 30 iperf3 -c 172.30.0.12 -p 80 -t 3 -J || true",
-    );
-    let j: serde_json::Value = serde_json::from_str(&out)
-        .unwrap_or_else(|e| panic!("iperf3: {e}: {out}\n{}\n{}", ka.log(), kb.log()));
-    assert!(j.get("error").is_none(), "iperf3: {}", j["error"]);
-    let bytes = j["end"]["sum_received"]["bytes"].as_f64().unwrap();
-    eprintln!(
-        "iperf3 across the nodes: {:.2} Gbit/s",
-        j["end"]["sum_received"]["bits_per_second"]
-            .as_f64()
-            .unwrap()
-            / 1e9
-    );
-    assert!(bytes > 1e6, "{out}");
-    assert_eq!(
-        (csum_errors(&client.ns), csum_errors(&remote.ns)),
-        errors,
-        "TcpInCsumErrors rose"
-    );
+    let bytes = iperf3_through(&client.ns, &remote.ns, "the nodes", || ka.log() + &kb.log());
     // Both nodes moved most of it on their fast paths: node-a the DNAT (client's veth) and
     // the un-NAT (uplink), node-b the connection as is (uplink and the server's veth).
     for (ns, k) in [(&node_a, &ka), (&node_b, &kb)] {

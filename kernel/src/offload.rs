@@ -211,8 +211,11 @@ const F_MARK_MANGLED_0: i32 = 0x20;
 /// `struct __sk_buff` fields the program reads.
 const SKB_LEN: i16 = 0;
 const SKB_IFINDEX: i16 = 40;
-const SKB_DATA: i16 = 76;
-const SKB_DATA_END: i16 = 80;
+/// Where the packet's bytes are (`data`, `data_end`): the tc programs' context.
+pub(crate) const SKB_POINTERS: crate::xdp::PacketPointers = crate::xdp::PacketPointers {
+    data: 76,
+    data_end: 80,
+};
 const SKB_GSO_SEGS: i16 = 164;
 /// Offsets in an untagged Ethernet frame carrying IPv4 without options.
 const ETH_TYPE: i16 = 12;
@@ -235,15 +238,15 @@ const KEY: i16 = -16;
 const SLOT: i16 = -20;
 const ADDR_FLAGS: i16 = -32;
 const PORT_FLAGS: i16 = -40;
-const TC_ACT_OK: i32 = 0;
+pub(crate) const TC_ACT_OK: i32 = 0;
 
 /// Emits the fast path at the start of a tc program: on a hit the program ends there
-/// (`TC_ACT_OK`); on a miss it jumps to `miss` with the packet in r1 and r6.
+/// (`TC_ACT_OK`); on a miss it jumps to `miss`. The context is in r6 (the caller's first
+/// instruction puts it there) and stays there.
 pub(crate) fn emit(a: &mut Asm, maps: OffloadMaps, miss: &'static str) {
     const NOT: &str = "offload_not";
-    a.mov_x(R6, R1);
-    a.ldx(W, R2, R6, SKB_DATA);
-    a.ldx(W, R3, R6, SKB_DATA_END);
+    a.ldx(W, R2, R6, SKB_POINTERS.data);
+    a.ldx(W, R3, R6, SKB_POINTERS.data_end);
     a.mov_x(R4, R2);
     a.alu_k(ADD, R4, HEADERS);
     a.jmp_x(JGT, R4, R3, NOT);
@@ -350,7 +353,6 @@ pub(crate) fn emit(a: &mut Asm, maps: OffloadMaps, miss: &'static str) {
     a.mov_k(R0, TC_ACT_OK);
     a.exit();
     a.label(NOT);
-    a.mov_x(R1, R6);
     a.ja(miss);
 }
 

@@ -23,7 +23,9 @@
 //!
 //! With a tag, the redirect is a small tc program instead (`cls_bpf`, direct action, assembled
 //! here like the XDP program): it pushes an 802.1Q tag whose VLAN ID names the interface
-//! (`bpf_skb_vlan_push`), then redirects to the target's egress (`bpf_redirect`). The tap hands
+//! (`bpf_skb_vlan_push`), then redirects to the target's egress (`bpf_redirect`). Before that
+//! it may run the in-kernel fast path (`crate::offload`) and the XDP program's steering
+//! (`crate::xdp::steer`), which hands the node's own traffic to the kernel (`TC_ACT_OK`). The tap hands
 //! frames over without saying where they came from; a reader that knows which interface a tag
 //! stands for can check the source addresses per interface. A program, not `act_vlan`, because
 //! kernels may lack `CONFIG_NET_ACT_VLAN` (this lab's does) while `cls_bpf` is there wherever
@@ -145,13 +147,6 @@ pub const MAX_TAG: u16 = 4094;
 /// The name of a tagged redirect's filter, which carries its tag.
 const TAG_NAME: &str = "kxdp-tap tag ";
 
-/// The `__sk_buff` fields where the packet's bytes are.
-const SKB_POINTERS: crate::xdp::PacketPointers = crate::xdp::PacketPointers {
-    data: 76,
-    data_end: 80,
-};
-const TC_ACT_OK: i32 = 0;
-
 /// What a tagged redirect's program does besides tagging: the in-kernel fast path for the
 /// flows the workers installed (`crate::offload`), and the XDP program's steering, which
 /// leaves the node's own traffic to the kernel (`crate::xdp::steer`).
@@ -180,7 +175,7 @@ fn tag_and_redirect(tag: u16, target: u32, with: RedirectPrograms) -> Vec<crate:
         crate::xdp::steer(
             &mut a,
             maps,
-            SKB_POINTERS,
+            crate::offload::SKB_POINTERS,
             crate::xdp::SteerTo {
                 dataplane: "redirect",
                 kernel: "kernel",
@@ -189,11 +184,11 @@ fn tag_and_redirect(tag: u16, target: u32, with: RedirectPrograms) -> Vec<crate:
             },
         );
         a.label("kernel");
-        a.mov_k(R0, TC_ACT_OK);
+        a.mov_k(R0, crate::offload::TC_ACT_OK);
         a.exit();
     }
     a.label("redirect");
-    // r1 is the packet; the protocol is big-endian as it sits in the frame.
+    // r1 is the packet (kept in r6); the protocol is big-endian as it sits in the frame.
     a.mov_x(R1, R6);
     a.mov_k(R2, u16::from_ne_bytes(ETH_P_8021Q.to_be_bytes()) as i32);
     a.mov_k(R3, tag as i32);

@@ -24,7 +24,8 @@
 //! comparison of two builds (any kxdp mode followed by `@base` runs that build too, e.g.
 //! `kxdp-tap@base`), `kxdp-pinned`: each node's worker pinned to a CPU of its
 //! own, `kxdp-tap`: kxdp with `podInterception: {mode: tap}`, `kxdp-tap-no-offload`,
-//! `kxdp-tap-uplink`: the tap for the uplink `eth0` too),
+//! `kxdp-tap-uplink`: the tap for the uplink `eth0` too; `iptables-ip-rule`: iptables on
+//! nodes with one policy-routing rule, what the kernel's rule-based lookup costs),
 //! `KXDP_WORKLOAD_OUT` (target/workload). Output: one JSON line per
 //! measurement in `results.jsonl`, the medians, ratios and CPU per unit in `summary.md`
 //! (`benches/workload.sh` draws the charts from it). Fails if any measurement did not produce
@@ -562,6 +563,58 @@ impl Drop for ModeGuard<'_> {
     }
 }
 
+/// The lab of one mode's measurements: the two nodes, the client pod on node A, the servers on
+/// both nodes, the Services' objects. Each mode gets fresh nodes because a node keeps traces of
+/// the dataplane that ran before: kxdp's policy-routing rules (`ip rule`, docs/afxdp.md § The
+/// host path) turn on the kernel's rule-based route lookup and full reverse-path check for
+/// every packet the namespace forwards, and the kernel never turns them off again (a
+/// per-namespace flag that deleting the rules leaves set), so kube-proxy's rules measured after
+/// kxdp paid for kxdp's rules; and the kernel's conntrack entries and the client's TIME_WAIT
+/// sockets of one mode clashed with the next mode's connections.
+struct FreshNodes {
+    // Dropped in this order: the servers before the lab whose pods they run in.
+    _servers_b: PodServers,
+    _servers_a: PodServers,
+    objects: String,
+    client: String,
+    dir: PathBuf,
+    lab: Lab,
+}
+
+impl FreshNodes {
+    fn build() -> FreshNodes {
+        let mut lab = Lab::build("lab_workload");
+        lab.add_pod("node-a", "client", &[("app", "client")]);
+        lab.add_pod("node-b", "server-b", &[("app", "remote")]);
+        lab.add_pod("node-a", "server-a", &[("app", "local")]);
+        let dir = lab.dir.path().to_path_buf();
+        std::fs::write(dir.join("queries.txt"), format!("{DNS_NAME} A\n")).unwrap();
+        let servers_b = PodServers::start(&lab.pod("server-b").ns, &dir.join("server-b"));
+        let servers_a = PodServers::start(&lab.pod("server-a").ns, &dir.join("server-a"));
+        lab.warm_neighbours();
+        let objects = service_objects(&lab);
+        let client = lab.pod("client").ns.clone();
+        // Every port for the client's connections: `wrk close` opens up to ~13k connections a
+        // second, which would wrap the default 28k-port range within one 5 s test. And ports
+        // in TIME_WAIT reused, as load generators are set up: wrk closes first in part of its
+        // connections, and with back-to-back tests the client's TIME_WAIT sockets (60 s) took
+        // every even port (`connect` prefers them), until connect spent both CPUs searching
+        // for a free one and every mode collapsed to a few hundred connections a second.
+        lab::sh(
+            &client,
+            "sysctl -qw net.ipv4.ip_local_port_range='1024 65535' net.ipv4.tcp_tw_reuse=1",
+        );
+        FreshNodes {
+            _servers_b: servers_b,
+            _servers_a: servers_a,
+            objects,
+            client,
+            dir,
+            lab,
+        }
+    }
+}
+
 fn set_up<'a>(lab: &'a Lab, mode: &str, objects: &str) -> ModeGuard<'a> {
     // `kxdp-base` is `kxdp@base`: a kxdp mode run with the build at KXDP_BASE_BIN.
     let (mode, base) = match mode.strip_suffix("@base") {
@@ -570,15 +623,6 @@ fn set_up<'a>(lab: &'a Lab, mode: &str, objects: &str) -> ModeGuard<'a> {
         None => (mode, false),
     };
     let nodes: Vec<&str> = lab.nodes.iter().map(|n| n.ns.as_str()).collect();
-    // Every mode starts with the nodes' kernel conntrack tables empty. Once kube-proxy's rules
-    // have been loaded, nf_conntrack stays active in the nodes' namespaces; it then also tracks
-    // what kxdp's tap hands to the kernel (already translated: client → pod), and those
-    // entries' reply tuples clash with the next mode's DNAT of the same client ports (client →
-    // ClusterIP, reply pod → client), so the kernel dropped the clashing SYNs: `wrk close`
-    // collapsed to tens of connections a second in the mode after `kxdp-tap` (and the reverse).
-    for ns in &nodes {
-        lab::sh(ns, "conntrack -F 2>/dev/null || true");
-    }
     match mode {
         "kxdp" | "kxdp-pinned" | "kxdp-tap" | "kxdp-tap-no-offload" | "kxdp-tap-uplink" => ModeGuard::Kxdp(
             ["node-a", "node-b"]
@@ -618,10 +662,16 @@ fn set_up<'a>(lab: &'a Lab, mode: &str, objects: &str) -> ModeGuard<'a> {
                 })
                 .collect(),
         ),
-        "iptables" => {
+        "iptables" | "iptables-ip-rule" => {
             let rules = kube_proxy::iptables(&kube_proxy_services(lab), CLUSTER4);
             let mut saved = Vec::new();
             for ns in nodes {
+                if mode == "iptables-ip-rule" {
+                    // One policy-routing rule that matches nothing, as kxdp's host path leaves
+                    // them (its overlay rules name devices a node may not have): what the
+                    // kernel's rule-based lookup costs kube-proxy's forwarding.
+                    lab::ip(ns, "rule add pref 1 iif kxdp-none lookup 27513");
+                }
                 saved.push((ns, lab::sh(ns, "iptables-save -t nat")));
                 pipe_into(ns, "iptables-restore --noflush", &rules);
             }
@@ -635,7 +685,7 @@ fn set_up<'a>(lab: &'a Lab, mode: &str, objects: &str) -> ModeGuard<'a> {
             ModeGuard::Nftables(nodes)
         }
         other => panic!(
-            "KXDP_WORKLOAD_MODES: unknown mode {other:?} (kxdp, kxdp-base, kxdp-pinned, kxdp-tap, kxdp-tap-no-offload, kxdp-tap-uplink, iptables, nftables)"
+            "KXDP_WORKLOAD_MODES: unknown mode {other:?} (kxdp, kxdp-base, kxdp-pinned, kxdp-tap, kxdp-tap-no-offload, kxdp-tap-uplink, iptables, iptables-ip-rule, nftables)"
         ),
     }
 }
@@ -883,11 +933,11 @@ fn workload() {
         .collect();
     for m in &modes {
         assert!(
-            ["kxdp", "kxdp-base", "kxdp-pinned", "kxdp-tap", "kxdp-tap-no-offload", "kxdp-tap-uplink", "iptables", "nftables"].contains(
+            ["kxdp", "kxdp-base", "kxdp-pinned", "kxdp-tap", "kxdp-tap-no-offload", "kxdp-tap-uplink", "iptables", "iptables-ip-rule", "nftables"].contains(
                 // `@base` only after a kxdp mode (the kernel modes run no build).
                 &m.strip_suffix("@base").filter(|b| b.starts_with("kxdp")).unwrap_or(m),
             ),
-            "KXDP_WORKLOAD_MODES: unknown mode {m:?} (kxdp, kxdp-base, kxdp-pinned, kxdp-tap, kxdp-tap-no-offload, kxdp-tap-uplink, iptables, nftables; a kxdp mode with `@base`: the build at KXDP_BASE_BIN)"
+            "KXDP_WORKLOAD_MODES: unknown mode {m:?} (kxdp, kxdp-base, kxdp-pinned, kxdp-tap, kxdp-tap-no-offload, kxdp-tap-uplink, iptables, iptables-ip-rule, nftables; a kxdp mode with `@base`: the build at KXDP_BASE_BIN)"
         );
     }
     for tool in [
@@ -914,32 +964,13 @@ fn workload() {
     let mut jsonl = std::fs::File::create(out.join("results.jsonl"))
         .unwrap_or_else(|e| panic!("{}/results.jsonl: {e}", out.display()));
 
-    let mut lab = Lab::build("lab_workload");
-    lab.add_pod("node-a", "client", &[("app", "client")]);
-    lab.add_pod("node-b", "server-b", &[("app", "remote")]);
-    lab.add_pod("node-a", "server-a", &[("app", "local")]);
-    let dir = lab.dir.path().to_path_buf();
-    std::fs::write(dir.join("queries.txt"), format!("{DNS_NAME} A\n")).unwrap();
-    let _servers_b = PodServers::start(&lab.pod("server-b").ns, &dir.join("server-b"));
-    let _servers_a = PodServers::start(&lab.pod("server-a").ns, &dir.join("server-a"));
-    lab.warm_neighbours();
-    let objects = service_objects(&lab);
-    let client = lab.pod("client").ns.clone();
-    // Every port for the client's connections: `wrk close` opens up to ~13k connections a
-    // second, which would wrap the default 28k-port range within one 5 s test. And ports in
-    // TIME_WAIT reused, as load generators are set up: wrk closes first in part of its
-    // connections, and with back-to-back tests the client's TIME_WAIT sockets (60 s) took
-    // every even port (`connect` prefers them), until connect spent both CPUs searching for a
-    // free one and every mode collapsed to a few hundred connections a second.
-    lab::sh(
-        &client,
-        "sysctl -qw net.ipv4.ip_local_port_range='1024 65535' net.ipv4.tcp_tw_reuse=1",
-    );
-
     let mut records = Vec::new();
     for round in 1..=rounds {
         for mode in &modes {
-            let guard = set_up(&lab, mode, &objects);
+            // Every mode on nodes of its own, as a node that never ran another dataplane.
+            let nodes = FreshNodes::build();
+            let (lab, client, dir) = (&nodes.lab, &nodes.client, &nodes.dir);
+            let guard = set_up(lab, mode, &nodes.objects);
             // Neighbours resolved through this mode's path before anything is measured.
             lab.warm_neighbours();
             for t in TESTS.iter().filter(|t| wanted(t)) {
@@ -949,7 +980,7 @@ fn workload() {
                     LOCAL_VIP
                 };
                 let (busy0, total0) = cpu_jiffies();
-                let outcome = run_test(t, &client, vip, seconds, &dir);
+                let outcome = run_test(t, client, vip, seconds, dir);
                 let (busy1, total1) = cpu_jiffies();
                 // Busy share of all jiffies times the CPUs: CPUs busy on average.
                 let ncpu = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;

@@ -643,7 +643,10 @@ fn kxdp_host_path_replaced_on_start_and_removed_on_exit() {
         running.contains("kxdp0") && running.contains("kxdp1"),
         "{running}"
     );
-    assert!(running.contains("lookup 27512"), "{running}");
+    // The node's own NodePort connections: a tc redirect on lo, no policy-routing rule.
+    assert!(!running.contains("lookup 27512"), "{running}");
+    let lo = lab::sh(&ns, "tc filter show dev lo egress");
+    assert!(lo.contains("kxdp-node-ports"), "{lo}");
     assert!(
         running.contains("172.30.0.0/16 via 169.254.107.1 dev kxdp0"),
         "{running}"

@@ -48,6 +48,25 @@ fn setup(ns: &str, opts: HostPathOptions) -> HostPath {
     Lab::in_ns(ns, move || HostPath::setup(&opts).expect("host path setup"))
 }
 
+/// The node-ports redirect on `lo`, as the runner attaches it: the XDP program's maps with the
+/// node's addresses and these NodePorts (the maps live as long as the filter's program).
+fn redirect_node_ports(ns: &str, hp: &HostPath, ports: &[u16]) {
+    let maps = kxdp_kernel::xdp::SharedMaps::create().expect("maps");
+    maps.set_node(&[NODE4.parse().unwrap(), NODE6.parse().unwrap()], ports)
+        .expect("node maps");
+    let to = hp.node_ports_to();
+    Lab::in_ns(ns, move || {
+        kxdp_kernel::tc::redirect_node_ports(
+            kxdp_kernel::tc::LOOPBACK,
+            to.ifindex,
+            to.macs,
+            maps.steer_maps(),
+            kxdp_kernel::tc::NODE_PORTS_PREF,
+        )
+        .expect("node-ports redirect")
+    })
+}
+
 fn mac_str(m: [u8; 6]) -> String {
     m.iter()
         .map(|b| format!("{b:02x}"))
@@ -107,6 +126,7 @@ fn tcp_attempt(ns: &str, to: &str) -> std::io::Result<()> {
 fn hostpath_local_traffic_leaves_on_kxdp0_and_arrives_on_kxdp1() {
     let (_lab, ns) = node("hostpath_local_traffic_leaves_on_kxdp0_and_arrives_on_kxdp1");
     let hp = setup(&ns, options());
+    redirect_node_ports(&ns, &hp, &[30080, 31000, 32767]);
     let (host_mac, kxdp_mac) = (mac_str(hp.host_mac()), mac_str(hp.kxdp_mac()));
     let cases = [
         ("ClusterIP", "172.30.0.10:80", NODE4),
@@ -136,7 +156,7 @@ fn hostpath_local_traffic_leaves_on_kxdp0_and_arrives_on_kxdp1() {
         );
         assert!(
             out.contains(&format!("{host_mac} > {kxdp_mac}")),
-            "{what}: from kxdp0 to kxdp1's MAC (the permanent neighbour): {out}"
+            "{what}: from kxdp0 to kxdp1's MAC (as the route through the pair): {out}"
         );
     }
     // UDP to a NodePort on the node's own address goes the same way.
@@ -147,14 +167,26 @@ fn hostpath_local_traffic_leaves_on_kxdp0_and_arrives_on_kxdp1() {
         })
     });
     assert!(out.contains("192.168.55.2.31000"), "UDP NodePort: {out}");
-    // Everything else for the node's own addresses stays local: a port below the NodePort range
-    // is refused by the node's own stack at once, and nothing reaches kxdp1.
-    let out = capture(&ns, "kxdp1", "tcp and dst port 29999", || {
-        let e = tcp_attempt(&ns, "192.168.55.2:29999").unwrap_err();
-        assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused, "{e}");
-    });
-    assert!(out.is_empty(), "local traffic stays local: {out}");
+    // Everything else for the node's own addresses stays local: a port that is no NodePort
+    // (in the NodePort range or not) is refused by the node's own stack at once, and nothing
+    // reaches kxdp1.
+    for port in [29999, 30081] {
+        let out = capture(&ns, "kxdp1", &format!("tcp and dst port {port}"), || {
+            let e = tcp_attempt(&ns, &format!("192.168.55.2:{port}")).unwrap_err();
+            assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused, "{e}");
+        });
+        assert!(out.is_empty(), "local traffic stays local: {out}");
+    }
+    // No policy-routing rule: the kernel keeps its fast route lookup for what it forwards.
+    assert!(
+        !ip(&ns, "rule show").contains("proto 107"),
+        "{}",
+        ip(&ns, "rule show")
+    );
     hp.teardown().expect("teardown");
+    // Teardown takes the redirect away: the NodePort is the node's own again.
+    let e = tcp_attempt(&ns, "192.168.55.2:30080").unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused, "{e}");
 }
 
 /// Writes `frame` into `dev` (AF_PACKET, through python3: no unsafe in the tests).
@@ -292,21 +324,10 @@ fn hostpath_setup_replaces_and_teardown_restores_exactly() {
     eprintln!("host path setup: {:?}", t.elapsed());
     let first = host_state(&ns);
     let first_index = hp.kxdp_ifindex();
-    // kxdp's rules come first, then the moved local rule, then main and default as before.
+    // No rule of kxdp's: the `local` rule where it was (overlay devices, none here, would
+    // have theirs).
     let rules = ip(&ns, "rule show");
-    let pos = |needle: &str| {
-        rules
-            .find(needle)
-            .unwrap_or_else(|| panic!("{needle} in {rules}"))
-    };
-    assert!(pos("iif lo") < pos("lookup local"), "{rules}");
-    assert!(pos("lookup local") < pos("lookup main"), "{rules}");
-    assert_eq!(
-        rules.matches("iif lo").count(),
-        3,
-        "tcp, udp, sctp: {rules}"
-    );
-    assert!(rules.contains("dport 30000-32767"), "{rules}");
+    assert!(!rules.contains("proto 107"), "{rules}");
     assert_eq!(rules.matches("lookup local").count(), 1, "{rules}");
     let routes = ip(&ns, "route show proto 107");
     assert!(
@@ -358,25 +379,24 @@ fn wait_for(ns: &str, what: &str, ok: impl Fn(&str) -> bool) -> String {
     }
 }
 
-/// The NodePort rules follow the node's addresses (netlink address events): an address added
-/// after start gets its rules ahead of `local` (the node's connection to a NodePort on it
-/// arrives on kxdp1, from that address), a removed one loses them, and teardown still restores
-/// `ip rule` exactly.
+/// What follows the node (netlink link and address events): an overlay device that appears
+/// gets its rules (a name the node does not have gets none: a namespace's first rule puts all
+/// its forwarding on the kernel's slower rule-based lookup), and the service routes' source
+/// follows the node's addresses (the first local one of each family among the candidates);
+/// teardown still restores `ip rule` exactly.
 #[test]
-fn hostpath_node_port_rules_follow_the_node_addresses() {
+fn hostpath_follows_overlay_devices_and_node_addresses() {
     use kxdp_dataplane::io::host_path::NodeAddressFollower;
     use std::sync::{Arc, Mutex};
     const EXTRA4: &str = "192.168.55.9";
-    const EXTRA6: &str = "fd55::9";
-    let (_lab, ns) = node("hostpath_node_port_rules_follow_the_node_addresses");
+    let (_lab, ns) = node("hostpath_follows_overlay_devices_and_node_addresses");
     let before = state_without_hostpath(&ns);
-    let hp = Arc::new(Mutex::new(Some(setup(&ns, options()))));
-    let (host_mac, kxdp_mac) = {
-        let g = hp.lock().unwrap();
-        let h = g.as_ref().unwrap();
-        (mac_str(h.host_mac()), mac_str(h.kxdp_mac()))
+    let opts = HostPathOptions {
+        overlay_ifs: vec!["kxov0".into(), "kxov1".into()],
+        ..options()
     };
-    let candidates: Vec<std::net::IpAddr> = [NODE4, NODE6, EXTRA4, EXTRA6]
+    let hp = Arc::new(Mutex::new(Some(setup(&ns, opts))));
+    let candidates: Vec<std::net::IpAddr> = [EXTRA4, NODE4, NODE6]
         .iter()
         .map(|a| a.parse().unwrap())
         .collect();
@@ -384,65 +404,41 @@ fn hostpath_node_port_rules_follow_the_node_addresses() {
     let mut follower = Lab::in_ns(&ns, move || {
         NodeAddressFollower::start(h, candidates).expect("follower")
     });
-    // Not on the node yet: no rules (the route's `src` needs a local address).
+    // Neither overlay device exists: no rule at all.
     let rules = ip(&ns, "rule show") + &ip(&ns, "-6 rule show");
-    assert!(
-        !rules.contains(EXTRA4) && !rules.contains(EXTRA6),
-        "{rules}"
-    );
-    assert_eq!(rules.matches("iif lo").count(), 6, "{rules}");
+    assert!(!rules.contains("proto 107"), "{rules}");
+    let routes = ip(&ns, "route show proto 107");
+    assert!(routes.contains(&format!("src {NODE4}")), "{routes}");
 
     let t = Instant::now();
-    ip(&ns, &format!("addr add {EXTRA4}/24 dev up0"));
-    ip(&ns, &format!("addr add {EXTRA6}/64 dev up0 nodad"));
-    let rules = wait_for(&ns, "rules for the added addresses", |r| {
-        r.matches(&format!("to {EXTRA4} ")).count() == 3
-            && r.matches(&format!("to {EXTRA6} ")).count() == 3
+    ip(&ns, "link add kxov0 type veth peer name kxov0p");
+    let rules = wait_for(&ns, "the overlay rules of kxov0", |r| {
+        r.matches("iif kxov0").count() == 2
     });
-    eprintln!("rules for the added addresses after {:?}", t.elapsed());
-    let v4 = ip(&ns, "rule show");
-    let (new_rule, local) = (
-        v4.find(&format!("to {EXTRA4} ")).unwrap(),
-        v4.find("lookup local").unwrap(),
-    );
-    assert!(new_rule < local, "ahead of local: {v4}");
-    assert_eq!(
-        rules.matches("lookup local").count(),
-        2,
-        "one per family: {rules}"
-    );
-    for (to, src) in [
-        (format!("{EXTRA4}:30080"), EXTRA4),
-        (format!("[{EXTRA6}]:30080"), EXTRA6),
-    ] {
-        let dst: SocketAddr = to.parse().unwrap();
-        let filter = format!("tcp and dst host {} and dst port 30080", dst.ip());
-        let out = capture(&ns, "kxdp1", &filter, || {
-            let _ = tcp_attempt(&ns, &to);
-        });
-        assert!(
-            out.contains(&format!("{src}.")) && out.contains(&format!("{host_mac} > {kxdp_mac}")),
-            "NodePort on the added address {src} reaches kxdp1 from it: {out}"
-        );
-    }
-    // Other ports on it stay local.
-    let e = tcp_attempt(&ns, &format!("{EXTRA4}:29999")).unwrap_err();
-    assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused, "{e}");
-
-    ip(&ns, &format!("addr del {EXTRA4}/24 dev up0"));
-    ip(&ns, &format!("addr del {EXTRA6}/64 dev up0"));
-    wait_for(&ns, "rules of the removed addresses gone", |r| {
-        !r.contains(EXTRA4) && !r.contains(EXTRA6) && r.matches("iif lo").count() == 6
-    });
-    let routes =
-        ip(&ns, "route show table all proto 107") + &ip(&ns, "-6 route show table all proto 107");
+    eprintln!("overlay rules after {:?}", t.elapsed());
+    assert!(rules.contains("lookup 27513"), "{rules}");
     assert!(
-        !routes.contains(EXTRA4) && !routes.contains(EXTRA6),
-        "kxdp's routes to them gone: {routes}"
+        !rules.contains("kxov1"),
+        "no rule for a device the node lacks: {rules}"
     );
+
+    // The first candidate becomes local: the service routes leave from it.
+    ip(&ns, &format!("addr add {EXTRA4}/24 dev up0"));
+    let end = Instant::now() + Duration::from_secs(3);
+    while !ip(&ns, "route show proto 107").contains(&format!("src {EXTRA4}")) {
+        assert!(Instant::now() < end, "{}", ip(&ns, "route show proto 107"));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    ip(&ns, &format!("addr del {EXTRA4}/24 dev up0"));
+    let end = Instant::now() + Duration::from_secs(3);
+    while !ip(&ns, "route show proto 107").contains(&format!("src {NODE4}")) {
+        assert!(Instant::now() < end, "{}", ip(&ns, "route show proto 107"));
+        std::thread::sleep(Duration::from_millis(50));
+    }
     follower.stop();
     let hp = hp.lock().unwrap().take().unwrap();
     hp.teardown().expect("teardown");
+    ip(&ns, "link del kxov0");
     assert_eq!(
         state_without_hostpath(&ns),
         before,

@@ -528,6 +528,7 @@ fn bench_many_interfaces_one_worker() {
             backoff: Default::default(),
             mode: Default::default(),
             kernel_port: None,
+            node_ports_to: None,
             hold_for_restart: false,
             source_validation: Default::default(),
             tap: None,

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use ipnet::IpNet;
 use kxdp_dataplane::io::host_path::{
-    local_node_addrs, HostPath, HostPathOptions, NodeAddressFollower,
+    local_node_addrs, HostPath, HostPathOptions, NodeAddressFollower, NodePortsTo,
 };
 use kxdp_dataplane::snapshot::{FrontendKind, Snapshot};
 
@@ -28,12 +28,15 @@ pub struct RunningHostPath {
     host_path: Arc<Mutex<Option<HostPath>>>,
     stop: Arc<AtomicBool>,
     updater: Option<std::thread::JoinHandle<()>>,
-    /// Keeps the NodePort rules on the node addresses that are local now (netlink address
-    /// events); the updater gives it the addresses of each publication.
+    /// Keeps the service routes' source on the node addresses that are local now and the
+    /// overlay devices' rules (netlink link and address events); the updater gives it the
+    /// addresses of each publication.
     follower: Arc<Mutex<Option<NodeAddressFollower>>>,
     /// `kxdp1`: added to the interfaces, the dataplane's kernel port.
     pub kxdp_if: String,
     pub kxdp_ifindex: u32,
+    /// Where the node's own packets to its NodePorts go (the runner attaches the redirect).
+    pub node_ports_to: NodePortsTo,
     /// What was set up, for the startup report.
     pub describe: String,
 }
@@ -97,18 +100,16 @@ impl RunningHostPath {
         let snap = published.load_full();
         let node_ips = node_ips(config, &snap);
         if node_ips.is_empty() {
-            tracing::warn!("host path: no node address known yet (nodeIPs empty, no Node object published): service routes leave without a fixed source and no NodePort rules are set");
+            tracing::warn!("host path: no node address known yet (nodeIPs empty, no Node object published): service routes leave without a fixed source");
         }
-        let range = config.host_path.node_port_range;
         let mut opts = HostPathOptions {
             node_ips: node_ips.clone(),
             service_routes: service_routes(&snap, config),
-            node_port_range: Some((range.0, range.1)),
             overlay_ifs: config.host_path.overlay_interfaces.clone(),
             ..HostPathOptions::default()
         };
-        // Rules and routes only for the addresses the node has now (a route's `src` must be
-        // local); the follower adds the others when they appear.
+        // Routes only for the addresses the node has now (a route's `src` must be local); the
+        // follower adds the others when they appear.
         let local = local_node_addrs(&opts)?;
         opts.node_ips.retain(|a| local.contains(a));
         let hp = match adopt {
@@ -128,25 +129,24 @@ impl RunningHostPath {
             tracing::warn!("host path: IPv6 forwarding is off on this node (net.ipv6.conf.all.forwarding = 0): the kernel drops the IPv6 pod traffic kxdp hands it on {} (to outside the cluster, replies to pods); kxdp does not change it: set it on the node (the CNI usually does)", opts.host_if);
         }
         let (kxdp_if, kxdp_ifindex) = (opts.kxdp_if.clone(), hp.kxdp_ifindex());
+        let node_ports_to = hp.node_ports_to();
         let describe = format!(
-            "host path: {} (kernel) / {} (kxdp), {} service route(s), NodePort rules for {}-{} on {}, overlay devices steered to kxdp: {}; route protocol {}, tables {} and {}",
+            "host path: {} (kernel) / {} (kxdp), {} service route(s) from {}, the node's own NodePort connections through {} (a tc redirect on lo), overlay devices steered to kxdp when present: {}; route protocol {}, table {}",
             opts.host_if,
             opts.kxdp_if,
             opts.service_routes.len(),
-            range.0,
-            range.1,
             node_ips
                 .iter()
                 .map(|a| a.to_string())
                 .collect::<Vec<_>>()
                 .join(", "),
+            opts.host_if,
             if opts.overlay_ifs.is_empty() {
                 "none".to_string()
             } else {
                 opts.overlay_ifs.join(", ")
             },
             opts.protocol,
-            opts.table,
             opts.overlay_table
         );
         let host_path = Arc::new(Mutex::new(Some(hp)));
@@ -211,6 +211,7 @@ impl RunningHostPath {
             follower,
             kxdp_if,
             kxdp_ifindex,
+            node_ports_to,
             describe,
         })
     }

@@ -887,6 +887,7 @@ fn run_options(
         },
         mode,
         kernel_port: host_path.map(|h| h.kxdp_ifindex),
+        node_ports_to: host_path.map(|h| h.node_ports_to),
         // With a state file the next kxdp continues the connections: hold them meanwhile.
         hold_for_restart,
         source_validation: match config.source_validation {

@@ -511,12 +511,14 @@ impl Events {
         })
     }
 
-    /// Only address changes (IPv4 and IPv6): for what follows the node's addresses.
-    pub fn subscribe_addresses() -> io::Result<Events> {
+    /// Only link and address changes (IPv4 and IPv6): for what follows the node's devices and
+    /// addresses.
+    pub fn subscribe_links_and_addresses() -> io::Result<Events> {
+        const RTMGRP_LINK: u32 = 0x1;
         const RTMGRP_IPV4_IFADDR: u32 = 0x10;
         const RTMGRP_IPV6_IFADDR: u32 = 0x100;
         Ok(Events {
-            socket: open(RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR)?,
+            socket: open(RTMGRP_LINK | RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR)?,
             buf: vec![0u8; 64 * 1024],
         })
     }

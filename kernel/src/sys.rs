@@ -48,6 +48,29 @@ pub fn enter_netns(path: &str) -> io::Result<()> {
     Ok(())
 }
 
+/// The calling thread's network namespace, held open (for [`in_netns`]).
+pub fn current_netns() -> io::Result<std::fs::File> {
+    std::fs::File::open("/proc/thread-self/ns/net")
+}
+
+/// Runs `f` in the network namespace `ns` (from [`current_netns`]), on a thread of its own: for
+/// a netlink call that must reach the namespace an object was set up in, whatever namespace
+/// the caller is in.
+pub fn in_netns<T: Send>(ns: &std::fs::File, f: impl FnOnce() -> T + Send) -> io::Result<T> {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            // SAFETY: setns on a valid namespace fd only changes this (scoped) thread's
+            // namespace.
+            if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(f())
+        })
+        .join()
+        .map_err(|_| io::Error::other("a thread in the host path's namespace panicked"))?
+    })
+}
+
 /// Wraps a returned file descriptor (or the errno of a failed call).
 pub(crate) fn fd_result(r: libc::c_long) -> io::Result<OwnedFd> {
     if r < 0 {

@@ -84,9 +84,28 @@ fn clsact(ifindex: u32) -> TcMessage {
     m
 }
 
+/// The clsact qdisc's egress hook.
+fn egress() -> TcHandle {
+    TcHandle {
+        major: 0xffff,
+        minor: TcHandle::MIN_EGRESS,
+    }
+}
+
 fn filter(ifindex: u32, pref: u16, protocol: u16, handle: TcHandle) -> TcMessage {
+    filter_at(ingress(), ifindex, pref, protocol, handle)
+}
+
+/// A filter message for the clsact hook `hook` (ingress or egress).
+fn filter_at(
+    hook: TcHandle,
+    ifindex: u32,
+    pref: u16,
+    protocol: u16,
+    handle: TcHandle,
+) -> TcMessage {
     let mut m = TcMessage::with_index(ifindex as i32);
-    m.header.parent = ingress();
+    m.header.parent = hook;
     m.header.handle = handle;
     m.header.info = info(pref, protocol);
     m
@@ -101,8 +120,18 @@ fn existing(
     pref: u16,
     protocol: u16,
 ) -> io::Result<Option<(TcHandle, String, Option<u16>)>> {
+    existing_at(ingress(), ifindex, pref, protocol)
+}
+
+/// [`existing`] at the clsact hook `hook`.
+fn existing_at(
+    hook: TcHandle,
+    ifindex: u32,
+    pref: u16,
+    protocol: u16,
+) -> io::Result<Option<(TcHandle, String, Option<u16>)>> {
     let mut found = None;
-    let q = filter(ifindex, pref, protocol, TcHandle::UNSPEC);
+    let q = filter_at(hook, ifindex, pref, protocol, TcHandle::UNSPEC);
     dumped(RouteNetlinkMessage::GetTrafficFilter(q), |m| {
         if let RouteNetlinkMessage::NewTrafficFilter(m) = m {
             let h = m.header.handle;
@@ -181,6 +210,7 @@ fn tag_and_redirect(tag: u16, target: u32, with: RedirectPrograms) -> Vec<crate:
                 kernel: "kernel",
                 // Headers past the linear part: the workers read the whole frame.
                 short: "redirect",
+                other: "redirect",
             },
         );
         a.label("kernel");
@@ -387,15 +417,146 @@ pub fn remove_redirect(ifindex: u32, pref: u16) -> io::Result<()> {
 
 /// Removes the filters at `pref`/`protocol` (a missing one is not an error).
 fn remove_filter(ifindex: u32, pref: u16, protocol: u16) -> io::Result<()> {
+    remove_filter_at(ingress(), ifindex, pref, protocol)
+}
+
+/// [`remove_filter`] at the clsact hook `hook`.
+fn remove_filter_at(hook: TcHandle, ifindex: u32, pref: u16, protocol: u16) -> io::Result<()> {
     match acked(
         // No handle: the whole tcf_proto at this preference, which is kxdp's alone.
-        RouteNetlinkMessage::DelTrafficFilter(filter(ifindex, pref, protocol, TcHandle::UNSPEC)),
+        RouteNetlinkMessage::DelTrafficFilter(filter_at(
+            hook,
+            ifindex,
+            pref,
+            protocol,
+            TcHandle::UNSPEC,
+        )),
         0,
     ) {
         // No such filter, or no clsact qdisc at all (EINVAL).
         Err(e) if matches!(e.raw_os_error(), Some(ENOENT) | Some(EINVAL)) => Ok(()),
         r => r.map_err(|e| context(e, "removing the redirect filter", ifindex)),
     }
+}
+
+/// The loopback device: ifindex 1 in every network namespace.
+pub const LOOPBACK: u32 = 1;
+/// The preference of kxdp's node-ports redirect on `lo`'s egress.
+pub const NODE_PORTS_PREF: u16 = 0xcd10;
+/// Every protocol (the filter's program tells IPv4 and IPv6 apart).
+const ETH_P_ALL: u16 = 0x0003;
+/// The name of the node-ports redirect's filter.
+const NODE_PORTS_NAME: &str = "kxdp-node-ports";
+
+/// The program of [`redirect_node_ports`]: the XDP program's steering on the packet; what it
+/// would hand to the dataplane (a node address and a NodePort kxdp serves) gets `macs`
+/// (destination, source) and goes to the egress of `target`; everything else goes on as it was
+/// (`TC_ACT_OK`).
+fn node_ports_to(
+    target: u32,
+    macs: [u8; 12],
+    maps: crate::xdp::SteerMaps,
+) -> Vec<crate::xdp::Insn> {
+    use crate::xdp::asm::*;
+    const HELPER_SKB_STORE_BYTES: i32 = 9;
+    const HELPER_REDIRECT: i32 = 23;
+    const MACS: i16 = -64;
+    let mut a = Asm::default();
+    a.mov_x(R6, R1);
+    crate::xdp::steer(
+        &mut a,
+        maps,
+        crate::offload::SKB_POINTERS,
+        crate::xdp::SteerTo {
+            dataplane: "redirect",
+            kernel: "local",
+            short: "local",
+            other: "local",
+        },
+    );
+    a.label("local");
+    a.mov_k(R0, crate::offload::TC_ACT_OK);
+    a.exit();
+    a.label("redirect");
+    for (i, w) in macs.chunks_exact(4).enumerate() {
+        a.mov_k(R1, i32::from_ne_bytes([w[0], w[1], w[2], w[3]]));
+        a.stx(W, R10, MACS + 4 * i as i16, R1);
+    }
+    a.mov_x(R1, R6);
+    a.mov_k(R2, 0);
+    a.mov_x(R3, R10);
+    a.alu_k(ADD, R3, MACS as i32);
+    a.mov_k(R4, 12);
+    a.mov_k(R5, 0);
+    a.call(HELPER_SKB_STORE_BYTES);
+    a.mov_k(R1, target as i32);
+    a.mov_k(R2, 0);
+    a.call(HELPER_REDIRECT);
+    a.exit();
+    a.finish()
+}
+
+/// Sends the node's own packets to its NodePorts to kxdp: a direct-action `cls_bpf` filter at
+/// `lo`'s egress (preference `pref`, every protocol) whose program runs the XDP program's
+/// steering over each packet the node sends to itself and redirects those the dataplane must
+/// see (a node address and a NodePort kxdp serves, the `ports` bitmap) to the egress of
+/// `target` (the host path's `kxdp0`, so they arrive on `kxdp1`), with `macs` as their
+/// Ethernet destination and source (`kxdp1`'s and `kxdp0`'s, as a route through `kxdp0`
+/// would write them). The rest stays local. Where policy-routing rules did this, the kernel
+/// would look every route up through its rule list for as long as the namespace lives. Attaching
+/// again replaces the filter in place.
+pub fn redirect_node_ports(
+    lo: u32,
+    target: u32,
+    macs: [u8; 12],
+    steer: crate::xdp::SteerMaps,
+    pref: u16,
+) -> io::Result<()> {
+    const BPF_PROG_TYPE_SCHED_CLS: u32 = 3;
+    match acked(
+        RouteNetlinkMessage::NewQueueDiscipline(clsact(lo)),
+        NLM_F_CREATE | NLM_F_EXCL,
+    ) {
+        Err(e) if e.raw_os_error() == Some(EEXIST) => {}
+        r => r.map_err(|e| context(e, "adding the clsact qdisc", lo))?,
+    }
+    let (handle, flags) = match existing_at(egress(), lo, pref, ETH_P_ALL)
+        .map_err(|e| context(e, "listing the egress filters", lo))?
+    {
+        Some((h, k, _)) if k == TcFilterBpf::KIND => (h, NLM_F_REPLACE),
+        Some(_) => {
+            remove_filter_at(egress(), lo, pref, ETH_P_ALL)?;
+            (TcHandle::UNSPEC, NLM_F_CREATE | NLM_F_EXCL)
+        }
+        None => (TcHandle::UNSPEC, NLM_F_CREATE | NLM_F_EXCL),
+    };
+    let prog = crate::xdp::load_program(
+        BPF_PROG_TYPE_SCHED_CLS,
+        0,
+        &node_ports_to(target, macs, steer),
+        "the node-ports redirect's tc program",
+    )
+    .map_err(|e| context(e, "loading the node-ports redirect", lo))?;
+    let mut m = filter_at(egress(), lo, pref, ETH_P_ALL, handle);
+    m.attributes
+        .push(TcAttribute::Kind(TcFilterBpf::KIND.into()));
+    m.attributes.push(TcAttribute::Options(vec![
+        TcOption::Bpf(TcFilterBpfOption::ProgFd(prog.as_raw_fd() as u32)),
+        TcOption::Bpf(TcFilterBpfOption::ProgName(NODE_PORTS_NAME.into())),
+        TcOption::Bpf(TcFilterBpfOption::Flags(TcBpfFlags::DirectAction)),
+    ]));
+    acked(RouteNetlinkMessage::NewTrafficFilter(m), flags)
+        .map_err(|e| context(e, "adding the node-ports redirect", lo))
+}
+
+/// Removes the filter [`redirect_node_ports`] added at `pref` (a missing one is not an error).
+pub fn remove_node_ports_redirect(lo: u32, pref: u16) -> io::Result<()> {
+    remove_filter_at(egress(), lo, pref, ETH_P_ALL)
+}
+
+/// Whether [`redirect_node_ports`]'s filter is at `pref` on `lo`.
+pub fn node_ports_redirected(lo: u32, pref: u16) -> io::Result<bool> {
+    Ok(existing_at(egress(), lo, pref, ETH_P_ALL)?.is_some())
 }
 
 #[cfg(test)]
@@ -825,6 +986,65 @@ mod tests {
             }
             assert!(found, "a NodePort goes to the tap");
             remove_redirect(b, 100).unwrap();
+        });
+    }
+
+    /// Needs root and `ip`; a private network namespace. The node's own TCP to its address
+    /// leaves through the redirect when the port is a NodePort kxdp serves, with the host
+    /// path's MACs; another port stays local (refused at once); without the filter, all local.
+    #[test]
+    fn the_nodes_own_node_port_packets_go_to_the_host_path() {
+        in_private_netns(|| {
+            let run = |c: &str| std::process::Command::new("sh").args(["-c", c]).status();
+            let _ = run(
+                "ip link set lo up && ip link add kxva type veth peer name kxvb \
+                 && ip link set kxva address 02:00:00:00:00:0a \
+                 && ip link set kxvb address 02:00:00:00:00:0b \
+                 && ip link set kxva up && ip link set kxvb up \
+                 && ip addr add 10.8.0.99/24 dev kxvb",
+            );
+            let (Ok(a), Ok(b)) = (crate::ifindex("kxva"), crate::ifindex("kxvb")) else {
+                eprintln!("SKIPPED: no veth pair");
+                return;
+            };
+            let node = crate::xdp::SharedMaps::create().unwrap();
+            node.set_node(&["10.8.0.99".parse().unwrap()], &[30080])
+                .unwrap();
+            // To kxva (as to kxdp1), from kxvb (as from kxdp0): sent into kxvb, seen on kxva.
+            let macs = [2, 0, 0, 0, 0, 0x0a, 2, 0, 0, 0, 0, 0x0b];
+            redirect_node_ports(LOOPBACK, b, macs, node.steer_maps(), 7).unwrap();
+            assert!(node_ports_redirected(LOOPBACK, 7).unwrap());
+            // Again: replaced in place.
+            redirect_node_ports(LOOPBACK, b, macs, node.steer_maps(), 7).unwrap();
+            let capture = capture_on(a);
+            let connect = |port: u16| {
+                let to = std::net::SocketAddr::from(([10, 8, 0, 99], port));
+                std::net::TcpStream::connect_timeout(&to, std::time::Duration::from_millis(300))
+            };
+            let syn_to = |port: u16| {
+                move |f: &[u8]| {
+                    f.len() >= 54
+                        && f[12..14] == [0x08, 0x00]
+                        && f[23] == 6
+                        && u16::from_be_bytes([f[36], f[37]]) == port
+                        && f[47] & 0x02 != 0
+                }
+            };
+            // A NodePort: nobody answers on kxva, so the connect times out; its SYN is there.
+            assert!(connect(30080).is_err());
+            let got = recv_matching(&capture, syn_to(30080)).expect("the SYN on the host path");
+            assert_eq!(&got[..12], &macs, "the host path's MACs");
+            assert_eq!(&got[26..30], &[10, 8, 0, 99], "from the node's address");
+            // Not a NodePort: local, refused at once, nothing on the host path.
+            let e = connect(30081).expect_err("nothing listens");
+            assert_eq!(e.kind(), io::ErrorKind::ConnectionRefused);
+            assert!(recv_matching(&capture, syn_to(30081)).is_none());
+            // Without the filter the NodePort is local again.
+            remove_node_ports_redirect(LOOPBACK, 7).unwrap();
+            assert!(!node_ports_redirected(LOOPBACK, 7).unwrap());
+            let e = connect(30080).expect_err("nothing listens");
+            assert_eq!(e.kind(), io::ErrorKind::ConnectionRefused);
+            remove_node_ports_redirect(LOOPBACK, 7).unwrap();
         });
     }
 }

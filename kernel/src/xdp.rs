@@ -438,6 +438,9 @@ pub(crate) struct SteerTo {
     /// A packet whose headers end before the program can read them (an XDP frame: to the
     /// kernel; a socket buffer, whose headers may sit past its linear part: to the dataplane).
     pub short: &'static str,
+    /// A destination that is not the node's (pods, Services, transit: the dataplane's on an
+    /// interface kxdp serves; the kernel's on `lo`, where every destination is local).
+    pub other: &'static str,
 }
 
 /// The L4 header offsets the program reads ports at (IPv4 IHL 5..=15; IPv6's 54 is IHL 10's),
@@ -469,6 +472,7 @@ pub fn program(maps: ProgramMaps) -> Vec<Insn> {
             dataplane: "redirect",
             kernel: "pass",
             short: "pass",
+            other: "redirect",
         },
     );
 
@@ -547,7 +551,7 @@ pub(crate) fn steer(a: &mut asm::Asm, maps: SteerMaps, at: PacketPointers, to: S
     a.mov_x(R2, R10);
     a.alu_k(ADD, R2, -4);
     a.call(HELPER_MAP_LOOKUP_ELEM);
-    a.jmp_k(JEQ, R0, 0, to.dataplane);
+    a.jmp_k(JEQ, R0, 0, to.other);
     a.mov_k(R7, 4);
     a.ja("node");
 
@@ -584,7 +588,7 @@ pub(crate) fn steer(a: &mut asm::Asm, maps: SteerMaps, at: PacketPointers, to: S
     a.mov_x(R2, R10);
     a.alu_k(ADD, R2, -16);
     a.call(HELPER_MAP_LOOKUP_ELEM);
-    a.jmp_k(JEQ, R0, 0, to.dataplane);
+    a.jmp_k(JEQ, R0, 0, to.other);
     a.mov_k(R7, 6);
 
     // For this node: only the ports kxdp serves (NodePorts) go to the dataplane.

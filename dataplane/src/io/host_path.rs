@@ -15,8 +15,8 @@
 //! ```
 //!
 //! What [`HostPath::setup`] installs (everything tagged with the route/rule protocol
-//! `opts.protocol` or living in `opts.table`, so that a start replaces what a previous run left
-//! and [`HostPath::teardown`] removes exactly what was added):
+//! `opts.protocol`, so that a start replaces what a previous run left and
+//! [`HostPath::teardown`] removes exactly what was added):
 //!
 //! - the veth pair `kxdp0` (stays with the kernel) / `kxdp1` (kxdp attaches XDP and AF_XDP to
 //!   it). `kxdp0` gets a link-local /32 (`169.254.107.2`) so that a loose reverse-path check
@@ -37,14 +37,17 @@
 //!   is the node's address of that family: without it the kernel would pick any address (a
 //!   pod gateway's), and the replies would not come back to the node.
 //! - NodePorts on the node's own addresses: the kernel delivers a packet to a local address
-//!   before any route is consulted (the `local` rule at preference 0), so for each node address
-//!   and each of TCP, UDP, SCTP one rule `pref 0 iif lo to NODE-IP ipproto P dport RANGE lookup
-//!   TABLE proto TAG` sends the node's own connections to NodePorts to the kxdp table (a route
-//!   `NODE-IP via NEXTHOP dev kxdp0 onlink src NODE-IP`), and the `local` rule is moved behind
-//!   them: a tagged copy is added at preference 0 after kxdp's rules (rules of one preference
-//!   keep their insertion order), then the original is deleted, so there is no moment without
-//!   a `local` rule and the order of everything else stays as it was. Teardown adds the
-//!   original back (same preference and protocol) before removing kxdp's rules.
+//!   without consulting a route, so the node's own connections to its NodePorts would never
+//!   reach kxdp. A tc program at `lo`'s egress (`kxdp_kernel::tc::redirect_node_ports`, attached
+//!   by the runner once the XDP program's maps exist, [`HostPath::node_ports_to`]) runs the XDP
+//!   program's steering over what the node sends to itself and redirects what the dataplane
+//!   must see (a node address and a NodePort kxdp serves) to `kxdp0`'s egress, addressed as a
+//!   route through the pair would address it; everything else stays local. Not policy-routing
+//!   rules: from a namespace's first rule on, the kernel looks every route up through its rule
+//!   list and checks every forwarded packet's source with a full lookup, for as long as the
+//!   namespace lives (docs/afxdp.md § The host path, "What the rules cost"). Teardown removes the
+//!   filter; an earlier kxdp's NodePort rules and moved `local` rule are removed (the `local`
+//!   rule put back) like anything else it left.
 //!
 //! - overlay devices (`opts.overlay_ifs`: VXLAN, IPIP, WireGuard, tun — any device kxdp has
 //!   no socket on that carries pod traffic between nodes): the egress stage hands what it routes
@@ -53,12 +56,12 @@
 //!   table) sends what the kernel receives on them to kxdp, so replies are un-NATed and new
 //!   connections to local pods meet NetworkPolicy ([`overlay_return_rules`]).
 //!
-//! The node's addresses change (an address added to or removed from an interface): the NodePort
-//! rules follow them. [`NodeAddressFollower`] holds the candidates (`nodeIPs`, else the Node
-//! object's addresses, updated at each publication) and, on every netlink address event,
-//! installs the rules for the candidates that are local now and removes them for those that are
-//! gone ([`HostPath::set_node_ips`]): a rule's route needs its address as `src`, which the
-//! kernel refuses for an address the node does not have.
+//! The node's addresses change (an address added to or removed from an interface): the service
+//! routes' source follows them. [`NodeAddressFollower`] holds the candidates (`nodeIPs`, else
+//! the Node object's addresses, updated at each publication) and, on every netlink address
+//! event, sets those that are local now ([`HostPath::set_node_ips`]): a route's `src` must be
+//! local. The node-ports redirect reads the node's addresses from the XDP program's maps, which
+//! the runner keeps in step with the node's local addresses.
 //!
 //! Netlink goes through the `rtnetlink` crate on a private current-thread tokio runtime (the API
 //! here is synchronous: setup and route updates are rare control-path calls). The per-device
@@ -81,8 +84,8 @@ use kxdp_kernel::netlink::{
 use rtnetlink::packet_route::link::{LinkAttribute, LinkMessage};
 use rtnetlink::packet_route::neighbour::NeighbourState;
 use rtnetlink::packet_route::route::{RouteAttribute, RouteMessage, RouteProtocol};
-use rtnetlink::packet_route::rule::{RuleAction, RuleAttribute, RuleMessage, RulePortRange};
-use rtnetlink::packet_route::{AddressFamily, IpProtocol};
+use rtnetlink::packet_route::rule::{RuleAction, RuleAttribute, RuleMessage};
+use rtnetlink::packet_route::AddressFamily;
 use rtnetlink::{Handle, IpVersion, LinkUnspec, LinkVeth, RouteMessageBuilder};
 
 /// The kernel's `local` routing table.
@@ -96,17 +99,12 @@ pub struct HostPathOptions {
     pub host_if: String,
     /// kxdp's side (attach XDP and AF_XDP sockets to it).
     pub kxdp_if: String,
-    /// The node's addresses: the `src` of service routes (the first of each family) and the
-    /// destinations of the NodePort rules (all of them).
+    /// The node's addresses: the `src` of service routes (the first of each family).
     pub node_ips: Vec<IpAddr>,
     /// Service CIDRs, externalIPs and LoadBalancer IPs routed to kxdp.
     pub service_routes: Vec<IpNet>,
-    /// NodePorts the node's own processes reach on its own addresses; None: no rules.
-    pub node_port_range: Option<(u16, u16)>,
     /// The route and rule protocol number that marks what kxdp installed.
     pub protocol: u8,
-    /// The routing table of the NodePort rules.
-    pub table: u32,
     /// `kxdp0`'s own link-local address.
     pub host_addr4: Ipv4Addr,
     /// The next hops behind `kxdp0` (permanent neighbours with `kxdp1`'s MAC).
@@ -131,16 +129,13 @@ impl Default for HostPathOptions {
             kxdp_if: "kxdp1".into(),
             node_ips: Vec::new(),
             service_routes: Vec::new(),
-            node_port_range: Some((30000, 32767)),
             // 107 = 'k'; unused by iproute2's rt_protos and the common routing daemons.
             protocol: 107,
-            // "kx" in ASCII.
-            table: 0x6b78,
             host_addr4: Ipv4Addr::new(169, 254, 107, 2),
             next_hop4: Ipv4Addr::new(169, 254, 107, 1),
             next_hop6: Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0x6b, 1),
             overlay_ifs: Vec::new(),
-            // "ky": the table after the NodePort rules' one.
+            // "ky" in ASCII.
             overlay_table: 0x6b79,
             overlay_priority: 1,
         }
@@ -158,19 +153,25 @@ pub struct HostPath {
     kxdp_mac: [u8; 6],
     /// The `local` rules moved behind kxdp's (family, priority, protocol), restored on teardown.
     moved_local: Vec<(IpVersion, u32, RouteProtocol)>,
+    /// Overlay devices whose rules are installed.
+    overlay_ruled: Vec<String>,
+    /// The network namespace it was set up in (netlink's rtnetlink handle is bound to it;
+    /// the tc calls are made in it).
+    netns: std::fs::File,
     torn_down: bool,
+}
+
+/// Where the node's own packets to its NodePorts are redirected ([`HostPath::node_ports_to`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NodePortsTo {
+    /// `kxdp0`'s ifindex: the packets leave through it and arrive on `kxdp1`.
+    pub ifindex: u32,
+    /// Their Ethernet destination (`kxdp1`'s MAC) and source (`kxdp0`'s).
+    pub macs: [u8; 12],
 }
 
 fn err(what: &str, e: impl std::fmt::Display) -> io::Error {
     io::Error::other(format!("host path: {what}: {e}"))
-}
-
-fn version_of(ip: &IpAddr) -> IpVersion {
-    if ip.is_ipv6() {
-        IpVersion::V6
-    } else {
-        IpVersion::V4
-    }
 }
 
 /// Sets per-device settings of `index` through netlink ([`devconf_af_spec`]): needs only
@@ -212,6 +213,11 @@ pub(crate) fn open_rp_filter() -> io::Result<u32> {
     })
 }
 
+/// Whether IPv6 is on for `dev` (its per-device settings exist).
+fn ipv6_on(dev: &str) -> bool {
+    std::path::Path::new(&format!("/proc/sys/net/ipv6/conf/{dev}")).exists()
+}
+
 fn read_sysctl(path: &str) -> io::Result<String> {
     std::fs::read_to_string(format!("/proc/sys/{path}"))
         .map(|s| s.trim().to_string())
@@ -236,16 +242,6 @@ fn rule_table(r: &RuleMessage) -> u32 {
             _ => None,
         })
         .unwrap_or(r.header.table as u32)
-}
-
-fn rule_priority(r: &RuleMessage) -> u32 {
-    r.attributes
-        .iter()
-        .find_map(|a| match a {
-            RuleAttribute::Priority(p) => Some(*p),
-            _ => None,
-        })
-        .unwrap_or(0)
 }
 
 fn route_table(r: &RouteMessage) -> u32 {
@@ -327,24 +323,18 @@ async fn routes(handle: &Handle, v: IpVersion) -> io::Result<Vec<RouteMessage>> 
 }
 
 /// Adds a `lookup local` rule at `priority` with protocol `proto` (after the rules already at
-/// that preference). `again`: when an identical rule exists (kxdp's own copy, to be moved behind
-/// rules added since): without `NLM_F_EXCL` (rtnetlink's `replace`, which the kernel's rule code
-/// reads as "no exclusive check") the kernel adds the duplicate after it.
+/// that preference): the kernel's own, put back where an earlier kxdp moved it.
 async fn add_local_rule(
     handle: &Handle,
     v: IpVersion,
     priority: u32,
     proto: RouteProtocol,
-    again: bool,
 ) -> io::Result<()> {
     let mut req = handle
         .rule()
         .add()
         .table_id(RT_TABLE_LOCAL)
         .priority(priority);
-    if again {
-        req = req.replace();
-    }
     let m = req.message_mut();
     m.header.family = match v {
         IpVersion::V4 => AddressFamily::Inet,
@@ -352,26 +342,28 @@ async fn add_local_rule(
     };
     m.header.action = RuleAction::ToTable;
     m.attributes.push(RuleAttribute::Protocol(proto));
-    req.execute().await.map_err(|e| {
-        err(
-            if again {
-                "adding the local rule again"
-            } else {
-                "adding the local rule"
-            },
-            e,
-        )
-    })
+    req.execute()
+        .await
+        .map_err(|e| err("adding the local rule", e))
 }
 
 /// Removes what a previous run (or this one) installed: tagged rules (with an untagged `local`
 /// rule put back first if only kxdp's copy is left), tagged routes, the veth pair.
 async fn remove_tagged(
     handle: &Handle,
+    netns: &std::fs::File,
     opts: &HostPathOptions,
     restore: &[(IpVersion, u32, RouteProtocol)],
 ) -> io::Result<()> {
     let tag = RouteProtocol::Other(opts.protocol);
+    kxdp_kernel::sys::in_netns(netns, || {
+        kxdp_kernel::tc::remove_node_ports_redirect(
+            kxdp_kernel::tc::LOOPBACK,
+            kxdp_kernel::tc::NODE_PORTS_PREF,
+        )
+    })
+    .and_then(|r| r)
+    .map_err(|e| err("removing the node-ports redirect", e))?;
     for v in [IpVersion::V4, IpVersion::V6] {
         let list = rules(handle, v.clone()).await?;
         let untagged_local = list
@@ -387,7 +379,7 @@ async fn remove_tagged(
                 .find(|(rv, _, _)| *rv == v)
                 .map(|(_, p, pr)| (*p, *pr))
                 .unwrap_or((0, RouteProtocol::Kernel));
-            add_local_rule(handle, v.clone(), prio, proto, false).await?;
+            add_local_rule(handle, v.clone(), prio, proto).await?;
         }
         for r in list.into_iter().filter(|r| rule_protocol(r) == tag) {
             handle
@@ -451,6 +443,8 @@ impl HostPath {
             host_mac: [0; 6],
             kxdp_mac: [0; 6],
             moved_local: Vec::new(),
+            overlay_ruled: Vec::new(),
+            netns: kxdp_kernel::sys::current_netns()?,
             torn_down: false,
         };
         if let Err(e) = hp.install() {
@@ -499,6 +493,8 @@ impl HostPath {
                     (v, prio, RouteProtocol::from(proto))
                 })
                 .collect(),
+            overlay_ruled: Vec::new(),
+            netns: kxdp_kernel::sys::current_netns()?,
             torn_down: false,
         })
     }
@@ -521,7 +517,8 @@ impl HostPath {
 
     fn install(&mut self) -> io::Result<()> {
         let (handle, opts) = (self.handle.clone(), self.opts.clone());
-        self.rt.block_on(remove_tagged(&handle, &opts, &[]))?;
+        self.rt
+            .block_on(remove_tagged(&handle, &self.netns, &opts, &[]))?;
         let (host, kxdp) = self.rt.block_on(async {
             handle
                 .link()
@@ -552,7 +549,7 @@ impl HostPath {
         // neighbour of fe80::6b:1 onlink and need no address on kxdp0.
         let h = &opts.host_if;
         let rp = open_rp_filter()?;
-        let v6 = std::path::Path::new(&format!("/proc/sys/net/ipv6/conf/{h}")).exists();
+        let v6 = ipv6_on(h);
         let ipv4 = [
             (IPV4_DEVCONF_RP_FILTER, rp),
             (IPV4_DEVCONF_ACCEPT_LOCAL, 1),
@@ -568,7 +565,7 @@ impl HostPath {
         })?;
 
         let kmac = self.kxdp_mac;
-        let moved = self.rt.block_on(async {
+        self.rt.block_on(async {
             handle
                 .address()
                 .add(hi, opts.host_addr4.into(), 32)
@@ -598,10 +595,9 @@ impl HostPath {
                     .await
                     .map_err(|e| err(&format!("permanent neighbour {nh}"), e))?;
             }
-            overlay_return_rules(&handle, &opts, hi, v6).await?;
-            install_node_ports(&handle, &opts, hi).await
+            overlay_table(&handle, &opts, hi, v6).await
         })?;
-        self.moved_local = moved;
+        self.sync_overlay_rules()?;
         self.set_service_routes(&opts.service_routes)
     }
 
@@ -655,9 +651,8 @@ impl HostPath {
         Ok(())
     }
 
-    /// Follows the node's addresses: NodePort rules for addresses that appeared (with `local`
-    /// moved behind them again), none left for addresses that went away, and the service
-    /// routes' source addresses re-chosen from the new set.
+    /// Follows the node's addresses: the service routes' source addresses re-chosen from the
+    /// new set.
     pub fn set_node_ips(&mut self, ips: &[IpAddr]) -> io::Result<()> {
         // In the given order: the first of each family is the service routes' source.
         let mut want: Vec<IpAddr> = Vec::new();
@@ -666,45 +661,39 @@ impl HostPath {
                 want.push(*a);
             }
         }
-        let (handle, opts, hi) = (self.handle.clone(), self.opts.clone(), self.host_ifindex);
-        if want == opts.node_ips {
+        if want == self.opts.node_ips {
             return Ok(());
         }
-        let gone: Vec<IpAddr> = opts
-            .node_ips
-            .iter()
-            .filter(|a| !want.contains(a))
-            .copied()
-            .collect();
-        let new: Vec<IpAddr> = want
-            .iter()
-            .filter(|a| !opts.node_ips.contains(a))
-            .copied()
-            .collect();
-        let moved = self.rt.block_on(async {
-            for a in &gone {
-                remove_node_port_rules(&handle, &opts, *a).await?;
-            }
-            let mut moved = Vec::new();
-            for v in [IpVersion::V4, IpVersion::V6] {
-                let added: Vec<IpAddr> =
-                    new.iter().filter(|a| version_of(a) == v).copied().collect();
-                if added.is_empty() || opts.node_port_range.is_none() {
-                    continue;
-                }
-                for a in added {
-                    add_node_port_rules(&handle, &opts, hi, a).await?;
-                }
-                moved.extend(move_local_behind(&handle, &opts, v).await?);
-            }
-            Ok::<_, io::Error>(moved)
-        })?;
-        self.moved_local.extend(moved);
         self.opts.node_ips = want;
         // The service routes' `src` is the first address of each family (and a family without
         // one has none of its routes installed).
         let routes = self.opts.service_routes.clone();
         self.set_service_routes(&routes)
+    }
+
+    /// Adds the overlay rules of overlay devices that appeared ([`overlay_rules`]).
+    pub fn sync_overlay_rules(&mut self) -> io::Result<()> {
+        let (handle, opts) = (self.handle.clone(), self.opts.clone());
+        let v6 = ipv6_on(&opts.host_if);
+        let mut done = std::mem::take(&mut self.overlay_ruled);
+        let r = self
+            .rt
+            .block_on(overlay_rules(&handle, &opts, v6, &mut done));
+        self.overlay_ruled = done;
+        r
+    }
+
+    /// Where the node's own packets to its NodePorts go (`kxdp_kernel::tc::redirect_node_ports`):
+    /// the egress of `kxdp0`, addressed to `kxdp1` from `kxdp0` as a route through the pair
+    /// would address them.
+    pub fn node_ports_to(&self) -> NodePortsTo {
+        let mut macs = [0u8; 12];
+        macs[..6].copy_from_slice(&self.kxdp_mac);
+        macs[6..].copy_from_slice(&self.host_mac);
+        NodePortsTo {
+            ifindex: self.host_ifindex,
+            macs,
+        }
     }
 
     /// The kxdp side's interface index (for the runner: attach to it like any interface).
@@ -743,7 +732,8 @@ impl HostPath {
             self.opts.clone(),
             self.moved_local.clone(),
         );
-        self.rt.block_on(remove_tagged(&handle, &opts, &moved))
+        self.rt
+            .block_on(remove_tagged(&handle, &self.netns, &opts, &moved))
     }
 }
 
@@ -837,11 +827,12 @@ async fn add_or_replace_route(handle: &Handle, msg: RouteMessage, what: &str) ->
 
 /// What the kernel receives on an overlay device (decapsulated or decrypted: a reply of a
 /// connection kxdp translated, or a new connection to a local pod that NetworkPolicy must judge)
-/// would otherwise go straight to the pod. Per device and family one rule
-/// `pref P iif DEV lookup OVERLAY-TABLE proto TAG`, and in that table a default route through
-/// `kxdp0`, send it to kxdp instead; kxdp forwards it to the pod's interface. What kxdp sends
-/// to such a device goes back through `kxdp0` and arrives with `iif kxdp0`, so it never loops.
-async fn overlay_return_rules(
+/// would otherwise go straight to the pod. In the overlay table a default route through `kxdp0`
+/// per family (installed here), and per device present and family one rule
+/// `pref P iif DEV lookup OVERLAY-TABLE proto TAG` ([`overlay_rules`]), send it to kxdp instead;
+/// kxdp forwards it to the pod's interface. What kxdp sends to such a device goes back through
+/// `kxdp0` and arrives with `iif kxdp0`, so it never loops.
+async fn overlay_table(
     handle: &Handle,
     opts: &HostPathOptions,
     oif: u32,
@@ -862,9 +853,27 @@ async fn overlay_return_rules(
             &format!("the overlay table's default route ({net})"),
         )
         .await?;
-        for name in &opts.overlay_ifs {
-            let v6 = matches!(net, IpNet::V6(_));
-            tagged_rule(
+    }
+    Ok(())
+}
+
+/// The overlay rules of the devices in `opts.overlay_ifs` that exist now and are not in `done`
+/// (added to it). Only for devices present: a namespace's first policy-routing rule, even one
+/// for a device it does not have, puts all its forwarding on the kernel's slower rule-based
+/// lookup for as long as it lives (docs/afxdp.md § The host path, "What the rules cost"). A
+/// rule already there (a predecessor's, in a takeover) counts as added.
+async fn overlay_rules(
+    handle: &Handle,
+    opts: &HostPathOptions,
+    v6: bool,
+    done: &mut Vec<String>,
+) -> io::Result<()> {
+    for name in &opts.overlay_ifs {
+        if done.contains(name) || link_by_name(handle, name).await?.is_none() {
+            continue;
+        }
+        for v6 in [false, true].into_iter().filter(|f| !f || v6) {
+            let added = tagged_rule(
                 handle,
                 opts,
                 name,
@@ -873,157 +882,20 @@ async fn overlay_return_rules(
                 v6,
             )
             .execute()
-            .await
-            .map_err(|e| err(&format!("the overlay rule for {name}"), e))?;
-        }
-    }
-    Ok(())
-}
-
-/// The NodePort rules for the node's addresses: per address a host route in kxdp's table and
-/// one rule per protocol at preference 0, then `local` moved behind them (see
-/// [`move_local_behind`]); returns the original `local` rules moved (to restore on teardown).
-async fn install_node_ports(
-    handle: &Handle,
-    opts: &HostPathOptions,
-    oif: u32,
-) -> io::Result<Vec<(IpVersion, u32, RouteProtocol)>> {
-    if opts.node_port_range.is_none() {
-        return Ok(Vec::new());
-    }
-    let mut moved = Vec::new();
-    for v in [IpVersion::V4, IpVersion::V6] {
-        let addrs: Vec<IpAddr> = opts
-            .node_ips
-            .iter()
-            .filter(|a| version_of(a) == v)
-            .copied()
-            .collect();
-        if addrs.is_empty() {
-            continue;
-        }
-        for a in &addrs {
-            add_node_port_rules(handle, opts, oif, *a).await?;
-        }
-        moved.extend(move_local_behind(handle, opts, v).await?);
-    }
-    Ok(moved)
-}
-
-/// One node address's host route in kxdp's table and its rules (TCP, UDP, SCTP to the NodePort
-/// range, from local processes), at preference 0 after the rules already there.
-async fn add_node_port_rules(
-    handle: &Handle,
-    opts: &HostPathOptions,
-    oif: u32,
-    a: IpAddr,
-) -> io::Result<()> {
-    let Some((lo, hi)) = opts.node_port_range else {
-        return Ok(());
-    };
-    let host = IpNet::new(a, if a.is_ipv4() { 32 } else { 128 }).unwrap();
-    let msg = route_via_host(opts, oif, host, opts.table, Some(a), Some(a));
-    add_or_replace_route(handle, msg, &format!("kxdp table route to {a}")).await?;
-    for proto in [IpProtocol::Tcp, IpProtocol::Udp, IpProtocol::Sctp] {
-        let mut req = tagged_rule(handle, opts, "lo", opts.table, 0, a.is_ipv6());
-        let m = req.message_mut();
-        m.header.dst_len = host.prefix_len();
-        m.attributes.push(RuleAttribute::Destination(a));
-        m.attributes.push(RuleAttribute::IpProtocol(proto));
-        m.attributes
-            .push(RuleAttribute::DestinationPortRange(RulePortRange {
-                start: lo,
-                end: hi,
-            }));
-        req.execute()
-            .await
-            .map_err(|e| err(&format!("NodePort rule for {a}"), e))?;
-    }
-    Ok(())
-}
-
-/// Removes one node address's rules and its route in kxdp's table.
-async fn remove_node_port_rules(
-    handle: &Handle,
-    opts: &HostPathOptions,
-    a: IpAddr,
-) -> io::Result<()> {
-    let tag = RouteProtocol::Other(opts.protocol);
-    let v = version_of(&a);
-    for r in rules(handle, v.clone()).await? {
-        let to_a = r
-            .attributes
-            .iter()
-            .any(|x| matches!(x, RuleAttribute::Destination(d) if *d == a));
-        if rule_protocol(&r) == tag && rule_table(&r) == opts.table && to_a {
-            handle
-                .rule()
-                .del(r)
-                .execute()
-                .await
-                .map_err(|e| err(&format!("deleting the NodePort rule for {a}"), e))?;
-        }
-    }
-    let host = IpNet::new(a, if a.is_ipv4() { 32 } else { 128 }).unwrap();
-    for r in routes(handle, v).await? {
-        if r.header.protocol == tag
-            && route_table(&r) == opts.table
-            && route_prefix(&r) == Some(host)
-        {
-            match handle.route().del(r).execute().await {
+            .await;
+            match added {
                 Ok(()) => {}
-                Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::ESRCH => {}
-                Err(e) => return Err(err(&format!("deleting kxdp's route to {a}"), e)),
+                Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::EEXIST => {}
+                Err(e) => return Err(err(&format!("the overlay rule for {name}"), e)),
             }
         }
+        done.push(name.clone());
     }
     Ok(())
 }
 
-/// Puts a `lookup local` rule at preference 0 behind every rule there (rules of one preference
-/// keep their insertion order): a tagged copy is added after them, then the rule it replaces is
-/// deleted — the kernel's original (returned, to restore on teardown) the first time, kxdp's
-/// older copy when node addresses were added later (delete removes the first match: the older).
-async fn move_local_behind(
-    handle: &Handle,
-    opts: &HostPathOptions,
-    v: IpVersion,
-) -> io::Result<Vec<(IpVersion, u32, RouteProtocol)>> {
-    let tag = RouteProtocol::Other(opts.protocol);
-    let locals: Vec<RuleMessage> = rules(handle, v.clone())
-        .await?
-        .into_iter()
-        .filter(|r| rule_table(r) == RT_TABLE_LOCAL && rule_priority(r) == 0)
-        .collect();
-    let originals: Vec<&RuleMessage> = locals.iter().filter(|r| rule_protocol(r) != tag).collect();
-    let copies: Vec<&RuleMessage> = locals.iter().filter(|r| rule_protocol(r) == tag).collect();
-    let mut moved = Vec::new();
-    if originals.is_empty() && copies.is_empty() {
-        return Ok(moved);
-    }
-    add_local_rule(handle, v.clone(), 0, tag, !copies.is_empty()).await?;
-    for r in originals {
-        moved.push((v.clone(), 0, rule_protocol(r)));
-        handle
-            .rule()
-            .del(r.clone())
-            .execute()
-            .await
-            .map_err(|e| err("moving the local rule", e))?;
-    }
-    for r in copies {
-        handle
-            .rule()
-            .del(r.clone())
-            .execute()
-            .await
-            .map_err(|e| err("moving kxdp's local rule", e))?;
-    }
-    Ok(moved)
-}
-
-/// The node's addresses that can carry NodePort rules: global unicast addresses on any
-/// interface but the host path's pair (loopback and link-local left out).
+/// The node's addresses that can be the service routes' source: global unicast addresses on
+/// any interface but the host path's pair (loopback and link-local left out).
 pub fn local_node_addrs(opts: &HostPathOptions) -> io::Result<Vec<IpAddr>> {
     let dump = kxdp_kernel::netlink::dump_all()?;
     let pair: Vec<u32> = dump
@@ -1048,9 +920,10 @@ pub fn local_node_addrs(opts: &HostPathOptions) -> io::Result<Vec<IpAddr>> {
     Ok(v)
 }
 
-/// Keeps a host path's NodePort rules on the node's addresses as they come and go (see the
-/// module docs): a thread waits for netlink address events; [`NodeAddressFollower::set_candidates`]
-/// changes the addresses that count as the node's (a publication changed them).
+/// Keeps a host path's service routes on the node's addresses as they come and go, and gives
+/// overlay devices that appear their rules (see the module docs): a thread waits for netlink
+/// link and address events; [`NodeAddressFollower::set_candidates`] changes the addresses that
+/// count as the node's (a publication changed them).
 pub struct NodeAddressFollower {
     candidates: Arc<Mutex<Vec<IpAddr>>>,
     host_path: Arc<Mutex<Option<HostPath>>>,
@@ -1067,7 +940,7 @@ impl NodeAddressFollower {
         candidates: Vec<IpAddr>,
     ) -> io::Result<NodeAddressFollower> {
         // Subscribed before the first read: no change in between is missed.
-        let mut events = kxdp_kernel::netlink::Events::subscribe_addresses()?;
+        let mut events = kxdp_kernel::netlink::Events::subscribe_links_and_addresses()?;
         let candidates = Arc::new(Mutex::new(candidates));
         let stop = Arc::new(AtomicBool::new(false));
         sync_node_ips(&host_path, &candidates);
@@ -1110,7 +983,8 @@ impl Drop for NodeAddressFollower {
     }
 }
 
-/// Sets the host path's node addresses to the candidates that are local now.
+/// Sets the host path's node addresses to the candidates that are local now, and adds the
+/// rules of overlay devices that appeared.
 fn sync_node_ips(host_path: &Mutex<Option<HostPath>>, candidates: &Mutex<Vec<IpAddr>>) {
     let mut guard = host_path.lock().unwrap_or_else(|e| e.into_inner());
     let Some(hp) = guard.as_mut() else { return };
@@ -1130,6 +1004,9 @@ fn sync_node_ips(host_path: &Mutex<Option<HostPath>>, candidates: &Mutex<Vec<IpA
         .collect();
     if let Err(e) = hp.set_node_ips(&want) {
         tracing::warn!("kxdp: host path: following the node's addresses: {e}");
+    }
+    if let Err(e) = hp.sync_overlay_rules() {
+        tracing::warn!("kxdp: host path: following the overlay devices: {e}");
     }
 }
 

@@ -53,6 +53,10 @@ pub struct RunOptions {
     /// (the XDP program hands most of the node's own traffic to the kernel before it reaches
     /// a worker).
     pub kernel_port: Option<u32>,
+    /// The host path's end the node's own packets to its NodePorts are redirected to (a tc
+    /// program on `lo`, `kxdp_kernel::tc::redirect_node_ports`, attached once the XDP
+    /// program's maps exist; the host path removes it). None: not redirected.
+    pub node_ports_to: Option<crate::io::host_path::NodePortsTo>,
     /// Attach the programs so that they outlive the process (`XdpProgram::attach_held`) and
     /// hold the traffic meant for kxdp through a restart (`RESTART_HOLD`; `kxdp run` with a
     /// conntrack state file). Off: BPF links, gone with the process.
@@ -1137,6 +1141,17 @@ impl AfXdp {
         shared: Shared,
         routes: Routes,
     ) -> io::Result<AfXdp> {
+        // The node's own connections to its NodePorts: steered by the same maps as the XDP
+        // program (replaced in place after a restart or a takeover).
+        if let Some(to) = opts.node_ports_to {
+            kxdp_kernel::tc::redirect_node_ports(
+                kxdp_kernel::tc::LOOPBACK,
+                to.ifindex,
+                to.macs,
+                maps.steer_maps(),
+                kxdp_kernel::tc::NODE_PORTS_PREF,
+            )?;
+        }
         let mut links = Links {
             patterns: opts.interfaces.clone(),
             workers: crew.senders,

@@ -565,12 +565,12 @@ impl Drop for ModeGuard<'_> {
 
 /// The lab of one mode's measurements: the two nodes, the client pod on node A, the servers on
 /// both nodes, the Services' objects. Each mode gets fresh nodes because a node keeps traces of
-/// the dataplane that ran before: kxdp's policy-routing rules (`ip rule`, docs/afxdp.md § The
-/// host path) turn on the kernel's rule-based route lookup and full reverse-path check for
+/// the dataplane that ran before: a policy-routing rule (`ip rule`, as an earlier kxdp's host
+/// path added) turns on the kernel's rule-based route lookup and full reverse-path check for
 /// every packet the namespace forwards, and the kernel never turns them off again (a
 /// per-namespace flag that deleting the rules leaves set), so kube-proxy's rules measured after
-/// kxdp paid for kxdp's rules; and the kernel's conntrack entries and the client's TIME_WAIT
-/// sockets of one mode clashed with the next mode's connections.
+/// such a kxdp paid for its rules; and the kernel's conntrack entries and the client's
+/// TIME_WAIT sockets of one mode clashed with the next mode's connections.
 struct FreshNodes {
     // Dropped in this order: the servers before the lab whose pods they run in.
     _servers_b: PodServers,
@@ -667,9 +667,9 @@ fn set_up<'a>(lab: &'a Lab, mode: &str, objects: &str) -> ModeGuard<'a> {
             let mut saved = Vec::new();
             for ns in nodes {
                 if mode == "iptables-ip-rule" {
-                    // One policy-routing rule that matches nothing, as kxdp's host path leaves
-                    // them (its overlay rules name devices a node may not have): what the
-                    // kernel's rule-based lookup costs kube-proxy's forwarding.
+                    // One policy-routing rule that matches nothing (as a node with an overlay,
+                    // a CNI's policy routing or an earlier kxdp has): what the kernel's
+                    // rule-based lookup costs kube-proxy's forwarding.
                     lab::ip(ns, "rule add pref 1 iif kxdp-none lookup 27513");
                 }
                 saved.push((ns, lab::sh(ns, "iptables-save -t nat")));

@@ -53,10 +53,20 @@ pub fn current_netns() -> io::Result<std::fs::File> {
     std::fs::File::open("/proc/thread-self/ns/net")
 }
 
-/// Runs `f` in the network namespace `ns` (from [`current_netns`]), on a thread of its own: for
-/// a netlink call that must reach the namespace an object was set up in, whatever namespace
-/// the caller is in.
+/// Runs `f` in the network namespace `ns` (from [`current_netns`]): for a netlink call that
+/// must reach the namespace an object was set up in, whatever namespace the caller is in. In
+/// that namespace already (kxdp's own case), directly; else on a thread of its own that enters
+/// it (`setns`, which needs CAP_SYS_ADMIN: tests that set up in one namespace and tear down
+/// from another).
 pub fn in_netns<T: Send>(ns: &std::fs::File, f: impl FnOnce() -> T + Send) -> io::Result<T> {
+    use std::os::unix::fs::MetadataExt;
+    let (want, here) = (
+        ns.metadata()?,
+        std::fs::metadata("/proc/thread-self/ns/net")?,
+    );
+    if (want.dev(), want.ino()) == (here.dev(), here.ino()) {
+        return Ok(f());
+    }
     std::thread::scope(|s| {
         s.spawn(|| {
             // SAFETY: setns on a valid namespace fd only changes this (scoped) thread's

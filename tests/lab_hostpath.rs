@@ -56,14 +56,7 @@ fn redirect_node_ports(ns: &str, hp: &HostPath, ports: &[u16]) {
         .expect("node maps");
     let to = hp.node_ports_to();
     Lab::in_ns(ns, move || {
-        kxdp_kernel::tc::redirect_node_ports(
-            kxdp_kernel::tc::LOOPBACK,
-            to.ifindex,
-            to.macs,
-            maps.steer_maps(),
-            kxdp_kernel::tc::NODE_PORTS_PREF,
-        )
-        .expect("node-ports redirect")
+        to.attach(maps.steer_maps()).expect("node-ports redirect")
     })
 }
 

@@ -185,6 +185,42 @@ pub struct RedirectPrograms {
     pub steer: Option<crate::xdp::SteerMaps>,
 }
 
+/// The XDP program's steering over a socket buffer (context in r6), with what it leaves to the
+/// kernel (`to.kernel`) going on as it was (`TC_ACT_OK`); the other targets are the caller's.
+fn steer_or_pass(
+    a: &mut crate::xdp::asm::Asm,
+    maps: crate::xdp::SteerMaps,
+    to: crate::xdp::SteerTo,
+) {
+    use crate::xdp::asm::*;
+    crate::xdp::steer(a, maps, crate::offload::SKB_POINTERS, to);
+    a.label(to.kernel);
+    a.mov_k(R0, crate::offload::TC_ACT_OK);
+    a.exit();
+}
+
+/// Ends a program: redirect to the egress of `target` (`TC_ACT_REDIRECT`) and return that.
+fn redirect_and_finish(mut a: crate::xdp::asm::Asm, target: u32) -> Vec<crate::xdp::Insn> {
+    use crate::xdp::asm::*;
+    const HELPER_REDIRECT: i32 = 23;
+    a.mov_k(R1, target as i32);
+    a.mov_k(R2, 0);
+    a.call(HELPER_REDIRECT);
+    a.exit();
+    a.finish()
+}
+
+/// Makes `m` a direct-action `cls_bpf` filter running `prog`, named `name`.
+fn bpf_filter(m: &mut TcMessage, prog: &std::os::fd::OwnedFd, name: String) {
+    m.attributes
+        .push(TcAttribute::Kind(TcFilterBpf::KIND.into()));
+    m.attributes.push(TcAttribute::Options(vec![
+        TcOption::Bpf(TcFilterBpfOption::ProgFd(prog.as_raw_fd() as u32)),
+        TcOption::Bpf(TcFilterBpfOption::ProgName(name)),
+        TcOption::Bpf(TcFilterBpfOption::Flags(TcBpfFlags::DirectAction)),
+    ]));
+}
+
 /// The tc program of a tagged redirect: push an 802.1Q tag with VLAN ID `tag`, then redirect
 /// to the egress of `target` (`TC_ACT_REDIRECT`); with `with.offload`, the established flows
 /// the workers installed take the in-kernel fast path first (`crate::offload`); with
@@ -193,7 +229,6 @@ pub struct RedirectPrograms {
 fn tag_and_redirect(tag: u16, target: u32, with: RedirectPrograms) -> Vec<crate::xdp::Insn> {
     use crate::xdp::asm::*;
     const HELPER_SKB_VLAN_PUSH: i32 = 18;
-    const HELPER_REDIRECT: i32 = 23;
     let mut a = Asm::default();
     a.mov_x(R6, R1);
     if let Some(maps) = with.offload {
@@ -201,10 +236,9 @@ fn tag_and_redirect(tag: u16, target: u32, with: RedirectPrograms) -> Vec<crate:
         a.label("steer");
     }
     if let Some(maps) = with.steer {
-        crate::xdp::steer(
+        steer_or_pass(
             &mut a,
             maps,
-            crate::offload::SKB_POINTERS,
             crate::xdp::SteerTo {
                 dataplane: "redirect",
                 kernel: "kernel",
@@ -213,9 +247,6 @@ fn tag_and_redirect(tag: u16, target: u32, with: RedirectPrograms) -> Vec<crate:
                 other: "redirect",
             },
         );
-        a.label("kernel");
-        a.mov_k(R0, crate::offload::TC_ACT_OK);
-        a.exit();
     }
     a.label("redirect");
     // r1 is the packet (kept in r6); the protocol is big-endian as it sits in the frame.
@@ -225,11 +256,7 @@ fn tag_and_redirect(tag: u16, target: u32, with: RedirectPrograms) -> Vec<crate:
     a.call(HELPER_SKB_VLAN_PUSH);
     // A failed push (no memory) still goes to the tap: the reader drops an untagged frame it
     // must check, rather than the kernel forwarding it past kxdp.
-    a.mov_k(R1, target as i32);
-    a.mov_k(R2, 0);
-    a.call(HELPER_REDIRECT);
-    a.exit();
-    a.finish()
+    redirect_and_finish(a, target)
 }
 
 /// The tagged redirect at `pref`/`protocol`: [`tag_and_redirect`] loaded and attached as a
@@ -251,13 +278,7 @@ fn tagged_filter(
         "the tap redirect's tc program",
     )?;
     let mut m = filter(ifindex, pref, protocol, handle);
-    m.attributes
-        .push(TcAttribute::Kind(TcFilterBpf::KIND.into()));
-    m.attributes.push(TcAttribute::Options(vec![
-        TcOption::Bpf(TcFilterBpfOption::ProgFd(prog.as_raw_fd() as u32)),
-        TcOption::Bpf(TcFilterBpfOption::ProgName(format!("{TAG_NAME}{tag}"))),
-        TcOption::Bpf(TcFilterBpfOption::Flags(TcBpfFlags::DirectAction)),
-    ]));
+    bpf_filter(&mut m, &prog, format!("{TAG_NAME}{tag}"));
     Ok((m, prog))
 }
 
@@ -459,14 +480,12 @@ fn node_ports_to(
 ) -> Vec<crate::xdp::Insn> {
     use crate::xdp::asm::*;
     const HELPER_SKB_STORE_BYTES: i32 = 9;
-    const HELPER_REDIRECT: i32 = 23;
     const MACS: i16 = -64;
     let mut a = Asm::default();
     a.mov_x(R6, R1);
-    crate::xdp::steer(
+    steer_or_pass(
         &mut a,
         maps,
-        crate::offload::SKB_POINTERS,
         crate::xdp::SteerTo {
             dataplane: "redirect",
             kernel: "local",
@@ -474,9 +493,6 @@ fn node_ports_to(
             other: "local",
         },
     );
-    a.label("local");
-    a.mov_k(R0, crate::offload::TC_ACT_OK);
-    a.exit();
     a.label("redirect");
     for (i, w) in macs.chunks_exact(4).enumerate() {
         a.mov_k(R1, i32::from_ne_bytes([w[0], w[1], w[2], w[3]]));
@@ -489,11 +505,7 @@ fn node_ports_to(
     a.mov_k(R4, 12);
     a.mov_k(R5, 0);
     a.call(HELPER_SKB_STORE_BYTES);
-    a.mov_k(R1, target as i32);
-    a.mov_k(R2, 0);
-    a.call(HELPER_REDIRECT);
-    a.exit();
-    a.finish()
+    redirect_and_finish(a, target)
 }
 
 /// Sends the node's own packets to its NodePorts to kxdp: a direct-action `cls_bpf` filter at
@@ -538,13 +550,7 @@ pub fn redirect_node_ports(
     )
     .map_err(|e| context(e, "loading the node-ports redirect", lo))?;
     let mut m = filter_at(egress(), lo, pref, ETH_P_ALL, handle);
-    m.attributes
-        .push(TcAttribute::Kind(TcFilterBpf::KIND.into()));
-    m.attributes.push(TcAttribute::Options(vec![
-        TcOption::Bpf(TcFilterBpfOption::ProgFd(prog.as_raw_fd() as u32)),
-        TcOption::Bpf(TcFilterBpfOption::ProgName(NODE_PORTS_NAME.into())),
-        TcOption::Bpf(TcFilterBpfOption::Flags(TcBpfFlags::DirectAction)),
-    ]));
+    bpf_filter(&mut m, &prog, NODE_PORTS_NAME.into());
     acked(RouteNetlinkMessage::NewTrafficFilter(m), flags)
         .map_err(|e| context(e, "adding the node-ports redirect", lo))
 }

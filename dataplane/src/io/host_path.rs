@@ -170,6 +170,20 @@ pub struct NodePortsTo {
     pub macs: [u8; 12],
 }
 
+impl NodePortsTo {
+    /// Attaches (or replaces in place) the redirect on `lo` of the calling thread's namespace,
+    /// steered by the XDP program's maps (`kxdp_kernel::tc::redirect_node_ports`).
+    pub fn attach(&self, steer: kxdp_kernel::xdp::SteerMaps) -> io::Result<()> {
+        kxdp_kernel::tc::redirect_node_ports(
+            kxdp_kernel::tc::LOOPBACK,
+            self.ifindex,
+            self.macs,
+            steer,
+            kxdp_kernel::tc::NODE_PORTS_PREF,
+        )
+    }
+}
+
 fn err(what: &str, e: impl std::fmt::Display) -> io::Error {
     io::Error::other(format!("host path: {what}: {e}"))
 }

@@ -1144,13 +1144,7 @@ impl AfXdp {
         // The node's own connections to its NodePorts: steered by the same maps as the XDP
         // program (replaced in place after a restart or a takeover).
         if let Some(to) = opts.node_ports_to {
-            kxdp_kernel::tc::redirect_node_ports(
-                kxdp_kernel::tc::LOOPBACK,
-                to.ifindex,
-                to.macs,
-                maps.steer_maps(),
-                kxdp_kernel::tc::NODE_PORTS_PREF,
-            )?;
+            to.attach(maps.steer_maps())?;
         }
         let mut links = Links {
             patterns: opts.interfaces.clone(),

@@ -51,10 +51,11 @@
 //!
 //! - overlay devices (`opts.overlay_ifs`: VXLAN, IPIP, WireGuard, tun — any device kxdp has
 //!   no socket on that carries pod traffic between nodes): the egress stage hands what it routes
-//!   through them to the kernel port, and one rule per device and family
+//!   through them to the kernel port, and one rule per device present and family
 //!   (`pref 1 iif DEV lookup OVERLAY-TABLE proto TAG`, a default route through `kxdp0` in that
 //!   table) sends what the kernel receives on them to kxdp, so replies are un-NATed and new
-//!   connections to local pods meet NetworkPolicy ([`overlay_return_rules`]).
+//!   connections to local pods meet NetworkPolicy ([`overlay_table`], [`overlay_rules`]); a
+//!   device that appears later gets its rules from [`NodeAddressFollower`].
 //!
 //! The node's addresses change (an address added to or removed from an interface): the service
 //! routes' source follows them. [`NodeAddressFollower`] holds the candidates (`nodeIPs`, else
@@ -112,8 +113,8 @@ pub struct HostPathOptions {
     pub next_hop6: Ipv6Addr,
     /// Devices kxdp does not own that carry pod traffic between nodes (an overlay's VXLAN, IPIP,
     /// WireGuard or tun device): what the kernel receives on them is steered to kxdp
-    /// ([`overlay_return_rules`]). Exact names: a rule for a device that does not exist (yet)
-    /// waits for it.
+    /// ([`overlay_rules`]). Exact names: a device that does not exist (yet) gets its rules when
+    /// it appears.
     pub overlay_ifs: Vec<String>,
     /// The routing table of the overlay rules (a default route through `kxdp0`).
     pub overlay_table: u32,

@@ -227,6 +227,14 @@ spec:
     );
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(metric(&node, "kxdp_offloaded_flows"), 0, "{}", k.log());
+    // Direct routing: pod to pod, the connections never passed the node's netfilter, so the
+    // node's own conntrack (active: the CNI's masquerade rules) has no entry for them.
+    let kernel_ct = lab::sh(&node, "cat /proc/net/nf_conntrack 2>/dev/null || true");
+    let to_web = format!("dst={} sport=", web.ip4);
+    let seen: Vec<&str> = (kernel_ct.lines())
+        .filter(|l| l.contains(&to_web) && l.contains(&format!("dport={IPERF_PORT} ")))
+        .collect();
+    assert!(seen.is_empty(), "the node's conntrack saw {seen:?}");
 
     // The NetworkPolicy: other-a is not a client; its connection is dropped (times out), the
     // client's is admitted.

@@ -8,6 +8,7 @@
 pub mod antispoof;
 pub mod clock;
 pub mod conntrack;
+pub mod direct;
 pub mod egress;
 pub mod endpoint;
 pub mod fib;

@@ -20,10 +20,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kxdp_kernel::offload::{FlowKey, FlowOffload, FlowRewrite};
-use kxdp_packet::{Family, IpProto};
+use kxdp_kernel::offload::{DirectHop, FlowKey, FlowOffload, FlowRewrite};
+use kxdp_packet::{Addr, Family, IpProto};
 
 use crate::conntrack::{Conntrack, Tuple};
+use crate::direct::DirectRouting;
 use crate::pipeline::Counters;
 use crate::verdict::{Action, Reason, Verdict};
 
@@ -44,6 +45,9 @@ struct Offloaded {
     tuple: Tuple,
     /// What the pipeline counted its packets as.
     reason: Reason,
+    /// What the fast path does with its packets, and their destination after it.
+    rewrite: FlowRewrite,
+    dst: Addr,
 }
 
 /// A worker's offloaded flows and its share of the fast path's counter slots.
@@ -52,6 +56,8 @@ pub struct Offloads {
     free: Vec<u32>,
     flows: hashbrown::HashMap<FlowKey, Offloaded, ahash::RandomState>,
     next_check: Instant,
+    /// The FIB the flows' direct hops were last checked against (`Fib::id`).
+    hops_of: u64,
 }
 
 impl Offloads {
@@ -69,6 +75,7 @@ impl Offloads {
             free,
             fast,
             next_check: Instant::now(),
+            hops_of: 0,
         }
     }
 
@@ -86,14 +93,17 @@ impl Offloads {
         now >= self.next_check
     }
 
-    /// After the pipeline and the write into the tap: puts the flow of `frame` (verdict `v`,
-    /// arrived on `ingress`) on the fast path if it qualifies (`allowed`: no monitor wants every
-    /// verdict), or takes it off when the frame opens or closes its connection.
+    /// After the pipeline and the write: puts the flow of `frame` (verdict `v`, arrived on
+    /// `ingress`, sent on to `egress` or to the kernel) on the fast path if it qualifies
+    /// (`allowed`: no monitor wants every verdict), or takes it off when the frame opens or
+    /// closes its connection.
+    #[allow(clippy::too_many_arguments)]
     pub fn consider(
         &mut self,
         frame: &[u8],
         v: &Verdict,
         ingress: u32,
+        egress: Option<DirectHop>,
         ct: &Conntrack,
         now_ms: u64,
         allowed: bool,
@@ -146,6 +156,7 @@ impl Offloads {
             dport: v.dport,
             slot,
             ingress,
+            egress,
         };
         // Refused (no memory): the flow stays on the tap.
         if self.fast.install(&key, &rewrite).is_err() {
@@ -160,13 +171,16 @@ impl Offloads {
                 seen,
                 tuple,
                 reason: v.reason,
+                rewrite,
+                dst: v.dst,
             },
         );
     }
 
     /// When [`Offloads::due`]: counts what the fast path moved into `counters` and the
     /// connections, and takes off the flows whose connections no longer qualify (all of them
-    /// unless `allowed`). Returns the packets counted.
+    /// unless `allowed`); with `routing`, on a new FIB, gives each flow the direct hop that FIB
+    /// has for it now. Returns the packets counted.
     pub fn maintain(
         &mut self,
         ct: &Conntrack,
@@ -174,11 +188,16 @@ impl Offloads {
         now: Instant,
         now_ms: u64,
         allowed: bool,
+        routing: Option<&DirectRouting>,
     ) -> u64 {
         if !self.due(now) {
             return 0;
         }
         self.next_check = now + CHECK_EVERY;
+        if let Some(r) = routing.filter(|r| r.fib.id() != self.hops_of) {
+            self.hops_of = r.fib.id();
+            self.rehop(r);
+        }
         let (fast, free) = (&self.fast, &mut self.free);
         let mut moved = 0;
         self.flows.retain(|key, o| {
@@ -201,6 +220,26 @@ impl Offloads {
         });
         counters.offloaded_flows = self.flows.len() as u64;
         moved
+    }
+
+    /// Gives every flow routed directly the hop `routing`'s FIB has for it now (a neighbour's new
+    /// MAC, a route moved); one that has none any more goes to the kernel's routing.
+    fn rehop(&mut self, routing: &DirectRouting) {
+        for (key, o) in self.flows.iter_mut() {
+            if o.rewrite.egress.is_none() {
+                continue;
+            }
+            let hop = routing.hop_between(&o.tuple.src, &o.dst, o.tuple.family);
+            if hop != o.rewrite.egress {
+                let rewrite = FlowRewrite {
+                    egress: hop,
+                    ..o.rewrite
+                };
+                if self.fast.install(key, &rewrite).is_ok() {
+                    o.rewrite = rewrite;
+                }
+            }
+        }
     }
 
     /// Takes the flow `key` off the fast path, if it is on it (a SYN, FIN or RST of it).
@@ -297,7 +336,7 @@ mod tests {
             .unwrap();
         let (v, f) = forwarded(&client, &backend, Reason::Established, tcp::ACK);
         // Not yet answered: not established.
-        o.consider(&f, &v, 7, &ct, 0, true);
+        o.consider(&f, &v, 7, None, &ct, 0, true);
         assert!(o.is_empty());
         // Packets of an established connection in the direction of `t`.
         let talk = |t: &Tuple, n: usize, now: u64| {
@@ -310,34 +349,34 @@ mod tests {
         talk(&client, 1, 0);
         // Established, but the handshake's ACK: until its fourth packet a connection stays
         // with the tap (a short exchange closes before).
-        o.consider(&f, &v, 7, &ct, 0, true);
+        o.consider(&f, &v, 7, None, &ct, 0, true);
         assert!(o.is_empty());
         talk(&client, 2, 0);
         // Unknown interface, a monitor of every verdict, a masqueraded one: not installed.
-        o.consider(&f, &v, 0, &ct, 0, true);
-        o.consider(&f, &v, 7, &ct, 0, false);
-        o.consider(&f, &Verdict { masq: true, ..v }, 7, &ct, 0, true);
+        o.consider(&f, &v, 0, None, &ct, 0, true);
+        o.consider(&f, &v, 7, None, &ct, 0, false);
+        o.consider(&f, &Verdict { masq: true, ..v }, 7, None, &ct, 0, true);
         assert!(o.is_empty());
-        o.consider(&f, &v, 7, &ct, 0, true);
+        o.consider(&f, &v, 7, None, &ct, 0, true);
         assert_eq!(o.len(), 1);
         // Counted from the slot: nothing moved yet.
         let mut c = Counters::default();
         let t0 = Instant::now();
-        assert_eq!(o.maintain(&ct, &mut c, t0, 10, true), 0);
+        assert_eq!(o.maintain(&ct, &mut c, t0, 10, true, None), 0);
         assert_eq!((c.offloaded, c.offloaded_flows), (0, 1));
         // A FIN takes it off at once.
         let (fin, ff) = forwarded(&client, &backend, Reason::Established, tcp::FIN | tcp::ACK);
-        o.consider(&ff, &fin, 7, &ct, 10, true);
+        o.consider(&ff, &fin, 7, None, &ct, 10, true);
         assert!(o.is_empty());
         assert!(
             !fast.remove(&flow_key(&v).unwrap()).unwrap(),
             "removed from the map"
         );
         // Back on, then its entry goes: off at the next check.
-        o.consider(&f, &v, 7, &ct, 10, true);
+        o.consider(&f, &v, 7, None, &ct, 10, true);
         assert_eq!(o.len(), 1);
         ct.kill(find(&client).idx);
-        o.maintain(&ct, &mut c, t0 + CHECK_EVERY, 20, true);
+        o.maintain(&ct, &mut c, t0 + CHECK_EVERY, 20, true, None);
         assert!(o.is_empty());
         assert_eq!(c.offloaded_flows, 0);
         // The reply direction of another connection, then a monitor of every verdict.
@@ -351,22 +390,64 @@ mod tests {
         talk(&c2, 2, 20);
         let back = tuple([172, 30, 0, 10], 80, [10, 0, 0, 2], 40001);
         let (rv, rf) = forwarded(&r2, &back, Reason::ReplyUnnat, tcp::ACK);
-        o.consider(&rf, &rv, 8, &ct, 20, true);
+        o.consider(&rf, &rv, 8, None, &ct, 20, true);
         assert_eq!(o.len(), 1);
-        o.maintain(&ct, &mut c, t0 + 2 * CHECK_EVERY, 30, false);
+        o.maintain(&ct, &mut c, t0 + 2 * CHECK_EVERY, 30, false, None);
         assert!(o.is_empty());
         // Pod to pod, tracked as is: on with its own addresses once established; a packet
         // that no connection tracks (transit) stays with the tap.
         let p = tuple([10, 0, 0, 3], 40002, [10, 0, 1, 7], 5201);
         let (dv, df) = forwarded(&p, &p, Reason::Direct, tcp::ACK);
-        o.consider(&df, &dv, 9, &ct, 30, true);
+        o.consider(&df, &dv, 9, None, &ct, 30, true);
         assert!(o.is_empty(), "untracked");
         ct.create(&p, &p.reversed(), tcp::SYN, false, 0, 0, 30)
             .unwrap();
         ct.on_packet(&find(&p.reversed()), tcp::SYN | tcp::ACK, 60, 30)
             .unwrap();
         talk(&p, 3, 30);
-        o.consider(&df, &dv, 9, &ct, 30, true);
+        o.consider(&df, &dv, 9, None, &ct, 30, true);
+        assert_eq!(o.len(), 1);
+        // Routed directly: a new FIB gives the flow the hop it has for it now (the neighbour's
+        // new MAC), and none once the route is gone (then the kernel routes it).
+        let key = flow_key(&dv).unwrap();
+        o.take_off(&key);
+        let hop = DirectHop {
+            ifindex: 4,
+            dst_mac: [2, 0, 0, 0, 0, 7],
+            src_mac: [4; 6],
+        };
+        o.consider(&df, &dv, 9, Some(hop), &ct, 30, true);
+        assert_eq!(o.flows[&key].rewrite.egress, Some(hop));
+        let mut pods = crate::snapshot::PrefixSet::new();
+        pods.insert("10.0.0.0".parse().unwrap(), 16);
+        let fib_with = |neighbour_mac: u8, routed: bool| {
+            use crate::fib::testing::{link, neigh, route};
+            crate::fib::Fib::new(crate::fib::FibInput {
+                links: vec![link(4, 4)],
+                routes: routed
+                    .then(|| route("10.0.1.0", 24, 4, None))
+                    .into_iter()
+                    .collect(),
+                neighbours: vec![neigh(4, "10.0.1.7", neighbour_mac)],
+                ..crate::fib::FibInput::default()
+            })
+        };
+        let moved = fib_with(8, true);
+        let routing = DirectRouting {
+            fib: &moved,
+            pods: &pods,
+            kernel_port: None,
+        };
+        o.maintain(&ct, &mut c, t0 + 3 * CHECK_EVERY, 40, true, Some(&routing));
+        let now = o.flows[&key].rewrite.egress.unwrap();
+        assert_eq!((now.ifindex, now.dst_mac), (4, [8; 6]));
+        let gone = fib_with(8, false);
+        let routing = DirectRouting {
+            fib: &gone,
+            ..routing
+        };
+        o.maintain(&ct, &mut c, t0 + 4 * CHECK_EVERY, 50, true, Some(&routing));
+        assert_eq!(o.flows[&key].rewrite.egress, None, "the kernel routes it");
         assert_eq!(o.len(), 1);
     }
 }

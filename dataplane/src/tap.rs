@@ -29,6 +29,8 @@ use std::io;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
+use kxdp_kernel::offload::DirectHop;
+use kxdp_kernel::packet_tx::PacketTx;
 use kxdp_kernel::tap::{TapQueue, VirtioNetHdr, MAX_FRAME};
 use kxdp_kernel::tc::MAX_TAG;
 use kxdp_packet::checksum;
@@ -280,6 +282,11 @@ pub struct TapPort {
     pub ingress: [u32; TAP_BATCH],
     /// The established flows this worker put on the kernel's fast path (`offload: true`).
     pub offloads: Option<crate::offload::Offloads>,
+    /// Direct routing (`crate::direct`): frames with a hop leave through this socket, straight
+    /// to their egress interface.
+    pub direct: Option<PacketTx>,
+    /// Per frame of the batch: its direct hop, if it has one (set before [`TapPort::send`]).
+    pub hops: [Option<DirectHop>; TAP_BATCH],
     /// Read errors other than "nothing to read" (the device went away, ...).
     pub read_errors: u64,
     tags: Arc<TapTags>,
@@ -303,6 +310,7 @@ impl TapPort {
         mac: [u8; 6],
         tags: Arc<TapTags>,
         offloads: Option<crate::offload::Offloads>,
+        direct: Option<PacketTx>,
     ) -> io::Result<TapPort> {
         queue.set_nonblocking(true)?;
         Ok(TapPort {
@@ -314,6 +322,8 @@ impl TapPort {
             segs: [1; TAP_BATCH],
             ingress: [0; TAP_BATCH],
             offloads,
+            direct,
+            hops: [None; TAP_BATCH],
             read_errors: 0,
             tags,
             checked: CheckedTags::new(),
@@ -377,9 +387,11 @@ impl TapPort {
         n
     }
 
-    /// Writes the batch's frames back into the tap by their verdicts: a forward or pass with
-    /// its header (its partial checksum redone), a reject's answer with a plain header (its
-    /// checksums complete), a drop not at all. A failed write becomes a `tx-ring-full` drop.
+    /// Sends the batch's frames on by their verdicts: a forward or pass with its header (its
+    /// partial checksum redone), a reject's answer with a plain header (its checksums
+    /// complete), a drop not at all. A forward with a direct hop leaves straight through its
+    /// egress interface (TTL one lower, the hop's MACs); the rest go back into the tap, for the
+    /// kernel to route. A failed send becomes a `tx-ring-full` drop.
     pub fn send(&mut self, verdicts: &mut [Verdict]) -> TapSent {
         let mut sent = TapSent::default();
         let n = self.frames.count().min(verdicts.len());
@@ -394,10 +406,28 @@ impl TapPort {
             if v.action != Action::Reject {
                 self.sums[i].apply(frame);
             }
-            if frame.len() >= 6 {
-                frame[..6].copy_from_slice(&self.mac);
-            }
-            match self.queue.write(&hdr, frame) {
+            let direct = match (&self.direct, self.hops[i]) {
+                (Some(tx), Some(hop))
+                    if v.action == Action::Forward
+                        && frame.len() >= 12
+                        && kxdp_packet::decrement_ttl_at(frame, v.l3_off as usize) =>
+                {
+                    frame[..6].copy_from_slice(&hop.dst_mac);
+                    frame[6..12].copy_from_slice(&hop.src_mac);
+                    Some((tx, hop.ifindex))
+                }
+                _ => {
+                    if frame.len() >= 6 {
+                        frame[..6].copy_from_slice(&self.mac);
+                    }
+                    None
+                }
+            };
+            let written = match direct {
+                Some((tx, ifindex)) => tx.send(ifindex, &hdr, frame),
+                None => self.queue.write(&hdr, frame),
+            };
+            match written {
                 Ok(()) => {
                     sent.frames += 1;
                     sent.segments += if v.action == Action::Reject {

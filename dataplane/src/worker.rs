@@ -804,12 +804,22 @@ impl Worker {
         for v in st.verdicts[..n].iter() {
             register_masq_reply(shared, &self.counters, v, false);
         }
+        if tap.direct.is_some() {
+            let routing = crate::direct::DirectRouting {
+                fib: &fib,
+                pods: &snap.cluster_cidrs,
+                kernel_port: self.kernel_port,
+            };
+            for (hop, v) in tap.hops.iter_mut().zip(&st.verdicts[..n]) {
+                *hop = routing.hop(v);
+            }
+        }
         let sent = tap.send(&mut st.verdicts[..n]);
         if let Some(o) = &mut tap.offloads {
             let allowed = offload_allowed(shared);
             for (i, v) in st.verdicts[..n].iter().enumerate() {
-                let (frame, ingress) = (tap.frames.get(i), tap.ingress[i]);
-                o.consider(frame, v, ingress, &shared.ct, now, allowed);
+                let (frame, ingress, hop) = (tap.frames.get(i), tap.ingress[i], tap.hops[i]);
+                o.consider(frame, v, ingress, hop, &shared.ct, now, allowed);
             }
         }
         // The frames dropped for their source, after the batch's (counted and shown with it).
@@ -970,16 +980,25 @@ impl Worker {
     /// Counts what the kernel's fast path moved for this worker's offloaded flows and takes off
     /// those whose connections no longer qualify (`crate::offload`, every `CHECK_EVERY`).
     fn offload_round(&mut self, shared: &Shared, st: &mut RunState, now: Instant) {
-        let Some(o) = self.tap.as_mut().and_then(|t| t.offloads.as_mut()) else {
+        let kernel_port = self.kernel_port;
+        let Some(tap) = self.tap.as_mut() else {
             return;
         };
-        if !o.due(now) {
+        let direct = tap.direct.is_some();
+        let Some(o) = tap.offloads.as_mut().filter(|o| o.due(now)) else {
             return;
-        }
+        };
+        let (fib, snap) = (shared.routes.load(), shared.tables.current());
+        let routing = direct.then(|| crate::direct::DirectRouting {
+            fib: &fib,
+            pods: &snap.cluster_cidrs,
+            kernel_port,
+        });
         let now_ms = clock_ms();
         let c = &mut st.pipeline.counters;
         let flows = c.offloaded_flows;
-        let moved = o.maintain(&shared.ct, c, now, now_ms, offload_allowed(shared));
+        let allowed = offload_allowed(shared);
+        let moved = o.maintain(&shared.ct, c, now, now_ms, allowed, routing.as_ref());
         if moved > 0 || c.offloaded_flows != flows {
             st.io.rx.fetch_add(moved, Ordering::Relaxed);
             st.io.tx.fetch_add(moved, Ordering::Relaxed);

@@ -11,6 +11,8 @@
 //! - [`mount`]: whether a directory is a tmpfs that gives huge pages, and mounting one (the
 //!   conntrack state file's directory).
 //! - [`handover`]: memfds and descriptors passed over a Unix socket (a takeover).
+//! - [`packet_tx`]: routed frames straight to an interface's transmit (an `AF_PACKET` socket
+//!   with a virtio-net header: GSO super-frames whole), past the node's IP stack.
 //! - [`tap`]: a multi-queue tap with a virtio-net header: whole GSO packets to and from the kernel.
 //! - [`offload`]: the in-kernel fast path for established pod flows (a prefix of the tap
 //!   redirect's tc program) and its maps.
@@ -31,6 +33,7 @@ pub mod huge;
 pub mod mount;
 pub mod netlink;
 pub mod offload;
+pub mod packet_tx;
 pub mod shm;
 pub mod sys;
 pub mod tap;

@@ -37,8 +37,9 @@ pub const OFFLOAD_SLOTS: u32 = 65536;
 /// protocol, three zero bytes).
 pub const KEY_LEN: usize = 16;
 /// The hash map's value: source and destination address, source and destination port (network
-/// order), the counter slot and the interface the flow arrives on (host order).
-pub const VALUE_LEN: usize = 20;
+/// order), the counter slot, the interface the flow arrives on and the one it leaves by (host
+/// order; 0: the kernel routes it), then the destination and source MAC to leave with.
+pub const VALUE_LEN: usize = 36;
 /// A counter slot: packets (segments), bytes.
 const COUNTER_LEN: u32 = 16;
 
@@ -81,6 +82,18 @@ pub struct FlowRewrite {
     /// The only interface whose packets of the flow take the fast path: one with the same
     /// tuple elsewhere (a spoof) goes to the tap and its source check.
     pub ingress: u32,
+    /// Where the rewritten packets go: `Some`, straight to that interface's transmit with
+    /// those MACs and the TTL one lower (the worker's FIB decided); `None`, to the kernel's
+    /// stack, which routes them.
+    pub egress: Option<DirectHop>,
+}
+
+/// A next hop the workers resolved: the interface and the MACs to send with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DirectHop {
+    pub ifindex: u32,
+    pub dst_mac: [u8; 6],
+    pub src_mac: [u8; 6],
 }
 
 impl FlowRewrite {
@@ -89,6 +102,11 @@ impl FlowRewrite {
         put_addrs(&mut v, self.src, self.dst, self.sport, self.dport);
         v[12..16].copy_from_slice(&self.slot.to_ne_bytes());
         v[16..20].copy_from_slice(&self.ingress.to_ne_bytes());
+        if let Some(hop) = self.egress {
+            v[20..24].copy_from_slice(&hop.ifindex.to_ne_bytes());
+            v[24..30].copy_from_slice(&hop.dst_mac);
+            v[30..36].copy_from_slice(&hop.src_mac);
+        }
         v
     }
 }
@@ -203,6 +221,7 @@ impl Drop for FlowOffload {
 
 const HELPER_MAP_LOOKUP_ELEM: i32 = 1;
 const HELPER_SKB_STORE_BYTES: i32 = 9;
+const HELPER_REDIRECT: i32 = 23;
 const HELPER_L3_CSUM_REPLACE: i32 = 10;
 const HELPER_L4_CSUM_REPLACE: i32 = 11;
 /// The checksum helpers' flags: the changed field's size is in the low bits.
@@ -236,6 +255,7 @@ const HEADERS: i32 = L4 as i32 + 20;
 /// Stack slots (below the frame pointer r10).
 const KEY: i16 = -16;
 const SLOT: i16 = -20;
+const TTL_BYTE: i16 = -24;
 const ADDR_FLAGS: i16 = -32;
 const PORT_FLAGS: i16 = -40;
 pub(crate) const TC_ACT_OK: i32 = 0;
@@ -350,10 +370,56 @@ pub(crate) fn emit(a: &mut Asm, maps: OffloadMaps, miss: &'static str) {
         a.call(HELPER_SKB_STORE_BYTES);
         a.label(same);
     }
-    a.mov_k(R0, TC_ACT_OK);
-    a.exit();
+    emit_direct(a);
     a.label(NOT);
     a.ja(miss);
+}
+
+/// The value's fields past the rewrite: the egress interface, then its two MACs.
+const VALUE_EGRESS: i16 = 20;
+const VALUE_MACS: i16 = 24;
+
+/// After the rewrite (r6: context, r9: the flow's value): a flow with an egress goes straight
+/// to that interface's transmit, TTL one lower and with the MACs the worker's FIB gave, so it
+/// skips the node's IP receive, netfilter and routing; one without goes to the kernel's stack
+/// (`TC_ACT_OK`), which routes it.
+fn emit_direct(a: &mut Asm) {
+    const KERNEL: &str = "offload_kernel";
+    a.ldx(W, R4, R9, VALUE_EGRESS);
+    a.jmp_k(JEQ, R4, 0, KERNEL);
+    // The rewrite's helpers invalidated the packet pointers.
+    a.ldx(W, R2, R6, SKB_POINTERS.data);
+    a.ldx(W, R3, R6, SKB_POINTERS.data_end);
+    a.mov_x(R4, R2);
+    a.alu_k(ADD, R4, L4 as i32);
+    a.jmp_x(JGT, R4, R3, KERNEL);
+    // TTL and protocol as they sit; the TTL is above 1 (checked before the lookup).
+    a.ldx(H, R3, R2, IP_TTL);
+    a.mov_x(R4, R3);
+    a.alu_k(ADD, R4, -1);
+    a.stx(B, R10, TTL_BYTE, R4);
+    a.mov_x(R1, R6);
+    a.mov_k(R2, IP_CSUM);
+    a.mov_k(R5, 2);
+    a.call(HELPER_L3_CSUM_REPLACE);
+    let stores: [(i32, u8, i16, i32); 2] =
+        [(IP_TTL as i32, R10, TTL_BYTE, 1), (0, R9, VALUE_MACS, 12)];
+    for (at, base, from, len) in stores {
+        a.mov_x(R1, R6);
+        a.mov_k(R2, at);
+        a.mov_x(R3, base);
+        a.alu_k(ADD, R3, from as i32);
+        a.mov_k(R4, len);
+        a.mov_k(R5, 0);
+        a.call(HELPER_SKB_STORE_BYTES);
+    }
+    a.ldx(W, R1, R9, VALUE_EGRESS);
+    a.mov_k(R2, 0);
+    a.call(HELPER_REDIRECT);
+    a.exit();
+    a.label(KERNEL);
+    a.mov_k(R0, TC_ACT_OK);
+    a.exit();
 }
 
 #[cfg(test)]
@@ -375,7 +441,7 @@ mod tests {
         let n = a.finish().len();
         eprintln!("fast path: {n} instructions");
         // A hit runs at most all of them once; a miss at most the parse and one lookup.
-        assert!(n <= 128, "{n}");
+        assert!(n <= 160, "{n}");
     }
 
     #[test]
@@ -398,6 +464,11 @@ mod tests {
             dport: 5201,
             slot: 7,
             ingress: 9,
+            egress: Some(DirectHop {
+                ifindex: 4,
+                dst_mac: [2, 0, 0, 0, 0, 0xd],
+                src_mac: [2, 0, 0, 0, 0, 0xc],
+            }),
         };
         assert_eq!(
             &v.bytes()[..12],
@@ -405,5 +476,12 @@ mod tests {
         );
         assert_eq!(u32::from_ne_bytes(v.bytes()[12..16].try_into().unwrap()), 7);
         assert_eq!(u32::from_ne_bytes(v.bytes()[16..20].try_into().unwrap()), 9);
+        assert_eq!(u32::from_ne_bytes(v.bytes()[20..24].try_into().unwrap()), 4);
+        assert_eq!(
+            &v.bytes()[24..36],
+            &[2, 0, 0, 0, 0, 0xd, 2, 0, 0, 0, 0, 0xc]
+        );
+        let kernel = FlowRewrite { egress: None, ..v };
+        assert_eq!(&kernel.bytes()[20..36], &[0; 16]);
     }
 }

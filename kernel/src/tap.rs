@@ -14,9 +14,6 @@ use std::os::fd::{AsRawFd, OwnedFd};
 
 use crate::sys::fd_result;
 
-/// `virtio_net_hdr.flags`: the L4 checksum is partial (`CHECKSUM_PARTIAL`): the field at
-/// `csum_start + csum_offset` holds the uncomplemented pseudo-header sum and whoever sends the
-/// packet on completes it over `csum_start..`.
 /// The `iovec` of `buf` (for `readv`; the borrow ends here, the caller keeps `buf` alive).
 fn iovec(buf: &mut [u8]) -> libc::iovec {
     libc::iovec {
@@ -29,6 +26,9 @@ fn iovec(buf: &mut [u8]) -> libc::iovec {
 const VLAN_HLEN: usize = 4;
 const ETH_P_8021Q: u16 = 0x8100;
 
+/// `virtio_net_hdr.flags`: the L4 checksum is partial (`CHECKSUM_PARTIAL`): the field at
+/// `csum_start + csum_offset` holds the uncomplemented pseudo-header sum and whoever sends the
+/// packet on completes it over `csum_start..`.
 pub const VIRTIO_NET_HDR_F_NEEDS_CSUM: u8 = 1;
 /// `virtio_net_hdr.flags`: the checksums were verified (`CHECKSUM_UNNECESSARY`).
 pub const VIRTIO_NET_HDR_F_DATA_VALID: u8 = 2;

@@ -151,6 +151,9 @@ pub struct PodInterceptionConfig {
     pub tap_device: String,
     /// Established flows take the in-kernel fast path the workers install (tap mode only).
     pub offload: bool,
+    /// Traffic between pods leaves straight through its egress interface, past the node's IP
+    /// stack and netfilter (tap mode only).
+    pub direct_routing: bool,
 }
 
 impl Default for PodInterceptionConfig {
@@ -160,6 +163,7 @@ impl Default for PodInterceptionConfig {
             interfaces: vec!["veth*".into()],
             tap_device: kxdp_dataplane::io::runner::TAP_DEVICE.into(),
             offload: true,
+            direct_routing: true,
         }
     }
 }
@@ -171,6 +175,7 @@ impl PodInterceptionConfig {
             device: self.tap_device.clone(),
             interfaces: self.interfaces.clone(),
             offload: self.offload,
+            direct_routing: self.direct_routing,
         })
     }
 }

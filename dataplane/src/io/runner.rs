@@ -77,6 +77,8 @@ pub struct TapOptions {
     pub interfaces: Vec<String>,
     /// Established flows take the in-kernel fast path (`crate::offload`).
     pub offload: bool,
+    /// Pod-to-pod frames leave straight through their egress interface (`crate::direct`).
+    pub direct_routing: bool,
 }
 
 /// The tap's name unless configured otherwise.
@@ -804,7 +806,14 @@ fn open_tap(opts: &RunOptions, workers: usize) -> io::Result<(Option<TapTarget>,
         .map(|(i, q)| {
             let offloads =
                 (offload.as_ref()).map(|f| crate::offload::Offloads::new(f.clone(), i, n));
-            TapPort::new(q, mac, tags.clone(), offloads)
+            let direct = t
+                .direct_routing
+                .then(kxdp_kernel::packet_tx::PacketTx::open)
+                .transpose()
+                .map_err(|e| {
+                    io::Error::new(e.kind(), format!("podInterception.directRouting: {e}"))
+                })?;
+            TapPort::new(q, mac, tags.clone(), offloads, direct)
         })
         .collect::<io::Result<Vec<_>>>()?;
     tracing::info!(

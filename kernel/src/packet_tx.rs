@@ -1,0 +1,323 @@
+//! Whole Ethernet frames straight to an interface's transmit path.
+//!
+//! A frame the workers have already routed (its MACs from their FIB) needs nothing more from the
+//! node: sending it through the tap would have the kernel's IP stack route it again, and
+//! netfilter see it, for nothing. A [`PacketTx`] hands it to the egress interface's transmit
+//! instead (`dev_queue_xmit`, through its qdisc), through an `AF_PACKET` `SOCK_RAW` socket with
+//! `PACKET_VNET_HDR`: each frame goes with its [`VirtioNetHdr`], so GSO super-frames and partial
+//! checksums pass whole and are segmented and completed by the device (or the kernel just
+//! before it). The socket's protocol is 0, so it is bound to nothing and receives nothing.
+
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+
+use crate::tap::VirtioNetHdr;
+
+/// An Ethernet header's length: the destination and source MACs and the EtherType.
+const ETH_HLEN: usize = 14;
+
+/// A send-only packet socket whose frames carry a virtio-net header.
+pub struct PacketTx {
+    fd: OwnedFd,
+}
+
+/// `setsockopt(fd, level, name, &value)` for an `int` option.
+fn setsockopt_int(fd: &OwnedFd, level: i32, name: i32, value: libc::c_int) -> io::Result<()> {
+    // SAFETY: `value` is a live c_int and the length given is its size; the kernel only reads it.
+    let r = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            level,
+            name,
+            (&value as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The link-layer address a frame is sent to: the interface, the EtherType (which becomes the
+/// skb's protocol, what the GSO and checksum code go by) and the destination MAC.
+fn sockaddr_ll(ifindex: u32, frame: &[u8]) -> libc::sockaddr_ll {
+    // SAFETY: sockaddr_ll is plain data; all-zero is a valid value.
+    let mut sa: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+    sa.sll_family = libc::AF_PACKET as libc::c_ushort;
+    // Already in network order in the frame: kept as it is.
+    sa.sll_protocol = u16::from_ne_bytes([frame[12], frame[13]]);
+    sa.sll_ifindex = ifindex as libc::c_int;
+    sa.sll_halen = 6;
+    sa.sll_addr[..6].copy_from_slice(&frame[..6]);
+    sa
+}
+
+impl PacketTx {
+    /// An `AF_PACKET` `SOCK_RAW` socket (non-blocking, protocol 0) in the calling thread's
+    /// network namespace, with `PACKET_VNET_HDR` on.
+    pub fn open() -> io::Result<PacketTx> {
+        let fd = crate::sys::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_NONBLOCK, 0)
+            .map_err(|e| io::Error::new(e.kind(), format!("AF_PACKET socket: {e}")))?;
+        setsockopt_int(&fd, libc::SOL_PACKET, libc::PACKET_VNET_HDR, 1).map_err(|e| {
+            io::Error::new(e.kind(), format!("AF_PACKET socket: PACKET_VNET_HDR: {e}"))
+        })?;
+        Ok(PacketTx { fd })
+    }
+
+    /// Sends one frame (from its Ethernet header) out of interface `ifindex`, GSO and partial
+    /// checksum as `hdr` says. Never blocks: a full queue is `WouldBlock` (or `ENOBUFS`), and
+    /// the errno is returned as it is (no context: this is the fast path, the caller knows the
+    /// interface). A frame shorter than an Ethernet header is `InvalidInput`.
+    pub fn send(&self, ifindex: u32, hdr: &VirtioNetHdr, frame: &[u8]) -> io::Result<()> {
+        if frame.len() < ETH_HLEN {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("AF_PACKET send: a {}-byte frame", frame.len()),
+            ));
+        }
+        let h = hdr.to_bytes();
+        let iov = [
+            libc::iovec {
+                iov_base: h.as_ptr() as *mut libc::c_void,
+                iov_len: h.len(),
+            },
+            libc::iovec {
+                iov_base: frame.as_ptr() as *mut libc::c_void,
+                iov_len: frame.len(),
+            },
+        ];
+        let mut sa = sockaddr_ll(ifindex, frame);
+        // SAFETY: msghdr is plain data; all-zero (no control data, no flags) is a valid value.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_name = (&mut sa as *mut libc::sockaddr_ll).cast();
+        msg.msg_namelen = std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t;
+        msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
+        msg.msg_iovlen = iov.len() as _;
+        // SAFETY: `msg` points to `sa` and to the two iovecs, which describe live buffers of the
+        // given lengths (`h`, `frame`); all outlive the call and sendmsg only reads them.
+        let n = unsafe { libc::sendmsg(self.fd.as_raw_fd(), &msg, libc::MSG_DONTWAIT) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // A packet socket takes a frame whole or not at all; the count includes the virtio-net
+        // header (6.x kernels), so anything short of the frame means it was not sent.
+        if (n as usize) < frame.len() {
+            return Err(io::Error::new(
+                io::ErrorKind::WriteZero,
+                format!("AF_PACKET send: {n} of {} bytes", frame.len()),
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tap::{VIRTIO_NET_HDR_F_NEEDS_CSUM, VIRTIO_NET_HDR_GSO_TCPV4};
+    use std::time::{Duration, Instant};
+
+    /// Runs `f` on a thread of its own in a new network namespace, which goes with the thread.
+    fn in_private_netns(f: impl FnOnce() + Send + 'static) {
+        std::thread::spawn(|| {
+            // SAFETY: unshare only changes this thread's network namespace.
+            if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+                eprintln!("SKIPPED: no private network namespace");
+                return;
+            }
+            f();
+        })
+        .join()
+        .unwrap();
+    }
+
+    /// A packet socket receiving every frame of `ifindex`, with a 2 s receive timeout.
+    fn recv_socket(ifindex: u32) -> OwnedFd {
+        let all = (libc::ETH_P_ALL as u16).to_be();
+        let fd = crate::sys::socket(libc::AF_PACKET, libc::SOCK_RAW, all as i32).unwrap();
+        // SAFETY: sockaddr_ll is plain data; all-zero is a valid value.
+        let mut sa: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+        sa.sll_family = libc::AF_PACKET as u16;
+        sa.sll_protocol = all;
+        sa.sll_ifindex = ifindex as i32;
+        // SAFETY: `sa` is live for the call and the length given is its size.
+        let r = unsafe {
+            libc::bind(
+                fd.as_raw_fd(),
+                (&sa as *const libc::sockaddr_ll).cast(),
+                std::mem::size_of::<libc::sockaddr_ll>() as u32,
+            )
+        };
+        assert_eq!(r, 0, "bind: {}", io::Error::last_os_error());
+        let tv = libc::timeval {
+            tv_sec: 2,
+            tv_usec: 0,
+        };
+        // SAFETY: `tv` is live for the call and the length given is its size.
+        let r = unsafe {
+            libc::setsockopt(
+                fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_RCVTIMEO,
+                (&tv as *const libc::timeval).cast(),
+                std::mem::size_of::<libc::timeval>() as u32,
+            )
+        };
+        assert_eq!(r, 0, "SO_RCVTIMEO: {}", io::Error::last_os_error());
+        fd
+    }
+
+    /// One received frame's length; None on timeout.
+    fn recv(fd: &OwnedFd, buf: &mut [u8]) -> Option<usize> {
+        // SAFETY: `buf` is live and writable for its length during the call.
+        let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+        (n >= 0).then_some(n as usize)
+    }
+
+    /// The Internet checksum's 16-bit one's-complement sum of `data`, folded, not complemented.
+    fn sum16(data: &[u8], mut acc: u32) -> u16 {
+        for c in data.chunks(2) {
+            acc += u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]));
+        }
+        while acc > 0xffff {
+            acc = (acc & 0xffff) + (acc >> 16);
+        }
+        acc as u16
+    }
+
+    /// An Ethernet + IPv4 frame from 10.0.0.1 to 10.0.0.2 with protocol `proto` and `l4` after the
+    /// IP header (whose checksum is filled in).
+    fn ipv4_frame(proto: u8, l4: &[u8]) -> Vec<u8> {
+        let mut f = vec![0u8; 34];
+        f[..6].copy_from_slice(&[0x02, 0, 0, 0, 0, 2]);
+        f[6..12].copy_from_slice(&[0x02, 0, 0, 0, 0, 1]);
+        f[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
+        f[14] = 0x45;
+        f[16..18].copy_from_slice(&((20 + l4.len()) as u16).to_be_bytes());
+        f[22] = 64;
+        f[23] = proto;
+        f[26..30].copy_from_slice(&[10, 0, 0, 1]);
+        f[30..34].copy_from_slice(&[10, 0, 0, 2]);
+        let c = !sum16(&f[14..34], 0);
+        f[24..26].copy_from_slice(&c.to_be_bytes());
+        f.extend_from_slice(l4);
+        f
+    }
+
+    /// Whether `ip link show` calls the interface's operational state up: until then its qdisc
+    /// may still be the one that drops everything.
+    fn wait_up(name: &str) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while Instant::now() < deadline {
+            let o = std::process::Command::new("ip")
+                .args(["-o", "link", "show", name])
+                .output();
+            if o.is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("state UP")) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        false
+    }
+
+    #[test]
+    fn a_short_frame_is_refused() {
+        let Ok(tx) = PacketTx::open() else {
+            eprintln!("SKIPPED: no AF_PACKET socket here (not root?)");
+            return;
+        };
+        let e = tx
+            .send(1, &VirtioNetHdr::default(), &[0u8; 13])
+            .unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{e}");
+    }
+
+    /// Needs root and `ip`; runs in a private network namespace (a thread of its own). Frames
+    /// sent on one end of a veth arrive on the other: a plain one byte for byte, a TCP GSO
+    /// super-frame with a partial checksum whole or as segments.
+    #[test]
+    fn frames_go_out_whole() {
+        in_private_netns(|| {
+            let run = |c: &str| std::process::Command::new("sh").args(["-c", c]).status();
+            // No IPv6: fewer frames of the kernel's own on the link.
+            let _ = run(
+                "sysctl -qw net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1",
+            );
+            let _ = run("ip link add kxpa type veth peer name kxpb && ip link set kxpa up && ip link set kxpb up");
+            let (Ok(a), Ok(b)) = (crate::ifindex("kxpa"), crate::ifindex("kxpb")) else {
+                eprintln!("SKIPPED: no veth here");
+                return;
+            };
+            assert!(wait_up("kxpa") && wait_up("kxpb"), "the veth comes up");
+            let rx = recv_socket(b);
+            let tx = PacketTx::open().unwrap();
+            let mut buf = vec![0u8; 70_000];
+
+            // 1. A plain UDP frame, no offloads: byte for byte.
+            let mut udp = vec![0u8; 26];
+            udp[..2].copy_from_slice(&1000u16.to_be_bytes());
+            udp[2..4].copy_from_slice(&2000u16.to_be_bytes());
+            udp[4..6].copy_from_slice(&26u16.to_be_bytes());
+            for (i, x) in udp[8..].iter_mut().enumerate() {
+                *x = i as u8 + 1;
+            }
+            let plain = ipv4_frame(17, &udp);
+            assert_eq!(plain.len(), 60);
+            tx.send(a, &VirtioNetHdr::default(), &plain).unwrap();
+            let deadline = Instant::now() + Duration::from_secs(2);
+            let mut found = false;
+            while !found && Instant::now() < deadline {
+                let Some(n) = recv(&rx, &mut buf) else { break };
+                found = buf[..n] == plain[..];
+            }
+            assert!(found, "the plain frame arrives whole");
+
+            // 2. A TCP super-frame of 3000 bytes, MSS 1000, its checksum partial: the field holds
+            // the pseudo-header sum (addresses, protocol, TCP length), not complemented.
+            let payload = 3000;
+            let mut tcp = vec![0u8; 20 + payload];
+            tcp[..2].copy_from_slice(&1000u16.to_be_bytes());
+            tcp[2..4].copy_from_slice(&2000u16.to_be_bytes());
+            tcp[4..8].copy_from_slice(&1u32.to_be_bytes());
+            tcp[12] = 5 << 4;
+            tcp[13] = 0x18; // PSH, ACK
+            tcp[14..16].copy_from_slice(&65535u16.to_be_bytes());
+            for (i, x) in tcp[20..].iter_mut().enumerate() {
+                *x = i as u8;
+            }
+            let mut pseudo = [0u8; 12];
+            pseudo[..4].copy_from_slice(&[10, 0, 0, 1]);
+            pseudo[4..8].copy_from_slice(&[10, 0, 0, 2]);
+            pseudo[9] = 6;
+            pseudo[10..12].copy_from_slice(&(tcp.len() as u16).to_be_bytes());
+            tcp[16..18].copy_from_slice(&sum16(&pseudo, 0).to_be_bytes());
+            let sf = ipv4_frame(6, &tcp);
+            let hdr = VirtioNetHdr {
+                flags: VIRTIO_NET_HDR_F_NEEDS_CSUM,
+                gso_type: VIRTIO_NET_HDR_GSO_TCPV4,
+                hdr_len: 54,
+                gso_size: 1000,
+                csum_start: 34,
+                csum_offset: 16,
+            };
+            tx.send(a, &hdr, &sf).unwrap();
+            // Its TCP payload bytes, whole or segmented, between the same addresses and ports.
+            let deadline = Instant::now() + Duration::from_secs(2);
+            let mut got = 0;
+            while got < payload && Instant::now() < deadline {
+                let Some(n) = recv(&rx, &mut buf) else { break };
+                let f = &buf[..n];
+                if n >= 54 && f[12..14] == sf[12..14] && f[23] == 6 && f[26..38] == sf[26..38] {
+                    let ip_len = usize::from(u16::from_be_bytes([f[16], f[17]]));
+                    got += ip_len.saturating_sub(20 + usize::from(f[46] >> 4) * 4);
+                }
+            }
+            assert!(got >= payload, "{got} of {payload} payload bytes arrived");
+
+            // 3. No such interface: the kernel's errno as it is.
+            let e = tx.send(9999, &VirtioNetHdr::default(), &plain).unwrap_err();
+            assert_eq!(e.raw_os_error(), Some(libc::ENXIO), "{e}");
+        });
+    }
+}

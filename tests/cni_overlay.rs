@@ -37,6 +37,11 @@ spec:
 ";
 
 fn overlay_behaviours(test: &str, underlay: Underlay, ipv6: bool) {
+    overlay_behaviours_with(test, underlay, ipv6, "");
+}
+
+/// [`overlay_behaviours`] with `extra` appended to both nodes' configuration.
+fn overlay_behaviours_with(test: &str, underlay: Underlay, ipv6: bool, extra: &str) {
     let mut lab = Lab::build_over(test, underlay);
     lab.add_pod("node-a", "client-a", &[("app", "client")]);
     lab.add_pod(
@@ -52,8 +57,9 @@ fn overlay_behaviours(test: &str, underlay: Underlay, ipv6: bool) {
     let objects = lab.service("web", 10, "web", Some(30080), false)
         + &lab.service("web-local", 11, "web", Some(30081), true)
         + POLICY;
-    let a = lab.start_kxdp("node-a", &lab.kxdp_config("node-a", false), &objects);
-    let b = lab.start_kxdp("node-b", &lab.kxdp_config("node-b", false), &objects);
+    let config = |node: &str| lab.kxdp_config(node, false) + extra;
+    let a = lab.start_kxdp("node-a", &config("node-a"), &objects);
+    let b = lab.start_kxdp("node-b", &config("node-b"), &objects);
     lab.warm_neighbours();
     let logs = || format!("node-a:\n{}\nnode-b:\n{}", a.log(), b.log());
 
@@ -181,6 +187,17 @@ fn overlay_behaviours(test: &str, underlay: Underlay, ipv6: bool) {
 #[test]
 fn kxdp_over_flannel_vxlan() {
     overlay_behaviours("kxdp_over_flannel_vxlan", Underlay::FlannelVxlan, true);
+}
+
+/// The pods through kxdp's tap, traffic between pods routed directly onto the VXLAN device.
+#[test]
+fn kxdp_over_flannel_vxlan_in_tap_mode() {
+    overlay_behaviours_with(
+        "kxdp_over_flannel_vxlan_in_tap_mode",
+        Underlay::FlannelVxlan,
+        true,
+        "podInterception: {mode: tap}\n",
+    );
 }
 
 #[test]

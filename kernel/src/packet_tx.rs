@@ -77,16 +77,7 @@ impl PacketTx {
             ));
         }
         let h = hdr.to_bytes();
-        let iov = [
-            libc::iovec {
-                iov_base: h.as_ptr() as *mut libc::c_void,
-                iov_len: h.len(),
-            },
-            libc::iovec {
-                iov_base: frame.as_ptr() as *mut libc::c_void,
-                iov_len: frame.len(),
-            },
-        ];
+        let iov = crate::tap::header_and_frame(&h, frame);
         let mut sa = sockaddr_ll(ifindex, frame);
         // SAFETY: msghdr is plain data; all-zero (no control data, no flags) is a valid value.
         let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
@@ -115,58 +106,9 @@ impl PacketTx {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sys::testing::{capture_on, in_private_netns};
     use crate::tap::{VIRTIO_NET_HDR_F_NEEDS_CSUM, VIRTIO_NET_HDR_GSO_TCPV4};
     use std::time::{Duration, Instant};
-
-    /// Runs `f` on a thread of its own in a new network namespace, which goes with the thread.
-    fn in_private_netns(f: impl FnOnce() + Send + 'static) {
-        std::thread::spawn(|| {
-            // SAFETY: unshare only changes this thread's network namespace.
-            if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
-                eprintln!("SKIPPED: no private network namespace");
-                return;
-            }
-            f();
-        })
-        .join()
-        .unwrap();
-    }
-
-    /// A packet socket receiving every frame of `ifindex`, with a 2 s receive timeout.
-    fn recv_socket(ifindex: u32) -> OwnedFd {
-        let all = (libc::ETH_P_ALL as u16).to_be();
-        let fd = crate::sys::socket(libc::AF_PACKET, libc::SOCK_RAW, all as i32).unwrap();
-        // SAFETY: sockaddr_ll is plain data; all-zero is a valid value.
-        let mut sa: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-        sa.sll_family = libc::AF_PACKET as u16;
-        sa.sll_protocol = all;
-        sa.sll_ifindex = ifindex as i32;
-        // SAFETY: `sa` is live for the call and the length given is its size.
-        let r = unsafe {
-            libc::bind(
-                fd.as_raw_fd(),
-                (&sa as *const libc::sockaddr_ll).cast(),
-                std::mem::size_of::<libc::sockaddr_ll>() as u32,
-            )
-        };
-        assert_eq!(r, 0, "bind: {}", io::Error::last_os_error());
-        let tv = libc::timeval {
-            tv_sec: 2,
-            tv_usec: 0,
-        };
-        // SAFETY: `tv` is live for the call and the length given is its size.
-        let r = unsafe {
-            libc::setsockopt(
-                fd.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_RCVTIMEO,
-                (&tv as *const libc::timeval).cast(),
-                std::mem::size_of::<libc::timeval>() as u32,
-            )
-        };
-        assert_eq!(r, 0, "SO_RCVTIMEO: {}", io::Error::last_os_error());
-        fd
-    }
 
     /// One received frame's length; None on timeout.
     fn recv(fd: &OwnedFd, buf: &mut [u8]) -> Option<usize> {
@@ -250,7 +192,7 @@ mod tests {
                 return;
             };
             assert!(wait_up("kxpa") && wait_up("kxpb"), "the veth comes up");
-            let rx = recv_socket(b);
+            let rx = capture_on(b, 2);
             let tx = PacketTx::open().unwrap();
             let mut buf = vec![0u8; 70_000];
 

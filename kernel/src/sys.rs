@@ -334,3 +334,62 @@ pub fn memlock_unlimited() -> bool {
     let ok = unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut r) } == 0;
     ok && r.rlim_cur == libc::RLIM_INFINITY
 }
+
+/// Helpers of the privileged unit tests: a private network namespace and a capture socket.
+#[cfg(test)]
+pub(crate) mod testing {
+    use std::io;
+    use std::os::fd::{AsRawFd, OwnedFd};
+
+    /// Runs `f` in a thread of its own in a private network namespace (skipped, with a note,
+    /// where none can be made), and waits for it; the namespace goes with the thread.
+    pub fn in_private_netns(f: impl FnOnce() + Send + 'static) {
+        std::thread::spawn(|| {
+            // SAFETY: unshare only changes this thread's network namespace.
+            if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+                eprintln!("SKIPPED: no private network namespace");
+                return;
+            }
+            f();
+        })
+        .join()
+        .unwrap();
+    }
+
+    /// A packet socket that receives every frame of `ifindex`, with a receive timeout of
+    /// `secs` seconds.
+    pub fn capture_on(ifindex: u32, secs: i64) -> OwnedFd {
+        let all = (libc::ETH_P_ALL as u16).to_be();
+        let fd = super::socket(libc::AF_PACKET, libc::SOCK_RAW, all as i32).unwrap();
+        // SAFETY: sockaddr_ll is plain data; all-zero is a valid value.
+        let mut sa: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+        sa.sll_family = libc::AF_PACKET as u16;
+        sa.sll_protocol = all;
+        sa.sll_ifindex = ifindex as i32;
+        // SAFETY: `sa` is live for the call, its length as given.
+        let r = unsafe {
+            libc::bind(
+                fd.as_raw_fd(),
+                (&sa as *const libc::sockaddr_ll).cast(),
+                std::mem::size_of::<libc::sockaddr_ll>() as u32,
+            )
+        };
+        assert_eq!(r, 0, "bind: {}", io::Error::last_os_error());
+        let tv = libc::timeval {
+            tv_sec: secs,
+            tv_usec: 0,
+        };
+        // SAFETY: `tv` is live for the call, its length as given.
+        let r = unsafe {
+            libc::setsockopt(
+                fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_RCVTIMEO,
+                (&tv as *const libc::timeval).cast(),
+                std::mem::size_of::<libc::timeval>() as u32,
+            )
+        };
+        assert_eq!(r, 0, "SO_RCVTIMEO: {}", io::Error::last_os_error());
+        fd
+    }
+}

@@ -22,6 +22,21 @@ fn iovec(buf: &mut [u8]) -> libc::iovec {
     }
 }
 
+/// The `iovec`s of a frame sent with its virtio-net header: the header's bytes, then the frame
+/// (for `writev`/`sendmsg`, which only read them; the caller keeps both alive).
+pub(crate) fn header_and_frame(h: &[u8; VirtioNetHdr::LEN], frame: &[u8]) -> [libc::iovec; 2] {
+    [
+        libc::iovec {
+            iov_base: h.as_ptr() as *mut libc::c_void,
+            iov_len: h.len(),
+        },
+        libc::iovec {
+            iov_base: frame.as_ptr() as *mut libc::c_void,
+            iov_len: frame.len(),
+        },
+    ]
+}
+
 /// An 802.1Q tag's length and EtherType.
 const VLAN_HLEN: usize = 4;
 const ETH_P_8021Q: u16 = 0x8100;
@@ -349,16 +364,7 @@ impl TapQueue {
     /// the tap as if the wire had (GSO and partial checksum as `hdr` says).
     pub fn write(&self, hdr: &VirtioNetHdr, frame: &[u8]) -> io::Result<()> {
         let h = hdr.to_bytes();
-        let iov = [
-            libc::iovec {
-                iov_base: h.as_ptr() as *mut libc::c_void,
-                iov_len: h.len(),
-            },
-            libc::iovec {
-                iov_base: frame.as_ptr() as *mut libc::c_void,
-                iov_len: frame.len(),
-            },
-        ];
+        let iov = header_and_frame(&h, frame);
         // SAFETY: both iovecs describe live buffers of the given lengths; writev only reads them.
         let n = unsafe { libc::writev(self.fd.as_raw_fd(), iov.as_ptr(), 2) };
         if n < 0 {

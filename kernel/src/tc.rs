@@ -568,6 +568,7 @@ pub fn node_ports_redirected(lo: u32, pref: u16) -> io::Result<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sys::testing::{capture_on, in_private_netns};
     use netlink_packet_core::{Emitable, Parseable};
 
     #[test]
@@ -607,21 +608,6 @@ mod tests {
         // The key as tc sends it: value and mask in network order.
         let key = [0x00, 0x00, 0xff, 0xff, 0x00, 0x00, 0x3a, 0xff];
         assert!(buf.windows(8).any(|w| w == key), "{buf:02x?}");
-    }
-
-    /// Runs `f` in a thread of its own in a private network namespace (skipped, with a note,
-    /// where none can be made), and waits for it.
-    fn in_private_netns(f: impl FnOnce() + Send + 'static) {
-        std::thread::spawn(|| {
-            // SAFETY: unshare only changes this thread's network namespace.
-            if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
-                eprintln!("SKIPPED: no private network namespace");
-                return;
-            }
-            f();
-        })
-        .join()
-        .unwrap();
     }
 
     /// Needs root, `ip` and `tc`; runs in a private network namespace (a thread of its own).
@@ -770,46 +756,6 @@ mod tests {
         });
     }
 
-    /// A packet socket that receives every frame arriving on `ifindex` (1 s receive timeout).
-    fn capture_on(ifindex: u32) -> std::os::fd::OwnedFd {
-        let all = (libc::ETH_P_ALL as u16).to_be();
-        // SAFETY: a plain socket(2) call; the descriptor is owned right away.
-        let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, all as i32) };
-        assert!(fd >= 0, "{}", io::Error::last_os_error());
-        // SAFETY: the kernel just returned this descriptor; nothing else owns it.
-        let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
-        // SAFETY: sockaddr_ll is plain data; all-zero is a valid value.
-        let mut sa: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-        sa.sll_family = libc::AF_PACKET as u16;
-        sa.sll_protocol = all;
-        sa.sll_ifindex = ifindex as i32;
-        // SAFETY: `sa` is live for the call, its length as given.
-        let r = unsafe {
-            libc::bind(
-                fd.as_raw_fd(),
-                (&sa as *const libc::sockaddr_ll).cast(),
-                std::mem::size_of::<libc::sockaddr_ll>() as u32,
-            )
-        };
-        assert_eq!(r, 0, "{}", io::Error::last_os_error());
-        let tv = libc::timeval {
-            tv_sec: 1,
-            tv_usec: 0,
-        };
-        // SAFETY: `tv` is live for the call, its length as given.
-        let r = unsafe {
-            libc::setsockopt(
-                fd.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_RCVTIMEO,
-                (&tv as *const libc::timeval).cast(),
-                std::mem::size_of::<libc::timeval>() as u32,
-            )
-        };
-        assert_eq!(r, 0, "{}", io::Error::last_os_error());
-        fd
-    }
-
     /// The first frame on `fd` that `want` accepts, within a few receive timeouts.
     fn recv_matching(fd: &std::os::fd::OwnedFd, want: impl Fn(&[u8]) -> bool) -> Option<Vec<u8>> {
         let mut buf = vec![0u8; 4096];
@@ -931,7 +877,7 @@ mod tests {
                 egress: None,
             };
             fast.install(&key, &rewrite).unwrap();
-            let capture = capture_on(d);
+            let capture = capture_on(d, 1);
             let ack = tcp_frame(mac, [172, 30, 0, 10], 80, 0x10);
             send_raw(a, &ack);
             let got = recv_matching(&capture, |f| f.len() == ack.len() && f[23] == 6)
@@ -1000,7 +946,7 @@ mod tests {
             assert!(!fast.remove(&key).unwrap());
             // The node's own traffic stays with the kernel (which resets a SYN to a closed
             // port), a NodePort goes to the tap.
-            let back = capture_on(a);
+            let back = capture_on(a, 1);
             send_raw(a, &tcp_frame(mac, [10, 8, 0, 99], 22, 0x02));
             let rst = recv_matching(&back, |f| {
                 f.len() >= 54 && f[23] == 6 && f[26..30] == [10, 8, 0, 99]
@@ -1048,7 +994,7 @@ mod tests {
             assert!(node_ports_redirected(LOOPBACK, 7).unwrap());
             // Again: replaced in place.
             redirect_node_ports(LOOPBACK, b, macs, node.steer_maps(), 7).unwrap();
-            let capture = capture_on(a);
+            let capture = capture_on(a, 1);
             let connect = |port: u16| {
                 let to = std::net::SocketAddr::from(([10, 8, 0, 99], port));
                 std::net::TcpStream::connect_timeout(&to, std::time::Duration::from_millis(300))

@@ -612,7 +612,8 @@ impl HostPath {
             }
             overlay_table(&handle, &opts, hi, v6).await
         })?;
-        self.sync_overlay_rules()?;
+        let links = kxdp_kernel::netlink::dump_all()?.links;
+        self.sync_overlay_rules(&link_names(&links))?;
         self.set_service_routes(&opts.service_routes)
     }
 
@@ -686,14 +687,13 @@ impl HostPath {
         self.set_service_routes(&routes)
     }
 
-    /// Adds the overlay rules of overlay devices that appeared ([`overlay_rules`]).
-    pub fn sync_overlay_rules(&mut self) -> io::Result<()> {
+    /// Adds the overlay rules of overlay devices that appeared ([`overlay_rules`]); `present`:
+    /// the names of the node's links now.
+    pub fn sync_overlay_rules(&mut self, present: &[&str]) -> io::Result<()> {
         let (handle, opts) = (self.handle.clone(), self.opts.clone());
         let v6 = ipv6_on(&opts.host_if);
         let mut done = std::mem::take(&mut self.overlay_ruled);
-        let r = self
-            .rt
-            .block_on(overlay_rules(&handle, &opts, v6, &mut done));
+        let r = (self.rt).block_on(overlay_rules(&handle, &opts, v6, present, &mut done));
         self.overlay_ruled = done;
         r
     }
@@ -872,8 +872,8 @@ async fn overlay_table(
     Ok(())
 }
 
-/// The overlay rules of the devices in `opts.overlay_ifs` that exist now and are not in `done`
-/// (added to it). Only for devices present: a namespace's first policy-routing rule, even one
+/// The overlay rules of the devices in `opts.overlay_ifs` that exist now (in `present`) and are
+/// not in `done` (added to it). Only for devices present: a namespace's first policy-routing rule, even one
 /// for a device it does not have, puts all its forwarding on the kernel's slower rule-based
 /// lookup for as long as it lives (docs/afxdp.md § The host path, "What the rules cost"). A
 /// rule already there (a predecessor's, in a takeover) counts as added.
@@ -881,10 +881,11 @@ async fn overlay_rules(
     handle: &Handle,
     opts: &HostPathOptions,
     v6: bool,
+    present: &[&str],
     done: &mut Vec<String>,
 ) -> io::Result<()> {
     for name in &opts.overlay_ifs {
-        if done.contains(name) || link_by_name(handle, name).await?.is_none() {
+        if done.contains(name) || !present.contains(&name.as_str()) {
             continue;
         }
         for v6 in [false, true].into_iter().filter(|f| !f || v6) {
@@ -912,7 +913,16 @@ async fn overlay_rules(
 /// The node's addresses that can be the service routes' source: global unicast addresses on
 /// any interface but the host path's pair (loopback and link-local left out).
 pub fn local_node_addrs(opts: &HostPathOptions) -> io::Result<Vec<IpAddr>> {
-    let dump = kxdp_kernel::netlink::dump_all()?;
+    Ok(node_addrs_in(&kxdp_kernel::netlink::dump_all()?, opts))
+}
+
+/// The names of `links`.
+fn link_names(links: &[kxdp_kernel::netlink::Link]) -> Vec<&str> {
+    links.iter().map(|l| l.name.as_str()).collect()
+}
+
+/// [`local_node_addrs`] in a dump already read.
+fn node_addrs_in(dump: &kxdp_kernel::netlink::Dump, opts: &HostPathOptions) -> Vec<IpAddr> {
     let pair: Vec<u32> = dump
         .links
         .iter()
@@ -932,7 +942,7 @@ pub fn local_node_addrs(opts: &HostPathOptions) -> io::Result<Vec<IpAddr>> {
         .collect();
     v.sort();
     v.dedup();
-    Ok(v)
+    v
 }
 
 /// Keeps a host path's service routes on the node's addresses as they come and go, and gives
@@ -1003,13 +1013,15 @@ impl Drop for NodeAddressFollower {
 fn sync_node_ips(host_path: &Mutex<Option<HostPath>>, candidates: &Mutex<Vec<IpAddr>>) {
     let mut guard = host_path.lock().unwrap_or_else(|e| e.into_inner());
     let Some(hp) = guard.as_mut() else { return };
-    let local = match local_node_addrs(&hp.opts) {
-        Ok(l) => l,
+    // One dump for both: the addresses and the links present.
+    let dump = match kxdp_kernel::netlink::dump_all() {
+        Ok(d) => d,
         Err(e) => {
             tracing::warn!("kxdp: host path: reading the node's addresses: {e}");
             return;
         }
     };
+    let local = node_addrs_in(&dump, &hp.opts);
     let want: Vec<IpAddr> = candidates
         .lock()
         .unwrap_or_else(|e| e.into_inner())
@@ -1020,7 +1032,7 @@ fn sync_node_ips(host_path: &Mutex<Option<HostPath>>, candidates: &Mutex<Vec<IpA
     if let Err(e) = hp.set_node_ips(&want) {
         tracing::warn!("kxdp: host path: following the node's addresses: {e}");
     }
-    if let Err(e) = hp.sync_overlay_rules() {
+    if let Err(e) = hp.sync_overlay_rules(&link_names(&dump.links)) {
         tracing::warn!("kxdp: host path: following the overlay devices: {e}");
     }
 }

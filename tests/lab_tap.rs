@@ -235,6 +235,11 @@ spec:
         .filter(|l| l.contains(&to_web) && l.contains(&format!("dport={IPERF_PORT} ")))
         .collect();
     assert!(seen.is_empty(), "the node's conntrack saw {seen:?}");
+    let direct = metric(&node, "kxdp_direct_routed_packets_total");
+    assert!(
+        direct as f64 * 1448.0 >= bytes * 0.5,
+        "{direct} packets routed directly for {bytes} bytes"
+    );
 
     // The NetworkPolicy: other-a is not a client; its connection is dropped (times out), the
     // client's is admitted.

@@ -56,6 +56,7 @@
 //! | `kxdp_umem_frames{worker}`, `kxdp_umem_free_frames{worker}` | gauge | the worker's UMEM frames, and those on its free list |
 //! | `kxdp_offloaded_packets_total{worker}` | counter | packets the kernel's fast path moved for the worker's offloaded flows (`podInterception.offload`; also in the packet and verdict counters) |
 //! | `kxdp_offloaded_flows{worker}` | gauge | flows the worker has on the kernel's fast path |
+//! | `kxdp_direct_routed_packets_total{worker}` | counter | packets direct routing sent straight to their egress interface, from the tap and on the fast path (`podInterception.directRouting`; also in the packet and verdict counters) |
 //! | `kxdp_conntrack_entries` | gauge | live conntrack entries (connections and affinity records) |
 //! | `kxdp_conntrack_max_entries` | gauge | the configured maximum |
 //! | `kxdp_conntrack_early_drops_total` | counter | unassured entries dropped to make room |
@@ -343,6 +344,7 @@ impl Collector for DataplaneCollector {
         let expired = Family::<WorkerLabel, Counter>::default();
         let offloaded = Family::<WorkerLabel, Counter>::default();
         let offloaded_flows = Family::<WorkerLabel, Gauge>::default();
+        let direct_routed = Family::<WorkerLabel, Counter>::default();
         let umem_frames = Family::<WorkerLabel, Gauge>::default();
         let umem_free = Family::<WorkerLabel, Gauge>::default();
         let drops = Family::<ReasonLabel, Counter>::default();
@@ -370,6 +372,7 @@ impl Collector for DataplaneCollector {
             offloaded_flows
                 .get_or_create(&w)
                 .set(s.offloaded_flows as i64);
+            direct_routed.get_or_create(&w).inc_by(s.direct_routed);
             umem_frames.get_or_create(&w).set(s.umem_frames as i64);
             umem_free.get_or_create(&w).set(s.umem_free as i64);
             let (pb, pt) = prev[i];
@@ -508,6 +511,12 @@ impl Collector for DataplaneCollector {
             "kxdp_offloaded_flows",
             "Flows on the kernel's fast path",
             &offloaded_flows,
+        )?;
+        put(
+            &mut enc,
+            "kxdp_direct_routed_packets",
+            "Packets direct routing sent straight to their egress interface",
+            &direct_routed,
         )?;
         let memory = src.ct.memory();
         let table_bytes = Gauge::<i64>::default();

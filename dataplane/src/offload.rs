@@ -6,8 +6,9 @@
 //! an established connection, with conntrack saying TCP established and assured (or UDP
 //! answered, from its second packet in that direction), not masqueraded, its endpoint not
 //! gone. The worker installs the translation its pipeline applied, bound to the interface the
-//! packet came through; from then on the kernel rewrites the flow's packets itself, whole GSO
-//! super-frames included, and counts them per flow.
+//! packet came through, and the frame's direct hop if it had one (`crate::direct`); from then on
+//! the kernel rewrites the flow's packets itself, whole GSO super-frames included, counts them
+//! per flow, and sends them to the hop's interface or on to its own routing.
 //!
 //! The worker that installed a flow keeps it: every [`CHECK_EVERY`] it reads the flow's counts
 //! (a load from the mapped counters, no system call), counts what the fast path moved as the
@@ -210,6 +211,9 @@ impl Offloads {
                 counters.reasons[o.reason as usize] += packets;
                 counters.actions[Action::Forward as usize] += packets;
                 counters.offloaded += packets;
+                if o.rewrite.egress.is_some() {
+                    counters.direct_routed += packets;
+                }
                 moved += packets;
             }
             let keep = allowed && ct.offloadable(&o.tuple, packets, bytes, now_ms);

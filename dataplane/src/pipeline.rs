@@ -146,6 +146,9 @@ pub struct Counters {
     /// (`crate::offload`), also counted by reason, and those flows now.
     pub offloaded: u64,
     pub offloaded_flows: u64,
+    /// Packets sent straight to their egress interface by direct routing (`crate::direct`):
+    /// from the tap by the worker and on the fast path for its flows; also counted by reason.
+    pub direct_routed: u64,
     /// New connections per policy rule that decided them (allowed or denied).
     pub policy: PolicyCounts,
 }
@@ -164,6 +167,7 @@ impl Default for Counters {
             fast_lane: 0,
             offloaded: 0,
             offloaded_flows: 0,
+            direct_routed: 0,
             policy: PolicyCounts::default(),
         }
     }
@@ -208,6 +212,7 @@ impl Counters {
         self.fast_lane += other.fast_lane;
         self.offloaded += other.offloaded;
         self.offloaded_flows += other.offloaded_flows;
+        self.direct_routed += other.direct_routed;
         self.policy.add(&other.policy);
     }
 }

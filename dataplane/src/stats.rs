@@ -38,6 +38,7 @@ pub struct WorkerStats {
     ct_expired: AtomicU64,
     offloaded: AtomicU64,
     offloaded_flows: AtomicU64,
+    direct_routed: AtomicU64,
     busy_ns: AtomicU64,
     updated_ms: AtomicU64,
     /// `clock_ms` when the worker last went round its loop's periodic step (its socket table,
@@ -67,6 +68,8 @@ pub struct WorkerSample {
     /// `packets` and by reason), and those flows now (`crate::offload`).
     pub offloaded: u64,
     pub offloaded_flows: u64,
+    /// Packets direct routing sent straight to their egress interface (`crate::direct`).
+    pub direct_routed: u64,
     /// Time spent processing batches (not waiting for packets), nanoseconds.
     pub busy_ns: u64,
     /// `clock_ms` of the last publication (0: never).
@@ -100,6 +103,7 @@ impl WorkerStats {
             ct_expired: AtomicU64::new(0),
             offloaded: AtomicU64::new(0),
             offloaded_flows: AtomicU64::new(0),
+            direct_routed: AtomicU64::new(0),
             busy_ns: AtomicU64::new(0),
             updated_ms: AtomicU64::new(0),
             // Counted from the start: a worker that never gets going is a stall too.
@@ -122,6 +126,7 @@ impl WorkerStats {
         self.ct_expired.store(c.ct_expired, Relaxed);
         self.offloaded.store(c.offloaded, Relaxed);
         self.offloaded_flows.store(c.offloaded_flows, Relaxed);
+        self.direct_routed.store(c.direct_routed, Relaxed);
         self.busy_ns.store(busy_ns_total, Relaxed);
         for (a, v) in self.reasons.iter().zip(c.reasons.iter()) {
             a.store(*v, Relaxed);
@@ -162,6 +167,7 @@ impl WorkerStats {
             ct_expired: self.ct_expired.load(Relaxed),
             offloaded: self.offloaded.load(Relaxed),
             offloaded_flows: self.offloaded_flows.load(Relaxed),
+            direct_routed: self.direct_routed.load(Relaxed),
             busy_ns: self.busy_ns.load(Relaxed),
             updated_ms: self.updated_ms.load(Relaxed),
             umem_frames: self.umem_frames.load(Relaxed),

@@ -266,6 +266,8 @@ pub fn segments(hdr: &VirtioNetHdr, len: usize) -> u64 {
 pub struct TapSent {
     pub frames: u64,
     pub segments: u64,
+    /// Of `segments`, those sent straight to their egress interface (direct routing).
+    pub direct: u64,
 }
 
 /// One worker's queue of kxdp's tap and its buffers (allocated once).
@@ -430,11 +432,15 @@ impl TapPort {
             match written {
                 Ok(()) => {
                     sent.frames += 1;
-                    sent.segments += if v.action == Action::Reject {
+                    let segments = if v.action == Action::Reject {
                         1
                     } else {
                         self.segs[i]
                     };
+                    sent.segments += segments;
+                    if direct.is_some() {
+                        sent.direct += segments;
+                    }
                 }
                 Err(_) => {
                     v.egress = 0;

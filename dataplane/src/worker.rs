@@ -833,6 +833,7 @@ impl Worker {
         let c = &mut st.pipeline.counters;
         // The pipeline counted one packet per frame it saw; the spoofed frames, nothing.
         c.packets += weights.iter().sum::<u64>() - n as u64;
+        c.direct_routed += sent.direct;
         c.bytes += tap.spoofed_bytes;
         c.record_weighted(verdicts.iter().zip(weights));
         let io = &st.io;

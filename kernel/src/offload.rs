@@ -8,10 +8,12 @@
 //! rewrites the header with the kernel's checksum helpers (`bpf_l3_csum_replace`,
 //! `bpf_l4_csum_replace` with `BPF_F_PSEUDO_HDR` for the addresses: right for the partial
 //! checksums of GSO super-frames, which stay whole), counts the packet (the segments it stands
-//! for, and its bytes) in the flow's slot of an mmap-able array, and hands it on to the kernel
-//! (`TC_ACT_OK`), which routes it as it routes what kxdp writes into its tap. Everything else,
-//! and every TCP segment with SYN, FIN or RST, takes the redirect into the tap as before, so the
-//! workers still see each connection open and close.
+//! for, and its bytes) in the flow's slot of an mmap-able array, and sends it on: with the
+//! direct hop the worker installed (a flow between pods, docs/afxdp.md § Direct routing), TTL
+//! one lower and the hop's MACs, to that interface's transmit (`bpf_redirect`); without one, to
+//! the kernel (`TC_ACT_OK`), which routes it as it routes what kxdp writes into its tap.
+//! Everything else, and every TCP segment with SYN, FIN or RST, takes the redirect into the tap
+//! as before, so the workers still see each connection open and close.
 //!
 //! A flow is bound to the interface it arrived on: the same tuple arriving elsewhere (a pod
 //! spoofing another's connection) takes the tap and its source check.

@@ -818,10 +818,12 @@ fn open_tap(opts: &RunOptions, workers: usize) -> io::Result<(Option<TapTarget>,
         .collect::<io::Result<Vec<_>>>()?;
     tracing::info!(
         "kxdp: tap {} (ifindex {ifindex}): {} queue(s); interfaces matching {:?} are intercepted \
-         through it",
+         through it; fast path {}, direct routing {}",
         t.device,
         ports.len(),
-        t.interfaces
+        t.interfaces,
+        if t.offload { "on" } else { "off" },
+        if t.direct_routing { "on" } else { "off" },
     );
     Ok((
         Some(TapTarget {

@@ -269,6 +269,20 @@ spec:
     let v6 = Ipv6Addr::new(0xfd00, 0x30, 0, 0, 0, 0, 0, 0xa);
     let a = tcp(&client.ns, sa(v6, 80), T, 1000).expect("IPv6 ClusterIP");
     assert_eq!(a.peer, IpAddr::from(client.ip6));
+    // Routed directly too: the node's conntrack (which prints IPv6 addresses in full) has no
+    // entry for it.
+    let full: Vec<String> = web
+        .ip6
+        .segments()
+        .iter()
+        .map(|g| format!("{g:04x}"))
+        .collect();
+    let to_web6 = format!("dst={} ", full.join(":"));
+    let kernel_ct = lab::sh(&node, "cat /proc/net/nf_conntrack 2>/dev/null || true");
+    let seen: Vec<&str> = (kernel_ct.lines())
+        .filter(|l| l.contains(" tcp ") && l.contains(&to_web6))
+        .collect();
+    assert!(seen.is_empty(), "the node's conntrack saw {seen:?}");
 
     // A Service without endpoints: kxdp's RST, written into the tap, refuses at once.
     let t0 = Instant::now();

@@ -1,17 +1,19 @@
 //! Direct routing of pod traffic through the tap (`podInterception.directRouting`): a frame the
 //! workers forward from one pod to another leaves straight through its egress interface, with
-//! the next hop's MACs from kxdp's own FIB and its TTL one lower, instead of going back into the
+//! the next hop's MACs from kxdp's own FIB and its TTL (hop limit) one lower, instead of going back into the
 //! tap for the node's IP stack to route (docs/afxdp.md § Direct routing).
 //!
 //! It skips, per packet, the kernel's IP receive, netfilter (the node's conntrack included) and
-//! routing. Which frames: IPv4, forwarded, not masqueraded, and both ends of the connection pods
+//! routing. Which frames: forwarded, not masqueraded, and both ends of the connection pods
 //! (`clusterCIDRs`): the destination after translation and the source before it. That rule gives
 //! both directions of a connection the same way (a Service connection's reply has the Service's
 //! address as its translated source, the endpoint pod as its original one), so the node's
 //! netfilter sees all of a connection or none of it: a connection it saw in part would stay in
 //! its conntrack table as established for days. Everything else (to or from outside the
-//! cluster, to the node, masqueraded, IPv6, a next hop not resolved yet) goes through the tap
-//! to the kernel as before, and the CNI's masquerading of traffic leaving the cluster with it.
+//! cluster, to the node, masqueraded, a next hop not resolved yet) goes through the tap to the
+//! kernel as before, and the CNI's masquerading of traffic leaving the cluster with it. IPv6
+//! goes direct from the workers only (the fast path is IPv4's): every IPv6 packet of such a
+//! connection reaches a worker, so it too takes one way.
 
 use kxdp_kernel::offload::DirectHop;
 use kxdp_packet::{Addr, Family};
@@ -42,10 +44,7 @@ impl DirectRouting<'_> {
     /// The direct hop of a connection's packet from `orig_src` (its source before translation)
     /// to `dst` (its destination after), if both are pods and the FIB has the next hop's MACs.
     pub fn hop_between(&self, orig_src: &Addr, dst: &Addr, family: Family) -> Option<DirectHop> {
-        if family != Family::V4
-            || !self.pods.contains(orig_src, family)
-            || !self.pods.contains(dst, family)
-        {
+        if !self.pods.contains(orig_src, family) || !self.pods.contains(dst, family) {
             return None;
         }
         match self.fib.lookup(dst, family) {
@@ -84,17 +83,20 @@ mod tests {
                 route("0.0.0.0", 0, 2, Some("192.168.0.1")),
                 route("10.244.0.9", 32, 9, None),
                 route("10.244.0.6", 32, 5, None),
+                route("fd00:10::5", 128, 5, None),
             ],
             neighbours: vec![
                 neigh(5, "10.244.0.5", 0x15),
                 neigh(2, "192.168.0.2", 0x12),
                 neigh(2, "192.168.0.1", 0x11),
                 neigh(9, "10.244.0.9", 0x19),
+                neigh(5, "fd00:10::5", 0x16),
             ],
             ..FibInput::default()
         });
         let mut pods = PrefixSet::new();
         pods.insert("10.244.0.0".parse().unwrap(), 16);
+        pods.insert("fd00:10::".parse().unwrap(), 64);
         let routing = DirectRouting {
             fib: &fib,
             pods: &pods,
@@ -141,5 +143,11 @@ mod tests {
         assert!(routing.hop(&v("10.244.1.7", "10.244.0.9")).is_none());
         // A pod whose neighbour is not resolved yet: the kernel resolves it.
         assert!(routing.hop(&v("10.244.1.7", "10.244.0.6")).is_none());
+        // IPv6 between pods too.
+        let v6 = Verdict {
+            family: Family::V6,
+            ..v("fd00:10::7", "fd00:10::5")
+        };
+        assert_eq!(routing.hop(&v6).map(|h| h.dst_mac), Some([0x16; 6]));
     }
 }

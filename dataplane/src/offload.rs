@@ -46,9 +46,8 @@ struct Offloaded {
     tuple: Tuple,
     /// What the pipeline counted its packets as.
     reason: Reason,
-    /// What the fast path does with its packets, and their destination after it.
+    /// What the fast path does with its packets.
     rewrite: FlowRewrite,
-    dst: Addr,
 }
 
 /// A worker's offloaded flows and its share of the fast path's counter slots.
@@ -173,7 +172,6 @@ impl Offloads {
                 tuple,
                 reason: v.reason,
                 rewrite,
-                dst: v.dst,
             },
         );
     }
@@ -233,7 +231,8 @@ impl Offloads {
             if o.rewrite.egress.is_none() {
                 continue;
             }
-            let hop = routing.hop_between(&o.tuple.src, &o.dst, o.tuple.family);
+            let dst = Addr::from_v4(o.rewrite.dst);
+            let hop = routing.hop_between(&o.tuple.src, &dst, o.tuple.family);
             if hop != o.rewrite.egress {
                 let rewrite = FlowRewrite {
                     egress: hop,

@@ -8,7 +8,10 @@
 //! gone. The worker installs the translation its pipeline applied, bound to the interface the
 //! packet came through, and the frame's direct hop if it had one (`crate::direct`); from then on
 //! the kernel rewrites the flow's packets itself, whole GSO super-frames included, counts them
-//! per flow, and sends them to the hop's interface or on to its own routing.
+//! per flow, and sends them to the hop's interface or on to its own routing. A TCP connection
+//! goes on in both directions with its handshake's ACK: the worker keeps what it forwarded of
+//! the SYN-ACK (the reply's translation, interface and hop) until then, so a request and its
+//! answer both skip the tap.
 //!
 //! The worker that installed a flow keeps it: every [`CHECK_EVERY`] it reads the flow's counts
 //! (a load from the mapped counters, no system call), counts what the fast path moved as the
@@ -35,6 +38,14 @@ use crate::verdict::{Action, Reason, Verdict};
 pub const CHECK_EVERY: Duration = Duration::from_millis(100);
 
 const SYN_FIN_RST: u8 = 0x07;
+const SYN: u8 = 0x02;
+const ACK: u8 = 0x10;
+
+/// The most SYN-ACKs a worker keeps waiting for their handshake's ACK, and for how long: an
+/// ACK follows within a round trip; a SYN-ACK never acknowledged (a scan, a flood the pod
+/// answers) must not grow the worker's memory.
+const AWAITING_MAX: usize = 4096;
+const AWAITING_MS: u64 = 1_000;
 
 /// One offloaded flow, as its worker keeps it.
 #[derive(Clone, Copy, Debug)]
@@ -50,11 +61,31 @@ struct Offloaded {
     rewrite: FlowRewrite,
 }
 
+/// A flow the fast path could carry, as a worker forwarded one of its packets: what
+/// [`Offloaded`] keeps but the slot, which it gets when installed.
+#[derive(Clone, Copy, Debug)]
+struct Candidate {
+    tuple: Tuple,
+    reason: Reason,
+    /// Its translation, interface and hop (`slot` not yet set).
+    rewrite: FlowRewrite,
+}
+
+/// A connection's reply direction, as the worker forwarded its SYN-ACK: it goes on the fast
+/// path with the handshake's ACK, the first packet after which conntrack says established.
+#[derive(Clone, Copy, Debug)]
+struct AwaitingAck {
+    reply: Candidate,
+    since_ms: u64,
+}
+
 /// A worker's offloaded flows and its share of the fast path's counter slots.
 pub struct Offloads {
     fast: Arc<FlowOffload>,
     free: Vec<u32>,
     flows: hashbrown::HashMap<FlowKey, Offloaded, ahash::RandomState>,
+    /// SYN-ACKs forwarded, by their flow's key (at most `AWAITING_MAX`, capacity reserved).
+    awaiting: hashbrown::HashMap<FlowKey, AwaitingAck, ahash::RandomState>,
     next_check: Instant,
     /// The FIB the flows' direct hops were last checked against (`Fib::id`).
     hops_of: u64,
@@ -70,6 +101,10 @@ impl Offloads {
         Offloads {
             flows: hashbrown::HashMap::with_capacity_and_hasher(
                 free.len(),
+                ahash::RandomState::new(),
+            ),
+            awaiting: hashbrown::HashMap::with_capacity_and_hasher(
+                AWAITING_MAX,
                 ahash::RandomState::new(),
             ),
             free,
@@ -95,8 +130,8 @@ impl Offloads {
 
     /// After the pipeline and the write: puts the flow of `frame` (verdict `v`, arrived on
     /// `ingress`, sent on to `egress` or to the kernel) on the fast path if it qualifies
-    /// (`allowed`: no monitor wants every verdict), or takes it off when the frame opens or
-    /// closes its connection.
+    /// (`allowed`: no monitor wants every verdict), with its reply direction when `frame` is a
+    /// handshake's ACK, or takes it off when the frame opens or closes its connection.
     #[allow(clippy::too_many_arguments)]
     pub fn consider(
         &mut self,
@@ -117,51 +152,77 @@ impl Offloads {
         };
         if flags & SYN_FIN_RST != 0 {
             self.take_off(&key);
+            if flags & SYN_FIN_RST == SYN && flags & ACK != 0 {
+                self.await_ack(key, v, ingress, egress, now_ms, allowed);
+            }
             return;
         }
-        // A pod connection tracked as is (`Direct` with a conntrack entry, checked below) goes
-        // on with its own addresses: the kernel then moves it without a rewrite.
-        let established = matches!(
-            v.reason,
-            Reason::Established | Reason::ReplyUnnat | Reason::Direct
-        );
-        if !allowed
-            || v.action != Action::Forward
-            || !established
-            || v.masq
-            || v.fragment
-            || ingress == 0
-            || self.flows.contains_key(&key)
-        {
+        let Some(flow) = candidate(v, ingress, egress, allowed) else {
             return;
-        }
-        let tuple = Tuple {
-            src: v.orig_src,
-            dst: v.orig_dst,
-            sport: v.orig_sport,
-            dport: v.orig_dport,
-            proto: v.proto,
-            family: v.family,
         };
-        if !ct.offloadable(&tuple, 0, 0, now_ms) {
+        if !self.put_on(key, flow, ct, now_ms) || v.proto != IpProto::TCP {
             return;
+        }
+        // The handshake's ACK (or any later packet): the reply direction, if its SYN-ACK went
+        // through this worker, arrives as the reverse of this direction's translation.
+        let r = &flow.rewrite;
+        let reply_key = FlowKey {
+            src: r.dst,
+            dst: r.src,
+            sport: r.dport,
+            dport: r.sport,
+            proto: key.proto,
+        };
+        if let Some(a) = self.awaiting.remove(&reply_key) {
+            self.put_on(reply_key, a.reply, ct, now_ms);
+        }
+    }
+
+    /// Keeps the SYN-ACK `v` (its flow `key`) until its handshake's ACK (bounded: a SYN-ACK
+    /// that finds the table full stays with the tap until its direction's next packet).
+    fn await_ack(
+        &mut self,
+        key: FlowKey,
+        v: &Verdict,
+        ingress: u32,
+        egress: Option<DirectHop>,
+        now_ms: u64,
+        allowed: bool,
+    ) {
+        if self.awaiting.len() >= AWAITING_MAX && !self.awaiting.contains_key(&key) {
+            return;
+        }
+        if let Some(reply) = candidate(v, ingress, egress, allowed) {
+            self.awaiting.insert(
+                key,
+                AwaitingAck {
+                    reply,
+                    since_ms: now_ms,
+                },
+            );
+        }
+    }
+
+    /// Installs `flow` as `key` if it is not on the fast path yet and conntrack says its
+    /// connection qualifies; whether it is on now.
+    fn put_on(&mut self, key: FlowKey, flow: Candidate, ct: &Conntrack, now_ms: u64) -> bool {
+        if self.flows.contains_key(&key) {
+            return true;
+        }
+        if !ct.offloadable(&flow.tuple, 0, 0, now_ms) {
+            return false;
         }
         let Some(slot) = self.free.pop() else {
-            return;
+            return false;
         };
         let rewrite = FlowRewrite {
-            src: v.src.v4_octets(),
-            dst: v.dst.v4_octets(),
-            sport: v.sport,
-            dport: v.dport,
             slot,
-            ingress,
-            egress,
+            ..flow.rewrite
         };
         // Refused (no memory): the flow stays on the tap.
         if self.fast.install(&key, &rewrite).is_err() {
             self.free.push(slot);
-            return;
+            return false;
         }
         let seen = self.fast.counts(slot);
         self.flows.insert(
@@ -169,11 +230,12 @@ impl Offloads {
             Offloaded {
                 slot,
                 seen,
-                tuple,
-                reason: v.reason,
+                tuple: flow.tuple,
+                reason: flow.reason,
                 rewrite,
             },
         );
+        true
     }
 
     /// When [`Offloads::due`]: counts what the fast path moved into `counters` and the
@@ -193,6 +255,8 @@ impl Offloads {
             return 0;
         }
         self.next_check = now + CHECK_EVERY;
+        self.awaiting
+            .retain(|_, a| now_ms.saturating_sub(a.since_ms) < AWAITING_MS);
         if let Some(r) = routing.filter(|r| r.fib.id() != self.hops_of) {
             self.hops_of = r.fib.id();
             self.rehop(r);
@@ -259,6 +323,53 @@ fn release(fast: &FlowOffload, free: &mut Vec<u32>, key: &FlowKey, o: &Offloaded
     if fast.remove(key).is_ok() {
         free.push(o.slot);
     }
+}
+
+/// The flow of the forwarded packet `v` (arrived on `ingress`, sent on to `egress`) as the fast
+/// path would carry it, if the verdict allows that: forwarded as part of a connection
+/// (`ct-established`, `reply-unnat`, or `direct`: a pod connection tracked as is, which goes on
+/// with its own addresses and the kernel moves without a rewrite), not masqueraded, not a
+/// fragment, from a known interface, and no monitor wants every verdict (`allowed`). Conntrack
+/// has the last word (`Conntrack::offloadable`).
+fn candidate(
+    v: &Verdict,
+    ingress: u32,
+    egress: Option<DirectHop>,
+    allowed: bool,
+) -> Option<Candidate> {
+    let established = matches!(
+        v.reason,
+        Reason::Established | Reason::ReplyUnnat | Reason::Direct
+    );
+    if !allowed
+        || v.action != Action::Forward
+        || !established
+        || v.masq
+        || v.fragment
+        || ingress == 0
+    {
+        return None;
+    }
+    Some(Candidate {
+        tuple: Tuple {
+            src: v.orig_src,
+            dst: v.orig_dst,
+            sport: v.orig_sport,
+            dport: v.orig_dport,
+            proto: v.proto,
+            family: v.family,
+        },
+        reason: v.reason,
+        rewrite: FlowRewrite {
+            src: v.src.v4_octets(),
+            dst: v.dst.v4_octets(),
+            sport: v.sport,
+            dport: v.dport,
+            slot: 0,
+            ingress,
+            egress,
+        },
+    })
 }
 
 /// The fast path's key for the flow of `v` as it arrived (IPv4 TCP and UDP only).
@@ -349,12 +460,8 @@ mod tests {
         };
         ct.on_packet(&find(&reply), tcp::SYN | tcp::ACK, 60, 0)
             .unwrap();
+        // The handshake's ACK makes it established.
         talk(&client, 1, 0);
-        // Established, but the handshake's ACK: until its fourth packet a connection stays
-        // with the tap (a short exchange closes before).
-        o.consider(&f, &v, 7, None, &ct, 0, true);
-        assert!(o.is_empty());
-        talk(&client, 2, 0);
         // Unknown interface, a monitor of every verdict, a masqueraded one: not installed.
         o.consider(&f, &v, 0, None, &ct, 0, true);
         o.consider(&f, &v, 7, None, &ct, 0, false);
@@ -452,5 +559,75 @@ mod tests {
         o.maintain(&ct, &mut c, t0 + 4 * CHECK_EVERY, 50, true, Some(&routing));
         assert_eq!(o.flows[&key].rewrite.egress, None, "the kernel routes it");
         assert_eq!(o.len(), 1);
+    }
+
+    /// Needs root (BPF maps). A forwarded SYN-ACK waits for its handshake's ACK, which puts both
+    /// directions on the fast path, the reply with the translation, interface and hop its SYN-ACK
+    /// had; a SYN-ACK never acknowledged is forgotten.
+    #[test]
+    fn a_handshake_puts_both_directions_on() {
+        let Ok(fast) = FlowOffload::new(4096) else {
+            eprintln!("SKIPPED: no BPF maps here");
+            return;
+        };
+        let ct = Conntrack::new(CtConfig::default(), 1);
+        let mut o = Offloads::new(Arc::new(fast), 0, 1);
+        let find = |t: &Tuple| {
+            let p = t.pack();
+            ct.lookup(&p, ct.hash(&p), 0).unwrap()
+        };
+        let client = tuple([10, 0, 0, 1], 40000, [172, 30, 0, 10], 80);
+        let backend = tuple([10, 0, 0, 1], 40000, [10, 0, 1, 9], 8080);
+        let reply = backend.reversed();
+        let unnat = tuple([172, 30, 0, 10], 80, [10, 0, 0, 1], 40000);
+        ct.create(&client, &reply, tcp::SYN, false, 1, 0, 0)
+            .unwrap();
+        ct.on_packet(&find(&reply), tcp::SYN | tcp::ACK, 60, 0)
+            .unwrap();
+        let hop = DirectHop {
+            ifindex: 3,
+            dst_mac: [2, 0, 0, 0, 0, 1],
+            src_mac: [4; 6],
+        };
+        let (sa, saf) = forwarded(&reply, &unnat, Reason::ReplyUnnat, tcp::SYN | tcp::ACK);
+        o.consider(&saf, &sa, 8, Some(hop), &ct, 0, true);
+        assert!(o.is_empty(), "a SYN-ACK never goes on itself");
+        assert_eq!(o.awaiting.len(), 1);
+        // The handshake's ACK: this direction and the reply go on.
+        ct.on_packet(&find(&client), tcp::ACK, 60, 0).unwrap();
+        let (ack, ackf) = forwarded(&client, &backend, Reason::Established, tcp::ACK);
+        o.consider(&ackf, &ack, 7, None, &ct, 0, true);
+        assert_eq!(o.len(), 2);
+        assert!(o.awaiting.is_empty());
+        let back = o.flows[&flow_key(&sa).unwrap()];
+        assert_eq!(back.rewrite.src, [172, 30, 0, 10]);
+        assert_eq!((back.rewrite.ingress, back.rewrite.egress), (8, Some(hop)));
+        assert_eq!(back.reason, Reason::ReplyUnnat);
+        assert_eq!(o.flows[&flow_key(&ack).unwrap()].rewrite.ingress, 7);
+        // A SYN-ACK whose ACK never comes is forgotten after AWAITING_MS.
+        let c2 = tuple([10, 0, 0, 2], 40001, [10, 0, 1, 9], 8080);
+        ct.create(&c2, &c2.reversed(), tcp::SYN, false, 0, 0, 0)
+            .unwrap();
+        let (sa2, saf2) = forwarded(
+            &c2.reversed(),
+            &c2.reversed(),
+            Reason::Direct,
+            tcp::SYN | tcp::ACK,
+        );
+        o.consider(&saf2, &sa2, 9, None, &ct, 0, true);
+        assert_eq!(o.awaiting.len(), 1);
+        let mut c = Counters::default();
+        o.maintain(&ct, &mut c, Instant::now(), AWAITING_MS - 1, true, None);
+        assert_eq!(o.awaiting.len(), 1);
+        o.maintain(
+            &ct,
+            &mut c,
+            Instant::now() + CHECK_EVERY,
+            AWAITING_MS,
+            true,
+            None,
+        );
+        assert!(o.awaiting.is_empty());
+        assert_eq!(o.len(), 2);
     }
 }

@@ -34,8 +34,7 @@ pub const AFFINITY_PROTO: IpProto = IpProto(255);
 
 /// How long a replied UDP flow must have lived before it counts as a stream (the kernel's 2 s).
 const UDP_STREAM_AGE_MS: u64 = 2_000;
-/// The packet of a direction from which a connection may take the fast path (`offloadable`).
-const OFFLOAD_TCP_FROM: u32 = 4;
+/// The packet of a direction from which a UDP flow may take the fast path (`offloadable`).
 const OFFLOAD_UDP_FROM: u32 = 2;
 
 /// Timeouts in milliseconds, resolved once from `CtConfig`.
@@ -666,9 +665,8 @@ impl Conntrack {
     }
 
     /// Whether the connection of the packets with tuple `t` may have them on the kernel's fast
-    /// path (`crate::offload`): TCP established and assured, from the fourth packet in this
-    /// direction, or UDP answered, from the second (made a stream at 2 s, as its packets would
-    /// make it); neither
+    /// path (`crate::offload`): TCP established and assured, or UDP answered, from the second
+    /// packet in this direction (made a stream at 2 s, as its packets would make it); neither
     /// masqueraded (a node address as the source is refused on a pod's interface) nor with its
     /// endpoint gone. When the fast path moved `packets` (`bytes` in all) since the last call,
     /// they are counted in that direction and the expiry refreshed first, as the packets would
@@ -682,13 +680,10 @@ impl Conntrack {
         let proto = found.proto();
         let eligible = state & (FLAG_MASQ | FLAG_BACKEND_GONE) == 0
             && match proto {
-                // From this direction's fourth packet: a connection that carries one request
-                // and its answer (SYN, ACK, request, FIN) closes before it would go on, which
-                // would cost it two map updates and save it nothing.
+                // From the handshake's ACK, both directions (`offload::Offloads::consider`): a
+                // request and its answer skip the tap, which costs more than the map updates.
                 IpProto::TCP => {
-                    state & FLAG_ASSURED != 0
-                        && tcp_state_of(state) == TcpState::Established
-                        && self.table.packets(found.idx, found.dir) >= OFFLOAD_TCP_FROM
+                    state & FLAG_ASSURED != 0 && tcp_state_of(state) == TcpState::Established
                 }
                 // Answered, and this direction's second packet or later: a one-shot exchange
                 // (a DNS query and its answer) never goes on, a flow that keeps talking does

@@ -240,6 +240,32 @@ spec:
         direct as f64 * 1448.0 >= bytes * 0.5,
         "{direct} packets routed directly for {bytes} bytes"
     );
+    // Longer than the egress interface's MTU (web-a1's veth at 1300, the client's at 1500): the
+    // direct send is refused and the kernel routes the datagram from the tap as it would
+    // without kxdp: "fragmentation needed" to the client, whose next try goes in fragments.
+    lab::sh(&node, &format!("ip link set {} mtu 1300", web.host_if));
+    lab::sh(&web.ns, "ip link set eth0 mtu 1300");
+    let to = sa(web.ip4, 5353);
+    let answer = cni::in_ns(&client.ns, move || {
+        let s = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+        s.connect(to).unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(500)))
+            .unwrap();
+        let mut buf = [0u8; 512];
+        (0..4).find_map(|_| {
+            let _ = s.send(&[b'x'; 1400]);
+            s.recv(&mut buf)
+                .ok()
+                .map(|n| String::from_utf8_lossy(&buf[..n]).into_owned())
+        })
+    });
+    lab::sh(&web.ns, "ip link set eth0 mtu 1500");
+    lab::sh(&node, &format!("ip link set {} mtu 1500", web.host_if));
+    assert!(
+        answer.as_deref().is_some_and(|a| a.starts_with("web-a1")),
+        "a 1428-byte datagram past a 1300-byte MTU: {answer:?}\n{}",
+        k.log()
+    );
 
     // The NetworkPolicy: other-a is not a client; its connection is dropped (times out), the
     // client's is admitted.

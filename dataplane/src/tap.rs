@@ -30,7 +30,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use kxdp_kernel::offload::DirectHop;
-use kxdp_kernel::packet_tx::PacketTx;
+use kxdp_kernel::packet_tx::{self, PacketTx};
 use kxdp_kernel::tap::{TapQueue, VirtioNetHdr, MAX_FRAME};
 use kxdp_kernel::tc::MAX_TAG;
 use kxdp_packet::checksum;
@@ -44,6 +44,11 @@ use crate::verdict::{Action, Reason, Verdict};
 
 /// Frames a worker reads from its tap queue per loop (8 × 64 KB buffers: half a MB per worker).
 pub const TAP_BATCH: usize = 8;
+
+/// The bytes of a frame's head a direct send keeps, to give the frame back to the kernel as it
+/// came when the egress refuses it: Ethernet with an 802.1Q tag, then the IPv4 header's TTL and
+/// checksum or the IPv6 header's hop limit.
+const HEAD_KEPT: usize = 18 + 12;
 
 /// The tc filter preference of kxdp's redirects (IPv4 here, IPv6 neighbour discovery passed at
 /// the next one, the IPv6 redirect at the one after: `kxdp_kernel::tc`).
@@ -408,11 +413,17 @@ impl TapPort {
             if v.action != Action::Reject {
                 self.sums[i].apply(frame);
             }
-            let direct = match (&self.direct, self.hops[i]) {
+            // The frame's first bytes as they came (its MACs and the IP header's TTL and
+            // checksum): what a direct send that the egress refuses gives back to the kernel.
+            let l3 = v.l3_off as usize;
+            let mut head = [0u8; HEAD_KEPT];
+            let kept = frame.len().min(HEAD_KEPT);
+            head[..kept].copy_from_slice(&frame[..kept]);
+            let mut direct = match (&self.direct, self.hops[i]) {
                 (Some(tx), Some(hop))
                     if v.action == Action::Forward
-                        && frame.len() >= 12
-                        && kxdp_packet::decrement_ttl_at(frame, v.l3_off as usize) =>
+                        && l3 + 12 <= kept
+                        && kxdp_packet::decrement_ttl_at(frame, l3) =>
                 {
                     frame[..6].copy_from_slice(&hop.dst_mac);
                     frame[6..12].copy_from_slice(&hop.src_mac);
@@ -425,10 +436,19 @@ impl TapPort {
                     None
                 }
             };
-            let written = match direct {
+            let mut written = match direct {
                 Some((tx, ifindex)) => tx.send(ifindex, &hdr, frame),
                 None => self.queue.write(&hdr, frame),
             };
+            // Longer than the egress interface's MTU (a pod's MTU above it, no GSO): the kernel
+            // routes it as it came, and fragments it or answers "too big" as it would without
+            // direct routing.
+            if direct.is_some() && matches!(&written, Err(e) if packet_tx::too_big(e)) {
+                frame[..kept].copy_from_slice(&head[..kept]);
+                frame[..6].copy_from_slice(&self.mac);
+                direct = None;
+                written = self.queue.write(&hdr, frame);
+            }
             match written {
                 Ok(()) => {
                     sent.frames += 1;

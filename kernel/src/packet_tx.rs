@@ -103,6 +103,13 @@ impl PacketTx {
     }
 }
 
+/// Whether `e`, from [`PacketTx::send`], says the frame is longer than the interface's MTU (a
+/// frame without GSO; the kernel's `packet_snd` checks no more than that): the caller can still
+/// hand it to the kernel's routing, which fragments it or answers with an ICMP "too big".
+pub fn too_big(e: &io::Error) -> bool {
+    e.raw_os_error() == Some(libc::EMSGSIZE)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -260,6 +267,15 @@ mod tests {
             // 3. No such interface: the kernel's errno as it is.
             let e = tx.send(9999, &VirtioNetHdr::default(), &plain).unwrap_err();
             assert_eq!(e.raw_os_error(), Some(libc::ENXIO), "{e}");
+            assert!(!too_big(&e));
+
+            // 4. Longer than the interface's MTU, no GSO: refused as too big; the super-frame
+            // above still goes (the device segments it).
+            let _ = run("ip link set kxpa mtu 1280");
+            let big = ipv4_frame(17, &vec![0u8; 1400]);
+            let e = tx.send(a, &VirtioNetHdr::default(), &big).unwrap_err();
+            assert!(too_big(&e), "{e}");
+            tx.send(a, &hdr, &sf).unwrap();
         });
     }
 }

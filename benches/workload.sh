@@ -15,7 +15,8 @@
 #   MODES="kxdp kxdp-tap iptables" sudo -E benches/workload.sh   # with the pods through the tap
 #   (kxdp-tap-no-offload: the tap without the in-kernel fast path for established flows;
 #   kxdp-tap-uplink: the uplink through the tap as well, no XDP anywhere;
-#   kxdp-pinned: each node's worker on a CPU of its own; kxdp-base: the build at KXDP_BASE_BIN,
+#   kxdp-pinned: each node's worker on a CPU of its own (any kxdp mode with -pinned, e.g.
+#   kxdp-tap-uplink-pinned); kxdp-base: the build at KXDP_BASE_BIN,
 #   for a same-run comparison of two builds; any kxdp mode with "@base", e.g. kxdp-tap@base,
 #   runs that build too)
 #   TESTS="remote wrk close,local iperf3 x1" sudo -E benches/workload.sh   # some tests only

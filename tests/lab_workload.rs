@@ -23,7 +23,7 @@
 //! (`kxdp iptables nftables`; also `kxdp-base`: the build at `KXDP_BASE_BIN`, for a same-run
 //! comparison of two builds (any kxdp mode followed by `@base` runs that build too, e.g.
 //! `kxdp-tap@base`), `kxdp-pinned`: each node's worker pinned to a CPU of its
-//! own, `kxdp-tap`: kxdp with `podInterception: {mode: tap}`, `kxdp-tap-no-offload`,
+//! own (any kxdp mode followed by `-pinned`, e.g. `kxdp-tap-uplink-pinned`), `kxdp-tap`: kxdp with `podInterception: {mode: tap}`, `kxdp-tap-no-offload`,
 //! `kxdp-tap-uplink`: the tap for the uplink `eth0` too; `iptables-ip-rule`: iptables on
 //! nodes with one policy-routing rule, what the kernel's rule-based lookup costs),
 //! `KXDP_WORKLOAD_OUT` (target/workload). Output: one JSON line per
@@ -615,6 +615,28 @@ impl FreshNodes {
     }
 }
 
+/// The modes `KXDP_WORKLOAD_MODES` may name: kxdp's (each also with `-pinned`, and with `@base`
+/// after that; `kxdp-base` is `kxdp@base`) and the kernel's.
+const KXDP_MODES: [&str; 4] = ["kxdp", "kxdp-tap", "kxdp-tap-no-offload", "kxdp-tap-uplink"];
+const KERNEL_MODES: [&str; 3] = ["iptables", "iptables-ip-rule", "nftables"];
+
+/// Whether `mode` is one the benchmark knows (see [`KXDP_MODES`]).
+fn known_mode(mode: &str) -> bool {
+    if KERNEL_MODES.contains(&mode) || mode == "kxdp-base" {
+        return true;
+    }
+    let m = mode.strip_suffix("@base").unwrap_or(mode);
+    KXDP_MODES.contains(&m.strip_suffix("-pinned").unwrap_or(m))
+}
+
+fn modes_help() -> String {
+    format!(
+        "{}, kxdp-base, {}; a kxdp mode with `-pinned`: each node's worker on a CPU of its own; then `@base`: the build at KXDP_BASE_BIN",
+        KXDP_MODES.join(", "),
+        KERNEL_MODES.join(", ")
+    )
+}
+
 fn set_up<'a>(lab: &'a Lab, mode: &str, objects: &str) -> ModeGuard<'a> {
     // `kxdp-base` is `kxdp@base`: a kxdp mode run with the build at KXDP_BASE_BIN.
     let (mode, base) = match mode.strip_suffix("@base") {
@@ -622,9 +644,13 @@ fn set_up<'a>(lab: &'a Lab, mode: &str, objects: &str) -> ModeGuard<'a> {
         None if mode == "kxdp-base" => ("kxdp", true),
         None => (mode, false),
     };
+    let (mode, pinned) = match mode.strip_suffix("-pinned") {
+        Some(m) if m.starts_with("kxdp") => (m, true),
+        _ => (mode, false),
+    };
     let nodes: Vec<&str> = lab.nodes.iter().map(|n| n.ns.as_str()).collect();
     match mode {
-        "kxdp" | "kxdp-pinned" | "kxdp-tap" | "kxdp-tap-no-offload" | "kxdp-tap-uplink" => ModeGuard::Kxdp(
+        "kxdp" | "kxdp-tap" | "kxdp-tap-no-offload" | "kxdp-tap-uplink" => ModeGuard::Kxdp(
             ["node-a", "node-b"]
                 .iter()
                 .enumerate()
@@ -640,7 +666,8 @@ fn set_up<'a>(lab: &'a Lab, mode: &str, objects: &str) -> ModeGuard<'a> {
                         config += "podInterception: {mode: tap, interfaces: [\"veth*\", eth0]}\n";
                     } else if mode == "kxdp-tap-no-offload" {
                         config += "podInterception: {mode: tap, offload: false}\n";
-                    } else if mode == "kxdp-pinned" {
+                    }
+                    if pinned {
                         // Each node's worker on a CPU of its own (node A's on CPU 0, node B's
                         // on CPU 1), beside the pods as on a node without isolated cores.
                         config = config.replace(
@@ -654,8 +681,9 @@ fn set_up<'a>(lab: &'a Lab, mode: &str, objects: &str) -> ModeGuard<'a> {
                     }
                     if base {
                         // Another build in the same run (a same-run comparison of two builds).
-                        let bin = std::env::var("KXDP_BASE_BIN")
-                            .expect("a mode with @base (or kxdp-base): KXDP_BASE_BIN names the other build");
+                        let bin = std::env::var("KXDP_BASE_BIN").expect(
+                            "a mode with @base (or kxdp-base): KXDP_BASE_BIN names the other build",
+                        );
                         return lab.start_kxdp_bin(n, &config, objects, &bin);
                     }
                     lab.start_kxdp(n, &config, objects)
@@ -685,7 +713,8 @@ fn set_up<'a>(lab: &'a Lab, mode: &str, objects: &str) -> ModeGuard<'a> {
             ModeGuard::Nftables(nodes)
         }
         other => panic!(
-            "KXDP_WORKLOAD_MODES: unknown mode {other:?} (kxdp, kxdp-base, kxdp-pinned, kxdp-tap, kxdp-tap-no-offload, kxdp-tap-uplink, iptables, iptables-ip-rule, nftables)"
+            "KXDP_WORKLOAD_MODES: unknown mode {other:?} ({})",
+            modes_help()
         ),
     }
 }
@@ -933,11 +962,9 @@ fn workload() {
         .collect();
     for m in &modes {
         assert!(
-            ["kxdp", "kxdp-base", "kxdp-pinned", "kxdp-tap", "kxdp-tap-no-offload", "kxdp-tap-uplink", "iptables", "iptables-ip-rule", "nftables"].contains(
-                // `@base` only after a kxdp mode (the kernel modes run no build).
-                &m.strip_suffix("@base").filter(|b| b.starts_with("kxdp")).unwrap_or(m),
-            ),
-            "KXDP_WORKLOAD_MODES: unknown mode {m:?} (kxdp, kxdp-base, kxdp-pinned, kxdp-tap, kxdp-tap-no-offload, kxdp-tap-uplink, iptables, iptables-ip-rule, nftables; a kxdp mode with `@base`: the build at KXDP_BASE_BIN)"
+            known_mode(m),
+            "KXDP_WORKLOAD_MODES: unknown mode {m:?} ({})",
+            modes_help()
         );
     }
     for tool in [

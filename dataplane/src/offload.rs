@@ -25,6 +25,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kxdp_kernel::offload::{DirectHop, FlowKey, FlowOffload, FlowRewrite};
+use kxdp_packet::tcp::flags::{ACK, FIN, RST, SYN};
 use kxdp_packet::{Addr, Family, IpProto};
 
 use crate::conntrack::{Conntrack, Tuple};
@@ -37,9 +38,7 @@ use crate::verdict::{Action, Reason, Verdict};
 /// endpoint left, a policy monitor attached), and the lag of the counters.
 pub const CHECK_EVERY: Duration = Duration::from_millis(100);
 
-const SYN_FIN_RST: u8 = 0x07;
-const SYN: u8 = 0x02;
-const ACK: u8 = 0x10;
+const SYN_FIN_RST: u8 = SYN | FIN | RST;
 
 /// The most SYN-ACKs a worker keeps waiting for their handshake's ACK, and for how long: an
 /// ACK follows within a round trip; a SYN-ACK never acknowledged (a scan, a flood the pod

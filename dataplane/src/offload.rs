@@ -131,6 +131,9 @@ impl Offloads {
     /// `ingress`, sent on to `egress` or to the kernel) on the fast path if it qualifies
     /// (`allowed`: no monitor wants every verdict), with its reply direction when `frame` is a
     /// handshake's ACK, or takes it off when the frame opens or closes its connection.
+    ///
+    /// A flow taken off has what the fast path moved for it since the last check counted into
+    /// `counters` and its connection; returns those packets.
     #[allow(clippy::too_many_arguments)]
     pub fn consider(
         &mut self,
@@ -139,28 +142,29 @@ impl Offloads {
         ingress: u32,
         egress: Option<DirectHop>,
         ct: &Conntrack,
+        counters: &mut Counters,
         now_ms: u64,
         allowed: bool,
-    ) {
+    ) -> u64 {
         let Some(key) = flow_key(v) else {
-            return;
+            return 0;
         };
         let flags = match v.proto {
             IpProto::TCP => frame.get(v.l4_off as usize + 13).copied().unwrap_or(0xff),
             _ => 0,
         };
         if flags & SYN_FIN_RST != 0 {
-            self.take_off(&key);
+            let moved = self.take_off(&key, ct, counters, now_ms);
             if flags & SYN_FIN_RST == SYN && flags & ACK != 0 {
                 self.await_ack(key, v, ingress, egress, now_ms, allowed);
             }
-            return;
+            return moved;
         }
         let Some(flow) = candidate(v, ingress, egress, allowed) else {
-            return;
+            return 0;
         };
         if !self.put_on(key, flow, ct, now_ms) || v.proto != IpProto::TCP {
-            return;
+            return 0;
         }
         // The handshake's ACK (or any later packet): the reply direction, if its SYN-ACK went
         // through this worker, arrives as the reverse of this direction's translation.
@@ -175,6 +179,7 @@ impl Offloads {
         if let Some(a) = self.awaiting.remove(&reply_key) {
             self.put_on(reply_key, a.reply, ct, now_ms);
         }
+        0
     }
 
     /// Keeps the SYN-ACK `v` (its flow `key`) until its handshake's ACK (bounded: a SYN-ACK
@@ -263,23 +268,15 @@ impl Offloads {
         let (fast, free) = (&self.fast, &mut self.free);
         let mut moved = 0;
         self.flows.retain(|key, o| {
-            let counts = fast.counts(o.slot);
-            let (packets, bytes) = (counts.0 - o.seen.0, counts.1 - o.seen.1);
-            o.seen = counts;
-            if packets > 0 {
-                counters.packets += packets;
-                counters.bytes += bytes;
-                counters.reasons[o.reason as usize] += packets;
-                counters.actions[Action::Forward as usize] += packets;
-                counters.offloaded += packets;
-                if o.rewrite.egress.is_some() {
-                    counters.direct_routed += packets;
-                }
-                moved += packets;
-            }
+            let (packets, bytes) = count_moved(fast, o, counters);
+            moved += packets;
             let keep = allowed && ct.offloadable(&o.tuple, packets, bytes, now_ms);
             if !keep {
-                release(fast, free, key, o);
+                // Not counted in the connection (it no longer qualifies): counted here, with
+                // what moved until the entry went.
+                let (last, last_bytes) = release(fast, free, key, o, counters);
+                ct.count_offloaded(&o.tuple, packets + last, bytes + last_bytes, now_ms);
+                moved += last;
             }
             keep
         });
@@ -308,20 +305,60 @@ impl Offloads {
         }
     }
 
-    /// Takes the flow `key` off the fast path, if it is on it (a SYN, FIN or RST of it).
-    fn take_off(&mut self, key: &FlowKey) {
-        if let Some(o) = self.flows.remove(key) {
-            release(&self.fast, &mut self.free, key, &o);
-        }
+    /// Takes the flow `key` off the fast path, if it is on it (a SYN, FIN or RST of it), and
+    /// counts what it moved since it was last read; returns those packets.
+    fn take_off(
+        &mut self,
+        key: &FlowKey,
+        ct: &Conntrack,
+        counters: &mut Counters,
+        now_ms: u64,
+    ) -> u64 {
+        let Some(mut o) = self.flows.remove(key) else {
+            return 0;
+        };
+        let (packets, bytes) = release(&self.fast, &mut self.free, key, &mut o, counters);
+        ct.count_offloaded(&o.tuple, packets, bytes, now_ms);
+        counters.offloaded_flows = self.flows.len() as u64;
+        packets
     }
 }
 
-/// Takes a flow off the fast path and frees its slot. A removal the kernel refuses leaves an
-/// entry no worker counts: the slot is not reused until the entry is replaced.
-fn release(fast: &FlowOffload, free: &mut Vec<u32>, key: &FlowKey, o: &Offloaded) {
-    if fast.remove(key).is_ok() {
+/// Counts into `counters` what the fast path moved for `o` since its slot was last read, as the
+/// pipeline would have counted those packets; returns the packets (segments) and bytes.
+fn count_moved(fast: &FlowOffload, o: &mut Offloaded, counters: &mut Counters) -> (u64, u64) {
+    let counts = fast.counts(o.slot);
+    let (packets, bytes) = (counts.0 - o.seen.0, counts.1 - o.seen.1);
+    o.seen = counts;
+    if packets > 0 {
+        counters.packets += packets;
+        counters.bytes += bytes;
+        counters.reasons[o.reason as usize] += packets;
+        counters.actions[Action::Forward as usize] += packets;
+        counters.offloaded += packets;
+        if o.rewrite.egress.is_some() {
+            counters.direct_routed += packets;
+        }
+    }
+    (packets, bytes)
+}
+
+/// Takes a flow off the fast path: its entry first, then what the kernel moved until then is
+/// counted ([`count_moved`], returned), then its slot is freed. A removal the kernel refuses
+/// leaves an entry no worker counts: the slot is not reused until the entry is replaced.
+fn release(
+    fast: &FlowOffload,
+    free: &mut Vec<u32>,
+    key: &FlowKey,
+    o: &mut Offloaded,
+    counters: &mut Counters,
+) -> (u64, u64) {
+    let removed = fast.remove(key).is_ok();
+    let last = count_moved(fast, o, counters);
+    if removed {
         free.push(o.slot);
     }
+    last
 }
 
 /// The flow of the forwarded packet `v` (arrived on `ingress`, sent on to `egress`) as the fast
@@ -438,6 +475,7 @@ mod tests {
         let fast = Arc::new(fast);
         let ct = Conntrack::new(CtConfig::default(), 1);
         let mut o = Offloads::new(fast.clone(), 0, 1);
+        let mut cs = Counters::default();
         let client = tuple([10, 0, 0, 1], 40000, [172, 30, 0, 10], 80);
         let reply = tuple([10, 0, 0, 9], 5201, [10, 0, 0, 1], 40000);
         let backend = tuple([10, 0, 0, 1], 40000, [10, 0, 0, 9], 5201);
@@ -449,7 +487,7 @@ mod tests {
             .unwrap();
         let (v, f) = forwarded(&client, &backend, Reason::Established, tcp::ACK);
         // Not yet answered: not established.
-        o.consider(&f, &v, 7, None, &ct, 0, true);
+        o.consider(&f, &v, 7, None, &ct, &mut cs, 0, true);
         assert!(o.is_empty());
         // Packets of an established connection in the direction of `t`.
         let talk = |t: &Tuple, n: usize, now: u64| {
@@ -462,27 +500,46 @@ mod tests {
         // The handshake's ACK makes it established.
         talk(&client, 1, 0);
         // Unknown interface, a monitor of every verdict, a masqueraded one: not installed.
-        o.consider(&f, &v, 0, None, &ct, 0, true);
-        o.consider(&f, &v, 7, None, &ct, 0, false);
-        o.consider(&f, &Verdict { masq: true, ..v }, 7, None, &ct, 0, true);
+        o.consider(&f, &v, 0, None, &ct, &mut cs, 0, true);
+        o.consider(&f, &v, 7, None, &ct, &mut cs, 0, false);
+        o.consider(
+            &f,
+            &Verdict { masq: true, ..v },
+            7,
+            None,
+            &ct,
+            &mut cs,
+            0,
+            true,
+        );
         assert!(o.is_empty());
-        o.consider(&f, &v, 7, None, &ct, 0, true);
+        o.consider(&f, &v, 7, None, &ct, &mut cs, 0, true);
         assert_eq!(o.len(), 1);
         // Counted from the slot: nothing moved yet.
         let mut c = Counters::default();
         let t0 = Instant::now();
         assert_eq!(o.maintain(&ct, &mut c, t0, 10, true, None), 0);
         assert_eq!((c.offloaded, c.offloaded_flows), (0, 1));
-        // A FIN takes it off at once.
+        // A FIN takes it off at once, and counts what the fast path moved since the last check
+        // (here 5 segments, 7,000 bytes), in the counters and in the connection.
+        let key = flow_key(&v).unwrap();
+        fast.add_counts(o.flows[&key].slot, 5, 7_000);
+        let before = ct.connections().next().unwrap();
         let (fin, ff) = forwarded(&client, &backend, Reason::Established, tcp::FIN | tcp::ACK);
-        o.consider(&ff, &fin, 7, None, &ct, 10, true);
+        assert_eq!(o.consider(&ff, &fin, 7, None, &ct, &mut cs, 10, true), 5);
         assert!(o.is_empty());
+        assert_eq!((cs.offloaded, cs.bytes, cs.offloaded_flows), (5, 7_000, 0));
+        assert_eq!(cs.reasons[Reason::Established as usize], 5);
+        let after = ct.connections().next().unwrap();
+        assert_eq!(after.idx, before.idx);
+        assert_eq!(after.packets[0], before.packets[0] + 5);
+        assert_eq!(after.bytes[0], before.bytes[0] + 7_000);
         assert!(
             !fast.remove(&flow_key(&v).unwrap()).unwrap(),
             "removed from the map"
         );
         // Back on, then its entry goes: off at the next check.
-        o.consider(&f, &v, 7, None, &ct, 10, true);
+        o.consider(&f, &v, 7, None, &ct, &mut cs, 10, true);
         assert_eq!(o.len(), 1);
         ct.kill(find(&client).idx);
         o.maintain(&ct, &mut c, t0 + CHECK_EVERY, 20, true, None);
@@ -499,7 +556,7 @@ mod tests {
         talk(&c2, 2, 20);
         let back = tuple([172, 30, 0, 10], 80, [10, 0, 0, 2], 40001);
         let (rv, rf) = forwarded(&r2, &back, Reason::ReplyUnnat, tcp::ACK);
-        o.consider(&rf, &rv, 8, None, &ct, 20, true);
+        o.consider(&rf, &rv, 8, None, &ct, &mut cs, 20, true);
         assert_eq!(o.len(), 1);
         o.maintain(&ct, &mut c, t0 + 2 * CHECK_EVERY, 30, false, None);
         assert!(o.is_empty());
@@ -507,25 +564,25 @@ mod tests {
         // that no connection tracks (transit) stays with the tap.
         let p = tuple([10, 0, 0, 3], 40002, [10, 0, 1, 7], 5201);
         let (dv, df) = forwarded(&p, &p, Reason::Direct, tcp::ACK);
-        o.consider(&df, &dv, 9, None, &ct, 30, true);
+        o.consider(&df, &dv, 9, None, &ct, &mut cs, 30, true);
         assert!(o.is_empty(), "untracked");
         ct.create(&p, &p.reversed(), tcp::SYN, false, 0, 0, 30)
             .unwrap();
         ct.on_packet(&find(&p.reversed()), tcp::SYN | tcp::ACK, 60, 30)
             .unwrap();
         talk(&p, 3, 30);
-        o.consider(&df, &dv, 9, None, &ct, 30, true);
+        o.consider(&df, &dv, 9, None, &ct, &mut cs, 30, true);
         assert_eq!(o.len(), 1);
         // Routed directly: a new FIB gives the flow the hop it has for it now (the neighbour's
         // new MAC), and none once the route is gone (then the kernel routes it).
         let key = flow_key(&dv).unwrap();
-        o.take_off(&key);
+        o.take_off(&key, &ct, &mut cs, 30);
         let hop = DirectHop {
             ifindex: 4,
             dst_mac: [2, 0, 0, 0, 0, 7],
             src_mac: [4; 6],
         };
-        o.consider(&df, &dv, 9, Some(hop), &ct, 30, true);
+        o.consider(&df, &dv, 9, Some(hop), &ct, &mut cs, 30, true);
         assert_eq!(o.flows[&key].rewrite.egress, Some(hop));
         let mut pods = crate::snapshot::PrefixSet::new();
         pods.insert("10.0.0.0".parse().unwrap(), 16);
@@ -571,6 +628,7 @@ mod tests {
         };
         let ct = Conntrack::new(CtConfig::default(), 1);
         let mut o = Offloads::new(Arc::new(fast), 0, 1);
+        let mut cs = Counters::default();
         let find = |t: &Tuple| {
             let p = t.pack();
             ct.lookup(&p, ct.hash(&p), 0).unwrap()
@@ -589,13 +647,13 @@ mod tests {
             src_mac: [4; 6],
         };
         let (sa, saf) = forwarded(&reply, &unnat, Reason::ReplyUnnat, tcp::SYN | tcp::ACK);
-        o.consider(&saf, &sa, 8, Some(hop), &ct, 0, true);
+        o.consider(&saf, &sa, 8, Some(hop), &ct, &mut cs, 0, true);
         assert!(o.is_empty(), "a SYN-ACK never goes on itself");
         assert_eq!(o.awaiting.len(), 1);
         // The handshake's ACK: this direction and the reply go on.
         ct.on_packet(&find(&client), tcp::ACK, 60, 0).unwrap();
         let (ack, ackf) = forwarded(&client, &backend, Reason::Established, tcp::ACK);
-        o.consider(&ackf, &ack, 7, None, &ct, 0, true);
+        o.consider(&ackf, &ack, 7, None, &ct, &mut cs, 0, true);
         assert_eq!(o.len(), 2);
         assert!(o.awaiting.is_empty());
         let back = o.flows[&flow_key(&sa).unwrap()];
@@ -613,7 +671,7 @@ mod tests {
             Reason::Direct,
             tcp::SYN | tcp::ACK,
         );
-        o.consider(&saf2, &sa2, 9, None, &ct, 0, true);
+        o.consider(&saf2, &sa2, 9, None, &ct, &mut cs, 0, true);
         assert_eq!(o.awaiting.len(), 1);
         let mut c = Counters::default();
         o.maintain(&ct, &mut c, Instant::now(), AWAITING_MS - 1, true, None);

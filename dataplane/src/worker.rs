@@ -815,11 +815,15 @@ impl Worker {
             }
         }
         let sent = tap.send(&mut st.verdicts[..n]);
+        // What the fast path moved for the flows these frames take off (their last packets
+        // before a FIN or RST), counted now.
+        let mut moved = 0;
         if let Some(o) = &mut tap.offloads {
             let allowed = offload_allowed(shared);
+            let c = &mut st.pipeline.counters;
             for (i, v) in st.verdicts[..n].iter().enumerate() {
                 let (frame, ingress, hop) = (tap.frames.get(i), tap.ingress[i], tap.hops[i]);
-                o.consider(frame, v, ingress, hop, &shared.ct, now, allowed);
+                moved += o.consider(frame, v, ingress, hop, &shared.ct, c, now, allowed);
             }
         }
         // The frames dropped for their source, after the batch's (counted and shown with it).
@@ -838,8 +842,8 @@ impl Worker {
         c.record_weighted(verdicts.iter().zip(weights));
         let io = &st.io;
         let received: u64 = tap.segs[..n].iter().sum::<u64>() + weights[n..].iter().sum::<u64>();
-        io.rx.fetch_add(received, Ordering::Relaxed);
-        io.tx.fetch_add(sent.segments, Ordering::Relaxed);
+        io.rx.fetch_add(received + moved, Ordering::Relaxed);
+        io.tx.fetch_add(sent.segments + moved, Ordering::Relaxed);
         io.tap_frames
             .fetch_add((n + spoofed) as u64, Ordering::Relaxed);
         io.batches.fetch_add(1, Ordering::Relaxed);

@@ -712,6 +712,20 @@ impl Conntrack {
         eligible
     }
 
+    /// Counts `packets` (`bytes` in all) that the fast path moved for the connection of `t`, in
+    /// that direction, whatever its state now (a flow taken off as its connection closes: its
+    /// last packets came before the FIN that took it off, which set the expiry).
+    pub fn count_offloaded(&self, t: &Tuple, packets: u64, bytes: u64, now_ms: u64) {
+        if packets == 0 {
+            return;
+        }
+        let key = t.pack();
+        if let Some(found) = self.lookup(&key, self.hash(&key), now_ms) {
+            self.table
+                .count_many(found.idx, found.dir, packets as u32, bytes);
+        }
+    }
+
     /// Removes a connection now (its next packet starts a new one).
     pub fn kill(&self, idx: u32) -> bool {
         self.table.kill(idx)

@@ -129,7 +129,8 @@ impl Offloads {
 
     /// After the pipeline and the write: puts the flow of `frame` (verdict `v`, arrived on
     /// `ingress`, sent on to `egress` or to the kernel) on the fast path if it qualifies
-    /// (`allowed`: no monitor wants every verdict), with its reply direction when `frame` is a
+    /// (`allowed`: the worker lets it, when no monitor wants every verdict and its translated
+    /// source is not the node's own address), with its reply direction when `frame` is a
     /// handshake's ACK, or takes it off when the frame opens or closes its connection.
     ///
     /// A flow taken off has what the fast path moved for it since the last check counted into

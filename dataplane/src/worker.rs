@@ -823,6 +823,9 @@ impl Worker {
             let c = &mut st.pipeline.counters;
             for (i, v) in st.verdicts[..n].iter().enumerate() {
                 let (frame, ingress, hop) = (tap.frames.get(i), tap.ingress[i], tap.hops[i]);
+                // Translated to the node's own source (a NodePort's reply), the kernel would
+                // drop the flow's packets as martians where the fast path hands them over.
+                let allowed = allowed && !snap.node.is_node_addr(&v.src);
                 moved += o.consider(frame, v, ingress, hop, &shared.ct, c, now, allowed);
             }
         }

@@ -748,7 +748,8 @@ fn tcp_stat(ns: &str, name: &str) -> u64 {
 
 /// SYN flood against a conntrack table of `KXDP_FLOOD_TABLE` entries, forwarded by
 /// `KXDP_FLOOD_MODE`: `kernel` (nftables DNAT, nf_conntrack with `nf_conntrack_max` set to the
-/// table size for the run and restored after) or `kxdp` (`conntrack.maxEntries`). The flood:
+/// table size for the run and restored after), `kxdp` (`conntrack.maxEntries`) or `kxdp-tap`
+/// (the same with every interface through the tap). The flood:
 /// `kxdp pcap send --syn --vary-src` from the ext namespace at `KXDP_FLOOD_RATE` SYN/s (or
 /// `max`) to the ClusterIP's TCP port, each SYN from a new spoofed source in 10.64.0.0/10,
 /// never answered (the backends' SYN-ACKs have no route back). Meanwhile the client pod keeps
@@ -778,9 +779,9 @@ fn bench_lab_syn_flood() {
         "sysctl -qw net.ipv4.conf.all.rp_filter=0 net.ipv4.conf.default.rp_filter=0 net.ipv4.conf.up0.rp_filter=0",
     );
     match mode.as_str() {
-        "kxdp" => {
+        "kxdp" | "kxdp-tap" => {
             let (config, state) = lab_files();
-            let cfg = std::fs::read_to_string(&config)
+            let mut cfg = std::fs::read_to_string(&config)
                 .unwrap()
                 .replace(
                     "workers: {count: 1, cpus: []}",
@@ -790,6 +791,12 @@ fn bench_lab_syn_flood() {
                     "conntrack: {stateFile: \"\"}",
                     &format!("conntrack: {{stateFile: \"\", maxEntries: {table}}}"),
                 );
+            if mode == "kxdp-tap" {
+                // Every interface through the tap, the uplink too: no XDP on the node, the
+                // flood read from the tap frame by frame (docs/afxdp.md § The uplink through
+                // the tap).
+                cfg += "podInterception: {mode: tap, interfaces: [up0, \"vpod*\"]}\n";
+            }
             std::fs::write(dir.path().join("config.yaml"), cfg).unwrap();
             _kxdp = Some(Kxdp::start(
                 &c.node,
@@ -812,7 +819,7 @@ fn bench_lab_syn_flood() {
             // own sendto() on CPU 0, and the kernel slows the flood down instead of facing it.
             lab::sh(&c.node, "echo 2 > /sys/class/net/up0/queues/rx-0/rps_cpus");
         }
-        other => panic!("KXDP_FLOOD_MODE={other}: kxdp or kernel"),
+        other => panic!("KXDP_FLOOD_MODE={other}: kxdp, kxdp-tap or kernel"),
     }
     let _servers: Vec<lab::Servers> = ["web-1", "web-2"]
         .iter()

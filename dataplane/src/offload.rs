@@ -49,8 +49,7 @@ const AWAITING_MS: u64 = 1_000;
 /// One offloaded flow, as its worker keeps it.
 #[derive(Clone, Copy, Debug)]
 struct Offloaded {
-    slot: u32,
-    /// The counts of its slot when last read.
+    /// The counts of its slot (`rewrite.slot`) when last read.
     seen: (u64, u64),
     /// The flow's tuple as it arrives (conntrack's key for this direction).
     tuple: Tuple,
@@ -233,7 +232,6 @@ impl Offloads {
         self.flows.insert(
             key,
             Offloaded {
-                slot,
                 seen,
                 tuple: flow.tuple,
                 reason: flow.reason,
@@ -328,7 +326,7 @@ impl Offloads {
 /// Counts into `counters` what the fast path moved for `o` since its slot was last read, as the
 /// pipeline would have counted those packets; returns the packets (segments) and bytes.
 fn count_moved(fast: &FlowOffload, o: &mut Offloaded, counters: &mut Counters) -> (u64, u64) {
-    let counts = fast.counts(o.slot);
+    let counts = fast.counts(o.rewrite.slot);
     let (packets, bytes) = (counts.0 - o.seen.0, counts.1 - o.seen.1);
     o.seen = counts;
     if packets > 0 {
@@ -357,7 +355,7 @@ fn release(
     let removed = fast.remove(key).is_ok();
     let last = count_moved(fast, o, counters);
     if removed {
-        free.push(o.slot);
+        free.push(o.rewrite.slot);
     }
     last
 }
@@ -524,7 +522,7 @@ mod tests {
         // A FIN takes it off at once, and counts what the fast path moved since the last check
         // (here 5 segments, 7,000 bytes), in the counters and in the connection.
         let key = flow_key(&v).unwrap();
-        fast.add_counts(o.flows[&key].slot, 5, 7_000);
+        fast.add_counts(o.flows[&key].rewrite.slot, 5, 7_000);
         let before = ct.connections().next().unwrap();
         let (fin, ff) = forwarded(&client, &backend, Reason::Established, tcp::FIN | tcp::ACK);
         assert_eq!(o.consider(&ff, &fin, 7, None, &ct, &mut cs, 10, true), 5);

@@ -642,7 +642,8 @@ fn nf_conntrack_stats(ns: &str) -> std::collections::HashMap<String, u64> {
 }
 
 /// kxdp's drop counters from its metrics endpoint (127.0.0.1:10249 in the node namespace):
-/// `kxdp_drops_total` by reason, plus the conntrack's early drops and created connections.
+/// `kxdp_drops_total` by reason, the kernel's drops before kxdp (AF_XDP rings, the tap's
+/// queues), plus the conntrack's early drops and created connections.
 fn kxdp_drop_counters(ns: &str) -> std::collections::BTreeMap<String, u64> {
     let s = lab::sh(
         ns,
@@ -679,6 +680,9 @@ fn kxdp_drop_counters(ns: &str) -> std::collections::BTreeMap<String, u64> {
                 "no fill frame"
             };
             *out.entry(format!("xsk {iface} {what}")).or_insert(0) += value;
+        } else if name.starts_with("kxdp_tap_queue_full_total") {
+            // The kernel's drops before kxdp through the tap: a queue to a worker full.
+            *out.entry("tap queue full".into()).or_insert(0) += value;
         } else if name.starts_with("kxdp_conntrack_early_drops") {
             *out.entry("early-drop (evictions)".into()).or_insert(0) += value;
         }

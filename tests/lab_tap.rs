@@ -227,6 +227,15 @@ spec:
     );
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(metric(&node, "kxdp_offloaded_flows"), 0, "{}", k.log());
+    // The tap's own drops (its queues full) are published beside the sockets' counters.
+    let m = lab::sh(
+        &node,
+        "curl -s http://127.0.0.1:10249/metrics | grep '^kxdp_tap_queue_full_total' || true",
+    );
+    assert!(
+        m.starts_with("kxdp_tap_queue_full_total{interface=\"kxdptap0\"} "),
+        "{m}"
+    );
     // Direct routing: pod to pod, the connections never passed the node's netfilter, so the
     // node's own conntrack (active: the CNI's masquerade rules) has no entry for them.
     let kernel_ct = lab::sh(&node, "cat /proc/net/nf_conntrack 2>/dev/null || true");

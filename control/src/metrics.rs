@@ -74,6 +74,7 @@
 //! | `kxdp_xsk_rx_invalid_descs_total{interface,queue}`, `kxdp_xsk_tx_invalid_descs_total{...}` | counter | descriptors the kernel refused |
 //! | `kxdp_xsk_tx_ring_empty_total{interface,queue}` | counter | the kernel found the TX ring empty when kicked |
 //! | `kxdp_xsk_ring_entries{interface,queue,ring}` | gauge | ring sizes (config `afxdp`) |
+//! | `kxdp_tap_queue_full_total{interface}` | counter | frames the kernel dropped at kxdp's tap: a queue to a worker full (`podInterception: tap`) |
 
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -213,6 +214,12 @@ struct PolicyRuleLabel {
 struct SocketLabel {
     interface: String,
     queue: String,
+}
+
+/// An interface of kxdp's own (its tap).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct InterfaceLabel {
+    interface: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -613,7 +620,21 @@ fn encode_sockets(
         "kxdp_xsk_ring_entries",
         "Entries of each AF_XDP socket's rings (config afxdp)",
         &rings,
-    )
+    )?;
+    if let Some(t) = stats.tap_sample() {
+        let f = Family::<InterfaceLabel, Counter>::default();
+        f.get_or_create(&InterfaceLabel {
+            interface: t.interface,
+        })
+        .inc_by(t.queue_full);
+        put(
+            enc,
+            "kxdp_tap_queue_full",
+            "Frames the kernel dropped at kxdp's tap because its queue to a worker was full (the worker did not keep up)",
+            &f,
+        )?;
+    }
+    Ok(())
 }
 
 /// Every control-plane metric. Cheap to clone handles (the metrics are `Arc`s inside).

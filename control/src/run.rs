@@ -607,6 +607,18 @@ fn stop(daemon: Daemon, forwarding: Option<Forwarding>) {
                 );
             }
         }
+        if let Some(t) = ops
+            .dataplane
+            .stats
+            .tap_sample()
+            .filter(|t| t.queue_full > 0)
+        {
+            tracing::warn!(
+                "kxdp run: tap {}: the kernel dropped {} frame(s) before kxdp saw them (a queue to a worker full: docs/afxdp.md)",
+                t.interface,
+                t.queue_full
+            );
+        }
         if let Some(hp) = host_path {
             match hp.teardown() {
                 Ok(()) => tracing::info!("kxdp run: host path removed"),

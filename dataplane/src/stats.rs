@@ -362,6 +362,16 @@ pub struct SocketSample {
     pub kernel: KernelXskStats,
 }
 
+/// kxdp's tap (`podInterception: tap`): the frames the kernel dropped on their way to a worker
+/// because the tap's queue for it was full (the tap's `tx_dropped`, cumulative; read by the
+/// workers with their sockets' counters). Like a socket's `rx_ring_full`, these never reached
+/// kxdp: no verdict, no reason.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TapSample {
+    pub interface: String,
+    pub queue_full: u64,
+}
+
 /// How often a worker reads its sockets' kernel counters (one `getsockopt` per socket).
 pub const SOCKET_STATS_PERIOD: std::time::Duration = std::time::Duration::from_secs(1);
 
@@ -371,6 +381,8 @@ pub struct DataplaneStats {
     /// Per worker: its sockets, replaced whole by that worker about once a second (a lock taken
     /// off the packet path by the worker, and by readers at scrape time).
     sockets: Box<[Mutex<Vec<SocketSample>>]>,
+    /// The tap's drops (device-wide: every worker with a queue publishes what it read).
+    tap: Mutex<Option<TapSample>>,
     rings: Box<[Ring]>,
     monitors: AtomicUsize,
     /// Attached monitors that want every verdict, not only drops and rejects.
@@ -384,6 +396,7 @@ impl DataplaneStats {
         DataplaneStats {
             workers: (0..workers).map(|_| WorkerStats::new()).collect(),
             sockets: (0..workers).map(|_| Mutex::new(Vec::new())).collect(),
+            tap: Mutex::new(None),
             rings: (0..workers).map(|_| Ring::new()).collect(),
             monitors: AtomicUsize::new(0),
             monitors_all: AtomicUsize::new(0),
@@ -476,6 +489,26 @@ impl DataplaneStats {
         v.clear();
         fill(&mut v);
         self.workers[worker].alive_ms.store(clock_ms(), Relaxed);
+    }
+
+    /// Publishes what a worker read of the tap's drops (the highest reading stays: the workers
+    /// read the same device-wide counter at different times).
+    pub fn publish_tap(&self, interface: &str, queue_full: u64) {
+        let mut t = self.tap.lock().unwrap_or_else(|e| e.into_inner());
+        match t.as_mut() {
+            Some(t) if t.interface == interface => t.queue_full = t.queue_full.max(queue_full),
+            _ => {
+                *t = Some(TapSample {
+                    interface: interface.to_string(),
+                    queue_full,
+                })
+            }
+        }
+    }
+
+    /// The tap's drops, once a worker with a tap queue has published them.
+    pub fn tap_sample(&self) -> Option<TapSample> {
+        self.tap.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// Publishes worker `worker`'s UMEM occupancy: `frames` in all, `free` on its free list
@@ -740,5 +773,21 @@ mod tests {
         // A worker index out of range is ignored, not a panic.
         s.publish_sockets(5, |v| v.push(row(5, "x", 0, 0)));
         assert_eq!(s.socket_samples().len(), 2);
+    }
+
+    #[test]
+    fn the_tap_keeps_its_highest_reading() {
+        let s = DataplaneStats::new(2);
+        assert_eq!(s.tap_sample(), None);
+        // Two workers read the device-wide counter at different times.
+        s.publish_tap("kxdptap0", 7);
+        s.publish_tap("kxdptap0", 5);
+        assert_eq!(s.tap_sample().map(|t| t.queue_full), Some(7));
+        s.publish_tap("kxdptap0", 9);
+        assert_eq!(s.tap_sample().map(|t| t.queue_full), Some(9));
+        // Another tap (a restart with another name) starts over.
+        s.publish_tap("pods0", 1);
+        let t = s.tap_sample().unwrap();
+        assert_eq!((t.interface.as_str(), t.queue_full), ("pods0", 1));
     }
 }

@@ -275,9 +275,32 @@ pub struct TapSent {
     pub direct: u64,
 }
 
+impl TapSent {
+    /// Counts a frame sent as the `segs` packets it stands for (a reject's answer as one;
+    /// `direct`: straight to its egress), or makes its verdict a `tx-ring-full` drop.
+    fn count(&mut self, written: io::Result<()>, v: &mut Verdict, segs: u64, direct: bool) {
+        match written {
+            Ok(()) => {
+                let segments = if v.action == Action::Reject { 1 } else { segs };
+                self.frames += 1;
+                self.segments += segments;
+                if direct {
+                    self.direct += segments;
+                }
+            }
+            Err(_) => {
+                v.egress = 0;
+                v.set(Reason::TxRingFull);
+            }
+        }
+    }
+}
+
 /// One worker's queue of kxdp's tap and its buffers (allocated once).
 pub struct TapPort {
     pub queue: TapQueue,
+    /// The tap's interface index (for its drop counter).
+    pub ifindex: u32,
     /// The tap's Ethernet address: every frame written back is addressed to it.
     pub mac: [u8; 6],
     pub frames: SlotFrames,
@@ -310,10 +333,11 @@ pub struct TapPort {
 }
 
 impl TapPort {
-    /// A worker's port on `queue` (made non-blocking); `mac` is the tap's address, `tags` the
-    /// interfaces' tags.
+    /// A worker's port on `queue` (made non-blocking) of the tap `ifindex`; `mac` is the tap's
+    /// address, `tags` the interfaces' tags.
     pub fn new(
         queue: TapQueue,
+        ifindex: u32,
         mac: [u8; 6],
         tags: Arc<TapTags>,
         offloads: Option<crate::offload::Offloads>,
@@ -322,6 +346,7 @@ impl TapPort {
         queue.set_nonblocking(true)?;
         Ok(TapPort {
             queue,
+            ifindex,
             mac,
             frames: SlotFrames::new(TAP_BATCH, MAX_FRAME),
             hdrs: [VirtioNetHdr::default(); TAP_BATCH],
@@ -397,11 +422,18 @@ impl TapPort {
     /// Sends the batch's frames on by their verdicts: a forward or pass with its header (its
     /// partial checksum redone), a reject's answer with a plain header (its checksums
     /// complete), a drop not at all. A forward with a direct hop leaves straight through its
-    /// egress interface (TTL one lower, the hop's MACs); the rest go back into the tap, for the
-    /// kernel to route. A failed send becomes a `tx-ring-full` drop.
+    /// egress interface (TTL one lower, the hop's MACs), all of the batch's in one `sendmmsg`
+    /// after the rest; the rest go back into the tap, for the kernel to route. A failed send
+    /// becomes a `tx-ring-full` drop.
     pub fn send(&mut self, verdicts: &mut [Verdict]) -> TapSent {
         let mut sent = TapSent::default();
         let n = self.frames.count().min(verdicts.len());
+        // The frames that go direct: (batch index, egress interface, header), and every
+        // frame's first bytes as they came (its MACs and the IP header's TTL and checksum):
+        // what a direct send that the egress refuses gives back to the kernel.
+        let mut direct = [(0usize, 0u32, VirtioNetHdr::default()); TAP_BATCH];
+        let mut n_direct = 0;
+        let mut heads = [[0u8; HEAD_KEPT]; TAP_BATCH];
         for (i, v) in verdicts.iter_mut().enumerate().take(n) {
             let hdr = match v.action {
                 Action::Drop => continue,
@@ -413,60 +445,62 @@ impl TapPort {
             if v.action != Action::Reject {
                 self.sums[i].apply(frame);
             }
-            // The frame's first bytes as they came (its MACs and the IP header's TTL and
-            // checksum): what a direct send that the egress refuses gives back to the kernel.
             let l3 = v.l3_off as usize;
-            let mut head = [0u8; HEAD_KEPT];
             let kept = frame.len().min(HEAD_KEPT);
-            head[..kept].copy_from_slice(&frame[..kept]);
-            let mut direct = match (&self.direct, self.hops[i]) {
-                (Some(tx), Some(hop))
-                    if v.action == Action::Forward
+            heads[i][..kept].copy_from_slice(&frame[..kept]);
+            match self.hops[i] {
+                Some(hop)
+                    if self.direct.is_some()
+                        && v.action == Action::Forward
                         && l3 + 12 <= kept
                         && kxdp_packet::decrement_ttl_at(frame, l3) =>
                 {
                     frame[..6].copy_from_slice(&hop.dst_mac);
                     frame[6..12].copy_from_slice(&hop.src_mac);
-                    Some((tx, hop.ifindex))
+                    direct[n_direct] = (i, hop.ifindex, hdr);
+                    n_direct += 1;
                 }
                 _ => {
                     if frame.len() >= 6 {
                         frame[..6].copy_from_slice(&self.mac);
                     }
-                    None
+                    let written = self.queue.write(&hdr, frame);
+                    sent.count(written, v, self.segs[i], false);
                 }
-            };
-            let mut written = match direct {
-                Some((tx, ifindex)) => tx.send(ifindex, &hdr, frame),
-                None => self.queue.write(&hdr, frame),
-            };
+            }
+        }
+        let Some(tx) = self.direct.as_ref().filter(|_| n_direct > 0) else {
+            return sent;
+        };
+        let mut results: [Option<io::Result<()>>; TAP_BATCH] = Default::default();
+        let out: [packet_tx::Outgoing<'_>; TAP_BATCH] = std::array::from_fn(|j| {
+            let (i, ifindex, hdr) = direct[j];
+            packet_tx::Outgoing {
+                ifindex,
+                hdr,
+                frame: if j < n_direct {
+                    self.frames.get(i)
+                } else {
+                    &[]
+                },
+            }
+        });
+        tx.send_batch(&out[..n_direct], |j, r| results[j] = Some(r));
+        for (j, &(i, _, hdr)) in direct[..n_direct].iter().enumerate() {
+            let mut written = results[j].take().unwrap_or(Ok(()));
             // Longer than the egress interface's MTU (a pod's MTU above it, no GSO): the kernel
             // routes it as it came, and fragments it or answers "too big" as it would without
             // direct routing.
-            if direct.is_some() && matches!(&written, Err(e) if packet_tx::too_big(e)) {
-                frame[..kept].copy_from_slice(&head[..kept]);
+            let went_direct = !matches!(&written, Err(e) if packet_tx::too_big(e));
+            if !went_direct {
+                let (buf, len) = self.frames.frame_mut(i);
+                let frame = &mut buf[..*len];
+                let kept = frame.len().min(HEAD_KEPT);
+                frame[..kept].copy_from_slice(&heads[i][..kept]);
                 frame[..6].copy_from_slice(&self.mac);
-                direct = None;
                 written = self.queue.write(&hdr, frame);
             }
-            match written {
-                Ok(()) => {
-                    sent.frames += 1;
-                    let segments = if v.action == Action::Reject {
-                        1
-                    } else {
-                        self.segs[i]
-                    };
-                    sent.segments += segments;
-                    if direct.is_some() {
-                        sent.direct += segments;
-                    }
-                }
-                Err(_) => {
-                    v.egress = 0;
-                    v.set(Reason::TxRingFull);
-                }
-            }
+            sent.count(written, &mut verdicts[i], self.segs[i], went_direct);
         }
         sent
     }

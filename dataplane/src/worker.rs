@@ -1291,12 +1291,18 @@ impl Worker {
     }
 
     /// Reads every socket's kernel counters (`XDP_STATISTICS`, one `getsockopt` each) and
-    /// publishes them with the ring sizes in `stats`' socket table. A failed read keeps the
-    /// previous values (counters never go back).
+    /// publishes them with the ring sizes in `stats`' socket table, and the tap's drops (one
+    /// netlink request) when the worker has a tap queue. A failed read keeps the previous
+    /// values (counters never go back).
     pub fn publish_sockets(&mut self, stats: &DataplaneStats) {
         for p in &mut self.ports {
             if let Ok(k) = p.sock.kernel_stats() {
                 p.kernel = k;
+            }
+        }
+        if let Some(tap) = &self.tap {
+            if let Ok(n) = kxdp_kernel::netlink::link_tx_dropped(tap.ifindex) {
+                stats.publish_tap(tap.queue.name(), n);
             }
         }
         let index = self.index;

@@ -414,6 +414,30 @@ pub(crate) fn dumped(
     dump(msg, f)
 }
 
+/// The packets interface `ifindex` dropped on their way out (`tx_dropped` of its 64-bit
+/// statistics): for a tap, the frames it had no room for in a queue.
+pub fn link_tx_dropped(ifindex: u32) -> io::Result<u64> {
+    let mut m = LinkMessage::default();
+    m.header.index = ifindex;
+    let s = open(0)?;
+    send(
+        &s,
+        RouteNetlinkMessage::GetLink(m),
+        NLM_F_REQUEST | NLM_F_ACK,
+    )?;
+    let mut dropped = None;
+    receive(&s, |msg| {
+        if let RouteNetlinkMessage::NewLink(l) = msg {
+            for a in l.attributes {
+                if let LinkAttribute::Stats64(st) = a {
+                    dropped = Some(st.tx_dropped);
+                }
+            }
+        }
+    })?;
+    dropped.ok_or_else(|| io::Error::other(format!("interface {ifindex}: no statistics")))
+}
+
 /// RTM_SETLINK with IFLA_XDP { fd, flags }: attaches (fd >= 0) or removes (fd = -1) an XDP
 /// program the old way, which outlives the process. kxdp attaches with BPF links; this
 /// removes programs others (or an older kxdp) left, and serves the tests that leave one.

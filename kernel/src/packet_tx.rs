@@ -103,6 +103,107 @@ impl PacketTx {
     }
 }
 
+/// The most frames [`PacketTx::send_batch`] hands the kernel in one `sendmmsg`.
+pub const SEND_BATCH: usize = 8;
+
+/// One frame for [`PacketTx::send_batch`]: out of interface `ifindex`, GSO and partial
+/// checksum as `hdr` says.
+#[derive(Clone, Copy)]
+pub struct Outgoing<'a> {
+    pub ifindex: u32,
+    pub hdr: VirtioNetHdr,
+    pub frame: &'a [u8],
+}
+
+impl PacketTx {
+    /// Sends up to [`SEND_BATCH`] frames with one `sendmmsg` (more only where the kernel
+    /// refuses one: it stops there, and the rest go in the next call), and says how each went
+    /// through `sent(i, result)`, in order, with the errors of [`PacketTx::send`].
+    pub fn send_batch(&self, frames: &[Outgoing<'_>], mut sent: impl FnMut(usize, io::Result<()>)) {
+        let n = frames.len().min(SEND_BATCH);
+        let hdrs: [[u8; VirtioNetHdr::LEN]; SEND_BATCH] = std::array::from_fn(|i| {
+            frames
+                .get(i)
+                .map_or([0; VirtioNetHdr::LEN], |f| f.hdr.to_bytes())
+        });
+        let iovs: [[libc::iovec; 2]; SEND_BATCH] = std::array::from_fn(|i| {
+            crate::tap::header_and_frame(&hdrs[i], frames.get(i).map_or(&[][..], |f| f.frame))
+        });
+        let mut addrs: [libc::sockaddr_ll; SEND_BATCH] =
+            std::array::from_fn(|i| match frames.get(i) {
+                Some(f) if f.frame.len() >= ETH_HLEN => sockaddr_ll(f.ifindex, f.frame),
+                // SAFETY: sockaddr_ll is plain data; all-zero is a valid value (never sent).
+                _ => unsafe { std::mem::zeroed() },
+            });
+        // SAFETY: mmsghdr is plain data; all-zero (no name, no data, no control) is valid.
+        let mut msgs: [libc::mmsghdr; SEND_BATCH] = unsafe { std::mem::zeroed() };
+        for i in 0..n {
+            let h = &mut msgs[i].msg_hdr;
+            h.msg_name = (&mut addrs[i] as *mut libc::sockaddr_ll).cast();
+            h.msg_namelen = std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t;
+            h.msg_iov = iovs[i].as_ptr() as *mut libc::iovec;
+            h.msg_iovlen = 2;
+        }
+        let mut at = 0;
+        while at < n {
+            if frames[at].frame.len() < ETH_HLEN {
+                sent(
+                    at,
+                    Err(io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        format!("AF_PACKET send: a {}-byte frame", frames[at].frame.len()),
+                    )),
+                );
+                at += 1;
+                continue;
+            }
+            // Up to the next frame too short to send (refused above, on its turn).
+            let end = (at..n)
+                .find(|&i| frames[i].frame.len() < ETH_HLEN)
+                .unwrap_or(n);
+            // SAFETY: `msgs[at..end]` point to `addrs`, `iovs` and, through them, to `hdrs` and
+            // the frames, all live for the call; sendmmsg only reads them and writes each
+            // message's `msg_len`.
+            let r = unsafe {
+                libc::sendmmsg(
+                    self.fd.as_raw_fd(),
+                    msgs[at..end].as_mut_ptr(),
+                    (end - at) as libc::c_uint,
+                    libc::MSG_DONTWAIT,
+                )
+            };
+            if r <= 0 {
+                // The first message failed (its errno; the rest are tried next).
+                sent(
+                    at,
+                    Err(if r < 0 {
+                        io::Error::last_os_error()
+                    } else {
+                        io::Error::from(io::ErrorKind::WriteZero)
+                    }),
+                );
+                at += 1;
+                continue;
+            }
+            for i in at..at + r as usize {
+                let len = msgs[i].msg_len as usize;
+                sent(
+                    i,
+                    if len < frames[i].frame.len() {
+                        Err(io::Error::new(
+                            io::ErrorKind::WriteZero,
+                            format!("AF_PACKET send: {len} of {} bytes", frames[i].frame.len()),
+                        ))
+                    } else {
+                        Ok(())
+                    },
+                );
+            }
+            at += r as usize;
+        }
+    }
+}
+
 /// Whether `e`, from [`PacketTx::send`], says the frame is longer than the interface's MTU (a
 /// frame without GSO; the kernel's `packet_snd` checks no more than that): the caller can still
 /// hand it to the kernel's routing, which fragments it or answers with an ICMP "too big".
@@ -276,6 +377,47 @@ mod tests {
             let e = tx.send(a, &VirtioNetHdr::default(), &big).unwrap_err();
             assert!(too_big(&e), "{e}");
             tx.send(a, &hdr, &sf).unwrap();
+
+            // 5. A batch: each frame's own result, in order; the ones the kernel or the length
+            // check refuse do not hold back those after them, which arrive.
+            let marked = |m: u8| {
+                let mut f = plain.clone();
+                f[59] = m;
+                f
+            };
+            let (one, two, three) = (marked(0xa1), marked(0xa2), marked(0xa3));
+            let plain_hdr = VirtioNetHdr::default();
+            let out = |ifindex, frame| Outgoing {
+                ifindex,
+                hdr: plain_hdr,
+                frame,
+            };
+            let batch = [
+                out(a, &one[..]),
+                out(a, &big[..]),
+                out(a, &two[..]),
+                out(a, &[0u8; 13][..]),
+                out(9999, &plain[..]),
+                out(a, &three[..]),
+            ];
+            let mut results = Vec::new();
+            tx.send_batch(&batch, |i, r| results.push((i, r)));
+            let order: Vec<usize> = results.iter().map(|(i, _)| *i).collect();
+            assert_eq!(order, [0, 1, 2, 3, 4, 5]);
+            let ok: Vec<bool> = results.iter().map(|(_, r)| r.is_ok()).collect();
+            assert_eq!(ok, [true, false, true, false, false, true], "{results:?}");
+            assert!(matches!(&results[1].1, Err(e) if too_big(e)));
+            assert!(matches!(&results[3].1, Err(e) if e.kind() == io::ErrorKind::InvalidInput));
+            assert!(matches!(&results[4].1, Err(e) if e.raw_os_error() == Some(libc::ENXIO)));
+            let mut arrived = Vec::new();
+            let deadline = Instant::now() + Duration::from_secs(2);
+            while arrived.len() < 3 && Instant::now() < deadline {
+                let Some(n) = recv(&rx, &mut buf) else { break };
+                if n == 60 && buf[..59] == plain[..59] {
+                    arrived.push(buf[59]);
+                }
+            }
+            assert_eq!(arrived, [0xa1, 0xa2, 0xa3]);
         });
     }
 }

@@ -632,6 +632,16 @@ pub fn stats(args: &StatsArgs, a: &AdminArgs) -> Result<(), CmdError> {
             }
         }
     }
+    // kxdp's tap: frames the kernel dropped for want of room in a queue (cumulative).
+    let tap: Option<TapRow> = end
+        .get("tap")
+        .and_then(|v| serde_json::from_value(v.clone()).ok());
+    if let Some(t) = &tap {
+        let _ = match a.output {
+            OutputFormat::Json => writeln!(w, "{}", serde_json::to_value(t).unwrap_or_default()),
+            _ => writeln!(w, "tap {}: kernel queue_full={}", t.tap, t.queue_full),
+        };
+    }
     let g = |k: &str| end.get(k).and_then(|v| v.as_u64()).unwrap_or(0);
     match a.output {
         OutputFormat::Json => {

@@ -357,12 +357,14 @@ fn answer(
                 .iter()
                 .map(SocketRow::from_sample)
                 .collect();
+            let tap = (ctx.dataplane.stats.tap_sample()).map(|t| TapRow::from_sample(&t));
             Ok(serde_json::json!({
                 "entries": ct.len(),
                 "max_entries": ct.config().max_entries,
                 "early_drops": ct.early_drops(),
                 "now_ms": clock_ms(),
                 "sockets": sockets,
+                "tap": tap,
             }))
         }
         Request::Services => {

@@ -636,6 +636,24 @@ impl SocketRow {
     }
 }
 
+/// kxdp's tap in `kxdp stats` (the summary's `tap`, with `podInterception: tap`): the frames
+/// the kernel dropped because the tap's queue to a worker was full (cumulative, read by the
+/// workers about once a second).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct TapRow {
+    pub tap: String,
+    pub queue_full: u64,
+}
+
+impl TapRow {
+    pub fn from_sample(s: &kxdp_dataplane::stats::TapSample) -> TapRow {
+        TapRow {
+            tap: s.interface.clone(),
+            queue_full: s.queue_full,
+        }
+    }
+}
+
 /// `kxdp monitor` filters.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]

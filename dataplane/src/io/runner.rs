@@ -813,7 +813,7 @@ fn open_tap(opts: &RunOptions, workers: usize) -> io::Result<(Option<TapTarget>,
                 .map_err(|e| {
                     io::Error::new(e.kind(), format!("podInterception.directRouting: {e}"))
                 })?;
-            TapPort::new(q, mac, tags.clone(), offloads, direct)
+            TapPort::new(q, ifindex, mac, tags.clone(), offloads, direct)
         })
         .collect::<io::Result<Vec<_>>>()?;
     tracing::info!(

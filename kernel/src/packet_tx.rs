@@ -169,7 +169,7 @@ impl PacketTx {
                     self.fd.as_raw_fd(),
                     msgs[at..end].as_mut_ptr(),
                     (end - at) as libc::c_uint,
-                    libc::MSG_DONTWAIT,
+                    libc::MSG_DONTWAIT as _,
                 )
             };
             if r <= 0 {

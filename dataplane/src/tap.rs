@@ -487,7 +487,10 @@ impl TapPort {
         });
         tx.send_batch(&out[..n_direct], |j, r| results[j] = Some(r));
         for (j, &(i, _, hdr)) in direct[..n_direct].iter().enumerate() {
-            let mut written = results[j].take().unwrap_or(Ok(()));
+            // Every frame is reported; one that were not would count as not sent.
+            let mut written = results[j]
+                .take()
+                .unwrap_or_else(|| Err(io::ErrorKind::WriteZero.into()));
             // Longer than the egress interface's MTU (a pod's MTU above it, no GSO): the kernel
             // routes it as it came, and fragments it or answers "too big" as it would without
             // direct routing.

@@ -139,20 +139,24 @@ fn receive(s: &Socket, mut f: impl FnMut(RouteNetlinkMessage)) -> io::Result<()>
     }
 }
 
-fn dump(msg: RouteNetlinkMessage, f: impl FnMut(RouteNetlinkMessage)) -> io::Result<()> {
+/// Sends `msg` with `flags` on a socket of its own and passes every answer to `f` until the
+/// dump's end or the request's acknowledgement.
+fn exchange(
+    msg: RouteNetlinkMessage,
+    flags: u16,
+    f: impl FnMut(RouteNetlinkMessage),
+) -> io::Result<()> {
     let s = open(0)?;
-    send(&s, msg, NLM_F_REQUEST | NLM_F_DUMP)?;
+    send(&s, msg, flags)?;
     receive(&s, f)
 }
 
+fn dump(msg: RouteNetlinkMessage, f: impl FnMut(RouteNetlinkMessage)) -> io::Result<()> {
+    exchange(msg, NLM_F_REQUEST | NLM_F_DUMP, f)
+}
+
 fn request(msg: RouteNetlinkMessage) -> io::Result<()> {
-    let s = open(0)?;
-    send(
-        &s,
-        msg,
-        NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE,
-    )?;
-    receive(&s, |_| {})
+    acked(msg, NLM_F_CREATE | NLM_F_REPLACE)
 }
 
 fn mac_of(b: &[u8]) -> Option<[u8; 6]> {
@@ -401,9 +405,7 @@ pub fn probe_neighbour(ifindex: u32, addr: IpAddr, mac: [u8; 6]) -> io::Result<(
 /// Sends one request with `flags` (plus REQUEST and ACK) and waits for its acknowledgement (the
 /// kernel's error, if any). For the traffic-control requests of [`crate::tc`].
 pub(crate) fn acked(msg: RouteNetlinkMessage, flags: u16) -> io::Result<()> {
-    let s = open(0)?;
-    send(&s, msg, NLM_F_REQUEST | NLM_F_ACK | flags)?;
-    receive(&s, |_| {})
+    exchange(msg, NLM_F_REQUEST | NLM_F_ACK | flags, |_| {})
 }
 
 /// A dump request (`msg` says what), every answer passed to `f`. For [`crate::tc`].
@@ -419,22 +421,20 @@ pub(crate) fn dumped(
 pub fn link_tx_dropped(ifindex: u32) -> io::Result<u64> {
     let mut m = LinkMessage::default();
     m.header.index = ifindex;
-    let s = open(0)?;
-    send(
-        &s,
+    let mut dropped = None;
+    exchange(
         RouteNetlinkMessage::GetLink(m),
         NLM_F_REQUEST | NLM_F_ACK,
-    )?;
-    let mut dropped = None;
-    receive(&s, |msg| {
-        if let RouteNetlinkMessage::NewLink(l) = msg {
-            for a in l.attributes {
-                if let LinkAttribute::Stats64(st) = a {
-                    dropped = Some(st.tx_dropped);
+        |msg| {
+            if let RouteNetlinkMessage::NewLink(l) = msg {
+                for a in l.attributes {
+                    if let LinkAttribute::Stats64(st) = a {
+                        dropped = Some(st.tx_dropped);
+                    }
                 }
             }
-        }
-    })?;
+        },
+    )?;
     dropped.ok_or_else(|| io::Error::other(format!("interface {ifindex}: no statistics")))
 }
 
@@ -448,13 +448,7 @@ pub fn set_link_xdp(ifindex: u32, fd: i32, flags: u32) -> io::Result<()> {
         LinkXdp::Fd(fd),
         LinkXdp::Flags(flags),
     ]));
-    let s = open(0)?;
-    send(
-        &s,
-        RouteNetlinkMessage::SetLink(m),
-        NLM_F_REQUEST | NLM_F_ACK,
-    )?;
-    receive(&s, |_| {})
+    acked(RouteNetlinkMessage::SetLink(m), 0)
 }
 
 // Attribute types inside IFLA_AF_SPEC → AF_INET → IFLA_INET_CONF: the IPV4_DEVCONF_* indices

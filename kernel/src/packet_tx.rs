@@ -104,7 +104,7 @@ impl PacketTx {
 }
 
 /// The most frames [`PacketTx::send_batch`] hands the kernel in one `sendmmsg`.
-pub const SEND_BATCH: usize = 8;
+const SEND_BATCH: usize = 8;
 
 /// One frame for [`PacketTx::send_batch`]: out of interface `ifindex`, GSO and partial
 /// checksum as `hdr` says.
@@ -116,10 +116,18 @@ pub struct Outgoing<'a> {
 }
 
 impl PacketTx {
-    /// Sends up to [`SEND_BATCH`] frames with one `sendmmsg` (more only where the kernel
-    /// refuses one: it stops there, and the rest go in the next call), and says how each went
-    /// through `sent(i, result)`, in order, with the errors of [`PacketTx::send`].
+    /// Sends `frames` with one `sendmmsg` per [`SEND_BATCH`] of them (one more where the kernel
+    /// refuses a frame: it stops there, and the rest go in the next call), and says how each
+    /// went through `sent(i, result)`, every frame once, in order, with the errors of
+    /// [`PacketTx::send`].
     pub fn send_batch(&self, frames: &[Outgoing<'_>], mut sent: impl FnMut(usize, io::Result<()>)) {
+        for (c, chunk) in frames.chunks(SEND_BATCH).enumerate() {
+            self.send_chunk(chunk, &mut |i, r| sent(c * SEND_BATCH + i, r));
+        }
+    }
+
+    /// [`PacketTx::send_batch`] of at most [`SEND_BATCH`] frames.
+    fn send_chunk(&self, frames: &[Outgoing<'_>], sent: &mut impl FnMut(usize, io::Result<()>)) {
         let n = frames.len().min(SEND_BATCH);
         let hdrs: [[u8; VirtioNetHdr::LEN]; SEND_BATCH] = std::array::from_fn(|i| {
             frames
@@ -418,6 +426,26 @@ mod tests {
                 }
             }
             assert_eq!(arrived, [0xa1, 0xa2, 0xa3]);
+
+            // 6. More frames than one `sendmmsg` takes: all of them, in order.
+            let many: Vec<Vec<u8>> = (0..SEND_BATCH as u8 + 3)
+                .map(|m| marked(0xb0 + m))
+                .collect();
+            let batch: Vec<Outgoing> = many.iter().map(|f| out(a, &f[..])).collect();
+            let mut results = Vec::new();
+            tx.send_batch(&batch, |i, r| results.push((i, r.is_ok())));
+            let want: Vec<(usize, bool)> = (0..many.len()).map(|i| (i, true)).collect();
+            assert_eq!(results, want);
+            let mut arrived = Vec::new();
+            let deadline = Instant::now() + Duration::from_secs(2);
+            while arrived.len() < many.len() && Instant::now() < deadline {
+                let Some(n) = recv(&rx, &mut buf) else { break };
+                if n == 60 && buf[..59] == plain[..59] {
+                    arrived.push(buf[59]);
+                }
+            }
+            let want: Vec<u8> = many.iter().map(|f| f[59]).collect();
+            assert_eq!(arrived, want);
         });
     }
 }

@@ -236,6 +236,9 @@ spec:
         m.starts_with("kxdp_tap_queue_full_total{interface=\"kxdptap0\"} "),
         "{m}"
     );
+    // The tap's queues hold `podInterception.queueLength` frames (the default, 256).
+    let qlen = lab::sh(&node, &format!("cat /sys/class/net/{TAP}/tx_queue_len"));
+    assert_eq!(qlen.trim(), "256", "{}", k.log());
     // Direct routing: pod to pod, the connections never passed the node's netfilter, so the
     // node's own conntrack (active: the CNI's masquerade rules) has no entry for them.
     let kernel_ct = lab::sh(&node, "cat /proc/net/nf_conntrack 2>/dev/null || true");

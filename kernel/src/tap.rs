@@ -153,6 +153,15 @@ fn ifreq(name: &str, flags: libc::c_short) -> io::Result<libc::ifreq> {
 }
 
 /// `ioctl(fd, req, arg)` for requests whose argument is a pointer or an integer.
+/// A datagram socket of the calling thread's network namespace, for the device ioctls.
+fn device_socket() -> io::Result<OwnedFd> {
+    // SAFETY: a plain socket() call; the result is checked.
+    fd_result(
+        unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) }
+            as libc::c_long,
+    )
+}
+
 fn ioctl(fd: &OwnedFd, req: libc::c_ulong, arg: libc::c_ulong) -> io::Result<()> {
     // SAFETY: the callers pass TUN requests with an argument of the kind the request expects
     // (a pointer to a live ifreq for TUNSETIFF, an integer for TUNSETOFFLOAD).
@@ -245,10 +254,7 @@ impl TapQueue {
     /// Sets the device up (`SIOCSIFFLAGS` through a datagram socket of the calling thread's
     /// network namespace, the one the tap was opened in).
     pub fn set_up(&self) -> io::Result<()> {
-        // SAFETY: a plain socket() call; the result is checked.
-        let sock = fd_result(unsafe {
-            libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0)
-        } as libc::c_long)?;
+        let sock = device_socket()?;
         let mut ifr = ifreq(&self.name, 0)?;
         let get = &mut ifr as *mut libc::ifreq as libc::c_ulong;
         ioctl(&sock, libc::SIOCGIFFLAGS as libc::c_ulong, get)?;
@@ -258,6 +264,24 @@ impl TapQueue {
         let set = &mut ifr as *mut libc::ifreq as libc::c_ulong;
         ioctl(&sock, libc::SIOCSIFFLAGS as libc::c_ulong, set)
             .map_err(|e| io::Error::new(e.kind(), format!("tap {}: setting it up: {e}", self.name)))
+    }
+
+    /// Sets the device's transmit queue length (`SIOCSIFTXQLEN`): for a tap, how many frames
+    /// each queue holds for its reader; the kernel drops what comes beyond (`tx_dropped`).
+    pub fn set_queue_length(&self, frames: u32) -> io::Result<()> {
+        let qlen = libc::c_int::try_from(frames)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "queue length"))?;
+        let sock = device_socket()?;
+        let mut ifr = ifreq(&self.name, 0)?;
+        // `ifr_qlen` is the union's int member.
+        ifr.ifr_ifru.ifru_metric = qlen;
+        let set = &mut ifr as *mut libc::ifreq as libc::c_ulong;
+        ioctl(&sock, libc::SIOCSIFTXQLEN as libc::c_ulong, set).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("tap {}: queue length {frames}: {e}", self.name),
+            )
+        })
     }
 
     /// Waits up to `timeout_ms` for a frame to read; false on timeout.
@@ -454,6 +478,13 @@ mod tests {
             let mac = qs[0].mac().unwrap();
             assert_eq!(mac[0] & 1, 0, "a unicast address: {mac:02x?}");
             qs[0].set_up().unwrap();
+            qs[0].set_queue_length(256).unwrap();
+            let sock = device_socket().unwrap();
+            let mut ifr = ifreq(name, 0).unwrap();
+            let get = &mut ifr as *mut libc::ifreq as libc::c_ulong;
+            ioctl(&sock, libc::SIOCGIFTXQLEN as libc::c_ulong, get).unwrap();
+            // SAFETY: SIOCGIFTXQLEN filled in the union's int member.
+            assert_eq!(unsafe { ifr.ifr_ifru.ifru_metric }, 256);
             drop(qs);
             // A test running beside this one may fork while it holds the descriptors (until the
             // child's exec closes them): the device goes within moments, not always at once.

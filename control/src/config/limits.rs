@@ -148,7 +148,20 @@ pub const RANGES: &[(&str, Limit, &str)] = &[
         },
         "a prime",
     ),
+    (
+        "podInterception.queueLength",
+        Limit::Int {
+            min: MIN_TAP_QUEUE as u64,
+            max: MAX_TAP_QUEUE as u64,
+        },
+        "",
+    ),
 ];
+
+/// The shortest tap queue: a round's frames (`tap::TAP_BATCH`) several times over.
+pub const MIN_TAP_QUEUE: u32 = 32;
+/// The longest tap queue: 64 Ki frames per queue, far past where waiting in it stops helping.
+pub const MAX_TAP_QUEUE: u32 = 1 << 16;
 
 /// Fewer UMEM frames than this cannot give a worker's sockets their smallest fill shares and a
 /// batch in hand.

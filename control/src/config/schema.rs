@@ -154,6 +154,8 @@ pub struct PodInterceptionConfig {
     /// Traffic between pods leaves straight through its egress interface, past the node's IP
     /// stack and netfilter (tap mode only).
     pub direct_routing: bool,
+    /// Frames each of the tap's queues holds for its worker (tap mode only).
+    pub queue_length: u32,
 }
 
 impl Default for PodInterceptionConfig {
@@ -164,6 +166,7 @@ impl Default for PodInterceptionConfig {
             tap_device: kxdp_dataplane::io::runner::TAP_DEVICE.into(),
             offload: true,
             direct_routing: true,
+            queue_length: kxdp_dataplane::io::runner::TAP_QUEUE_LENGTH,
         }
     }
 }
@@ -176,6 +179,7 @@ impl PodInterceptionConfig {
             interfaces: self.interfaces.clone(),
             offload: self.offload,
             direct_routing: self.direct_routing,
+            queue_length: self.queue_length,
         })
     }
 }

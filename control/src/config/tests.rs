@@ -127,6 +127,9 @@ fn pod_interception() {
     let t = c.pod_interception.run_options().expect("tap");
     assert_eq!(t.interfaces, ["veth*"]);
     assert_eq!(t.device, "kxdptap0");
+    assert_eq!(t.queue_length, 256);
+    let c = load("podInterception: {mode: tap, queueLength: 1000}\n").unwrap();
+    assert_eq!(c.pod_interception.run_options().unwrap().queue_length, 1000);
     let c =
         load("podInterception: {mode: tap, interfaces: [\"lxc*\"], tapDevice: pods0}\n").unwrap();
     assert_eq!(c.pod_interception.run_options().unwrap().device, "pods0");
@@ -152,6 +155,10 @@ fn pod_interception() {
         (
             "interfaces: [\"*\"]\npodInterception: {mode: tap}\n",
             "podInterception.tapDevice",
+        ),
+        (
+            "podInterception: {queueLength: 8}\n",
+            "podInterception.queueLength: 8 is too small: at least 32",
         ),
     ] {
         let e = load_err(bad);

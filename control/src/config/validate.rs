@@ -169,6 +169,10 @@ impl DataplaneConfiguration {
             "loadBalancing.maglevTableSize".into(),
             Numeric::Int(self.load_balancing.maglev_table_size.into()),
         ));
+        v.push((
+            "podInterception.queueLength".into(),
+            Numeric::Int(self.pod_interception.queue_length.into()),
+        ));
         v
     }
 

@@ -79,7 +79,16 @@ pub struct TapOptions {
     pub offload: bool,
     /// Pod-to-pod frames leave straight through their egress interface (`crate::direct`).
     pub direct_routing: bool,
+    /// Frames each of the tap's queues holds for its worker (the device's `txqueuelen`).
+    pub queue_length: u32,
 }
+
+/// The tap queue's length unless configured otherwise. Short on purpose: a worker that cannot
+/// keep up (a SYN flood) fills its queue, and every frame then waits behind all of it; at 256
+/// frames that wait stays around a millisecond and a half, short enough for a legitimate
+/// handshake to finish before a full conntrack table evicts it (docs/hardening.md). A GSO
+/// super-frame is one entry, so bulk transfers do not need more.
+pub const TAP_QUEUE_LENGTH: u32 = 256;
 
 /// The tap's name unless configured otherwise.
 pub const TAP_DEVICE: &str = "kxdptap0";
@@ -762,6 +771,7 @@ fn open_tap(opts: &RunOptions, workers: usize) -> io::Result<(Option<TapTarget>,
         .map_err(|e| io::Error::new(e.kind(), format!("podInterception: tap: {e}")))?;
     let mac = queues[0].mac()?;
     queues[0].set_up()?;
+    queues[0].set_queue_length(t.queue_length)?;
     let ifindex = kxdp_kernel::sys::ifindex(&t.device)?;
     // What the tap hands back comes from pods the kernel routes through their veths, and the
     // replies of masqueraded connections carry a node address as their source: no strict

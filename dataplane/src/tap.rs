@@ -487,7 +487,7 @@ impl TapPort {
         });
         tx.send_batch(&out[..n_direct], |j, r| results[j] = Some(r));
         for (j, &(i, _, hdr)) in direct[..n_direct].iter().enumerate() {
-            // Every frame is reported; one that were not would count as not sent.
+            // Every frame is reported; one that was not would count as not sent.
             let mut written = results[j]
                 .take()
                 .unwrap_or_else(|| Err(io::ErrorKind::WriteZero.into()));

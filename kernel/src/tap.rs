@@ -152,7 +152,6 @@ fn ifreq(name: &str, flags: libc::c_short) -> io::Result<libc::ifreq> {
     Ok(ifr)
 }
 
-/// `ioctl(fd, req, arg)` for requests whose argument is a pointer or an integer.
 /// A datagram socket of the calling thread's network namespace, for the device ioctls.
 fn device_socket() -> io::Result<OwnedFd> {
     // SAFETY: a plain socket() call; the result is checked.
@@ -162,9 +161,11 @@ fn device_socket() -> io::Result<OwnedFd> {
     )
 }
 
+/// `ioctl(fd, req, arg)` for requests whose argument is a pointer or an integer.
 fn ioctl(fd: &OwnedFd, req: libc::c_ulong, arg: libc::c_ulong) -> io::Result<()> {
-    // SAFETY: the callers pass TUN requests with an argument of the kind the request expects
-    // (a pointer to a live ifreq for TUNSETIFF, an integer for TUNSETOFFLOAD).
+    // SAFETY: the callers pass requests with an argument of the kind the request expects (a
+    // pointer to a live ifreq for TUNSETIFF and the SIOC* device requests, an integer for
+    // TUNSETOFFLOAD).
     let r = unsafe { libc::ioctl(fd.as_raw_fd(), req as _, arg) };
     if r < 0 {
         Err(io::Error::last_os_error())

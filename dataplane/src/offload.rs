@@ -18,13 +18,20 @@
 //! pipeline would have (the verdict's reason, packets and bytes, the conntrack entry's counts
 //! and expiry), and takes the flow off the fast path when its connection no longer qualifies:
 //! gone or expired, closing, its endpoint gone, or a monitor of every verdict attached (then
-//! every packet is seen again). A SYN, FIN or RST never takes the fast path, so the worker
-//! sees every connection open and close; one of an installed flow takes it off at once.
+//! every packet is seen again). A SYN or RST never takes the fast path, so the worker sees
+//! every connection open and every reset; one of an installed flow takes it off at once. A
+//! connection's close does: the kernel reports the flags it saw per flow (a FIN, and a segment
+//! without FIN after it: the last ACK), and the check plays them into conntrack as those
+//! segments would have moved it (every FIN first, then the ACKs after them), after which the
+//! connection no longer qualifies and its flows come off. A SYN that reopens a flow still on
+//! the fast path (a client reusing its port within a check) has the close played first.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kxdp_kernel::offload::{DirectHop, FlowKey, FlowOffload, FlowRewrite};
+use std::collections::VecDeque;
+
+use kxdp_kernel::offload::{DirectHop, FlowKey, FlowOffload, FlowRewrite, AFTER_FIN};
 use kxdp_packet::tcp::flags::{ACK, FIN, RST, SYN};
 use kxdp_packet::{Addr, Family, IpProto};
 
@@ -57,6 +64,8 @@ struct Offloaded {
     reason: Reason,
     /// What the fast path does with its packets.
     rewrite: FlowRewrite,
+    /// The reported flags (`FlowOffload::flags`) already played into conntrack.
+    played: u64,
 }
 
 /// A flow the fast path could carry, as a worker forwarded one of its packets: what
@@ -80,7 +89,9 @@ struct AwaitingAck {
 /// A worker's offloaded flows and its share of the fast path's counter slots.
 pub struct Offloads {
     fast: Arc<FlowOffload>,
-    free: Vec<u32>,
+    /// Free counter slots, reused oldest first: a packet the kernel was still counting for a
+    /// flow as it came off lands in a slot no flow uses yet.
+    free: VecDeque<u32>,
     flows: hashbrown::HashMap<FlowKey, Offloaded, ahash::RandomState>,
     /// SYN-ACKs forwarded, by their flow's key (at most `AWAITING_MAX`, capacity reserved).
     awaiting: hashbrown::HashMap<FlowKey, AwaitingAck, ahash::RandomState>,
@@ -92,9 +103,8 @@ pub struct Offloads {
 impl Offloads {
     /// Worker `worker` of `workers`: it owns every `workers`th counter slot from `worker`.
     pub fn new(fast: Arc<FlowOffload>, worker: usize, workers: usize) -> Offloads {
-        let free: Vec<u32> = (0..fast.slots())
+        let free: VecDeque<u32> = (0..fast.slots())
             .filter(|s| *s as usize % workers.max(1) == worker)
-            .rev()
             .collect();
         Offloads {
             flows: hashbrown::HashMap::with_capacity_and_hasher(
@@ -168,18 +178,37 @@ impl Offloads {
         }
         // The handshake's ACK (or any later packet): the reply direction, if its SYN-ACK went
         // through this worker, arrives as the reverse of this direction's translation.
-        let r = &flow.rewrite;
-        let reply_key = FlowKey {
-            src: r.dst,
-            dst: r.src,
-            sport: r.dport,
-            dport: r.sport,
-            proto: key.proto,
-        };
+        let reply_key = reply_of(&key, &flow.rewrite);
         if let Some(a) = self.awaiting.remove(&reply_key) {
             self.put_on(reply_key, a.reply, ct, now_ms);
         }
         0
+    }
+
+    /// Before the pipeline sees `frame`: when it opens a TCP connection (SYN without ACK) on a
+    /// tuple this worker still has on the fast path (its close was reported but not played yet:
+    /// a client reusing its port within a check), plays that close into conntrack and takes the
+    /// flow and its reply direction off, so the SYN finds the old connection closed and opens a
+    /// new one. Returns the packets the two flows moved since their last check (counted).
+    pub fn settle_reopened(
+        &mut self,
+        frame: &[u8],
+        ct: &Conntrack,
+        counters: &mut Counters,
+        now_ms: u64,
+    ) -> u64 {
+        let Some(key) = opening_key(frame) else {
+            return 0;
+        };
+        let Some(o) = self.flows.get_mut(&key) else {
+            return 0;
+        };
+        play_fin(&self.fast, o, ct, now_ms);
+        let reply_key = reply_of(&key, &o.rewrite);
+        if let Some(r) = self.flows.get_mut(&reply_key) {
+            play_fin(&self.fast, r, ct, now_ms);
+        }
+        self.take_off(&key, ct, counters, now_ms) + self.take_off(&reply_key, ct, counters, now_ms)
     }
 
     /// Keeps the SYN-ACK `v` (its flow `key`) until its handshake's ACK (bounded: a SYN-ACK
@@ -216,16 +245,17 @@ impl Offloads {
         if !ct.offloadable(&flow.tuple, 0, 0, now_ms) {
             return false;
         }
-        let Some(slot) = self.free.pop() else {
+        let Some(slot) = self.free.pop_front() else {
             return false;
         };
         let rewrite = FlowRewrite {
             slot,
             ..flow.rewrite
         };
+        self.fast.clear_flags(slot);
         // Refused (no memory): the flow stays on the tap.
         if self.fast.install(&key, &rewrite).is_err() {
-            self.free.push(slot);
+            self.free.push_front(slot);
             return false;
         }
         let seen = self.fast.counts(slot);
@@ -236,6 +266,7 @@ impl Offloads {
                 tuple: flow.tuple,
                 reason: flow.reason,
                 rewrite,
+                played: 0,
             },
         );
         true
@@ -265,8 +296,14 @@ impl Offloads {
             self.rehop(r);
         }
         let (fast, free) = (&self.fast, &mut self.free);
+        // Every FIN first: a connection closed on the fast path reaches LAST_ACK before the
+        // ACK after the second FIN makes it TIME_WAIT, whichever direction is visited first.
+        for o in self.flows.values_mut() {
+            play_fin(fast, o, ct, now_ms);
+        }
         let mut moved = 0;
         self.flows.retain(|key, o| {
+            play_after_fin(fast, o, ct, now_ms);
             let (packets, bytes) = count_moved(fast, o, counters);
             moved += packets;
             let keep = allowed && ct.offloadable(&o.tuple, packets, bytes, now_ms);
@@ -316,11 +353,72 @@ impl Offloads {
         let Some(mut o) = self.flows.remove(key) else {
             return 0;
         };
+        play_fin(&self.fast, &mut o, ct, now_ms);
+        play_after_fin(&self.fast, &mut o, ct, now_ms);
         let (packets, bytes) = release(&self.fast, &mut self.free, key, &mut o, counters);
         ct.count_offloaded(&o.tuple, packets, bytes, now_ms);
         counters.offloaded_flows = self.flows.len() as u64;
         packets
     }
+}
+
+/// Plays a FIN the fast path reported for `o` (and `o` has not played yet) into conntrack.
+fn play_fin(fast: &FlowOffload, o: &mut Offloaded, ct: &Conntrack, now_ms: u64) {
+    let fin = u64::from(FIN);
+    if o.played & fin == 0 && fast.flags(o.rewrite.slot) & fin != 0 {
+        ct.offloaded_segment(&o.tuple, FIN | ACK, now_ms);
+        o.played |= fin;
+    }
+}
+
+/// Plays the ACK the fast path reported after `o`'s FIN (once that FIN is played): the close's
+/// last ACK when both sides sent theirs (conntrack TIME_WAIT), nothing before.
+fn play_after_fin(fast: &FlowOffload, o: &mut Offloaded, ct: &Conntrack, now_ms: u64) {
+    let fin = u64::from(FIN);
+    if o.played & fin != 0
+        && o.played & AFTER_FIN == 0
+        && fast.flags(o.rewrite.slot) & AFTER_FIN != 0
+    {
+        ct.offloaded_segment(&o.tuple, ACK, now_ms);
+        o.played |= AFTER_FIN;
+    }
+}
+
+/// The reply direction of the flow `key` that `r` translates: the reverse of the translated
+/// tuple, as the replies arrive.
+fn reply_of(key: &FlowKey, r: &FlowRewrite) -> FlowKey {
+    FlowKey {
+        src: r.dst,
+        dst: r.src,
+        sport: r.dport,
+        dport: r.sport,
+        proto: key.proto,
+    }
+}
+
+/// The fast path's key of an untagged Ethernet frame carrying a TCP SYN without ACK over IPv4
+/// (a connection opening); None for anything else.
+fn opening_key(frame: &[u8]) -> Option<FlowKey> {
+    use kxdp_packet::{ethernet, ipv4, tcp};
+    let (ethertype, l3) = ethernet::l3_offset(frame).ok()?;
+    if ethertype != ethernet::ethertype::IPV4 {
+        return None;
+    }
+    let ip = ipv4::Packet::new_checked(frame.get(l3..)?).ok()?;
+    if ip.protocol() != IpProto::TCP.0 || ip.is_fragment() {
+        return None;
+    }
+    let seg = tcp::Segment::new_checked(ip.payload()).ok()?;
+    if seg.flags() & (SYN | ACK | RST) != SYN {
+        return None;
+    }
+    Some(FlowKey {
+        src: ip.src_addr(),
+        dst: ip.dst_addr(),
+        sport: seg.src_port(),
+        dport: seg.dst_port(),
+        proto: IpProto::TCP.0,
+    })
 }
 
 /// Counts into `counters` what the fast path moved for `o` since its slot was last read, as the
@@ -347,7 +445,7 @@ fn count_moved(fast: &FlowOffload, o: &mut Offloaded, counters: &mut Counters) -
 /// leaves an entry no worker counts: the slot is not reused until the entry is replaced.
 fn release(
     fast: &FlowOffload,
-    free: &mut Vec<u32>,
+    free: &mut VecDeque<u32>,
     key: &FlowKey,
     o: &mut Offloaded,
     counters: &mut Counters,
@@ -355,7 +453,7 @@ fn release(
     let removed = fast.remove(key).is_ok();
     let last = count_moved(fast, o, counters);
     if removed {
-        free.push(o.rewrite.slot);
+        free.push_back(o.rewrite.slot);
     }
     last
 }
@@ -685,5 +783,128 @@ mod tests {
         );
         assert!(o.awaiting.is_empty());
         assert_eq!(o.len(), 2);
+    }
+
+    /// A connection through a ClusterIP, established, both directions on the fast path (what
+    /// its handshake's ACK does): the worker's offloads, the connection, the two flows' keys.
+    fn on_fast_path(
+        fast: Arc<FlowOffload>,
+        ct: &Conntrack,
+        cs: &mut Counters,
+    ) -> (Offloads, Tuple, FlowKey, FlowKey) {
+        let mut o = Offloads::new(fast, 0, 1);
+        let find = |t: &Tuple| {
+            let p = t.pack();
+            ct.lookup(&p, ct.hash(&p), 0).unwrap()
+        };
+        let client = tuple([10, 0, 0, 1], 40000, [172, 30, 0, 10], 80);
+        let backend = tuple([10, 0, 0, 1], 40000, [10, 0, 1, 9], 8080);
+        let reply = backend.reversed();
+        let unnat = tuple([172, 30, 0, 10], 80, [10, 0, 0, 1], 40000);
+        ct.create(&client, &reply, tcp::SYN, false, 1, 0, 0)
+            .unwrap();
+        ct.on_packet(&find(&reply), tcp::SYN | tcp::ACK, 60, 0)
+            .unwrap();
+        let (sa, saf) = forwarded(&reply, &unnat, Reason::ReplyUnnat, tcp::SYN | tcp::ACK);
+        o.consider(&saf, &sa, 8, None, ct, cs, 0, true);
+        ct.on_packet(&find(&client), tcp::ACK, 60, 0).unwrap();
+        let (ack, ackf) = forwarded(&client, &backend, Reason::Established, tcp::ACK);
+        o.consider(&ackf, &ack, 7, None, ct, cs, 0, true);
+        assert_eq!(o.len(), 2);
+        let keys = (flow_key(&ack).unwrap(), flow_key(&sa).unwrap());
+        (o, client, keys.0, keys.1)
+    }
+
+    fn state_of(ct: &Conntrack) -> &'static str {
+        Conntrack::state_name(&ct.connections().next().unwrap()).unwrap()
+    }
+
+    /// Needs root (BPF maps). A close the fast path carried (the server's FIN, the client's FIN,
+    /// the server's last ACK, reported in the flows' slots) is played into conntrack at the next
+    /// check, whichever direction comes first: TIME_WAIT, both flows off, their segments
+    /// counted.
+    #[test]
+    fn a_close_on_the_fast_path_is_played_at_the_check() {
+        let Ok(fast) = FlowOffload::new(4096) else {
+            eprintln!("SKIPPED: no BPF maps here");
+            return;
+        };
+        let fast = Arc::new(fast);
+        let ct = Conntrack::new(CtConfig::default(), 1);
+        let mut cs = Counters::default();
+        let (mut o, _, orig, back) = on_fast_path(fast.clone(), &ct, &mut cs);
+        let slot = |k: &FlowKey| o.flows[k].rewrite.slot;
+        let (so, sb) = (slot(&orig), slot(&back));
+        // The server's answer and FIN, its last ACK; the client's ACK and FIN.
+        fast.add_counts(sb, 3, 300);
+        fast.add_flags(sb, u64::from(tcp::FIN | tcp::ACK) | AFTER_FIN);
+        fast.add_counts(so, 2, 120);
+        fast.add_flags(so, u64::from(tcp::FIN | tcp::ACK));
+        let mut c = Counters::default();
+        assert_eq!(o.maintain(&ct, &mut c, Instant::now(), 10, true, None), 5);
+        assert_eq!(state_of(&ct), "TIME_WAIT");
+        assert!(o.is_empty(), "a closed connection's flows come off");
+        assert!(!fast.remove(&orig).unwrap() && !fast.remove(&back).unwrap());
+        let e = ct.connections().next().unwrap();
+        assert_eq!((e.packets[0], e.packets[1]), (2 + 2, 3 + 1));
+        assert_eq!(c.reasons[Reason::Established as usize], 2);
+        assert_eq!(c.reasons[Reason::ReplyUnnat as usize], 3);
+        // A half-close: the client's FIN alone leaves it FIN_WAIT, the flows off (the rest of
+        // the connection goes through the tap).
+        let ct = Conntrack::new(CtConfig::default(), 1);
+        let (mut o, _, orig, _) = on_fast_path(fast.clone(), &ct, &mut cs);
+        fast.add_flags(o.flows[&orig].rewrite.slot, u64::from(tcp::FIN | tcp::ACK));
+        o.maintain(&ct, &mut c, Instant::now(), 10, true, None);
+        assert_eq!(state_of(&ct), "FIN_WAIT");
+        assert!(o.is_empty());
+    }
+
+    /// Needs root (BPF maps). A client that reuses its port before the check: its SYN has the
+    /// reported close played first (TIME_WAIT: the SYN opens a new connection), both flows
+    /// off; another frame, or a SYN of a flow not on the fast path, changes nothing.
+    #[test]
+    fn a_syn_reopening_a_flow_settles_its_close_first() {
+        let Ok(fast) = FlowOffload::new(4096) else {
+            eprintln!("SKIPPED: no BPF maps here");
+            return;
+        };
+        let fast = Arc::new(fast);
+        let ct = Conntrack::new(CtConfig::default(), 1);
+        let mut cs = Counters::default();
+        let (mut o, client, orig, back) = on_fast_path(fast.clone(), &ct, &mut cs);
+        let frame = |t: &Tuple, flags: u8| {
+            let mut f = vec![0u8; 54];
+            f[12..14].copy_from_slice(&[0x08, 0x00]);
+            f[14] = 0x45;
+            f[16..18].copy_from_slice(&40u16.to_be_bytes());
+            f[22] = 64;
+            f[23] = 6;
+            f[26..30].copy_from_slice(&t.src.v4_octets());
+            f[30..34].copy_from_slice(&t.dst.v4_octets());
+            f[34..36].copy_from_slice(&t.sport.to_be_bytes());
+            f[36..38].copy_from_slice(&t.dport.to_be_bytes());
+            f[46] = 0x50;
+            f[47] = flags;
+            f
+        };
+        fast.add_counts(o.flows[&back].rewrite.slot, 1, 60);
+        fast.add_flags(
+            o.flows[&back].rewrite.slot,
+            u64::from(tcp::FIN | tcp::ACK) | AFTER_FIN,
+        );
+        fast.add_flags(o.flows[&orig].rewrite.slot, u64::from(tcp::FIN | tcp::ACK));
+        let other = tuple([10, 0, 0, 2], 40000, [172, 30, 0, 10], 80);
+        for f in [frame(&client, tcp::ACK), frame(&other, tcp::SYN)] {
+            assert_eq!(o.settle_reopened(&f, &ct, &mut cs, 10), 0);
+            assert_eq!(o.len(), 2);
+        }
+        assert_eq!(state_of(&ct), "ESTABLISHED");
+        assert_eq!(
+            o.settle_reopened(&frame(&client, tcp::SYN), &ct, &mut cs, 10),
+            1
+        );
+        assert!(o.is_empty());
+        assert_eq!(state_of(&ct), "TIME_WAIT");
+        assert!(crate::conntrack::tcp::TcpState::TimeWait.allows_reopen());
     }
 }

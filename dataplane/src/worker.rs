@@ -785,6 +785,15 @@ impl Worker {
         }
         let t0 = Instant::now();
         let now = clock_ms();
+        // A SYN reopening a tuple whose close the fast path has not reported yet: that close
+        // first (what those flows moved is counted with this batch).
+        let mut moved = 0;
+        if let Some(o) = &mut tap.offloads {
+            for i in 0..n {
+                let c = &mut st.pipeline.counters;
+                moved += o.settle_reopened(tap.frames.get(i), &shared.ct, c, now);
+            }
+        }
         let hex = shared.stats.as_ref().is_some_and(|s| s.wants_frames());
         if hex {
             for i in 0..n {
@@ -816,8 +825,7 @@ impl Worker {
         }
         let sent = tap.send(&mut st.verdicts[..n]);
         // What the fast path moved for the flows these frames take off (their last packets
-        // before a FIN or RST), counted now.
-        let mut moved = 0;
+        // before a SYN or RST), counted now.
         if let Some(o) = &mut tap.offloads {
             let allowed = offload_allowed(shared);
             let c = &mut st.pipeline.counters;

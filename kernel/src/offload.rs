@@ -12,8 +12,11 @@
 //! direct hop the worker installed (a flow between pods, docs/afxdp.md § Direct routing), TTL
 //! one lower and the hop's MACs, to that interface's transmit (`bpf_redirect`); without one, to
 //! the kernel (`TC_ACT_OK`), which routes it as it routes what kxdp writes into its tap.
-//! Everything else, and every TCP segment with SYN, FIN or RST, takes the redirect into the tap
-//! as before, so the workers still see each connection open and close.
+//! Everything else, and every TCP segment with SYN or RST, takes the redirect into the tap as
+//! before, so the workers see each connection open and each reset. A connection's close takes
+//! the fast path: the program ORs each TCP segment's flags into the flow's slot (and a bit for
+//! a segment without FIN after one with it: the close's last ACK), and the worker that owns the
+//! flow plays them into conntrack at its next check ([`FlowOffload::flags`]).
 //!
 //! A flow is bound to the interface it arrived on: the same tuple arriving elsewhere (a pod
 //! spoofing another's connection) takes the tap and its source check.
@@ -42,8 +45,16 @@ pub const KEY_LEN: usize = 16;
 /// order), the counter slot, the interface the flow arrives on and the one it leaves by (host
 /// order; 0: the kernel routes it), then the destination and source MAC to leave with.
 pub const VALUE_LEN: usize = 36;
-/// A counter slot: packets (segments), bytes.
-const COUNTER_LEN: u32 = 16;
+/// A counter slot: packets (segments), bytes, the TCP flags seen ([`FlowOffload::flags`]), a
+/// spare word.
+const COUNTER_LEN: u32 = 32;
+/// The words of a counter slot.
+const SLOT_WORDS: usize = COUNTER_LEN as usize / 8;
+const SLOT_FLAGS: i16 = 16;
+/// In a slot's flags word beside the TCP flags: a segment without FIN came after one with FIN
+/// in this direction (the close's last ACK, or an ACK of data after a half-close).
+pub const AFTER_FIN: u64 = 0x100;
+const TCP_FIN: i32 = 0x01;
 
 /// An IPv4 flow as the fast path keys it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -198,16 +209,37 @@ impl FlowOffload {
         if slot >= self.slots {
             return (0, 0);
         }
-        let at = slot as usize * 2;
-        // SAFETY: `at + 1` is within the mapping (slot < slots, two words each); the kernel
-        // writes these words with atomic adds and so do we read them.
-        let (p, b) = unsafe {
-            (
-                &*self.counts.as_ptr().add(at),
-                &*self.counts.as_ptr().add(at + 1),
-            )
-        };
-        (p.load(Ordering::Relaxed), b.load(Ordering::Relaxed))
+        (
+            self.word(slot, 0).load(Ordering::Relaxed),
+            self.word(slot, 1).load(Ordering::Relaxed),
+        )
+    }
+
+    /// The TCP flags the fast path has seen in `slot` since the maps were made, ORed, with
+    /// [`AFTER_FIN`] once a segment without FIN followed one with it (never reset: a user keeps
+    /// what it has already acted on). 0 for UDP.
+    pub fn flags(&self, slot: u32) -> u64 {
+        if slot >= self.slots {
+            return 0;
+        }
+        self.word(slot, 2).load(Ordering::Relaxed)
+    }
+
+    /// Clears `slot`'s flags for a new flow (the packets and bytes go on: a user keeps the
+    /// value it started from).
+    pub fn clear_flags(&self, slot: u32) {
+        if slot < self.slots {
+            self.word(slot, 2).store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// Word `i` of `slot` (which is below `slots`).
+    fn word(&self, slot: u32, i: usize) -> &AtomicU64 {
+        debug_assert!(slot < self.slots && i < SLOT_WORDS);
+        // SAFETY: `slot < slots` and `i < SLOT_WORDS` keep the word within the mapping, which
+        // lives as long as `self`; the kernel writes these words only with atomic operations
+        // and so do we access them.
+        unsafe { &*self.counts.as_ptr().add(slot as usize * SLOT_WORDS + i) }
     }
 
     /// Adds to `slot`'s counts as the program does for each packet it moves: for tests of the
@@ -217,11 +249,16 @@ impl FlowOffload {
         if slot >= self.slots {
             return;
         }
-        let at = slot as usize * 2;
-        // SAFETY: as in `counts`; the words are only ever written with atomic adds.
-        unsafe {
-            (*self.counts.as_ptr().add(at)).fetch_add(packets, Ordering::Relaxed);
-            (*self.counts.as_ptr().add(at + 1)).fetch_add(bytes, Ordering::Relaxed);
+        self.word(slot, 0).fetch_add(packets, Ordering::Relaxed);
+        self.word(slot, 1).fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// Adds to `slot`'s flags as the program does for a TCP segment: for tests of the workers'
+    /// side.
+    #[doc(hidden)]
+    pub fn add_flags(&self, slot: u32, flags: u64) {
+        if slot < self.slots {
+            self.word(slot, 2).fetch_or(flags, Ordering::Relaxed);
         }
     }
 }
@@ -275,6 +312,7 @@ const SLOT: i16 = -20;
 const TTL_BYTE: i16 = -24;
 const ADDR_FLAGS: i16 = -32;
 const PORT_FLAGS: i16 = -40;
+const SEEN_FLAGS: i16 = -48;
 pub(crate) const TC_ACT_OK: i32 = 0;
 
 /// Emits the fast path at the start of a tc program: on a hit the program ends there
@@ -307,11 +345,15 @@ pub(crate) fn emit(a: &mut Asm, maps: OffloadMaps, miss: &'static str) {
     a.stx(DW, R10, ADDR_FLAGS, R4);
     a.mov_k(R4, F_MARK_MANGLED_0 | 4);
     a.stx(DW, R10, PORT_FLAGS, R4);
+    a.mov_k(R4, 0);
+    a.stx(DW, R10, SEEN_FLAGS, R4);
     a.ja("offload_key");
     a.label("offload_tcp");
-    // SYN, FIN and RST go to the workers: conntrack sees every connection open and close.
+    // SYN and RST go to the workers: conntrack sees every connection open and every reset
+    // at once. A FIN is reported (below).
     a.ldx(B, R4, R2, TCP_FLAGS);
-    a.alu_k(AND, R4, 0x07);
+    a.stx(DW, R10, SEEN_FLAGS, R4);
+    a.alu_k(AND, R4, 0x06);
     a.jmp_k(JNE, R4, 0, NOT);
     a.mov_k(R8, TCP_CSUM);
     a.mov_k(R4, F_PSEUDO_HDR | 4);
@@ -350,6 +392,7 @@ pub(crate) fn emit(a: &mut Asm, maps: OffloadMaps, miss: &'static str) {
     a.atomic_add64(R0, 0, R1);
     a.ldx(W, R1, R6, SKB_LEN);
     a.atomic_add64(R0, 8, R1);
+    emit_report_flags(a);
     a.label("offload_rewrite");
     // Each changed field: the L4 checksum, the IP checksum (addresses), then the bytes.
     let fields: [(i16, i16, i32, Option<i32>, &'static str); 3] = [
@@ -390,6 +433,26 @@ pub(crate) fn emit(a: &mut Asm, maps: OffloadMaps, miss: &'static str) {
     emit_direct(a);
     a.label(NOT);
     a.ja(miss);
+}
+
+/// After the counts (r0: the flow's counter slot): ORs the segment's TCP flags into the slot,
+/// with [`AFTER_FIN`] when this direction sent a FIN before and this segment has none. UDP
+/// (flags 0) reports nothing.
+fn emit_report_flags(a: &mut Asm) {
+    const REPORT: &str = "offload_report";
+    const DONE: &str = "offload_reported";
+    a.ldx(DW, R1, R10, SEEN_FLAGS);
+    a.jmp_k(JEQ, R1, 0, DONE);
+    a.ldx(DW, R2, R0, SLOT_FLAGS);
+    a.alu_k(AND, R2, TCP_FIN);
+    a.jmp_k(JEQ, R2, 0, REPORT);
+    a.mov_x(R2, R1);
+    a.alu_k(AND, R2, TCP_FIN);
+    a.jmp_k(JNE, R2, 0, REPORT);
+    a.alu_k(OR, R1, AFTER_FIN as i32);
+    a.label(REPORT);
+    a.atomic_or64(R0, SLOT_FLAGS, R1);
+    a.label(DONE);
 }
 
 /// The value's fields past the rewrite: the egress interface, then its two MACs.
@@ -458,7 +521,7 @@ mod tests {
         let n = a.finish().len();
         eprintln!("fast path: {n} instructions");
         // A hit runs at most all of them once; a miss at most the parse and one lookup.
-        assert!(n <= 160, "{n}");
+        assert!(n <= 180, "{n}");
     }
 
     #[test]

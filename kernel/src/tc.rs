@@ -928,6 +928,26 @@ mod tests {
                 assert!(found, "not in the tap: {frame:02x?}");
             }
             assert_eq!(fast.counts(3).0, 2);
+            // A FIN takes the fast path, its flags reported in the slot; a segment without FIN
+            // after it (the close's last ACK) sets AFTER_FIN.
+            let reported = |want: u64| {
+                let until = std::time::Instant::now() + std::time::Duration::from_secs(2);
+                while fast.flags(3) != want && std::time::Instant::now() < until {
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+                fast.flags(3)
+            };
+            assert_eq!(reported(0x10), 0x10);
+            let fin = tcp_frame(mac, [172, 30, 0, 10], 80, 0x11);
+            send_raw(a, &fin);
+            let got = recv_matching(&capture, |f| f.len() == fin.len() && f[47] == 0x11)
+                .expect("the FIN leaves through kxvc");
+            assert_eq!(&got[30..34], &[10, 9, 0, 2]);
+            assert_eq!(reported(0x11), 0x11);
+            send_raw(a, &ack);
+            let last = 0x11 | crate::offload::AFTER_FIN;
+            assert_eq!(reported(last), last);
+            assert_eq!(fast.counts(3).0, 4);
             // Bound to another interface, the flow takes the tap.
             let elsewhere = crate::offload::FlowRewrite {
                 ingress: a,
@@ -941,7 +961,7 @@ mod tests {
                 found = buf[..len] == ack[..];
             }
             assert!(found, "a flow bound elsewhere is not on the fast path");
-            assert_eq!(fast.counts(3).0, 2);
+            assert_eq!(fast.counts(3).0, 4);
             assert!(fast.remove(&key).unwrap());
             assert!(!fast.remove(&key).unwrap());
             // The node's own traffic stays with the kernel (which resets a SYN to a closed

@@ -284,6 +284,7 @@ pub(crate) mod asm {
     const X: u8 = 0x08;
 
     pub const ADD: u8 = 0x00;
+    pub const OR: u8 = 0x40;
     pub const AND: u8 = 0x50;
     pub const LSH: u8 = 0x60;
     pub const RSH: u8 = 0x70;
@@ -366,8 +367,17 @@ pub(crate) mod asm {
         }
         /// `lock *(u64 *)(dst + off) += src` (`BPF_ATOMIC | BPF_ADD`, doubleword).
         pub fn atomic_add64(&mut self, dst: u8, off: i16, src: u8) {
+            self.atomic64(ADD, dst, off, src);
+        }
+        /// `lock *(u64 *)(dst + off) |= src` (`BPF_ATOMIC | BPF_OR`, doubleword).
+        pub fn atomic_or64(&mut self, dst: u8, off: i16, src: u8) {
+            self.atomic64(OR, dst, off, src);
+        }
+        /// A doubleword atomic operation: the ALU operation is the instruction's immediate.
+        fn atomic64(&mut self, op: u8, dst: u8, off: i16, src: u8) {
             const ATOMIC: u8 = 0xc0;
-            self.insns.push(insn(STX | ATOMIC | DW, dst, src, off, 0));
+            self.insns
+                .push(insn(STX | ATOMIC | DW, dst, src, off, op as i32));
         }
         pub fn call(&mut self, helper: i32) {
             self.insns.push(insn(JMP | CALL, 0, 0, 0, helper));

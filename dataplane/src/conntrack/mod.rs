@@ -497,12 +497,20 @@ impl Conntrack {
         now_ms: u64,
     ) -> Result<u32, PacketError> {
         let packet = &packet.into();
-        let proto = found.proto();
-        let dir = found.dir;
-        let tcp_flags = packet.tcp_flags;
-        if proto == IpProto::SCTP {
+        if found.proto() == IpProto::SCTP {
             return self.on_sctp_packet(found, packet, bytes, now_ms);
         }
+        let state = self.advance(found, packet.tcp_flags, now_ms)?;
+        self.table.count(found.idx, found.dir, bytes);
+        Ok(state)
+    }
+
+    /// `on_packet`'s state machine for TCP and UDP without the count: the state after a packet
+    /// with `tcp_flags` in direction `found.dir`, the closing queue and the expiry.
+    #[inline]
+    fn advance(&self, found: &Found, tcp_flags: u8, now_ms: u64) -> Result<u32, PacketError> {
+        let proto = found.proto();
+        let dir = found.dir;
         // UDP becomes a stream (assured, long timeout) once answered and still active two
         // seconds after it began, as in the kernel: a single DNS exchange stays short-lived.
         let udp_stream_age =
@@ -524,7 +532,6 @@ impl Conntrack {
         }
         self.table
             .set_expires(found.idx, now_ms + self.timeout_ms(proto, state));
-        self.table.count(found.idx, dir, bytes);
         Ok(state)
     }
 
@@ -710,6 +717,19 @@ impl Conntrack {
                 .count_many(found.idx, found.dir, packets as u32, bytes);
         }
         eligible
+    }
+
+    /// Moves the TCP connection of `t` as a segment with `tcp_flags` in that direction would
+    /// (the state, the closing queue, the expiry) without counting it: a FIN or the close's last
+    /// ACK that the fast path moved and counted (`crate::offload`). Nothing when the connection
+    /// is gone.
+    pub fn offloaded_segment(&self, t: &Tuple, tcp_flags: u8, now_ms: u64) {
+        let key = t.pack();
+        if let Some(found) = self.lookup(&key, self.hash(&key), now_ms) {
+            if found.proto() == IpProto::TCP {
+                let _ = self.advance(&found, tcp_flags, now_ms);
+            }
+        }
     }
 
     /// Counts `packets` (`bytes` in all) that the fast path moved for the connection of `t`, in

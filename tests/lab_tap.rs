@@ -227,6 +227,31 @@ spec:
     );
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(metric(&node, "kxdp_offloaded_flows"), 0, "{}", k.log());
+    // Short connections through the ClusterIP, both pods here (routed directly): each goes on
+    // the fast path with its SYN, so the workers see its SYN only, the handshake's rest, the
+    // request, the answer and the close going by in the kernel; closed, the flows leave it.
+    let (packets, offloaded) = (
+        metric(&node, "kxdp_packets_total"),
+        metric(&node, "kxdp_offloaded_packets_total"),
+    );
+    const SHORT: u64 = 20;
+    for _ in 0..SHORT {
+        let to = sa("172.30.0.10".parse::<IpAddr>().unwrap(), 80);
+        let answer = tcp(&client.ns, to, Duration::from_secs(2), 100).expect("a short connection");
+        assert_eq!(answer.server, "web-a1");
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let moved = metric(&node, "kxdp_offloaded_packets_total") - offloaded;
+    let seen = metric(&node, "kxdp_packets_total") - packets - moved;
+    eprintln!(
+        "{SHORT} short connections: {seen} packets through the workers, {moved} in the kernel"
+    );
+    assert!(
+        moved >= 6 * SHORT && seen <= 2 * SHORT,
+        "{seen} packets through the workers, {moved} on the fast path\n{}",
+        k.log()
+    );
+    assert_eq!(metric(&node, "kxdp_offloaded_flows"), 0, "{}", k.log());
     // The tap's own drops (its queues full) are published beside the sockets' counters.
     let m = lab::sh(
         &node,

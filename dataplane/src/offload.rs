@@ -18,13 +18,22 @@
 //! pipeline would have (the verdict's reason, packets and bytes, the conntrack entry's counts
 //! and expiry), and takes the flow off the fast path when its connection no longer qualifies:
 //! gone or expired, closing, its endpoint gone, or a monitor of every verdict attached (then
-//! every packet is seen again). A SYN or RST never takes the fast path, so the worker sees
-//! every connection open and every reset; one of an installed flow takes it off at once. A
-//! connection's close does: the kernel reports the flags it saw per flow (a FIN, and a segment
-//! without FIN after it: the last ACK), and the check plays them into conntrack as those
-//! segments would have moved it (every FIN first, then the ACKs after them), after which the
-//! connection no longer qualifies and its flows come off. A SYN that reopens a flow still on
-//! the fast path (a client reusing its port within a check) has the close played first.
+//! every packet is seen again). A connection's first SYN and a RST never take the fast path, so
+//! the worker decides every connection and sees every reset; one of an installed flow takes it
+//! off at once. The rest of a connection may: the kernel reports the flags it saw per flow (a
+//! SYN-ACK, a FIN, a segment without FIN after one: the last ACK), and the check plays them into
+//! conntrack as those segments would have moved it, in the order a connection sends them
+//! (every SYN-ACK, then the handshake's ACK, then every FIN, then the ACKs after them), after
+//! which a closed connection no longer qualifies and its flows come off. A SYN that reopens a
+//! flow still on the fast path (a client reusing its port within a check) has the close played
+//! first.
+//!
+//! A connection routed directly (`crate::direct`) goes on in both directions with its SYN
+//! when the worker has room ([`Offloads::may_open`]: a quarter of its slots at most, and no
+//! early drop in the conntrack table since the last check, so a flood neither fills the map
+//! nor costs the workers system calls once the table is under pressure): its handshake's
+//! SYN-ACK and ACK then skip the tap too. Such a flow stays on while its handshake is under way
+//! for [`OPENING_MS`], after which only an established connection qualifies.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -47,6 +56,20 @@ pub const CHECK_EVERY: Duration = Duration::from_millis(100);
 
 const SYN_FIN_RST: u8 = SYN | FIN | RST;
 
+/// How long a connection put on the fast path with its SYN may stay on it before conntrack
+/// says it is established: a SYN never answered (a scan, a flood, an endpoint gone) comes off.
+pub const OPENING_MS: u64 = 1_000;
+
+/// What the check plays into conntrack of the flags the fast path reported for a flow, in the
+/// order a connection sends them: the reported bit, the segment played, and whether only a flow
+/// put on with its SYN plays it (another saw its handshake on the tap).
+const PLAYS: [(u64, u8, bool); 4] = [
+    (SYN as u64, SYN | ACK, true),
+    (ACK as u64, ACK, true),
+    (FIN as u64, FIN | ACK, false),
+    (AFTER_FIN, ACK, false),
+];
+
 /// The most SYN-ACKs a worker keeps waiting for their handshake's ACK, and for how long: an
 /// ACK follows within a round trip; a SYN-ACK never acknowledged (a scan, a flood the pod
 /// answers) must not grow the worker's memory.
@@ -66,6 +89,8 @@ struct Offloaded {
     rewrite: FlowRewrite,
     /// The reported flags (`FlowOffload::flags`) already played into conntrack.
     played: u64,
+    /// When a flow put on with its connection's SYN went on (`None`: on once established).
+    opened_ms: Option<u64>,
 }
 
 /// A flow the fast path could carry, as a worker forwarded one of its packets: what
@@ -98,6 +123,10 @@ pub struct Offloads {
     next_check: Instant,
     /// The FIB the flows' direct hops were last checked against (`Fib::id`).
     hops_of: u64,
+    /// The counter slots this worker owns.
+    owned: usize,
+    /// The conntrack table's early drops at the last check (`Offloads::may_open`).
+    early_drops: u64,
 }
 
 impl Offloads {
@@ -115,11 +144,20 @@ impl Offloads {
                 AWAITING_MAX,
                 ahash::RandomState::new(),
             ),
+            owned: free.len(),
             free,
             fast,
             next_check: Instant::now(),
             hops_of: 0,
+            early_drops: 0,
         }
+    }
+
+    /// Whether a connection may go on with its SYN: this worker uses under a quarter of its
+    /// slots, and the conntrack table has dropped nothing early since the last check (a full
+    /// table: a flood, whose SYNs would cost a map update and removal each).
+    pub fn may_open(&self, ct: &Conntrack) -> bool {
+        self.flows.len() * 4 < self.owned && ct.early_drops() == self.early_drops
     }
 
     /// Flows this worker has on the fast path.
@@ -140,7 +178,8 @@ impl Offloads {
     /// `ingress`, sent on to `egress` or to the kernel) on the fast path if it qualifies
     /// (`allowed`: the worker lets it, when no monitor wants every verdict and its translated
     /// source is not the node's own address), with its reply direction when `frame` is a
-    /// handshake's ACK, or takes it off when the frame opens or closes its connection.
+    /// handshake's ACK, or takes it off when the frame answers, closes or resets its connection
+    /// (a connection's first SYN: [`Offloads::settle_reopened`] and [`Offloads::open`]).
     ///
     /// A flow taken off has what the fast path moved for it since the last check counted into
     /// `counters` and its connection; returns those packets.
@@ -163,9 +202,12 @@ impl Offloads {
             IpProto::TCP => frame.get(v.l4_off as usize + 13).copied().unwrap_or(0xff),
             _ => 0,
         };
+        if flags & (SYN_FIN_RST | ACK) == SYN {
+            return 0;
+        }
         if flags & SYN_FIN_RST != 0 {
             let moved = self.take_off(&key, ct, counters, now_ms);
-            if flags & SYN_FIN_RST == SYN && flags & ACK != 0 {
+            if flags & SYN_FIN_RST == SYN {
                 self.await_ack(key, v, ingress, egress, now_ms, allowed);
             }
             return moved;
@@ -185,6 +227,93 @@ impl Offloads {
         0
     }
 
+    /// After the pipeline, before the write (the answer to a SYN may come back before the write
+    /// returns): when `frame` is a connection's first SYN (verdict `v`), forwarded, routed
+    /// directly to `egress` (the interface it leaves by is the one its replies arrive on),
+    /// tracked by conntrack, not masqueraded, and the worker has room ([`Offloads::may_open`]),
+    /// puts the connection on the fast path in both directions: its handshake's SYN-ACK and ACK,
+    /// as all that follows, skip the tap (played into conntrack at the checks). `allowed` as
+    /// for [`Offloads::consider`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn open(
+        &mut self,
+        frame: &[u8],
+        v: &Verdict,
+        ingress: u32,
+        egress: Option<DirectHop>,
+        routing: Option<&DirectRouting>,
+        ct: &Conntrack,
+        now_ms: u64,
+        allowed: bool,
+    ) {
+        let (Some(hop), Some(routing), Some(key)) = (egress, routing, flow_key(v)) else {
+            return;
+        };
+        let flags = frame.get(v.l4_off as usize + 13).copied().unwrap_or(0xff);
+        if v.proto != IpProto::TCP
+            || flags & (SYN_FIN_RST | ACK) != SYN
+            || !allowed
+            || v.action != Action::Forward
+            || v.masq
+            || v.fragment
+            || ingress == 0
+            || !self.may_open(ct)
+        {
+            return;
+        }
+        let (reason, reply_reason) = match v.reason {
+            Reason::Direct => (Reason::Direct, Reason::Direct),
+            _ => (Reason::Established, Reason::ReplyUnnat),
+        };
+        let orig = Candidate {
+            tuple: Tuple {
+                src: v.orig_src,
+                dst: v.orig_dst,
+                sport: v.orig_sport,
+                dport: v.orig_dport,
+                proto: v.proto,
+                family: v.family,
+            },
+            reason,
+            rewrite: FlowRewrite {
+                src: v.src.v4_octets(),
+                dst: v.dst.v4_octets(),
+                sport: v.sport,
+                dport: v.dport,
+                slot: 0,
+                ingress,
+                egress: Some(hop),
+            },
+        };
+        let reply = Candidate {
+            tuple: Tuple {
+                src: v.dst,
+                dst: v.src,
+                sport: v.dport,
+                dport: v.sport,
+                proto: v.proto,
+                family: v.family,
+            },
+            reason: reply_reason,
+            rewrite: FlowRewrite {
+                src: v.orig_dst.v4_octets(),
+                dst: v.orig_src.v4_octets(),
+                sport: v.orig_dport,
+                dport: v.orig_sport,
+                slot: 0,
+                ingress: hop.ifindex,
+                egress: routing.hop_between(&v.dst, &v.orig_src, v.family),
+            },
+        };
+        if self.put_on_opening(key, orig, ct, now_ms) {
+            let reply_key = reply_of(&key, &orig.rewrite);
+            if !self.put_on_opening(reply_key, reply, ct, now_ms) {
+                // One direction alone would carry the handshake past conntrack half-seen.
+                self.take_off(&key, ct, &mut Counters::default(), now_ms);
+            }
+        }
+    }
+
     /// Before the pipeline sees `frame`: when it opens a TCP connection (SYN without ACK) on a
     /// tuple this worker still has on the fast path (its close was reported but not played yet:
     /// a client reusing its port within a check), plays that close into conntrack and takes the
@@ -200,13 +329,16 @@ impl Offloads {
         let Some(key) = opening_key(frame) else {
             return 0;
         };
-        let Some(o) = self.flows.get_mut(&key) else {
+        let Some(o) = self.flows.get(&key) else {
             return 0;
         };
-        play_fin(&self.fast, o, ct, now_ms);
         let reply_key = reply_of(&key, &o.rewrite);
-        if let Some(r) = self.flows.get_mut(&reply_key) {
-            play_fin(&self.fast, r, ct, now_ms);
+        for play in PLAYS {
+            for k in [&key, &reply_key] {
+                if let Some(o) = self.flows.get_mut(k) {
+                    play_reported(&self.fast, o, ct, now_ms, play);
+                }
+            }
         }
         self.take_off(&key, ct, counters, now_ms) + self.take_off(&reply_key, ct, counters, now_ms)
     }
@@ -245,6 +377,26 @@ impl Offloads {
         if !ct.offloadable(&flow.tuple, 0, 0, now_ms) {
             return false;
         }
+        self.install(key, flow, None)
+    }
+
+    /// Installs `flow` as `key`, a direction of a connection whose SYN was just forwarded, if
+    /// conntrack tracks it opening; whether it is on now.
+    fn put_on_opening(
+        &mut self,
+        key: FlowKey,
+        flow: Candidate,
+        ct: &Conntrack,
+        now_ms: u64,
+    ) -> bool {
+        if self.flows.contains_key(&key) || !ct.offloadable_opening(&flow.tuple, 0, 0, now_ms) {
+            return false;
+        }
+        self.install(key, flow, Some(now_ms))
+    }
+
+    /// Gives `flow` a slot and puts it in the kernel's map as `key`; whether it is on now.
+    fn install(&mut self, key: FlowKey, flow: Candidate, opened_ms: Option<u64>) -> bool {
         let Some(slot) = self.free.pop_front() else {
             return false;
         };
@@ -267,6 +419,7 @@ impl Offloads {
                 reason: flow.reason,
                 rewrite,
                 played: 0,
+                opened_ms,
             },
         );
         true
@@ -295,18 +448,31 @@ impl Offloads {
             self.hops_of = r.fib.id();
             self.rehop(r);
         }
+        self.early_drops = ct.early_drops();
         let (fast, free) = (&self.fast, &mut self.free);
-        // Every FIN first: a connection closed on the fast path reaches LAST_ACK before the
-        // ACK after the second FIN makes it TIME_WAIT, whichever direction is visited first.
-        for o in self.flows.values_mut() {
-            play_fin(fast, o, ct, now_ms);
+        // In the order a connection sends them, whichever direction is visited first: a
+        // connection opened and closed on the fast path reaches SYN_RECV before its ACK makes
+        // it ESTABLISHED, LAST_ACK before the ACK after the second FIN makes it TIME_WAIT.
+        let (last, plays) = PLAYS.split_last().expect("plays");
+        for &play in plays {
+            for o in self.flows.values_mut() {
+                play_reported(fast, o, ct, now_ms, play);
+            }
         }
         let mut moved = 0;
         self.flows.retain(|key, o| {
-            play_after_fin(fast, o, ct, now_ms);
+            play_reported(fast, o, ct, now_ms, *last);
             let (packets, bytes) = count_moved(fast, o, counters);
             moved += packets;
-            let keep = allowed && ct.offloadable(&o.tuple, packets, bytes, now_ms);
+            let opening = o
+                .opened_ms
+                .is_some_and(|t| now_ms.saturating_sub(t) < OPENING_MS);
+            let keep = allowed
+                && if opening {
+                    ct.offloadable_opening(&o.tuple, packets, bytes, now_ms)
+                } else {
+                    ct.offloadable(&o.tuple, packets, bytes, now_ms)
+                };
             if !keep {
                 // Not counted in the connection (it no longer qualifies): counted here, with
                 // what moved until the entry went.
@@ -353,8 +519,9 @@ impl Offloads {
         let Some(mut o) = self.flows.remove(key) else {
             return 0;
         };
-        play_fin(&self.fast, &mut o, ct, now_ms);
-        play_after_fin(&self.fast, &mut o, ct, now_ms);
+        for play in PLAYS {
+            play_reported(&self.fast, &mut o, ct, now_ms, play);
+        }
         let (packets, bytes) = release(&self.fast, &mut self.free, key, &mut o, counters);
         ct.count_offloaded(&o.tuple, packets, bytes, now_ms);
         counters.offloaded_flows = self.flows.len() as u64;
@@ -362,25 +529,25 @@ impl Offloads {
     }
 }
 
-/// Plays a FIN the fast path reported for `o` (and `o` has not played yet) into conntrack.
-fn play_fin(fast: &FlowOffload, o: &mut Offloaded, ct: &Conntrack, now_ms: u64) {
-    let fin = u64::from(FIN);
-    if o.played & fin == 0 && fast.flags(o.rewrite.slot) & fin != 0 {
-        ct.offloaded_segment(&o.tuple, FIN | ACK, now_ms);
-        o.played |= fin;
+/// Plays into conntrack one of [`PLAYS`] that the fast path reported for `o` and `o` has not
+/// played yet. The ACK after a FIN waits for that FIN: the close's last ACK when both sides
+/// sent theirs (conntrack TIME_WAIT), nothing in a half-close.
+fn play_reported(
+    fast: &FlowOffload,
+    o: &mut Offloaded,
+    ct: &Conntrack,
+    now_ms: u64,
+    (bit, segment, opening_only): (u64, u8, bool),
+) {
+    if o.played & bit != 0 || (opening_only && o.opened_ms.is_none()) {
+        return;
     }
-}
-
-/// Plays the ACK the fast path reported after `o`'s FIN (once that FIN is played): the close's
-/// last ACK when both sides sent theirs (conntrack TIME_WAIT), nothing before.
-fn play_after_fin(fast: &FlowOffload, o: &mut Offloaded, ct: &Conntrack, now_ms: u64) {
-    let fin = u64::from(FIN);
-    if o.played & fin != 0
-        && o.played & AFTER_FIN == 0
-        && fast.flags(o.rewrite.slot) & AFTER_FIN != 0
-    {
-        ct.offloaded_segment(&o.tuple, ACK, now_ms);
-        o.played |= AFTER_FIN;
+    if bit == AFTER_FIN && o.played & u64::from(FIN) == 0 {
+        return;
+    }
+    if fast.flags(o.rewrite.slot) & bit != 0 {
+        ct.offloaded_segment(&o.tuple, segment, now_ms);
+        o.played |= bit;
     }
 }
 
@@ -856,6 +1023,106 @@ mod tests {
         fast.add_flags(o.flows[&orig].rewrite.slot, u64::from(tcp::FIN | tcp::ACK));
         o.maintain(&ct, &mut c, Instant::now(), 10, true, None);
         assert_eq!(state_of(&ct), "FIN_WAIT");
+        assert!(o.is_empty());
+    }
+
+    /// Needs root (BPF maps). A connection routed directly goes on in both directions with its
+    /// SYN (the reply bound to the interface the SYN left by, with its own hop); its handshake
+    /// and close on the fast path are played at the checks in a connection's order (SYN_RECV,
+    /// ESTABLISHED, then TIME_WAIT, flows off); a SYN never answered comes off after
+    /// OPENING_MS; one not routed directly waits for its handshake's ACK.
+    #[test]
+    fn a_connection_routed_directly_goes_on_with_its_syn() {
+        use crate::fib::testing::{link, neigh, route};
+        let Ok(fast) = FlowOffload::new(4096) else {
+            eprintln!("SKIPPED: no BPF maps here");
+            return;
+        };
+        let fast = Arc::new(fast);
+        let ct = Conntrack::new(CtConfig::default(), 1);
+        let mut o = Offloads::new(fast.clone(), 0, 1);
+        let mut cs = Counters::default();
+        let mut pods = crate::snapshot::PrefixSet::new();
+        pods.insert("10.0.0.0".parse().unwrap(), 16);
+        let fib = crate::fib::Fib::new(crate::fib::FibInput {
+            links: vec![link(4, 4), link(5, 5)],
+            routes: vec![
+                route("10.0.1.0", 24, 4, None),
+                route("10.0.0.0", 24, 5, None),
+            ],
+            neighbours: vec![neigh(4, "10.0.1.9", 9), neigh(5, "10.0.0.1", 1)],
+            ..crate::fib::FibInput::default()
+        });
+        let routing = DirectRouting {
+            fib: &fib,
+            pods: &pods,
+            kernel_port: None,
+        };
+        let client = tuple([10, 0, 0, 1], 40000, [172, 30, 0, 10], 80);
+        let backend = tuple([10, 0, 0, 1], 40000, [10, 0, 1, 9], 8080);
+        ct.create(&client, &backend.reversed(), tcp::SYN, false, 1, 0, 0)
+            .unwrap();
+        let (syn, synf) = forwarded(&client, &backend, Reason::ServiceDnat, tcp::SYN);
+        let hop = routing.hop(&syn);
+        assert_eq!(hop.map(|h| h.ifindex), Some(4));
+        // Without a direct hop, or routing: stays with the tap.
+        o.open(&synf, &syn, 5, None, Some(&routing), &ct, 0, true);
+        o.open(&synf, &syn, 5, hop, None, &ct, 0, true);
+        // After the write, the SYN changes nothing.
+        o.consider(&synf, &syn, 5, hop, &ct, &mut cs, 0, true);
+        assert!(o.is_empty());
+        o.open(&synf, &syn, 5, hop, Some(&routing), &ct, 0, true);
+        // Its write: the SYN does not take it off again.
+        o.consider(&synf, &syn, 5, hop, &ct, &mut cs, 0, true);
+        assert_eq!(o.len(), 2);
+        let orig = flow_key(&syn).unwrap();
+        let back = reply_of(&orig, &o.flows[&orig].rewrite);
+        let r = o.flows[&back];
+        assert_eq!(
+            (r.rewrite.src, r.rewrite.dst),
+            ([172, 30, 0, 10], [10, 0, 0, 1])
+        );
+        assert_eq!((r.rewrite.sport, r.rewrite.dport), (80, 40000));
+        assert_eq!(
+            r.rewrite.ingress, 4,
+            "the replies arrive where the SYN left"
+        );
+        assert_eq!(r.rewrite.egress.map(|h| h.ifindex), Some(5));
+        assert_eq!(r.reason, Reason::ReplyUnnat);
+        assert_eq!(o.flows[&orig].reason, Reason::Established);
+        // The SYN-ACK, the handshake's ACK and a request and answer on the fast path.
+        let (so, sb) = (o.flows[&orig].rewrite.slot, o.flows[&back].rewrite.slot);
+        fast.add_flags(sb, u64::from(tcp::SYN | tcp::ACK));
+        fast.add_counts(sb, 2, 200);
+        fast.add_flags(so, u64::from(tcp::ACK));
+        fast.add_counts(so, 2, 150);
+        let t0 = Instant::now();
+        let mut c = Counters::default();
+        assert_eq!(o.maintain(&ct, &mut c, t0, 10, true, None), 4);
+        assert_eq!(state_of(&ct), "ESTABLISHED");
+        assert_eq!(o.len(), 2);
+        // Its close.
+        fast.add_flags(so, u64::from(tcp::FIN | tcp::ACK));
+        fast.add_flags(sb, u64::from(tcp::FIN | tcp::ACK) | AFTER_FIN);
+        o.maintain(&ct, &mut c, t0 + CHECK_EVERY, 20, true, None);
+        assert_eq!(state_of(&ct), "TIME_WAIT");
+        assert!(o.is_empty());
+        // A SYN never answered: on until OPENING_MS, then off.
+        let ct = Conntrack::new(CtConfig::default(), 1);
+        ct.create(&client, &backend.reversed(), tcp::SYN, false, 1, 0, 0)
+            .unwrap();
+        o.open(&synf, &syn, 5, hop, Some(&routing), &ct, 0, true);
+        assert_eq!(o.len(), 2);
+        o.maintain(
+            &ct,
+            &mut c,
+            t0 + 2 * CHECK_EVERY,
+            OPENING_MS - 1,
+            true,
+            None,
+        );
+        assert_eq!((o.len(), state_of(&ct)), (2, "SYN_SENT"));
+        o.maintain(&ct, &mut c, t0 + 3 * CHECK_EVERY, OPENING_MS, true, None);
         assert!(o.is_empty());
     }
 

@@ -813,27 +813,35 @@ impl Worker {
         for v in st.verdicts[..n].iter() {
             register_masq_reply(shared, &self.counters, v, false);
         }
-        if tap.direct.is_some() {
-            let routing = crate::direct::DirectRouting {
-                fib: &fib,
-                pods: &snap.cluster_cidrs,
-                kernel_port: self.kernel_port,
-            };
+        let routing = tap.direct.is_some().then(|| crate::direct::DirectRouting {
+            fib: &fib,
+            pods: &snap.cluster_cidrs,
+            kernel_port: self.kernel_port,
+        });
+        if let Some(routing) = &routing {
             for (hop, v) in tap.hops.iter_mut().zip(&st.verdicts[..n]) {
                 *hop = routing.hop(v);
+            }
+        }
+        let allowed = offload_allowed(shared);
+        // Translated to the node's own source (a NodePort's reply), the kernel would drop the
+        // flow's packets as martians where the fast path hands them over.
+        let allowed_for = |v: &Verdict| allowed && !snap.node.is_node_addr(&v.src);
+        if let Some(o) = &mut tap.offloads {
+            for (i, v) in st.verdicts[..n].iter().enumerate() {
+                let (frame, ingress, hop) = (tap.frames.get(i), tap.ingress[i], tap.hops[i]);
+                let (r, ct) = (routing.as_ref(), &shared.ct);
+                o.open(frame, v, ingress, hop, r, ct, now, allowed_for(v));
             }
         }
         let sent = tap.send(&mut st.verdicts[..n]);
         // What the fast path moved for the flows these frames take off (their last packets
         // before a SYN or RST), counted now.
         if let Some(o) = &mut tap.offloads {
-            let allowed = offload_allowed(shared);
             let c = &mut st.pipeline.counters;
             for (i, v) in st.verdicts[..n].iter().enumerate() {
                 let (frame, ingress, hop) = (tap.frames.get(i), tap.ingress[i], tap.hops[i]);
-                // Translated to the node's own source (a NodePort's reply), the kernel would
-                // drop the flow's packets as martians where the fast path hands them over.
-                let allowed = allowed && !snap.node.is_node_addr(&v.src);
+                let allowed = allowed_for(v);
                 moved += o.consider(frame, v, ingress, hop, &shared.ct, c, now, allowed);
             }
         }

@@ -12,11 +12,12 @@
 //! direct hop the worker installed (a flow between pods, docs/afxdp.md § Direct routing), TTL
 //! one lower and the hop's MACs, to that interface's transmit (`bpf_redirect`); without one, to
 //! the kernel (`TC_ACT_OK`), which routes it as it routes what kxdp writes into its tap.
-//! Everything else, and every TCP segment with SYN or RST, takes the redirect into the tap as
-//! before, so the workers see each connection open and each reset. A connection's close takes
-//! the fast path: the program ORs each TCP segment's flags into the flow's slot (and a bit for
-//! a segment without FIN after one with it: the close's last ACK), and the worker that owns the
-//! flow plays them into conntrack at its next check ([`FlowOffload::flags`]).
+//! Everything else, and every TCP SYN without ACK or RST, takes the redirect into the tap as
+//! before, so the workers decide each connection and see each reset. The rest of a
+//! connection's handshake and its close take the fast path when the flow is on it: the
+//! program ORs each TCP segment's flags into the flow's slot (and a bit for a segment without
+//! FIN after one with it: the close's last ACK), and the worker that owns the flow plays them
+//! into conntrack at its next check ([`FlowOffload::flags`]).
 //!
 //! A flow is bound to the interface it arrived on: the same tuple arriving elsewhere (a pod
 //! spoofing another's connection) takes the tap and its source check.
@@ -55,6 +56,9 @@ const SLOT_FLAGS: i16 = 16;
 /// in this direction (the close's last ACK, or an ACK of data after a half-close).
 pub const AFTER_FIN: u64 = 0x100;
 const TCP_FIN: i32 = 0x01;
+const TCP_SYN: i32 = 0x02;
+const TCP_RST: i32 = 0x04;
+const TCP_ACK: i32 = 0x10;
 
 /// An IPv4 flow as the fast path keys it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -349,12 +353,16 @@ pub(crate) fn emit(a: &mut Asm, maps: OffloadMaps, miss: &'static str) {
     a.stx(DW, R10, SEEN_FLAGS, R4);
     a.ja("offload_key");
     a.label("offload_tcp");
-    // SYN and RST go to the workers: conntrack sees every connection open and every reset
-    // at once. A FIN is reported (below).
+    // A connection's first SYN and every RST go to the workers: they decide each connection
+    // and see every reset at once. What else a flow carries (a SYN-ACK, FINs) is reported
+    // (below).
     a.ldx(B, R4, R2, TCP_FLAGS);
     a.stx(DW, R10, SEEN_FLAGS, R4);
-    a.alu_k(AND, R4, 0x06);
-    a.jmp_k(JNE, R4, 0, NOT);
+    a.mov_x(R5, R4);
+    a.alu_k(AND, R5, TCP_RST);
+    a.jmp_k(JNE, R5, 0, NOT);
+    a.alu_k(AND, R4, TCP_SYN | TCP_ACK);
+    a.jmp_k(JEQ, R4, TCP_SYN, NOT);
     a.mov_k(R8, TCP_CSUM);
     a.mov_k(R4, F_PSEUDO_HDR | 4);
     a.stx(DW, R10, ADDR_FLAGS, R4);

@@ -913,10 +913,11 @@ mod tests {
             assert_eq!(sum(&got[34..], pseudo(&got)), 0xffff, "TCP checksum");
             assert_eq!(fast.counts(3), (2, 2 * ack.len() as u64));
             fast.install(&key, &rewrite).unwrap();
-            // A SYN of the same flow, and a flow not installed, go to the tap.
+            // A SYN and a RST of the same flow, and a flow not installed, go to the tap.
             let mut buf = vec![0u8; 2048];
             for frame in [
                 tcp_frame(mac, [172, 30, 0, 10], 80, 0x02),
+                tcp_frame(mac, [172, 30, 0, 10], 80, 0x14),
                 tcp_frame(mac, [172, 30, 0, 11], 80, 0x10),
             ] {
                 send_raw(a, &frame);
@@ -928,8 +929,8 @@ mod tests {
                 assert!(found, "not in the tap: {frame:02x?}");
             }
             assert_eq!(fast.counts(3).0, 2);
-            // A FIN takes the fast path, its flags reported in the slot; a segment without FIN
-            // after it (the close's last ACK) sets AFTER_FIN.
+            // A SYN-ACK and a FIN take the fast path, their flags reported in the slot; a
+            // segment without FIN after the FIN (the close's last ACK) sets AFTER_FIN.
             let reported = |want: u64| {
                 let until = std::time::Instant::now() + std::time::Duration::from_secs(2);
                 while fast.flags(3) != want && std::time::Instant::now() < until {
@@ -938,16 +939,18 @@ mod tests {
                 fast.flags(3)
             };
             assert_eq!(reported(0x10), 0x10);
-            let fin = tcp_frame(mac, [172, 30, 0, 10], 80, 0x11);
-            send_raw(a, &fin);
-            let got = recv_matching(&capture, |f| f.len() == fin.len() && f[47] == 0x11)
-                .expect("the FIN leaves through kxvc");
-            assert_eq!(&got[30..34], &[10, 9, 0, 2]);
-            assert_eq!(reported(0x11), 0x11);
+            for (flags, seen) in [(0x12, 0x12), (0x11, 0x13)] {
+                let f = tcp_frame(mac, [172, 30, 0, 10], 80, flags);
+                send_raw(a, &f);
+                let got = recv_matching(&capture, |g| g.len() == f.len() && g[47] == flags)
+                    .expect("it leaves through kxvc");
+                assert_eq!(&got[30..34], &[10, 9, 0, 2]);
+                assert_eq!(reported(seen), seen);
+            }
             send_raw(a, &ack);
-            let last = 0x11 | crate::offload::AFTER_FIN;
+            let last = 0x13 | crate::offload::AFTER_FIN;
             assert_eq!(reported(last), last);
-            assert_eq!(fast.counts(3).0, 4);
+            assert_eq!(fast.counts(3).0, 5);
             // Bound to another interface, the flow takes the tap.
             let elsewhere = crate::offload::FlowRewrite {
                 ingress: a,
@@ -961,7 +964,7 @@ mod tests {
                 found = buf[..len] == ack[..];
             }
             assert!(found, "a flow bound elsewhere is not on the fast path");
-            assert_eq!(fast.counts(3).0, 4);
+            assert_eq!(fast.counts(3).0, 5);
             assert!(fast.remove(&key).unwrap());
             assert!(!fast.remove(&key).unwrap());
             // The node's own traffic stays with the kernel (which resets a SYN to a closed

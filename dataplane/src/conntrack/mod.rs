@@ -679,6 +679,23 @@ impl Conntrack {
     /// they are counted in that direction and the expiry refreshed first, as the packets would
     /// have done. False when the connection is gone.
     pub fn offloadable(&self, t: &Tuple, packets: u64, bytes: u64, now_ms: u64) -> bool {
+        self.offloadable_as(t, packets, bytes, now_ms, false)
+    }
+
+    /// `offloadable` for a TCP connection put on the fast path with its SYN: qualifies as well
+    /// while its handshake is under way (SYN_SENT, SYN_RECV; `crate::offload::OPENING_MS`).
+    pub fn offloadable_opening(&self, t: &Tuple, packets: u64, bytes: u64, now_ms: u64) -> bool {
+        self.offloadable_as(t, packets, bytes, now_ms, true)
+    }
+
+    fn offloadable_as(
+        &self,
+        t: &Tuple,
+        packets: u64,
+        bytes: u64,
+        now_ms: u64,
+        opening: bool,
+    ) -> bool {
         let key = t.pack();
         let Some(found) = self.lookup(&key, self.hash(&key), now_ms) else {
             return false;
@@ -690,7 +707,9 @@ impl Conntrack {
                 // From the handshake's ACK, both directions (`offload::Offloads::consider`): a
                 // request and its answer skip the tap, which costs more than the map updates.
                 IpProto::TCP => {
-                    state & FLAG_ASSURED != 0 && tcp_state_of(state) == TcpState::Established
+                    let st = tcp_state_of(state);
+                    (state & FLAG_ASSURED != 0 && st == TcpState::Established)
+                        || (opening && matches!(st, TcpState::SynSent | TcpState::SynRecv))
                 }
                 // Answered, and this direction's second packet or later: a one-shot exchange
                 // (a DNS query and its answer) never goes on, a flow that keeps talking does

@@ -60,6 +60,13 @@ const SYN_FIN_RST: u8 = SYN | FIN | RST;
 /// says it is established: a SYN never answered (a scan, a flood, an endpoint gone) comes off.
 pub const OPENING_MS: u64 = 1_000;
 
+/// The most connections a worker keeps put on with their SYN and not yet acknowledged by the
+/// client: it looks for their handshake's ACK every millisecond ([`Offloads::play_handshakes`]),
+/// so that a connection is established and assured in conntrack (not droppable early) within
+/// a millisecond of its ACK, not at the next check. More, and connections wait for their ACK to
+/// go on: a flood's SYNs cost no more than that.
+const OPENING_MAX: usize = 256;
+
 /// What the check plays into conntrack of the flags the fast path reported for a flow, in the
 /// order a connection sends them: the reported bit, the segment played, and whether only a flow
 /// put on with its SYN plays it (another saw its handshake on the tap).
@@ -111,6 +118,14 @@ struct AwaitingAck {
     since_ms: u64,
 }
 
+/// A connection put on with its SYN, waiting for its handshake's ACK: its two flows' keys.
+#[derive(Clone, Copy, Debug)]
+struct Opening {
+    orig: FlowKey,
+    reply: FlowKey,
+    since_ms: u64,
+}
+
 /// A worker's offloaded flows and its share of the fast path's counter slots.
 pub struct Offloads {
     fast: Arc<FlowOffload>,
@@ -127,6 +142,12 @@ pub struct Offloads {
     owned: usize,
     /// The conntrack table's early drops at the last check (`Offloads::may_open`).
     early_drops: u64,
+    /// Connections put on with their SYN, oldest first (at most `OPENING_MAX`).
+    opening: VecDeque<Opening>,
+    /// When `play_handshakes` looks at them next (ms).
+    next_opening_ms: u64,
+    /// The flows a check takes off, with what it counted of them (kept for its capacity).
+    leaving: Vec<(FlowKey, Offloaded, (u64, u64))>,
 }
 
 impl Offloads {
@@ -150,14 +171,56 @@ impl Offloads {
             next_check: Instant::now(),
             hops_of: 0,
             early_drops: 0,
+            opening: VecDeque::with_capacity(OPENING_MAX),
+            next_opening_ms: 0,
+            leaving: Vec::new(),
         }
     }
 
     /// Whether a connection may go on with its SYN: this worker uses under a quarter of its
-    /// slots, and the conntrack table has dropped nothing early since the last check (a full
-    /// table: a flood, whose SYNs would cost a map update and removal each).
+    /// slots, waits for fewer than `OPENING_MAX` handshakes, and the conntrack table has
+    /// dropped nothing early since the last check (a full table: a flood, whose SYNs would cost
+    /// a map update and removal each).
     pub fn may_open(&self, ct: &Conntrack) -> bool {
-        self.flows.len() * 4 < self.owned && ct.early_drops() == self.early_drops
+        self.flows.len() * 4 < self.owned
+            && self.opening.len() < OPENING_MAX
+            && ct.early_drops() == self.early_drops
+    }
+
+    /// Whether connections put on with their SYN wait for their handshake's ACK (the worker
+    /// then waits a millisecond at most when idle).
+    pub fn has_openings(&self) -> bool {
+        !self.opening.is_empty()
+    }
+
+    /// At most every millisecond: plays the handshake of each connection put on with its SYN
+    /// whose client's ACK the fast path has reported (its SYN-ACK, then that ACK: established
+    /// and assured), and forgets those older than `OPENING_MS` or taken off.
+    pub fn play_handshakes(&mut self, ct: &Conntrack, now_ms: u64) {
+        if self.opening.is_empty() || now_ms < self.next_opening_ms {
+            return;
+        }
+        self.next_opening_ms = now_ms + 1;
+        let (fast, flows) = (&self.fast, &mut self.flows);
+        self.opening.retain(|op| {
+            let Some(o) = flows.get(&op.orig) else {
+                return false;
+            };
+            if now_ms.saturating_sub(op.since_ms) >= OPENING_MS {
+                return false;
+            }
+            if fast.flags(o.rewrite.slot) & u64::from(ACK) == 0 {
+                return true;
+            }
+            for &play in &PLAYS[..2] {
+                for k in [&op.reply, &op.orig] {
+                    if let Some(o) = flows.get_mut(k) {
+                        play_reported(fast, o, ct, now_ms, play);
+                    }
+                }
+            }
+            false
+        });
     }
 
     /// Flows this worker has on the fast path.
@@ -305,13 +368,43 @@ impl Offloads {
                 egress: routing.hop_between(&v.dst, &v.orig_src, v.family),
             },
         };
-        if self.put_on_opening(key, orig, ct, now_ms) {
-            let reply_key = reply_of(&key, &orig.rewrite);
-            if !self.put_on_opening(reply_key, reply, ct, now_ms) {
-                // One direction alone would carry the handshake past conntrack half-seen.
-                self.take_off(&key, ct, &mut Counters::default(), now_ms);
-            }
+        let reply_key = reply_of(&key, &orig.rewrite);
+        // Both directions or neither: one alone would carry the handshake past conntrack
+        // half-seen.
+        let tracked = |k: &FlowKey, c: &Candidate| {
+            !self.flows.contains_key(k) && ct.offloadable_opening(&c.tuple, 0, 0, now_ms)
+        };
+        if key == reply_key || !tracked(&key, &orig) || !tracked(&reply_key, &reply) {
+            return;
         }
+        if self.free.len() < 2 {
+            return;
+        }
+        let [Some(a), Some(b)] = [self.free.pop_front(), self.free.pop_front()] else {
+            return;
+        };
+        let on = [(key, orig, a), (reply_key, reply, b)].map(|(k, c, slot)| {
+            let rewrite = FlowRewrite { slot, ..c.rewrite };
+            self.fast.clear_flags(slot);
+            (k, c, rewrite)
+        });
+        // Refused (no memory): the connection stays with the tap.
+        if (self.fast)
+            .install_pair([(&on[0].0, &on[0].2), (&on[1].0, &on[1].2)])
+            .is_err()
+        {
+            self.free.push_front(b);
+            self.free.push_front(a);
+            return;
+        }
+        for (k, c, rewrite) in on {
+            self.track(k, c, rewrite, Some(now_ms));
+        }
+        self.opening.push_back(Opening {
+            orig: key,
+            reply: reply_key,
+            since_ms: now_ms,
+        });
     }
 
     /// Before the pipeline sees `frame`: when it opens a TCP connection (SYN without ACK) on a
@@ -377,26 +470,11 @@ impl Offloads {
         if !ct.offloadable(&flow.tuple, 0, 0, now_ms) {
             return false;
         }
-        self.install(key, flow, None)
-    }
-
-    /// Installs `flow` as `key`, a direction of a connection whose SYN was just forwarded, if
-    /// conntrack tracks it opening; whether it is on now.
-    fn put_on_opening(
-        &mut self,
-        key: FlowKey,
-        flow: Candidate,
-        ct: &Conntrack,
-        now_ms: u64,
-    ) -> bool {
-        if self.flows.contains_key(&key) || !ct.offloadable_opening(&flow.tuple, 0, 0, now_ms) {
-            return false;
-        }
-        self.install(key, flow, Some(now_ms))
+        self.install(key, flow)
     }
 
     /// Gives `flow` a slot and puts it in the kernel's map as `key`; whether it is on now.
-    fn install(&mut self, key: FlowKey, flow: Candidate, opened_ms: Option<u64>) -> bool {
+    fn install(&mut self, key: FlowKey, flow: Candidate) -> bool {
         let Some(slot) = self.free.pop_front() else {
             return false;
         };
@@ -410,7 +488,13 @@ impl Offloads {
             self.free.push_front(slot);
             return false;
         }
-        let seen = self.fast.counts(slot);
+        self.track(key, flow, rewrite, None);
+        true
+    }
+
+    /// Keeps `key`, just put in the kernel's map with `rewrite`, among this worker's flows.
+    fn track(&mut self, key: FlowKey, flow: Candidate, rewrite: FlowRewrite, opened: Option<u64>) {
+        let seen = self.fast.counts(rewrite.slot);
         self.flows.insert(
             key,
             Offloaded {
@@ -419,10 +503,9 @@ impl Offloads {
                 reason: flow.reason,
                 rewrite,
                 played: 0,
-                opened_ms,
+                opened_ms: opened,
             },
         );
-        true
     }
 
     /// When [`Offloads::due`]: counts what the fast path moved into `counters` and the
@@ -460,6 +543,8 @@ impl Offloads {
             }
         }
         let mut moved = 0;
+        let leaving = &mut self.leaving;
+        leaving.clear();
         self.flows.retain(|key, o| {
             play_reported(fast, o, ct, now_ms, *last);
             let (packets, bytes) = count_moved(fast, o, counters);
@@ -474,14 +559,25 @@ impl Offloads {
                     ct.offloadable(&o.tuple, packets, bytes, now_ms)
                 };
             if !keep {
-                // Not counted in the connection (it no longer qualifies): counted here, with
-                // what moved until the entry went.
-                let (last, last_bytes) = release(fast, free, key, o, counters);
-                ct.count_offloaded(&o.tuple, packets + last, bytes + last_bytes, now_ms);
-                moved += last;
+                leaving.push((*key, *o, (packets, bytes)));
             }
             keep
         });
+        // Off the map in one system call, then what moved until each entry went is counted, in
+        // the counters and (as the connection no longer qualifies) here in the connection.
+        let keys: Vec<FlowKey> = leaving.iter().map(|(k, _, _)| *k).collect();
+        let mut gone = vec![false; keys.len()];
+        fast.remove_all(&keys, &mut gone);
+        for ((_, o, (packets, bytes)), gone) in leaving.iter_mut().zip(gone) {
+            let (last, last_bytes) = count_moved(fast, o, counters);
+            ct.count_offloaded(&o.tuple, *packets + last, *bytes + last_bytes, now_ms);
+            moved += last;
+            // A removal the kernel refused leaves an entry no worker counts: its slot is not
+            // reused until the entry is replaced.
+            if gone {
+                free.push_back(o.rewrite.slot);
+            }
+        }
         counters.offloaded_flows = self.flows.len() as u64;
         moved
     }
@@ -1094,8 +1190,16 @@ mod tests {
         let (so, sb) = (o.flows[&orig].rewrite.slot, o.flows[&back].rewrite.slot);
         fast.add_flags(sb, u64::from(tcp::SYN | tcp::ACK));
         fast.add_counts(sb, 2, 200);
+        // The SYN-ACK alone: the handshake waits for the client's ACK.
+        o.play_handshakes(&ct, 1);
+        assert_eq!((state_of(&ct), o.has_openings()), ("SYN_SENT", true));
         fast.add_flags(so, u64::from(tcp::ACK));
         fast.add_counts(so, 2, 150);
+        // Within a millisecond of the ACK, not at the next check: established and assured.
+        o.play_handshakes(&ct, 1);
+        assert_eq!(state_of(&ct), "SYN_SENT", "at most every millisecond");
+        o.play_handshakes(&ct, 2);
+        assert_eq!((state_of(&ct), o.has_openings()), ("ESTABLISHED", false));
         let t0 = Instant::now();
         let mut c = Counters::default();
         assert_eq!(o.maintain(&ct, &mut c, t0, 10, true, None), 4);
@@ -1124,6 +1228,8 @@ mod tests {
         assert_eq!((o.len(), state_of(&ct)), (2, "SYN_SENT"));
         o.maintain(&ct, &mut c, t0 + 3 * CHECK_EVERY, OPENING_MS, true, None);
         assert!(o.is_empty());
+        o.play_handshakes(&ct, OPENING_MS + 10);
+        assert!(!o.has_openings());
     }
 
     /// Needs root (BPF maps). A client that reuses its port before the check: its SYN has the

@@ -1001,17 +1001,24 @@ impl Worker {
         }
     }
 
-    /// Counts what the kernel's fast path moved for this worker's offloaded flows and takes off
-    /// those whose connections no longer qualify (`crate::offload`, every `CHECK_EVERY`).
+    /// Plays the handshakes the kernel's fast path carried (every millisecond while there are
+    /// any); counts what it moved for this worker's offloaded flows and takes off those whose
+    /// connections no longer qualify (`crate::offload`, every `CHECK_EVERY`).
     fn offload_round(&mut self, shared: &Shared, st: &mut RunState, now: Instant) {
         let kernel_port = self.kernel_port;
         let Some(tap) = self.tap.as_mut() else {
             return;
         };
         let direct = tap.direct.is_some();
-        let Some(o) = tap.offloads.as_mut().filter(|o| o.due(now)) else {
+        let Some(o) = tap.offloads.as_mut() else {
             return;
         };
+        if o.has_openings() {
+            o.play_handshakes(&shared.ct, clock_ms());
+        }
+        if !o.due(now) {
+            return;
+        }
         let (fib, snap) = (shared.routes.load(), shared.tables.current());
         let routing = direct.then(|| crate::direct::DirectRouting {
             fib: &fib,
@@ -1060,7 +1067,12 @@ impl Worker {
                 // copy-mode kick sends at most `tx_budget`: 32 on kernels before 6.17; the rest
                 // wait for the next kick) are kicked again a millisecond later, not after the
                 // safety-net timeout; held frames look for their neighbour as often.
-                let busy = st.tx_left > 0 || !self.held.is_empty();
+                // So do connections whose handshake the fast path carries (assured within a
+                // millisecond of their ACK: `Offloads::play_handshakes`).
+                let opening = (self.tap.as_ref())
+                    .and_then(|t| t.offloads.as_ref())
+                    .is_some_and(|o| o.has_openings());
+                let busy = st.tx_left > 0 || !self.held.is_empty() || opening;
                 let ready = p.wait(if busy { 1 } else { IDLE_WAIT_MS });
                 if let Some(w) = &self.waker {
                     if p.is_ready(ready, w.fd()) {

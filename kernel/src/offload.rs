@@ -33,6 +33,9 @@ use crate::xdp::asm::*;
 use crate::xdp::Map;
 
 const BPF_MAP_TYPE_HASH: u32 = 1;
+/// The kernel's "operation not supported" for a map without batch operations (not in libc:
+/// kernel-internal, yet what `bpf()` returns then).
+const ENOTSUPP: i32 = 524;
 const BPF_MAP_TYPE_ARRAY: u32 = 2;
 const BPF_F_MMAPABLE: u32 = 1 << 10;
 
@@ -196,6 +199,68 @@ impl FlowOffload {
             ));
         }
         self.flows.update(&flow.bytes(), &rewrite.bytes())
+    }
+
+    /// Puts two flows on the fast path in one system call (a connection's two directions), or
+    /// neither.
+    pub fn install_pair(&self, flows: [(&FlowKey, &FlowRewrite); 2]) -> io::Result<()> {
+        if flows.iter().any(|(_, r)| r.slot >= self.slots) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("offload slot of {}", self.slots),
+            ));
+        }
+        let mut keys = [0u8; 2 * KEY_LEN];
+        let mut values = [0u8; 2 * VALUE_LEN];
+        for (i, (k, r)) in flows.iter().enumerate() {
+            keys[i * KEY_LEN..][..KEY_LEN].copy_from_slice(&k.bytes());
+            values[i * VALUE_LEN..][..VALUE_LEN].copy_from_slice(&r.bytes());
+        }
+        match self.flows.update_batch(&keys, &values) {
+            Ok(()) => Ok(()),
+            // No batch operations (a kernel before 5.6): one at a time.
+            Err((e, 0)) if matches!(e.raw_os_error(), Some(libc::EINVAL | ENOTSUPP)) => {
+                self.install(flows[0].0, flows[0].1)?;
+                self.install(flows[1].0, flows[1].1).inspect_err(|_| {
+                    let _ = self.remove(flows[0].0);
+                })
+            }
+            Err((e, done)) => {
+                if done > 0 {
+                    let _ = self.remove(flows[0].0);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Takes `flows` off the fast path in as few system calls as the kernel allows; `gone[i]`
+    /// says whether `flows[i]` is off it now (it was removed, or was not on it).
+    pub fn remove_all(&self, flows: &[FlowKey], gone: &mut [bool]) {
+        let keys: Vec<u8> = flows.iter().flat_map(|k| k.bytes()).collect();
+        let mut at = 0;
+        while at < flows.len() {
+            match self.flows.delete_batch(&keys[at * KEY_LEN..]) {
+                Ok(()) => {
+                    gone[at..flows.len()].fill(true);
+                    return;
+                }
+                Err((e, done)) => {
+                    gone[at..at + done].fill(true);
+                    at += done;
+                    // The flow the kernel stopped at, on its own; without batch operations
+                    // (a kernel before 5.6), every flow left.
+                    let alone = match e.raw_os_error() {
+                        Some(libc::ENOENT) => at + 1,
+                        _ => flows.len(),
+                    };
+                    while at < alone {
+                        gone[at] = self.remove(&flows[at]).is_ok();
+                        at += 1;
+                    }
+                }
+            }
+        }
     }
 
     /// Takes `flow` off the fast path; false when it was not on it.
@@ -530,6 +595,50 @@ mod tests {
         eprintln!("fast path: {n} instructions");
         // A hit runs at most all of them once; a miss at most the parse and one lookup.
         assert!(n <= 180, "{n}");
+    }
+
+    /// Needs root (BPF maps). Two flows go on in one call, or neither; flows come off in one
+    /// call, one that was not on in the middle included.
+    #[test]
+    fn flows_go_on_in_pairs_and_come_off_in_batches() {
+        let Ok(fast) = FlowOffload::new(4096) else {
+            eprintln!("SKIPPED: no BPF maps here");
+            return;
+        };
+        let key = |port: u16| FlowKey {
+            src: [10, 0, 0, 1],
+            dst: [10, 0, 0, 2],
+            sport: port,
+            dport: 80,
+            proto: 6,
+        };
+        let rewrite = |slot: u32| FlowRewrite {
+            src: [10, 0, 0, 1],
+            dst: [10, 0, 0, 2],
+            sport: 1,
+            dport: 80,
+            slot,
+            ingress: 3,
+            egress: None,
+        };
+        let mut value = [0u8; VALUE_LEN];
+        let on = |k: &FlowKey, v: &mut [u8; VALUE_LEN]| fast.flows.lookup(&k.bytes(), v).unwrap();
+        fast.install_pair([(&key(1), &rewrite(1)), (&key(2), &rewrite(2))])
+            .unwrap();
+        assert!(on(&key(1), &mut value) && on(&key(2), &mut value));
+        assert_eq!(value, rewrite(2).bytes());
+        // A slot out of range: neither goes on.
+        assert!(fast
+            .install_pair([(&key(3), &rewrite(3)), (&key(4), &rewrite(1 << 20))])
+            .is_err());
+        assert!(!on(&key(3), &mut value) && !on(&key(4), &mut value));
+        fast.install(&key(5), &rewrite(5)).unwrap();
+        let keys = [key(1), key(9), key(2), key(5)];
+        let mut gone = [false; 4];
+        fast.remove_all(&keys, &mut gone);
+        assert_eq!(gone, [true; 4], "one not on it is off it too");
+        assert!(keys.iter().all(|k| !on(k, &mut value)));
+        fast.remove_all(&[], &mut []);
     }
 
     #[test]

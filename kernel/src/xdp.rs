@@ -45,6 +45,8 @@ const BPF_MAP_CREATE: u32 = 0;
 const BPF_MAP_LOOKUP_ELEM: u32 = 1;
 const BPF_MAP_UPDATE_ELEM: u32 = 2;
 const BPF_MAP_DELETE_ELEM: u32 = 3;
+const BPF_MAP_UPDATE_BATCH: u32 = 26;
+const BPF_MAP_DELETE_BATCH: u32 = 27;
 const BPF_PROG_LOAD: u32 = 5;
 const BPF_LINK_CREATE: u32 = 28;
 
@@ -189,6 +191,48 @@ impl Map {
         attr[1] = key.as_ptr() as u64;
         if sys_bpf(BPF_MAP_DELETE_ELEM, &mut attr) < 0 {
             return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Updates (or adds) `keys.len() / key_size` entries in one system call: `keys` and
+    /// `values` hold them back to back. On an error, the entries before the one that failed are
+    /// in the map: `Err((error, entries done))`.
+    pub fn update_batch(&self, keys: &[u8], values: &[u8]) -> Result<(), (io::Error, usize)> {
+        let n = keys.len() / self.key_size;
+        assert!(keys.len() == n * self.key_size && values.len() == n * self.value_size);
+        self.batch(BPF_MAP_UPDATE_BATCH, keys, Some(values), n)
+    }
+
+    /// Deletes `keys.len() / key_size` entries (`keys` back to back) in one system call. The
+    /// kernel stops at the first key it cannot delete (one not in the map: `ENOENT`):
+    /// `Err((error, entries deleted before it))`.
+    pub fn delete_batch(&self, keys: &[u8]) -> Result<(), (io::Error, usize)> {
+        let n = keys.len() / self.key_size;
+        assert!(keys.len() == n * self.key_size);
+        self.batch(BPF_MAP_DELETE_BATCH, keys, None, n)
+    }
+
+    fn batch(
+        &self,
+        cmd: u32,
+        keys: &[u8],
+        values: Option<&[u8]>,
+        n: usize,
+    ) -> Result<(), (io::Error, usize)> {
+        if n == 0 {
+            return Ok(());
+        }
+        // `batch` of `union bpf_attr`: in_batch, out_batch (unused here), keys, values,
+        // count (in: entries; out: entries done) and map_fd, elem_flags (BPF_ANY), flags.
+        let mut attr = [0u64; 16];
+        attr[2] = keys.as_ptr() as u64;
+        attr[3] = values.map_or(0, |v| v.as_ptr() as u64);
+        attr[4] = pair(n as u32, self.fd() as u32);
+        if sys_bpf(cmd, &mut attr) < 0 {
+            let b = attr[4].to_ne_bytes();
+            let done = u32::from_ne_bytes([b[0], b[1], b[2], b[3]]) as usize;
+            return Err((io::Error::last_os_error(), done.min(n)));
         }
         Ok(())
     }

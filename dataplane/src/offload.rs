@@ -328,26 +328,7 @@ impl Offloads {
             Reason::Direct => (Reason::Direct, Reason::Direct),
             _ => (Reason::Established, Reason::ReplyUnnat),
         };
-        let orig = Candidate {
-            tuple: Tuple {
-                src: v.orig_src,
-                dst: v.orig_dst,
-                sport: v.orig_sport,
-                dport: v.orig_dport,
-                proto: v.proto,
-                family: v.family,
-            },
-            reason,
-            rewrite: FlowRewrite {
-                src: v.src.v4_octets(),
-                dst: v.dst.v4_octets(),
-                sport: v.sport,
-                dport: v.dport,
-                slot: 0,
-                ingress,
-                egress: Some(hop),
-            },
-        };
+        let orig = forwarded_flow(v, reason, ingress, Some(hop));
         let reply = Candidate {
             tuple: Tuple {
                 src: v.dst,
@@ -746,7 +727,18 @@ fn candidate(
     {
         return None;
     }
-    Some(Candidate {
+    Some(forwarded_flow(v, v.reason, ingress, egress))
+}
+
+/// The flow of the forwarded packet `v` as it arrived on `ingress`, with the translation the
+/// pipeline applied and `egress`, counted as `reason` (its slot not yet set).
+fn forwarded_flow(
+    v: &Verdict,
+    reason: Reason,
+    ingress: u32,
+    egress: Option<DirectHop>,
+) -> Candidate {
+    Candidate {
         tuple: Tuple {
             src: v.orig_src,
             dst: v.orig_dst,
@@ -755,7 +747,7 @@ fn candidate(
             proto: v.proto,
             family: v.family,
         },
-        reason: v.reason,
+        reason,
         rewrite: FlowRewrite {
             src: v.src.v4_octets(),
             dst: v.dst.v4_octets(),
@@ -765,7 +757,7 @@ fn candidate(
             ingress,
             egress,
         },
-    })
+    }
 }
 
 /// The fast path's key for the flow of `v` as it arrived (IPv4 TCP and UDP only).
@@ -828,14 +820,9 @@ mod tests {
     /// entry goes, and when every verdict is wanted.
     #[test]
     fn established_flows_go_on_and_come_off_the_fast_path() {
-        let Ok(fast) = FlowOffload::new(4096) else {
-            eprintln!("SKIPPED: no BPF maps here");
+        let Some((fast, ct, mut o, mut cs)) = fast_path() else {
             return;
         };
-        let fast = Arc::new(fast);
-        let ct = Conntrack::new(CtConfig::default(), 1);
-        let mut o = Offloads::new(fast.clone(), 0, 1);
-        let mut cs = Counters::default();
         let client = tuple([10, 0, 0, 1], 40000, [172, 30, 0, 10], 80);
         let reply = tuple([10, 0, 0, 9], 5201, [10, 0, 0, 1], 40000);
         let backend = tuple([10, 0, 0, 1], 40000, [10, 0, 0, 9], 5201);
@@ -982,37 +969,20 @@ mod tests {
     /// had; a SYN-ACK never acknowledged is forgotten.
     #[test]
     fn a_handshake_puts_both_directions_on() {
-        let Ok(fast) = FlowOffload::new(4096) else {
-            eprintln!("SKIPPED: no BPF maps here");
+        let Some((_, ct, mut o, mut cs)) = fast_path() else {
             return;
         };
-        let ct = Conntrack::new(CtConfig::default(), 1);
-        let mut o = Offloads::new(Arc::new(fast), 0, 1);
-        let mut cs = Counters::default();
-        let find = |t: &Tuple| {
-            let p = t.pack();
-            ct.lookup(&p, ct.hash(&p), 0).unwrap()
-        };
-        let client = tuple([10, 0, 0, 1], 40000, [172, 30, 0, 10], 80);
-        let backend = tuple([10, 0, 0, 1], 40000, [10, 0, 1, 9], 8080);
-        let reply = backend.reversed();
-        let unnat = tuple([172, 30, 0, 10], 80, [10, 0, 0, 1], 40000);
-        ct.create(&client, &reply, tcp::SYN, false, 1, 0, 0)
-            .unwrap();
-        ct.on_packet(&find(&reply), tcp::SYN | tcp::ACK, 60, 0)
-            .unwrap();
+        let ((sa, saf), (ack, ackf), client) = answered(&ct);
         let hop = DirectHop {
             ifindex: 3,
             dst_mac: [2, 0, 0, 0, 0, 1],
             src_mac: [4; 6],
         };
-        let (sa, saf) = forwarded(&reply, &unnat, Reason::ReplyUnnat, tcp::SYN | tcp::ACK);
         o.consider(&saf, &sa, 8, Some(hop), &ct, &mut cs, 0, true);
         assert!(o.is_empty(), "a SYN-ACK never goes on itself");
         assert_eq!(o.awaiting.len(), 1);
         // The handshake's ACK: this direction and the reply go on.
-        ct.on_packet(&find(&client), tcp::ACK, 60, 0).unwrap();
-        let (ack, ackf) = forwarded(&client, &backend, Reason::Established, tcp::ACK);
+        ct.on_packet(&find(&ct, &client), tcp::ACK, 60, 0).unwrap();
         o.consider(&ackf, &ack, 7, None, &ct, &mut cs, 0, true);
         assert_eq!(o.len(), 2);
         assert!(o.awaiting.is_empty());
@@ -1048,6 +1018,45 @@ mod tests {
         assert_eq!(o.len(), 2);
     }
 
+    /// The fast path's maps (4,096 flows), a conntrack table, a worker's offloads and counters;
+    /// None (the test skipped, with a note) where BPF maps cannot be made (not root).
+    fn fast_path() -> Option<(Arc<FlowOffload>, Conntrack, Offloads, Counters)> {
+        let Ok(fast) = FlowOffload::new(4096) else {
+            eprintln!("SKIPPED: no BPF maps here");
+            return None;
+        };
+        let fast = Arc::new(fast);
+        let o = Offloads::new(fast.clone(), 0, 1);
+        let ct = Conntrack::new(CtConfig::default(), 1);
+        Some((fast, ct, o, Counters::default()))
+    }
+
+    /// `t`'s connection in `ct`.
+    fn find(ct: &Conntrack, t: &Tuple) -> crate::conntrack::Found {
+        let p = t.pack();
+        ct.lookup(&p, ct.hash(&p), 0).unwrap()
+    }
+
+    /// A connection to a ClusterIP whose SYN-ACK conntrack has seen: that SYN-ACK as a worker
+    /// forwards it, the handshake's ACK as a worker forwards it (conntrack has not seen it), the
+    /// client's tuple.
+    #[allow(clippy::type_complexity)]
+    fn answered(ct: &Conntrack) -> ((Verdict, Vec<u8>), (Verdict, Vec<u8>), Tuple) {
+        let client = tuple([10, 0, 0, 1], 40000, [172, 30, 0, 10], 80);
+        let backend = tuple([10, 0, 0, 1], 40000, [10, 0, 1, 9], 8080);
+        let reply = backend.reversed();
+        let unnat = tuple([172, 30, 0, 10], 80, [10, 0, 0, 1], 40000);
+        ct.create(&client, &reply, tcp::SYN, false, 1, 0, 0)
+            .unwrap();
+        ct.on_packet(&find(ct, &reply), tcp::SYN | tcp::ACK, 60, 0)
+            .unwrap();
+        (
+            forwarded(&reply, &unnat, Reason::ReplyUnnat, tcp::SYN | tcp::ACK),
+            forwarded(&client, &backend, Reason::Established, tcp::ACK),
+            client,
+        )
+    }
+
     /// A connection through a ClusterIP, established, both directions on the fast path (what
     /// its handshake's ACK does): the worker's offloads, the connection, the two flows' keys.
     fn on_fast_path(
@@ -1056,22 +1065,9 @@ mod tests {
         cs: &mut Counters,
     ) -> (Offloads, Tuple, FlowKey, FlowKey) {
         let mut o = Offloads::new(fast, 0, 1);
-        let find = |t: &Tuple| {
-            let p = t.pack();
-            ct.lookup(&p, ct.hash(&p), 0).unwrap()
-        };
-        let client = tuple([10, 0, 0, 1], 40000, [172, 30, 0, 10], 80);
-        let backend = tuple([10, 0, 0, 1], 40000, [10, 0, 1, 9], 8080);
-        let reply = backend.reversed();
-        let unnat = tuple([172, 30, 0, 10], 80, [10, 0, 0, 1], 40000);
-        ct.create(&client, &reply, tcp::SYN, false, 1, 0, 0)
-            .unwrap();
-        ct.on_packet(&find(&reply), tcp::SYN | tcp::ACK, 60, 0)
-            .unwrap();
-        let (sa, saf) = forwarded(&reply, &unnat, Reason::ReplyUnnat, tcp::SYN | tcp::ACK);
+        let ((sa, saf), (ack, ackf), client) = answered(ct);
         o.consider(&saf, &sa, 8, None, ct, cs, 0, true);
-        ct.on_packet(&find(&client), tcp::ACK, 60, 0).unwrap();
-        let (ack, ackf) = forwarded(&client, &backend, Reason::Established, tcp::ACK);
+        ct.on_packet(&find(ct, &client), tcp::ACK, 60, 0).unwrap();
         o.consider(&ackf, &ack, 7, None, ct, cs, 0, true);
         assert_eq!(o.len(), 2);
         let keys = (flow_key(&ack).unwrap(), flow_key(&sa).unwrap());
@@ -1088,13 +1084,9 @@ mod tests {
     /// counted.
     #[test]
     fn a_close_on_the_fast_path_is_played_at_the_check() {
-        let Ok(fast) = FlowOffload::new(4096) else {
-            eprintln!("SKIPPED: no BPF maps here");
+        let Some((fast, ct, _, mut cs)) = fast_path() else {
             return;
         };
-        let fast = Arc::new(fast);
-        let ct = Conntrack::new(CtConfig::default(), 1);
-        let mut cs = Counters::default();
         let (mut o, _, orig, back) = on_fast_path(fast.clone(), &ct, &mut cs);
         let slot = |k: &FlowKey| o.flows[k].rewrite.slot;
         let (so, sb) = (slot(&orig), slot(&back));
@@ -1130,14 +1122,9 @@ mod tests {
     #[test]
     fn a_connection_routed_directly_goes_on_with_its_syn() {
         use crate::fib::testing::{link, neigh, route};
-        let Ok(fast) = FlowOffload::new(4096) else {
-            eprintln!("SKIPPED: no BPF maps here");
+        let Some((fast, ct, mut o, mut cs)) = fast_path() else {
             return;
         };
-        let fast = Arc::new(fast);
-        let ct = Conntrack::new(CtConfig::default(), 1);
-        let mut o = Offloads::new(fast.clone(), 0, 1);
-        let mut cs = Counters::default();
         let mut pods = crate::snapshot::PrefixSet::new();
         pods.insert("10.0.0.0".parse().unwrap(), 16);
         let fib = crate::fib::Fib::new(crate::fib::FibInput {
@@ -1237,13 +1224,9 @@ mod tests {
     /// off; another frame, or a SYN of a flow not on the fast path, changes nothing.
     #[test]
     fn a_syn_reopening_a_flow_settles_its_close_first() {
-        let Ok(fast) = FlowOffload::new(4096) else {
-            eprintln!("SKIPPED: no BPF maps here");
+        let Some((fast, ct, _, mut cs)) = fast_path() else {
             return;
         };
-        let fast = Arc::new(fast);
-        let ct = Conntrack::new(CtConfig::default(), 1);
-        let mut cs = Counters::default();
         let (mut o, client, orig, back) = on_fast_path(fast.clone(), &ct, &mut cs);
         let frame = |t: &Tuple, flags: u8| {
             let mut f = vec![0u8; 54];

@@ -5,7 +5,7 @@
 //! (`kxdp_kernel::offload`) only after a worker forwarded one of its packets from the tap as
 //! an established connection, with conntrack saying TCP established and assured (or UDP
 //! answered, from its second packet in that direction), not masqueraded, its endpoint not
-//! gone. The worker installs the translation its pipeline applied, bound to the interface the
+//! gone; or, routed directly, with its connection's first SYN (below). The worker installs the translation its pipeline applied, bound to the interface the
 //! packet came through, and the frame's direct hop if it had one (`crate::direct`); from then on
 //! the kernel rewrites the flow's packets itself, whole GSO super-frames included, counts them
 //! per flow, and sends them to the hop's interface or on to its own routing. A TCP connection

@@ -2,9 +2,9 @@
 //! decide, the kernel repeats their translation.
 //!
 //! The tap redirect's tc program (`crate::tc`) first looks the packet's IPv4 5-tuple up in
-//! [`FlowOffload`]'s hash map. A flow is there only after a worker forwarded it as an established
-//! connection (conntrack, policy and endpoint choice already done) and installed the
-//! translation it applied: new source and destination address and ports. On a hit the program
+//! [`FlowOffload`]'s hash map. A flow is there only after a worker decided its connection
+//! (conntrack, policy and endpoint choice done: from its SYN, or once established) and installed
+//! the translation it applied: new source and destination address and ports. On a hit the program
 //! rewrites the header with the kernel's checksum helpers (`bpf_l3_csum_replace`,
 //! `bpf_l4_csum_replace` with `BPF_F_PSEUDO_HDR` for the addresses: right for the partial
 //! checksums of GSO super-frames, which stay whole), counts the packet (the segments it stands

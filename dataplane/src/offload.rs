@@ -123,7 +123,6 @@ struct AwaitingAck {
 struct Opening {
     orig: FlowKey,
     reply: FlowKey,
-    since_ms: u64,
 }
 
 /// A worker's offloaded flows and its share of the fast path's counter slots.
@@ -206,7 +205,9 @@ impl Offloads {
             let Some(o) = flows.get(&op.orig) else {
                 return false;
             };
-            if now_ms.saturating_sub(op.since_ms) >= OPENING_MS {
+            if o.opened_ms
+                .is_none_or(|t| now_ms.saturating_sub(t) >= OPENING_MS)
+            {
                 return false;
             }
             if fast.flags(o.rewrite.slot) & u64::from(ACK) == 0 {
@@ -358,10 +359,7 @@ impl Offloads {
         if key == reply_key || !tracked(&key, &orig) || !tracked(&reply_key, &reply) {
             return;
         }
-        if self.free.len() < 2 {
-            return;
-        }
-        let [Some(a), Some(b)] = [self.free.pop_front(), self.free.pop_front()] else {
+        let (Some(&a), Some(&b)) = (self.free.front(), self.free.get(1)) else {
             return;
         };
         let on = [(key, orig, a), (reply_key, reply, b)].map(|(k, c, slot)| {
@@ -374,17 +372,15 @@ impl Offloads {
             .install_pair([(&on[0].0, &on[0].2), (&on[1].0, &on[1].2)])
             .is_err()
         {
-            self.free.push_front(b);
-            self.free.push_front(a);
             return;
         }
+        self.free.drain(..2);
         for (k, c, rewrite) in on {
             self.track(k, c, rewrite, Some(now_ms));
         }
         self.opening.push_back(Opening {
             orig: key,
             reply: reply_key,
-            since_ms: now_ms,
         });
     }
 
@@ -400,6 +396,9 @@ impl Offloads {
         counters: &mut Counters,
         now_ms: u64,
     ) -> u64 {
+        if self.flows.is_empty() {
+            return 0;
+        }
         let Some(key) = opening_key(frame) else {
             return 0;
         };
@@ -643,24 +642,21 @@ fn reply_of(key: &FlowKey, r: &FlowRewrite) -> FlowKey {
 /// The fast path's key of an untagged Ethernet frame carrying a TCP SYN without ACK over IPv4
 /// (a connection opening); None for anything else.
 fn opening_key(frame: &[u8]) -> Option<FlowKey> {
-    use kxdp_packet::{ethernet, ipv4, tcp};
-    let (ethertype, l3) = ethernet::l3_offset(frame).ok()?;
-    if ethertype != ethernet::ethertype::IPV4 {
-        return None;
-    }
-    let ip = ipv4::Packet::new_checked(frame.get(l3..)?).ok()?;
-    if ip.protocol() != IpProto::TCP.0 || ip.is_fragment() {
-        return None;
-    }
-    let seg = tcp::Segment::new_checked(ip.payload()).ok()?;
-    if seg.flags() & (SYN | ACK | RST) != SYN {
+    let m = kxdp_packet::meta::parse(frame, kxdp_packet::LinkType::Ethernet)
+        .ok()?
+        .ip()?;
+    if m.family != Family::V4
+        || m.proto != IpProto::TCP
+        || m.frag.is_fragment
+        || m.tcp_flags & (SYN | ACK | RST) != SYN
+    {
         return None;
     }
     Some(FlowKey {
-        src: ip.src_addr(),
-        dst: ip.dst_addr(),
-        sport: seg.src_port(),
-        dport: seg.dst_port(),
+        src: m.src.v4_octets(),
+        dst: m.dst.v4_octets(),
+        sport: m.sport,
+        dport: m.dport,
         proto: IpProto::TCP.0,
     })
 }

@@ -29,15 +29,17 @@ use std::io;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use kxdp_packet::tcp::flags as tcp;
+
 use crate::xdp::asm::*;
 use crate::xdp::Map;
 
 const BPF_MAP_TYPE_HASH: u32 = 1;
+const BPF_MAP_TYPE_ARRAY: u32 = 2;
+const BPF_F_MMAPABLE: u32 = 1 << 10;
 /// The kernel's "operation not supported" for a map without batch operations (not in libc:
 /// kernel-internal, yet what `bpf()` returns then).
 const ENOTSUPP: i32 = 524;
-const BPF_MAP_TYPE_ARRAY: u32 = 2;
-const BPF_F_MMAPABLE: u32 = 1 << 10;
 
 /// Flows kxdp can offload at once, per node (the hash map's and the counter array's size).
 pub const OFFLOAD_SLOTS: u32 = 65536;
@@ -58,10 +60,11 @@ const SLOT_FLAGS: i16 = 16;
 /// In a slot's flags word beside the TCP flags: a segment without FIN came after one with FIN
 /// in this direction (the close's last ACK, or an ACK of data after a half-close).
 pub const AFTER_FIN: u64 = 0x100;
-const TCP_FIN: i32 = 0x01;
-const TCP_SYN: i32 = 0x02;
-const TCP_RST: i32 = 0x04;
-const TCP_ACK: i32 = 0x10;
+/// The TCP flags the program tests, as immediates.
+const TCP_FIN: i32 = tcp::FIN as i32;
+const TCP_SYN: i32 = tcp::SYN as i32;
+const TCP_RST: i32 = tcp::RST as i32;
+const TCP_ACK: i32 = tcp::ACK as i32;
 
 /// An IPv4 flow as the fast path keys it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

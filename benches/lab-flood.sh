@@ -21,6 +21,7 @@
 #   KXDP_FLOOD_TABLES="1000" KXDP_FLOOD_RATES="10000" benches/lab-flood.sh
 #   KXDP_FLOOD_APPEND=1 ...   # add to target/lab-flood.jsonl instead of starting it afresh
 #   KXDP_FLOOD_MODES="kxdp kxdp-tap" ...   # kxdp-tap: every interface through the tap, no XDP
+#                                          # kxdp-tap-pods: the pods through it, the uplink on XDP
 #
 # The numbers are in docs/hardening.md ("SYN flood at a full conntrack table").
 set -Eeuo pipefail
@@ -81,7 +82,8 @@ print()
 print("| table | flood asked | forwarder | flood reached (SYN/s) | flood SYNs at the backends | established intact | legitimate connections completed | client retransmissions | drop reasons (during the flood) | load |")
 print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 for r in runs:
-    fwd = {"kernel": "nf_conntrack + nftables", "kxdp-tap": "kxdp, through the tap"}.get(r["mode"], "kxdp")
+    fwd = {"kernel": "nf_conntrack + nftables", "kxdp-tap": "kxdp, through the tap",
+           "kxdp-tap-pods": "kxdp, pods through the tap"}.get(r["mode"], "kxdp")
     if r["label"] == "matched":
         fwd += f" (paced to {k(int(r['rate']))})"
     drops = ", ".join(f"{n} {v}" for n, v in sorted(r["drops"].items(), key=lambda x: -x[1])) or "none"

@@ -752,8 +752,9 @@ fn tcp_stat(ns: &str, name: &str) -> u64 {
 
 /// SYN flood against a conntrack table of `KXDP_FLOOD_TABLE` entries, forwarded by
 /// `KXDP_FLOOD_MODE`: `kernel` (nftables DNAT, nf_conntrack with `nf_conntrack_max` set to the
-/// table size for the run and restored after), `kxdp` (`conntrack.maxEntries`) or `kxdp-tap`
-/// (the same with every interface through the tap). The flood:
+/// table size for the run and restored after), `kxdp` (`conntrack.maxEntries`), `kxdp-tap`
+/// (the same with every interface through the tap) or `kxdp-tap-pods` (the pods through the
+/// tap, the uplink on XDP beside the fast path). The flood:
 /// `kxdp pcap send --syn --vary-src` from the ext namespace at `KXDP_FLOOD_RATE` SYN/s (or
 /// `max`) to the ClusterIP's TCP port, each SYN from a new spoofed source in 10.64.0.0/10,
 /// never answered (the backends' SYN-ACKs have no route back). Meanwhile the client pod keeps
@@ -783,7 +784,7 @@ fn bench_lab_syn_flood() {
         "sysctl -qw net.ipv4.conf.all.rp_filter=0 net.ipv4.conf.default.rp_filter=0 net.ipv4.conf.up0.rp_filter=0",
     );
     match mode.as_str() {
-        "kxdp" | "kxdp-tap" => {
+        "kxdp" | "kxdp-tap" | "kxdp-tap-pods" => {
             let (config, state) = lab_files();
             let mut cfg = std::fs::read_to_string(&config)
                 .unwrap()
@@ -800,6 +801,10 @@ fn bench_lab_syn_flood() {
                 // flood read from the tap frame by frame (docs/afxdp.md § The uplink through
                 // the tap).
                 cfg += "podInterception: {mode: tap, interfaces: [up0, \"vpod*\"]}\n";
+            }
+            if mode == "kxdp-tap-pods" {
+                // The pods through the tap, the flood arriving on the uplink's XDP program.
+                cfg += "podInterception: {mode: tap, interfaces: [\"vpod*\"]}\n";
             }
             std::fs::write(dir.path().join("config.yaml"), cfg).unwrap();
             _kxdp = Some(Kxdp::start(
@@ -823,7 +828,7 @@ fn bench_lab_syn_flood() {
             // own sendto() on CPU 0, and the kernel slows the flood down instead of facing it.
             lab::sh(&c.node, "echo 2 > /sys/class/net/up0/queues/rx-0/rps_cpus");
         }
-        other => panic!("KXDP_FLOOD_MODE={other}: kxdp, kxdp-tap or kernel"),
+        other => panic!("KXDP_FLOOD_MODE={other}: kxdp, kxdp-tap, kxdp-tap-pods or kernel"),
     }
     let _servers: Vec<lab::Servers> = ["web-1", "web-2"]
         .iter()

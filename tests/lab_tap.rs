@@ -10,8 +10,9 @@
 //! as their segments; a NetworkPolicy deny is enforced on the tap path (the connection times
 //! out, `policy-denied-ingress`); IPv6 through the IPv6 ClusterIP after the pod's neighbour
 //! cache was flushed (neighbour discovery stays with the kernel); a Service without endpoints is refused with kxdp's RST
-//! written into the tap; a ClusterIP whose endpoint is on node-b works, its replies
-//! arriving on the uplink through AF_XDP; a NodePort from outside the cluster to a pod on
+//! written into the tap; a ClusterIP whose endpoint is on node-b works, its short
+//! connections on the fast path from their SYN, what comes back on the uplink handed by the XDP
+//! program to the tc fast path beside it (the workers see each connection's SYN only); a NodePort from outside the cluster to a pod on
 //! node-a (masqueraded, the reply through the tap); source validation (the default, strict) on the tap
 //! path: a pod sending with an admitted pod's address (IPv4 and IPv6, TCP and UDP) does not
 //! reach the policy-protected pod and is counted as `spoofed-source`, the admitted pod's own
@@ -174,7 +175,8 @@ spec:
         "metricsBindAddress: \"\"",
         "metricsBindAddress: 127.0.0.1:10249",
     ) + "podInterception: {mode: tap}\n";
-    let mut k = lab.start_kxdp("node-a", &config, &objects);
+    let takeover = lab.dir.path().join("takeover.sock");
+    let mut k = lab.start_kxdp_takeover("node-a", &config, &objects, &takeover);
 
     // Attached: the redirect on the pods' veths, XDP on the uplink only.
     for p in [client, other, web] {
@@ -187,6 +189,9 @@ spec:
         );
     }
     assert!(lab::xdp_on(&node, "eth0").is_some(), "{}", k.log());
+    // Beside it, the fast path on the uplink's ingress (what the XDP program hands over).
+    let tc = lab::sh(&node, "tc filter show dev eth0 ingress");
+    assert!(tc.contains("kxdp-tap tag"), "eth0: {tc}");
     assert!(
         k.log().contains("tc redirect into kxdp's tap"),
         "{}",
@@ -354,12 +359,69 @@ spec:
     assert!(t0.elapsed() < Duration::from_secs(1));
     assert!(metric(&node, "kxdp_verdicts_total{reason=\"no-endpoints\"}") >= 1);
 
-    // An endpoint on node-b: the request leaves node-a through the kernel (from the tap), the
-    // replies come back on the uplink (AF_XDP) and reach the pod through the kernel port.
+    // An endpoint on node-b: the connection leaves node-a routed directly out of the uplink,
+    // and node-b's answers come back on the uplink.
     let remote = lab.pod("remote-b1").ip4;
     let a = tcp(&client.ns, sa([172, 30, 0, 11], 80), T, 10_000).expect("remote endpoint");
     assert_eq!(a.peer, IpAddr::from(client.ip4));
     assert_eq!(a.server, "remote-b1", "({remote})");
+    // Short connections to it: each goes on the fast path with its SYN (routed directly out of
+    // the uplink), and what node-b sends back arrives on the uplink, where the XDP program
+    // hands the flows on the fast path to the kernel and the tc program beside it carries them.
+    let (packets, offloaded) = (
+        metric(&node, "kxdp_packets_total"),
+        metric(&node, "kxdp_offloaded_packets_total"),
+    );
+    for _ in 0..SHORT {
+        let to = sa("172.30.0.11".parse::<IpAddr>().unwrap(), 80);
+        let answer = tcp(&client.ns, to, Duration::from_secs(2), 100).expect("a short connection");
+        assert_eq!(answer.server, "remote-b1");
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let moved = metric(&node, "kxdp_offloaded_packets_total") - offloaded;
+    let seen = metric(&node, "kxdp_packets_total") - packets - moved;
+    eprintln!(
+        "{SHORT} short connections across nodes: {seen} packets through the workers, {moved} in \
+         the kernel"
+    );
+    assert!(
+        moved >= 6 * SHORT && seen <= 2 * SHORT,
+        "{seen} packets through the workers, {moved} on the fast path\n{}",
+        k.log()
+    );
+    // A takeover: the successor keeps the uplink's XDP program, which reads the fast path's
+    // map, so it is handed that map (emptied) and re-attaches the uplink's redirect over it;
+    // connections across nodes go on the fast path from their SYN again.
+    let mut old = k;
+    k = lab.start_kxdp_takeover("node-a", &config, &objects, &takeover);
+    assert!(k.log().contains("took over from pid"), "{}", k.log());
+    assert!(
+        lab::wait_until(Duration::from_secs(10), || {
+            old.kxdp.child.try_wait().is_ok_and(|s| s.is_some())
+        }),
+        "the predecessor exits after the handover:\n{}",
+        old.log()
+    );
+    let tc = lab::sh(&node, "tc filter show dev eth0 ingress");
+    assert!(tc.contains("kxdp-tap tag"), "eth0 after the takeover: {tc}");
+    let (packets, offloaded) = (
+        metric(&node, "kxdp_packets_total"),
+        metric(&node, "kxdp_offloaded_packets_total"),
+    );
+    for _ in 0..SHORT {
+        let to = sa("172.30.0.11".parse::<IpAddr>().unwrap(), 80);
+        let answer = tcp(&client.ns, to, Duration::from_secs(2), 100).expect("after the takeover");
+        assert_eq!(answer.server, "remote-b1");
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let moved = metric(&node, "kxdp_offloaded_packets_total") - offloaded;
+    let seen = metric(&node, "kxdp_packets_total") - packets - moved;
+    eprintln!("after the takeover: {seen} packets through the workers, {moved} in the kernel");
+    assert!(
+        moved >= 6 * SHORT && seen <= 2 * SHORT,
+        "{seen} packets through the workers, {moved} on the fast path\n{}",
+        k.log()
+    );
 
     // A NodePort from outside the cluster whose endpoint is a pod on node-a: the request comes
     // in on the uplink (AF_XDP), masqueraded, and reaches the pod through the kernel port; the
@@ -412,13 +474,9 @@ spec:
     // A clean stop gives the pods back to the kernel: no redirect, no tap.
     let st = k.kxdp.stop();
     assert!(st.is_some_and(|s| s.success()), "{}", k.log());
-    for p in [client, web] {
-        let tc = lab::sh(&node, &format!("tc filter show dev {} ingress", p.host_if));
-        assert!(
-            !tc.contains(TAP) && !tc.contains("kxdp-tap"),
-            "{}: {tc}",
-            p.host_if
-        );
+    for dev in [&client.host_if, &web.host_if, "eth0"] {
+        let tc = lab::sh(&node, &format!("tc filter show dev {dev} ingress"));
+        assert!(!tc.contains(TAP) && !tc.contains("kxdp-tap"), "{dev}: {tc}");
     }
     assert!(!lab::ip(&node, "link show").contains(TAP));
     let a = tcp(&client.ns, sa(web.ip4, TCP_PORT), T, 0).expect("pod to pod via the kernel");

@@ -94,6 +94,9 @@ pub enum PortCommand {
         queue: u32,
         mac: [u8; 6],
         complete_checksums: bool,
+        /// The interface's XDP program hands the in-kernel fast path's flows to the kernel: the
+        /// flows arriving here may go on it (`crate::offload`).
+        fast_path: bool,
         reply: crossbeam::channel::Sender<std::io::Result<(i32, bool)>>,
     },
     /// Close every socket on `ifindex` and take back its frames.
@@ -203,6 +206,8 @@ pub struct Port {
     pub mac: [u8; 6],
     /// Complete TCP/UDP checksums of frames received here (virtual interfaces: veth).
     pub complete_checksums: bool,
+    /// The flows arriving here may go on the in-kernel fast path (`PortCommand::Add`).
+    pub fast_path: bool,
     /// Frames this socket's fill ring is kept at: starts at the base share, is at least
     /// [`ACTIVE_FILL`] once the socket carries traffic, doubles (up to a ring) under pressure
     /// while frames beyond the kept reserve are free ([`next_fill_share`]), and halves when its
@@ -451,7 +456,7 @@ impl Worker {
         };
         let target = fill_target(cfg, 0);
         for &(ifindex, queue, mac, complete_checksums) in ports {
-            w.add_port(ifindex, queue, mac, complete_checksums, target)?;
+            w.add_port(ifindex, queue, mac, complete_checksums, false, target)?;
         }
         Ok(w)
     }
@@ -499,6 +504,7 @@ impl Worker {
         queue: u32,
         mac: [u8; 6],
         complete_checksums: bool,
+        fast_path: bool,
         fill: u32,
     ) -> std::io::Result<(i32, bool)> {
         let cfg = XskConfig {
@@ -523,6 +529,7 @@ impl Worker {
             name: port_name(ifindex),
             mac,
             complete_checksums,
+            fast_path,
             fill_target: fill,
             demand: FillDemand {
                 topped: sock_held,
@@ -582,10 +589,11 @@ impl Worker {
                     queue,
                     mac,
                     complete_checksums,
+                    fast_path,
                     reply,
                 } => {
                     let fill = fill_target(&self.xsk, 0);
-                    let r = self.add_port(ifindex, queue, mac, complete_checksums, fill);
+                    let r = self.add_port(ifindex, queue, mac, complete_checksums, fast_path, fill);
                     let _ = reply.send(r);
                 }
                 PortCommand::Remove { ifindex, reply } => {
@@ -688,6 +696,20 @@ impl Worker {
         // Spoofed sources go to the batch's tail with their verdicts; the pipeline takes the
         // rest.
         let screened = self.screen_sources(shared, st, &fib, &snap, p, n);
+        // The port's flows may take the in-kernel fast path (its XDP program hands them to the
+        // kernel): a SYN reopening one still on it has its close settled first.
+        let fast_path = self.ports[p].fast_path && !from_kernel;
+        let mut moved = 0;
+        if let Some(o) = fast_path
+            .then(|| self.tap.as_mut()?.offloads.as_mut())
+            .flatten()
+        {
+            for d in &st.descs[..screened] {
+                let frame = received(&self.umem, d);
+                let c = &mut st.pipeline.counters;
+                moved += o.settle_reopened(frame, &shared.ct, c, now);
+            }
+        }
         let hex = shared.stats.as_ref().is_some_and(|s| s.wants_frames());
         if hex {
             st.keep_received(&self.umem, n);
@@ -721,6 +743,10 @@ impl Worker {
                 (st.io.checksums_completed).fetch_add(done, Ordering::Relaxed);
             }
         }
+        if fast_path {
+            let open = FastPathStep::Open;
+            self.fast_path_step(open, shared, st, &snap, &fib, p, screened, now);
+        }
         let mut q = TxQueues {
             out: &mut st.out,
             out_idx: &mut st.out_idx,
@@ -736,8 +762,17 @@ impl Worker {
             hops: &mut st.hops[..n],
         };
         self.queue_batch(shared, &fib, rx, batch, &mut q, now);
+        self.transmit(&mut q, &mut st.verdicts[..n], &st.io);
+        if fast_path {
+            let consider = FastPathStep::Consider;
+            moved += self.fast_path_step(consider, shared, st, &snap, &fib, p, screened, now);
+        }
         let c = &st.io;
-        self.transmit(&mut q, &mut st.verdicts[..n], c);
+        if moved > 0 {
+            // What the fast path moved for the flows this batch took off, counted now.
+            c.rx.fetch_add(moved, Ordering::Relaxed);
+            c.tx.fetch_add(moved, Ordering::Relaxed);
+        }
         // The batch's final verdicts, counted once (held frames when they leave).
         st.pipeline.counters.record(
             (st.verdicts[..n].iter().zip(&st.hops[..n]))
@@ -757,6 +792,53 @@ impl Worker {
                 now,
             );
         }
+    }
+
+    /// Port `p`'s batch and the in-kernel fast path (`Port::fast_path`), at `step`: returns the
+    /// packets the fast path moved for the flows the batch took off (counted).
+    #[allow(clippy::too_many_arguments)]
+    fn fast_path_step(
+        &mut self,
+        step: FastPathStep,
+        shared: &Shared,
+        st: &mut RunState,
+        snap: &Snapshot,
+        fib: &Fib,
+        p: usize,
+        screened: usize,
+        now: u64,
+    ) -> u64 {
+        let Some(tap) = self.tap.as_mut() else {
+            return 0;
+        };
+        let Some(o) = tap.offloads.as_mut() else {
+            return 0;
+        };
+        let routing = tap
+            .direct
+            .is_some()
+            .then_some(crate::direct::DirectRouting {
+                fib,
+                pods: &snap.cluster_cidrs,
+                kernel_port: self.kernel_port,
+            });
+        let (allowed, ingress, ct) = (offload_allowed(shared), self.ports[p].ifindex, &shared.ct);
+        let mut moved = 0;
+        for (d, v) in st.descs[..screened].iter().zip(&st.verdicts[..screened]) {
+            let hop = routing.as_ref().and_then(|r| r.hop(v));
+            let frame = received(&self.umem, d);
+            let allowed = allowed && !snap.node.is_node_addr(&v.src);
+            match step {
+                FastPathStep::Open => {
+                    o.open(frame, v, ingress, hop, routing.as_ref(), ct, now, allowed)
+                }
+                FastPathStep::Consider => {
+                    let c = &mut st.pipeline.counters;
+                    moved += o.consider(frame, v, ingress, hop, ct, c, now, allowed);
+                }
+            }
+        }
+        moved
     }
 
     /// One batch from the tap queue (`crate::tap`), if the worker has one: up to `TAP_BATCH`
@@ -1382,6 +1464,23 @@ fn register_masq_reply(shared: &Shared, io: &IoCounters, v: &Verdict, from_kerne
             }
         }
     }
+}
+
+/// Where a batch from an XDP port stands with the in-kernel fast path: after the pipeline and
+/// the egress stage, before TX (the answer to a SYN may come back before TX returns), the
+/// connections whose first SYN it carries go on (`Offloads::open`); after TX, its flows that
+/// qualify go on and those a frame closed or reset come off (`Offloads::consider`).
+#[derive(Clone, Copy)]
+enum FastPathStep {
+    Open,
+    Consider,
+}
+
+/// The bytes of received frame `d` in the UMEM.
+#[inline]
+fn received<'u>(umem: &'u Umem, d: &Desc) -> &'u [u8] {
+    let f = umem.frame(d.addr);
+    &f[..d.len.min(f.len())]
 }
 
 /// Frames every socket that carries traffic is given at least (as long as the UMEM keeps the

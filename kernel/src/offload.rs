@@ -26,6 +26,7 @@
 //! 1 or less, frames whose headers are not in the buffer's linear part.
 
 use std::io;
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -171,6 +172,11 @@ impl FlowOffload {
         let flows = Map::create(BPF_MAP_TYPE_HASH, KEY_LEN as u32, VALUE_LEN as u32, slots)?;
         let counters =
             Map::create_with_flags(BPF_MAP_TYPE_ARRAY, 4, COUNTER_LEN, slots, BPF_F_MMAPABLE)?;
+        FlowOffload::with_maps(flows, counters, slots)
+    }
+
+    fn with_maps(flows: Map, counters: Map, slots: u32) -> io::Result<FlowOffload> {
+        let mapped = slots as usize * COUNTER_LEN as usize;
         let counts = crate::afxdp::map_shared(counters.fd_borrowed(), mapped)?.cast();
         Ok(FlowOffload {
             flows,
@@ -179,6 +185,54 @@ impl FlowOffload {
             slots,
             mapped,
         })
+    }
+
+    /// The two maps' descriptors, flows then counters (for a takeover: [`FlowOffload::adopt`]).
+    pub fn fds(&self) -> [BorrowedFd<'_>; 2] {
+        [self.flows.fd_borrowed(), self.counters.fd_borrowed()]
+    }
+
+    /// The maps a predecessor made for `slots` flows (received in a takeover), emptied: the
+    /// flows on them were that process's to take off, and the programs that read these maps
+    /// stay attached (the XDP programs of a takeover), so nothing may stay on them unowned.
+    pub fn adopt(flows: OwnedFd, counters: OwnedFd, slots: u32) -> io::Result<FlowOffload> {
+        let fast = FlowOffload::with_maps(
+            Map::from_fd(flows, KEY_LEN as u32, VALUE_LEN as u32),
+            Map::from_fd(counters, 4, COUNTER_LEN),
+            slots,
+        )?;
+        fast.clear()?;
+        Ok(fast)
+    }
+
+    /// Takes every flow off the fast path; returns how many were on it.
+    pub fn clear(&self) -> io::Result<usize> {
+        // Every key first (one call each), then as few deletions as the kernel allows.
+        let mut keys = Vec::new();
+        let mut key = [0u8; KEY_LEN];
+        let mut more = self.flows.next_key(None, &mut key)?;
+        while more {
+            keys.extend_from_slice(&key);
+            let at = key;
+            more = self.flows.next_key(Some(&at), &mut key)?;
+        }
+        let mut at = 0;
+        while at < keys.len() {
+            match self.flows.delete_batch(&keys[at..]) {
+                Ok(()) => break,
+                Err((e, done)) => {
+                    at += done * KEY_LEN;
+                    // Gone meanwhile, or no batch operations (a kernel before 5.6).
+                    match self.flows.delete(&keys[at..at + KEY_LEN]) {
+                        Err(d) if d.raw_os_error() != Some(libc::ENOENT) => {
+                            return Err(io::Error::new(e.kind(), format!("clearing: {d}")))
+                        }
+                        _ => at += KEY_LEN,
+                    }
+                }
+            }
+        }
+        Ok(keys.len() / KEY_LEN)
     }
 
     pub fn maps(&self) -> OffloadMaps {
@@ -387,56 +441,51 @@ const PORT_FLAGS: i16 = -40;
 const SEEN_FLAGS: i16 = -48;
 pub(crate) const TC_ACT_OK: i32 = 0;
 
-/// Emits the fast path at the start of a tc program: on a hit the program ends there
-/// (`TC_ACT_OK`); on a miss it jumps to `miss`. The context is in r6 (the caller's first
-/// instruction puts it there) and stays there.
-pub(crate) fn emit(a: &mut Asm, maps: OffloadMaps, miss: &'static str) {
-    const NOT: &str = "offload_not";
-    a.ldx(W, R2, R6, SKB_POINTERS.data);
-    a.ldx(W, R3, R6, SKB_POINTERS.data_end);
+/// Emits the flow lookup the tc program and the XDP program share (context in r6, packet
+/// pointers at `at`, the packet's interface index at `ifindex_at` in the context): an IPv4
+/// frame without options, not a fragment, TTL above 1, TCP but a SYN without ACK or a RST, or
+/// UDP; its 5-tuple in the flow map, bound to this interface. On a hit r9 holds the flow's
+/// value, r7 the IP protocol and `SEEN_FLAGS` the TCP flags (0 for UDP); otherwise it jumps
+/// to `not`.
+pub(crate) fn emit_lookup(
+    a: &mut Asm,
+    flows: i32,
+    at: crate::xdp::PacketPointers,
+    ifindex_at: i16,
+    not: &'static str,
+) {
+    a.ldx(W, R2, R6, at.data);
+    a.ldx(W, R3, R6, at.data_end);
     a.mov_x(R4, R2);
     a.alu_k(ADD, R4, HEADERS);
-    a.jmp_x(JGT, R4, R3, NOT);
+    a.jmp_x(JGT, R4, R3, not);
     // IPv4 (as it sits in the frame, read little-endian), no options, not a fragment.
     a.ldx(H, R4, R2, ETH_TYPE);
-    a.jmp_k(JNE, R4, 0x0008, NOT);
+    a.jmp_k(JNE, R4, 0x0008, not);
     a.ldx(B, R4, R2, IP_VER_IHL);
-    a.jmp_k(JNE, R4, 0x45, NOT);
+    a.jmp_k(JNE, R4, 0x45, not);
     a.ldx(H, R4, R2, IP_FRAG);
     a.alu_k(AND, R4, 0xff3f);
-    a.jmp_k(JNE, R4, 0, NOT);
+    a.jmp_k(JNE, R4, 0, not);
     // The kernel answers an expiring TTL; the tap path leaves that to it too.
     a.ldx(B, R4, R2, IP_TTL);
-    a.jmp_k(JLE, R4, 1, NOT);
+    a.jmp_k(JLE, R4, 1, not);
     a.ldx(B, R7, R2, IP_PROTO);
-    a.jmp_k(JEQ, R7, 6, "offload_tcp");
-    a.jmp_k(JNE, R7, 17, NOT);
-    // UDP: a zero checksum (none) stays zero.
-    a.mov_k(R8, UDP_CSUM);
-    a.mov_k(R4, F_PSEUDO_HDR | F_MARK_MANGLED_0 | 4);
-    a.stx(DW, R10, ADDR_FLAGS, R4);
-    a.mov_k(R4, F_MARK_MANGLED_0 | 4);
-    a.stx(DW, R10, PORT_FLAGS, R4);
     a.mov_k(R4, 0);
-    a.stx(DW, R10, SEEN_FLAGS, R4);
-    a.ja("offload_key");
-    a.label("offload_tcp");
+    a.jmp_k(JEQ, R7, 17, "lookup_flags");
+    a.jmp_k(JNE, R7, 6, not);
     // A connection's first SYN and every RST go to the workers: they decide each connection
     // and see every reset at once. What else a flow carries (a SYN-ACK, FINs) is reported
     // (below).
     a.ldx(B, R4, R2, TCP_FLAGS);
-    a.stx(DW, R10, SEEN_FLAGS, R4);
     a.mov_x(R5, R4);
     a.alu_k(AND, R5, TCP_RST);
-    a.jmp_k(JNE, R5, 0, NOT);
-    a.alu_k(AND, R4, TCP_SYN | TCP_ACK);
-    a.jmp_k(JEQ, R4, TCP_SYN, NOT);
-    a.mov_k(R8, TCP_CSUM);
-    a.mov_k(R4, F_PSEUDO_HDR | 4);
-    a.stx(DW, R10, ADDR_FLAGS, R4);
-    a.mov_k(R4, 4);
-    a.stx(DW, R10, PORT_FLAGS, R4);
-    a.label("offload_key");
+    a.jmp_k(JNE, R5, 0, not);
+    a.mov_x(R5, R4);
+    a.alu_k(AND, R5, TCP_SYN | TCP_ACK);
+    a.jmp_k(JEQ, R5, TCP_SYN, not);
+    a.label("lookup_flags");
+    a.stx(DW, R10, SEEN_FLAGS, R4);
     a.ldx(W, R4, R2, IP_SRC);
     a.stx(W, R10, KEY, R4);
     a.ldx(W, R4, R2, IP_DST);
@@ -444,15 +493,39 @@ pub(crate) fn emit(a: &mut Asm, maps: OffloadMaps, miss: &'static str) {
     a.ldx(W, R4, R2, L4);
     a.stx(W, R10, KEY + 8, R4);
     a.stx(W, R10, KEY + 12, R7);
-    a.ld_map(R1, maps.flows);
+    a.ld_map(R1, flows);
     a.mov_x(R2, R10);
     a.alu_k(ADD, R2, KEY as i32);
     a.call(HELPER_MAP_LOOKUP_ELEM);
-    a.jmp_k(JEQ, R0, 0, NOT);
+    a.jmp_k(JEQ, R0, 0, not);
     a.mov_x(R9, R0);
     a.ldx(W, R4, R9, 16);
-    a.ldx(W, R5, R6, SKB_IFINDEX);
-    a.jmp_x(JNE, R4, R5, NOT);
+    a.ldx(W, R5, R6, ifindex_at);
+    a.jmp_x(JNE, R4, R5, not);
+}
+
+/// Emits the fast path at the start of a tc program: on a hit the program ends there
+/// (`TC_ACT_OK`); on a miss it jumps to `miss`. The context is in r6 (the caller's first
+/// instruction puts it there) and stays there.
+pub(crate) fn emit(a: &mut Asm, maps: OffloadMaps, miss: &'static str) {
+    const NOT: &str = "offload_not";
+    emit_lookup(a, maps.flows, SKB_POINTERS, SKB_IFINDEX, NOT);
+    // The checksum each rewrite updates, and how.
+    a.jmp_k(JEQ, R7, 6, "offload_tcp");
+    // UDP: a zero checksum (none) stays zero.
+    a.mov_k(R8, UDP_CSUM);
+    a.mov_k(R4, F_PSEUDO_HDR | F_MARK_MANGLED_0 | 4);
+    a.stx(DW, R10, ADDR_FLAGS, R4);
+    a.mov_k(R4, F_MARK_MANGLED_0 | 4);
+    a.stx(DW, R10, PORT_FLAGS, R4);
+    a.ja("offload_count");
+    a.label("offload_tcp");
+    a.mov_k(R8, TCP_CSUM);
+    a.mov_k(R4, F_PSEUDO_HDR | 4);
+    a.stx(DW, R10, ADDR_FLAGS, R4);
+    a.mov_k(R4, 4);
+    a.stx(DW, R10, PORT_FLAGS, R4);
+    a.label("offload_count");
     // Count: the segments a super-frame stands for (one for a plain frame), and its bytes.
     a.ldx(W, R4, R9, 12);
     a.stx(W, R10, SLOT, R4);
@@ -642,6 +715,16 @@ mod tests {
         assert_eq!(gone, [true; 4], "one not on it is off it too");
         assert!(keys.iter().all(|k| !on(k, &mut value)));
         fast.remove_all(&[], &mut []);
+        // A successor adopts the maps emptied, counters kept.
+        for i in 1..=300 {
+            fast.install(&key(i), &rewrite(u32::from(i % 8))).unwrap();
+        }
+        fast.add_counts(3, 2, 120);
+        let [flows, counters] = fast.fds().map(|fd| fd.try_clone_to_owned().unwrap());
+        let adopted = FlowOffload::adopt(flows, counters, 4096).unwrap();
+        assert!(!on(&key(1), &mut value) && !on(&key(300), &mut value));
+        assert_eq!(adopted.counts(3), (2, 120));
+        assert_eq!(adopted.clear().unwrap(), 0);
     }
 
     #[test]

@@ -566,7 +566,7 @@ pub fn node_ports_redirected(lo: u32, pref: u16) -> io::Result<bool> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::sys::testing::{capture_on, in_private_netns};
     use netlink_packet_core::{Emitable, Parseable};
@@ -774,7 +774,7 @@ mod tests {
 
     /// A TCP/IPv4 frame to `dst:dport` from 10.8.0.2:40000 addressed to `mac`, checksums
     /// complete, with TCP flags `flags`.
-    fn tcp_frame(mac: [u8; 6], dst: [u8; 4], dport: u16, flags: u8) -> Vec<u8> {
+    pub(crate) fn tcp_frame(mac: [u8; 6], dst: [u8; 4], dport: u16, flags: u8) -> Vec<u8> {
         let mut f = vec![0u8; 14 + 20 + 20 + 16];
         f[..6].copy_from_slice(&mac);
         f[6..12].copy_from_slice(&[0x02, 0, 0, 0, 0, 0xa]);

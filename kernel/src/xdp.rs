@@ -45,6 +45,7 @@ const BPF_MAP_CREATE: u32 = 0;
 const BPF_MAP_LOOKUP_ELEM: u32 = 1;
 const BPF_MAP_UPDATE_ELEM: u32 = 2;
 const BPF_MAP_DELETE_ELEM: u32 = 3;
+const BPF_MAP_GET_NEXT_KEY: u32 = 4;
 const BPF_MAP_UPDATE_BATCH: u32 = 26;
 const BPF_MAP_DELETE_BATCH: u32 = 27;
 const BPF_PROG_LOAD: u32 = 5;
@@ -235,6 +236,25 @@ impl Map {
             return Err((io::Error::last_os_error(), done.min(n)));
         }
         Ok(())
+    }
+
+    /// Writes into `next` the key after `key` (the first key without one); false after the
+    /// last.
+    pub fn next_key(&self, key: Option<&[u8]>, next: &mut [u8]) -> io::Result<bool> {
+        assert!(next.len() == self.key_size && key.is_none_or(|k| k.len() == self.key_size));
+        let mut attr = [0u64; 16];
+        attr[0] = self.fd() as u32 as u64;
+        attr[1] = key.map_or(0, |k| k.as_ptr() as u64);
+        attr[2] = next.as_mut_ptr() as u64;
+        if sys_bpf(BPF_MAP_GET_NEXT_KEY, &mut attr) < 0 {
+            let e = io::Error::last_os_error();
+            return if e.raw_os_error() == Some(libc::ENOENT) {
+                Ok(false)
+            } else {
+                Err(e)
+            };
+        }
+        Ok(true)
     }
 
     pub fn lookup(&self, key: &[u8], value: &mut [u8]) -> io::Result<bool> {
@@ -456,6 +476,9 @@ pub struct ProgramMaps {
     pub xsks: i32,
     pub steer: SteerMaps,
     pub hold: i32,
+    /// The in-kernel fast path's flow map (`crate::offload`), when the interface's ingress has
+    /// the tc fast path too: a flow installed there goes to the kernel (see `program`).
+    pub fast_path: Option<i32>,
 }
 
 /// The maps [`steer`] reads: which packets at a node address are the dataplane's.
@@ -481,6 +504,8 @@ const XDP_POINTERS: PacketPointers = PacketPointers {
     data: 0,
     data_end: 4,
 };
+/// `struct xdp_md`'s `ingress_ifindex`.
+const XDP_INGRESS_IFINDEX: i16 = 12;
 
 /// Where [`steer`] jumps.
 #[derive(Clone, Copy, Debug)]
@@ -518,6 +543,14 @@ pub fn program(maps: ProgramMaps) -> Vec<Insn> {
     use asm::*;
     let mut a = Asm::default();
     a.mov_x(R6, R1);
+    if let Some(flows) = maps.fast_path {
+        // A flow the workers put on the in-kernel fast path goes to the kernel as the frame it
+        // is: its receive path builds super-frames (GRO) and the tc program on this interface's
+        // ingress rewrites and sends them on (`crate::offload`). The workers see none of it.
+        crate::offload::emit_lookup(&mut a, flows, XDP_POINTERS, XDP_INGRESS_IFINDEX, "steer");
+        a.ja("pass");
+        a.label("steer");
+    }
     steer(
         &mut a,
         maps.steer,
@@ -861,16 +894,23 @@ pub struct XdpProgram {
 impl XdpProgram {
     /// Creates the maps and loads the program; `queues` is the XSKMAP's size.
     pub fn load(queues: u32) -> io::Result<XdpProgram> {
-        XdpProgram::load_with(queues, std::sync::Arc::new(SharedMaps::create()?))
+        XdpProgram::load_with(queues, std::sync::Arc::new(SharedMaps::create()?), None)
     }
 
-    /// Loads a program that uses `maps` (shared with other interfaces' programs).
-    pub fn load_with(queues: u32, maps: std::sync::Arc<SharedMaps>) -> io::Result<XdpProgram> {
+    /// Loads a program that uses `maps` (shared with other interfaces' programs); with
+    /// `fast_path`, the flows installed there go to the kernel (the interface's ingress must
+    /// have the tc fast path over the same maps: `crate::tc::redirect_ingress`).
+    pub fn load_with(
+        queues: u32,
+        maps: std::sync::Arc<SharedMaps>,
+        fast_path: Option<crate::offload::OffloadMaps>,
+    ) -> io::Result<XdpProgram> {
         let xsks = Map::create(BPF_MAP_TYPE_XSKMAP, 4, 4, queues.max(1))?;
         let insns = program(ProgramMaps {
             xsks: xsks.fd(),
             steer: maps.steer_maps(),
             hold: maps.hold.fd(),
+            fast_path: fast_path.map(|m| m.flows),
         });
         let prog = load_program(BPF_PROG_TYPE_XDP, BPF_XDP, &insns, "the XDP program")?;
         Ok(XdpProgram {
@@ -1134,6 +1174,7 @@ mod tests {
                 masq6: 8,
             },
             hold: 9,
+            fast_path: None,
         });
         eprintln!("XDP program: {} instructions", insns.len());
         // About 30 of them are the constant additions of the L4 offsets (`L4_OFFSETS`).
@@ -1147,5 +1188,87 @@ mod tests {
             }
         }
         assert_eq!(insns.last().unwrap().code, 0x95, "ends with exit");
+    }
+
+    /// Runs `prog` once over `frame` as if it arrived on `ingress` (`BPF_PROG_TEST_RUN`):
+    /// its verdict.
+    fn verdict(prog: &XdpProgram, frame: &[u8], ingress: u32) -> u32 {
+        const BPF_PROG_TEST_RUN: u32 = 10;
+        let mut out = vec![0u8; frame.len() + 512];
+        // struct xdp_md: data, data_end, data_meta, ingress_ifindex, rx_queue_index,
+        // egress_ifindex.
+        let ctx: [u32; 6] = [0, frame.len() as u32, 0, ingress, 0, 0];
+        let mut attr = [0u64; 16];
+        attr[0] = pair(prog.fd() as u32, 0);
+        attr[1] = pair(frame.len() as u32, out.len() as u32);
+        attr[2] = frame.as_ptr() as u64;
+        attr[3] = out.as_mut_ptr() as u64;
+        attr[4] = pair(1, 0);
+        attr[5] = pair(std::mem::size_of_val(&ctx) as u32, 0);
+        attr[6] = ctx.as_ptr() as u64;
+        let r = sys_bpf(BPF_PROG_TEST_RUN, &mut attr);
+        assert!(r >= 0, "test run: {}", io::Error::last_os_error());
+        let b = attr[0].to_ne_bytes();
+        u32::from_ne_bytes([b[4], b[5], b[6], b[7]])
+    }
+
+    /// Needs root. A flow on the in-kernel fast path and bound to the interface goes to the
+    /// kernel (its GRO and the tc fast path); its SYN, its RST, the same flow from another
+    /// interface and a flow not installed go the dataplane's way (dropped here: no socket, and
+    /// a hold deadline ahead).
+    #[test]
+    fn a_flow_on_the_fast_path_goes_to_the_kernel() {
+        crate::sys::testing::in_private_netns(|| {
+            let Ok(fast) = crate::offload::FlowOffload::new(4096) else {
+                eprintln!("SKIPPED: no BPF maps here");
+                return;
+            };
+            let maps = std::sync::Arc::new(SharedMaps::create().unwrap());
+            maps.hold_until(u64::MAX).unwrap();
+            let prog = XdpProgram::load_with(1, maps, Some(fast.maps())).unwrap();
+            let lo = 1;
+            let key = crate::offload::FlowKey {
+                src: [10, 8, 0, 2],
+                dst: [172, 30, 0, 10],
+                sport: 40000,
+                dport: 80,
+                proto: 6,
+            };
+            let rewrite = crate::offload::FlowRewrite {
+                src: [10, 8, 0, 2],
+                dst: [10, 9, 0, 2],
+                sport: 40000,
+                dport: 5201,
+                slot: 3,
+                ingress: lo,
+                egress: None,
+            };
+            let mac = [0x02, 0, 0, 0, 0, 0x0b];
+            let frame = |dst, flags| crate::tc::tests::tcp_frame(mac, dst, 80, flags);
+            let service = [172, 30, 0, 10];
+            assert_eq!(verdict(&prog, &frame(service, 0x10), lo), XDP_DROP as u32);
+            fast.install(&key, &rewrite).unwrap();
+            for flags in [0x10, 0x12, 0x11, 0x18] {
+                let got = verdict(&prog, &frame(service, flags), lo);
+                assert_eq!(got, XDP_PASS as u32, "flags {flags:#x}");
+            }
+            for flags in [0x02, 0x04, 0x14] {
+                let got = verdict(&prog, &frame(service, flags), lo);
+                assert_eq!(got, XDP_DROP as u32, "flags {flags:#x}");
+            }
+            let other = frame([172, 30, 0, 11], 0x10);
+            assert_eq!(verdict(&prog, &other, lo), XDP_DROP as u32);
+            fast.install(
+                &key,
+                &crate::offload::FlowRewrite {
+                    ingress: 7,
+                    ..rewrite
+                },
+            )
+            .unwrap();
+            assert_eq!(verdict(&prog, &frame(service, 0x10), lo), XDP_DROP as u32);
+            // Nothing counted here: the tc program counts what it carries.
+            assert_eq!(fast.counts(3), (0, 0));
+        });
     }
 }

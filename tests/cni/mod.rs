@@ -797,12 +797,7 @@ endpoints:{}
 
     /// [`Lab::start_kxdp`] with the binary at `bin`.
     pub fn start_kxdp_bin(&self, node: &str, config: &str, objects: &str, bin: &str) -> KxdpNode {
-        let dir = self.dir.path().join(format!("kxdp-{node}"));
-        let state = dir.join("state");
-        std::fs::create_dir_all(&state).unwrap();
-        let config_path = dir.join("config.yaml");
-        std::fs::write(&config_path, config).unwrap();
-        std::fs::write(state.join("cluster.yaml"), self.cluster_objects() + objects).unwrap();
+        let (config_path, state) = self.kxdp_files(node, config, objects);
         let k = Kxdp::start_bin(
             &self.node(node).ns,
             config_path.to_str().unwrap(),
@@ -811,6 +806,41 @@ endpoints:{}
             &[],
         );
         KxdpNode { kxdp: k, state }
+    }
+
+    /// [`Lab::start_kxdp`] listening on the takeover socket `socket`: started again with the
+    /// same socket while one runs, the new one takes the running one's dataplane over.
+    pub fn start_kxdp_takeover(
+        &self,
+        node: &str,
+        config: &str,
+        objects: &str,
+        socket: &Path,
+    ) -> KxdpNode {
+        let (config_path, state) = self.kxdp_files(node, config, objects);
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &self.node(node).ns, &Kxdp::bin(), "run"])
+            .arg("--config")
+            .arg(&config_path)
+            .arg("--state")
+            .arg(&state)
+            .arg("--no-admin")
+            .arg("--takeover-socket")
+            .arg(socket);
+        let k = Kxdp::spawn(cmd, Duration::from_secs(20));
+        KxdpNode { kxdp: k, state }
+    }
+
+    /// Writes the config of `node` and the cluster state (`objects` appended to the nodes and
+    /// pods): the config file's path and the state directory.
+    fn kxdp_files(&self, node: &str, config: &str, objects: &str) -> (PathBuf, PathBuf) {
+        let dir = self.dir.path().join(format!("kxdp-{node}"));
+        let state = dir.join("state");
+        std::fs::create_dir_all(&state).unwrap();
+        let config_path = dir.join("config.yaml");
+        std::fs::write(&config_path, config).unwrap();
+        std::fs::write(state.join("cluster.yaml"), self.cluster_objects() + objects).unwrap();
+        (config_path, state)
     }
 
     /// Rewrites a running kxdp's cluster state (the state directory is watched).

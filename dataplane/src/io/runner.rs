@@ -136,6 +136,9 @@ pub struct InterfaceReport {
     pub complete_checksums: bool,
     /// XDP, or a tc redirect into the tap (`mode`, `queues` and `zero_copy` then say nothing).
     pub interception: Interception,
+    /// The in-kernel fast path on its ingress (`crate::offload`): through the tap, or beside
+    /// XDP, whose program hands the fast path's flows to the kernel.
+    pub fast_path: bool,
 }
 
 pub struct AfXdp {
@@ -345,6 +348,8 @@ pub struct Links {
     mode: ModeChoice,
     hold_for_restart: bool,
     tap: Option<TapTarget>,
+    /// The host path's port: never on the fast path (what arrives there the kernel routed).
+    kernel_port: Option<u32>,
     pub(crate) attached: HashMap<u32, AttachedLink>,
     /// ifindex → (error, when, name).
     failed: HashMap<u32, (String, Instant, String)>,
@@ -491,12 +496,12 @@ impl Links {
         }
     }
 
-    /// Redirects everything IP that arrives on `ifindex` into the tap (`podInterception: tap`):
-    /// no XDP program, so the kernel leaves the pod its GSO.
-    /// Each redirect tags what it hands over with the interface's own VLAN ID (`crate::tap`),
-    /// the one its redirect already pushes when a kxdp before this one set it up.
-    fn attach_tap(&mut self, name: &str, ifindex: u32) -> io::Result<AttachedLink> {
-        let tap = self.tap.as_ref().expect("only for tap links");
+    /// The tc redirect of what arrives on `ifindex` into the tap, with the in-kernel fast path
+    /// first when it is on; returns whether it is. Each redirect tags what it hands over with
+    /// the interface's own VLAN ID (`crate::tap`), the one its redirect already pushes when a
+    /// kxdp before this one set it up.
+    fn redirect_into_tap(&self, name: &str, ifindex: u32) -> io::Result<bool> {
+        let tap = self.tap.as_ref().expect("only with a tap");
         let wanted = kxdp_kernel::tc::redirect_tag(ifindex, crate::tap::TC_PREF)
             .ok()
             .flatten();
@@ -532,6 +537,21 @@ impl Links {
             tap.tags.release(ifindex);
             return Err(e);
         }
+        Ok(offload.is_some())
+    }
+
+    /// Removes the tap redirect of `ifindex` and releases its tag.
+    fn remove_redirect(&self, ifindex: u32) -> io::Result<()> {
+        if let Some(t) = &self.tap {
+            t.tags.release(ifindex);
+        }
+        kxdp_kernel::tc::remove_redirect(ifindex, crate::tap::TC_PREF)
+    }
+
+    /// Redirects everything IP that arrives on `ifindex` into the tap (`podInterception: tap`):
+    /// no XDP program, so the kernel leaves the pod its GSO.
+    fn attach_tap(&mut self, name: &str, ifindex: u32) -> io::Result<AttachedLink> {
+        let fast_path = self.redirect_into_tap(name, ifindex)?;
         Ok(AttachedLink {
             report: InterfaceReport {
                 name: name.to_string(),
@@ -543,25 +563,55 @@ impl Links {
                 driver: driver_of(name).unwrap_or_default(),
                 complete_checksums: false,
                 interception: Interception::Tap,
+                fast_path,
             },
             attachment: None,
             prog: None,
         })
     }
 
-    /// Removes the tap redirect of every link intercepted so (a clean stop: the pods' traffic
-    /// goes back to the kernel).
+    /// Removes the tap redirect of every link intercepted so, and of every XDP link with the
+    /// fast path on its ingress (its program first: it hands the fast path's flows to the
+    /// kernel, which must not see them without the redirect's rewrite). A clean stop: the
+    /// traffic goes back to the kernel.
     fn remove_redirects(&mut self) {
-        for a in self.attached.values() {
-            if a.report.interception == Interception::Tap {
-                if let Err(e) =
-                    kxdp_kernel::tc::remove_redirect(a.report.ifindex, crate::tap::TC_PREF)
-                {
-                    tracing::warn!("kxdp: {}: removing the tap redirect: {e}", a.report.name);
+        let mut redirected = Vec::new();
+        for a in self.attached.values_mut() {
+            if a.report.interception == Interception::Tap || a.report.fast_path {
+                a.attachment.take();
+                redirected.push((a.report.ifindex, a.report.name.clone()));
+            }
+        }
+        for (ifindex, name) in redirected {
+            if let Err(e) = self.remove_redirect(ifindex) {
+                tracing::warn!("kxdp: {name}: removing the tap redirect: {e}");
+            }
+        }
+    }
+
+    /// Puts the tap redirect with the fast path back on the XDP links a predecessor had it on
+    /// (a takeover: this process's tap and tags; the adopted programs read the fast path's
+    /// maps this process adopted). A link that cannot take it loses its XDP program too, and
+    /// is attached again by the next sync.
+    fn redirect_adopted(&mut self) {
+        let adopted: Vec<(u32, String)> = (self.attached.values())
+            .filter(|a| a.report.interception == Interception::Xdp && a.report.fast_path)
+            .map(|a| (a.report.ifindex, a.report.name.clone()))
+            .collect();
+        let offloading = self.tap.as_ref().is_some_and(|t| t.offload.is_some());
+        for (ifindex, name) in adopted {
+            if !offloading {
+                // This process runs without the fast path: its maps (emptied) hand nothing to
+                // the kernel, and the predecessor's redirect goes.
+                let _ = kxdp_kernel::tc::remove_redirect(ifindex, crate::tap::TC_PREF);
+                if let Some(a) = self.attached.get_mut(&ifindex) {
+                    a.report.fast_path = false;
                 }
-                if let Some(t) = &self.tap {
-                    t.tags.release(a.report.ifindex);
-                }
+                continue;
+            }
+            if let Err(e) = self.redirect_into_tap(&name, ifindex) {
+                tracing::warn!("kxdp: {name}: the fast path's redirect after a takeover: {e}");
+                self.release(ifindex);
             }
         }
     }
@@ -578,7 +628,51 @@ impl Links {
         let driver = driver_of(name).unwrap_or_default();
         // Virtual interfaces hand over TCP/UDP with partial checksums (docs/afxdp.md).
         let complete = matches!(driver.as_str(), "veth" | "tun" | "");
-        let prog = XdpProgram::load_with(queues, self.maps.clone())?;
+        // With the in-kernel fast path, the flows on it arriving here go to the kernel's GRO
+        // and the tc program on this ingress, which the redirect puts there first.
+        let offloading = self.tap.as_ref().is_some_and(|t| t.offload.is_some());
+        let fast_path = match offloading && self.kernel_port != Some(ifindex) {
+            true => self.redirect_into_tap(name, ifindex)?,
+            false => false,
+        };
+        let offload = (self.tap.as_ref().and_then(|t| t.offload.as_ref()))
+            .filter(|_| fast_path)
+            .map(|f| f.maps());
+        let attached = self.attach_xdp(ifindex, mac, queues, complete, offload);
+        if attached.is_err() && fast_path {
+            let _ = self.remove_redirect(ifindex);
+        }
+        let (attachment, prog, zero_copy) = attached?;
+        Ok(AttachedLink {
+            report: InterfaceReport {
+                name: name.to_string(),
+                ifindex,
+                queues,
+                mode: attachment.mode,
+                zero_copy,
+                replaced_stale: attachment.replaced_stale,
+                driver,
+                complete_checksums: complete,
+                interception: Interception::Xdp,
+                fast_path,
+            },
+            attachment: Some(attachment),
+            prog: Some(prog),
+        })
+    }
+
+    /// Loads the XDP program for `ifindex` (with the fast path's flows when `offload`), opens a
+    /// socket per queue on the workers and attaches it: the attachment, the program, and
+    /// whether a socket is zero-copy.
+    fn attach_xdp(
+        &mut self,
+        ifindex: u32,
+        mac: [u8; 6],
+        queues: u32,
+        complete: bool,
+        offload: Option<kxdp_kernel::offload::OffloadMaps>,
+    ) -> io::Result<(Attachment, XdpProgram, bool)> {
+        let prog = XdpProgram::load_with(queues, self.maps.clone(), offload)?;
         let n = self.workers.len();
         let mut zero_copy = false;
         let mut result = Ok(());
@@ -589,6 +683,7 @@ impl Links {
                 queue: q,
                 mac,
                 complete_checksums: complete,
+                fast_path: offload.is_some(),
                 reply: tx,
             };
             let r = self.workers[q as usize % n]
@@ -614,28 +709,13 @@ impl Links {
                 prog.attach(ifindex, self.mode)
             }
         });
-        let attachment = match attached {
-            Ok(a) => a,
+        match attached {
+            Ok(a) => Ok((a, prog, zero_copy)),
             Err(e) => {
                 self.close_sockets(ifindex);
-                return Err(e);
+                Err(e)
             }
-        };
-        Ok(AttachedLink {
-            report: InterfaceReport {
-                name: name.to_string(),
-                ifindex,
-                queues,
-                mode: attachment.mode,
-                zero_copy,
-                replaced_stale: attachment.replaced_stale,
-                driver,
-                complete_checksums: complete,
-                interception: Interception::Xdp,
-            },
-            attachment: Some(attachment),
-            prog: Some(prog),
-        })
+        }
     }
 
     /// Asks every worker to close its sockets on `ifindex`; adds up what came back.
@@ -667,10 +747,7 @@ impl Links {
         };
         if a.report.interception == Interception::Tap {
             // The link is gone, and its filters with it; a failure says only that.
-            let _ = kxdp_kernel::tc::remove_redirect(ifindex, crate::tap::TC_PREF);
-            if let Some(t) = &self.tap {
-                t.tags.release(ifindex);
-            }
+            let _ = self.remove_redirect(ifindex);
             tracing::info!(
                 "kxdp: {} (ifindex {ifindex}) is gone: tap redirect released",
                 a.report.name
@@ -685,9 +762,13 @@ impl Links {
             });
             return;
         }
-        // The program first (no more redirects to the sockets), then the sockets.
+        // The program first (no more redirects to the sockets, no more flows handed to the
+        // fast path), then the sockets and the fast path's redirect.
         a.attachment.take();
         let removed = self.close_sockets(ifindex);
+        if a.report.fast_path {
+            let _ = self.remove_redirect(ifindex);
+        }
         tracing::info!(
             "kxdp: {} (ifindex {ifindex}) is gone: {} socket(s) closed, {} of {} frame(s) reclaimed{}",
             a.report.name,
@@ -763,7 +844,11 @@ fn adopt_tags(tags: &TapTags, patterns: &[String]) {
 /// one queue per worker, set up, reverse-path filtering off on it (what the tap hands back
 /// comes from pods the kernel routes through other interfaces). Returns the link manager's
 /// view of it and the workers' ports (to be popped, one each).
-fn open_tap(opts: &RunOptions, workers: usize) -> io::Result<(Option<TapTarget>, Vec<TapPort>)> {
+fn open_tap(
+    opts: &RunOptions,
+    workers: usize,
+    adopted: Option<kxdp_kernel::offload::FlowOffload>,
+) -> io::Result<(Option<TapTarget>, Vec<TapPort>)> {
     let Some(t) = &opts.tap else {
         return Ok((None, Vec::new()));
     };
@@ -796,17 +881,20 @@ fn open_tap(opts: &RunOptions, workers: usize) -> io::Result<(Option<TapTarget>,
     })?;
     let tags = Arc::new(TapTags::default());
     adopt_tags(&tags, &t.interfaces);
-    let offload = if t.offload {
-        let slots = kxdp_kernel::offload::OFFLOAD_SLOTS;
-        let fast = kxdp_kernel::offload::FlowOffload::new(slots).map_err(|e| {
-            io::Error::new(
-                e.kind(),
-                format!("podInterception.offload: the fast path's maps: {e}"),
-            )
-        })?;
-        Some(Arc::new(fast))
-    } else {
-        None
+    let offload = match (t.offload, adopted) {
+        // A predecessor's (a takeover): the XDP programs handed over read these.
+        (true, Some(fast)) => Some(Arc::new(fast)),
+        (true, None) => {
+            let slots = kxdp_kernel::offload::OFFLOAD_SLOTS;
+            let fast = kxdp_kernel::offload::FlowOffload::new(slots).map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("podInterception.offload: the fast path's maps: {e}"),
+                )
+            })?;
+            Some(Arc::new(fast))
+        }
+        (false, _) => None,
     };
     // Each queue's port takes its own share of the fast path's counter slots.
     let n = queues.len();
@@ -960,7 +1048,7 @@ impl AfXdp {
             &maps,
             opts.source_validation,
         );
-        let (tap, mut tap_ports) = open_tap(opts, workers)?;
+        let (tap, mut tap_ports) = open_tap(opts, workers, None)?;
         let mut crew = Crew::default();
         for w in 0..workers {
             let cpu = (!opts.cpus.is_empty()).then(|| opts.cpus[w % opts.cpus.len()]);
@@ -1074,10 +1162,13 @@ impl AfXdp {
         if let Some(t) = self.links_thread.take() {
             let _ = t.join();
         }
-        let links = self
+        let (links, fast_path) = self
             .links
             .lock()
-            .map(|mut l| std::mem::take(&mut l.attached))
+            .map(|mut l| {
+                let fast = l.tap.as_ref().and_then(|t| t.offload.clone());
+                (std::mem::take(&mut l.attached), fast)
+            })
             .unwrap_or_default();
         self.stop.store(true, Ordering::Relaxed);
         for w in &self.wakers {
@@ -1099,6 +1190,7 @@ impl AfXdp {
             afxdp: self,
             workers,
             links,
+            fast_path,
             lost_workers: lost,
             stopped_at,
         }
@@ -1124,7 +1216,7 @@ impl AfXdp {
             &maps,
             opts.source_validation,
         );
-        let (tap, mut tap_ports) = open_tap(opts, parts.workers.len())?;
+        let (tap, mut tap_ports) = open_tap(opts, parts.workers.len(), parts.fast_path)?;
         let mut crew = Crew::default();
         for (w, (umem, ports)) in parts.workers.into_iter().enumerate() {
             let cpu = (!opts.cpus.is_empty()).then(|| opts.cpus[w % opts.cpus.len()]);
@@ -1146,7 +1238,11 @@ impl AfXdp {
             .into_iter()
             .map(|l| (l.report.ifindex, l))
             .collect();
-        AfXdp::assemble(opts, crew, attached, None, tap, maps, shared, routes)
+        let afxdp = AfXdp::assemble(opts, crew, attached, None, tap, maps, shared, routes)?;
+        if let Ok(mut l) = afxdp.links.lock() {
+            l.redirect_adopted();
+        }
+        Ok(afxdp)
     }
 
     /// The dataplane around started workers: the link manager's state (with `attached`, then
@@ -1174,6 +1270,7 @@ impl AfXdp {
             mode: opts.mode,
             hold_for_restart: opts.hold_for_restart,
             tap,
+            kernel_port: opts.kernel_port,
             attached,
             failed: HashMap::new(),
             events: Vec::new(),
@@ -1341,6 +1438,8 @@ fn deep_fill(w: &mut Worker) {
 /// (`io::takeover::adopt`).
 pub(crate) struct Parts {
     pub maps: Arc<SharedMaps>,
+    /// The in-kernel fast path's maps (emptied), which the adopted XDP programs read.
+    pub fast_path: Option<kxdp_kernel::offload::FlowOffload>,
     pub workers: Vec<(Umem, Vec<Port>)>,
     pub links: Vec<AttachedLink>,
 }
@@ -1353,6 +1452,8 @@ pub struct Quiesced {
     pub(crate) workers: Vec<Worker>,
     /// The attached links, out of the (stopped) link manager.
     pub(crate) links: HashMap<u32, AttachedLink>,
+    /// The in-kernel fast path's maps, which the XDP programs handed over read.
+    pub(crate) fast_path: Option<Arc<kxdp_kernel::offload::FlowOffload>>,
     /// Workers whose thread had panicked (their sockets cannot be handed over).
     pub lost_workers: usize,
     /// When the last worker stopped polling.

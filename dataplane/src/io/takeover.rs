@@ -40,8 +40,19 @@ pub struct Description {
     pub maps: [usize; 6],
     /// The node addresses last written to the node maps.
     pub node_addrs: Vec<IpAddr>,
+    /// The in-kernel fast path's maps, when the XDP programs read them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fast_path: Option<FastPathDesc>,
     pub workers: Vec<WorkerDesc>,
     pub links: Vec<LinkDesc>,
+}
+
+/// The in-kernel fast path's two maps (descriptor indexes) and its slot count.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct FastPathDesc {
+    pub flows: usize,
+    pub counters: usize,
+    pub slots: u32,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -96,6 +107,10 @@ pub struct LinkDesc {
     pub prog: usize,
     pub xsks: usize,
     pub link: Option<usize>,
+    /// Its program hands the fast path's flows to the kernel, and a tc redirect with the fast
+    /// path is on its ingress.
+    #[serde(default)]
+    pub fast_path: bool,
 }
 
 impl Description {
@@ -137,6 +152,16 @@ pub fn describe(q: &Quiesced) -> std::io::Result<(Description, Vec<BorrowedFd<'_
         fds.push(fd);
         map_idx[i] = fds.len() - 1;
     }
+    let fast_path = q.fast_path.as_ref().map(|f| {
+        let [flows, counters] = f.fds();
+        fds.push(flows);
+        fds.push(counters);
+        FastPathDesc {
+            flows: fds.len() - 2,
+            counters: fds.len() - 1,
+            slots: f.slots(),
+        }
+    });
     let mut workers = Vec::new();
     for w in &q.workers {
         let st: UmemState = w.umem.export()?;
@@ -204,12 +229,14 @@ pub fn describe(q: &Quiesced) -> std::io::Result<(Description, Vec<BorrowedFd<'_
             prog,
             xsks,
             link,
+            fast_path: r.fast_path,
         });
     }
     Ok((
         Description {
             version: DESCRIPTION_VERSION,
             maps: map_idx,
+            fast_path,
             node_addrs: maps.node_addrs(),
             workers,
             links: link_descs,
@@ -263,11 +290,27 @@ impl Parts {
             ],
             desc.node_addrs.clone(),
         );
+        // Emptied whether or not this process uses it: the programs handed over read it.
+        let fast_path = match desc.fast_path {
+            Some(f) => Some(
+                kxdp_kernel::offload::FlowOffload::adopt(
+                    take(f.flows)?,
+                    take(f.counters)?,
+                    f.slots,
+                )
+                .map_err(|e| bad(format!("the fast path's maps: {e}")))?,
+            ),
+            None => None,
+        };
         // Interface names for the ports' counters, from the attached links.
         let names: Vec<(u32, String)> = desc
             .links
             .iter()
             .map(|l| (l.ifindex, l.name.clone()))
+            .collect();
+        let fast_path_links: Vec<u32> = (desc.links.iter())
+            .filter(|l| l.fast_path && fast_path.is_some())
+            .map(|l| l.ifindex)
             .collect();
         let mut workers = Vec::new();
         for w in desc.workers {
@@ -311,6 +354,7 @@ impl Parts {
                     kernel: Default::default(),
                     mac: p.mac,
                     complete_checksums: p.complete_checksums,
+                    fast_path: fast_path_links.contains(&p.ifindex),
                     fill_target: p.fill_target,
                     demand: Default::default(),
                 });
@@ -338,6 +382,7 @@ impl Parts {
                     driver: l.driver,
                     complete_checksums: l.complete_checksums,
                     interception: Default::default(),
+                    fast_path: fast_path_links.contains(&l.ifindex),
                 },
                 attachment: Some(Attachment::from_fd(
                     l.link.map(&mut take).transpose()?,
@@ -349,6 +394,7 @@ impl Parts {
         }
         Ok(Parts {
             maps: maps_arc,
+            fast_path,
             workers,
             links,
         })

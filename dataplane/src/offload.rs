@@ -2,8 +2,9 @@
 //! `offload: true`; docs/afxdp.md § "Pod traffic as super-frames").
 //!
 //! The decision stays with the workers: a flow goes on the fast path
-//! (`kxdp_kernel::offload`) only after a worker forwarded one of its packets from the tap as
-//! an established connection, with conntrack saying TCP established and assured (or UDP
+//! (`kxdp_kernel::offload`) only after a worker forwarded one of its packets from the tap (or
+//! from an XDP port whose program hands the fast path's flows to the kernel:
+//! `Port::fast_path`, an uplink beside pods on the tap) as an established connection, with conntrack saying TCP established and assured (or UDP
 //! answered, from its second packet in that direction), not masqueraded, its endpoint not
 //! gone; or, routed directly, with its connection's first SYN (below). The worker installs the translation its pipeline applied, bound to the interface the
 //! packet came through, and the frame's direct hop if it had one (`crate::direct`); from then on

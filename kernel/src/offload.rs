@@ -22,6 +22,11 @@
 //! A flow is bound to the interface it arrived on: the same tuple arriving elsewhere (a pod
 //! spoofing another's connection) takes the tap and its source check.
 //!
+//! On an interface that keeps kxdp's XDP program (an uplink beside pods on the tap), the XDP
+//! program looks the frame up the same way ([`emit_lookup`], shared by both programs) and hands
+//! a flow on the fast path to the kernel (`XDP_PASS`) instead of to AF_XDP; the tc program on
+//! that interface's ingress then carries it, after the kernel's GRO has merged its frames.
+//!
 //! Not on the fast path (the tap takes them): IPv6, IPv4 with options or fragments, a TTL of
 //! 1 or less, frames whose headers are not in the buffer's linear part.
 

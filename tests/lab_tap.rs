@@ -141,6 +141,41 @@ fn offload(ns: &str, feature: &str) -> String {
         .to_string()
 }
 
+/// Short connections from `client` to the ClusterIP `service`'s port 80 (answered by
+/// `server`), each on the fast path from its SYN: the workers see its SYN only, the
+/// handshake's rest, the request, the answer and the close going by in the kernel (`node`'s
+/// metrics).
+fn short_connections_on_the_fast_path(
+    node: &str,
+    client: &str,
+    service: [u8; 4],
+    server: &str,
+    k: &cni::KxdpNode,
+) {
+    const SHORT: u64 = 20;
+    let (packets, offloaded) = (
+        metric(node, "kxdp_packets_total"),
+        metric(node, "kxdp_offloaded_packets_total"),
+    );
+    for _ in 0..SHORT {
+        let to = sa(service, 80);
+        let answer = tcp(client, to, Duration::from_secs(2), 100).expect("a short connection");
+        assert_eq!(answer.server, server);
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let moved = metric(node, "kxdp_offloaded_packets_total") - offloaded;
+    let seen = metric(node, "kxdp_packets_total") - packets - moved;
+    eprintln!(
+        "{SHORT} short connections to {server}: {seen} packets through the workers, {moved} in \
+         the kernel"
+    );
+    assert!(
+        moved >= 6 * SHORT && seen <= 2 * SHORT,
+        "{seen} packets through the workers, {moved} on the fast path\n{}",
+        k.log()
+    );
+}
+
 #[test]
 fn tap_mode_end_to_end() {
     require_lab_and_iperf3("tap_mode_end_to_end");
@@ -232,30 +267,9 @@ spec:
     );
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(metric(&node, "kxdp_offloaded_flows"), 0, "{}", k.log());
-    // Short connections through the ClusterIP, both pods here (routed directly): each goes on
-    // the fast path with its SYN, so the workers see its SYN only, the handshake's rest, the
-    // request, the answer and the close going by in the kernel; closed, the flows leave it.
-    let (packets, offloaded) = (
-        metric(&node, "kxdp_packets_total"),
-        metric(&node, "kxdp_offloaded_packets_total"),
-    );
-    const SHORT: u64 = 20;
-    for _ in 0..SHORT {
-        let to = sa("172.30.0.10".parse::<IpAddr>().unwrap(), 80);
-        let answer = tcp(&client.ns, to, Duration::from_secs(2), 100).expect("a short connection");
-        assert_eq!(answer.server, "web-a1");
-    }
-    std::thread::sleep(Duration::from_millis(300));
-    let moved = metric(&node, "kxdp_offloaded_packets_total") - offloaded;
-    let seen = metric(&node, "kxdp_packets_total") - packets - moved;
-    eprintln!(
-        "{SHORT} short connections: {seen} packets through the workers, {moved} in the kernel"
-    );
-    assert!(
-        moved >= 6 * SHORT && seen <= 2 * SHORT,
-        "{seen} packets through the workers, {moved} on the fast path\n{}",
-        k.log()
-    );
+    // Short connections through the ClusterIP, both pods here (routed directly); closed, the
+    // flows leave the fast path.
+    short_connections_on_the_fast_path(&node, &client.ns, [172, 30, 0, 10], "web-a1", &k);
     assert_eq!(metric(&node, "kxdp_offloaded_flows"), 0, "{}", k.log());
     // The tap's own drops (its queues full) are published beside the sockets' counters.
     let m = lab::sh(
@@ -365,30 +379,10 @@ spec:
     let a = tcp(&client.ns, sa([172, 30, 0, 11], 80), T, 10_000).expect("remote endpoint");
     assert_eq!(a.peer, IpAddr::from(client.ip4));
     assert_eq!(a.server, "remote-b1", "({remote})");
-    // Short connections to it: each goes on the fast path with its SYN (routed directly out of
-    // the uplink), and what node-b sends back arrives on the uplink, where the XDP program
-    // hands the flows on the fast path to the kernel and the tc program beside it carries them.
-    let (packets, offloaded) = (
-        metric(&node, "kxdp_packets_total"),
-        metric(&node, "kxdp_offloaded_packets_total"),
-    );
-    for _ in 0..SHORT {
-        let to = sa("172.30.0.11".parse::<IpAddr>().unwrap(), 80);
-        let answer = tcp(&client.ns, to, Duration::from_secs(2), 100).expect("a short connection");
-        assert_eq!(answer.server, "remote-b1");
-    }
-    std::thread::sleep(Duration::from_millis(300));
-    let moved = metric(&node, "kxdp_offloaded_packets_total") - offloaded;
-    let seen = metric(&node, "kxdp_packets_total") - packets - moved;
-    eprintln!(
-        "{SHORT} short connections across nodes: {seen} packets through the workers, {moved} in \
-         the kernel"
-    );
-    assert!(
-        moved >= 6 * SHORT && seen <= 2 * SHORT,
-        "{seen} packets through the workers, {moved} on the fast path\n{}",
-        k.log()
-    );
+    // Short connections to it: what node-b sends back arrives on the uplink, where the XDP
+    // program hands the flows on the fast path to the kernel and the tc program beside it
+    // carries them.
+    short_connections_on_the_fast_path(&node, &client.ns, [172, 30, 0, 11], "remote-b1", &k);
     // A takeover: the successor keeps the uplink's XDP program, which reads the fast path's
     // map, so it is handed that map (emptied) and re-attaches the uplink's redirect over it;
     // connections across nodes go on the fast path from their SYN again.
@@ -404,24 +398,7 @@ spec:
     );
     let tc = lab::sh(&node, "tc filter show dev eth0 ingress");
     assert!(tc.contains("kxdp-tap tag"), "eth0 after the takeover: {tc}");
-    let (packets, offloaded) = (
-        metric(&node, "kxdp_packets_total"),
-        metric(&node, "kxdp_offloaded_packets_total"),
-    );
-    for _ in 0..SHORT {
-        let to = sa("172.30.0.11".parse::<IpAddr>().unwrap(), 80);
-        let answer = tcp(&client.ns, to, Duration::from_secs(2), 100).expect("after the takeover");
-        assert_eq!(answer.server, "remote-b1");
-    }
-    std::thread::sleep(Duration::from_millis(300));
-    let moved = metric(&node, "kxdp_offloaded_packets_total") - offloaded;
-    let seen = metric(&node, "kxdp_packets_total") - packets - moved;
-    eprintln!("after the takeover: {seen} packets through the workers, {moved} in the kernel");
-    assert!(
-        moved >= 6 * SHORT && seen <= 2 * SHORT,
-        "{seen} packets through the workers, {moved} on the fast path\n{}",
-        k.log()
-    );
+    short_connections_on_the_fast_path(&node, &client.ns, [172, 30, 0, 11], "remote-b1", &k);
 
     // A NodePort from outside the cluster whose endpoint is a pod on node-a: the request comes
     // in on the uplink (AF_XDP), masqueraded, and reaches the pod through the kernel port; the

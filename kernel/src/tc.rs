@@ -774,6 +774,31 @@ pub(crate) mod tests {
 
     /// A TCP/IPv4 frame to `dst:dport` from 10.8.0.2:40000 addressed to `mac`, checksums
     /// complete, with TCP flags `flags`.
+    /// A client's flow to a ClusterIP (10.8.0.2:40000 to 172.30.0.10:80, the frames of
+    /// [`tcp_frame`]) and its translation to an endpoint (10.9.0.2:5201), counted in slot 3 and
+    /// bound to `ingress`.
+    pub(crate) fn sample_flow(
+        ingress: u32,
+    ) -> (crate::offload::FlowKey, crate::offload::FlowRewrite) {
+        let key = crate::offload::FlowKey {
+            src: [10, 8, 0, 2],
+            dst: [172, 30, 0, 10],
+            sport: 40000,
+            dport: 80,
+            proto: 6,
+        };
+        let rewrite = crate::offload::FlowRewrite {
+            src: [10, 8, 0, 2],
+            dst: [10, 9, 0, 2],
+            sport: 40000,
+            dport: 5201,
+            slot: 3,
+            ingress,
+            egress: None,
+        };
+        (key, rewrite)
+    }
+
     pub(crate) fn tcp_frame(mac: [u8; 6], dst: [u8; 4], dport: u16, flags: u8) -> Vec<u8> {
         let mut f = vec![0u8; 14 + 20 + 20 + 16];
         f[..6].copy_from_slice(&mac);
@@ -860,22 +885,7 @@ pub(crate) mod tests {
                 },
             )
             .unwrap();
-            let key = crate::offload::FlowKey {
-                src: [10, 8, 0, 2],
-                dst: [172, 30, 0, 10],
-                sport: 40000,
-                dport: 80,
-                proto: 6,
-            };
-            let rewrite = crate::offload::FlowRewrite {
-                src: [10, 8, 0, 2],
-                dst: [10, 9, 0, 2],
-                sport: 40000,
-                dport: 5201,
-                slot: 3,
-                ingress: b,
-                egress: None,
-            };
+            let (key, rewrite) = sample_flow(b);
             fast.install(&key, &rewrite).unwrap();
             let capture = capture_on(d, 1);
             let ack = tcp_frame(mac, [172, 30, 0, 10], 80, 0x10);

@@ -246,15 +246,7 @@ impl Map {
         attr[0] = self.fd() as u32 as u64;
         attr[1] = key.map_or(0, |k| k.as_ptr() as u64);
         attr[2] = next.as_mut_ptr() as u64;
-        if sys_bpf(BPF_MAP_GET_NEXT_KEY, &mut attr) < 0 {
-            let e = io::Error::last_os_error();
-            return if e.raw_os_error() == Some(libc::ENOENT) {
-                Ok(false)
-            } else {
-                Err(e)
-            };
-        }
-        Ok(true)
+        found(sys_bpf(BPF_MAP_GET_NEXT_KEY, &mut attr))
     }
 
     pub fn lookup(&self, key: &[u8], value: &mut [u8]) -> io::Result<bool> {
@@ -263,15 +255,19 @@ impl Map {
         attr[0] = self.fd() as u32 as u64;
         attr[1] = key.as_ptr() as u64;
         attr[2] = value.as_mut_ptr() as u64;
-        if sys_bpf(BPF_MAP_LOOKUP_ELEM, &mut attr) < 0 {
-            let e = io::Error::last_os_error();
-            return if e.raw_os_error() == Some(libc::ENOENT) {
-                Ok(false)
-            } else {
-                Err(e)
-            };
-        }
-        Ok(true)
+        found(sys_bpf(BPF_MAP_LOOKUP_ELEM, &mut attr))
+    }
+}
+
+/// A map command's result where `ENOENT` means "no such key": false, not an error.
+fn found(r: libc::c_long) -> io::Result<bool> {
+    if r >= 0 {
+        return Ok(true);
+    }
+    let e = io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::ENOENT) => Ok(false),
+        _ => Err(e),
     }
 }
 
@@ -1227,22 +1223,7 @@ mod tests {
             maps.hold_until(u64::MAX).unwrap();
             let prog = XdpProgram::load_with(1, maps, Some(fast.maps())).unwrap();
             let lo = 1;
-            let key = crate::offload::FlowKey {
-                src: [10, 8, 0, 2],
-                dst: [172, 30, 0, 10],
-                sport: 40000,
-                dport: 80,
-                proto: 6,
-            };
-            let rewrite = crate::offload::FlowRewrite {
-                src: [10, 8, 0, 2],
-                dst: [10, 9, 0, 2],
-                sport: 40000,
-                dport: 5201,
-                slot: 3,
-                ingress: lo,
-                egress: None,
-            };
+            let (key, rewrite) = crate::tc::tests::sample_flow(lo);
             let mac = [0x02, 0, 0, 0, 0, 0x0b];
             let frame = |dst, flags| crate::tc::tests::tcp_frame(mac, dst, 80, flags);
             let service = [172, 30, 0, 10];

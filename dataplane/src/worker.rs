@@ -624,8 +624,8 @@ impl Worker {
     }
 
     /// The poll loop; returns when `shared.stop` is set. One loop: apply the runner's commands,
-    /// receive and process a batch per socket and one from the tap queue (when the worker has
-    /// one), send on the held frames whose neighbour resolved,
+    /// receive and process a batch per socket and from the tap queue (when the worker has one)
+    /// as many frames as the sockets gave, send on the held frames whose neighbour resolved,
     /// transmit and refill every socket, then the housekeeping of the clocks and, when nothing
     /// came, the idle back-off.
     pub fn run(&mut self, shared: &Shared) {
@@ -636,7 +636,8 @@ impl Worker {
         let mut st = RunState::new(self, shared);
         while !shared.stop.load(Ordering::Relaxed) {
             self.commands(&mut st);
-            let got = self.receive_and_process(shared, &mut st) + self.tap_round(shared, &mut st);
+            let got = self.receive_and_process(shared, &mut st);
+            let got = got + self.tap_rounds(shared, &mut st, got);
             self.send_released(shared, &mut st);
             self.complete_and_refill(&mut st);
             self.housekeeping(shared, &mut st);
@@ -839,6 +840,23 @@ impl Worker {
             }
         }
         moved
+    }
+
+    /// Batches from the tap queue until it has no full batch left or has given as many frames
+    /// as the sockets did in this loop (`sockets`): a backlog on the tap is served as fast as
+    /// the sockets' traffic. What the sockets bring may be answered through the tap (a flood
+    /// arriving on an uplink on XDP, forwarded to pods on the tap, whose SYN-ACKs come back
+    /// through it); at one tap batch per loop those answers filled the tap's queue and crowded
+    /// out the pods' own packets. Returns the frames read.
+    fn tap_rounds(&mut self, shared: &Shared, st: &mut RunState, sockets: usize) -> usize {
+        let mut got = 0;
+        loop {
+            let n = self.tap_round(shared, st);
+            got += n;
+            if n < crate::tap::TAP_BATCH || got >= sockets {
+                return got;
+            }
+        }
     }
 
     /// One batch from the tap queue (`crate::tap`), if the worker has one: up to `TAP_BATCH`

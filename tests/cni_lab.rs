@@ -191,11 +191,24 @@ fn services(lab: &Lab) -> String {
 }
 
 fn start_both(lab: Lab, extra: &str) -> Running {
+    start_both_configured(lab, extra, "")
+}
+
+/// [`start_both`] with `config` appended to both nodes' configuration.
+fn start_both_configured(lab: Lab, extra: &str, config: &str) -> Running {
     let objects = services(&lab) + extra;
     // Without cni0: the kernel refuses XDP on a bridge port once the bridge has a program, so
     // listing the bridge would keep pods created later off kxdp (docs/afxdp.md).
-    let a = lab.start_kxdp("node-a", &lab.kxdp_config("node-a", false), &objects);
-    let b = lab.start_kxdp("node-b", &lab.kxdp_config("node-b", false), &objects);
+    let a = lab.start_kxdp(
+        "node-a",
+        &(lab.kxdp_config("node-a", false) + config),
+        &objects,
+    );
+    let b = lab.start_kxdp(
+        "node-b",
+        &(lab.kxdp_config("node-b", false) + config),
+        &objects,
+    );
     lab.warm_neighbours();
     Running { lab, a, b }
 }
@@ -376,16 +389,24 @@ fn kxdp_pod_created_after_start() {
                         .find(|l| l.name.starts_with("veth") && !known.contains(&l.name))
                     {
                         let seen = Instant::now();
-                        // Then until kxdp's program is on it (attached after its sockets are
-                        // in the program's map: from then on kxdp forwards its packets).
+                        // Then until kxdp intercepts it: its tc redirect into the tap (the
+                        // default for pods' veths), or its XDP program (attached after its
+                        // sockets are in the program's map). From then on kxdp forwards its
+                        // packets.
                         let show = format!("-d link show dev {}", l.name);
+                        let filters = format!("filter show dev {} ingress", l.name);
                         let end = seen + Duration::from_secs(2);
                         while Instant::now() < end {
-                            let out = std::process::Command::new("ip")
-                                .args(show.split_whitespace())
-                                .output()
-                                .unwrap();
-                            if String::from_utf8_lossy(&out.stdout).contains("prog/xdp") {
+                            let run = |cmd: &str, args: &str| {
+                                let out = std::process::Command::new(cmd)
+                                    .args(args.split_whitespace())
+                                    .output()
+                                    .unwrap();
+                                String::from_utf8_lossy(&out.stdout).into_owned()
+                            };
+                            if run("ip", &show).contains("prog/xdp")
+                                || run("tc", &filters).contains("kxdp-tap")
+                            {
                                 return Some((seen, l.name.clone(), Some(Instant::now())));
                             }
                         }
@@ -430,12 +451,12 @@ fn kxdp_pod_created_after_start() {
         .join()
         .unwrap()
         .expect("the pod's veth seen on node-a");
-    let t_xdp = t_xdp.expect("kxdp's XDP program on the new veth within 2 s");
+    let t_xdp = t_xdp.expect("the new veth intercepted by kxdp within 2 s");
     assert_eq!(name, lab.pod("late-client").host_if);
     let first = probes.expect("a probe answered through the ClusterIP within 2 s");
     let fwd = first.duration_since(t_link);
     eprintln!(
-        "new pod: veth appeared {:?} after CNI ADD started; kxdp's program on it {:?} after it appeared; ADD returned {:?} after it appeared; first request answered through kxdp {:?} after it appeared",
+        "new pod: veth appeared {:?} after CNI ADD started; intercepted by kxdp {:?} after it appeared; ADD returned {:?} after it appeared; first request answered through kxdp {:?} after it appeared",
         t_link.duration_since(t0),
         t_xdp.duration_since(t_link),
         t_added.duration_since(t_link),
@@ -628,10 +649,11 @@ fn kxdp_node_processes_reach_clusterip_and_nodeports() {
 fn kxdp_host_path_replaced_on_start_and_removed_on_exit() {
     let lab = Lab::two_node_pods("kxdp_host_path_replaced_on_start_and_removed_on_exit");
     let ns = lab.node("node-a").ns.clone();
+    // kxdp's tap goes with the process that made it (SIGKILL included): not the host path.
     let host = || {
         lab::sh(
             &ns,
-            "ip rule; ip -6 rule; ip route show table all | grep -v '^local\\|^multicast\\|fe80::/64'; ip -o link show | cut -d: -f2",
+            "ip rule; ip -6 rule; ip route show table all | grep -v '^local\\|^multicast\\|fe80::/64'; ip -o link show | cut -d: -f2 | grep -v kxdptap0",
         )
     };
     let before = host();
@@ -742,9 +764,10 @@ fn kxdp_every_pod_interface_forwards() {
     assert!(failed.is_empty(), "pods not reachable: {failed:?}");
 }
 
-/// A pod's interface vanishes while kxdp runs (CNI DEL): its program and socket are released
-/// and every frame the socket held goes back to the worker's free list (the frame accounting
-/// still balances); the other pods keep forwarding.
+/// A pod's interface vanishes while kxdp runs (CNI DEL) with XDP on the pods' veths
+/// (`podInterception: {mode: xdp}`): its program and socket are released and every frame the
+/// socket held goes back to the worker's free list (the frame accounting still balances); the
+/// other pods keep forwarding.
 #[test]
 fn kxdp_vanished_link_released_nothing_leaked() {
     let mut lab = Lab::build("kxdp_vanished_link_released_nothing_leaked");
@@ -752,7 +775,7 @@ fn kxdp_vanished_link_released_nothing_leaked() {
     lab.add_pod("node-a", "going", &[("app", "going")]);
     lab.add_pod("node-b", "srv", &[("app", "srv")]);
     lab.warm_neighbours();
-    let mut r = start_both(lab, "");
+    let mut r = start_both_configured(lab, "", "podInterception: {mode: xdp}\n");
     let srv = sa(r.lab.pod("srv").ip4, TCP_PORT);
     let going = r.lab.pod("going");
     let going_if = going.host_if.clone();
@@ -786,7 +809,8 @@ fn kxdp_vanished_link_released_nothing_leaked() {
 }
 
 /// A link that matches a pattern but cannot take kxdp (a tun device named like a pod veth: no
-/// Ethernet address) is reported by name; the other interfaces keep working.
+/// Ethernet address, so neither the tap's redirect nor XDP) is reported by name; the other
+/// interfaces keep working.
 #[test]
 fn kxdp_link_that_cannot_take_xdp_reported_others_work() {
     let mut lab = Lab::build("kxdp_link_that_cannot_take_xdp_reported_others_work");
@@ -803,8 +827,9 @@ fn kxdp_link_that_cannot_take_xdp_reported_others_work() {
         .unwrap();
     assert!(st.success());
     let reported = lab::wait_until(Duration::from_secs(5), || {
-        r.a.log()
-            .contains("kxdp: vethtun0: cannot take kxdp's XDP program")
+        r.a.log().contains(
+            "kxdp: vethtun0: cannot take the tc redirect into kxdp's tap: no Ethernet address",
+        )
     });
     assert!(reported, "reported by name: {}", r.a.log());
     let c = r.lab.pod("client");

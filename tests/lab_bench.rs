@@ -796,15 +796,21 @@ fn bench_lab_syn_flood() {
                     "conntrack: {stateFile: \"\"}",
                     &format!("conntrack: {{stateFile: \"\", maxEntries: {table}}}"),
                 );
+            // The lab's configuration has XDP everywhere (`kxdp`).
+            let xdp = "podInterception: {mode: xdp}";
+            assert!(cfg.contains(xdp), "the lab's podInterception line moved");
             if mode == "kxdp-tap" {
                 // Every interface through the tap, the uplink too: no XDP on the node, the
                 // flood read from the tap frame by frame (docs/afxdp.md § The uplink through
                 // the tap).
-                cfg += "podInterception: {mode: tap, interfaces: [up0, \"vpod*\"]}\n";
+                cfg = cfg.replace(
+                    xdp,
+                    "podInterception: {mode: tap, interfaces: [up0, \"vpod*\"]}",
+                );
             }
             if mode == "kxdp-tap-pods" {
                 // The pods through the tap, the flood arriving on the uplink's XDP program.
-                cfg += "podInterception: {mode: tap, interfaces: [\"vpod*\"]}\n";
+                cfg = cfg.replace(xdp, "podInterception: {mode: tap, interfaces: [\"vpod*\"]}");
             }
             std::fs::write(dir.path().join("config.yaml"), cfg).unwrap();
             _kxdp = Some(Kxdp::start(

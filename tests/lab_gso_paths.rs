@@ -7,9 +7,10 @@
 //! Paths, per round, iperf3 with 1 and 4 streams:
 //! - `kernel`: pod to pod address, no Service (the kernel's routing alone);
 //! - `iptables`: the ClusterIP as kube-proxy's iptables rules DNAT it (the target);
-//! - `kxdp`: `kxdp run` on the node (`interfaces: [eth0, "veth*"]`: XDP on the pods' veths),
+//! - `kxdp`: `kxdp run` on the node (`interfaces: [eth0, "veth*"]`, `podInterception: {mode:
+//!   xdp}`: XDP on the pods' veths),
 //!   only when `KXDP_BIN` names a release build;
-//! - `kxdp-tap`: the same with `podInterception: {mode: tap}` (the pods' veths redirected into
+//! - `kxdp-tap`: the same with `podInterception: {mode: tap}` (the default: the pods' veths redirected into
 //!   kxdp's tap, the workers' tap port: `kxdp_dataplane::tap`), also only with `KXDP_BIN`;
 //! - `tap`: no XDP on the pods' veths; a clsact qdisc on each host-side veth with a match-all
 //!   `u32` filter whose `mirred egress redirect` sends every IPv4 packet from the pod to a tap opened
@@ -459,7 +460,10 @@ fn gso_paths() {
         );
         iptables_dnat(&node, web, false);
 
-        for (path, extra) in [("kxdp", ""), ("kxdp-tap", "podInterception: {mode: tap}\n")] {
+        for (path, extra) in [
+            ("kxdp", "podInterception: {mode: xdp}\n"),
+            ("kxdp-tap", "podInterception: {mode: tap}\n"),
+        ] {
             if !kxdp || !on(path) {
                 continue;
             }

@@ -18,7 +18,7 @@
 //! - One takeover of node-b's kxdp at a third of the run, one SIGKILL of node-a's and a new
 //!   kxdp at half (both nodes keep their conntrack table in a state file on a tmpfs).
 //! - Both nodes' configuration is the lab's, with `KXDP_SOAK_CONFIG` (YAML) appended when set,
-//!   e.g. `podInterception: {mode: tap}`.
+//!   e.g. `podInterception: {mode: xdp}`.
 //! - Sampled every `KXDP_SOAK_SAMPLE_SECS` (5; 2 in quick runs) from each node's `/metrics`
 //!   and the XDP program's maps (bpftool): RSS, open descriptors, conntrack entries, UMEM
 //!   frames in use (`kxdp_umem_frames - kxdp_umem_free_frames`), entries of the program's hash

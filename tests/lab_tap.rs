@@ -22,6 +22,10 @@
 //! anywhere); bulk TCP across the nodes on both fast paths, the node's own traffic left to the
 //! kernel, a NodePort, a clean stop that gives the uplink back.
 //!
+//! `interception_changes_across_restarts_and_takeovers`: mode xdp, a restart into mode tap (the
+//! programs held for it removed), a takeover into mode xdp and one back: the pods' veths end as
+//! the running kxdp is configured, the pod's TSO with them, and a ClusterIP keeps working.
+//!
 //! ```sh
 //! cargo test --test lab_tap -- --nocapture
 //! ```
@@ -552,4 +556,91 @@ fn tap_mode_with_the_uplink() {
     let tc = lab::sh(&node_a, "tc filter show dev eth0 ingress");
     assert!(!tc.contains("kxdp-tap"), "{tc}");
     assert_eq!(node_server(), "open");
+}
+
+/// A change of `podInterception.mode` across a restart (the XDP programs held for it, with a
+/// conntrack state file) and across takeovers, both ways: each pod's veth ends intercepted as
+/// the running kxdp is configured (its XDP program, or the redirect with no XDP program left
+/// and the pod's TSO back on), and connections through a ClusterIP keep working.
+#[test]
+fn interception_changes_across_restarts_and_takeovers() {
+    require_lab_and_iperf3("interception_changes_across_restarts_and_takeovers");
+    let mut lab = Lab::build("lab_tapmode");
+    lab.add_pod("node-a", "client-a", &[("app", "client")]);
+    lab.add_pod("node-a", "web-a1", &[("app", "web")]);
+    lab.warm_neighbours();
+    let node = lab.node("node-a").ns.clone();
+    let (client, web) = (lab.pod("client-a"), lab.pod("web-a1"));
+    let objects = lab.service("web", 10, "web", None, false);
+    let state_file = lab.dir.path().join("conntrack.state");
+    let tap = (lab.kxdp_config("node-a", false))
+        .replace(
+            "conntrack: {stateFile: \"\"}",
+            &format!("conntrack: {{stateFile: \"{}\"}}", state_file.display()),
+        )
+        .replace(
+            "metricsBindAddress: \"\"",
+            "metricsBindAddress: 127.0.0.1:10249",
+        );
+    assert!(
+        tap.contains("conntrack.state"),
+        "the lab's conntrack line moved"
+    );
+    let xdp = tap.clone() + "podInterception: {mode: xdp}\n";
+    let takeover = lab.dir.path().join("takeover.sock");
+    let check = |k: &cni::KxdpNode, on_xdp: bool, step: &str| {
+        for veth in [&client.host_if, &web.host_if] {
+            let settled = lab::wait_until(Duration::from_secs(5), || {
+                let tc = lab::sh(&node, &format!("tc filter show dev {veth} ingress"));
+                lab::xdp_on(&node, veth).is_some() == on_xdp && tc.contains("kxdp-tap") != on_xdp
+            });
+            let tc = lab::sh(&node, &format!("tc filter show dev {veth} ingress"));
+            let xdp = lab::xdp_on(&node, veth);
+            assert!(settled, "{step}: {veth}: XDP {xdp:?}, tc {tc}\n{}", k.log());
+        }
+        let tso = if on_xdp { "off" } else { "on" };
+        assert_eq!(
+            offload(&client.ns, "tcp-segmentation-offload"),
+            tso,
+            "{step}"
+        );
+        for _ in 0..3 {
+            let a = tcp(&client.ns, sa([172, 30, 0, 10], 80), T, 100).unwrap_or_else(|e| {
+                let m = lab::sh(&node, "curl -s http://127.0.0.1:10249/metrics | grep -E '_total' | grep -v ' 0$' || true");
+                panic!("{step}: {e}\n{m}\n{}", k.log())
+            });
+            assert_eq!(a.server, "web-a1", "{step}");
+        }
+    };
+    let mut k = lab.start_kxdp_takeover("node-a", &xdp, &objects, &takeover);
+    check(&k, true, "mode xdp");
+    // A restart into the default (the tap): the programs held for it go once the redirects
+    // are in place.
+    k.kxdp.stop();
+    assert!(
+        lab::xdp_on(&node, &web.host_if).is_some(),
+        "held for the restart"
+    );
+    k = lab.start_kxdp_takeover("node-a", &tap, &objects, &takeover);
+    check(&k, false, "a restart into mode tap");
+    for (config, on_xdp, step) in [
+        (&xdp, true, "a takeover into mode xdp"),
+        (&tap, false, "a takeover into mode tap"),
+    ] {
+        let mut old = k;
+        k = lab.start_kxdp_takeover("node-a", config, &objects, &takeover);
+        assert!(
+            k.log().contains("took over from pid"),
+            "{step}: {}",
+            k.log()
+        );
+        assert!(
+            lab::wait_until(Duration::from_secs(10), || {
+                old.kxdp.child.try_wait().is_ok_and(|s| s.is_some())
+            }),
+            "{step}: the predecessor exits after the handover:\n{}",
+            old.log()
+        );
+        check(&k, on_xdp, step);
+    }
 }

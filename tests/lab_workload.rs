@@ -4,8 +4,9 @@
 //! 172.30.0.10) and one whose endpoint is on the client's node (`local`, 172.30.0.11), with the
 //! Service dataplane alternated within each round:
 //!
-//! - `kxdp`: `kxdp run` on both nodes (`interfaces: [eth0, "veth*"]`, one worker, the rest
-//!   default; the release build through `KXDP_BIN`),
+//! - `kxdp`: `kxdp run` on both nodes (`interfaces: [eth0, "veth*"]`, one worker,
+//!   `podInterception: {mode: xdp}`: XDP on the pods' veths too, the rest default; the release
+//!   build through `KXDP_BIN`),
 //! - `iptables`: no kxdp; kube-proxy's iptables rules for the same Services on both nodes
 //!   (`iptables-restore --noflush`, the backend the CNI plugins use),
 //! - `nftables`: no kxdp; kube-proxy's nftables table for the same Services on both nodes.
@@ -23,7 +24,7 @@
 //! (`kxdp iptables nftables`; also `kxdp-base`: the build at `KXDP_BASE_BIN`, for a same-run
 //! comparison of two builds (any kxdp mode followed by `@base` runs that build too, e.g.
 //! `kxdp-tap@base`), `kxdp-pinned`: each node's worker pinned to a CPU of its
-//! own (any kxdp mode followed by `-pinned`, e.g. `kxdp-tap-uplink-pinned`), `kxdp-tap`: kxdp with `podInterception: {mode: tap}`, `kxdp-tap-no-offload`,
+//! own (any kxdp mode followed by `-pinned`, e.g. `kxdp-tap-uplink-pinned`), `kxdp-tap`: kxdp with `podInterception: {mode: tap}` (the default), `kxdp-tap-no-offload`,
 //! `kxdp-tap-uplink`: the tap for the uplink `eth0` too; `iptables-ip-rule`: iptables on
 //! nodes with one policy-routing rule, what the kernel's rule-based lookup costs),
 //! `KXDP_WORKLOAD_OUT` (target/workload). Output: one JSON line per
@@ -658,7 +659,10 @@ fn set_up<'a>(lab: &'a Lab, mode: &str, objects: &str) -> ModeGuard<'a> {
                     let mut config = lab.kxdp_config(n, false);
                     // The pods' veths through kxdp's tap (docs/afxdp.md), with and without the
                     // in-kernel fast path for established flows.
-                    if mode == "kxdp-tap" {
+                    if mode == "kxdp" {
+                        // XDP on the pods' veths too.
+                        config += "podInterception: {mode: xdp}\n";
+                    } else if mode == "kxdp-tap" {
                         config += "podInterception: {mode: tap}\n";
                     } else if mode == "kxdp-tap-uplink" {
                         // No XDP anywhere: the nodes exchange super-frames as the kernel

@@ -509,10 +509,11 @@ fn cni_overlays() {
             .keys()
             .map(|k| k.as_str())
             .collect();
-        assert_eq!(
-            fields,
-            ["interfaces"],
-            "{cni}: a preset sets the interfaces only"
+        assert!(
+            fields
+                .iter()
+                .all(|f| ["interfaces", "podInterception"].contains(f)),
+            "{cni}: a preset sets the interfaces only: {fields:?}"
         );
         let mut data = base.clone();
         data.extend(preset);
@@ -521,6 +522,12 @@ fn cni_overlays() {
             config.interfaces.iter().any(|i| i == pattern),
             "{cni}: {:?}",
             config.interfaces
+        );
+        // The CNI's pod interfaces go through the tap, which keeps their GSO.
+        let tap = config.pod_interception.run_options().expect("mode tap");
+        assert!(
+            tap.interfaces.iter().any(|i| i == pattern),
+            "{cni}: {tap:?}"
         );
         assert_eq!(
             config.conntrack.state_file.as_deref(),

@@ -139,6 +139,12 @@ pub fn source_ok(frame: &[u8], fib: &Fib, ingress: u32, own: &[(Addr, Family)]) 
 
 /// The `spoofed-source` verdict of `frame`, with its addresses as received (for `monitor`).
 pub fn spoofed(frame: &[u8]) -> Verdict {
+    screened(frame, Reason::SpoofedSource)
+}
+
+/// The verdict of a frame the screen drops for `reason`, with its addresses and ports when it
+/// parses (for `monitor` and the counters).
+pub fn screened(frame: &[u8], reason: Reason) -> Verdict {
     let mut v = Verdict::default();
     let mut meta = PacketMeta::default();
     if kxdp_packet::parse_into(frame, LinkType::Ethernet, &mut meta).is_ok() {
@@ -151,7 +157,7 @@ pub fn spoofed(frame: &[u8]) -> Verdict {
         v.client = meta.src;
         (v.l3_off, v.l4_off, v.ip_len) = (meta.l3_off, meta.l4_off, meta.ip_len);
     }
-    v.set(Reason::SpoofedSource);
+    v.set(reason);
     v
 }
 

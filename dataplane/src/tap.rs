@@ -395,7 +395,10 @@ impl TapPort {
                     let (j, k) = (*spoofed_count, frame.len().min(FRAME_BYTES));
                     heads[j][..k].copy_from_slice(&frame[..k]);
                     head_len[j] = k;
-                    spoofed[j] = crate::antispoof::spoofed(frame);
+                    spoofed[j] = match tag {
+                        Some(_) => crate::antispoof::spoofed(frame),
+                        None => crate::antispoof::screened(frame, Reason::TapUntagged),
+                    };
                     spoofed_segs[j] = segments(&hdr, frame.len());
                     *spoofed_bytes += frame.len() as u64;
                     *spoofed_count += 1;

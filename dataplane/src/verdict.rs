@@ -119,6 +119,10 @@ reasons! {
     /// through that interface (strict reverse path, `crate::antispoof`): a pod using another's
     /// address. Checked before conntrack, so such a packet touches no connection.
     SpoofedSource = "spoofed-source" => Drop,
+    /// A frame on kxdp's tap without an interface tag: no intercepted interface handed it over;
+    /// the node's own stack sent it out of the tap (its IPv6 multicast listener reports when
+    /// the tap comes up). It belongs to no pod.
+    TapUntagged = "tap-untagged" => Drop,
     // The egress stage (`crate::egress`), after the pipeline: where the packet leaves.
     /// No route to the destination (main table).
     NoRoute = "no-route" => Drop,

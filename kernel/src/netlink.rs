@@ -495,9 +495,15 @@ pub fn devconf_af_spec(ipv4: &[(u16, u32)], addr_gen_none: bool) -> LinkAttribut
 /// only CAP_NET_ADMIN, where a write under /proc/sys needs a writable /proc/sys, which a
 /// container's is not.
 pub fn set_ipv4_devconf(ifindex: u32, ipv4: &[(u16, u32)]) -> io::Result<()> {
+    set_devconf(ifindex, ipv4, false)
+}
+
+/// [`set_ipv4_devconf`], and with `addr_gen_none` IPv6's address generation mode to none
+/// (before the interface is up: it then sends nothing of its own).
+pub fn set_devconf(ifindex: u32, ipv4: &[(u16, u32)], addr_gen_none: bool) -> io::Result<()> {
     let mut m = LinkMessage::default();
     m.header.index = ifindex;
-    m.attributes.push(devconf_af_spec(ipv4, false));
+    m.attributes.push(devconf_af_spec(ipv4, addr_gen_none));
     acked(RouteNetlinkMessage::SetLink(m), 0)
 }
 

@@ -1145,6 +1145,13 @@ pub fn udp(ns: &str, to: SocketAddr, timeout: Duration) -> io::Result<Answer> {
     })
 }
 
+/// Whether kxdp intercepts `dev` in `ns`, either way: its XDP program, or its tc redirect
+/// into the tap (`podInterception: tap`, the default for the pods' veths).
+pub fn intercepted(ns: &str, dev: &str) -> bool {
+    crate::lab::xdp_on(ns, dev).is_some()
+        || crate::lab::sh(ns, &format!("tc filter show dev {dev} ingress")).contains("kxdp-tap")
+}
+
 pub fn sa(ip: impl Into<IpAddr>, port: u16) -> SocketAddr {
     SocketAddr::new(ip.into(), port)
 }

@@ -86,8 +86,9 @@ pub struct DataplaneConfiguration {
     /// `strict` (on every pod-facing interface) or `off`.
     #[serde(default)]
     pub source_validation: SourceValidation,
-    /// How the workers get the traffic of pod interfaces: XDP, or a tc redirect into kxdp's tap
-    /// that keeps the pods' GSO super-frames whole (docs/afxdp.md § Pod traffic as super-frames).
+    /// How the workers get the traffic of pod interfaces: a tc redirect into kxdp's tap that
+    /// keeps the pods' GSO super-frames whole (the default), or XDP (docs/afxdp.md § Pod traffic
+    /// as super-frames).
     #[serde(default)]
     pub pod_interception: PodInterceptionConfig,
     #[serde(default)]
@@ -132,10 +133,10 @@ pub enum SourceValidation {
 #[serde(rename_all = "lowercase")]
 pub enum InterceptionMode {
     /// kxdp's XDP program and AF_XDP sockets on every matched interface.
-    #[default]
     Xdp,
     /// Matched interfaces that also match `podInterception.interfaces` get a tc redirect into
-    /// kxdp's tap instead.
+    /// kxdp's tap instead (the rest keep XDP).
+    #[default]
     Tap,
 }
 
@@ -161,7 +162,7 @@ pub struct PodInterceptionConfig {
 impl Default for PodInterceptionConfig {
     fn default() -> Self {
         PodInterceptionConfig {
-            mode: InterceptionMode::Xdp,
+            mode: InterceptionMode::Tap,
             interfaces: vec!["veth*".into()],
             tap_device: kxdp_dataplane::io::runner::TAP_DEVICE.into(),
             offload: true,

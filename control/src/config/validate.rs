@@ -71,17 +71,6 @@ impl DataplaneConfiguration {
                 ));
             }
         }
-        if pods.mode == InterceptionMode::Tap
-            && kxdp_dataplane::io::runner::matches_any(&self.interfaces, &pods.tap_device)
-        {
-            return Err((
-                "podInterception.tapDevice".into(),
-                format!(
-                    "`{}` is matched by `interfaces`: kxdp's own tap cannot be one of its interfaces; choose another name",
-                    pods.tap_device
-                ),
-            ));
-        }
         for (i, name) in self.host_path.overlay_interfaces.iter().enumerate() {
             check_interface_name(name)
                 .map_err(|m| (format!("hostPath.overlayInterfaces[{i}]"), m))?;

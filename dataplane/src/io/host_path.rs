@@ -217,6 +217,12 @@ pub fn ipv6_forwarding_off() -> bool {
     read_sysctl("net/ipv6/conf/all/forwarding").is_ok_and(|v| v == "0")
 }
 
+/// Whether IPv4 forwarding is off on the node (`net/ipv4/conf/all/forwarding` 0): the kernel
+/// then drops what kxdp's tap hands back and the fast path's flows it must route.
+pub fn ipv4_forwarding_off() -> bool {
+    read_sysctl("net/ipv4/conf/all/forwarding").is_ok_and(|v| v == "0")
+}
+
 /// The `rp_filter` of a device whose packets come from addresses routed elsewhere (kxdp's
 /// host side, its tap): off, or loose where `conf/all` is strict, since the kernel applies the
 /// larger of the two and loose passes every routed source.

@@ -443,7 +443,7 @@ impl Links {
                 ))),
                 None => match &self.tap {
                     Some(t) if matches_any(&t.patterns, &l.name) => {
-                        self.attach_tap(&l.name, l.ifindex)
+                        self.attach_tap(&l.name, l.ifindex, l.mac)
                     }
                     _ => self.attach(&l.name, l.ifindex, l.mac),
                 },
@@ -550,8 +550,20 @@ impl Links {
 
     /// Redirects everything IP that arrives on `ifindex` into the tap (`podInterception: tap`):
     /// no XDP program, so the kernel leaves the pod its GSO.
-    fn attach_tap(&mut self, name: &str, ifindex: u32) -> io::Result<AttachedLink> {
+    fn attach_tap(
+        &mut self,
+        name: &str,
+        ifindex: u32,
+        mac: Option<[u8; 6]>,
+    ) -> io::Result<AttachedLink> {
+        // What the redirect hands over is read as Ethernet frames (and direct routing answers
+        // with the interface's MAC): an interface without one (a tun) cannot take it.
+        mac.ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no Ethernet address"))?;
         let fast_path = self.redirect_into_tap(name, ifindex)?;
+        // An XDP program a kxdp in mode xdp held on the interface for its restart runs before
+        // the redirect and keeps the pod's GSO off: it goes once the redirect is in place. (A
+        // live predecessor's BPF link, a takeover's, refuses with EBUSY and goes with it.)
+        let _ = kxdp_kernel::xdp::detach_netlink(ifindex);
         Ok(AttachedLink {
             report: InterfaceReport {
                 name: name.to_string(),
@@ -585,6 +597,56 @@ impl Links {
         for (ifindex, name) in redirected {
             if let Err(e) = self.remove_redirect(ifindex) {
                 tracing::warn!("kxdp: {name}: removing the tap redirect: {e}");
+            }
+        }
+    }
+
+    /// Intercepts anew the links a predecessor intercepted otherwise than this process is
+    /// configured to (a takeover across a change of `podInterception`): the new way is in
+    /// place before the old one goes (a redirect runs after XDP), so no frame reaches the
+    /// kernel untranslated. A link that cannot take the new way is retried by the next sync.
+    fn reintercept_adopted(&mut self) {
+        let tapped = |a: &AttachedLink| {
+            self.kernel_port != Some(a.report.ifindex)
+                && (self.tap.as_ref()).is_some_and(|t| matches_any(&t.patterns, &a.report.name))
+        };
+        let moved: Vec<u32> = (self.attached.values())
+            .filter(|a| tapped(a) != (a.report.interception == Interception::Tap))
+            .map(|a| a.report.ifindex)
+            .collect();
+        if moved.is_empty() {
+            return;
+        }
+        let links = kxdp_kernel::netlink::dump_all()
+            .map(|d| d.links)
+            .unwrap_or_default();
+        for ifindex in moved {
+            let Some(mut old) = self.attached.remove(&ifindex) else {
+                continue;
+            };
+            let name = old.report.name.clone();
+            let mac = (links.iter().find(|l| l.ifindex == ifindex)).and_then(|l| l.mac);
+            let new = match old.report.interception {
+                Interception::Xdp => self.attach_tap(&name, ifindex, mac),
+                Interception::Tap => self.attach(&name, ifindex, mac),
+            };
+            if old.report.interception == Interception::Xdp {
+                old.attachment.take();
+                self.close_sockets(ifindex);
+            }
+            match new {
+                Ok(a) => {
+                    tracing::info!("kxdp: after the takeover: {}", describe(&a.report));
+                    self.attached.insert(ifindex, a);
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        "kxdp: {name}: intercepting it as configured after the takeover: {e}"
+                    );
+                    if old.report.interception == Interception::Tap {
+                        let _ = kxdp_kernel::tc::remove_redirect(ifindex, crate::tap::TC_PREF);
+                    }
+                }
             }
         }
     }
@@ -643,6 +705,13 @@ impl Links {
             let _ = self.remove_redirect(ifindex);
         }
         let (attachment, prog, zero_copy) = attached?;
+        if !fast_path && self.kernel_port != Some(ifindex) {
+            // A redirect a kxdp in mode tap left for its restart leads to its tap, gone: what
+            // the program hands the kernel would end there. A missing one is no error.
+            if let Err(e) = kxdp_kernel::tc::remove_redirect(ifindex, crate::tap::TC_PREF) {
+                tracing::warn!("kxdp: {name}: removing an earlier tap redirect: {e}");
+            }
+        }
         Ok(AttachedLink {
             report: InterfaceReport {
                 name: name.to_string(),
@@ -852,16 +921,23 @@ fn open_tap(
     let Some(t) = &opts.tap else {
         return Ok((None, Vec::new()));
     };
+    if crate::io::host_path::ipv4_forwarding_off() {
+        tracing::warn!(
+            "kxdp: IPv4 forwarding is off on this node (net.ipv4.conf.all.forwarding = 0): the \
+             kernel drops what kxdp's tap hands back for it to route and the fast path's flows \
+             it routes (pods' traffic other than between pods); kxdp does not change it: set it \
+             on the node (the CNI usually does), or use podInterception: {{mode: xdp}}"
+        );
+    }
     let queues = TapQueue::open(&t.device, workers, crate::tap::TAP_OFFLOADS)
         .map_err(|e| io::Error::new(e.kind(), format!("podInterception: tap: {e}")))?;
     let mac = queues[0].mac()?;
-    queues[0].set_up()?;
-    queues[0].set_queue_length(t.queue_length)?;
     let ifindex = kxdp_kernel::sys::ifindex(&t.device)?;
     // What the tap hands back comes from pods the kernel routes through their veths, and the
     // replies of masqueraded connections carry a node address as their source: no strict
     // reverse path and local sources accepted, set through netlink (a container's /proc/sys
-    // is read-only).
+    // is read-only). No IPv6 address of its own, set before it is up: the kernel's own DAD,
+    // MLD and router solicitations would come out of it untagged, as frames of no interface.
     use kxdp_kernel::netlink::{IPV4_DEVCONF_ACCEPT_LOCAL, IPV4_DEVCONF_RP_FILTER};
     let conf = [
         (
@@ -870,15 +946,17 @@ fn open_tap(
         ),
         (IPV4_DEVCONF_ACCEPT_LOCAL, 1),
     ];
-    kxdp_kernel::netlink::set_ipv4_devconf(ifindex, &conf).map_err(|e| {
+    kxdp_kernel::netlink::set_devconf(ifindex, &conf, true).map_err(|e| {
         io::Error::new(
             e.kind(),
             format!(
-                "podInterception: tap {}: rp_filter and accept_local: {e}",
+                "podInterception: tap {}: rp_filter, accept_local and no IPv6 address: {e}",
                 t.device
             ),
         )
     })?;
+    queues[0].set_up()?;
+    queues[0].set_queue_length(t.queue_length)?;
     let tags = Arc::new(TapTags::default());
     adopt_tags(&tags, &t.interfaces);
     let offload = match (t.offload, adopted) {
@@ -1240,6 +1318,7 @@ impl AfXdp {
             .collect();
         let afxdp = AfXdp::assemble(opts, crew, attached, None, tap, maps, shared, routes)?;
         if let Ok(mut l) = afxdp.links.lock() {
+            l.reintercept_adopted();
             l.redirect_adopted();
         }
         Ok(afxdp)
@@ -1409,9 +1488,12 @@ impl Drop for AfXdp {
 /// Deep fill rings while nobody polls, so that what arrives until the successor polls waits on
 /// the RX rings instead of being dropped for want of a fill frame: first the busy sockets (whose
 /// share grew above the base, `Port::fill_target`) get up to a full ring each, then the free
-/// frames left are shared evenly (at 10 kpps a 2048-entry ring lasts 200 ms).
+/// frames left are shared evenly (at 10 kpps a 2048-entry ring lasts 200 ms). The reserve for
+/// sockets still to come stays free: a socket the successor opens (a new pod, an interface
+/// intercepted otherwise) gets its share at once, where an idle ring gives nothing back.
 fn deep_fill(w: &mut Worker) {
     let base = crate::worker::fill_target(&w.xsk, 0);
+    let keep = crate::worker::kept_reserve(base, w.ports.len());
     for busy_first in [true, false] {
         let n = w
             .ports
@@ -1419,7 +1501,7 @@ fn deep_fill(w: &mut Worker) {
             .filter(|p| !busy_first || p.fill_target > base)
             .count()
             .max(1);
-        let share = (w.umem.free_frames() / n) as u32;
+        let share = (w.umem.free_frames().saturating_sub(keep) / n) as u32;
         for p in &mut w.ports {
             if busy_first && p.fill_target <= base {
                 continue;

@@ -12,9 +12,11 @@
 #   sudo benches/workload.sh                  # 3 rounds, 5 s per test (about 8 minutes)
 #   sudo benches/workload.sh --quick          # 1 round, 1 s per test: checks that it works
 #   ROUNDS=5 SECONDS_PER_TEST=10 MODES="kxdp iptables" sudo -E benches/workload.sh
-#   MODES="kxdp kxdp-tap iptables" sudo -E benches/workload.sh   # with the pods through the tap
-#   (kxdp-tap-no-offload: the tap without the in-kernel fast path for established flows;
-#   kxdp-tap-uplink: the uplink through the tap as well, no XDP anywhere;
+#   MODES="kxdp kxdp-tap iptables" sudo -E benches/workload.sh   # XDP everywhere, the default
+#   (kxdp: podInterception mode xdp; kxdp-tap: the default, the pods' veths and the lab's veth
+#   uplink through the tap; kxdp-tap-pods: the uplink on XDP, as a NIC keeps it;
+#   kxdp-tap-no-offload: the tap without the in-kernel fast path for established flows;
+#   kxdp-tap-uplink: the uplink named in podInterception.interfaces;
 #   kxdp-pinned: each node's worker on a CPU of its own (any kxdp mode with -pinned, e.g.
 #   kxdp-tap-uplink-pinned); kxdp-base: the build at KXDP_BASE_BIN,
 #   for a same-run comparison of two builds; any kxdp mode with "@base", e.g. kxdp-tap@base,

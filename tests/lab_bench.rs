@@ -809,8 +809,12 @@ fn bench_lab_syn_flood() {
                 );
             }
             if mode == "kxdp-tap-pods" {
-                // The pods through the tap, the flood arriving on the uplink's XDP program.
-                cfg = cfg.replace(xdp, "podInterception: {mode: tap, interfaces: [\"vpod*\"]}");
+                // The pods through the tap, the flood arriving on the uplink's XDP program, as
+                // on a NIC (the lab's uplink is a veth, which `everyVeth` would intercept too).
+                cfg = cfg.replace(
+                    xdp,
+                    "podInterception: {mode: tap, interfaces: [\"vpod*\"], everyVeth: false}",
+                );
             }
             std::fs::write(dir.path().join("config.yaml"), cfg).unwrap();
             _kxdp = Some(Kxdp::start(

@@ -1,7 +1,8 @@
 //! `podInterception: tap` end to end (needs root, the CNI plugins and Debian's iperf3): node-a
 //! of the CNI lab (pods made by the `ptp` plugin, a host-side veth each) runs `kxdp run` with
-//! `interfaces: [eth0, "veth*"]` and `podInterception: {mode: tap}`, so the pods' veths get a tc
-//! redirect into kxdp's tap instead of the XDP program, and the uplink keeps XDP.
+//! `interfaces: [eth0, "veth*"]` and `podInterception: {mode: tap, everyVeth: false}`, so the
+//! pods' veths get a tc redirect into kxdp's tap instead of the XDP program, and the uplink (a
+//! veth here, which the default would intercept through the tap too) keeps XDP as a NIC does.
 //!
 //! Checked: no XDP program on the pods' veths and kxdp's redirect on them; bulk TCP (iperf3)
 //! from a pod to a ClusterIP whose endpoint is a pod on the same node completes, the client pod
@@ -18,8 +19,8 @@
 //! reach the policy-protected pod and is counted as `spoofed-source`, the admitted pod's own
 //! crafted packets arrive; a clean stop removes the redirects and the tap.
 //!
-//! `tap_mode_with_the_uplink`: both nodes with the uplink through the tap as well (no XDP
-//! anywhere); bulk TCP across the nodes on both fast paths, the node's own traffic left to the
+//! `tap_mode_with_the_uplink`: both nodes with the default `podInterception`, whose veth
+//! uplink goes through the tap as well (no XDP anywhere); bulk TCP across the nodes on both fast paths, the node's own traffic left to the
 //! kernel, a NodePort, a clean stop that gives the uplink back.
 //!
 //! `interception_changes_across_restarts_and_takeovers`: mode xdp, a restart into mode tap (the
@@ -213,7 +214,7 @@ spec:
     let config = lab.kxdp_config("node-a", false).replace(
         "metricsBindAddress: \"\"",
         "metricsBindAddress: 127.0.0.1:10249",
-    ) + "podInterception: {mode: tap}\n";
+    ) + "podInterception: {mode: tap, everyVeth: false}\n";
     let takeover = lab.dir.path().join("takeover.sock");
     let mut k = lab.start_kxdp_takeover("node-a", &config, &objects, &takeover);
 
@@ -464,8 +465,8 @@ spec:
     assert_eq!(a.peer, IpAddr::from(client.ip4));
 }
 
-/// The uplink through the tap as well (`podInterception.interfaces: ["veth*", eth0]`, both
-/// nodes): no XDP anywhere, so the nodes exchange GSO super-frames; bulk TCP through a
+/// The uplink through the tap as well (the default `podInterception` on both nodes, whose
+/// uplink is a veth: `everyVeth`): no XDP anywhere, so the nodes exchange GSO super-frames; bulk TCP through a
 /// ClusterIP whose endpoint is on node-b completes on both nodes' fast paths without a
 /// checksum error; the node's own traffic stays with the kernel (never in the tap: no
 /// `to-node` verdict), a NodePort from outside is kxdp's; a clean stop gives the uplink back.
@@ -486,7 +487,7 @@ fn tap_mode_with_the_uplink() {
         lab.kxdp_config(n, false).replace(
             "metricsBindAddress: \"\"",
             "metricsBindAddress: 127.0.0.1:10249",
-        ) + "podInterception: {mode: tap, interfaces: [\"veth*\", eth0]}\n"
+        )
     };
     let mut ka = lab.start_kxdp("node-a", &config("node-a"), &objects);
     let kb = lab.start_kxdp("node-b", &config("node-b"), &objects);
@@ -559,8 +560,8 @@ fn tap_mode_with_the_uplink() {
 }
 
 /// A change of `podInterception.mode` across a restart (the XDP programs held for it, with a
-/// conntrack state file) and across takeovers, both ways: each pod's veth ends intercepted as
-/// the running kxdp is configured (its XDP program, or the redirect with no XDP program left
+/// conntrack state file) and across takeovers, both ways: each pod's veth, and the veth uplink
+/// (`everyVeth`), ends intercepted as the running kxdp is configured (its XDP program, or the redirect with no XDP program left
 /// and the pod's TSO back on), and connections through a ClusterIP keep working.
 #[test]
 fn interception_changes_across_restarts_and_takeovers() {
@@ -589,7 +590,7 @@ fn interception_changes_across_restarts_and_takeovers() {
     let xdp = tap.clone() + "podInterception: {mode: xdp}\n";
     let takeover = lab.dir.path().join("takeover.sock");
     let check = |k: &cni::KxdpNode, on_xdp: bool, step: &str| {
-        for veth in [&client.host_if, &web.host_if] {
+        for veth in [client.host_if.as_str(), web.host_if.as_str(), "eth0"] {
             let settled = lab::wait_until(Duration::from_secs(5), || {
                 let tc = lab::sh(&node, &format!("tc filter show dev {veth} ingress"));
                 lab::xdp_on(&node, veth).is_some() == on_xdp && tc.contains("kxdp-tap") != on_xdp

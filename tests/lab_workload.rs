@@ -21,11 +21,13 @@
 //!
 //! Knobs: `KXDP_WORKLOAD_ROUNDS` (3), `KXDP_WORKLOAD_SECONDS` (5), `KXDP_WORKLOAD_QUICK=1` (one
 //! round of one second: checks that everything works, not how fast), `KXDP_WORKLOAD_MODES`
-//! (`kxdp iptables nftables`; also `kxdp-base`: the build at `KXDP_BASE_BIN`, for a same-run
+//! (`kxdp-tap iptables nftables`; also `kxdp-base`: the build at `KXDP_BASE_BIN`, for a same-run
 //! comparison of two builds (any kxdp mode followed by `@base` runs that build too, e.g.
 //! `kxdp-tap@base`), `kxdp-pinned`: each node's worker pinned to a CPU of its
-//! own (any kxdp mode followed by `-pinned`, e.g. `kxdp-tap-uplink-pinned`), `kxdp-tap`: kxdp with `podInterception: {mode: tap}` (the default), `kxdp-tap-no-offload`,
-//! `kxdp-tap-uplink`: the tap for the uplink `eth0` too; `iptables-ip-rule`: iptables on
+//! own (any kxdp mode followed by `-pinned`, e.g. `kxdp-tap-uplink-pinned`), `kxdp-tap`: kxdp with `podInterception: {mode: tap}` (the default: the pods' veths
+//! and the lab's veth uplink through the tap), `kxdp-tap-pods`: the uplink on XDP
+//! (`everyVeth: false`, as a NIC keeps it), `kxdp-tap-no-offload`, `kxdp-tap-uplink`: the
+//! uplink `eth0` named in `podInterception.interfaces` (on the lab the same as the default); `iptables-ip-rule`: iptables on
 //! nodes with one policy-routing rule, what the kernel's rule-based lookup costs),
 //! `KXDP_WORKLOAD_OUT` (target/workload). Output: one JSON line per
 //! measurement in `results.jsonl`, the medians, ratios and CPU per unit in `summary.md`
@@ -618,7 +620,13 @@ impl FreshNodes {
 
 /// The modes `KXDP_WORKLOAD_MODES` may name: kxdp's (each also with `-pinned`, and with `@base`
 /// after that; `kxdp-base` is `kxdp@base`) and the kernel's.
-const KXDP_MODES: [&str; 4] = ["kxdp", "kxdp-tap", "kxdp-tap-no-offload", "kxdp-tap-uplink"];
+const KXDP_MODES: [&str; 5] = [
+    "kxdp",
+    "kxdp-tap",
+    "kxdp-tap-pods",
+    "kxdp-tap-no-offload",
+    "kxdp-tap-uplink",
+];
 const KERNEL_MODES: [&str; 3] = ["iptables", "iptables-ip-rule", "nftables"];
 
 /// Whether `mode` is one the benchmark knows (see [`KXDP_MODES`]).
@@ -651,49 +659,56 @@ fn set_up<'a>(lab: &'a Lab, mode: &str, objects: &str) -> ModeGuard<'a> {
     };
     let nodes: Vec<&str> = lab.nodes.iter().map(|n| n.ns.as_str()).collect();
     match mode {
-        "kxdp" | "kxdp-tap" | "kxdp-tap-no-offload" | "kxdp-tap-uplink" => ModeGuard::Kxdp(
-            ["node-a", "node-b"]
-                .iter()
-                .enumerate()
-                .map(|(i, n)| {
-                    let mut config = lab.kxdp_config(n, false);
-                    // The pods' veths through kxdp's tap (docs/afxdp.md), with and without the
-                    // in-kernel fast path for established flows.
-                    if mode == "kxdp" {
-                        // XDP on the pods' veths too.
-                        config += "podInterception: {mode: xdp}\n";
-                    } else if mode == "kxdp-tap" {
-                        config += "podInterception: {mode: tap}\n";
-                    } else if mode == "kxdp-tap-uplink" {
-                        // No XDP anywhere: the nodes exchange super-frames as the kernel
-                        // modes do (docs/afxdp.md § The uplink through the tap).
-                        config += "podInterception: {mode: tap, interfaces: [\"veth*\", eth0]}\n";
-                    } else if mode == "kxdp-tap-no-offload" {
-                        config += "podInterception: {mode: tap, offload: false}\n";
-                    }
-                    if pinned {
-                        // Each node's worker on a CPU of its own (node A's on CPU 0, node B's
-                        // on CPU 1), beside the pods as on a node without isolated cores.
-                        config = config.replace(
-                            "workers: {count: 1, cpus: []}",
-                            &format!("workers: {{count: 1, cpus: [{i}]}}"),
-                        );
-                        assert!(
-                            config.contains(&format!("cpus: [{i}]")),
-                            "the lab's workers line moved"
-                        );
-                    }
-                    if base {
-                        // Another build in the same run (a same-run comparison of two builds).
-                        let bin = std::env::var("KXDP_BASE_BIN").expect(
+        "kxdp" | "kxdp-tap" | "kxdp-tap-no-offload" | "kxdp-tap-uplink" | "kxdp-tap-pods" => {
+            ModeGuard::Kxdp(
+                ["node-a", "node-b"]
+                    .iter()
+                    .enumerate()
+                    .map(|(i, n)| {
+                        let mut config = lab.kxdp_config(n, false);
+                        // The pods' veths through kxdp's tap (docs/afxdp.md), with and without the
+                        // in-kernel fast path for established flows.
+                        if mode == "kxdp" {
+                            // XDP on the pods' veths too.
+                            config += "podInterception: {mode: xdp}\n";
+                        } else if mode == "kxdp-tap" {
+                            config += "podInterception: {mode: tap}\n";
+                        } else if mode == "kxdp-tap-uplink" {
+                            // No XDP anywhere: the nodes exchange super-frames as the kernel
+                            // modes do (docs/afxdp.md § The uplink through the tap).
+                            config +=
+                                "podInterception: {mode: tap, interfaces: [\"veth*\", eth0]}\n";
+                        } else if mode == "kxdp-tap-pods" {
+                            // The pods through the tap, the uplink on XDP as a NIC keeps it (the
+                            // lab's uplink is a veth, which the default intercepts too).
+                            config += "podInterception: {mode: tap, everyVeth: false}\n";
+                        } else if mode == "kxdp-tap-no-offload" {
+                            config += "podInterception: {mode: tap, offload: false}\n";
+                        }
+                        if pinned {
+                            // Each node's worker on a CPU of its own (node A's on CPU 0, node B's
+                            // on CPU 1), beside the pods as on a node without isolated cores.
+                            config = config.replace(
+                                "workers: {count: 1, cpus: []}",
+                                &format!("workers: {{count: 1, cpus: [{i}]}}"),
+                            );
+                            assert!(
+                                config.contains(&format!("cpus: [{i}]")),
+                                "the lab's workers line moved"
+                            );
+                        }
+                        if base {
+                            // Another build in the same run (a same-run comparison of two builds).
+                            let bin = std::env::var("KXDP_BASE_BIN").expect(
                             "a mode with @base (or kxdp-base): KXDP_BASE_BIN names the other build",
                         );
-                        return lab.start_kxdp_bin(n, &config, objects, &bin);
-                    }
-                    lab.start_kxdp(n, &config, objects)
-                })
-                .collect(),
-        ),
+                            return lab.start_kxdp_bin(n, &config, objects, &bin);
+                        }
+                        lab.start_kxdp(n, &config, objects)
+                    })
+                    .collect(),
+            )
+        }
         "iptables" | "iptables-ip-rule" => {
             let rules = kube_proxy::iptables(&kube_proxy_services(lab), CLUSTER4);
             let mut saved = Vec::new();
@@ -960,7 +975,7 @@ fn workload() {
         "KXDP_WORKLOAD_ROUNDS and KXDP_WORKLOAD_SECONDS must be at least 1"
     );
     let modes: Vec<String> = std::env::var("KXDP_WORKLOAD_MODES")
-        .unwrap_or_else(|_| "kxdp iptables nftables".into())
+        .unwrap_or_else(|_| "kxdp-tap iptables nftables".into())
         .split_whitespace()
         .map(str::to_string)
         .collect();

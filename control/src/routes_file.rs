@@ -212,6 +212,7 @@ pub fn from_str(text: &str, file: &Path) -> Result<ReplayRoutes, RoutesError> {
             mac,
             master,
             bridge: f.links.iter().any(|o| o.master.as_deref() == Some(&l.name)),
+            veth: false,
             peer,
             rx_queues: 1,
         });

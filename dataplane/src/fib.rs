@@ -497,6 +497,7 @@ pub(crate) mod testing {
             mac: Some([mac; 6]),
             master: None,
             bridge: false,
+            veth: false,
             peer: None,
             rx_queues: 1,
         }
@@ -547,6 +548,7 @@ mod tests {
             mac: Some([mac; 6]),
             master: None,
             bridge: false,
+            veth: false,
             peer: None,
             rx_queues: 1,
         }

@@ -209,6 +209,7 @@ mod tests {
             mac: Some([ifindex as u8; 6]),
             master,
             bridge: ifindex == 10,
+            veth: false,
             peer: None,
             rx_queues: 1,
         }

@@ -35,6 +35,8 @@ pub struct Link {
     pub master: Option<u32>,
     /// The interface is a Linux bridge.
     pub bridge: bool,
+    /// The interface is one end of a veth pair (an XDP program on it takes GSO from its peer).
+    pub veth: bool,
     /// The other end of a veth pair, when in this namespace (IFLA_LINK).
     pub peer: Option<u32>,
     pub rx_queues: u32,
@@ -170,6 +172,7 @@ fn link_of(m: &LinkMessage) -> Link {
         mac: None,
         master: None,
         bridge: false,
+        veth: false,
         peer: None,
         rx_queues: 1,
     };
@@ -181,9 +184,13 @@ fn link_of(m: &LinkMessage) -> Link {
             LinkAttribute::Link(i) if *i != 0 && *i != m.header.index => l.peer = Some(*i),
             LinkAttribute::NumRxQueues(q) => l.rx_queues = (*q).max(1),
             LinkAttribute::LinkInfo(infos) => {
-                l.bridge |= infos
-                    .iter()
-                    .any(|i| matches!(i, LinkInfo::Kind(InfoKind::Bridge)));
+                for i in infos {
+                    match i {
+                        LinkInfo::Kind(InfoKind::Bridge) => l.bridge = true,
+                        LinkInfo::Kind(InfoKind::Veth) => l.veth = true,
+                        _ => {}
+                    }
+                }
             }
             _ => {}
         }

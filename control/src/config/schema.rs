@@ -134,8 +134,8 @@ pub enum SourceValidation {
 pub enum InterceptionMode {
     /// kxdp's XDP program and AF_XDP sockets on every matched interface.
     Xdp,
-    /// Matched interfaces that also match `podInterception.interfaces` get a tc redirect into
-    /// kxdp's tap instead (the rest keep XDP).
+    /// Matched interfaces that also match `podInterception.interfaces`, and matched veths
+    /// (`everyVeth`), get a tc redirect into kxdp's tap instead (the rest keep XDP).
     #[default]
     Tap,
 }
@@ -148,6 +148,10 @@ pub struct PodInterceptionConfig {
     pub mode: InterceptionMode,
     /// Names or shell-style patterns; only interfaces that `interfaces` matches too.
     pub interfaces: Vec<String>,
+    /// Every veth that `interfaces` matches goes through the tap too, whatever its name (tap
+    /// mode only): an XDP program on a veth takes GSO from its peer, and a node that is a
+    /// container (kind, the lab) has a veth for its uplink.
+    pub every_veth: bool,
     /// The tap's name (created by kxdp, one queue per worker).
     pub tap_device: String,
     /// Established flows take the in-kernel fast path the workers install (tap mode only).
@@ -164,6 +168,7 @@ impl Default for PodInterceptionConfig {
         PodInterceptionConfig {
             mode: InterceptionMode::Tap,
             interfaces: vec!["veth*".into()],
+            every_veth: true,
             tap_device: kxdp_dataplane::io::runner::TAP_DEVICE.into(),
             offload: true,
             direct_routing: true,
@@ -178,6 +183,7 @@ impl PodInterceptionConfig {
         (self.mode == InterceptionMode::Tap).then(|| kxdp_dataplane::io::runner::TapOptions {
             device: self.tap_device.clone(),
             interfaces: self.interfaces.clone(),
+            every_veth: self.every_veth,
             offload: self.offload,
             direct_routing: self.direct_routing,
             queue_length: self.queue_length,

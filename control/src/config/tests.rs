@@ -78,6 +78,7 @@ fn interfaces_matching_a_bridge_and_its_ports_are_refused() {
         mac: Some([2; 6]),
         master,
         bridge,
+        veth: false,
         peer: None,
         rx_queues: 1,
     };
@@ -129,6 +130,17 @@ fn pod_interception() {
     assert_eq!(t.interfaces, ["veth*"]);
     assert_eq!(t.device, "kxdptap0");
     assert_eq!(t.queue_length, 256);
+    // Every veth too (a container's uplink), unless asked otherwise.
+    assert!(t.every_veth);
+    let c = load("podInterception: {everyVeth: false}\n").unwrap();
+    assert!(!c.pod_interception.run_options().unwrap().every_veth);
+    let c = load("podInterception: {interfaces: []}\n").unwrap();
+    assert!(c
+        .pod_interception
+        .run_options()
+        .unwrap()
+        .interfaces
+        .is_empty());
     let c = load("podInterception: {mode: tap, queueLength: 1000}\n").unwrap();
     assert_eq!(c.pod_interception.run_options().unwrap().queue_length, 1000);
     let c =
@@ -138,7 +150,7 @@ fn pod_interception() {
         ("podInterception: {mode: bpf}\n", "podInterception.mode"),
         ("podInterception: tap\n", "podInterception"),
         (
-            "podInterception: {mode: tap, interfaces: []}\n",
+            "podInterception: {mode: tap, interfaces: [], everyVeth: false}\n",
             "podInterception.interfaces",
         ),
         (

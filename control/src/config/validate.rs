@@ -55,10 +55,12 @@ impl DataplaneConfiguration {
         let pods = &self.pod_interception;
         check_interface_name(&pods.tap_device)
             .map_err(|m| ("podInterception.tapDevice".into(), m))?;
-        if pods.mode == InterceptionMode::Tap && pods.interfaces.is_empty() {
+        if pods.mode == InterceptionMode::Tap && pods.interfaces.is_empty() && !pods.every_veth {
             return Err((
                 "podInterception.interfaces".into(),
-                "mode tap needs at least one interface name or pattern (e.g. [\"veth*\"])".into(),
+                "mode tap with everyVeth false needs at least one interface name or pattern \
+                 (e.g. [\"veth*\"])"
+                    .into(),
             ));
         }
         for (i, p) in pods.interfaces.iter().enumerate() {

@@ -75,12 +75,26 @@ pub struct TapOptions {
     pub device: String,
     /// Names or shell-style patterns; an interface must also match `RunOptions::interfaces`.
     pub interfaces: Vec<String>,
+    /// Every veth `RunOptions::interfaces` matches is redirected too, whatever its name (but
+    /// the host path's kernel port): XDP on a veth takes GSO from its peer.
+    pub every_veth: bool,
     /// Established flows take the in-kernel fast path (`crate::offload`).
     pub offload: bool,
     /// Pod-to-pod frames leave straight through their egress interface (`crate::direct`).
     pub direct_routing: bool,
     /// Frames each of the tap's queues holds for its worker (the device's `txqueuelen`).
     pub queue_length: u32,
+}
+
+impl TapOptions {
+    /// Whether a link `RunOptions::interfaces` matches goes through the tap rather than XDP.
+    fn takes(&self, l: &kxdp_kernel::netlink::Link) -> bool {
+        takes(&self.interfaces, self.every_veth, l)
+    }
+}
+
+fn takes(patterns: &[String], every_veth: bool, l: &kxdp_kernel::netlink::Link) -> bool {
+    matches_any(patterns, &l.name) || (every_veth && l.veth)
 }
 
 /// The tap queue's length unless configured otherwise. Short on purpose: a worker that cannot
@@ -117,6 +131,7 @@ struct TapTarget {
     ifindex: u32,
     name: String,
     patterns: Vec<String>,
+    every_veth: bool,
     /// The intercepted interfaces' tags, shared with the workers' ports.
     tags: Arc<TapTags>,
     /// The in-kernel fast path's maps (`TapOptions::offload`), shared with the workers.
@@ -386,6 +401,13 @@ const RETRY_FAILED: Duration = Duration::from_secs(3);
 const WORKER_REPLY: Duration = Duration::from_secs(5);
 
 impl Links {
+    /// Whether `l` goes through the tap: tap mode, its name or kind asks for it, and it is not
+    /// the host path's kernel port (a veth kxdp sends on through AF_XDP).
+    fn through_tap(&self, l: &kxdp_kernel::netlink::Link) -> bool {
+        self.kernel_port != Some(l.ifindex)
+            && (self.tap.as_ref()).is_some_and(|t| takes(&t.patterns, t.every_veth, l))
+    }
+
     fn log(&mut self, e: LinkEvent) {
         if self.events.len() >= 256 {
             self.events.remove(0);
@@ -441,12 +463,8 @@ impl Links {
                      both; kxdp stays off the bridge and keeps its ports (remove `{on_bridge}` \
                      from interfaces, docs/afxdp.md § Bridges)"
                 ))),
-                None => match &self.tap {
-                    Some(t) if matches_any(&t.patterns, &l.name) => {
-                        self.attach_tap(&l.name, l.ifindex, l.mac)
-                    }
-                    _ => self.attach(&l.name, l.ifindex, l.mac),
-                },
+                None if self.through_tap(l) => self.attach_tap(&l.name, l.ifindex, l.mac),
+                None => self.attach(&l.name, l.ifindex, l.mac),
             };
             match attached {
                 Ok(a) => {
@@ -477,10 +495,10 @@ impl Links {
                             "kxdp: {}: cannot take {}: {error}; the other interfaces keep \
                              working (retried every {}s)",
                             l.name,
-                            match &self.tap {
-                                Some(t) if matches_any(&t.patterns, &l.name) =>
-                                    "the tc redirect into kxdp's tap",
-                                _ => "kxdp's XDP program and AF_XDP sockets",
+                            if self.through_tap(l) {
+                                "the tc redirect into kxdp's tap"
+                            } else {
+                                "kxdp's XDP program and AF_XDP sockets"
                             },
                             RETRY_FAILED.as_secs()
                         );
@@ -606,20 +624,19 @@ impl Links {
     /// place before the old one goes (a redirect runs after XDP), so no frame reaches the
     /// kernel untranslated. A link that cannot take the new way is retried by the next sync.
     fn reintercept_adopted(&mut self) {
-        let tapped = |a: &AttachedLink| {
-            self.kernel_port != Some(a.report.ifindex)
-                && (self.tap.as_ref()).is_some_and(|t| matches_any(&t.patterns, &a.report.name))
-        };
-        let moved: Vec<u32> = (self.attached.values())
-            .filter(|a| tapped(a) != (a.report.interception == Interception::Tap))
-            .map(|a| a.report.ifindex)
-            .collect();
-        if moved.is_empty() {
-            return;
-        }
         let links = kxdp_kernel::netlink::dump_all()
             .map(|d| d.links)
             .unwrap_or_default();
+        // A link gone since is left to the next sync, which releases it.
+        let tapped = |a: &AttachedLink| {
+            (links.iter().find(|l| l.ifindex == a.report.ifindex)).map(|l| self.through_tap(l))
+        };
+        let moved: Vec<u32> = (self.attached.values())
+            .filter(|a| {
+                tapped(a).is_some_and(|t| t != (a.report.interception == Interception::Tap))
+            })
+            .map(|a| a.report.ifindex)
+            .collect();
         for ifindex in moved {
             let Some(mut old) = self.attached.remove(&ifindex) else {
                 continue;
@@ -894,7 +911,7 @@ fn describe(i: &InterfaceReport) -> String {
 /// workers read: frames tagged before this process started keep their meaning and pass source
 /// validation, where an unknown tag would be dropped. The link manager keeps these tags when it
 /// re-attaches the filters.
-fn adopt_tags(tags: &TapTags, patterns: &[String]) {
+fn adopt_tags(tags: &TapTags, t: &TapOptions) {
     let links = match kxdp_kernel::netlink::dump_all() {
         Ok(d) => d.links,
         Err(e) => {
@@ -902,7 +919,7 @@ fn adopt_tags(tags: &TapTags, patterns: &[String]) {
             return;
         }
     };
-    for l in links.iter().filter(|l| matches_any(patterns, &l.name)) {
+    for l in links.iter().filter(|l| t.takes(l)) {
         if let Ok(Some(tag)) = kxdp_kernel::tc::redirect_tag(l.ifindex, crate::tap::TC_PREF) {
             tags.assign(l.ifindex, Some(tag));
         }
@@ -958,7 +975,7 @@ fn open_tap(
     queues[0].set_up()?;
     queues[0].set_queue_length(t.queue_length)?;
     let tags = Arc::new(TapTags::default());
-    adopt_tags(&tags, &t.interfaces);
+    adopt_tags(&tags, t);
     let offload = match (t.offload, adopted) {
         // A predecessor's (a takeover): the XDP programs handed over read these.
         (true, Some(fast)) => Some(Arc::new(fast)),
@@ -1006,6 +1023,7 @@ fn open_tap(
             ifindex,
             name: t.device.clone(),
             patterns: t.interfaces.clone(),
+            every_veth: t.every_veth,
             tags,
             offload,
         }),

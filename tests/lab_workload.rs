@@ -2,7 +2,8 @@
 //! servers and clients in the pods of the two-node CNI lab (tests/cni/mod.rs, pod ranges joined
 //! by routes), through a ClusterIP whose endpoint is on the other node (`remote`,
 //! 172.30.0.10) and one whose endpoint is on the client's node (`local`, 172.30.0.11), with the
-//! Service dataplane alternated within each round:
+//! Service dataplane alternated within each round (each round starting one mode later, so no
+//! mode always follows the same one; each test once the machine is quiet):
 //!
 //! - `kxdp`: `kxdp run` on both nodes (`interfaces: [eth0, "veth*"]`, one worker,
 //!   `podInterception: {mode: xdp}`: XDP on the pods' veths too, the rest default; the release
@@ -81,6 +82,22 @@ fn cpu_jiffies() -> (u64, u64) {
     let total: u64 = f.iter().take(8).sum();
     let idle = f[3] + f[4];
     (total - idle, total)
+}
+
+/// Waits (5 s at most) until the machine is quiet: under 15% of its CPU busy over a quarter
+/// of a second. What the last mode or test left behind (the kernel's clean-up of deleted
+/// namespaces and of closed connections runs in its workqueues after the fact) must not be
+/// charged to the next.
+fn settle() {
+    let until = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < until {
+        let (busy0, total0) = cpu_jiffies();
+        std::thread::sleep(Duration::from_millis(250));
+        let (busy1, total1) = cpu_jiffies();
+        if ((busy1 - busy0) as f64) < 0.15 * (total1 - total0).max(1) as f64 {
+            return;
+        }
+    }
 }
 
 /// One test of a mode.
@@ -863,8 +880,8 @@ fn summary(records: &[Record], modes: &[String], rounds: u64, seconds: u64) -> S
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let mut s = format!(
-        "# Workloads\n\n{rounds} round(s), {seconds} s per test, modes alternated within each round ({}); \
-         medians. CPU: {cpu_model}, {cpus} CPUs; load average at the end: {}.\n\n",
+        "# Workloads\n\n{rounds} round(s), {seconds} s per test, modes alternated within each round ({}; \
+         each round starting one mode later); medians. CPU: {cpu_model}, {cpus} CPUs; load average at the end: {}.\n\n",
         modes.join(", "),
         load.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
     );
@@ -1012,7 +1029,9 @@ fn workload() {
 
     let mut records = Vec::new();
     for round in 1..=rounds {
-        for mode in &modes {
+        // Each round starts one mode later, so that no mode always follows the same one.
+        let first = (round - 1) as usize % modes.len();
+        for mode in modes.iter().cycle().skip(first).take(modes.len()) {
             // Every mode on nodes of its own, as a node that never ran another dataplane.
             let nodes = FreshNodes::build();
             let (lab, client, dir) = (&nodes.lab, &nodes.client, &nodes.dir);
@@ -1025,6 +1044,7 @@ fn workload() {
                 } else {
                     LOCAL_VIP
                 };
+                settle();
                 let (busy0, total0) = cpu_jiffies();
                 let outcome = run_test(t, client, vip, seconds, dir);
                 let (busy1, total1) = cpu_jiffies();

@@ -176,12 +176,14 @@ fn link_of(m: &LinkMessage) -> Link {
         peer: None,
         rx_queues: 1,
     };
+    let mut elsewhere = false;
     for a in &m.attributes {
         match a {
             LinkAttribute::IfName(n) => l.name = n.clone(),
             LinkAttribute::Address(b) => l.mac = mac_of(b),
             LinkAttribute::Controller(i) => l.master = Some(*i),
             LinkAttribute::Link(i) if *i != 0 && *i != m.header.index => l.peer = Some(*i),
+            LinkAttribute::LinkNetNsId(_) => elsewhere = true,
             LinkAttribute::NumRxQueues(q) => l.rx_queues = (*q).max(1),
             LinkAttribute::LinkInfo(infos) => {
                 for i in infos {
@@ -194,6 +196,10 @@ fn link_of(m: &LinkMessage) -> Link {
             }
             _ => {}
         }
+    }
+    if elsewhere {
+        // IFLA_LINK then names an interface of that other namespace.
+        l.peer = None;
     }
     l
 }
@@ -576,5 +582,34 @@ impl Events {
             {}
         }
         changed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A veth's IFLA_LINK is its peer here only when no IFLA_LINK_NETNSID says the peer is in
+    /// another namespace (a pod's host-side end: the index is the pod's `eth0`).
+    #[test]
+    fn a_peer_in_another_namespace_is_not_one_here() {
+        let veth = |netnsid: Option<i32>| {
+            let mut m = LinkMessage::default();
+            m.header.index = 7;
+            m.attributes.push(LinkAttribute::IfName("veth1".into()));
+            m.attributes.push(LinkAttribute::Link(2));
+            m.attributes.extend(netnsid.map(LinkAttribute::LinkNetNsId));
+            m.attributes
+                .push(LinkAttribute::LinkInfo(vec![LinkInfo::Kind(
+                    InfoKind::Veth,
+                )]));
+            link_of(&m)
+        };
+        let here = veth(None);
+        assert!(here.veth);
+        assert_eq!(here.peer, Some(2));
+        let elsewhere = veth(Some(0));
+        assert!(elsewhere.veth);
+        assert_eq!(elsewhere.peer, None);
     }
 }

@@ -84,6 +84,11 @@ fn cpu_jiffies() -> (u64, u64) {
     (total - idle, total)
 }
 
+/// The busy share of all CPU time between two `cpu_jiffies` readings (0 to 1).
+fn busy_share((busy0, total0): (u64, u64), (busy1, total1): (u64, u64)) -> f64 {
+    (busy1 - busy0) as f64 / (total1 - total0).max(1) as f64
+}
+
 /// Waits (5 s at most) until the machine is quiet: under 15% of its CPU busy over a quarter
 /// of a second. What the last mode or test left behind (the kernel's clean-up of deleted
 /// namespaces and of closed connections runs in its workqueues after the fact) must not be
@@ -91,10 +96,9 @@ fn cpu_jiffies() -> (u64, u64) {
 fn settle() {
     let until = Instant::now() + Duration::from_secs(5);
     while Instant::now() < until {
-        let (busy0, total0) = cpu_jiffies();
+        let before = cpu_jiffies();
         std::thread::sleep(Duration::from_millis(250));
-        let (busy1, total1) = cpu_jiffies();
-        if ((busy1 - busy0) as f64) < 0.15 * (total1 - total0).max(1) as f64 {
+        if busy_share(before, cpu_jiffies()) < 0.15 {
             return;
         }
     }
@@ -1045,12 +1049,11 @@ fn workload() {
                     LOCAL_VIP
                 };
                 settle();
-                let (busy0, total0) = cpu_jiffies();
+                let before = cpu_jiffies();
                 let outcome = run_test(t, client, vip, seconds, dir);
-                let (busy1, total1) = cpu_jiffies();
                 // Busy share of all jiffies times the CPUs: CPUs busy on average.
                 let ncpu = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
-                let cpus = (busy1 - busy0) as f64 / (total1 - total0).max(1) as f64 * ncpu;
+                let cpus = busy_share(before, cpu_jiffies()) * ncpu;
                 let r = Record {
                     round,
                     mode: mode.clone(),

@@ -1,7 +1,9 @@
 //! kxdp's kernel boundary: every system call and every line of `unsafe` the project has.
 //!
 //! - [`afxdp`]: AF_XDP sockets, their UMEM and rings (shared memory with the kernel).
-//! - [`xdp`]: the hand-assembled XDP program, its maps and BPF links (raw `bpf()`).
+//! - [`bpf`]: the `bpf()` system call: maps, program loading and the assembler kxdp's programs
+//!   are written with (each command, map type and helper number named once).
+//! - [`xdp`]: the hand-assembled XDP program, its maps and BPF links.
 //! - [`netlink`]: routes, addresses, links, neighbours and the bridge FDB, and the requests kxdp
 //!   makes (neighbour resolution, stale XDP detach), through `netlink-packet-route`.
 //! - [`shm`]: anonymous or file-backed shared memory seen as atomics (the conntrack table's
@@ -28,6 +30,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod afxdp;
+pub mod bpf;
 pub mod handover;
 pub mod huge;
 pub mod mount;

@@ -37,12 +37,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use kxdp_packet::tcp::flags as tcp;
 
-use crate::xdp::asm::*;
-use crate::xdp::Map;
-
-const BPF_MAP_TYPE_HASH: u32 = 1;
-const BPF_MAP_TYPE_ARRAY: u32 = 2;
-const BPF_F_MMAPABLE: u32 = 1 << 10;
+use crate::bpf::asm::*;
+use crate::bpf::{
+    Map, PacketPointers, BPF_F_MMAPABLE, BPF_MAP_TYPE_ARRAY, BPF_MAP_TYPE_HASH,
+    HELPER_L3_CSUM_REPLACE, HELPER_L4_CSUM_REPLACE, HELPER_MAP_LOOKUP_ELEM, HELPER_REDIRECT,
+    HELPER_SKB_STORE_BYTES,
+};
 /// The kernel's "operation not supported" for a map without batch operations (not in libc:
 /// kernel-internal, yet what `bpf()` returns then).
 const ENOTSUPP: i32 = 524;
@@ -404,11 +404,6 @@ impl Drop for FlowOffload {
     }
 }
 
-const HELPER_MAP_LOOKUP_ELEM: i32 = 1;
-const HELPER_SKB_STORE_BYTES: i32 = 9;
-const HELPER_REDIRECT: i32 = 23;
-const HELPER_L3_CSUM_REPLACE: i32 = 10;
-const HELPER_L4_CSUM_REPLACE: i32 = 11;
 /// The checksum helpers' flags: the changed field's size is in the low bits.
 const F_PSEUDO_HDR: i32 = 0x10;
 const F_MARK_MANGLED_0: i32 = 0x20;
@@ -416,7 +411,7 @@ const F_MARK_MANGLED_0: i32 = 0x20;
 const SKB_LEN: i16 = 0;
 const SKB_IFINDEX: i16 = 40;
 /// Where the packet's bytes are (`data`, `data_end`): the tc programs' context.
-pub(crate) const SKB_POINTERS: crate::xdp::PacketPointers = crate::xdp::PacketPointers {
+pub(crate) const SKB_POINTERS: PacketPointers = PacketPointers {
     data: 76,
     data_end: 80,
 };
@@ -455,7 +450,7 @@ pub(crate) const TC_ACT_OK: i32 = 0;
 pub(crate) fn emit_lookup(
     a: &mut Asm,
     flows: i32,
-    at: crate::xdp::PacketPointers,
+    at: PacketPointers,
     ifindex_at: i16,
     not: &'static str,
 ) {

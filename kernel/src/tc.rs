@@ -188,11 +188,11 @@ pub struct RedirectPrograms {
 /// The XDP program's steering over a socket buffer (context in r6), with what it leaves to the
 /// kernel (`to.kernel`) going on as it was (`TC_ACT_OK`); the other targets are the caller's.
 fn steer_or_pass(
-    a: &mut crate::xdp::asm::Asm,
+    a: &mut crate::bpf::asm::Asm,
     maps: crate::xdp::SteerMaps,
     to: crate::xdp::SteerTo,
 ) {
-    use crate::xdp::asm::*;
+    use crate::bpf::asm::*;
     crate::xdp::steer(a, maps, crate::offload::SKB_POINTERS, to);
     a.label(to.kernel);
     a.mov_k(R0, crate::offload::TC_ACT_OK);
@@ -200,12 +200,11 @@ fn steer_or_pass(
 }
 
 /// Ends a program: redirect to the egress of `target` (`TC_ACT_REDIRECT`) and return that.
-fn redirect_and_finish(mut a: crate::xdp::asm::Asm, target: u32) -> Vec<crate::xdp::Insn> {
-    use crate::xdp::asm::*;
-    const HELPER_REDIRECT: i32 = 23;
+fn redirect_and_finish(mut a: crate::bpf::asm::Asm, target: u32) -> Vec<crate::bpf::Insn> {
+    use crate::bpf::asm::*;
     a.mov_k(R1, target as i32);
     a.mov_k(R2, 0);
-    a.call(HELPER_REDIRECT);
+    a.call(crate::bpf::HELPER_REDIRECT);
     a.exit();
     a.finish()
 }
@@ -226,9 +225,8 @@ fn bpf_filter(m: &mut TcMessage, prog: &std::os::fd::OwnedFd, name: String) {
 /// the workers installed take the in-kernel fast path first (`crate::offload`); with
 /// `with.steer`, what the XDP program would pass to the kernel goes on to it (`TC_ACT_OK`)
 /// and only the rest to the tap.
-fn tag_and_redirect(tag: u16, target: u32, with: RedirectPrograms) -> Vec<crate::xdp::Insn> {
-    use crate::xdp::asm::*;
-    const HELPER_SKB_VLAN_PUSH: i32 = 18;
+fn tag_and_redirect(tag: u16, target: u32, with: RedirectPrograms) -> Vec<crate::bpf::Insn> {
+    use crate::bpf::asm::*;
     let mut a = Asm::default();
     a.mov_x(R6, R1);
     if let Some(maps) = with.offload {
@@ -253,7 +251,7 @@ fn tag_and_redirect(tag: u16, target: u32, with: RedirectPrograms) -> Vec<crate:
     a.mov_x(R1, R6);
     a.mov_k(R2, u16::from_ne_bytes(ETH_P_8021Q.to_be_bytes()) as i32);
     a.mov_k(R3, tag as i32);
-    a.call(HELPER_SKB_VLAN_PUSH);
+    a.call(crate::bpf::HELPER_SKB_VLAN_PUSH);
     // A failed push (no memory) still goes to the tap: the reader drops an untagged frame it
     // must check, rather than the kernel forwarding it past kxdp.
     redirect_and_finish(a, target)
@@ -270,9 +268,8 @@ fn tagged_filter(
     with: RedirectPrograms,
     handle: TcHandle,
 ) -> io::Result<(TcMessage, std::os::fd::OwnedFd)> {
-    const BPF_PROG_TYPE_SCHED_CLS: u32 = 3;
-    let prog = crate::xdp::load_program(
-        BPF_PROG_TYPE_SCHED_CLS,
+    let prog = crate::bpf::load_program(
+        crate::bpf::BPF_PROG_TYPE_SCHED_CLS,
         0,
         &tag_and_redirect(tag, target, with),
         "the tap redirect's tc program",
@@ -477,9 +474,8 @@ fn node_ports_to(
     target: u32,
     macs: [u8; 12],
     maps: crate::xdp::SteerMaps,
-) -> Vec<crate::xdp::Insn> {
-    use crate::xdp::asm::*;
-    const HELPER_SKB_STORE_BYTES: i32 = 9;
+) -> Vec<crate::bpf::Insn> {
+    use crate::bpf::asm::*;
     const MACS: i16 = -64;
     let mut a = Asm::default();
     a.mov_x(R6, R1);
@@ -504,7 +500,7 @@ fn node_ports_to(
     a.alu_k(ADD, R3, MACS as i32);
     a.mov_k(R4, 12);
     a.mov_k(R5, 0);
-    a.call(HELPER_SKB_STORE_BYTES);
+    a.call(crate::bpf::HELPER_SKB_STORE_BYTES);
     redirect_and_finish(a, target)
 }
 
@@ -524,7 +520,6 @@ pub fn redirect_node_ports(
     steer: crate::xdp::SteerMaps,
     pref: u16,
 ) -> io::Result<()> {
-    const BPF_PROG_TYPE_SCHED_CLS: u32 = 3;
     match acked(
         RouteNetlinkMessage::NewQueueDiscipline(clsact(lo)),
         NLM_F_CREATE | NLM_F_EXCL,
@@ -542,8 +537,8 @@ pub fn redirect_node_ports(
         }
         None => (TcHandle::UNSPEC, NLM_F_CREATE | NLM_F_EXCL),
     };
-    let prog = crate::xdp::load_program(
-        BPF_PROG_TYPE_SCHED_CLS,
+    let prog = crate::bpf::load_program(
+        crate::bpf::BPF_PROG_TYPE_SCHED_CLS,
         0,
         &node_ports_to(target, macs, steer),
         "the node-ports redirect's tc program",

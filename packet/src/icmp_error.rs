@@ -11,7 +11,7 @@ use crate::checksum::{fold, sum, update16, update_addr};
 use crate::field::{arr, get16, set16};
 use crate::meta::PacketMeta;
 use crate::IpProto;
-use crate::{ipv4, ipv6, tcp, udp};
+use crate::{icmp, ipv4, ipv6, tcp, udp};
 
 /// The quoted ("inner") packet of an ICMP error, located in the frame.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -45,7 +45,7 @@ pub fn parse_quoted(frame: &[u8], meta: &PacketMeta) -> Option<Quoted> {
     if !meta.is_icmp_error() || meta.l4_off == 0 {
         return None;
     }
-    let start = meta.l4_off as usize + 8;
+    let start = meta.l4_off as usize + icmp::HEADER_LEN;
     let end = meta.ip_end().min(frame.len());
     let inner = frame.get(start..end)?;
     let mut q = Quoted {
@@ -98,8 +98,8 @@ pub fn parse_quoted(frame: &[u8], meta: &PacketMeta) -> Option<Quoted> {
                 q.dport = get16(l4, 2);
                 q.has_ports = true;
             }
-            IpProto::ICMP | IpProto::ICMPV6 if l4.len() >= 6 => {
-                q.sport = get16(l4, 4);
+            IpProto::ICMP | IpProto::ICMPV6 if l4.len() >= icmp::field::ECHO_IDENT + 2 => {
+                q.sport = get16(l4, icmp::field::ECHO_IDENT);
                 q.dport = q.sport;
                 q.has_ports = true;
             }
@@ -145,10 +145,10 @@ pub fn rewrite_icmp_error(frame: &mut [u8], meta: &mut PacketMeta, q: &Quoted, r
     write_addr(frame, osrc_at, &rw.outer_src, fam);
     write_addr(frame, odst_at, &rw.outer_dst, fam);
     if fam == Family::V4 {
-        let mut c = get16(frame, l3 + 10);
+        let mut c = get16(frame, l3 + ipv4::field::CHECKSUM);
         c = update_addr(c, &old_outer_src, &rw.outer_src, fam);
         c = update_addr(c, &old_outer_dst, &rw.outer_dst, fam);
-        set16(frame, l3 + 10, c);
+        set16(frame, l3 + ipv4::field::CHECKSUM, c);
     }
     meta.src = rw.outer_src;
     meta.dst = rw.outer_dst;
@@ -161,10 +161,10 @@ pub fn rewrite_icmp_error(frame: &mut [u8], meta: &mut PacketMeta, q: &Quoted, r
     write_addr(frame, isrc_at, &rw.inner_src, fam);
     write_addr(frame, idst_at, &rw.inner_dst, fam);
     if fam == Family::V4 {
-        let mut c = get16(frame, il3 + 10);
+        let mut c = get16(frame, il3 + ipv4::field::CHECKSUM);
         c = update_addr(c, &old_in_src, &rw.inner_src, fam);
         c = update_addr(c, &old_in_dst, &rw.inner_dst, fam);
-        set16(frame, il3 + 10, c);
+        set16(frame, il3 + ipv4::field::CHECKSUM, c);
     }
 
     // Quoted transport header: ports, and its checksum when the quote reaches it.
@@ -200,14 +200,16 @@ pub fn rewrite_icmp_error(frame: &mut [u8], meta: &mut PacketMeta, q: &Quoted, r
                 }
             }
             IpProto::ICMP | IpProto::ICMPV6 => {
-                let old_id = get16(frame, il4 + 4);
-                set16(frame, il4 + 4, rw.inner_sport);
-                if avail >= 4 {
-                    let mut c = update16(get16(frame, il4 + 2), old_id, rw.inner_sport);
+                let (ident_at, sum_at) =
+                    (il4 + icmp::field::ECHO_IDENT, il4 + icmp::field::CHECKSUM);
+                let old_id = get16(frame, ident_at);
+                set16(frame, ident_at, rw.inner_sport);
+                if avail >= icmp::field::CHECKSUM + 2 {
+                    let mut c = update16(get16(frame, sum_at), old_id, rw.inner_sport);
                     if q.proto == IpProto::ICMPV6 {
                         c = addr_delta(c);
                     }
-                    set16(frame, il4 + 2, c);
+                    set16(frame, sum_at, c);
                 }
             }
             _ => {}
@@ -216,7 +218,7 @@ pub fn rewrite_icmp_error(frame: &mut [u8], meta: &mut PacketMeta, q: &Quoted, r
 
     // The ICMP checksum covers the whole message (and, for ICMPv6, the outer pseudo-header).
     let l4 = meta.l4_off as usize;
-    set16(frame, l4 + 2, 0);
+    set16(frame, l4 + icmp::field::CHECKSUM, 0);
     let mut s = sum(&frame[l4..end], 0);
     if fam == Family::V6 {
         s = fold_add(
@@ -230,7 +232,7 @@ pub fn rewrite_icmp_error(frame: &mut [u8], meta: &mut PacketMeta, q: &Quoted, r
             ),
         );
     }
-    set16(frame, l4 + 2, fold(s));
+    set16(frame, l4 + icmp::field::CHECKSUM, fold(s));
 }
 
 #[inline]
@@ -242,8 +244,8 @@ fn fold_add(a: u32, b: u32) -> u32 {
 #[inline]
 fn addr_offsets(l3: usize, fam: Family) -> (usize, usize) {
     match fam {
-        Family::V4 => (l3 + 12, l3 + 16),
-        Family::V6 => (l3 + 8, l3 + 24),
+        Family::V4 => (l3 + ipv4::field::SRC, l3 + ipv4::field::DST),
+        Family::V6 => (l3 + ipv6::field::SRC, l3 + ipv6::field::DST),
     }
 }
 

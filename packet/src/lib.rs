@@ -17,6 +17,7 @@
 pub mod addr;
 pub mod checksum;
 pub mod ethernet;
+pub mod icmp;
 pub mod icmp_error;
 pub mod icmpv4;
 pub mod icmpv6;

@@ -6,7 +6,7 @@ use crate::addr::{Addr, Family};
 use crate::ethernet::{self, ethertype};
 use crate::field::{arr, get16, get32};
 use crate::protocol::IpProto;
-use crate::{icmpv4, icmpv6, ipv4, ipv6, sctp, tcp, udp, LinkType, ParseError};
+use crate::{icmp, icmpv4, icmpv6, ipv4, ipv6, sctp, tcp, udp, LinkType, ParseError};
 
 /// Fragmentation state of an IP packet (IPv4 flags/offset or the IPv6 fragment header).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -105,11 +105,7 @@ impl PacketMeta {
     /// and (IPv6) packet too big.
     #[inline]
     pub fn is_icmp_error(&self) -> bool {
-        self.is_icmp()
-            && match self.family {
-                Family::V4 => icmpv4::is_error(self.icmp_type),
-                Family::V6 => icmpv6::is_error(self.icmp_type),
-            }
+        self.is_icmp() && icmp::is_error(self.family, self.icmp_type)
     }
 
     /// Offset one past the end of the IP packet in the frame.
@@ -396,23 +392,13 @@ fn parse_l4(m: &mut PacketMeta, l4: &[u8], off: usize) -> Result<(), ParseError>
         IpProto::ICMP | IpProto::ICMPV6 => {
             let matches_family = (m.proto == IpProto::ICMP) == (m.family == Family::V4);
             if matches_family {
-                if l4.len() < 8 {
+                if l4.len() < icmp::HEADER_LEN {
                     return Err(ParseError::Truncated);
                 }
-                m.icmp_type = l4[0];
-                m.icmp_code = l4[1];
-                let echo = match m.family {
-                    Family::V4 => matches!(
-                        l4[0],
-                        icmpv4::types::ECHO_REQUEST | icmpv4::types::ECHO_REPLY
-                    ),
-                    Family::V6 => matches!(
-                        l4[0],
-                        icmpv6::types::ECHO_REQUEST | icmpv6::types::ECHO_REPLY
-                    ),
-                };
-                if echo {
-                    m.sport = get16(l4, 4);
+                m.icmp_type = l4[icmp::field::TYPE];
+                m.icmp_code = l4[icmp::field::CODE];
+                if icmp::is_echo(m.family, m.icmp_type) {
+                    m.sport = get16(l4, icmp::field::ECHO_IDENT);
                     m.dport = m.sport;
                 }
             }

@@ -10,7 +10,7 @@ use crate::field::{get16, get32};
 use crate::meta::PacketMeta;
 use crate::tcp::flags;
 use crate::IpProto;
-use crate::{ethernet, icmpv4, icmpv6, ipv4, ipv6, tcp, LinkType};
+use crate::{ethernet, icmp, icmpv4, icmpv6, ipv4, ipv6, tcp, LinkType};
 
 /// TTL / hop limit of the replies.
 pub const REPLY_TTL: u8 = 64;
@@ -204,13 +204,13 @@ pub fn build_port_unreachable(
         Family::V4 => (ipv4::MIN_HEADER_LEN, ICMPV4_ERROR_MAX),
         Family::V6 => (ipv6::HEADER_LEN, ICMPV6_ERROR_MAX),
     };
-    let hdr = iphl + icmpv4::HEADER_LEN;
+    let hdr = iphl + icmp::HEADER_LEN;
     if buf.len() < l3 + hdr {
         return 0;
     }
     let quote = (ip_end - l3).min(max_ip - hdr).min(buf.len() - l3 - hdr);
     buf.copy_within(l3..l3 + quote, l3 + hdr);
-    let icmp_len = icmpv4::HEADER_LEN + quote;
+    let icmp_len = icmp::HEADER_LEN + quote;
     emit_ip(
         buf,
         l3,
@@ -226,24 +226,17 @@ pub fn build_port_unreachable(
     );
     let m = l3 + iphl;
     let msg = &mut buf[m..m + icmp_len];
-    match fam {
-        Family::V4 => {
-            let r = icmpv4::Repr {
-                msg_type: icmpv4::types::DEST_UNREACH,
-                code: icmpv4::CODE_PORT_UNREACH,
-                rest_of_header: 0,
-            };
-            let _ = r.emit(msg, None);
-        }
-        Family::V6 => {
-            let r = icmpv6::Repr {
-                msg_type: icmpv6::types::DEST_UNREACH,
-                code: icmpv6::CODE_PORT_UNREACH,
-                rest_of_header: 0,
-            };
-            let _ = r.emit(msg, Some((&dst, &src)));
-        }
-    }
+    let (msg_type, code) = match fam {
+        Family::V4 => (icmpv4::types::DEST_UNREACH, icmpv4::CODE_PORT_UNREACH),
+        Family::V6 => (icmpv6::types::DEST_UNREACH, icmpv6::CODE_PORT_UNREACH),
+    };
+    let header = icmp::Repr {
+        msg_type,
+        code,
+        rest_of_header: 0,
+    };
+    // The reply goes from the packet's destination back to its source.
+    let _ = header.emit(msg, &dst, &src, fam);
     swap_macs(buf, link);
     m + icmp_len
 }

@@ -9,7 +9,7 @@ use crate::checksum::{addr_delta, delta32, fold, update16};
 use crate::field::{arr, get16, get32, set16, set32};
 use crate::meta::{PacketMeta, PlainV4, PLAIN_V4_L3, PLAIN_V4_L4, PLAIN_V4_LEN};
 use crate::IpProto;
-use crate::{icmpv4, icmpv6, ipv4, ipv6, sctp, tcp, udp, ParseError};
+use crate::{icmp, ipv4, ipv6, sctp, tcp, udp, ParseError};
 
 /// Rewrites source/destination address and port (ICMP/ICMPv6 echo: the identifier, taken from
 /// `sport`) of the packet described by `meta`, updating the IPv4 header checksum and the L4
@@ -57,7 +57,7 @@ pub fn try_rewrite(
             IpProto::TCP => tcp::MIN_HEADER_LEN,
             IpProto::UDP => udp::HEADER_LEN,
             IpProto::SCTP => sctp::HEADER_LEN,
-            IpProto::ICMP | IpProto::ICMPV6 => icmpv4::HEADER_LEN,
+            IpProto::ICMP | IpProto::ICMPV6 => icmp::HEADER_LEN,
             _ => 0,
         };
         if l4 < l3 + min_l3 || l4 + min_l4 > ip_end {
@@ -113,26 +113,21 @@ pub fn try_rewrite(
                 p.fill_checksum();
             }
         }
-        IpProto::ICMP if fam == Family::V4 => {
-            let t = frame[l4];
-            if t == icmpv4::types::ECHO_REQUEST || t == icmpv4::types::ECHO_REPLY {
-                let c = update16(get16(frame, l4 + 2), get16(frame, l4 + 4), sport);
-                set16(frame, l4 + 2, c);
-                set16(frame, l4 + 4, sport);
+        IpProto::ICMP | IpProto::ICMPV6 if (meta.proto == IpProto::ICMP) == (fam == Family::V4) => {
+            let (sum_at, ident_at) = (l4 + icmp::field::CHECKSUM, l4 + icmp::field::ECHO_IDENT);
+            // ICMPv6's checksum covers the pseudo-header, so the addresses' change; ICMPv4's
+            // does not.
+            let mut c = get16(frame, sum_at);
+            if fam == Family::V6 {
+                c = fold(!c as u32 + addr_sum);
+            }
+            if icmp::is_echo(fam, frame[l4 + icmp::field::TYPE]) {
+                c = update16(c, get16(frame, ident_at), sport);
+                set16(frame, ident_at, sport);
                 meta.sport = sport;
                 meta.dport = sport;
             }
-        }
-        IpProto::ICMPV6 if fam == Family::V6 => {
-            let mut c = fold(!get16(frame, l4 + 2) as u32 + addr_sum);
-            let t = frame[l4];
-            if t == icmpv6::types::ECHO_REQUEST || t == icmpv6::types::ECHO_REPLY {
-                c = update16(c, get16(frame, l4 + 4), sport);
-                set16(frame, l4 + 4, sport);
-                meta.sport = sport;
-                meta.dport = sport;
-            }
-            set16(frame, l4 + 2, c);
+            set16(frame, sum_at, c);
         }
         _ => {}
     }

@@ -316,12 +316,9 @@ pub fn full_recompute(frame: &[u8], m: &PacketMeta) -> Vec<u8> {
             }
         }
         IpProto::SCTP => sctp::Packet::new_checked(l4).unwrap().fill_checksum(),
-        IpProto::ICMP => kxdp_packet::icmpv4::Message::new_checked(l4)
+        IpProto::ICMP | IpProto::ICMPV6 => kxdp_packet::icmp::Message::new_checked(l4)
             .unwrap()
-            .fill_checksum(),
-        IpProto::ICMPV6 => kxdp_packet::icmpv6::Message::new_checked(l4)
-            .unwrap()
-            .fill_checksum(&m.src, &m.dst),
+            .fill_checksum(&m.src, &m.dst, m.family),
         _ => {}
     }
     f

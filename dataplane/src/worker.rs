@@ -435,25 +435,17 @@ impl Worker {
         kernel_port: Option<u32>,
     ) -> std::io::Result<Worker> {
         let umem = Umem::new(cfg)?;
-        let (poller, waker) = idle_wait(index);
-        let mut w = Worker {
+        let idle = idle_wait(index);
+        let mut w = Worker::assemble(
             index,
             cpu,
             umem,
-            ports: Vec::new(),
+            Vec::new(),
+            cfg,
             backoff,
-            counters: Arc::new(IoCounters::default()),
             kernel_port,
-            xsk: *cfg,
-            commands: None,
-            poller,
-            waker,
-            held: HoldQueue::default(),
-            held_fib: 0,
-            releasing: Vec::with_capacity(hold::CAPACITY),
-            discarded: Vec::with_capacity(hold::CAPACITY),
-            tap: None,
-        };
+            idle,
+        );
         let target = fill_target(cfg, 0);
         for &(ifindex, queue, mac, complete_checksums) in ports {
             w.add_port(ifindex, queue, mac, complete_checksums, false, target)?;
@@ -478,7 +470,31 @@ impl Worker {
                 p.add(port.sock.fd())?;
             }
         }
-        Ok(Worker {
+        Ok(Worker::assemble(
+            index,
+            cpu,
+            umem,
+            ports,
+            cfg,
+            backoff,
+            kernel_port,
+            (poller, waker),
+        ))
+    }
+
+    /// The worker of `open` and `adopt`: its ports, UMEM and idle wait, nothing held yet.
+    #[allow(clippy::too_many_arguments)]
+    fn assemble(
+        index: usize,
+        cpu: Option<usize>,
+        umem: Umem,
+        ports: Vec<Port>,
+        cfg: &XskConfig,
+        backoff: Backoff,
+        kernel_port: Option<u32>,
+        (poller, waker): (Option<Poller>, Option<Arc<Waker>>),
+    ) -> Worker {
+        Worker {
             index,
             cpu,
             umem,
@@ -495,7 +511,7 @@ impl Worker {
             releasing: Vec::with_capacity(hold::CAPACITY),
             discarded: Vec::with_capacity(hold::CAPACITY),
             tap: None,
-        })
+        }
     }
 
     fn add_port(

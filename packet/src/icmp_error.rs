@@ -7,7 +7,7 @@
 //! error to its socket (PMTU discovery then black-holes the connection).
 
 use crate::addr::{Addr, Family};
-use crate::checksum::{fold, sum, update16, update_addr};
+use crate::checksum::{update16, update_addr};
 use crate::field::{arr, get16, set16};
 use crate::meta::PacketMeta;
 use crate::IpProto;
@@ -218,27 +218,11 @@ pub fn rewrite_icmp_error(frame: &mut [u8], meta: &mut PacketMeta, q: &Quoted, r
 
     // The ICMP checksum covers the whole message (and, for ICMPv6, the outer pseudo-header).
     let l4 = meta.l4_off as usize;
-    set16(frame, l4 + icmp::field::CHECKSUM, 0);
-    let mut s = sum(&frame[l4..end], 0);
-    if fam == Family::V6 {
-        s = fold_add(
-            s,
-            crate::checksum::pseudo_header(
-                &rw.outer_src,
-                &rw.outer_dst,
-                fam,
-                IpProto::ICMPV6,
-                (end - l4) as u32,
-            ),
-        );
-    }
-    set16(frame, l4 + icmp::field::CHECKSUM, fold(s));
-}
-
-#[inline]
-fn fold_add(a: u32, b: u32) -> u32 {
-    let s = a as u64 + b as u64;
-    ((s & 0xffff_ffff) + (s >> 32)) as u32
+    icmp::Message::new_unchecked(&mut frame[l4..end]).fill_checksum(
+        &rw.outer_src,
+        &rw.outer_dst,
+        fam,
+    );
 }
 
 #[inline]

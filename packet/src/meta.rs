@@ -74,8 +74,9 @@ impl PacketMeta {
         self.l4_off != 0
     }
 
+    /// An ICMP header of the packet's own family (ICMP over IPv4, ICMPv6 over IPv6).
     #[inline]
-    fn is_icmp(&self) -> bool {
+    pub(crate) fn is_icmp(&self) -> bool {
         self.has_l4()
             && ((self.family == Family::V4 && self.proto == IpProto::ICMP)
                 || (self.family == Family::V6 && self.proto == IpProto::ICMPV6))

@@ -113,7 +113,7 @@ pub fn try_rewrite(
                 p.fill_checksum();
             }
         }
-        IpProto::ICMP | IpProto::ICMPV6 if (meta.proto == IpProto::ICMP) == (fam == Family::V4) => {
+        IpProto::ICMP | IpProto::ICMPV6 if meta.is_icmp() => {
             let (sum_at, ident_at) = (l4 + icmp::field::CHECKSUM, l4 + icmp::field::ECHO_IDENT);
             // ICMPv6's checksum covers the pseudo-header, so the addresses' change; ICMPv4's
             // does not.
